@@ -1,0 +1,67 @@
+//! Error kinds a backend returns. The seed distinguishes an `IgnoredError`
+//! ("not mine, let another provisioner handle it") from a real failure; so do we.
+
+use crate::ProvisioningState;
+
+/// Failure of [`Provisioner::provision`](../common/provisioner/trait.Provisioner.html).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProvisionError {
+    /// The backend declines this claim (seed `IgnoredError`): no event, no retry.
+    #[error("provisioning ignored: {reason}")]
+    Ignored {
+        /// Why the backend declined, for the log.
+        reason: String,
+    },
+    /// The backend tried and failed. `state` says whether an asset may still be
+    /// in the making ([`ProvisioningState::InBackground`]), whether the node must
+    /// be re-selected ([`ProvisioningState::Reschedule`]), and so on.
+    #[error("{reason}")]
+    Failed {
+        /// Where provisioning stands after the failure.
+        state: ProvisioningState,
+        /// Human-readable reason; becomes the `ProvisioningFailed` event message.
+        reason: String,
+    },
+}
+
+impl ProvisionError {
+    /// A final failure ([`ProvisioningState::Finished`]) with `reason`.
+    pub fn finished(reason: impl Into<String>) -> Self {
+        ProvisionError::Failed {
+            state: ProvisioningState::Finished,
+            reason: reason.into(),
+        }
+    }
+
+    /// A failure that leaves provisioning state as it was ([`ProvisioningState::NoChange`]).
+    pub fn no_change(reason: impl Into<String>) -> Self {
+        ProvisionError::Failed {
+            state: ProvisioningState::NoChange,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Failure of [`Provisioner::delete`](../common/provisioner/trait.Provisioner.html).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeleteError {
+    /// The backend declines this volume (seed `IgnoredError`): nothing is done.
+    #[error("deletion ignored: {reason}")]
+    Ignored {
+        /// Why the backend declined, for the log.
+        reason: String,
+    },
+    /// Deletion failed; retried with backoff up to the failed-delete threshold.
+    #[error("{reason}")]
+    Failed {
+        /// Human-readable reason; becomes the `VolumeFailedDelete` event message.
+        reason: String,
+    },
+    /// Deletion was refused because acting would be unsafe (e.g. a path outside
+    /// the backend's base directory). Reported like `Failed`, never forced.
+    #[error("deletion refused: {reason}")]
+    Refused {
+        /// What made the deletion unsafe.
+        reason: String,
+    },
+}

@@ -1,0 +1,1 @@
+//! provision-svc library.

@@ -1,0 +1,1 @@
+//! pv-writer library.

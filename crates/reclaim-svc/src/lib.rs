@@ -1,0 +1,1 @@
+//! reclaim-svc library.

@@ -1,0 +1,1 @@
+//! End-to-end test support: the API-server simulator and process harness.
