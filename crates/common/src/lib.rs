@@ -1,1 +1,30 @@
 //! Shared runtime of the provisioner services.
+//!
+//! * [`provisioner`] — the backend contract ([`Provisioner`]) and its optional
+//!   capabilities, with the seed's defaults;
+//! * [`backend`] — built-in backends (`hostpath`);
+//! * [`config`] — flags shared by all services, with environment twins;
+//! * [`kube_client`] — client from kubeconfig/in-cluster with a client-side rate limit;
+//! * [`leader`] — Lease leader election with a renew-deadline watchdog;
+//! * [`http`], [`metrics`] — `/metrics`, `/healthz`, `/readyz` and the seed's metric families;
+//! * [`retry`] — per-item backoff, overall token bucket and failure thresholds;
+//! * [`events`] — Kubernetes events via kube-runtime's recorder;
+//! * [`queue`] — the durable Redis PV-write queue shared by provision-svc and pv-writer;
+//! * [`intents`] — durable provisioning intents in Redis;
+//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown.
+
+pub mod backend;
+pub mod config;
+pub mod events;
+pub mod http;
+pub mod kube_client;
+pub mod leader;
+pub mod metrics;
+pub mod provisioner;
+pub mod redis_store;
+pub mod retry;
+pub mod runtime;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use provisioner::Provisioner;

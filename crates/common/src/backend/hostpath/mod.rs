@@ -1,0 +1,89 @@
+//! The `hostpath` backend (the default): each volume is a directory
+//! `<base-dir>/<pv name>` on a node, published as a `hostPath` PV with node
+//! affinity to that node.
+//!
+//! * [`provision`] — creating the directory and the PV object;
+//! * [`delete`] — safe removal (or retention/archival) of the directory.
+
+pub mod delete;
+pub mod provision;
+
+use std::path::PathBuf;
+
+use api_types::{DeleteError, ProvisionError, ProvisionOptions};
+use async_trait::async_trait;
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use crate::provisioner::Provisioner;
+
+/// What reclaim does with a released volume's directory (nfs-subdir's `onDelete`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnDelete {
+    /// Remove the directory and its contents.
+    Delete,
+    /// Leave the directory in place.
+    Retain,
+    /// Rename it to `archived-<name>` inside the base directory.
+    Archive,
+}
+
+/// Flags of the hostpath backend.
+#[derive(Debug, Clone, Args)]
+pub struct HostPathArgs {
+    /// Directory under which volumes are created (created if missing).
+    #[arg(
+        long,
+        env = "HOSTPATH_BASE_DIR",
+        default_value = "/var/lib/hostpath-provisioner"
+    )]
+    pub base_dir: PathBuf,
+
+    /// Node for the PV's node affinity when the claim has no selected node.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// What to do with a released volume's directory.
+    #[arg(long, env = "ON_DELETE", value_enum, default_value_t = OnDelete::Delete)]
+    pub on_delete: OnDelete,
+}
+
+/// The hostpath backend. Idempotent per PV name.
+#[derive(Debug, Clone)]
+pub struct HostPath {
+    /// Directory under which volumes live.
+    pub base_dir: PathBuf,
+    /// Fallback node for node affinity.
+    pub node_name: Option<String>,
+    /// Treatment of released volumes' directories.
+    pub on_delete: OnDelete,
+}
+
+impl HostPath {
+    /// A backend from its flags.
+    pub fn from_args(args: &HostPathArgs) -> Self {
+        Self {
+            base_dir: args.base_dir.clone(),
+            node_name: args.node_name.clone(),
+            on_delete: args.on_delete,
+        }
+    }
+}
+
+#[async_trait]
+impl Provisioner for HostPath {
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        provision::provision(self, options).await
+    }
+
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        delete::delete(self, volume).await
+    }
+
+    async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+        Some(delete::list_volumes(self).await)
+    }
+}

@@ -1,0 +1,3 @@
+//! Built-in storage backends.
+
+pub mod hostpath;

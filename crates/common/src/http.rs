@@ -1,0 +1,166 @@
+//! The per-service HTTP server: Prometheus `/metrics` (path configurable),
+//! `/healthz` (process alive) and `/readyz` (ready to serve its role).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Readiness as `/readyz` reports it. A replica is ready while it stands by as
+/// a non-leader, and, as leader, once its work loop says so (caches synced,
+/// Redis reachable). Cheap to clone; all clones share one state.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness {
+    leading: Arc<AtomicBool>,
+    work_ready: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    /// Record whether this replica currently leads (and so must have work ready).
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::SeqCst);
+        if !leading {
+            self.work_ready.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Called by the work loop: caches synced and dependencies reachable (true),
+    /// or a dependency lost (false).
+    pub fn set_ready(&self, ready: bool) {
+        self.work_ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// What `/readyz` answers: standing by, or leading with work ready.
+    pub fn is_ready(&self) -> bool {
+        !self.leading.load(Ordering::SeqCst) || self.work_ready.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    registry: Registry,
+    readiness: Readiness,
+}
+
+/// The router: `metrics_path` → text exposition, `/healthz` → 200 `ok`,
+/// `/readyz` → 200 `ok` or 503 `not ready`.
+pub fn router(registry: Registry, readiness: Readiness, metrics_path: &str) -> Router {
+    Router::new()
+        .route(metrics_path, get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(AppState {
+            registry,
+            readiness,
+        })
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&state.registry),
+    )
+}
+
+async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    if state.readiness.is_ready() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
+
+/// Bind `addr` and serve `router` until `shutdown` is cancelled. Returns the
+/// bound address (useful with port 0) and the server task.
+///
+/// Errors: the address cannot be bound.
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        let result = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await;
+        if let Err(err) = result {
+            tracing::error!(error = %err, "HTTP server failed");
+        }
+    });
+    Ok((local, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get_text(addr: SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        (status, body)
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_health_and_readiness() {
+        let registry = Registry::new();
+        let g = crate::metrics::gauge(&registry, "queue_depth", "test gauge");
+        g.set(7);
+        let readiness = Readiness::default();
+        let stop = CancellationToken::new();
+        let (addr, task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            router(registry, readiness.clone(), "/custom-metrics"),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+
+        let (code, body) = get_text(addr, "/custom-metrics").await;
+        assert_eq!(code, 200);
+        assert!(body.contains("# TYPE queue_depth gauge"), "{body}");
+        assert!(body.contains("queue_depth 7"), "{body}");
+        assert_eq!(get_text(addr, "/healthz").await.0, 200);
+
+        // Standing by: ready. Leading without synced work: not ready. Then ready.
+        assert_eq!(get_text(addr, "/readyz").await.0, 200);
+        readiness.set_leading(true);
+        assert_eq!(
+            get_text(addr, "/readyz").await,
+            (503, "not ready".to_string())
+        );
+        readiness.set_ready(true);
+        assert_eq!(get_text(addr, "/readyz").await.0, 200);
+        readiness.set_leading(false);
+        readiness.set_leading(true);
+        assert_eq!(
+            get_text(addr, "/readyz").await.0,
+            503,
+            "losing the lead resets work readiness"
+        );
+
+        stop.cancel();
+        task.await.unwrap();
+    }
+}

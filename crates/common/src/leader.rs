@@ -1,0 +1,298 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease.
+//!
+//! Acquisition, renewal and release are done by [`kube_lease_manager`]: it is
+//! maintained, built on the same kube/k8s-openapi versions we use, and updates
+//! the Lease with server-side apply so two candidates can never both win.
+//! (kube-leader-election, the other maintained crate, lags on an older kube;
+//! kubert's lease module too.) What the crate does not give is client-go's
+//! *renew deadline*: if renewals keep failing it goes on believing it leads.
+//! [`LeaderElector::hold`] adds that watchdog: it re-reads the Lease every retry
+//! period and reports the lead lost as soon as another holder appears, or when
+//! our own `renewTime` has not advanced for a whole renew deadline — before the
+//! Lease expires for the standbys (lease duration > renew deadline).
+
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Path of the namespace file of the pod's service account.
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// The Lease namespace, as the seed's `getInClusterNamespace` picks it, after an
+/// explicit flag: `flag`, else `POD_NAMESPACE` (`pod_namespace`), else the
+/// trimmed contents of `sa_file`, else `default`. Empty values are skipped.
+pub fn discover_namespace(
+    flag: Option<&str>,
+    pod_namespace: Option<&str>,
+    sa_file: &Path,
+) -> String {
+    let non_empty = |s: &str| {
+        let t = s.trim();
+        (!t.is_empty()).then(|| t.to_string())
+    };
+    flag.and_then(non_empty)
+        .or_else(|| pod_namespace.and_then(non_empty))
+        .or_else(|| {
+            std::fs::read_to_string(sa_file)
+                .ok()
+                .as_deref()
+                .and_then(non_empty)
+        })
+        .unwrap_or_else(|| "default".to_string())
+}
+
+/// This replica's identity: `flag`, else `POD_NAME`, else the host name; with a
+/// random suffix when derived, so a restarted pod never reuses a stale holder.
+pub fn identity(flag: Option<&str>) -> String {
+    if let Some(id) = flag.filter(|s| !s.is_empty()) {
+        return id.to_string();
+    }
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "provisioner".to_string());
+    format!("{base}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Timing of the election, client-go's names and defaults (15s / 10s / 2s).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTiming {
+    /// How long the Lease stays valid after a renewal.
+    pub lease_duration: Duration,
+    /// How long renewals may fail before the leader gives up.
+    pub renew_deadline: Duration,
+    /// How often to try to acquire, renew and check the Lease.
+    pub retry_period: Duration,
+}
+
+impl LeaseTiming {
+    /// Validate client-go's constraints: duration > deadline > retry period > 0.
+    ///
+    /// Errors: a message naming the violated constraint.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.retry_period.is_zero() {
+            return Err("--retry-period must be positive".into());
+        }
+        if self.renew_deadline <= self.retry_period {
+            return Err("--renew-deadline must be greater than --retry-period".into());
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return Err("--lease-duration must be greater than --renew-deadline".into());
+        }
+        Ok(())
+    }
+
+    /// kube-lease-manager's `(duration, grace)` in whole seconds: the holder
+    /// renews `grace` seconds before expiry, so grace = duration − retry period
+    /// makes it renew about once per retry period, as client-go does.
+    pub fn manager_params(&self) -> (u64, u64) {
+        let duration = self.lease_duration.as_secs().max(2);
+        let retry = self.retry_period.as_secs().max(1);
+        (
+            duration,
+            duration.saturating_sub(retry).max(1).min(duration - 1),
+        )
+    }
+}
+
+/// Why [`LeaderElector::hold`] returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeadLost {
+    /// Another replica holds the Lease now.
+    OtherHolder(String),
+    /// Our renewals did not land within the renew deadline.
+    RenewDeadlineExceeded,
+    /// The Lease object disappeared.
+    LeaseDeleted,
+}
+
+impl std::fmt::Display for LeadLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LeadLost::OtherHolder(h) => write!(f, "lease taken over by {h}"),
+            LeadLost::RenewDeadlineExceeded => {
+                write!(f, "lease not renewed within the renew deadline")
+            }
+            LeadLost::LeaseDeleted => write!(f, "lease deleted"),
+        }
+    }
+}
+
+/// One candidate in one Lease's election.
+pub struct LeaderElector {
+    manager: LeaseManager,
+    leases: Api<Lease>,
+    lease_name: String,
+    identity: String,
+    timing: LeaseTiming,
+}
+
+impl LeaderElector {
+    /// Prepare to compete for `namespace/lease_name` as `identity`. Creates the
+    /// Lease if it does not exist.
+    ///
+    /// Errors: the Lease cannot be read or created (API down, RBAC).
+    pub async fn new(
+        client: Client,
+        namespace: &str,
+        lease_name: &str,
+        identity: &str,
+        timing: LeaseTiming,
+    ) -> anyhow::Result<Self> {
+        timing.validate().map_err(anyhow::Error::msg)?;
+        let (duration, grace) = timing.manager_params();
+        let manager = LeaseManagerBuilder::new(client.clone(), lease_name)
+            .with_namespace(namespace)
+            .with_identity(identity)
+            .with_duration(duration)
+            .with_grace(grace)
+            .build()
+            .await?;
+        Ok(Self {
+            manager,
+            leases: Api::namespaced(client, namespace),
+            lease_name: lease_name.to_string(),
+            identity: identity.to_string(),
+            timing,
+        })
+    }
+
+    /// This candidate's identity (`holderIdentity` when leading).
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Wait until this candidate holds the Lease (`true`), or `cancel` fires (`false`).
+    /// API errors are logged and retried every retry period.
+    pub async fn acquire(&self, cancel: &CancellationToken) -> bool {
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                res = self.manager.changed() => match res {
+                    Ok(true) => return true,
+                    Ok(false) => {}
+                    Err(err) => {
+                        tracing::warn!(lease = %self.lease_name, error = %err, "lease acquisition attempt failed");
+                        tokio::time::sleep(self.timing.retry_period).await;
+                    }
+                },
+            }
+        }
+    }
+
+    /// While leading: keep renewing, and return as soon as the lead is lost.
+    /// Never returns while the lead is intact.
+    pub async fn hold(&self) -> LeadLost {
+        let renew = async {
+            loop {
+                match self.manager.changed().await {
+                    Ok(false) => return LeadLost::RenewDeadlineExceeded,
+                    Ok(true) => {}
+                    Err(err) => {
+                        tracing::warn!(lease = %self.lease_name, error = %err, "lease renewal failed");
+                        tokio::time::sleep(self.timing.retry_period).await;
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            lost = renew => lost,
+            lost = self.watchdog() => lost,
+        }
+    }
+
+    async fn watchdog(&self) -> LeadLost {
+        let mut last_renew_time: Option<String> = None;
+        let mut confirmed_at = Instant::now();
+        loop {
+            tokio::time::sleep(self.timing.retry_period).await;
+            match self.leases.get_opt(&self.lease_name).await {
+                Ok(None) => return LeadLost::LeaseDeleted,
+                Ok(Some(lease)) => {
+                    let spec = lease.spec.unwrap_or_default();
+                    let holder = spec.holder_identity.unwrap_or_default();
+                    if holder != self.identity {
+                        if !holder.is_empty() {
+                            return LeadLost::OtherHolder(holder);
+                        }
+                    } else {
+                        let renew = spec.renew_time.map(|t| format!("{:?}", t.0));
+                        if renew != last_renew_time {
+                            last_renew_time = renew;
+                            confirmed_at = Instant::now();
+                        }
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(lease = %self.lease_name, error = %err, "reading lease failed")
+                }
+            }
+            if confirmed_at.elapsed() > self.timing.renew_deadline {
+                return LeadLost::RenewDeadlineExceeded;
+            }
+        }
+    }
+
+    /// Give the Lease up so a standby takes over at once. Best effort: errors are logged.
+    pub async fn release(&self) {
+        match self.manager.release().await {
+            Ok(()) => tracing::info!(lease = %self.lease_name, "lease released"),
+            Err(err) => {
+                tracing::warn!(lease = %self.lease_name, error = %err, "releasing lease failed")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespace_discovery_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let sa = dir.path().join("namespace");
+        let missing = dir.path().join("missing");
+        std::fs::write(&sa, "from-sa\n").unwrap();
+        assert_eq!(discover_namespace(Some("flag"), Some("pod"), &sa), "flag");
+        assert_eq!(discover_namespace(None, Some("pod"), &sa), "pod");
+        assert_eq!(discover_namespace(Some(""), Some(""), &sa), "from-sa");
+        assert_eq!(discover_namespace(None, None, &missing), "default");
+        std::fs::write(&sa, "  \n").unwrap();
+        assert_eq!(discover_namespace(None, None, &sa), "default");
+    }
+
+    #[test]
+    fn timing_defaults_are_valid_and_map_to_manager_params() {
+        let t = LeaseTiming {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        };
+        assert_eq!(t.validate(), Ok(()));
+        assert_eq!(t.manager_params(), (15, 13));
+        let bad = LeaseTiming {
+            renew_deadline: Duration::from_secs(20),
+            ..t
+        };
+        assert!(bad.validate().unwrap_err().contains("--lease-duration"));
+    }
+
+    #[test]
+    fn identity_prefers_flag_and_is_unique_otherwise() {
+        assert_eq!(identity(Some("me")), "me");
+        assert_ne!(identity(None), identity(None));
+    }
+}

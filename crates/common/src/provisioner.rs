@@ -1,0 +1,61 @@
+//! The backend contract: what a storage backend implements so the services can
+//! provision and delete its volumes. Mirrors the seed's `Provisioner` interface
+//! and its optional `Qualifier`, `DeletionGuard` and `BlockProvisioner`
+//! capabilities; the optional methods' defaults are the seed's behaviour when a
+//! provisioner does not implement the capability.
+
+use api_types::{DeleteError, ProvisionError, ProvisionOptions};
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
+/// A storage backend.
+///
+/// Implementations must be idempotent per PV name: `provision` called twice for
+/// the same `options.pv_name` (after a crash, or by a new leader) must return the
+/// same volume and not create a second asset; `delete` of an asset that no longer
+/// exists must succeed.
+#[async_trait]
+pub trait Provisioner: Send + Sync + 'static {
+    /// Create the storage asset for `options.pvc` and return the PV describing it
+    /// (named `options.pv_name`). The caller fills in `claimRef`, the finalizer,
+    /// `pv.kubernetes.io/provisioned-by` and `storageClassName`.
+    ///
+    /// Errors: [`ProvisionError::Ignored`] to leave the claim to another
+    /// provisioner; [`ProvisionError::Failed`] with the [`api_types::ProvisioningState`]
+    /// that tells the caller whether to retry, remember the claim, or reschedule.
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError>;
+
+    /// Delete the storage asset behind `volume`.
+    ///
+    /// Errors: [`DeleteError::Ignored`] (nothing is done), [`DeleteError::Failed`]
+    /// (retried with backoff), [`DeleteError::Refused`] (unsafe: reported, never forced).
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
+
+    /// Seed `Qualifier.ShouldProvision`: a cheap, synchronous pre-check that may
+    /// decline a claim before any other work. Default: accept every claim.
+    fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
+        true
+    }
+
+    /// Seed `DeletionGuard.ShouldDelete`: may veto deleting a released volume.
+    /// Default: allow.
+    fn should_delete(&self, _volume: &PersistentVolume) -> bool {
+        true
+    }
+
+    /// Seed `BlockProvisioner.SupportsBlock`: whether `volumeMode: Block` claims
+    /// can be provisioned. Default: false, as in the seed.
+    fn supports_block(&self) -> bool {
+        false
+    }
+
+    /// Names of the PVs whose assets exist in the backend, for reclaim-svc's
+    /// orphan sweep. `None` (the default) means the backend cannot list its
+    /// assets and the sweep is skipped.
+    async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+        None
+    }
+}
