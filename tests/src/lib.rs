@@ -1,1 +1,3 @@
 //! End-to-end test support: the API-server simulator and process harness.
+
+pub mod sim;

@@ -85,20 +85,26 @@ pub fn get_path<'a>(obj: &'a Value, p: &[String]) -> Option<&'a Value> {
 }
 
 fn remove_path(obj: &mut Value, p: &[String]) {
-    let Some((last, parent)) = p.split_last() else { return };
-    let mut cur = obj;
-    for s in parent {
-        match cur.get_mut(s) {
-            Some(c) => cur = c,
-            None => return,
+    let Some((last, parent)) = p.split_last() else {
+        return;
+    };
+    {
+        let mut cur = &mut *obj;
+        for s in parent {
+            match cur.get_mut(s) {
+                Some(c) => cur = c,
+                None => return,
+            }
         }
-    }
-    if let Some(m) = cur.as_object_mut() {
-        m.remove(last);
+        if let Some(m) = cur.as_object_mut() {
+            m.remove(last);
+        }
     }
     // prune now-empty parent maps (as structured-merge-diff does)
     if !parent.is_empty() {
-        let empty = get_path(obj, parent).and_then(|v| v.as_object()).is_some_and(|m| m.is_empty());
+        let empty = get_path(obj, parent)
+            .and_then(|v| v.as_object())
+            .is_some_and(|m| m.is_empty());
         if empty {
             remove_path(obj, parent);
         }
@@ -141,10 +147,9 @@ pub fn record_update(
             e.fields.retain(|f| !changed.iter().any(|c| overlaps(f, c)));
         }
     }
-    let mine = match out
-        .iter()
-        .position(|e| e.manager == manager && e.operation == "Update" && e.subresource == subresource)
-    {
+    let mine = match out.iter().position(|e| {
+        e.manager == manager && e.operation == "Update" && e.subresource == subresource
+    }) {
         Some(i) => i,
         None => {
             out.push(ManagedEntry {
@@ -221,7 +226,9 @@ pub fn apply(
     let applied = leaf_paths(&cfg);
     let empty = Value::Object(Map::new());
     let live_v = live.unwrap_or(&empty);
-    let is_me = |e: &ManagedEntry| e.manager == manager && e.operation == "Apply" && e.subresource == subresource;
+    let is_me = |e: &ManagedEntry| {
+        e.manager == manager && e.operation == "Apply" && e.subresource == subresource
+    };
     // conflicts
     let mut conflicts: Vec<(String, String)> = Vec::new();
     for p in &applied {

@@ -81,9 +81,14 @@ impl FieldError {
         let mut s = match self.kind {
             FieldErrorType::Required => "Required value".to_string(),
             FieldErrorType::Forbidden => "Forbidden".to_string(),
-            FieldErrorType::Invalid => format!("Invalid value: {}", self.value.clone().unwrap_or_default()),
+            FieldErrorType::Invalid => {
+                format!("Invalid value: {}", self.value.clone().unwrap_or_default())
+            }
             FieldErrorType::NotSupported => {
-                format!("Unsupported value: {}", self.value.clone().unwrap_or_default())
+                format!(
+                    "Unsupported value: {}",
+                    self.value.clone().unwrap_or_default()
+                )
             }
         };
         if !self.detail.is_empty() {
@@ -218,7 +223,10 @@ impl ApiError {
         } else {
             format!(
                 "[{}]",
-                errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
+                errs.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         };
         let mut d = details(r, name, r.kind);
@@ -308,7 +316,9 @@ impl ApiError {
             504,
             "Timeout",
             format!("Too large resource version: {requested}, current: {current}"),
-            Some(json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1})),
+            Some(
+                json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+            ),
         );
         e.retry_after = Some(1);
         e

@@ -72,10 +72,15 @@ fn parent_mut<'a>(doc: &'a mut Value, toks: &[String]) -> Result<&'a mut Value, 
     let mut cur = doc;
     for t in toks {
         cur = match cur {
-            Value::Object(m) => m.get_mut(t).ok_or_else(|| format!("path element {t:?} not found"))?,
+            Value::Object(m) => m
+                .get_mut(t)
+                .ok_or_else(|| format!("path element {t:?} not found"))?,
             Value::Array(a) => {
-                let i: usize = t.parse().map_err(|_| format!("invalid array index {t:?}"))?;
-                a.get_mut(i).ok_or_else(|| format!("array index {i} out of range"))?
+                let i: usize = t
+                    .parse()
+                    .map_err(|_| format!("invalid array index {t:?}"))?;
+                a.get_mut(i)
+                    .ok_or_else(|| format!("array index {i} out of range"))?
             }
             _ => return Err(format!("cannot traverse into {t:?}")),
         };
@@ -110,7 +115,9 @@ fn add(doc: &mut Value, toks: &[String], v: Value) -> Result<(), String> {
                 a.push(v);
                 return Ok(());
             }
-            let i: usize = last.parse().map_err(|_| format!("invalid array index {last:?}"))?;
+            let i: usize = last
+                .parse()
+                .map_err(|_| format!("invalid array index {last:?}"))?;
             if i > a.len() {
                 return Err(format!("array index {i} out of range"));
             }
@@ -126,9 +133,13 @@ fn remove(doc: &mut Value, toks: &[String]) -> Result<Value, String> {
         return Err("cannot remove the root".into());
     };
     match parent_mut(doc, parent)? {
-        Value::Object(m) => m.remove(last).ok_or_else(|| format!("unable to remove nonexistent key: {last}")),
+        Value::Object(m) => m
+            .remove(last)
+            .ok_or_else(|| format!("unable to remove nonexistent key: {last}")),
         Value::Array(a) => {
-            let i: usize = last.parse().map_err(|_| format!("invalid array index {last:?}"))?;
+            let i: usize = last
+                .parse()
+                .map_err(|_| format!("invalid array index {last:?}"))?;
             if i >= a.len() {
                 return Err(format!("array index {i} out of range"));
             }
@@ -142,11 +153,26 @@ fn remove(doc: &mut Value, toks: &[String]) -> Result<Value, String> {
 pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
     let ops = ops.as_array().ok_or("json patch must be an array")?;
     for op in ops {
-        let kind = op.get("op").and_then(|v| v.as_str()).ok_or("operation missing \"op\"")?;
-        let path = split_pointer(op.get("path").and_then(|v| v.as_str()).ok_or("operation missing \"path\"")?)?;
-        let value = || op.get("value").cloned().ok_or_else(|| format!("operation {kind:?} missing \"value\""));
+        let kind = op
+            .get("op")
+            .and_then(|v| v.as_str())
+            .ok_or("operation missing \"op\"")?;
+        let path = split_pointer(
+            op.get("path")
+                .and_then(|v| v.as_str())
+                .ok_or("operation missing \"path\"")?,
+        )?;
+        let value = || {
+            op.get("value")
+                .cloned()
+                .ok_or_else(|| format!("operation {kind:?} missing \"value\""))
+        };
         let from = || -> Result<Vec<String>, String> {
-            split_pointer(op.get("from").and_then(|v| v.as_str()).ok_or("operation missing \"from\"")?)
+            split_pointer(
+                op.get("from")
+                    .and_then(|v| v.as_str())
+                    .ok_or("operation missing \"from\"")?,
+            )
         };
         match kind {
             "add" => add(doc, &path, value()?)?,
@@ -162,7 +188,9 @@ pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
                 add(doc, &path, v)?;
             }
             "copy" => {
-                let v = get_ptr(doc, &from()?).cloned().ok_or("copy source not found")?;
+                let v = get_ptr(doc, &from()?)
+                    .cloned()
+                    .ok_or("copy source not found")?;
                 add(doc, &path, v)?;
             }
             "test" => {
@@ -228,7 +256,11 @@ fn smp(target: &mut Value, patch: &Value, path: &str) -> Result<(), String> {
             }
             continue;
         }
-        let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+        let child = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
         if v.is_null() {
             t.remove(k);
             continue;

@@ -73,7 +73,9 @@ pub fn now_rfc3339() -> String {
 
 fn meta(v: &Value) -> &Map<String, Value> {
     static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
-    v.get("metadata").and_then(|m| m.as_object()).unwrap_or_else(|| EMPTY.get_or_init(Map::new))
+    v.get("metadata")
+        .and_then(|m| m.as_object())
+        .unwrap_or_else(|| EMPTY.get_or_init(Map::new))
 }
 
 fn meta_mut(v: &mut Value) -> &mut Map<String, Value> {
@@ -95,20 +97,28 @@ pub fn finalizers(v: &Value) -> Vec<String> {
     meta(v)
         .get("finalizers")
         .and_then(|f| f.as_array())
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn generate_suffix() -> String {
     const ALPHA: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..5).map(|_| ALPHA[rng.random_range(0..ALPHA.len())] as char).collect()
+    (0..5)
+        .map(|_| ALPHA[rng.random_range(0..ALPHA.len())] as char)
+        .collect()
 }
 
 /// Check and strip `apiVersion`/`kind` of a request body.
 fn check_types(ri: &ResourceInfo, body: &mut Value) -> Result<(), ApiError> {
     let Some(m) = body.as_object_mut() else {
-        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+        return Err(ApiError::bad_request(
+            "the object provided is not a JSON object",
+        ));
     };
     if let Some(av) = m.remove("apiVersion") {
         let av = av.as_str().unwrap_or("");
@@ -142,7 +152,10 @@ fn strip_for_compare(v: &Value) -> Value {
 
 impl Registry {
     fn ns_check(&self, ri: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
-        if ri.namespaced && self.admission.enforce_namespace_exists && self.store.get(resources::NAMESPACE, "", ns).is_none() {
+        if ri.namespaced
+            && self.admission.enforce_namespace_exists
+            && self.store.get(resources::NAMESPACE, "", ns).is_none()
+        {
             return Err(ApiError::namespace_not_found(ns));
         }
         Ok(())
@@ -172,11 +185,24 @@ impl Registry {
     }
 
     /// `POST` a new object. `ns` is the URL namespace for namespaced resources.
-    pub fn create(&self, res: usize, ns: &str, body: Value, manager: &str) -> Result<Stored, ApiError> {
+    pub fn create(
+        &self,
+        res: usize,
+        ns: &str,
+        body: Value,
+        manager: &str,
+    ) -> Result<Stored, ApiError> {
         self.create_with(res, ns, body, manager, None)
     }
 
-    fn create_with(&self, res: usize, ns: &str, mut body: Value, manager: &str, applied: Option<&Value>) -> Result<Stored, ApiError> {
+    fn create_with(
+        &self,
+        res: usize,
+        ns: &str,
+        mut body: Value,
+        manager: &str,
+        applied: Option<&Value>,
+    ) -> Result<Stored, ApiError> {
         let ri = &RESOURCES[res];
         check_types(ri, &mut body)?;
         let m = meta_mut(&mut body);
@@ -191,11 +217,22 @@ impl Registry {
         } else {
             m.remove("namespace");
         }
-        let mut name = m.get("name").and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let mut name = m
+            .get("name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_string();
         if name.is_empty() {
             let gn = m.get("generateName").and_then(|v| v.as_str()).unwrap_or("");
             if gn.is_empty() {
-                return Err(ApiError::invalid(ri, "", &[FieldError::required("metadata.name", "name or generateName is required")]));
+                return Err(ApiError::invalid(
+                    ri,
+                    "",
+                    &[FieldError::required(
+                        "metadata.name",
+                        "name or generateName is required",
+                    )],
+                ));
             }
             name = format!("{gn}{}", generate_suffix());
             m.insert("name".into(), json!(name));
@@ -204,7 +241,14 @@ impl Registry {
         let now = now_rfc3339();
         m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         m.insert("creationTimestamp".into(), json!(now));
-        for k in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink", "managedFields", "generation"] {
+        for k in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "selfLink",
+            "managedFields",
+            "generation",
+        ] {
             m.remove(k);
         }
         // strategy PrepareForCreate
@@ -219,7 +263,11 @@ impl Registry {
         }
         // admission
         if self.admission.protection_finalizers && (res == resources::PV || res == resources::PVC) {
-            let f = if res == resources::PV { PV_PROTECTION } else { PVC_PROTECTION };
+            let f = if res == resources::PV {
+                PV_PROTECTION
+            } else {
+                PVC_PROTECTION
+            };
             let mut fins = finalizers(&body);
             if !fins.iter().any(|x| x == f) {
                 fins.push(f.to_string());
@@ -227,7 +275,10 @@ impl Registry {
             }
         }
         if res == resources::PVC && self.admission.default_storage_class {
-            let unset = body.get("spec").and_then(|s| s.get("storageClassName")).is_none_or(|v| v.is_null());
+            let unset = body
+                .get("spec")
+                .and_then(|s| s.get("storageClassName"))
+                .is_none_or(|v| v.is_null());
             if unset {
                 if let Some(dc) = self.default_class() {
                     if let Some(s) = body.get_mut("spec").and_then(|s| s.as_object_mut()) {
@@ -290,11 +341,22 @@ impl Registry {
                     ));
                 }
             }
-            let rv = m.get("resourceVersion").and_then(|v| v.as_str()).unwrap_or("");
+            let rv = m
+                .get("resourceVersion")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
             if !rv.is_empty() && rv.parse::<u64>().ok() != Some(old.rv) {
                 return Err(ApiError::conflict(ri, &name));
             }
-            for k in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+            for k in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
                 match meta(old_v).get(k) {
                     Some(v) => {
                         m.insert(k.into(), v.clone());
@@ -335,9 +397,16 @@ impl Registry {
         let deleting = meta(old_v).contains_key("deletionTimestamp");
         if deleting {
             let oldf = finalizers(old_v);
-            let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !oldf.contains(f)).collect();
+            let added: Vec<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !oldf.contains(f))
+                .collect();
             if !added.is_empty() {
-                let list = added.iter().map(|f| format!("{f:?}")).collect::<Vec<_>>().join(", ");
+                let list = added
+                    .iter()
+                    .map(|f| format!("{f:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
                 return Err(ApiError::invalid(
                     ri,
                     &name,
@@ -363,7 +432,15 @@ impl Registry {
         let subr = if sub == Sub::Status { "status" } else { "" };
         let managed = match managed_override {
             Some(m) => m,
-            None => apply::record_update(&old.managed, Some(old_v), &new, manager, &ri.api_version(), subr, &now),
+            None => apply::record_update(
+                &old.managed,
+                Some(old_v),
+                &new,
+                manager,
+                &ri.api_version(),
+                subr,
+                &now,
+            ),
         };
         meta_mut(&mut new).insert("managedFields".into(), apply::render(&managed));
         Ok(Outcome::Put(new, managed))
@@ -371,7 +448,15 @@ impl Registry {
 
     /// `PUT` (replace). `404` if missing (these kinds do not allow create-on-update),
     /// `409 Conflict` on a stale `metadata.resourceVersion` (an empty one is unconditional).
-    pub fn update(&self, res: usize, ns: &str, name: &str, body: Value, sub: Sub, manager: &str) -> Result<WriteResult, ApiError> {
+    pub fn update(
+        &self,
+        res: usize,
+        ns: &str,
+        name: &str,
+        body: Value,
+        sub: Sub,
+        manager: &str,
+    ) -> Result<WriteResult, ApiError> {
         let ri = &RESOURCES[res];
         self.store.write(res, ns, name, |old, _| {
             let old = old.ok_or_else(|| ApiError::not_found(ri, name))?;
@@ -394,9 +479,11 @@ impl Registry {
     ) -> Result<(WriteResult, bool), ApiError> {
         let ri = &RESOURCES[res];
         let parsed: Value = if ptype == PatchType::Apply {
-            serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+            serde_yaml::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
         } else {
-            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?
         };
         if ptype == PatchType::Apply {
             let Some(manager) = manager.filter(|m| !m.is_empty()) else {
@@ -409,8 +496,16 @@ impl Registry {
                 });
             };
             let mut cfg = parsed;
-            if cfg.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("").is_empty()
-                || cfg.get("kind").and_then(|v| v.as_str()).unwrap_or("").is_empty()
+            if cfg
+                .get("apiVersion")
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .is_empty()
+                || cfg
+                    .get("kind")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .is_empty()
             {
                 return Err(ApiError::bad_request("invalid object type: /, Kind="));
             }
@@ -422,11 +517,18 @@ impl Registry {
             if !exists {
                 // apply creates
                 let now = now_rfc3339();
-                let (mut merged, _) = apply::apply(ri, name, None, &[], &cfg, manager, force, "", &now)?;
+                let (mut merged, _) =
+                    apply::apply(ri, name, None, &[], &cfg, manager, force, "", &now)?;
                 meta_mut(&mut merged).insert("name".into(), json!(name));
                 match self.create_with(res, ns, merged, manager, Some(&cfg)) {
                     Ok(s) => {
-                        return Ok((WriteResult { stored: s, etype: Some(super::store::EventType::Added) }, true));
+                        return Ok((
+                            WriteResult {
+                                stored: s,
+                                etype: Some(super::store::EventType::Added),
+                            },
+                            true,
+                        ));
                     }
                     Err(e) if e.reason == "AlreadyExists" => {} // raced: fall through to update
                     Err(e) => return Err(e),
@@ -440,7 +542,17 @@ impl Registry {
                 if let Some(m) = live.get_mut("metadata").and_then(|m| m.as_object_mut()) {
                     m.remove("managedFields");
                 }
-                let (merged, managed) = apply::apply(ri, name, Some(&live), &old.managed, &cfg, manager, force, subr, &now)?;
+                let (merged, managed) = apply::apply(
+                    ri,
+                    name,
+                    Some(&live),
+                    &old.managed,
+                    &cfg,
+                    manager,
+                    force,
+                    subr,
+                    &now,
+                )?;
                 self.finish_update(res, old, merged, sub, manager, Some(managed))
             })?;
             return Ok((r, false));
@@ -453,17 +565,21 @@ impl Registry {
             doc["kind"] = json!(ri.kind);
             match ptype {
                 PatchType::Merge => patch::merge(&mut doc, &parsed),
-                PatchType::Strategic => patch::strategic(&mut doc, &parsed).map_err(|e| ApiError {
-                    code: 422,
-                    reason: "Invalid".into(),
-                    message: e,
-                    details: None,
-                    retry_after: None,
-                })?,
+                PatchType::Strategic => {
+                    patch::strategic(&mut doc, &parsed).map_err(|e| ApiError {
+                        code: 422,
+                        reason: "Invalid".into(),
+                        message: e,
+                        details: None,
+                        retry_after: None,
+                    })?
+                }
                 PatchType::Json => patch::json_patch(&mut doc, &parsed).map_err(|e| ApiError {
                     code: 422,
                     reason: "Invalid".into(),
-                    message: format!("the server rejected our request due to an error in our request: {e}"),
+                    message: format!(
+                        "the server rejected our request due to an error in our request: {e}"
+                    ),
                     details: None,
                     retry_after: None,
                 })?,
@@ -480,7 +596,13 @@ impl Registry {
     /// `DELETE`. Objects with finalizers get `deletionTimestamp` + `deletionGracePeriodSeconds: 0`
     /// and stay; an object already being deleted is returned unchanged; preconditions that do
     /// not match give `409 Conflict` (`Precondition failed: ...`).
-    pub fn delete(&self, res: usize, ns: &str, name: &str, pre: &DeletePreconditions) -> Result<Deleted, ApiError> {
+    pub fn delete(
+        &self,
+        res: usize,
+        ns: &str,
+        name: &str,
+        pre: &DeletePreconditions,
+    ) -> Result<Deleted, ApiError> {
         let ri = &RESOURCES[res];
         let mut pending = true;
         let r = self.store.write(res, ns, name, |old, _| {
@@ -520,7 +642,11 @@ impl Registry {
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
             Ok(Outcome::Put(v, (*old.managed).clone()))
         })?;
-        Ok(if pending { Deleted::Pending(r.stored) } else { Deleted::Gone(r.stored) })
+        Ok(if pending {
+            Deleted::Pending(r.stored)
+        } else {
+            Deleted::Gone(r.stored)
+        })
     }
 
     /// Internal write used by the controller emulation: read-modify-write `f` on the live

@@ -45,8 +45,16 @@ fn set(s: &str) -> Result<Vec<String>, ApiError> {
     let inner = s
         .strip_prefix('(')
         .and_then(|x| x.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: found '{s}', expected: '('")))?;
-    Ok(inner.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: found '{s}', expected: '('"
+            ))
+        })?;
+    Ok(inner
+        .split(',')
+        .map(|x| x.trim().to_string())
+        .filter(|x| !x.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -70,10 +78,15 @@ impl LabelSelector {
                 reqs.push(LabelReq::NotIn(p[..i].trim().into(), set(&p[i + 7..])?));
             } else if let Some(i) = p.find(" in ") {
                 reqs.push(LabelReq::In(p[..i].trim().into(), set(&p[i + 4..])?));
-            } else if p.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+            } else if p
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            {
                 reqs.push(LabelReq::Exists(p.into()));
             } else {
-                return Err(ApiError::bad_request(format!("unable to parse requirement: {p}")));
+                return Err(ApiError::bad_request(format!(
+                    "unable to parse requirement: {p}"
+                )));
             }
         }
         Ok(Self(reqs))
@@ -118,7 +131,8 @@ fn allowed(res: usize, field: &str) -> bool {
                 || ["reason", "type", "source", "reportingComponent"].contains(&field)
         }
         resources::EVENTS_EVENT => {
-            field.starts_with("regarding.") || ["reason", "type", "reportingController"].contains(&field)
+            field.starts_with("regarding.")
+                || ["reason", "type", "reportingController"].contains(&field)
         }
         resources::NAMESPACE => field == "status.phase",
         resources::NODE => field == "spec.unschedulable",
@@ -139,11 +153,15 @@ impl FieldSelector {
             } else if let Some((k, v)) = p.split_once('=') {
                 (k, false, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{p}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{s}'; can't understand '{p}'"
+                )));
             };
             let k = k.trim();
             if !allowed(res, k) {
-                return Err(ApiError::bad_request(format!("field label not supported: {k}")));
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {k}"
+                )));
             }
             let path = if k == "source" {
                 vec!["source".to_string(), "component".to_string()]
@@ -190,6 +208,7 @@ pub struct Selectors {
 impl Selectors {
     /// Match an object.
     pub fn matches(&self, obj: &Value) -> bool {
-        (self.labels.is_empty() || self.labels.matches(obj)) && (self.fields.is_empty() || self.fields.matches(obj))
+        (self.labels.is_empty() || self.labels.matches(obj))
+            && (self.fields.is_empty() || self.fields.matches(obj))
     }
 }

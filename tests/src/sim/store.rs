@@ -169,7 +169,14 @@ impl Store {
         let (tx, _) = broadcast::channel(channel_capacity.max(16));
         let prefixes = RESOURCES
             .iter()
-            .map(|r| format!("{{\"apiVersion\":\"{}\",\"kind\":\"{}\"", r.api_version(), r.kind).into_bytes())
+            .map(|r| {
+                format!(
+                    "{{\"apiVersion\":\"{}\",\"kind\":\"{}\"",
+                    r.api_version(),
+                    r.kind
+                )
+                .into_bytes()
+            })
             .collect();
         Self {
             inner: Mutex::new(Inner {
@@ -227,9 +234,10 @@ impl Store {
         let mut out = Vec::new();
         let mut remaining = 0usize;
         let iter: Box<dyn Iterator<Item = (&Key, &Stored)>> = match (after, ns) {
-            (Some(k), _) => Box::new(
-                map.range::<Key, _>((std::ops::Bound::Excluded(k.clone()), std::ops::Bound::Unbounded)),
-            ),
+            (Some(k), _) => Box::new(map.range::<Key, _>((
+                std::ops::Bound::Excluded(k.clone()),
+                std::ops::Bound::Unbounded,
+            ))),
             (None, Some(ns)) => Box::new(map.range::<Key, _>((ns.to_string(), String::new())..)),
             (None, None) => Box::new(map.iter()),
         };
@@ -271,7 +279,9 @@ impl Store {
         let (stored, etype, prev) = match outcome {
             Outcome::Unchanged => {
                 return Ok(WriteResult {
-                    stored: old.cloned().ok_or_else(|| ApiError::internal("no object"))?,
+                    stored: old
+                        .cloned()
+                        .ok_or_else(|| ApiError::internal("no object"))?,
                     etype: None,
                 })
             }
@@ -350,7 +360,12 @@ impl Store {
 
     /// Start a watch on `res` (namespace `ns` if given). `Err(oldest)` when `from` is older
     /// than the history window (the caller answers `410 Expired`).
-    pub fn watch_start(&self, res: usize, ns: Option<&str>, from: WatchFrom) -> Result<WatchStart, u64> {
+    pub fn watch_start(
+        &self,
+        res: usize,
+        ns: Option<&str>,
+        from: WatchFrom,
+    ) -> Result<WatchStart, u64> {
         let inner = self.lock();
         let rx = self.tx.subscribe();
         let mut initial = Vec::new();

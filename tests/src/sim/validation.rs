@@ -14,7 +14,8 @@ pub fn is_dns1123_label(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -94,7 +95,12 @@ pub fn apply_defaults(res: usize, obj: &mut Value) {
     }
 }
 
-const ACCESS_MODES: &[&str] = &["ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"];
+const ACCESS_MODES: &[&str] = &[
+    "ReadOnlyMany",
+    "ReadWriteMany",
+    "ReadWriteOnce",
+    "ReadWriteOncePod",
+];
 
 /// The persistent volume source fields of `PersistentVolumeSpec` (exactly one must be set).
 const PV_SOURCES: &[&str] = &[
@@ -128,7 +134,11 @@ fn access_modes(spec: &Value, errs: &mut Vec<FieldError>, required_detail: &str)
             for m in a {
                 let s = m.as_str().unwrap_or("");
                 if !ACCESS_MODES.contains(&s) {
-                    errs.push(FieldError::not_supported("spec.accessModes", s, ACCESS_MODES));
+                    errs.push(FieldError::not_supported(
+                        "spec.accessModes",
+                        s,
+                        ACCESS_MODES,
+                    ));
                 }
             }
         }
@@ -139,15 +149,36 @@ fn access_modes(spec: &Value, errs: &mut Vec<FieldError>, required_detail: &str)
 fn is_quantity(s: &str) -> bool {
     // [+-]?(digits[.digits]|.digits)(suffix)?
     let s = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let num_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, suffix) = s.split_at(num_end);
     if num.is_empty() || num == "." || num.matches('.').count() > 1 {
         return false;
     }
     matches!(
         suffix,
-        "" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E"
-    ) || (suffix.starts_with(['e', 'E']) && suffix[1..].trim_start_matches(['+', '-']).chars().all(|c| c.is_ascii_digit()) && suffix.len() > 1)
+        "" | "Ki"
+            | "Mi"
+            | "Gi"
+            | "Ti"
+            | "Pi"
+            | "Ei"
+            | "n"
+            | "u"
+            | "m"
+            | "k"
+            | "M"
+            | "G"
+            | "T"
+            | "P"
+            | "E"
+    ) || (suffix.starts_with(['e', 'E'])
+        && suffix[1..]
+            .trim_start_matches(['+', '-'])
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        && suffix.len() > 1)
 }
 
 fn quantity(v: Option<&Value>, field: &str, errs: &mut Vec<FieldError>) {
@@ -160,7 +191,11 @@ fn quantity(v: Option<&Value>, field: &str, errs: &mut Vec<FieldError>) {
         if !is_quantity(&s) {
             errs.push(FieldError::invalid(field, &s, "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"));
         } else if s.starts_with('-') {
-            errs.push(FieldError::invalid(field, &s, "must be greater than or equal to 0"));
+            errs.push(FieldError::invalid(
+                field,
+                &s,
+                "must be greater than or equal to 0",
+            ));
         }
     }
 }
@@ -182,28 +217,51 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
                 Some(c) => {
                     if !c.contains_key("storage") || c.len() > 1 {
                         let keys: Vec<&str> = c.keys().map(|s| s.as_str()).collect();
-                        errs.push(FieldError::not_supported("spec.capacity", &keys.join(","), &["storage"]));
+                        errs.push(FieldError::not_supported(
+                            "spec.capacity",
+                            &keys.join(","),
+                            &["storage"],
+                        ));
                     }
                     quantity(c.get("storage"), "spec.capacity[storage]", &mut errs);
                 }
             }
             access_modes(spec, &mut errs, "");
-            let n = PV_SOURCES.iter().filter(|s| spec.get(**s).is_some_and(|v| !v.is_null())).count();
+            let n = PV_SOURCES
+                .iter()
+                .filter(|s| spec.get(**s).is_some_and(|v| !v.is_null()))
+                .count();
             if n == 0 {
                 errs.push(FieldError::required("spec", "must specify a volume type"));
             } else if n > 1 {
-                errs.push(FieldError::forbidden("spec", "may not specify more than 1 volume type"));
+                errs.push(FieldError::forbidden(
+                    "spec",
+                    "may not specify more than 1 volume type",
+                ));
             }
-            if spec.get("local").is_some_and(|v| !v.is_null()) && spec.get("nodeAffinity").is_none_or(|v| v.is_null()) {
-                errs.push(FieldError::required("spec.nodeAffinity", "Local volume requires node affinity"));
+            if spec.get("local").is_some_and(|v| !v.is_null())
+                && spec.get("nodeAffinity").is_none_or(|v| v.is_null())
+            {
+                errs.push(FieldError::required(
+                    "spec.nodeAffinity",
+                    "Local volume requires node affinity",
+                ));
             }
             let rp = str_field(spec, "persistentVolumeReclaimPolicy");
             if !["Delete", "Recycle", "Retain"].contains(&rp) {
-                errs.push(FieldError::not_supported("spec.persistentVolumeReclaimPolicy", rp, &["Delete", "Recycle", "Retain"]));
+                errs.push(FieldError::not_supported(
+                    "spec.persistentVolumeReclaimPolicy",
+                    rp,
+                    &["Delete", "Recycle", "Retain"],
+                ));
             }
             let vm = str_field(spec, "volumeMode");
             if !["Block", "Filesystem"].contains(&vm) {
-                errs.push(FieldError::not_supported("spec.volumeMode", vm, &["Block", "Filesystem"]));
+                errs.push(FieldError::not_supported(
+                    "spec.volumeMode",
+                    vm,
+                    &["Block", "Filesystem"],
+                ));
             }
             if let Some(cr) = spec.get("claimRef").filter(|v| !v.is_null()) {
                 if str_field(cr, "name").is_empty() {
@@ -215,28 +273,52 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
             }
             if let Some(old) = old {
                 let ospec = old.get("spec").unwrap_or(&null);
-                let src = |s: &Value| -> Vec<Value> { PV_SOURCES.iter().map(|k| s.get(*k).cloned().unwrap_or(Value::Null)).collect() };
+                let src = |s: &Value| -> Vec<Value> {
+                    PV_SOURCES
+                        .iter()
+                        .map(|k| s.get(*k).cloned().unwrap_or(Value::Null))
+                        .collect()
+                };
                 if src(spec) != src(ospec) {
-                    errs.push(FieldError::forbidden("spec.persistentvolumesource", "spec.persistentvolumesource is immutable after creation"));
+                    errs.push(FieldError::forbidden(
+                        "spec.persistentvolumesource",
+                        "spec.persistentvolumesource is immutable after creation",
+                    ));
                 }
                 if spec.get("volumeMode") != ospec.get("volumeMode") {
-                    errs.push(FieldError::invalid("spec.volumeMode", vm, "field is immutable"));
+                    errs.push(FieldError::invalid(
+                        "spec.volumeMode",
+                        vm,
+                        "field is immutable",
+                    ));
                 }
-                if ospec.get("nodeAffinity").is_some_and(|v| !v.is_null()) && spec.get("nodeAffinity") != ospec.get("nodeAffinity") {
-                    errs.push(FieldError::forbidden("spec.nodeAffinity", "field is immutable"));
+                if ospec.get("nodeAffinity").is_some_and(|v| !v.is_null())
+                    && spec.get("nodeAffinity") != ospec.get("nodeAffinity")
+                {
+                    errs.push(FieldError::forbidden(
+                        "spec.nodeAffinity",
+                        "field is immutable",
+                    ));
                 }
             }
         }
         resources::PVC => {
             access_modes(spec, &mut errs, "at least 1 access mode is required");
-            let storage = spec.get("resources").and_then(|r| r.get("requests")).and_then(|r| r.get("storage"));
+            let storage = spec
+                .get("resources")
+                .and_then(|r| r.get("requests"))
+                .and_then(|r| r.get("storage"));
             match storage {
                 None => errs.push(FieldError::required("spec.resources[storage]", "")),
                 Some(q) => quantity(Some(q), "spec.resources[storage]", &mut errs),
             }
             let vm = str_field(spec, "volumeMode");
             if !["Block", "Filesystem"].contains(&vm) {
-                errs.push(FieldError::not_supported("spec.volumeMode", vm, &["Block", "Filesystem"]));
+                errs.push(FieldError::not_supported(
+                    "spec.volumeMode",
+                    vm,
+                    &["Block", "Filesystem"],
+                ));
             }
             if let Some(old) = old {
                 let ospec = old.get("spec").unwrap_or(&null);
@@ -268,25 +350,45 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
             if p.is_empty() {
                 errs.push(FieldError::required("provisioner", ""));
             } else if p.len() > 63 {
-                errs.push(FieldError::invalid("provisioner", p, "must be no more than 63 characters"));
+                errs.push(FieldError::invalid(
+                    "provisioner",
+                    p,
+                    "must be no more than 63 characters",
+                ));
             }
             let rp = str_field(obj, "reclaimPolicy");
             if !["Delete", "Retain"].contains(&rp) {
-                errs.push(FieldError::not_supported("reclaimPolicy", rp, &["Delete", "Retain"]));
+                errs.push(FieldError::not_supported(
+                    "reclaimPolicy",
+                    rp,
+                    &["Delete", "Retain"],
+                ));
             }
             let bm = str_field(obj, "volumeBindingMode");
             if !["Immediate", "WaitForFirstConsumer"].contains(&bm) {
-                errs.push(FieldError::not_supported("volumeBindingMode", bm, &["Immediate", "WaitForFirstConsumer"]));
+                errs.push(FieldError::not_supported(
+                    "volumeBindingMode",
+                    bm,
+                    &["Immediate", "WaitForFirstConsumer"],
+                ));
             }
             if let Some(old) = old {
-                for f in ["parameters", "provisioner", "reclaimPolicy", "volumeBindingMode"] {
+                for f in [
+                    "parameters",
+                    "provisioner",
+                    "reclaimPolicy",
+                    "volumeBindingMode",
+                ] {
                     let norm = |v: Option<&Value>| match v {
                         Some(Value::Object(m)) if m.is_empty() => None,
                         Some(Value::Null) => None,
                         other => other.cloned(),
                     };
                     if norm(obj.get(f)) != norm(old.get(f)) {
-                        errs.push(FieldError::forbidden(f, &format!("updates to {f} are forbidden.")));
+                        errs.push(FieldError::forbidden(
+                            f,
+                            &format!("updates to {f} are forbidden."),
+                        ));
                     }
                 }
             }
@@ -318,7 +420,12 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
                 if obj.get("eventTime").is_none_or(|v| v.is_null()) {
                     errs.push(FieldError::required("eventTime", ""));
                 }
-                for f in ["reportingController", "reportingInstance", "action", "reason"] {
+                for f in [
+                    "reportingController",
+                    "reportingInstance",
+                    "action",
+                    "reason",
+                ] {
                     if str_field(obj, f).is_empty() {
                         errs.push(FieldError::required(f, ""));
                     }
@@ -326,10 +433,22 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
             }
             let t = str_field(obj, "type");
             if t != "Normal" && t != "Warning" {
-                errs.push(FieldError::invalid("type", t, "has invalid value: ".to_string().as_str().trim_end_matches(": ")));
+                errs.push(FieldError::invalid(
+                    "type",
+                    t,
+                    "has invalid value: "
+                        .to_string()
+                        .as_str()
+                        .trim_end_matches(": "),
+                ));
             }
             if str_field(obj, "note").len() > 1024 {
-                errs.push(FieldError { kind: super::errors::FieldErrorType::Invalid, field: "note".into(), value: Some("\"\"".into()), detail: "can have at most 1024 characters".into() });
+                errs.push(FieldError {
+                    kind: super::errors::FieldErrorType::Invalid,
+                    field: "note".into(),
+                    value: Some("\"\"".into()),
+                    detail: "can have at most 1024 characters".into(),
+                });
             }
         }
         _ => {}

@@ -69,7 +69,10 @@ struct Filter {
 
 impl Filter {
     fn push(&self, ev: &WatchEvent, buf: &mut BytesMut) {
-        if ev.res != self.res || ev.rv <= self.min_rv || self.ns.as_ref().is_some_and(|n| *n != ev.ns) {
+        if ev.res != self.res
+            || ev.rv <= self.min_rv
+            || self.ns.as_ref().is_some_and(|n| *n != ev.ns)
+        {
             return;
         }
         let now = self.sel.matches(&ev.obj);
@@ -79,7 +82,9 @@ impl Filter {
                 match (before, now) {
                     (true, true) => buf.extend_from_slice(&ev.line),
                     (false, true) => buf.extend_from_slice(&watch_line(EventType::Added, &ev.full)),
-                    (true, false) => buf.extend_from_slice(&watch_line(EventType::Deleted, &ev.full)),
+                    (true, false) => {
+                        buf.extend_from_slice(&watch_line(EventType::Deleted, &ev.full))
+                    }
                     (false, false) => {}
                 }
             }
@@ -141,7 +146,10 @@ pub fn start(
             tokio::spawn(run(store, p, filter, start.rx, dropper, tx, first));
         }
     }
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) })
+    futures::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|b| (Ok(b), rx)) },
+    )
 }
 
 async fn run(
