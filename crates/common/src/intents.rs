@@ -1,0 +1,420 @@
+//! Durable provisioning intents in Redis.
+//!
+//! Before provision-svc calls a backend's `provision` it records a
+//! [`ProvisionIntent`] (claim, PV name, StorageClass), together with a snapshot
+//! of the claim; it clears both once the PV is in pv-writer's durable queue or
+//! the outcome is final. A leader starting up walks the intents: a claim still
+//! present is provisioned again (backends are idempotent per PV name), a claim
+//! that is gone gets the backend's delete. reclaim-svc's orphan sweep asks
+//! [`IntentStore::contains`] so it never deletes an asset whose provisioning is
+//! under way.
+//!
+//! The snapshot also carries the seed's "claims in progress" state
+//! (`claimsInProgress`, claims whose backend reported `InBackground`): such a
+//! claim is retried even after its PVC was deleted, so a half-made volume is
+//! found again — across restarts too, because it lives in Redis.
+//!
+//! Keys (all under [`key_prefix`](crate::redis_store::key_prefix)):
+//! * `<prefix>provision-intents` — hash, field = PV name, value = versioned
+//!   [`ProvisionIntent`] JSON;
+//! * `<prefix>provision-intent-claims` — hash, field = PV name, value =
+//!   versioned [`IntentClaim`] JSON (claim snapshot and in-background flag).
+//!
+//! Both fields of one PV are written and removed in one MULTI/EXEC transaction.
+
+use std::collections::HashMap;
+
+use api_types::queue::{DecodeError, ProvisionIntent, SCHEMA_VERSION};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use crate::redis_store;
+
+/// Failure of an [`IntentStore`] operation.
+#[derive(Debug, thiserror::Error)]
+pub enum IntentError {
+    /// Redis unreachable or the command failed; callers retry.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A stored record could not be decoded (garbled, or from a newer release).
+    #[error("provisioning intent record of PV {pv_name:?}: {source}")]
+    Decode {
+        /// The hash field (PV name) of the bad record.
+        pv_name: String,
+        /// Why it could not be read.
+        source: DecodeError,
+    },
+}
+
+/// The claim snapshot stored next to an intent (versioned JSON, like every record).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntentClaim {
+    /// Always [`SCHEMA_VERSION`] when written by this release.
+    pub version: u32,
+    /// True when the backend's last answer was `InBackground`: the claim is in the
+    /// seed's "claims in progress" and is retried even after its PVC was deleted.
+    pub in_background: bool,
+    /// The claim as it was when the backend was called.
+    pub claim: PersistentVolumeClaim,
+}
+
+impl IntentClaim {
+    /// Serialize to the stored JSON form.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("IntentClaim always serializes")
+    }
+
+    /// Parse a stored record. Errors: [`DecodeError`] (garbled, or unknown version).
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
+        match value.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v == u64::from(SCHEMA_VERSION) => {
+                serde_json::from_value(value).map_err(|e| DecodeError::Garbled(e.to_string()))
+            }
+            Some(found) => Err(DecodeError::UnknownVersion { found }),
+            None => Err(DecodeError::Garbled(
+                "missing numeric `version` field".to_string(),
+            )),
+        }
+    }
+}
+
+/// One recorded intent with its claim snapshot, as [`IntentStore::list_with_claims`] returns it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntentEntry {
+    /// The intent.
+    pub intent: ProvisionIntent,
+    /// The claim snapshot, `None` when the intent was recorded without one
+    /// ([`IntentStore::record`]) or the snapshot is unreadable (logged).
+    pub claim: Option<IntentClaim>,
+}
+
+/// Durable provisioning intents of one provisioner. Cheap to clone (one
+/// multiplexed, reconnecting connection).
+#[derive(Clone)]
+pub struct IntentStore {
+    conn: ConnectionManager,
+    intents_key: String,
+    claims_key: String,
+}
+
+impl IntentStore {
+    /// Connect to `redis_url` for the intents of `provisioner_name`.
+    ///
+    /// Errors: an invalid URL or Redis unreachable at the first connection.
+    pub async fn connect(redis_url: &str, provisioner_name: &str) -> Result<Self, IntentError> {
+        let conn = redis_store::connect(redis_url).await?;
+        Ok(Self::with_connection(conn, provisioner_name))
+    }
+
+    /// A store over an existing connection.
+    pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
+        let prefix = redis_store::key_prefix(provisioner_name);
+        Self {
+            conn,
+            intents_key: format!("{prefix}provision-intents"),
+            claims_key: format!("{prefix}provision-intent-claims"),
+        }
+    }
+
+    /// Record `intent` (keyed by its PV name), replacing any earlier one, without
+    /// a claim snapshot. Returns true when no intent existed for that PV before.
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn record(&self, intent: &ProvisionIntent) -> Result<bool, IntentError> {
+        let mut conn = self.conn.clone();
+        let added: usize = conn
+            .hset(&self.intents_key, &intent.pv_name, intent.encode())
+            .await?;
+        Ok(added == 1)
+    }
+
+    /// Record `intent` together with a snapshot of `claim` and whether it is
+    /// provisioning in background, atomically. Returns true when no intent
+    /// existed for that PV before.
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn record_with_claim(
+        &self,
+        intent: &ProvisionIntent,
+        claim: &PersistentVolumeClaim,
+        in_background: bool,
+    ) -> Result<bool, IntentError> {
+        let snapshot = IntentClaim {
+            version: SCHEMA_VERSION,
+            in_background,
+            claim: claim.clone(),
+        };
+        let mut conn = self.conn.clone();
+        let (added, _): (usize, usize) = redis::pipe()
+            .atomic()
+            .hset(&self.intents_key, &intent.pv_name, intent.encode())
+            .hset(&self.claims_key, &intent.pv_name, snapshot.encode())
+            .query_async(&mut conn)
+            .await?;
+        Ok(added == 1)
+    }
+
+    /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
+    /// intent was removed. Clearing an absent intent succeeds.
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
+        let mut conn = self.conn.clone();
+        let (removed, _): (usize, usize) = redis::pipe()
+            .atomic()
+            .hdel(&self.intents_key, pv_name)
+            .hdel(&self.claims_key, pv_name)
+            .query_async(&mut conn)
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Whether an intent is recorded for `pv_name` (readable or not — a garbled
+    /// record still protects its asset from the orphan sweep).
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn contains(&self, pv_name: &str) -> Result<bool, IntentError> {
+        let mut conn = self.conn.clone();
+        Ok(conn.hexists(&self.intents_key, pv_name).await?)
+    }
+
+    /// Number of recorded intents (readable or not).
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn count(&self) -> Result<usize, IntentError> {
+        let mut conn = self.conn.clone();
+        Ok(conn.hlen(&self.intents_key).await?)
+    }
+
+    /// All readable intents, sorted by PV name. Unreadable records are logged
+    /// and skipped (they stay stored; [`contains`](Self::contains) still sees them).
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn list(&self) -> Result<Vec<ProvisionIntent>, IntentError> {
+        let mut conn = self.conn.clone();
+        let raw: HashMap<String, Vec<u8>> = conn.hgetall(&self.intents_key).await?;
+        let mut out: Vec<ProvisionIntent> = raw
+            .into_iter()
+            .filter_map(|(pv_name, bytes)| decode_logged(&pv_name, &bytes, ProvisionIntent::decode))
+            .collect();
+        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+        Ok(out)
+    }
+
+    /// All readable intents with their claim snapshots, sorted by PV name.
+    /// Unreadable intents are logged and skipped; an unreadable snapshot is
+    /// logged and reported as `None`.
+    ///
+    /// Errors: [`IntentError::Redis`].
+    pub async fn list_with_claims(&self) -> Result<Vec<IntentEntry>, IntentError> {
+        let intents = self.list().await?;
+        let mut conn = self.conn.clone();
+        let mut claims: HashMap<String, Vec<u8>> = conn.hgetall(&self.claims_key).await?;
+        Ok(intents
+            .into_iter()
+            .map(|intent| {
+                let claim = claims
+                    .remove(&intent.pv_name)
+                    .and_then(|bytes| decode_logged(&intent.pv_name, &bytes, IntentClaim::decode));
+                IntentEntry { intent, claim }
+            })
+            .collect())
+    }
+
+    /// The claim snapshot of `pv_name`, if one is recorded.
+    ///
+    /// Errors: [`IntentError::Redis`]; [`IntentError::Decode`] for an unreadable record.
+    pub async fn claim(&self, pv_name: &str) -> Result<Option<IntentClaim>, IntentError> {
+        let mut conn = self.conn.clone();
+        let raw: Option<Vec<u8>> = conn.hget(&self.claims_key, pv_name).await?;
+        raw.map(|bytes| {
+            IntentClaim::decode(&bytes).map_err(|source| IntentError::Decode {
+                pv_name: pv_name.to_string(),
+                source,
+            })
+        })
+        .transpose()
+    }
+}
+
+fn decode_logged<T>(
+    pv_name: &str,
+    bytes: &[u8],
+    decode: fn(&[u8]) -> Result<T, DecodeError>,
+) -> Option<T> {
+    match decode(bytes) {
+        Ok(v) => Some(v),
+        Err(err) => {
+            tracing::error!(pv = pv_name, error = %err, "skipping unreadable provisioning intent record");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api_types::queue::ClaimKey;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    /// A private redis-server on a free port, killed on drop.
+    struct Redis {
+        child: std::process::Child,
+        url: String,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    async fn start_redis() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--dir", dir.path().to_str().unwrap()])
+            .args(["--appendonly", "yes", "--save", ""])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let url = format!("redis://127.0.0.1:{port}/0");
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Redis {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    fn intent(uid: &str) -> ProvisionIntent {
+        ProvisionIntent {
+            version: SCHEMA_VERSION,
+            claim: ClaimKey {
+                namespace: "ns".into(),
+                name: format!("claim-{uid}"),
+                uid: uid.into(),
+            },
+            pv_name: format!("pvc-{uid}"),
+            class: "fast".into(),
+            recorded_at_ms: 7,
+        }
+    }
+
+    fn claim(uid: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(format!("claim-{uid}")),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn record_list_contains_clear_round_trip() {
+        let redis = start_redis().await;
+        let store = IntentStore::connect(&redis.url, "example.com/hostpath")
+            .await
+            .unwrap();
+        let other = IntentStore::connect(&redis.url, "other.io/x")
+            .await
+            .unwrap();
+
+        assert!(store.record(&intent("b")).await.unwrap());
+        assert!(store
+            .record_with_claim(&intent("a"), &claim("a"), true)
+            .await
+            .unwrap());
+        assert!(
+            !store
+                .record_with_claim(&intent("a"), &claim("a"), false)
+                .await
+                .unwrap(),
+            "second record of one PV replaces, is not new"
+        );
+        assert_eq!(store.list().await.unwrap(), vec![intent("a"), intent("b")]);
+        assert_eq!(store.count().await.unwrap(), 2);
+        assert!(store.contains("pvc-a").await.unwrap());
+        assert!(!store.contains("pvc-z").await.unwrap());
+        assert!(
+            other.list().await.unwrap().is_empty(),
+            "per-provisioner keys"
+        );
+
+        let entries = store.list_with_claims().await.unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(
+            entries[0].claim,
+            Some(IntentClaim {
+                version: SCHEMA_VERSION,
+                in_background: false,
+                claim: claim("a")
+            })
+        );
+        assert_eq!(entries[1].claim, None);
+        assert_eq!(
+            store.claim("pvc-a").await.unwrap().unwrap().claim,
+            claim("a")
+        );
+
+        assert!(store.clear("pvc-a").await.unwrap());
+        assert!(!store.clear("pvc-a").await.unwrap());
+        assert_eq!(store.claim("pvc-a").await.unwrap(), None);
+        assert_eq!(store.list().await.unwrap(), vec![intent("b")]);
+    }
+
+    #[tokio::test]
+    async fn garbled_records_are_skipped_but_still_contained() {
+        let redis = start_redis().await;
+        let store = IntentStore::connect(&redis.url, "p").await.unwrap();
+        store.record(&intent("ok")).await.unwrap();
+        let mut conn = redis_store::connect(&redis.url).await.unwrap();
+        let _: () = conn
+            .hset("provisioner:{p}:provision-intents", "pvc-bad", "{oops")
+            .await
+            .unwrap();
+        let _: () = conn
+            .hset(
+                "provisioner:{p}:provision-intent-claims",
+                "pvc-ok",
+                r#"{"version":9}"#,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.list().await.unwrap(), vec![intent("ok")]);
+        assert!(store.contains("pvc-bad").await.unwrap());
+        assert_eq!(store.count().await.unwrap(), 2);
+        let entries = store.list_with_claims().await.unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].claim, None);
+        assert!(matches!(
+            store.claim("pvc-ok").await,
+            Err(IntentError::Decode {
+                source: DecodeError::UnknownVersion { found: 9 },
+                ..
+            })
+        ));
+    }
+}
