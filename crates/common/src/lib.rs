@@ -22,7 +22,6 @@ pub mod kube_client;
 pub mod leader;
 pub mod metrics;
 pub mod provisioner;
-pub mod queue;
 pub mod redis_store;
 pub mod retry;
 pub mod runtime;
