@@ -22,6 +22,7 @@ pub mod kube_client;
 pub mod leader;
 pub mod metrics;
 pub mod provisioner;
+pub mod queue;
 pub mod redis_store;
 pub mod retry;
 pub mod runtime;

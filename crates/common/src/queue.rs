@@ -1,0 +1,677 @@
+//! The durable PV-write queue in Redis: provision-svc enqueues the PVs it
+//! provisioned, pv-writer drains them into the API server.
+//!
+//! The seed keeps a PV the API server refused in memory only, so a restart loses
+//! it and the storage asset leaks. Here the PV is stored in Redis (AOF on) before
+//! provision-svc forgets it and is removed only once the PV object exists.
+//!
+//! # Redis layout
+//!
+//! Every key lives under [`key_prefix`](crate::redis_store::key_prefix)`(provisioner name)`,
+//! i.e. `provisioner:{<name>}:` (a Redis Cluster hash tag, so every multi-key
+//! script below stays on one shard). With `P` that prefix:
+//!
+//! | key | type | holds |
+//! | --- | --- | --- |
+//! | `P pv-queue:payloads` | hash | PV name → the stored [`QueuedPvWrite`] JSON, exactly as enqueued. A field here **is** the "pending" marker ([`PvQueue::is_pending`]); it is removed only when the PV exists. |
+//! | `P pv-queue:due` | sorted set | PV name, score = time it may be taken next (ms since the Unix epoch). Entries waiting for a worker or for a retry. |
+//! | `P pv-queue:inflight` | sorted set | PV name, score = end of the visibility timeout (ms). Entries a worker has taken; an entry still here after its timeout (worker killed) goes back to `due`. |
+//! | `P pv-queue:attempts` | hash | PV name → failed write attempts so far (drives the backoff). |
+//! | `P pv-queue:enqueued` | sorted set | PV name, score = enqueue (or requeue) time (ms); its minimum is the oldest pending age. |
+//! | `P pv-queue:dead` | hash | PV name → [`DeadLetter`] JSON (reason, time, attempts). The payload stays in `payloads`, so a dead letter is never lost and can be requeued. |
+//!
+//! Every entry is in exactly one of `due`, `inflight` or `dead`, and in
+//! `payloads` for as long as it is in any of them. Every change touching more
+//! than one key is one Lua script (atomic in Redis), keyed by PV name, so a crash
+//! of either side between two commands cannot leave a half-made entry.
+//!
+//! # Delivery
+//!
+//! At least once: an entry leaves the queue only through [`PvQueue::complete`],
+//! which the writer calls after the PV exists. A writer killed between the
+//! create and the completion leaves the entry in `inflight`; the next leader
+//! takes it again ([`PvQueue::recover_inflight`] on start, or the visibility
+//! timeout), and the repeated create answers `AlreadyExists` for the same claim
+//! uid, which the writer treats as success — so no PV is ever written twice.
+//!
+//! Times are passed in by the caller (milliseconds since the Unix epoch, from
+//! [`now_ms`]) so tests can control them; only the pv-writer leader consumes.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use api_types::queue::{ClaimKey, QueuedPvWrite};
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use serde::{Deserialize, Serialize};
+
+use crate::redis_store;
+
+/// Failure of a queue operation. Every variant is transient from the caller's
+/// point of view: retry later (and report not-ready while it lasts).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Redis could not be reached at the first connection, or the URL is invalid.
+    #[error("cannot connect to Redis at {url}: {source}")]
+    Connect {
+        /// The Redis URL, without credentials.
+        url: String,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A command or script failed (Redis down, timeout, wrong key type, ...).
+    #[error("Redis command {operation} failed: {source}")]
+    Command {
+        /// The queue operation, e.g. `enqueue`.
+        operation: &'static str,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A stored record the queue itself maintains (not a payload) is unreadable.
+    #[error("corrupt queue record for PV {pv_name}: {detail}")]
+    Corrupt {
+        /// The PV name whose record is unreadable.
+        pv_name: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
+/// writer, which dead-letters it when garbled) and its failure count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenEntry {
+    /// The PV name (the queue key), known even when the payload is garbled.
+    pub pv_name: String,
+    /// The stored [`QueuedPvWrite`] JSON, as enqueued.
+    pub payload: Vec<u8>,
+    /// Failed write attempts before this one.
+    pub attempts: u32,
+}
+
+/// Why and when an entry was dead-lettered (stored JSON in `pv-queue:dead`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The PV name.
+    pub pv_name: String,
+    /// Human-readable reason, e.g. `PV "pvc-1" already exists for claim uid 9`.
+    pub reason: String,
+    /// When it was dead-lettered, ms since the Unix epoch.
+    pub dead_at_ms: u64,
+    /// Failed write attempts before it was dead-lettered.
+    pub attempts: u32,
+    /// The claim, when the payload could be decoded.
+    pub claim: Option<ClaimKey>,
+}
+
+/// Where a pending (not dead) entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingState {
+    /// Waiting to be taken at `.0` (ms since the Unix epoch; in the past = now).
+    Due(u64),
+    /// Taken by a writer; returns to `Due` at `.0` (ms) unless completed first.
+    InFlight(u64),
+}
+
+/// One pending entry as [`PvQueue::list_pending`] reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingEntry {
+    /// The PV name.
+    pub pv_name: String,
+    /// Due or in flight, with the time.
+    pub state: PendingState,
+    /// Failed write attempts so far.
+    pub attempts: u32,
+    /// The decoded payload, or the decode error's message when garbled.
+    pub entry: Result<QueuedPvWrite, String>,
+}
+
+/// Counts for the queue metrics, read in one round trip ([`PvQueue::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueStats {
+    /// Pending entries (due + in flight), dead letters excluded.
+    pub depth: u64,
+    /// Dead-lettered entries.
+    pub dead: u64,
+    /// Enqueue time of the oldest pending entry (ms), if any.
+    pub oldest_enqueued_ms: Option<u64>,
+}
+
+impl QueueStats {
+    /// Age of the oldest pending entry at `now_ms`, in seconds (0 when empty).
+    pub fn oldest_age_seconds(&self, now_ms: u64) -> f64 {
+        self.oldest_enqueued_ms
+            .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0)
+            .unwrap_or(0.0)
+    }
+}
+
+/// Handle on one provisioner's queue; cheap to clone (shares one reconnecting
+/// connection).
+#[derive(Clone)]
+pub struct PvQueue {
+    conn: ConnectionManager,
+    keys: Keys,
+}
+
+#[derive(Clone)]
+struct Keys {
+    payloads: String,
+    due: String,
+    inflight: String,
+    attempts: String,
+    enqueued: String,
+    dead: String,
+}
+
+impl Keys {
+    fn new(provisioner_name: &str) -> Self {
+        let p = redis_store::key_prefix(provisioner_name);
+        Keys {
+            payloads: format!("{p}pv-queue:payloads"),
+            due: format!("{p}pv-queue:due"),
+            inflight: format!("{p}pv-queue:inflight"),
+            attempts: format!("{p}pv-queue:attempts"),
+            enqueued: format!("{p}pv-queue:enqueued"),
+            dead: format!("{p}pv-queue:dead"),
+        }
+    }
+}
+
+// KEYS: payloads, due, enqueued. ARGV: pv name, payload, now ms, enqueued ms.
+// Returns 1 when newly queued, 0 when the PV name was already in the queue.
+static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  return 1
+end
+return 0
+"#,
+    )
+});
+
+// KEYS: payloads, due, inflight, attempts. ARGV: now ms, visibility deadline ms, limit.
+// Moves expired in-flight entries back to due, then moves up to `limit` due
+// entries to in-flight and returns {name, payload, attempts} triples.
+static TAKE_DUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+for _, name in ipairs(expired) do
+  redis.call('ZREM', KEYS[3], name)
+  redis.call('ZADD', KEYS[2], ARGV[1], name)
+end
+local names = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, name in ipairs(names) do
+  redis.call('ZREM', KEYS[2], name)
+  local payload = redis.call('HGET', KEYS[1], name)
+  if payload then
+    redis.call('ZADD', KEYS[3], ARGV[2], name)
+    local attempts = redis.call('HGET', KEYS[4], name) or '0'
+    table.insert(out, {name, payload, attempts})
+  end
+end
+return out
+"#,
+    )
+});
+
+// KEYS: due, inflight. ARGV: now ms. Every in-flight entry becomes due now.
+static RECOVER_INFLIGHT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local names = redis.call('ZRANGE', KEYS[2], 0, -1)
+for _, name in ipairs(names) do
+  redis.call('ZREM', KEYS[2], name)
+  redis.call('ZADD', KEYS[1], ARGV[1], name)
+end
+return #names
+"#,
+    )
+});
+
+// KEYS: payloads, due, inflight, attempts, enqueued, dead. ARGV: pv name.
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local existed = redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+return existed
+"#,
+    )
+});
+
+// KEYS: payloads, due, inflight, attempts. ARGV: pv name, due ms, attempts.
+// Only for an entry still in flight (not completed, not dead-lettered meanwhile).
+static RETRY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
+return 1
+"#,
+    )
+});
+
+// KEYS: payloads, due, inflight, enqueued, dead. ARGV: pv name, dead-letter JSON.
+static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HSET', KEYS[5], ARGV[1], ARGV[2])
+return 1
+"#,
+    )
+});
+
+// KEYS: payloads, due, attempts, enqueued, dead. ARGV: pv name, now ms.
+static REQUEUE_DEAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('HDEL', KEYS[5], ARGV[1]) == 0 then return 0 end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+return 1
+"#,
+    )
+});
+
+// KEYS: due. ARGV: now ms. Entries scheduled later than now become due now.
+static PULL_FORWARD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf')
+for _, name in ipairs(names) do
+  redis.call('ZADD', KEYS[1], ARGV[1], name)
+end
+return #names
+"#,
+    )
+});
+
+impl PvQueue {
+    /// Connect to `redis_url` ([`redis_store::connect`]) and use the keys of
+    /// `provisioner_name` (see the module docs for the layout).
+    ///
+    /// Errors: [`QueueError::Connect`] for a bad URL or Redis unreachable now.
+    pub async fn connect(redis_url: &str, provisioner_name: &str) -> Result<Self, QueueError> {
+        let conn = redis_store::connect(redis_url)
+            .await
+            .map_err(|source| QueueError::Connect {
+                url: redact(redis_url),
+                source,
+            })?;
+        Ok(Self::with_connection(conn, provisioner_name))
+    }
+
+    /// A queue over an existing connection (embedding, tests).
+    pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
+        PvQueue {
+            conn,
+            keys: Keys::new(provisioner_name),
+        }
+    }
+
+    /// Atomically store the payload and the pending marker for
+    /// `entry.pv_name()`, due now. Idempotent: while the PV name is in the queue
+    /// (pending or dead-lettered) a second enqueue changes nothing.
+    ///
+    /// Errors: [`QueueError::Command`]; the entry is then not queued.
+    pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), QueueError> {
+        self.enqueue_at(entry, now_ms()).await.map(|_| ())
+    }
+
+    /// [`enqueue`](Self::enqueue) with an explicit "now" (ms); returns `true`
+    /// when the entry was newly queued, `false` when the PV name was already there.
+    pub async fn enqueue_at(&self, entry: &QueuedPvWrite, now_ms: u64) -> Result<bool, QueueError> {
+        self.enqueue_raw(
+            entry.pv_name(),
+            &entry.encode(),
+            now_ms,
+            entry.enqueued_at_ms,
+        )
+        .await
+    }
+
+    /// Store a raw payload under `pv_name` (operators' repair tools and tests of
+    /// garbled entries); same atomicity and idempotence as [`enqueue`](Self::enqueue).
+    pub async fn enqueue_raw(
+        &self,
+        pv_name: &str,
+        payload: &[u8],
+        now_ms: u64,
+        enqueued_at_ms: u64,
+    ) -> Result<bool, QueueError> {
+        let enqueued = if enqueued_at_ms == 0 {
+            now_ms
+        } else {
+            enqueued_at_ms
+        };
+        let added: i64 = ENQUEUE
+            .key(&self.keys.payloads)
+            .key(&self.keys.due)
+            .key(&self.keys.enqueued)
+            .arg(pv_name)
+            .arg(payload)
+            .arg(now_ms)
+            .arg(enqueued)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("enqueue"))?;
+        Ok(added == 1)
+    }
+
+    /// True while `pv_name` is in the queue: pending, in flight or dead-lettered.
+    /// provision-svc treats such a PV as existing (seed: "skip if the PV exists").
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn is_pending(&self, pv_name: &str) -> Result<bool, QueueError> {
+        self.conn
+            .clone()
+            .hexists(&self.keys.payloads, pv_name)
+            .await
+            .map_err(cmd("is_pending"))
+    }
+
+    /// Take up to `limit` entries due at `now_ms`, marking them in flight until
+    /// `now_ms + visibility`. Entries whose earlier visibility timeout has passed
+    /// (a killed writer) are due again first. Oldest due time first.
+    ///
+    /// Errors: [`QueueError::Command`]; nothing is taken then.
+    pub async fn take_due(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        visibility: Duration,
+    ) -> Result<Vec<TakenEntry>, QueueError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let deadline = now_ms.saturating_add(visibility.as_millis() as u64);
+        let raw: Vec<(String, Vec<u8>, String)> = TAKE_DUE
+            .key(&self.keys.payloads)
+            .key(&self.keys.due)
+            .key(&self.keys.inflight)
+            .key(&self.keys.attempts)
+            .arg(now_ms)
+            .arg(deadline)
+            .arg(limit)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("take_due"))?;
+        Ok(raw
+            .into_iter()
+            .map(|(pv_name, payload, attempts)| TakenEntry {
+                attempts: attempts.parse().unwrap_or(0),
+                pv_name,
+                payload,
+            })
+            .collect())
+    }
+
+    /// Make every in-flight entry due at `now_ms`. The pv-writer leader calls
+    /// this when it starts: as the only consumer, anything in flight belongs to
+    /// a previous leader that is gone. Returns how many entries were recovered.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn recover_inflight(&self, now_ms: u64) -> Result<u64, QueueError> {
+        RECOVER_INFLIGHT
+            .key(&self.keys.due)
+            .key(&self.keys.inflight)
+            .arg(now_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("recover_inflight"))
+    }
+
+    /// Remove `pv_name` entirely (payload, pending marker, retry and dead-letter
+    /// state): the PV exists. Returns `false` when it was not queued.
+    ///
+    /// Errors: [`QueueError::Command`]; the entry stays queued and is written again
+    /// (idempotently) later.
+    pub async fn complete(&self, pv_name: &str) -> Result<bool, QueueError> {
+        let existed: i64 = COMPLETE
+            .key(&self.keys.payloads)
+            .key(&self.keys.due)
+            .key(&self.keys.inflight)
+            .key(&self.keys.attempts)
+            .key(&self.keys.enqueued)
+            .key(&self.keys.dead)
+            .arg(pv_name)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("complete"))?;
+        Ok(existed == 1)
+    }
+
+    /// Put an in-flight entry back, due at `due_ms`, recording `attempts` failed
+    /// attempts so far. Returns `false` (and changes nothing) when the entry is no
+    /// longer in flight.
+    ///
+    /// Errors: [`QueueError::Command`]; the visibility timeout then retries it.
+    pub async fn schedule_retry(
+        &self,
+        pv_name: &str,
+        due_ms: u64,
+        attempts: u32,
+    ) -> Result<bool, QueueError> {
+        let moved: i64 = RETRY
+            .key(&self.keys.payloads)
+            .key(&self.keys.due)
+            .key(&self.keys.inflight)
+            .key(&self.keys.attempts)
+            .arg(pv_name)
+            .arg(due_ms)
+            .arg(attempts)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("schedule_retry"))?;
+        Ok(moved == 1)
+    }
+
+    /// Move `pv_name` to the dead-letter set with `letter`. Its payload stays
+    /// stored (and [`is_pending`](Self::is_pending) stays true, so the claim is not
+    /// provisioned again) until an operator requeues it. Returns `false` when the
+    /// entry is not queued.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn dead_letter(&self, letter: &DeadLetter) -> Result<bool, QueueError> {
+        let json = serde_json::to_vec(letter).expect("DeadLetter always serializes");
+        let moved: i64 = DEAD_LETTER
+            .key(&self.keys.payloads)
+            .key(&self.keys.due)
+            .key(&self.keys.inflight)
+            .key(&self.keys.enqueued)
+            .key(&self.keys.dead)
+            .arg(&letter.pv_name)
+            .arg(json)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("dead_letter"))?;
+        Ok(moved == 1)
+    }
+
+    /// Move a dead letter back to the pending queue, due at `now_ms` with its
+    /// attempt count reset. Returns `false` when `pv_name` is not dead-lettered.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn requeue_dead(&self, pv_name: &str, now_ms: u64) -> Result<bool, QueueError> {
+        let moved: i64 = REQUEUE_DEAD
+            .key(&self.keys.payloads)
+            .key(&self.keys.due)
+            .key(&self.keys.attempts)
+            .key(&self.keys.enqueued)
+            .key(&self.keys.dead)
+            .arg(pv_name)
+            .arg(now_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("requeue_dead"))?;
+        Ok(moved == 1)
+    }
+
+    /// Make every entry waiting for a later retry due at `now_ms` (the API server
+    /// is back). Returns how many were pulled forward.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn pull_forward_retries(&self, now_ms: u64) -> Result<u64, QueueError> {
+        PULL_FORWARD
+            .key(&self.keys.due)
+            .arg(now_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("pull_forward_retries"))
+    }
+
+    /// Depth, dead-letter count and oldest enqueue time, in one pipeline.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn stats(&self) -> Result<QueueStats, QueueError> {
+        let (due, inflight, dead, oldest): (u64, u64, u64, Vec<(String, f64)>) = redis::pipe()
+            .zcard(&self.keys.due)
+            .zcard(&self.keys.inflight)
+            .hlen(&self.keys.dead)
+            .zrange_withscores(&self.keys.enqueued, 0, 0)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("stats"))?;
+        Ok(QueueStats {
+            depth: due + inflight,
+            dead,
+            oldest_enqueued_ms: oldest.first().map(|(_, t)| *t as u64),
+        })
+    }
+
+    /// Every pending (not dead) entry, sorted by PV name.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn list_pending(&self) -> Result<Vec<PendingEntry>, QueueError> {
+        let mut conn = self.conn.clone();
+        let (due, inflight, attempts): (
+            Vec<(String, f64)>,
+            Vec<(String, f64)>,
+            std::collections::HashMap<String, u32>,
+        ) = redis::pipe()
+            .zrange_withscores(&self.keys.due, 0, -1)
+            .zrange_withscores(&self.keys.inflight, 0, -1)
+            .hgetall(&self.keys.attempts)
+            .query_async(&mut conn)
+            .await
+            .map_err(cmd("list_pending"))?;
+        let mut states: Vec<(String, PendingState)> = due
+            .into_iter()
+            .map(|(n, t)| (n, PendingState::Due(t as u64)))
+            .chain(
+                inflight
+                    .into_iter()
+                    .map(|(n, t)| (n, PendingState::InFlight(t as u64))),
+            )
+            .collect();
+        states.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out = Vec::with_capacity(states.len());
+        for chunk in states.chunks(500) {
+            let names: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
+            let payloads: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                .arg(&self.keys.payloads)
+                .arg(&names)
+                .query_async(&mut conn)
+                .await
+                .map_err(cmd("list_pending"))?;
+            for ((name, state), payload) in chunk.iter().zip(payloads) {
+                let entry = match payload {
+                    Some(bytes) => QueuedPvWrite::decode(&bytes).map_err(|e| e.to_string()),
+                    None => Err("payload missing".to_string()),
+                };
+                out.push(PendingEntry {
+                    pv_name: name.clone(),
+                    state: *state,
+                    attempts: attempts.get(name).copied().unwrap_or(0),
+                    entry,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every dead letter, sorted by PV name.
+    ///
+    /// Errors: [`QueueError::Command`], [`QueueError::Corrupt`] for an unreadable record.
+    pub async fn list_dead(&self) -> Result<Vec<DeadLetter>, QueueError> {
+        let raw: Vec<(String, Vec<u8>)> = self
+            .conn
+            .clone()
+            .hgetall(&self.keys.dead)
+            .await
+            .map_err(cmd("list_dead"))?;
+        let mut out = raw
+            .into_iter()
+            .map(|(pv_name, bytes)| {
+                serde_json::from_slice::<DeadLetter>(&bytes).map_err(|e| QueueError::Corrupt {
+                    pv_name,
+                    detail: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+        Ok(out)
+    }
+
+    /// The stored payload of `pv_name` (pending or dead), if any.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn payload(&self, pv_name: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        self.conn
+            .clone()
+            .hget(&self.keys.payloads, pv_name)
+            .await
+            .map_err(cmd("payload"))
+    }
+}
+
+fn cmd(operation: &'static str) -> impl Fn(redis::RedisError) -> QueueError {
+    move |source| QueueError::Command { operation, source }
+}
+
+/// `url` with any password replaced by `***`, for error messages and logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
