@@ -1,17 +1,517 @@
-//! Provisioning half of the hostpath backend (to be implemented by the provision-svc issue).
+//! Provisioning half of the hostpath backend: create `<base-dir>/<pv name>` and
+//! describe it as a `hostPath` PV pinned to one node.
+//!
+//! The PV has:
+//! * `spec.hostPath` = `<base-dir>/<pv name>` with `type: DirectoryOrCreate`;
+//! * `spec.capacity.storage` = the claim's `resources.requests.storage`, verbatim;
+//! * the claim's `accessModes` and `volumeMode`;
+//! * `persistentVolumeReclaimPolicy` and `mountOptions` from the StorageClass
+//!   (reclaim policy `Delete` when the class sets none, as Kubernetes defaults it);
+//! * required node affinity `kubernetes.io/hostname In [<node>]`, where `<node>`
+//!   is the claim's selected node, else the backend's `--node-name`.
+//!
+//! StorageClass parameters: the hostpath backend accepts **none** (see
+//! [`ACCEPTED_PARAMETERS`]); a class with any parameter is rejected so a typo
+//! or a parameter meant for another backend is never silently ignored.
+//!
+//! Every rejection is a [`ProvisionError::Failed`] with state
+//! [`ProvisioningState::Finished`](api_types::ProvisioningState::Finished): no
+//! asset was made; provision-svc reports it as a `ProvisioningFailed` event.
+//!
+//! Idempotent per PV name: an existing directory is reused.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use api_types::{ProvisionError, ProvisionOptions};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::HostPath;
 
-/// Create `<base-dir>/<pv name>` and return its PV.
+/// StorageClass `parameters` keys the hostpath backend accepts: none.
+pub const ACCEPTED_PARAMETERS: &[&str] = &[];
+
+/// Node label used for the PV's node affinity.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// `hostPath.type` of the PVs this backend publishes.
+pub const HOST_PATH_TYPE: &str = "DirectoryOrCreate";
+
+/// Permissions of a new volume directory: world-writable, like other hostpath
+/// provisioners, so a pod running as any user can write to its volume.
+pub const VOLUME_DIR_MODE: u32 = 0o777;
+
+/// Create `<base-dir>/<pv name>` (and the base directory if missing) and return
+/// its PV. See the module docs for the PV's shape and the rejections.
+///
+/// Errors: [`ProvisionError::Failed`] (state `Finished`) for a StorageClass
+/// parameter, `Block` volume mode, a missing or non-positive storage request,
+/// a claim without access modes, no node to pin to, a PV name that is not a
+/// single path component, or a filesystem error.
 pub async fn provision(
-    _backend: &HostPath,
+    backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
-    Err(ProvisionError::finished(format!(
-        "hostpath provisioning of {} is not implemented yet",
-        options.pv_name
-    )))
+    let class_name = options
+        .storage_class
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_default();
+    validate_parameters(&class_name, options.storage_class.parameters.as_ref())?;
+    check_pv_name(&options.pv_name)?;
+
+    let claim_spec = options.pvc.spec.clone().unwrap_or_default();
+    if claim_spec.volume_mode.as_deref() == Some("Block") {
+        return Err(ProvisionError::finished(
+            "the hostpath backend does not support volumeMode Block",
+        ));
+    }
+    let request = claim_spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .cloned()
+        .ok_or_else(|| {
+            ProvisionError::finished("claim has no storage request (resources.requests.storage)")
+        })?;
+    if !quantity_is_positive(&request) {
+        return Err(ProvisionError::finished(format!(
+            "claim's storage request {:?} is not a positive quantity",
+            request.0
+        )));
+    }
+    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
+    if access_modes.is_empty() {
+        return Err(ProvisionError::finished("claim has no access modes"));
+    }
+    let node = options
+        .selected_node
+        .as_ref()
+        .and_then(|n| n.metadata.name.clone())
+        .or_else(|| backend.node_name.clone())
+        .ok_or_else(|| {
+            ProvisionError::finished(
+                "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
+            )
+        })?;
+
+    let path = backend.base_dir.join(&options.pv_name);
+    create_volume_dir(&backend.base_dir, &path).await?;
+
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(options.pv_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            host_path: Some(HostPathVolumeSource {
+                path: path.to_string_lossy().into_owned(),
+                type_: Some(HOST_PATH_TYPE.to_string()),
+            }),
+            capacity: Some(BTreeMap::from([("storage".to_string(), request)])),
+            access_modes: Some(access_modes),
+            volume_mode: claim_spec.volume_mode.clone(),
+            persistent_volume_reclaim_policy: Some(
+                options
+                    .storage_class
+                    .reclaim_policy
+                    .clone()
+                    .unwrap_or_else(|| "Delete".to_string()),
+            ),
+            mount_options: options.storage_class.mount_options.clone(),
+            node_affinity: Some(node_affinity(&node)),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Reject every StorageClass parameter not in [`ACCEPTED_PARAMETERS`].
+///
+/// Errors: [`ProvisionError::Failed`] (state `Finished`) naming the class and
+/// the unknown keys, sorted.
+pub fn validate_parameters(
+    class_name: &str,
+    parameters: Option<&BTreeMap<String, String>>,
+) -> Result<(), ProvisionError> {
+    let unknown: Vec<&str> = parameters
+        .into_iter()
+        .flat_map(|p| p.keys())
+        .map(String::as_str)
+        .filter(|k| !ACCEPTED_PARAMETERS.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(ProvisionError::finished(format!(
+            "StorageClass {class_name:?} has parameters the hostpath backend does not know: {} (it accepts none)",
+            unknown.join(", ")
+        )))
+    }
+}
+
+/// Required node affinity `kubernetes.io/hostname In [node]`.
+pub fn node_affinity(node: &str) -> VolumeNodeAffinity {
+    VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: HOSTNAME_LABEL.to_string(),
+                    operator: "In".to_string(),
+                    values: Some(vec![node.to_string()]),
+                }]),
+                match_fields: None,
+            }],
+        }),
+    }
+}
+
+/// Whether `q` is a well-formed Kubernetes quantity greater than zero
+/// (`1Gi`, `500M`, `1e3`, `0.5Ki`, `100m`). Zero, negative and malformed
+/// quantities are not.
+pub fn quantity_is_positive(q: &Quantity) -> bool {
+    let s = q.0.trim();
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'-') => (-1, &s[1..]),
+        Some(b'+') => (1, &s[1..]),
+        _ => (1, s),
+    };
+    let num_end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(rest.len());
+    let (number, suffix) = rest.split_at(num_end);
+    if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+        return false;
+    }
+    let suffix_ok = matches!(
+        suffix,
+        "" | "Ki"
+            | "Mi"
+            | "Gi"
+            | "Ti"
+            | "Pi"
+            | "Ei"
+            | "n"
+            | "u"
+            | "m"
+            | "k"
+            | "M"
+            | "G"
+            | "T"
+            | "P"
+            | "E"
+    ) || is_decimal_exponent(suffix);
+    if !suffix_ok {
+        return false;
+    }
+    sign > 0 && number.chars().any(|c| ('1'..='9').contains(&c))
+}
+
+fn is_decimal_exponent(suffix: &str) -> bool {
+    let Some(rest) = suffix.strip_prefix(['e', 'E']) else {
+        return false;
+    };
+    let digits = rest.strip_prefix(['+', '-']).unwrap_or(rest);
+    !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())
+}
+
+/// A PV name must be one plain path component, so the volume directory stays
+/// directly under the base directory.
+fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
+    let mut components = Path::new(pv_name).components();
+    let single = matches!(
+        (components.next(), components.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    );
+    if single && !pv_name.contains('/') {
+        Ok(())
+    } else {
+        Err(ProvisionError::finished(format!(
+            "PV name {pv_name:?} is not a single path component; refusing to create a directory for it"
+        )))
+    }
+}
+
+async fn create_volume_dir(base: &Path, path: &PathBuf) -> Result<(), ProvisionError> {
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        ProvisionError::finished(format!("{what} {}: {e}", p.display()))
+    };
+    tokio::fs::create_dir_all(base)
+        .await
+        .map_err(|e| io("cannot create base directory", base, e))?;
+    match tokio::fs::create_dir(path).await {
+        Ok(()) => {
+            use std::os::unix::fs::PermissionsExt;
+            tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(VOLUME_DIR_MODE))
+                .await
+                .map_err(|e| io("cannot set permissions of volume directory", path, e))?;
+            tracing::info!(path = %path.display(), "created hostpath volume directory");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let meta = tokio::fs::symlink_metadata(path)
+                .await
+                .map_err(|e| io("cannot inspect volume directory", path, e))?;
+            if meta.is_dir() {
+                tracing::info!(path = %path.display(), "hostpath volume directory already exists; reusing it");
+                Ok(())
+            } else {
+                Err(ProvisionError::finished(format!(
+                    "{} exists and is not a directory",
+                    path.display()
+                )))
+            }
+        }
+        Err(e) => Err(io("cannot create volume directory", path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::hostpath::OnDelete;
+    use api_types::ProvisioningState;
+    use k8s_openapi::api::core::v1::{
+        Node, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
+    };
+    use k8s_openapi::api::storage::v1::StorageClass;
+
+    fn backend(base: &Path, node: Option<&str>) -> HostPath {
+        HostPath {
+            base_dir: base.to_path_buf(),
+            node_name: node.map(str::to_string),
+            on_delete: OnDelete::Delete,
+        }
+    }
+
+    fn options(request: Option<&str>) -> ProvisionOptions {
+        ProvisionOptions {
+            storage_class: StorageClass {
+                metadata: ObjectMeta {
+                    name: Some("local".into()),
+                    ..Default::default()
+                },
+                provisioner: "example.com/hostpath".into(),
+                ..Default::default()
+            },
+            pv_name: "pvc-123".into(),
+            pvc: PersistentVolumeClaim {
+                metadata: ObjectMeta {
+                    namespace: Some("ns".into()),
+                    name: Some("data".into()),
+                    uid: Some("123".into()),
+                    ..Default::default()
+                },
+                spec: Some(PersistentVolumeClaimSpec {
+                    access_modes: Some(vec!["ReadWriteOnce".into()]),
+                    resources: Some(VolumeResourceRequirements {
+                        requests: request
+                            .map(|r| BTreeMap::from([("storage".to_string(), Quantity(r.into()))])),
+                        ..Default::default()
+                    }),
+                    volume_mode: Some("Filesystem".into()),
+                    ..Default::default()
+                }),
+                status: None,
+            },
+            selected_node: None,
+        }
+    }
+
+    fn reason(err: ProvisionError) -> String {
+        match err {
+            ProvisionError::Failed {
+                state: ProvisioningState::Finished,
+                reason,
+            } => reason,
+            other => panic!("expected a Finished failure, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn creates_directory_and_pv_pinned_to_fallback_node() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("missing/base");
+        let b = backend(&base, Some("node-a"));
+        let mut opts = options(Some("1Gi"));
+        opts.storage_class.mount_options = Some(vec!["noatime".into()]);
+        let pv = provision(&b, &opts).await.unwrap();
+
+        let dir = base.join("pvc-123");
+        let meta = std::fs::metadata(&dir).unwrap();
+        assert!(meta.is_dir());
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(meta.permissions().mode() & 0o777, 0o777);
+
+        let expected = PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pvc-123".into()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                host_path: Some(HostPathVolumeSource {
+                    path: dir.to_string_lossy().into_owned(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                capacity: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity("1Gi".into()),
+                )])),
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                volume_mode: Some("Filesystem".into()),
+                persistent_volume_reclaim_policy: Some("Delete".into()),
+                mount_options: Some(vec!["noatime".into()]),
+                node_affinity: Some(node_affinity("node-a")),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        assert_eq!(pv, expected);
+        assert_eq!(
+            serde_json::to_value(pv.spec.unwrap().node_affinity).unwrap(),
+            serde_json::json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-a"]}
+            ]}]}})
+        );
+    }
+
+    #[tokio::test]
+    async fn selected_node_and_class_reclaim_policy_win_and_repeat_is_idempotent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path(), Some("fallback"));
+        let mut opts = options(Some("5M"));
+        opts.storage_class.reclaim_policy = Some("Retain".into());
+        opts.selected_node = Some(Node {
+            metadata: ObjectMeta {
+                name: Some("node-b".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let first = provision(&b, &opts).await.unwrap();
+        std::fs::write(tmp.path().join("pvc-123/data"), b"keep").unwrap();
+        let second = provision(&b, &opts).await.unwrap();
+        assert_eq!(first, second);
+        assert_eq!(
+            std::fs::read(tmp.path().join("pvc-123/data")).unwrap(),
+            b"keep",
+            "an existing volume directory is reused, not recreated"
+        );
+        let spec = second.spec.unwrap();
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Retain")
+        );
+        assert_eq!(spec.node_affinity, Some(node_affinity("node-b")));
+        assert_eq!(spec.mount_options, None);
+    }
+
+    #[tokio::test]
+    async fn rejections_are_final_and_create_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path(), Some("n"));
+
+        let e = provision(&b, &options(None)).await.unwrap_err();
+        assert_eq!(
+            reason(e),
+            "claim has no storage request (resources.requests.storage)"
+        );
+        for bad in ["0", "-1Gi", "0Gi", "abc", "1Qi", ""] {
+            let e = provision(&b, &options(Some(bad))).await.unwrap_err();
+            assert_eq!(
+                reason(e),
+                format!("claim's storage request {bad:?} is not a positive quantity")
+            );
+        }
+
+        let mut block = options(Some("1Gi"));
+        block.pvc.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        assert_eq!(
+            reason(provision(&b, &block).await.unwrap_err()),
+            "the hostpath backend does not support volumeMode Block"
+        );
+
+        let mut params = options(Some("1Gi"));
+        params.storage_class.parameters = Some(BTreeMap::from([
+            ("zz".to_string(), "1".to_string()),
+            ("path".to_string(), "/x".to_string()),
+        ]));
+        assert_eq!(
+            reason(provision(&b, &params).await.unwrap_err()),
+            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts none)"
+        );
+
+        let mut no_modes = options(Some("1Gi"));
+        no_modes.pvc.spec.as_mut().unwrap().access_modes = None;
+        assert_eq!(
+            reason(provision(&b, &no_modes).await.unwrap_err()),
+            "claim has no access modes"
+        );
+
+        let no_node = backend(tmp.path(), None);
+        assert_eq!(
+            reason(
+                provision(&no_node, &options(Some("1Gi")))
+                    .await
+                    .unwrap_err()
+            ),
+            "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend"
+        );
+
+        for bad_name in ["../escape", "a/b", "..", ""] {
+            let mut o = options(Some("1Gi"));
+            o.pv_name = bad_name.into();
+            let r = reason(provision(&b, &o).await.unwrap_err());
+            assert!(r.contains("is not a single path component"), "{r}");
+        }
+
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            0,
+            "no directory was created by a rejected claim"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_in_the_way_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("pvc-123"), b"").unwrap();
+        let e = provision(&backend(tmp.path(), Some("n")), &options(Some("1Gi")))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(e),
+            format!(
+                "{} exists and is not a directory",
+                tmp.path().join("pvc-123").display()
+            )
+        );
+    }
+
+    #[test]
+    fn quantities() {
+        for ok in [
+            "1", "1Gi", "0.5Ki", "100m", "1e3", "2E", "1E+2", "+3M", "0.001",
+        ] {
+            assert!(quantity_is_positive(&Quantity(ok.into())), "{ok}");
+        }
+        for bad in [
+            "0", "0.0", "-5", "-1Gi", "Gi", ".", "1.2.3", "1e", "5 Gi", "1GiB",
+        ] {
+            assert!(!quantity_is_positive(&Quantity(bad.into())), "{bad}");
+        }
+    }
+
+    #[test]
+    fn no_parameters_pass_validation() {
+        assert!(validate_parameters("c", None).is_ok());
+        assert!(validate_parameters("c", Some(&BTreeMap::new())).is_ok());
+    }
 }
