@@ -1,1 +1,205 @@
-//! reclaim-svc library.
+//! reclaim-svc: the reclaim half of the seed controller
+//! (sig-storage-lib-external-provisioner v8).
+//!
+//! Watches PVs through a reflector and, for each PV of our provisioner
+//! (`pv.kubernetes.io/provisioned-by` or `pv.kubernetes.io/migrated-to` equals
+//! the provisioner name):
+//!
+//! 1. keeps the provisioner finalizer
+//!    (`external-provisioner.volume.kubernetes.io/finalizer`) in line with
+//!    `--add-finalizer` and the reclaim policy ([`decision::finalizer_update`],
+//!    written by [`finalizer::update_finalizers`]);
+//! 2. when the PV is `Released` with reclaim policy `Delete`
+//!    ([`decision::should_delete`]), deletes the storage asset through the
+//!    backend, then the PV, then our finalizer ([`operation::Reclaimer`]);
+//! 3. retries failures per PV with backoff up to `--failed-delete-threshold`
+//!    ([`controller`]).
+//!
+//! Modules: [`decision`] (pure rules), [`finalizer`] (conflict-safe finalizer
+//! patch), [`operation`] (sync and delete operation), [`workqueue`],
+//! [`controller`] (reflector + workers), [`api_calls`] (RBAC declaration).
+
+pub mod api_calls;
+pub mod controller;
+pub mod decision;
+pub mod finalizer;
+pub mod operation;
+pub mod workqueue;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use common::backend::hostpath::HostPathArgs;
+use common::config::{parse_duration, CommonArgs, RetryArgs, ServiceKind};
+use common::events::EventSink;
+use common::metrics::DeleteMetrics;
+use common::retry::{FailureThreshold, RetryPolicy};
+use common::runtime::run_service;
+use common::Provisioner;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::Api;
+use prometheus::Registry;
+
+use crate::controller::LoopConfig;
+use crate::operation::Reclaimer;
+
+/// Flags of reclaim-svc itself (each with an environment twin).
+#[derive(Debug, Clone, Args)]
+pub struct ReclaimArgs {
+    /// Add the provisioner finalizer to our PVs with reclaim policy `Delete`, so
+    /// a PV object outlives its asset's deletion; when off, the finalizer is
+    /// removed from our PVs (seed `AddFinalizer`).
+    #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub add_finalizer: bool,
+
+    /// Failed syncs of one PV before it is given up until its next change
+    /// (seed `FailedDeleteThreshold`). 0 retries forever.
+    #[arg(long, env = "FAILED_DELETE_THRESHOLD", default_value_t = 15)]
+    pub failed_delete_threshold: u32,
+
+    /// Upper bound of one PV sync including the backend's delete; `0s` means
+    /// unlimited (seed `DeletionTimeout`, default unlimited).
+    #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
+    pub deletion_timeout: Duration,
+
+    /// Every PV is re-examined this often even without changes (seed resync
+    /// period). `0s` disables.
+    #[arg(long, env = "RESYNC_PERIOD", default_value = "15m", value_parser = parse_duration)]
+    pub resync_period: Duration,
+
+    /// PVs synced concurrently (seed threadiness).
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 4)]
+    pub worker_threads: usize,
+
+    /// Delete orphaned backend volumes the leader-start sweep finds (no PV, no
+    /// pending PV write, no provisioning intent). Off: report them only.
+    #[arg(long, env = "SWEEP_ORPHANS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sweep_orphans: bool,
+}
+
+/// The reclaim-svc command line.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "reclaim-svc",
+    version,
+    about = "Deletes released volumes of a Kubernetes external provisioner and manages its PV finalizer"
+)]
+pub struct Cli {
+    /// Shared flags.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Per-PV retry flags.
+    #[command(flatten)]
+    pub retry: RetryArgs,
+    /// hostpath backend flags (used by the binary's built-in backend).
+    #[command(flatten)]
+    pub hostpath: HostPathArgs,
+    /// reclaim-svc's own flags.
+    #[command(flatten)]
+    pub reclaim: ReclaimArgs,
+}
+
+/// Run reclaim-svc with `backend` until SIGTERM (or a lost Lease): serves
+/// `/metrics` (seed delete families, label `class`), `/healthz`, `/readyz`
+/// (ready once the PV reflector has synced), elects a leader on the
+/// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop.
+///
+/// Errors: setup failures, a lost Lease, or the PV watch ending.
+pub async fn run(
+    common: CommonArgs,
+    retry: RetryArgs,
+    reclaim: ReclaimArgs,
+    backend: Arc<dyn Provisioner>,
+) -> anyhow::Result<()> {
+    let registry = Registry::new();
+    let metrics = DeleteMetrics::register(&registry);
+    run_service(
+        ServiceKind::Reclaim,
+        common,
+        registry,
+        move |ctx| async move {
+            let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+            let events = Arc::new(EventSink::new(
+                ctx.client.clone(),
+                ctx.kind.component(),
+                &ctx.identity,
+            ));
+            let reclaimer = Arc::new(Reclaimer::new(
+                api.clone(),
+                backend,
+                events,
+                metrics,
+                ctx.args.provisioner_name.clone(),
+                reclaim.add_finalizer,
+            ));
+            let policy = Arc::new(RetryPolicy::from_args(&retry));
+            let config = LoopConfig {
+                workers: reclaim.worker_threads,
+                threshold: FailureThreshold(reclaim.failed_delete_threshold),
+                deletion_timeout: reclaim.deletion_timeout,
+                resync_period: reclaim.resync_period,
+            };
+            tracing::info!(
+                provisioner = %ctx.args.provisioner_name,
+                add_finalizer = reclaim.add_finalizer,
+                failed_delete_threshold = reclaim.failed_delete_threshold,
+                workers = config.workers,
+                "starting PV reclaim loop"
+            );
+            let readiness = ctx.readiness.clone();
+            controller::run_loop(
+                api,
+                reclaimer,
+                policy,
+                config,
+                ctx.shutdown.clone(),
+                move |_store| {
+                    readiness.set_ready(true);
+                },
+            )
+            .await
+        },
+    )
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_defaults_follow_the_seed() {
+        let cli = Cli::try_parse_from(["reclaim-svc"]).unwrap();
+        assert!(!cli.reclaim.add_finalizer);
+        assert_eq!(cli.reclaim.failed_delete_threshold, 15);
+        assert_eq!(cli.reclaim.deletion_timeout, Duration::ZERO);
+        assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
+        assert_eq!(cli.reclaim.worker_threads, 4);
+        assert!(!cli.reclaim.sweep_orphans);
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "reclaim-svc",
+            "--add-finalizer=true",
+            "--failed-delete-threshold",
+            "0",
+            "--deletion-timeout",
+            "2m",
+            "--on-delete",
+            "archive",
+            "--sweep-orphans=true",
+        ])
+        .unwrap();
+        assert!(cli.reclaim.add_finalizer);
+        assert_eq!(cli.reclaim.failed_delete_threshold, 0);
+        assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
+        assert_eq!(
+            cli.hostpath.on_delete,
+            common::backend::hostpath::OnDelete::Archive
+        );
+        assert!(cli.reclaim.sweep_orphans);
+    }
+}

@@ -1,1 +1,15 @@
-fn main() {}
+//! reclaim-svc: deletes released volumes of our provisioner and keeps the
+//! provisioner finalizer on its PVs in line. See the library for the behaviour.
+
+use std::sync::Arc;
+
+use clap::Parser;
+use common::backend::hostpath::HostPath;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = reclaim_svc::Cli::parse();
+    common::telemetry::init(cli.common.log_format, &cli.common.log_level);
+    let backend = Arc::new(HostPath::from_args(&cli.hostpath));
+    reclaim_svc::run(cli.common, cli.retry, cli.reclaim, backend).await
+}

@@ -1,0 +1,18 @@
+//! The Kubernetes API calls reclaim-svc makes, for the deploy manifests' RBAC
+//! check. Keep in step with the code: `controller` (reflector: list, watch),
+//! `finalizer` (patch; get to re-read after a 409 Conflict), `operation`
+//! (delete), `common::events` (events) and `common::leader` (Lease).
+
+use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
+
+/// Every API call of reclaim-svc.
+pub const API_CALLS: &[ApiCall] = &[
+    ApiCall {
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["get", "list", "watch", "patch", "delete"],
+        namespaced: false,
+    },
+    EVENT_CALLS,
+    LEASE_CALLS,
+];

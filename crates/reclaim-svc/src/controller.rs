@@ -1,0 +1,167 @@
+//! The PV control loop: a reflector over all PVs feeds a [`WorkQueue`] keyed
+//! by PV name; `--worker-threads` workers sync PVs with the seed's
+//! `processNextVolumeWorkItem` retry semantics.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::retry::{FailureThreshold, RetryPolicy};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::operation::{Reclaimer, SyncError};
+use crate::workqueue::WorkQueue;
+
+/// Tuning of the control loop.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// Concurrent workers (seed threadiness).
+    pub workers: usize,
+    /// Give up a PV after this many failed syncs (0 = never).
+    pub threshold: FailureThreshold,
+    /// Upper bound of one sync; zero = unlimited (seed `deletionTimeout`).
+    pub deletion_timeout: Duration,
+    /// Every PV is queued again this often; zero disables (seed resync period).
+    pub resync_period: Duration,
+}
+
+/// Sync one PV named `key` from `store` and apply the seed's retry rules:
+/// success → forget its failures; failure → requeue after the policy's delay
+/// while `threshold` allows, else give up (failures are kept — "Done but do not
+/// Forget" — until the PV is deleted, so later updates get one try each).
+pub async fn process_item(
+    key: &str,
+    store: &Store<PersistentVolume>,
+    reclaimer: &Reclaimer,
+    queue: &Arc<WorkQueue>,
+    retry: &RetryPolicy<String>,
+    config: &LoopConfig,
+) -> Result<(), SyncError> {
+    let result = match store.get(&ObjectRef::new(key)) {
+        // Already deleted, nothing to do anymore.
+        None => Ok(()),
+        Some(volume) => {
+            let sync = reclaimer.sync_volume(&volume);
+            if config.deletion_timeout.is_zero() {
+                sync.await
+            } else {
+                match tokio::time::timeout(config.deletion_timeout, sync).await {
+                    Ok(r) => r,
+                    Err(_) => Err(SyncError::Timeout {
+                        pv: key.to_string(),
+                        timeout: config.deletion_timeout,
+                    }),
+                }
+            }
+        }
+    };
+    let owned = key.to_string();
+    match &result {
+        Ok(()) => retry.forget(&owned),
+        Err(err) => {
+            let requeues = retry.requeues(&owned);
+            if config.threshold.allows_retry(requeues) {
+                let delay = retry.next_delay(&owned);
+                tracing::warn!(pv = key, failures = requeues, threshold = config.threshold.0, ?delay, error = %err, "retrying syncing PV");
+                queue.add_after(key, delay);
+            } else {
+                tracing::error!(pv = key, failures = requeues, threshold = config.threshold.0, error = %err, "giving up syncing PV");
+            }
+        }
+    }
+    result
+}
+
+/// Run the loop until `shutdown` fires: watch PVs, queue changed ones, resync
+/// periodically, and sync them with `config.workers` workers. Calls `on_synced`
+/// once, after the first complete list of PVs is in the store (report readiness
+/// there); in-flight syncs finish before this returns.
+pub async fn run_loop(
+    api: Api<PersistentVolume>,
+    reclaimer: Arc<Reclaimer>,
+    retry: Arc<RetryPolicy<String>>,
+    config: LoopConfig,
+    shutdown: CancellationToken,
+    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send,
+) -> anyhow::Result<()> {
+    let (store, writer) = reflector::store::<PersistentVolume>();
+    let queue = WorkQueue::new();
+
+    let mut workers = Vec::new();
+    for _ in 0..config.workers.max(1) {
+        let (store, reclaimer, queue, retry, config) = (
+            store.clone(),
+            Arc::clone(&reclaimer),
+            Arc::clone(&queue),
+            Arc::clone(&retry),
+            config.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            while let Some(key) = queue.get().await {
+                let _ = process_item(&key, &store, &reclaimer, &queue, &retry, &config).await;
+                queue.done(&key);
+            }
+        }));
+    }
+
+    let stream =
+        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut resync = (!config.resync_period.is_zero()).then(|| {
+        let mut i = tokio::time::interval(config.resync_period);
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
+    let mut on_synced = Some(on_synced);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = async { match resync.as_mut() { Some(i) => { i.tick().await; } None => std::future::pending().await } } => {
+                if on_synced.is_none() {
+                    for pv in store.state() {
+                        queue.add(&pv.name_any());
+                    }
+                }
+            }
+            event = stream.next() => match event {
+                None => anyhow::bail!("PV watch stream ended"),
+                Some(Err(err)) => tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff"),
+                Some(Ok(watcher::Event::Apply(pv))) => queue.add(&pv.name_any()),
+                Some(Ok(watcher::Event::Delete(pv))) => {
+                    // Seed forgetVolume: the PV is gone, drop its retry state.
+                    retry.forget(&pv.name_any());
+                    if let Some(uid) = pv.metadata.uid.as_deref() {
+                        reclaimer.forget_uid(uid);
+                    }
+                }
+                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+                Some(Ok(watcher::Event::InitDone)) => {
+                    let state = store.state();
+                    let alive: HashSet<String> =
+                        state.iter().filter_map(|pv| pv.metadata.uid.clone()).collect();
+                    reclaimer.retain_uids(|uid| alive.contains(uid));
+                    for pv in &state {
+                        queue.add(&pv.name_any());
+                    }
+                    if let Some(f) = on_synced.take() {
+                        tracing::info!(pvs = state.len(), "PV reflector synced; workers started");
+                        f(&store);
+                    }
+                }
+            },
+        }
+    }
+
+    tracing::info!("shutting down: finishing in-flight PV syncs");
+    queue.shut_down();
+    for w in workers {
+        let _ = w.await;
+    }
+    Ok(())
+}

@@ -1,0 +1,434 @@
+//! Pure decisions about one PV, following the seed's `shouldDelete`,
+//! `handleProtectionFinalizer`, `addFinalizer` and `removeFinalizer`. No I/O:
+//! callers feed the PV as read from the reflector (or the API server) and act on
+//! the answer.
+
+use api_types::{ANN_DYNAMICALLY_PROVISIONED, ANN_MIGRATED_TO, FINALIZER_PV};
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+/// Reclaim policy value `Delete`.
+pub const POLICY_DELETE: &str = "Delete";
+/// Reclaim policy value `Retain`.
+pub const POLICY_RETAIN: &str = "Retain";
+/// Reclaim policy value `Recycle` (deprecated in Kubernetes, still honoured as in the seed).
+pub const POLICY_RECYCLE: &str = "Recycle";
+/// PV phase value `Released`: the bound claim was deleted.
+pub const PHASE_RELEASED: &str = "Released";
+
+/// Whether `volume` belongs to `provisioner_name`: it carries
+/// `pv.kubernetes.io/provisioned-by`, and either that annotation or
+/// `pv.kubernetes.io/migrated-to` equals the provisioner name (seed: the
+/// ownership checks of `shouldDelete` and `updatePersistentVolume`). A PV
+/// without `provisioned-by` is never ours, even if `migrated-to` names us.
+pub fn is_ours(volume: &PersistentVolume, provisioner_name: &str) -> bool {
+    let Some(annotations) = volume.metadata.annotations.as_ref() else {
+        return false;
+    };
+    let Some(provisioned_by) = annotations.get(ANN_DYNAMICALLY_PROVISIONED) else {
+        return false;
+    };
+    provisioned_by == provisioner_name
+        || annotations.get(ANN_MIGRATED_TO).map(String::as_str) == Some(provisioner_name)
+}
+
+/// Why [`should_delete`] declined a PV; the first failing check, in the seed's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// The backend's deletion guard (`Provisioner::should_delete`) vetoed it.
+    GuardVetoed,
+    /// `--add-finalizer` is on, the PV is being deleted and our finalizer is
+    /// already gone: the asset was deleted before.
+    FinalizerGone,
+    /// `--add-finalizer` is off and the PV is being deleted: left alone.
+    BeingDeleted,
+    /// `status.phase` is not `Released`.
+    NotReleased,
+    /// `spec.persistentVolumeReclaimPolicy` is not `Delete`.
+    PolicyNotDelete,
+    /// Neither `provisioned-by` nor `migrated-to` names this provisioner (or
+    /// `provisioned-by` is missing).
+    NotOurs,
+}
+
+/// Seed `shouldDelete`: whether the storage asset behind `volume` should be
+/// deleted now. Checks, in order: the backend's deletion guard (`guard`,
+/// called first and only once); with `add_finalizer`, a PV being deleted
+/// whose finalizer is gone is done; without it, any PV being deleted is left
+/// alone; phase `Released`; reclaim policy `Delete`; [`is_ours`].
+///
+/// Returns `Ok(())` to delete, or the first [`Skip`] reason.
+pub fn should_delete(
+    volume: &PersistentVolume,
+    provisioner_name: &str,
+    add_finalizer: bool,
+    guard: impl FnOnce(&PersistentVolume) -> bool,
+) -> Result<(), Skip> {
+    if !guard(volume) {
+        return Err(Skip::GuardVetoed);
+    }
+    let being_deleted = volume.metadata.deletion_timestamp.is_some();
+    if add_finalizer {
+        if being_deleted && !has_finalizer(volume, FINALIZER_PV) {
+            return Err(Skip::FinalizerGone);
+        }
+    } else if being_deleted {
+        return Err(Skip::BeingDeleted);
+    }
+    let phase = volume.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase != Some(PHASE_RELEASED) {
+        return Err(Skip::NotReleased);
+    }
+    if reclaim_policy(volume) != Some(POLICY_DELETE) {
+        return Err(Skip::PolicyNotDelete);
+    }
+    if !is_ours(volume, provisioner_name) {
+        return Err(Skip::NotOurs);
+    }
+    Ok(())
+}
+
+/// Seed `handleProtectionFinalizer`, as a pure function: the complete new
+/// `metadata.finalizers` list for `volume`, or `None` when nothing changes.
+///
+/// * `add_finalizer` off, or policy `Retain`/`Recycle` → our finalizer removed;
+/// * `add_finalizer` on, policy `Delete` and no `deletionTimestamp` → our
+///   finalizer appended;
+/// * PVs that are not ours ([`is_ours`]) are never changed (the seed skips the
+///   update for them too);
+/// * other controllers' finalizers are kept, in their order.
+///
+/// An empty result (`Some(vec![])`) means "no finalizers left".
+pub fn finalizer_update(
+    volume: &PersistentVolume,
+    provisioner_name: &str,
+    add_finalizer: bool,
+) -> Option<Vec<String>> {
+    if !is_ours(volume, provisioner_name) {
+        return None;
+    }
+    let current = finalizers(volume);
+    let policy = reclaim_policy(volume);
+    let mut result = None;
+    if !add_finalizer || policy == Some(POLICY_RETAIN) || policy == Some(POLICY_RECYCLE) {
+        let (list, modified) = remove_finalizer(current, FINALIZER_PV);
+        if modified {
+            result = Some(list);
+        }
+    }
+    if add_finalizer
+        && policy == Some(POLICY_DELETE)
+        && volume.metadata.deletion_timestamp.is_none()
+    {
+        let (list, modified) = add_finalizer_to(current, FINALIZER_PV);
+        if modified {
+            result = Some(list);
+        }
+    }
+    result
+}
+
+/// `finalizers` without any `finalizer` entry, and whether anything was removed
+/// (seed `removeFinalizer`).
+pub fn remove_finalizer(finalizers: &[String], finalizer: &str) -> (Vec<String>, bool) {
+    let kept: Vec<String> = finalizers
+        .iter()
+        .filter(|f| f.as_str() != finalizer)
+        .cloned()
+        .collect();
+    let modified = kept.len() != finalizers.len();
+    (kept, modified)
+}
+
+/// `finalizers` with `finalizer` appended unless already present, and whether
+/// it was added (seed `addFinalizer`).
+pub fn add_finalizer_to(finalizers: &[String], finalizer: &str) -> (Vec<String>, bool) {
+    if finalizers.iter().any(|f| f == finalizer) {
+        return (finalizers.to_vec(), false);
+    }
+    let mut list = finalizers.to_vec();
+    list.push(finalizer.to_string());
+    (list, true)
+}
+
+/// Whether `volume` carries `finalizer` (seed `checkFinalizer`).
+pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
+    finalizers(volume).iter().any(|f| f == finalizer)
+}
+
+/// The PV's `spec.persistentVolumeReclaimPolicy`, if set.
+pub fn reclaim_policy(volume: &PersistentVolume) -> Option<&str> {
+    volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+}
+
+/// The PV's StorageClass name (`spec.storageClassName`), `""` when unset: the
+/// `class` label of the delete metrics, as in the seed.
+pub fn storage_class(volume: &PersistentVolume) -> &str {
+    volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .unwrap_or("")
+}
+
+fn finalizers(volume: &PersistentVolume) -> &[String] {
+    volume.metadata.finalizers.as_deref().unwrap_or(&[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolumeSpec, PersistentVolumeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    const ME: &str = "example.com/hostpath";
+    const OTHER: &str = "other.example.com/nfs";
+    const PROTECTION: &str = "kubernetes.io/pv-protection";
+
+    fn pv(
+        provisioned_by: Option<&str>,
+        phase: &str,
+        policy: &str,
+        finalizers: &[&str],
+        deleting: bool,
+    ) -> PersistentVolume {
+        let mut annotations = std::collections::BTreeMap::new();
+        if let Some(p) = provisioned_by {
+            annotations.insert(ANN_DYNAMICALLY_PROVISIONED.to_string(), p.to_string());
+        }
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pvc-1".into()),
+                annotations: Some(annotations),
+                finalizers: if finalizers.is_empty() {
+                    None
+                } else {
+                    Some(finalizers.iter().map(|s| s.to_string()).collect())
+                },
+                deletion_timestamp: deleting.then(|| Time(Default::default())),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                persistent_volume_reclaim_policy: Some(policy.into()),
+                storage_class_name: Some("fast".into()),
+                ..Default::default()
+            }),
+            status: Some(PersistentVolumeStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn released() -> PersistentVolume {
+        pv(Some(ME), PHASE_RELEASED, POLICY_DELETE, &[], false)
+    }
+
+    fn allow(_: &PersistentVolume) -> bool {
+        true
+    }
+
+    #[test]
+    fn ownership_needs_provisioned_by_and_our_name_in_it_or_migrated_to() {
+        assert!(is_ours(&released(), ME));
+        assert!(!is_ours(
+            &pv(Some(OTHER), "Released", "Delete", &[], false),
+            ME
+        ));
+        assert!(!is_ours(&pv(None, "Released", "Delete", &[], false), ME));
+
+        let mut migrated = pv(Some(OTHER), "Released", "Delete", &[], false);
+        migrated
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANN_MIGRATED_TO.into(), ME.into());
+        assert!(is_ours(&migrated, ME));
+
+        // migrated-to alone (no provisioned-by) is not enough, as in the seed.
+        let mut only_migrated = pv(None, "Released", "Delete", &[], false);
+        only_migrated
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANN_MIGRATED_TO.into(), ME.into());
+        assert!(!is_ours(&only_migrated, ME));
+        assert!(!is_ours(&PersistentVolume::default(), ME));
+    }
+
+    #[test]
+    fn should_delete_a_released_delete_policy_pv_of_ours() {
+        assert_eq!(should_delete(&released(), ME, false, allow), Ok(()));
+        assert_eq!(should_delete(&released(), ME, true, allow), Ok(()));
+    }
+
+    #[test]
+    fn guard_is_checked_first() {
+        // Even a PV failing every other check reports the guard veto.
+        let bad = pv(None, "Bound", "Retain", &[], true);
+        assert_eq!(
+            should_delete(&bad, ME, false, |_| false),
+            Err(Skip::GuardVetoed)
+        );
+        let mut called = 0;
+        let _ = should_delete(&released(), ME, false, |_| {
+            called += 1;
+            true
+        });
+        assert_eq!(called, 1);
+    }
+
+    #[test]
+    fn with_finalizer_option_a_deleted_pv_without_our_finalizer_is_done() {
+        let gone = pv(Some(ME), "Released", "Delete", &[PROTECTION], true);
+        assert_eq!(
+            should_delete(&gone, ME, true, allow),
+            Err(Skip::FinalizerGone)
+        );
+        // Being deleted but still holding our finalizer: the asset is deleted.
+        let pending = pv(Some(ME), "Released", "Delete", &[FINALIZER_PV], true);
+        assert_eq!(should_delete(&pending, ME, true, allow), Ok(()));
+    }
+
+    #[test]
+    fn without_finalizer_option_a_pv_being_deleted_is_left_alone() {
+        let deleting = pv(Some(ME), "Released", "Delete", &[FINALIZER_PV], true);
+        assert_eq!(
+            should_delete(&deleting, ME, false, allow),
+            Err(Skip::BeingDeleted)
+        );
+    }
+
+    #[test]
+    fn phase_policy_and_ownership_are_required() {
+        for phase in ["Bound", "Available", "Pending", "Failed"] {
+            let v = pv(Some(ME), phase, "Delete", &[], false);
+            assert_eq!(should_delete(&v, ME, false, allow), Err(Skip::NotReleased));
+        }
+        let mut no_status = released();
+        no_status.status = None;
+        assert_eq!(
+            should_delete(&no_status, ME, false, allow),
+            Err(Skip::NotReleased)
+        );
+        for policy in ["Retain", "Recycle", ""] {
+            let v = pv(Some(ME), "Released", policy, &[], false);
+            assert_eq!(
+                should_delete(&v, ME, false, allow),
+                Err(Skip::PolicyNotDelete)
+            );
+        }
+        let theirs = pv(Some(OTHER), "Released", "Delete", &[], false);
+        assert_eq!(should_delete(&theirs, ME, false, allow), Err(Skip::NotOurs));
+        let unannotated = pv(None, "Released", "Delete", &[], false);
+        assert_eq!(
+            should_delete(&unannotated, ME, false, allow),
+            Err(Skip::NotOurs)
+        );
+    }
+
+    fn strings(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn finalizer_is_added_after_others_when_enabled_for_delete_policy() {
+        let v = pv(Some(ME), "Bound", "Delete", &[PROTECTION], false);
+        assert_eq!(
+            finalizer_update(&v, ME, true),
+            Some(strings(&[PROTECTION, FINALIZER_PV]))
+        );
+        let none = pv(Some(ME), "Bound", "Delete", &[], false);
+        assert_eq!(
+            finalizer_update(&none, ME, true),
+            Some(strings(&[FINALIZER_PV]))
+        );
+        // Already there: no change.
+        let has = pv(
+            Some(ME),
+            "Bound",
+            "Delete",
+            &[FINALIZER_PV, PROTECTION],
+            false,
+        );
+        assert_eq!(finalizer_update(&has, ME, true), None);
+    }
+
+    #[test]
+    fn finalizer_is_not_added_to_a_pv_being_deleted() {
+        let v = pv(Some(ME), "Released", "Delete", &[PROTECTION], true);
+        assert_eq!(finalizer_update(&v, ME, true), None);
+    }
+
+    #[test]
+    fn finalizer_is_removed_when_option_is_off_keeping_others() {
+        let v = pv(
+            Some(ME),
+            "Bound",
+            "Delete",
+            &["a.example.com/x", FINALIZER_PV, PROTECTION],
+            false,
+        );
+        assert_eq!(
+            finalizer_update(&v, ME, false),
+            Some(strings(&["a.example.com/x", PROTECTION]))
+        );
+        let only = pv(Some(ME), "Bound", "Delete", &[FINALIZER_PV], false);
+        assert_eq!(finalizer_update(&only, ME, false), Some(vec![]));
+        let without = pv(Some(ME), "Bound", "Delete", &[PROTECTION], false);
+        assert_eq!(finalizer_update(&without, ME, false), None);
+    }
+
+    #[test]
+    fn finalizer_is_removed_for_retain_and_recycle_even_when_enabled() {
+        for policy in ["Retain", "Recycle"] {
+            let v = pv(
+                Some(ME),
+                "Bound",
+                policy,
+                &[FINALIZER_PV, PROTECTION],
+                false,
+            );
+            assert_eq!(finalizer_update(&v, ME, true), Some(strings(&[PROTECTION])));
+        }
+    }
+
+    #[test]
+    fn finalizer_is_left_alone_for_unset_policy_with_option_on() {
+        let mut v = pv(Some(ME), "Bound", "Delete", &[FINALIZER_PV], false);
+        v.spec.as_mut().unwrap().persistent_volume_reclaim_policy = None;
+        assert_eq!(finalizer_update(&v, ME, true), None);
+    }
+
+    #[test]
+    fn finalizers_of_pvs_that_are_not_ours_are_never_touched() {
+        let theirs = pv(Some(OTHER), "Bound", "Delete", &[FINALIZER_PV], false);
+        assert_eq!(finalizer_update(&theirs, ME, false), None);
+        let theirs = pv(Some(OTHER), "Bound", "Delete", &[], false);
+        assert_eq!(finalizer_update(&theirs, ME, true), None);
+    }
+
+    #[test]
+    fn add_and_remove_helpers_follow_the_seed() {
+        assert_eq!(
+            remove_finalizer(&strings(&["a", "b", "a"]), "a"),
+            (strings(&["b"]), true)
+        );
+        assert_eq!(
+            remove_finalizer(&strings(&["b"]), "a"),
+            (strings(&["b"]), false)
+        );
+        assert_eq!(
+            add_finalizer_to(&strings(&["b"]), "a"),
+            (strings(&["b", "a"]), true)
+        );
+        assert_eq!(
+            add_finalizer_to(&strings(&["a", "b"]), "a"),
+            (strings(&["a", "b"]), false)
+        );
+    }
+}

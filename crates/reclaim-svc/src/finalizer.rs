@@ -1,0 +1,119 @@
+//! Writing a PV's `metadata.finalizers` and nothing else.
+//!
+//! The seed sends a full `Update` of its (mutated) cached PV. We instead send a
+//! JSON merge patch carrying only the complete new finalizer list and the
+//! `metadata.resourceVersion` the list was computed from, so the API server
+//! rejects it with 409 Conflict if anyone changed the PV in between (another
+//! controller adding or removing its own finalizer, for instance). On 409 the PV
+//! is read again and the list recomputed from the fresh copy: a concurrent
+//! change is never overwritten and other controllers' finalizers are never lost.
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, Patch, PatchParams};
+
+/// How many times a finalizer patch is recomputed after a 409 Conflict before
+/// the error is returned (and the PV retried through the work queue).
+pub const MAX_CONFLICT_RETRIES: usize = 5;
+
+/// The merge patch body setting `metadata.finalizers` to `finalizers` (JSON
+/// `null` when empty, which removes the field) guarded by `resource_version`.
+pub fn finalizers_patch(finalizers: &[String], resource_version: &str) -> serde_json::Value {
+    let list = if finalizers.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::json!(finalizers)
+    };
+    serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "finalizers": list,
+        }
+    })
+}
+
+/// Apply `compute` to `volume` and, when it asks for a change (`Some(list)`),
+/// PATCH the PV's finalizers to that list with optimistic concurrency.
+///
+/// `compute` receives an unmodified copy of the PV each time (first `volume`,
+/// after a conflict the freshly read PV) and returns the complete new list, or
+/// `None` for "no change".
+///
+/// Returns the PV after the change (or the last copy read, if no change was
+/// needed); `Ok(None)` when the PV no longer exists (404 on patch or re-read).
+///
+/// Errors: any API error other than 404, and 409 after
+/// [`MAX_CONFLICT_RETRIES`] recomputations.
+pub async fn update_finalizers<F>(
+    api: &Api<PersistentVolume>,
+    volume: &PersistentVolume,
+    compute: F,
+) -> Result<Option<PersistentVolume>, kube::Error>
+where
+    F: Fn(&PersistentVolume) -> Option<Vec<String>>,
+{
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    let mut current = volume.clone();
+    let mut conflicts = 0;
+    loop {
+        let Some(desired) = compute(&current) else {
+            return Ok(Some(current));
+        };
+        let Some(rv) = current.metadata.resource_version.clone() else {
+            // Without a resourceVersion the patch could not detect concurrent
+            // changes: read a proper copy first.
+            match api.get_opt(&name).await? {
+                Some(fresh) if fresh.metadata.resource_version.is_some() => {
+                    current = fresh;
+                    continue;
+                }
+                Some(_) => {
+                    return Err(kube::Error::Service(
+                        format!("PV {name} has no metadata.resourceVersion").into(),
+                    ))
+                }
+                None => return Ok(None),
+            }
+        };
+        let patch = finalizers_patch(&desired, &rv);
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(updated) => {
+                tracing::info!(pv = %name, finalizers = ?desired, "PV finalizers updated");
+                return Ok(Some(updated));
+            }
+            Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
+            Err(kube::Error::Api(status))
+                if status.is_conflict() && conflicts < MAX_CONFLICT_RETRIES =>
+            {
+                conflicts += 1;
+                tracing::debug!(pv = %name, conflicts, "PV changed concurrently; re-reading to recompute finalizers");
+                match api.get_opt(&name).await? {
+                    Some(fresh) => current = fresh,
+                    None => return Ok(None),
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patch_carries_only_finalizers_and_resource_version() {
+        let body = finalizers_patch(&["a".to_string(), "b".to_string()], "42");
+        assert_eq!(
+            body,
+            serde_json::json!({"metadata": {"resourceVersion": "42", "finalizers": ["a", "b"]}})
+        );
+        let empty = finalizers_patch(&[], "7");
+        assert_eq!(
+            empty,
+            serde_json::json!({"metadata": {"resourceVersion": "7", "finalizers": null}})
+        );
+    }
+}
