@@ -1,3 +1,4 @@
 //! End-to-end test support: the API-server simulator and process harness.
 
+pub mod harness;
 pub mod sim;

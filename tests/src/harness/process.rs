@@ -4,6 +4,7 @@
 //! process outlives a test, the demo or the benchmark.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -98,6 +99,11 @@ impl ManagedProcess {
         }
     }
 
+    /// Whether an exit was already observed (without polling).
+    pub fn has_exited(&self) -> bool {
+        self.exit.is_some()
+    }
+
     /// Exit status once the process has exited and been reaped.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         self.is_running();
@@ -179,7 +185,6 @@ pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
 
 #[cfg(target_os = "linux")]
 fn set_parent_death_signal(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
     // SAFETY: prctl is async-signal-safe and touches only the child being set up.
     unsafe {
         cmd.pre_exec(|| {

@@ -29,8 +29,7 @@ where
 
 /// Poll `probe` every 50 ms until it yields `Some(value)`, and return it.
 ///
-/// Errors: `timeout` elapsed first; the message names `what` and includes the
-/// last `Debug`-printed observation passed through `last`.
+/// Errors: `timeout` elapsed first; the message names `what`.
 pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,

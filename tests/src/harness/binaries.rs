@@ -1,0 +1,148 @@
+//! Locating the three service binaries (and building them with cargo when
+//! missing or stale). Integration tests of the `e2e` package cannot use
+//! `env!("CARGO_BIN_EXE_...")` for binaries of other packages, so the harness
+//! runs `cargo build [--release] -p provision-svc -p pv-writer -p reclaim-svc`
+//! once per process; cargo itself decides what is stale and is a no-op
+//! (about a second) when everything is fresh.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use anyhow::Context;
+
+/// Cargo profile the service binaries are taken from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Profile {
+    /// `target/debug` (what `cargo test` builds).
+    Debug,
+    /// `target/release` (the demo and the benchmark).
+    Release,
+}
+
+impl Profile {
+    /// The profile this code was compiled with: `Release` without debug assertions.
+    pub fn current() -> Self {
+        if cfg!(debug_assertions) {
+            Profile::Debug
+        } else {
+            Profile::Release
+        }
+    }
+
+    fn dir_name(self) -> &'static str {
+        match self {
+            Profile::Debug => "debug",
+            Profile::Release => "release",
+        }
+    }
+}
+
+/// The service binaries the system runs, as separate processes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Binaries {
+    /// `provision-svc`.
+    pub provision: PathBuf,
+    /// `pv-writer`.
+    pub pv_writer: PathBuf,
+    /// `reclaim-svc`.
+    pub reclaim: PathBuf,
+}
+
+/// The workspace root (the directory holding the root `Cargo.toml`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives inside the workspace")
+        .to_path_buf()
+}
+
+/// The cargo target directory: `CARGO_TARGET_DIR`, else `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_relative() {
+                workspace_root().join(p)
+            } else {
+                p
+            }
+        })
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+static BUILT: Mutex<Vec<(Profile, Binaries)>> = Mutex::new(Vec::new());
+
+impl Binaries {
+    /// The binaries in `dir` (no existence check).
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            provision: dir.join("provision-svc"),
+            pv_writer: dir.join("pv-writer"),
+            reclaim: dir.join("reclaim-svc"),
+        }
+    }
+
+    /// Whether all three files exist.
+    pub fn exist(&self) -> bool {
+        [&self.provision, &self.pv_writer, &self.reclaim]
+            .iter()
+            .all(|p| p.is_file())
+    }
+
+    /// Binaries of `profile`, built first with cargo (once per process).
+    ///
+    /// `E2E_BIN_DIR` overrides: the binaries are taken from that directory and
+    /// nothing is built. If cargo is not available but the binaries exist, they
+    /// are used as they are.
+    ///
+    /// Errors: the build fails, or the binaries are missing afterwards.
+    pub fn ensure_built(profile: Profile) -> anyhow::Result<Self> {
+        if let Some(dir) = std::env::var_os("E2E_BIN_DIR") {
+            let b = Self::in_dir(Path::new(&dir));
+            anyhow::ensure!(
+                b.exist(),
+                "E2E_BIN_DIR={} lacks provision-svc, pv-writer or reclaim-svc",
+                Path::new(&dir).display()
+            );
+            return Ok(b);
+        }
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, b)) = built.iter().find(|(p, _)| *p == profile) {
+            return Ok(b.clone());
+        }
+        let bins = Self::in_dir(&target_dir().join(profile.dir_name()));
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(&cargo);
+        cmd.current_dir(workspace_root()).args([
+            "build",
+            "--quiet",
+            "-p",
+            "provision-svc",
+            "-p",
+            "pv-writer",
+            "-p",
+            "reclaim-svc",
+        ]);
+        if profile == Profile::Release {
+            cmd.arg("--release");
+        }
+        match cmd.status() {
+            Ok(status) if status.success() => {}
+            Ok(status) => anyhow::bail!("building the service binaries failed: cargo {status}"),
+            Err(e) if bins.exist() => {
+                eprintln!("cargo not runnable ({e}); using the existing service binaries");
+            }
+            Err(e) => {
+                return Err(e).context("running cargo to build the service binaries");
+            }
+        }
+        anyhow::ensure!(
+            bins.exist(),
+            "service binaries missing under {} after the build",
+            target_dir().join(profile.dir_name()).display()
+        );
+        built.push((profile, bins.clone()));
+        Ok(bins)
+    }
+}

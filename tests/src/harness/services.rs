@@ -1,0 +1,324 @@
+//! The three service processes: their command lines (the flags documented in
+//! `common::config` and each service's `--help`), log files, HTTP ports and
+//! lifecycle (start, SIGKILL, SIGTERM, restart).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::binaries::Binaries;
+use super::metrics::{http_get, MetricsPage};
+use super::process::{free_port, ManagedProcess};
+use super::wait::wait_until;
+
+/// One of the three services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Service {
+    /// `provision-svc`: claims → volumes → durable queue.
+    Provision,
+    /// `pv-writer`: durable queue → PV objects.
+    PvWriter,
+    /// `reclaim-svc`: released PVs → backend delete → PV deletion.
+    Reclaim,
+}
+
+impl Service {
+    /// All three, in pipeline order.
+    pub const ALL: [Service; 3] = [Service::Provision, Service::PvWriter, Service::Reclaim];
+
+    /// Binary name, e.g. `provision-svc`.
+    pub fn binary_name(self) -> &'static str {
+        match self {
+            Service::Provision => "provision-svc",
+            Service::PvWriter => "pv-writer",
+            Service::Reclaim => "reclaim-svc",
+        }
+    }
+
+    /// Lease name suffix (design: `<provisioner name, / → ->-<suffix>`).
+    pub fn lease_suffix(self) -> &'static str {
+        match self {
+            Service::Provision => "provision",
+            Service::PvWriter => "pv-writer",
+            Service::Reclaim => "reclaim",
+        }
+    }
+
+    /// This service's Lease name for `provisioner_name`.
+    pub fn lease_name(self, provisioner_name: &str) -> String {
+        api_types::lease_name(provisioner_name, self.lease_suffix())
+    }
+
+    /// Path of this service's binary in `bins`.
+    pub fn binary(self, bins: &Binaries) -> &Path {
+        match self {
+            Service::Provision => &bins.provision,
+            Service::PvWriter => &bins.pv_writer,
+            Service::Reclaim => &bins.reclaim,
+        }
+    }
+
+    /// Whether the service runs the hostpath backend (takes `--base-dir`,
+    /// `--node-name`): provision-svc creates directories, reclaim-svc removes them.
+    pub fn uses_backend(self) -> bool {
+        matches!(self, Service::Provision | Service::Reclaim)
+    }
+}
+
+/// Settings every service process of one system shares.
+#[derive(Debug, Clone)]
+pub struct ServiceSettings {
+    /// Kubeconfig the services use.
+    pub kubeconfig: PathBuf,
+    /// Redis URL of the durable queue and intents.
+    pub redis_url: String,
+    /// Provisioner name (StorageClass `provisioner`).
+    pub provisioner_name: String,
+    /// Hostpath backend base directory.
+    pub base_dir: PathBuf,
+    /// Hostpath backend node name (PV node affinity).
+    pub node_name: String,
+    /// Run leader election (needed with more than one replica).
+    pub leader_election: bool,
+    /// Namespace of the Leases.
+    pub lease_namespace: String,
+    /// `--lease-duration`.
+    pub lease_duration: Duration,
+    /// `--renew-deadline`.
+    pub renew_deadline: Duration,
+    /// `--retry-period`.
+    pub retry_period: Duration,
+    /// `--kube-api-qps` (0 = no client-side limit).
+    pub kube_api_qps: f64,
+    /// provision-svc/reclaim-svc `--add-finalizer`.
+    pub add_finalizer: bool,
+    /// First per-item retry delay (claims, volumes and queued PV writes).
+    pub retry_initial: Duration,
+    /// Cap of the per-item retry delay.
+    pub retry_max: Duration,
+    /// `--log-level`.
+    pub log_level: String,
+    /// Directory of the per-process log files.
+    pub log_dir: PathBuf,
+    /// Extra flags per service, appended last.
+    pub extra_args: Vec<(Service, Vec<String>)>,
+}
+
+impl ServiceSettings {
+    /// Test-friendly defaults: leader election on with short timings (lease 4 s,
+    /// renew deadline 3 s, retry period 1 s), client rate limit off, retries
+    /// from 500 ms capped at 5 s, provisioner `example.com/hostpath`, node `node-1`.
+    pub fn new(kubeconfig: &Path, redis_url: &str, base_dir: &Path, log_dir: &Path) -> Self {
+        Self {
+            kubeconfig: kubeconfig.to_path_buf(),
+            redis_url: redis_url.to_string(),
+            provisioner_name: "example.com/hostpath".into(),
+            base_dir: base_dir.to_path_buf(),
+            node_name: "node-1".into(),
+            leader_election: true,
+            lease_namespace: "default".into(),
+            lease_duration: Duration::from_secs(4),
+            renew_deadline: Duration::from_secs(3),
+            retry_period: Duration::from_secs(1),
+            kube_api_qps: 0.0,
+            add_finalizer: false,
+            retry_initial: Duration::from_millis(500),
+            retry_max: Duration::from_secs(5),
+            log_level: "info".into(),
+            log_dir: log_dir.to_path_buf(),
+            extra_args: Vec::new(),
+        }
+    }
+
+    /// The command line of `service` replica `replica` serving HTTP on `http_port`.
+    pub fn args(&self, service: Service, replica: usize, http_port: u16) -> Vec<String> {
+        let secs = |d: Duration| format!("{}ms", d.as_millis());
+        let mut a: Vec<String> = vec![
+            "--kubeconfig".into(),
+            self.kubeconfig.display().to_string(),
+            "--redis-url".into(),
+            self.redis_url.clone(),
+            "--provisioner-name".into(),
+            self.provisioner_name.clone(),
+            "--http-address".into(),
+            "127.0.0.1".into(),
+            "--http-port".into(),
+            http_port.to_string(),
+            format!("--leader-election={}", self.leader_election),
+            "--leader-election-namespace".into(),
+            self.lease_namespace.clone(),
+            "--leader-election-identity".into(),
+            identity(service, replica),
+            "--lease-duration".into(),
+            secs(self.lease_duration),
+            "--renew-deadline".into(),
+            secs(self.renew_deadline),
+            "--retry-period".into(),
+            secs(self.retry_period),
+            "--kube-api-qps".into(),
+            self.kube_api_qps.to_string(),
+            "--log-level".into(),
+            self.log_level.clone(),
+            "--shutdown-grace-period".into(),
+            "5s".into(),
+        ];
+        if service.uses_backend() {
+            a.extend([
+                "--base-dir".into(),
+                self.base_dir.display().to_string(),
+                "--node-name".into(),
+                self.node_name.clone(),
+            ]);
+            if self.add_finalizer {
+                a.push("--add-finalizer=true".into());
+            }
+        }
+        match service {
+            Service::PvWriter => a.extend([
+                "--retry-initial".into(),
+                secs(self.retry_initial),
+                "--retry-max".into(),
+                secs(self.retry_max),
+            ]),
+            _ => a.extend([
+                "--retry-initial-delay".into(),
+                secs(self.retry_initial),
+                "--retry-max-delay".into(),
+                secs(self.retry_max),
+            ]),
+        }
+        for (s, extra) in &self.extra_args {
+            if *s == service {
+                a.extend(extra.iter().cloned());
+            }
+        }
+        a
+    }
+}
+
+/// The Lease holder identity the harness gives replica `replica` of `service`,
+/// e.g. `provision-svc-1`.
+pub fn identity(service: Service, replica: usize) -> String {
+    format!("{}-{replica}", service.binary_name())
+}
+
+/// One running replica of a service.
+#[derive(Debug)]
+pub struct ServiceProcess {
+    /// Which service.
+    pub service: Service,
+    /// Replica index (0, 1, ...); part of the identity and log file name.
+    pub replica: usize,
+    /// `127.0.0.1:<port>` of its `/metrics`, `/healthz`, `/readyz`.
+    pub http_addr: SocketAddr,
+    /// The process.
+    pub process: ManagedProcess,
+    /// How many times this replica was (re)started.
+    pub starts: u32,
+}
+
+impl ServiceProcess {
+    /// Start replica `replica` of `service` with `settings`; its log goes to
+    /// `<log_dir>/<binary>-<replica>.log` (appended across restarts).
+    ///
+    /// Errors: no free port, or the binary cannot be executed.
+    pub fn start(
+        service: Service,
+        replica: usize,
+        bins: &Binaries,
+        settings: &ServiceSettings,
+    ) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let args = settings.args(service, replica, port);
+        let log = settings
+            .log_dir
+            .join(format!("{}.log", identity(service, replica)));
+        let process = ManagedProcess::spawn(
+            &identity(service, replica),
+            service.binary(bins),
+            &args,
+            &[("RUST_BACKTRACE".into(), "1".into())],
+            &log,
+        )?;
+        Ok(Self {
+            service,
+            replica,
+            http_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            process,
+            starts: 1,
+        })
+    }
+
+    /// Whether the process is running (no reaping; a zombie counts as exited
+    /// only once [`ManagedProcess::is_running`] reaped it).
+    pub fn process_running(&self) -> bool {
+        std::path::Path::new(&format!("/proc/{}", self.process.pid())).exists()
+            && !self.process.has_exited()
+    }
+
+    /// This replica's Lease identity.
+    pub fn identity(&self) -> String {
+        identity(self.service, self.replica)
+    }
+
+    /// Wait until `/healthz` answers 200.
+    ///
+    /// Errors: timeout, or the process exited (its log tail is in the message).
+    pub async fn wait_healthy(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let addr = self.http_addr;
+        let r = wait_until(
+            timeout,
+            &format!("{} serves /healthz", self.identity()),
+            || async move { matches!(http_get(addr, "/healthz").await, Ok((200, _))) },
+        )
+        .await;
+        if r.is_err() && !self.process.is_running() {
+            anyhow::bail!(
+                "{} exited ({:?}); log tail:\n{}",
+                self.identity(),
+                self.process.exit_status(),
+                self.log_tail(30)
+            );
+        }
+        r
+    }
+
+    /// Whether this replica reports holding its Lease
+    /// (`leader_election_master_status` = 1).
+    pub async fn is_leader(&self) -> bool {
+        match MetricsPage::scrape(self.http_addr).await {
+            Ok(p) => p.sum("leader_election_master_status") >= 1.0,
+            Err(_) => false,
+        }
+    }
+
+    /// Scrape its `/metrics`.
+    ///
+    /// Errors: see [`MetricsPage::scrape`].
+    pub async fn metrics(&self) -> anyhow::Result<MetricsPage> {
+        MetricsPage::scrape(self.http_addr).await
+    }
+
+    /// SIGKILL it (a crash).
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Start it again with the same identity and flags (a new HTTP port).
+    ///
+    /// Errors: as [`ServiceProcess::start`].
+    pub fn restart(&mut self, bins: &Binaries, settings: &ServiceSettings) -> anyhow::Result<()> {
+        self.process.kill();
+        let starts = self.starts;
+        *self = Self::start(self.service, self.replica, bins, settings)?;
+        self.starts = starts + 1;
+        Ok(())
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.process.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
