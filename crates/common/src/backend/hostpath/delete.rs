@@ -1,18 +1,469 @@
-//! Deletion half of the hostpath backend (to be implemented by the reclaim-svc issue).
+//! Deletion half of the hostpath backend: safe removal, retention or archival
+//! of a released volume's directory, and the listing used by reclaim-svc's
+//! orphan sweep.
+//!
+//! # Which directory may be touched
+//!
+//! For a PV named `<name>` the only directory ever touched is
+//! `<base-dir>/<name>`, and only when all of these hold (otherwise
+//! [`DeleteError::Refused`] names the failed rule and nothing is changed):
+//!
+//! 1. `<name>` is one plain path component (no `/`, not `.`/`..`, not empty);
+//! 2. the PV has `spec.hostPath`, and its `path` equals `<base-dir>/<name>`
+//!    component-wise (so `/base//pvc-1/` matches, `/base/x/../pvc-1` does not),
+//!    with `<base-dir>` as configured or with symlinks in it resolved;
+//! 3. `<base-dir>/<name>`, with every symlink resolved, is exactly
+//!    `<resolved base-dir>/<name>` — strictly inside the base directory and not
+//!    itself a symlink (a link to another PV's directory or to `/etc` is refused);
+//! 4. it is a directory.
+//!
+//! Removal never follows a symlink: the tree is walked with `symlink_metadata`,
+//! links are unlinked as links (their targets survive), directories are
+//! entered only when they are real directories.
+//!
+//! A directory that is already absent counts as deleted (idempotent), but a
+//! missing *base* directory is a [`DeleteError::Failed`] (an unmounted disk must
+//! not look like "already deleted").
+
+use std::io;
+use std::path::{Component, Path, PathBuf};
 
 use api_types::DeleteError;
 use k8s_openapi::api::core::v1::PersistentVolume;
 
-use super::HostPath;
+use super::{HostPath, OnDelete};
 
-/// Remove, retain or archive the directory behind `volume`.
-pub async fn delete(_backend: &HostPath, _volume: &PersistentVolume) -> Result<(), DeleteError> {
-    Err(DeleteError::Refused {
-        reason: "hostpath deletion is not implemented yet".into(),
-    })
+/// Name prefix of archived volume directories (`--on-delete archive`).
+pub const ARCHIVE_PREFIX: &str = "archived-";
+
+/// Name prefix of volume directories, as provisioned (`pvc-<claim uid>`).
+pub const VOLUME_PREFIX: &str = "pvc-";
+
+/// Remove, retain or archive the directory behind `volume`, per `--on-delete`:
+///
+/// * `delete` — remove `<base-dir>/<name>` and its contents without following symlinks;
+/// * `archive` — rename it to `<base-dir>/archived-<name>` (refused if that exists);
+/// * `retain` — leave it in place (nothing is checked or touched).
+///
+/// Errors: [`DeleteError::Refused`] when any rule of the module docs fails;
+/// [`DeleteError::Failed`] on filesystem errors (retried).
+pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
+    let base = backend.base_dir.clone();
+    let on_delete = backend.on_delete;
+    let volume = volume.clone();
+    tokio::task::spawn_blocking(move || delete_blocking(&base, on_delete, &volume))
+        .await
+        .map_err(|e| DeleteError::Failed {
+            reason: format!("hostpath delete task failed: {e}"),
+        })?
 }
 
-/// PV names whose directories exist under the base directory.
-pub async fn list_volumes(_backend: &HostPath) -> Result<Vec<String>, String> {
-    Err("hostpath listing is not implemented yet".into())
+/// PV names whose directories exist under the base directory: the names of the
+/// real directories (not symlinks) starting with `pvc-`, sorted. Archived
+/// directories (`archived-*`) and anything else are not listed.
+///
+/// Errors: the base directory cannot be read (message names it).
+pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
+    let base = backend.base_dir.clone();
+    tokio::task::spawn_blocking(move || list_blocking(&base))
+        .await
+        .map_err(|e| format!("hostpath listing task failed: {e}"))?
+}
+
+fn list_blocking(base: &Path) -> Result<Vec<String>, String> {
+    let entries = std::fs::read_dir(base)
+        .map_err(|e| format!("cannot list base directory {}: {e}", base.display()))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry =
+            entry.map_err(|e| format!("cannot list base directory {}: {e}", base.display()))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !name.starts_with(VOLUME_PREFIX) {
+            continue;
+        }
+        // DirEntry::file_type does not follow symlinks.
+        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn refused(reason: String) -> DeleteError {
+    DeleteError::Refused { reason }
+}
+
+fn failed(what: &str, path: &Path, err: io::Error) -> DeleteError {
+    DeleteError::Failed {
+        reason: format!("{what} {}: {err}", path.display()),
+    }
+}
+
+/// Rules 1 and 2 of the module docs; returns the PV name.
+fn checked_name<'a>(base: &Path, volume: &'a PersistentVolume) -> Result<&'a str, DeleteError> {
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    let mut components = Path::new(name).components();
+    let single = matches!(
+        (components.next(), components.next()),
+        (Some(Component::Normal(c)), None) if c == name
+    );
+    if !single {
+        return Err(refused(format!(
+            "PV name {name:?} is not a single path component"
+        )));
+    }
+    let Some(path) = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_path.as_ref())
+        .map(|h| PathBuf::from(&h.path))
+    else {
+        return Err(refused(format!(
+            "PV {name} has no spec.hostPath; it is not a hostpath volume"
+        )));
+    };
+    let expected = base.join(name);
+    let resolved_expected = std::fs::canonicalize(base).ok().map(|b| b.join(name));
+    if path != expected && Some(&path) != resolved_expected.as_ref() {
+        return Err(refused(format!(
+            "PV {name} has spec.hostPath.path {} but its directory must be {}",
+            path.display(),
+            expected.display()
+        )));
+    }
+    Ok(name)
+}
+
+fn delete_blocking(
+    base: &Path,
+    on_delete: OnDelete,
+    volume: &PersistentVolume,
+) -> Result<(), DeleteError> {
+    let name = checked_name(base, volume)?;
+    if on_delete == OnDelete::Retain {
+        tracing::info!(pv = name, path = %base.join(name).display(), "on-delete retain: leaving hostpath volume directory in place");
+        return Ok(());
+    }
+    let real_base = match std::fs::canonicalize(base) {
+        Ok(b) => b,
+        Err(e) => return Err(failed("cannot resolve base directory", base, e)),
+    };
+    let dir = real_base.join(name);
+    let archive = real_base.join(format!("{ARCHIVE_PREFIX}{name}"));
+
+    // Rule 3 and 4, on the entry itself first (no following).
+    let meta = match std::fs::symlink_metadata(&dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
+            return Ok(());
+        }
+        Err(e) => return Err(failed("cannot inspect volume directory", &dir, e)),
+    };
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(&dir)
+            .map(|t| t.display().to_string())
+            .unwrap_or_else(|_| "?".into());
+        return Err(refused(format!(
+            "volume path {} is a symlink (to {target}); refusing to follow it",
+            dir.display()
+        )));
+    }
+    if !meta.is_dir() {
+        return Err(refused(format!(
+            "volume path {} is not a directory",
+            dir.display()
+        )));
+    }
+    match std::fs::canonicalize(&dir) {
+        Ok(resolved) if resolved == dir => {}
+        Ok(resolved) => {
+            return Err(refused(format!(
+                "volume path {} resolves to {}, outside {}",
+                dir.display(),
+                resolved.display(),
+                real_base.display()
+            )))
+        }
+        Err(e) => return Err(failed("cannot resolve volume directory", &dir, e)),
+    }
+
+    match on_delete {
+        OnDelete::Retain => Ok(()),
+        OnDelete::Archive => {
+            match std::fs::symlink_metadata(&archive) {
+                Ok(_) => {
+                    return Err(refused(format!(
+                        "archive destination {} already exists; not overwriting it",
+                        archive.display()
+                    )))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(failed("cannot inspect archive destination", &archive, e)),
+            }
+            std::fs::rename(&dir, &archive)
+                .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
+            tracing::info!(pv = name, from = %dir.display(), to = %archive.display(), "archived hostpath volume directory");
+            Ok(())
+        }
+        OnDelete::Delete => {
+            remove_tree(&dir)?;
+            tracing::info!(pv = name, path = %dir.display(), "removed hostpath volume directory");
+            Ok(())
+        }
+    }
+}
+
+/// Remove `dir` (a real directory) and everything in it without following
+/// any symlink: entries are classified with `symlink_metadata`; symlinks and
+/// other non-directories are unlinked, real directories are emptied, then removed.
+fn remove_tree(dir: &Path) -> Result<(), DeleteError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| failed("cannot read directory", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| failed("cannot read directory", dir, e))?;
+        let path = entry.path();
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(failed("cannot inspect", &path, e)),
+        };
+        if meta.is_dir() {
+            remove_tree(&path)?;
+        } else {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(failed("cannot remove", &path, e)),
+            }
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(failed("cannot remove directory", dir, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::os::unix::fs::symlink;
+
+    fn backend(base: &Path, on_delete: OnDelete) -> HostPath {
+        HostPath {
+            base_dir: base.to_path_buf(),
+            node_name: None,
+            on_delete,
+        }
+    }
+
+    fn pv(name: &str, path: &str) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                host_path: Some(HostPathVolumeSource {
+                    path: path.into(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn pv_at(base: &Path, name: &str) -> PersistentVolume {
+        pv(name, &base.join(name).to_string_lossy())
+    }
+
+    /// A base dir with `pvc-1/data/file` in it.
+    fn setup() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("base");
+        std::fs::create_dir_all(base.join("pvc-1/data")).unwrap();
+        std::fs::write(base.join("pvc-1/data/file"), b"x").unwrap();
+        (tmp, base)
+    }
+
+    fn is_refused(r: Result<(), DeleteError>) -> String {
+        match r {
+            Err(DeleteError::Refused { reason }) => reason,
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn deletes_the_volume_directory_and_is_idempotent() {
+        let (_tmp, base) = setup();
+        let b = backend(&base, OnDelete::Delete);
+        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        assert!(!base.join("pvc-1").exists());
+        assert!(base.exists());
+        // Already absent: success.
+        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn accepts_a_trailing_slash_in_the_pv_path() {
+        let (_tmp, base) = setup();
+        let path = format!("{}/", base.join("pvc-1").display());
+        delete(&backend(&base, OnDelete::Delete), &pv("pvc-1", &path))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
+    }
+
+    #[tokio::test]
+    async fn symlinks_inside_the_volume_are_removed_not_followed() {
+        let (tmp, base) = setup();
+        let outside = tmp.path().join("precious");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"keep").unwrap();
+        symlink(&outside, base.join("pvc-1/link-dir")).unwrap();
+        symlink(outside.join("keep"), base.join("pvc-1/data/link-file")).unwrap();
+        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1"))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
+        assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
+    }
+
+    #[tokio::test]
+    async fn a_volume_path_that_is_a_symlink_out_of_the_base_is_refused() {
+        let (tmp, base) = setup();
+        let outside = tmp.path().join("elsewhere");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"keep").unwrap();
+        symlink(&outside, base.join("pvc-2")).unwrap();
+        let reason =
+            is_refused(delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-2")).await);
+        assert!(reason.contains("is a symlink"), "{reason}");
+        assert!(outside.join("keep").exists());
+        assert!(base.join("pvc-2").symlink_metadata().is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_symlink_to_another_pvs_directory_is_refused() {
+        let (_tmp, base) = setup();
+        symlink(base.join("pvc-1"), base.join("pvc-2")).unwrap();
+        is_refused(delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-2")).await);
+        assert!(base.join("pvc-1/data/file").exists());
+    }
+
+    #[tokio::test]
+    async fn dot_dot_paths_and_names_are_refused() {
+        let (_tmp, base) = setup();
+        let b = backend(&base, OnDelete::Delete);
+        // Path with `..` that lexically ends at the right place.
+        let sneaky = format!("{}/x/../pvc-1", base.display());
+        let reason = is_refused(delete(&b, &pv("pvc-1", &sneaky)).await);
+        assert!(reason.contains("must be"), "{reason}");
+        // Names that are not a single component.
+        for name in ["..", ".", "", "a/b", "../base"] {
+            let p = pv(name, &base.join(name).to_string_lossy());
+            let reason = is_refused(delete(&b, &p).await);
+            assert!(reason.contains("single path component"), "{name}: {reason}");
+        }
+        assert!(base.join("pvc-1/data/file").exists());
+    }
+
+    #[tokio::test]
+    async fn a_path_of_another_pv_or_outside_the_base_is_refused() {
+        let (tmp, base) = setup();
+        let b = backend(&base, OnDelete::Delete);
+        let other = base.join("pvc-1").to_string_lossy().into_owned();
+        is_refused(delete(&b, &pv("pvc-2", &other)).await);
+        is_refused(delete(&b, &pv("pvc-1", "/etc")).await);
+        is_refused(
+            delete(
+                &b,
+                &pv("pvc-1", &tmp.path().join("pvc-1").to_string_lossy()),
+            )
+            .await,
+        );
+        let mut no_host_path = pv_at(&base, "pvc-1");
+        no_host_path.spec.as_mut().unwrap().host_path = None;
+        let reason = is_refused(delete(&b, &no_host_path).await);
+        assert!(reason.contains("no spec.hostPath"), "{reason}");
+        assert!(base.join("pvc-1/data/file").exists());
+    }
+
+    #[tokio::test]
+    async fn a_regular_file_is_refused() {
+        let (_tmp, base) = setup();
+        std::fs::write(base.join("pvc-3"), b"f").unwrap();
+        let reason =
+            is_refused(delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-3")).await);
+        assert!(reason.contains("not a directory"), "{reason}");
+        assert!(base.join("pvc-3").exists());
+    }
+
+    #[tokio::test]
+    async fn a_missing_base_directory_fails_instead_of_succeeding() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("unmounted");
+        let r = delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1")).await;
+        assert!(matches!(r, Err(DeleteError::Failed { .. })), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_symlinked_base_directory_is_resolved() {
+        let (tmp, base) = setup();
+        let alias = tmp.path().join("alias");
+        symlink(&base, &alias).unwrap();
+        // PV written with the configured (symlinked) base.
+        delete(&backend(&alias, OnDelete::Delete), &pv_at(&alias, "pvc-1"))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
+    }
+
+    #[tokio::test]
+    async fn archive_renames_and_never_overwrites() {
+        let (_tmp, base) = setup();
+        let b = backend(&base, OnDelete::Archive);
+        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        assert!(!base.join("pvc-1").exists());
+        assert_eq!(
+            std::fs::read(base.join("archived-pvc-1/data/file")).unwrap(),
+            b"x"
+        );
+        // Second delivery: directory absent, archive present → success.
+        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        // A new directory of the same name with an archive already there → refused.
+        std::fs::create_dir(base.join("pvc-1")).unwrap();
+        let reason = is_refused(delete(&b, &pv_at(&base, "pvc-1")).await);
+        assert!(reason.contains("already exists"), "{reason}");
+        assert!(base.join("pvc-1").exists());
+    }
+
+    #[tokio::test]
+    async fn retain_leaves_the_directory() {
+        let (_tmp, base) = setup();
+        delete(&backend(&base, OnDelete::Retain), &pv_at(&base, "pvc-1"))
+            .await
+            .unwrap();
+        assert!(base.join("pvc-1/data/file").exists());
+    }
+
+    #[tokio::test]
+    async fn list_volumes_returns_pvc_directories_only() {
+        let (tmp, base) = setup();
+        std::fs::create_dir(base.join("pvc-0")).unwrap();
+        std::fs::create_dir(base.join("archived-pvc-9")).unwrap();
+        std::fs::create_dir(base.join("lost+found")).unwrap();
+        std::fs::write(base.join("pvc-file"), b"").unwrap();
+        symlink(tmp.path(), base.join("pvc-link")).unwrap();
+        let b = backend(&base, OnDelete::Delete);
+        assert_eq!(list_volumes(&b).await.unwrap(), vec!["pvc-0", "pvc-1"]);
+        let missing = backend(&tmp.path().join("nope"), OnDelete::Delete);
+        assert!(list_volumes(&missing).await.unwrap_err().contains("nope"));
+    }
 }
