@@ -1,1 +1,105 @@
-//! pv-writer library.
+//! pv-writer: drains the durable Redis PV-write queue ([`common::queue`]) and
+//! creates the PersistentVolumes that provision-svc provisioned.
+//!
+//! The seed saves a provisioned PV from memory and, after a few failed saves,
+//! deletes the storage asset; a restart loses it. pv-writer instead keeps every
+//! PV in Redis (AOF) until the PV object exists, retries transient failures
+//! forever with per-entry backoff, and dead-letters only what the API server
+//! refuses for good — never deleting a volume. See [`writer`] for the per-entry
+//! rules and [`common::queue`] for the Redis layout and delivery guarantees.
+//!
+//! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
+//! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
+//! 9102); `pv-writer queue list|dead|requeue <PV>` inspects and repairs the
+//! queue with Redis access only. Flags: [`cli::Cli`].
+//!
+//! Metrics ([`metrics::WriterMetrics`]): `pv_writer_queue_depth`,
+//! `pv_writer_queue_oldest_pending_age_seconds`, `pv_writer_queue_dead_letters`,
+//! `pv_writer_dead_letters_total{reason}`, `pv_writer_writes_total{outcome}`,
+//! `pv_writer_write_duration_seconds`, `pv_writer_retries_total`.
+
+pub mod api_calls;
+pub mod cli;
+pub mod metrics;
+pub mod queue_cmd;
+pub mod writer;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use common::config::ServiceKind;
+use common::queue::PvQueue;
+use common::runtime::{run_service, ServiceContext};
+use prometheus::Registry;
+
+pub use api_calls::API_CALLS;
+pub use cli::{Cli, Command, QueueCommand, WriterArgs};
+
+/// Run what `cli` asks: the service (default) or a `queue` subcommand.
+///
+/// Errors: invalid flag combinations, client/HTTP setup failures, a lost
+/// Lease; for `queue` subcommands, Redis failures and unknown PV names.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    cli.writer.validate()?;
+    match &cli.command {
+        Some(Command::Queue { action }) => {
+            let queue = PvQueue::connect(&cli.common.redis_url, &cli.common.provisioner_name)
+                .await
+                .context("connecting to the queue")?;
+            let text = queue_cmd::run_queue_command(&queue, action).await?;
+            print!("{text}");
+            Ok(())
+        }
+        None | Some(Command::Run) => {
+            let registry = Registry::new();
+            let writer_args = cli.writer.clone();
+            run_service(
+                ServiceKind::PvWriter,
+                cli.common.clone(),
+                registry,
+                move |ctx| serve(ctx, writer_args),
+            )
+            .await
+        }
+    }
+}
+
+/// The leader's work loop: connect to Redis (not ready until it answers,
+/// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown.
+/// Embedders with their own [`ServiceContext`] may call it directly.
+///
+/// Errors: none in practice; returns `Ok` on shutdown.
+pub async fn serve(ctx: ServiceContext, args: WriterArgs) -> anyhow::Result<()> {
+    let metrics = metrics::WriterMetrics::register(&ctx.registry);
+    ctx.readiness.set_ready(false);
+    let queue = loop {
+        match PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name).await {
+            Ok(q) => break q,
+            Err(err) => {
+                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                tokio::select! {
+                    _ = ctx.shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(writer::REDIS_RETRY_INTERVAL) => {}
+                }
+            }
+        }
+    };
+    let config = writer::WriterConfig {
+        workers: args.workers as usize,
+        retry_initial: args.retry_initial,
+        retry_max: args.retry_max,
+        write_timeout: args.write_timeout,
+        visibility_timeout: args.visibility_timeout,
+    };
+    tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
+    let writer = Arc::new(writer::Writer::new(
+        queue,
+        ctx.client.clone(),
+        &ctx.identity,
+        metrics,
+        config,
+    ));
+    writer
+        .run(ctx.shutdown.clone(), ctx.readiness.clone())
+        .await
+}

@@ -1,0 +1,161 @@
+//! Flags and subcommands of `pv-writer`, each flag with an environment twin
+//! (`--retry-initial` ⇔ `RETRY_INITIAL`).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use common::config::{parse_duration, CommonArgs};
+
+/// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`.
+///
+/// Without a subcommand (or with `run`) it runs the service. The `queue`
+/// subcommands only talk to Redis: give `--redis-url` / `--provisioner-name`
+/// (or `REDIS_URL` / `PROVISIONER_NAME`) before the subcommand.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "pv-writer",
+    version,
+    about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes"
+)]
+pub struct Cli {
+    /// Flags shared by every service.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// pv-writer's own flags.
+    #[command(flatten)]
+    pub writer: WriterArgs,
+    /// What to do; default: run the service.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// pv-writer's own flags.
+#[derive(Debug, Clone, Args)]
+pub struct WriterArgs {
+    /// How many PV writes run at once.
+    #[arg(long, env = "WORKERS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers: u32,
+
+    /// First retry delay of an entry after a transient failure; doubles per
+    /// consecutive failure of that entry (with up to 20 % jitter below).
+    #[arg(long, env = "RETRY_INITIAL", default_value = "1s", value_parser = parse_duration)]
+    pub retry_initial: Duration,
+
+    /// Cap of an entry's retry delay. Entries are retried forever.
+    #[arg(long, env = "RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
+    pub retry_max: Duration,
+
+    /// Time limit of one PV create (and the `get` after `AlreadyExists`); a write
+    /// taking longer counts as a transient failure.
+    #[arg(long, env = "WRITE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub write_timeout: Duration,
+
+    /// How long a taken entry stays invisible to other takes; a writer that hangs
+    /// longer (or a previous leader that stalled) has its entry taken again.
+    /// Must exceed `--write-timeout`.
+    #[arg(long, env = "VISIBILITY_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub visibility_timeout: Duration,
+}
+
+/// Subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Run the service (the default).
+    Run,
+    /// Inspect or repair the queue (Redis only, no Kubernetes access).
+    Queue {
+        /// The queue operation.
+        #[command(subcommand)]
+        action: QueueCommand,
+    },
+}
+
+/// `pv-writer queue ...` operations.
+#[derive(Debug, Clone, Subcommand)]
+pub enum QueueCommand {
+    /// List pending entries (due or in flight): PV, claim, class, state, attempts, age.
+    List,
+    /// List dead-lettered entries with their reason.
+    Dead,
+    /// Move a dead letter back to the pending queue (attempts reset).
+    Requeue {
+        /// The PV name, e.g. `pvc-0b6f...`.
+        pv_name: String,
+    },
+}
+
+impl WriterArgs {
+    /// Check relations between flags.
+    ///
+    /// Errors: `--retry-max` below `--retry-initial`, or `--visibility-timeout`
+    /// not above `--write-timeout`.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.retry_max < self.retry_initial {
+            anyhow::bail!(
+                "--retry-max ({:?}) must not be below --retry-initial ({:?})",
+                self.retry_max,
+                self.retry_initial
+            );
+        }
+        if self.visibility_timeout <= self.write_timeout {
+            anyhow::bail!(
+                "--visibility-timeout ({:?}) must exceed --write-timeout ({:?})",
+                self.visibility_timeout,
+                self.write_timeout
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_subcommands() {
+        let cli = Cli::try_parse_from(["pv-writer"]).unwrap();
+        assert_eq!(cli.writer.workers, 16);
+        assert_eq!(cli.writer.retry_initial, Duration::from_secs(1));
+        assert_eq!(cli.writer.retry_max, Duration::from_secs(300));
+        assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));
+        assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
+        assert!(cli.command.is_none());
+        cli.writer.validate().unwrap();
+
+        let cli = Cli::try_parse_from([
+            "pv-writer",
+            "--redis-url",
+            "redis://r:1/0",
+            "queue",
+            "requeue",
+            "pvc-1",
+        ])
+        .unwrap();
+        assert_eq!(cli.common.redis_url, "redis://r:1/0");
+        match cli.command {
+            Some(Command::Queue {
+                action: QueueCommand::Requeue { pv_name },
+            }) => assert_eq!(pv_name, "pvc-1"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            Cli::try_parse_from(["pv-writer", "queue", "list"])
+                .unwrap()
+                .command,
+            Some(Command::Queue {
+                action: QueueCommand::List
+            })
+        ));
+        assert!(Cli::try_parse_from(["pv-writer", "--workers", "0"]).is_err());
+    }
+
+    #[test]
+    fn flag_relations_are_checked() {
+        let cli = Cli::try_parse_from(["pv-writer", "--retry-initial", "10s", "--retry-max", "5s"])
+            .unwrap();
+        assert!(cli.writer.validate().is_err());
+        let cli = Cli::try_parse_from(["pv-writer", "--write-timeout", "2m"]).unwrap();
+        assert!(cli.writer.validate().is_err());
+    }
+}

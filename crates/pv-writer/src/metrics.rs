@@ -1,0 +1,51 @@
+//! pv-writer's Prometheus families.
+
+use common::metrics::{gauge, register, seconds_histogram};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+/// Outcome label values of `pv_writer_writes_total`.
+pub mod outcome {
+    /// The PV was created.
+    pub const CREATED: &str = "created";
+    /// The PV already existed for the same claim uid (an earlier attempt's write).
+    pub const ALREADY_EXISTS: &str = "already_exists";
+    /// The entry was dead-lettered (refused by the API server, or unreadable).
+    pub const DEAD_LETTER: &str = "dead_letter";
+    /// A transient failure; the entry is retried.
+    pub const RETRY: &str = "retry";
+}
+
+/// The queue and write metrics.
+#[derive(Clone)]
+pub struct WriterMetrics {
+    /// `pv_writer_queue_depth`: pending entries (due + in flight), dead letters excluded.
+    pub depth: IntGauge,
+    /// `pv_writer_queue_oldest_pending_age_seconds`: age of the oldest pending entry.
+    pub oldest_age_seconds: Gauge,
+    /// `pv_writer_queue_dead_letters`: entries in the dead-letter set.
+    pub dead_letters: IntGauge,
+    /// `pv_writer_dead_letters_total{reason}`: entries dead-lettered by this replica.
+    pub dead_lettered_total: IntCounterVec,
+    /// `pv_writer_writes_total{outcome}`: processed entries by outcome (see [`outcome`]).
+    pub writes_total: IntCounterVec,
+    /// `pv_writer_write_duration_seconds`: duration of one PV write (create, and
+    /// the `get` after `AlreadyExists`), every outcome.
+    pub write_duration_seconds: Histogram,
+    /// `pv_writer_retries_total`: retries scheduled after transient failures.
+    pub retries_total: IntCounter,
+}
+
+impl WriterMetrics {
+    /// Create and register every family into `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        Self {
+            depth: gauge(registry, "pv_writer_queue_depth", "Pending PV writes in the durable queue (due or in flight), dead letters excluded."),
+            oldest_age_seconds: register(registry, Gauge::new("pv_writer_queue_oldest_pending_age_seconds", "Seconds since the oldest pending PV write was enqueued (0 when the queue is empty).").expect("valid metric")),
+            dead_letters: gauge(registry, "pv_writer_queue_dead_letters", "PV writes in the dead-letter set, waiting for an operator."),
+            dead_lettered_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_dead_letters_total", "PV writes moved to the dead-letter set by this replica, by reason."), &["reason"]).expect("valid metric")),
+            writes_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_writes_total", "Processed PV writes by outcome: created, already_exists, dead_letter, retry."), &["outcome"]).expect("valid metric")),
+            write_duration_seconds: seconds_histogram(registry, "pv_writer_write_duration_seconds", "Duration in seconds of one PV write against the API server, every outcome."),
+            retries_total: register(registry, IntCounter::new("pv_writer_retries_total", "Retries scheduled after transient PV write failures.").expect("valid metric")),
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! The drain loop: take due entries from the durable queue, create their PVs
+//! with `--workers` concurrency, and settle each entry atomically in Redis.
+//!
+//! Per entry (seed: `provisionClaimOperation`'s PV save, made durable):
+//! * created, or `AlreadyExists` with `claimRef.uid` equal to the entry's claim
+//!   uid → [`PvQueue::complete`] and a Normal `ProvisioningSucceeded` event on the claim;
+//! * `AlreadyExists` for another claim, `422 Invalid` or `400 BadRequest` → the
+//!   dead-letter set, a Warning `ProvisioningFailed` event on the claim and
+//!   `pv_writer_dead_letters_total`; never retried blindly, and the storage
+//!   asset is never deleted (an operator decides, then requeues);
+//! * anything else (5xx, 429, 403/401 while RBAC is fixed, timeouts, connection
+//!   errors) → retry after `initial · 2^(attempts-1)` capped at `--retry-max`,
+//!   less up to 20 % jitter, forever. The first success after a failure pulls
+//!   every waiting retry forward to now, so the queue starts again as soon as the
+//!   API server is back;
+//! * a garbled or unknown-version payload, or one whose PV name differs from its
+//!   queue key → dead-lettered with an error log line naming the PV; the worker
+//!   carries on.
+//!
+//! Redis failures while settling an entry are retried every 500 ms until they
+//! succeed or shutdown; an unsettled entry stays in flight and is taken again
+//! by the next leader, and the repeated create answers `AlreadyExists` for the
+//! same claim, so no PV is written twice.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use api_types::queue::{DecodeError, QueuedPvWrite};
+use common::events::{claim_reference, reason, EventSink};
+use common::http::Readiness;
+use common::queue::{now_ms, DeadLetter, PvQueue, QueueError, TakenEntry};
+use common::retry::backoff;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, PostParams};
+use kube::Client;
+use rand::Rng;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{outcome, WriterMetrics};
+
+/// How often the dispatcher looks for due entries when the queue is idle.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Pause between attempts while Redis is unreachable.
+pub const REDIS_RETRY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Tuning of the drain loop (from [`crate::cli::WriterArgs`]).
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Concurrent PV writes.
+    pub workers: usize,
+    /// First retry delay after a transient failure.
+    pub retry_initial: Duration,
+    /// Cap of the retry delay.
+    pub retry_max: Duration,
+    /// Time limit of one write.
+    pub write_timeout: Duration,
+    /// Visibility timeout of a taken entry.
+    pub visibility_timeout: Duration,
+}
+
+/// What the API server said about one PV write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteResult {
+    /// `201 Created`.
+    Created,
+    /// `409 AlreadyExists` and the existing PV's `claimRef.uid` is the entry's claim uid.
+    AlreadyExists,
+    /// Permanent refusal; `kind` is the `pv_writer_dead_letters_total` reason label.
+    Refused {
+        /// `claimed_by_other`, `invalid` or `bad_request`.
+        kind: &'static str,
+        /// Human-readable reason (event note, dead-letter record).
+        reason: String,
+    },
+    /// Worth retrying.
+    Transient(String),
+}
+
+/// Create `entry`'s PV through `api` within `timeout` and classify the answer.
+pub async fn write_pv(
+    api: &Api<PersistentVolume>,
+    entry: &QueuedPvWrite,
+    timeout: Duration,
+) -> WriteResult {
+    let name = entry.pv_name();
+    let created =
+        match tokio::time::timeout(timeout, api.create(&PostParams::default(), &entry.pv)).await {
+            Err(_) => {
+                return WriteResult::Transient(format!("creating PV timed out after {timeout:?}"))
+            }
+            Ok(r) => r,
+        };
+    let status = match created {
+        Ok(_) => return WriteResult::Created,
+        Err(kube::Error::Api(status)) => status,
+        Err(other) => return WriteResult::Transient(format!("creating PV: {other}")),
+    };
+    if status.is_already_exists() || (status.code == 409 && status.reason == "AlreadyExists") {
+        let existing = match tokio::time::timeout(timeout, api.get(name)).await {
+            Err(_) => {
+                return WriteResult::Transient(format!(
+                    "reading existing PV timed out after {timeout:?}"
+                ))
+            }
+            Ok(Err(err)) => return WriteResult::Transient(format!("reading existing PV: {err}")),
+            Ok(Ok(pv)) => pv,
+        };
+        let claim_ref = existing.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+        let uid = claim_ref.and_then(|c| c.uid.as_deref());
+        if uid == Some(entry.claim.uid.as_str()) {
+            return WriteResult::AlreadyExists;
+        }
+        let owner = claim_ref
+            .map(|c| {
+                format!(
+                    "claim {}/{} (uid {})",
+                    c.namespace.as_deref().unwrap_or(""),
+                    c.name.as_deref().unwrap_or(""),
+                    c.uid.as_deref().unwrap_or("none")
+                )
+            })
+            .unwrap_or_else(|| "no claim".to_string());
+        return WriteResult::Refused {
+            kind: "claimed_by_other",
+            reason: format!(
+                "PV {name} already exists for {owner}, not for claim {} (uid {}); the volume is kept, requeue after resolving",
+                entry.claim, entry.claim.uid
+            ),
+        };
+    }
+    match status.code {
+        422 => WriteResult::Refused {
+            kind: "invalid",
+            reason: format!(
+                "API server rejected PV {name} as invalid: {}",
+                status.message
+            ),
+        },
+        400 => WriteResult::Refused {
+            kind: "bad_request",
+            reason: format!(
+                "API server rejected PV {name} as a bad request: {}",
+                status.message
+            ),
+        },
+        code => WriteResult::Transient(format!(
+            "creating PV: {code} {}: {}",
+            status.reason, status.message
+        )),
+    }
+}
+
+/// Retry delay after the `attempts`-th consecutive failure (1-based):
+/// `initial · 2^(attempts-1)` capped at `max`, times a random factor in [0.8, 1].
+pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration {
+    let base = backoff(initial, max, attempts);
+    base.mul_f64(rand::rng().random_range(0.8..=1.0))
+}
+
+/// The drain loop of the leader. Cheap to share (`Arc`).
+pub struct Writer {
+    queue: PvQueue,
+    api: Api<PersistentVolume>,
+    events: EventSink,
+    metrics: WriterMetrics,
+    config: WriterConfig,
+    /// A transient failure happened since the last success.
+    degraded: AtomicBool,
+    /// Time (ms) of the last successful write.
+    last_success_ms: AtomicU64,
+}
+
+impl Writer {
+    /// A writer creating PVs with `client`, publishing events as `pv-writer` from
+    /// `identity`.
+    pub fn new(
+        queue: PvQueue,
+        client: Client,
+        identity: &str,
+        metrics: WriterMetrics,
+        config: WriterConfig,
+    ) -> Self {
+        Writer {
+            queue,
+            api: Api::all(client.clone()),
+            events: EventSink::new(client, "pv-writer", identity),
+            metrics,
+            config,
+            degraded: AtomicBool::new(false),
+            last_success_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Drain until `shutdown` fires, then wait for in-flight writes to settle.
+    /// Calls `readiness.set_ready(false)` while Redis is unreachable and `true`
+    /// while it answers. Returns only on shutdown.
+    pub async fn run(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        readiness: Readiness,
+    ) -> anyhow::Result<()> {
+        // As the only consumer, anything in flight belongs to a previous leader.
+        loop {
+            match self.queue.recover_inflight(now_ms()).await {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(
+                            entries = n,
+                            "took over PV writes left in flight by a previous leader"
+                        );
+                    }
+                    break;
+                }
+                Err(err) => {
+                    readiness.set_ready(false);
+                    tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                    if sleep_or_cancel(REDIS_RETRY_INTERVAL, &shutdown).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        readiness.set_ready(true);
+        let stats_task = tokio::spawn(self.clone().refresh_stats(shutdown.clone()));
+
+        let permits = Arc::new(Semaphore::new(self.config.workers));
+        let mut tasks = JoinSet::new();
+        let mut redis_down = false;
+        while !shutdown.is_cancelled() {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+                _ = shutdown.cancelled() => break,
+            };
+            let limit = permits.available_permits() + 1;
+            let batch = match self
+                .queue
+                .take_due(now_ms(), limit, self.config.visibility_timeout)
+                .await
+            {
+                Ok(batch) => {
+                    if redis_down {
+                        tracing::info!("Redis reachable again; draining");
+                        redis_down = false;
+                    }
+                    readiness.set_ready(true);
+                    batch
+                }
+                Err(err) => {
+                    if !redis_down {
+                        tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                    }
+                    redis_down = true;
+                    readiness.set_ready(false);
+                    drop(permit);
+                    sleep_or_cancel(REDIS_RETRY_INTERVAL, &shutdown).await;
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                drop(permit);
+                sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
+                continue;
+            }
+            let mut first = Some(permit);
+            for taken in batch {
+                let permit = first.take().unwrap_or_else(|| {
+                    permits
+                        .clone()
+                        .try_acquire_owned()
+                        .expect("only the dispatcher acquires permits")
+                });
+                let writer = self.clone();
+                let shutdown = shutdown.clone();
+                tasks.spawn(async move {
+                    writer.process(taken, &shutdown).await;
+                    drop(permit);
+                });
+            }
+        }
+        tracing::info!(
+            in_flight = tasks.len(),
+            "shutting down: waiting for in-flight PV writes"
+        );
+        while tasks.join_next().await.is_some() {}
+        stats_task.abort();
+        Ok(())
+    }
+
+    async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            if let Ok(stats) = self.queue.stats().await {
+                self.metrics.depth.set(stats.depth as i64);
+                self.metrics.dead_letters.set(stats.dead as i64);
+                self.metrics
+                    .oldest_age_seconds
+                    .set(stats.oldest_age_seconds(now_ms()));
+            }
+            if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
+                return;
+            }
+        }
+    }
+
+    /// Write one taken entry and settle it in Redis (complete, retry or
+    /// dead-letter). Never panics on bad input.
+    pub async fn process(&self, taken: TakenEntry, shutdown: &CancellationToken) {
+        let pv_name = taken.pv_name.clone();
+        let entry = match QueuedPvWrite::decode(&taken.payload) {
+            Ok(entry) => entry,
+            Err(err) => {
+                let kind = match err {
+                    DecodeError::Garbled(_) => "garbled",
+                    DecodeError::UnknownVersion { .. } => "unknown_version",
+                };
+                tracing::error!(pv = %pv_name, error = %err, "unreadable PV write in the queue; moving it to the dead-letter set");
+                self.dead_letter(
+                    &taken,
+                    None,
+                    kind,
+                    format!("unreadable queue entry: {err}"),
+                    shutdown,
+                )
+                .await;
+                return;
+            }
+        };
+        if entry.pv_name() != pv_name {
+            let reason = format!(
+                "queue entry {pv_name} holds a PV named {:?}; refusing to write it",
+                entry.pv_name()
+            );
+            tracing::error!(pv = %pv_name, claim = %entry.claim, "{reason}; moving it to the dead-letter set");
+            self.dead_letter(&taken, Some(&entry), "name_mismatch", reason, shutdown)
+                .await;
+            return;
+        }
+
+        let started_ms = now_ms();
+        let started = Instant::now();
+        let result = write_pv(&self.api, &entry, self.config.write_timeout).await;
+        self.metrics
+            .write_duration_seconds
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            WriteResult::Created | WriteResult::AlreadyExists => {
+                let label = if result == WriteResult::Created {
+                    outcome::CREATED
+                } else {
+                    outcome::ALREADY_EXISTS
+                };
+                let Some(_) = self
+                    .settle("complete", shutdown, || self.queue.complete(&pv_name))
+                    .await
+                else {
+                    return;
+                };
+                self.metrics.writes_total.with_label_values(&[label]).inc();
+                self.last_success_ms.fetch_max(now_ms(), Ordering::SeqCst);
+                tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
+                if self.degraded.swap(false, Ordering::SeqCst) {
+                    match self.queue.pull_forward_retries(now_ms()).await {
+                        Ok(n) if n > 0 => tracing::info!(
+                            entries = n,
+                            "API server accepts writes again; retrying waiting PV writes now"
+                        ),
+                        Ok(_) => {}
+                        Err(err) => {
+                            tracing::warn!(error = %err, "could not pull waiting retries forward")
+                        }
+                    }
+                }
+                self.events
+                    .publish(
+                        &claim_reference(&entry.claim),
+                        false,
+                        reason::PROVISIONING_SUCCEEDED,
+                        "Provision",
+                        format!("Successfully provisioned volume {pv_name}"),
+                    )
+                    .await;
+            }
+            WriteResult::Refused { kind, reason } => {
+                tracing::warn!(pv = %pv_name, claim = %entry.claim, %reason, "PV write refused; moving it to the dead-letter set");
+                if self
+                    .dead_letter(&taken, Some(&entry), kind, reason.clone(), shutdown)
+                    .await
+                {
+                    self.events
+                        .publish(
+                            &claim_reference(&entry.claim),
+                            true,
+                            reason::PROVISIONING_FAILED,
+                            "Provision",
+                            reason,
+                        )
+                        .await;
+                }
+            }
+            WriteResult::Transient(reason) => {
+                self.degraded.store(true, Ordering::SeqCst);
+                let attempts = taken.attempts.saturating_add(1);
+                // The API server accepted another write while this one failed: it
+                // is back, so retry soon instead of waiting out the full backoff.
+                let delay = if self.last_success_ms.load(Ordering::SeqCst) > started_ms {
+                    self.config.retry_initial
+                } else {
+                    retry_delay(self.config.retry_initial, self.config.retry_max, attempts)
+                };
+                let due = now_ms().saturating_add(delay.as_millis() as u64);
+                if self
+                    .settle("schedule_retry", shutdown, || {
+                        self.queue.schedule_retry(&pv_name, due, attempts)
+                    })
+                    .await
+                    .is_some()
+                {
+                    self.metrics.retries_total.inc();
+                    self.metrics
+                        .writes_total
+                        .with_label_values(&[outcome::RETRY])
+                        .inc();
+                    tracing::warn!(pv = %pv_name, claim = %entry.claim, attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
+                }
+            }
+        }
+    }
+
+    /// Dead-letter `taken`; returns whether it was moved (false: Redis gave up
+    /// at shutdown, or the entry was gone).
+    async fn dead_letter(
+        &self,
+        taken: &TakenEntry,
+        entry: Option<&QueuedPvWrite>,
+        kind: &'static str,
+        reason: String,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let letter = DeadLetter {
+            pv_name: taken.pv_name.clone(),
+            reason,
+            dead_at_ms: now_ms(),
+            attempts: taken.attempts,
+            claim: entry.map(|e| e.claim.clone()),
+        };
+        let moved = self
+            .settle("dead_letter", shutdown, || self.queue.dead_letter(&letter))
+            .await
+            == Some(true);
+        if moved {
+            self.metrics
+                .writes_total
+                .with_label_values(&[outcome::DEAD_LETTER])
+                .inc();
+            self.metrics
+                .dead_lettered_total
+                .with_label_values(&[kind])
+                .inc();
+        }
+        moved
+    }
+
+    /// Run a Redis settle operation until it succeeds; `None` if shutdown came
+    /// first (the entry then stays in flight for the next leader).
+    async fn settle<T, F, Fut>(
+        &self,
+        operation: &str,
+        shutdown: &CancellationToken,
+        op: F,
+    ) -> Option<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, QueueError>>,
+    {
+        loop {
+            match op().await {
+                Ok(v) => return Some(v),
+                Err(err) => {
+                    tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; retrying");
+                    if sleep_or_cancel(REDIS_RETRY_INTERVAL, shutdown).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sleep `d`; true if `token` fired first.
+async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = token.cancelled() => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_doubles_with_at_most_20_percent_jitter_and_caps() {
+        let i = Duration::from_secs(1);
+        let m = Duration::from_secs(300);
+        for (attempts, full) in [
+            (1u32, 1.0f64),
+            (2, 2.0),
+            (4, 8.0),
+            (9, 256.0),
+            (10, 300.0),
+            (40, 300.0),
+        ] {
+            for _ in 0..50 {
+                let d = retry_delay(i, m, attempts).as_secs_f64();
+                assert!(
+                    d <= full + 1e-9 && d >= 0.8 * full - 1e-9,
+                    "attempts {attempts}: {d}"
+                );
+            }
+        }
+    }
+}
