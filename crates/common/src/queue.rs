@@ -675,3 +675,250 @@ fn redact(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api_types::queue::SCHEMA_VERSION;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    /// A private redis-server (own port and data dir, AOF on), killed on drop.
+    struct Redis {
+        child: std::process::Child,
+        port: u16,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Redis {
+        async fn start() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--dir", dir.path().to_str().unwrap()])
+                .args([
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--save",
+                    "",
+                ])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            let r = Redis {
+                child,
+                port,
+                _dir: dir,
+            };
+            for _ in 0..100 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return r;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("redis-server did not start");
+        }
+
+        fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}/0", self.port)
+        }
+    }
+
+    impl Drop for Redis {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn entry(name: &str) -> QueuedPvWrite {
+        QueuedPvWrite {
+            version: SCHEMA_VERSION,
+            pv: PersistentVolume {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            claim: ClaimKey {
+                namespace: "ns".into(),
+                name: format!("claim-{name}"),
+                uid: format!("uid-{name}"),
+            },
+            class: "fast".into(),
+            enqueued_at_ms: 1_000,
+        }
+    }
+
+    const VIS: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn enqueue_is_atomic_idempotent_and_drains() {
+        let redis = Redis::start().await;
+        let q = PvQueue::connect(&redis.url(), "example.com/hostpath")
+            .await
+            .unwrap();
+        let other = PvQueue::connect(&redis.url(), "other.io/x").await.unwrap();
+        assert!(q.enqueue_at(&entry("pvc-a"), 5_000).await.unwrap());
+        assert!(!q.enqueue_at(&entry("pvc-a"), 6_000).await.unwrap());
+        q.enqueue(&entry("pvc-b")).await.unwrap();
+        assert!(q.is_pending("pvc-a").await.unwrap());
+        assert!(!q.is_pending("pvc-c").await.unwrap());
+        assert!(
+            !other.is_pending("pvc-a").await.unwrap(),
+            "keys are per provisioner"
+        );
+        let stats = q.stats().await.unwrap();
+        assert_eq!(
+            (stats.depth, stats.dead, stats.oldest_enqueued_ms),
+            (2, 0, Some(1_000))
+        );
+        assert_eq!(stats.oldest_age_seconds(3_500), 2.5);
+
+        // pvc-a is due at 5000, pvc-b now (> 5000): a take at 5000 sees only pvc-a.
+        let taken = q.take_due(5_000, 10, VIS).await.unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].pv_name, "pvc-a");
+        assert_eq!(taken[0].attempts, 0);
+        assert_eq!(
+            QueuedPvWrite::decode(&taken[0].payload).unwrap(),
+            entry("pvc-a")
+        );
+        assert!(
+            q.take_due(5_000, 10, VIS).await.unwrap().is_empty(),
+            "in flight is invisible"
+        );
+        assert!(
+            q.is_pending("pvc-a").await.unwrap(),
+            "in flight is still pending"
+        );
+        assert!(q.complete("pvc-a").await.unwrap());
+        assert!(!q.complete("pvc-a").await.unwrap());
+        assert!(!q.is_pending("pvc-a").await.unwrap());
+        let names: Vec<_> = q
+            .take_due(now_ms(), 10, VIS)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.pv_name)
+            .collect();
+        assert_eq!(names, ["pvc-b"]);
+        q.complete("pvc-b").await.unwrap();
+        assert_eq!(q.stats().await.unwrap(), QueueStats::default());
+        // Once completed, the same PV name may be queued again.
+        assert!(q.enqueue_at(&entry("pvc-a"), 7_000).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn retries_visibility_timeout_and_recovery() {
+        let redis = Redis::start().await;
+        let q = PvQueue::connect(&redis.url(), "p").await.unwrap();
+        q.enqueue_at(&entry("pvc-a"), 1_000).await.unwrap();
+        q.enqueue_at(&entry("pvc-b"), 1_000).await.unwrap();
+        assert_eq!(q.take_due(1_000, 1, VIS).await.unwrap()[0].pv_name, "pvc-a");
+        // Retry pvc-a at 9000 with 3 attempts; pulled forward it is due at 2000.
+        assert!(q.schedule_retry("pvc-a", 9_000, 3).await.unwrap());
+        assert!(
+            !q.schedule_retry("pvc-a", 9_000, 4).await.unwrap(),
+            "not in flight any more"
+        );
+        let pending = q.list_pending().await.unwrap();
+        assert_eq!(pending.len(), 2);
+        assert_eq!(
+            (
+                pending[0].pv_name.as_str(),
+                pending[0].state,
+                pending[0].attempts
+            ),
+            ("pvc-a", PendingState::Due(9_000), 3)
+        );
+        assert_eq!(pending[1].state, PendingState::Due(1_000));
+        assert_eq!(pending[0].entry.as_ref().unwrap(), &entry("pvc-a"));
+        assert_eq!(q.pull_forward_retries(2_000).await.unwrap(), 1);
+        let taken = q
+            .take_due(2_000, 10, Duration::from_millis(500))
+            .await
+            .unwrap();
+        let got: Vec<_> = taken
+            .iter()
+            .map(|t| (t.pv_name.as_str(), t.attempts))
+            .collect();
+        assert_eq!(got, [("pvc-b", 0), ("pvc-a", 3)]);
+        // A killed writer: after the visibility timeout (2500) both are taken again.
+        assert!(q.take_due(2_499, 10, VIS).await.unwrap().is_empty());
+        assert_eq!(q.take_due(2_500, 10, VIS).await.unwrap().len(), 2);
+        // A new leader recovers in-flight entries at once.
+        assert_eq!(q.recover_inflight(3_000).await.unwrap(), 2);
+        assert_eq!(q.take_due(3_000, 10, VIS).await.unwrap().len(), 2);
+    }
+
+    #[tokio::test]
+    async fn dead_letters_keep_the_payload_and_can_be_requeued() {
+        let redis = Redis::start().await;
+        let q = PvQueue::connect(&redis.url(), "p").await.unwrap();
+        q.enqueue_raw("pvc-x", b"{garbled", 1_000, 0).await.unwrap();
+        let taken = q.take_due(1_000, 10, VIS).await.unwrap();
+        assert_eq!(taken[0].payload, b"{garbled");
+        let letter = DeadLetter {
+            pv_name: "pvc-x".into(),
+            reason: "unreadable".into(),
+            dead_at_ms: 1_500,
+            attempts: 0,
+            claim: None,
+        };
+        assert!(q.dead_letter(&letter).await.unwrap());
+        assert!(
+            q.is_pending("pvc-x").await.unwrap(),
+            "a dead letter blocks re-provisioning"
+        );
+        assert_eq!(q.list_dead().await.unwrap(), vec![letter.clone()]);
+        assert!(q.list_pending().await.unwrap().is_empty());
+        assert_eq!(
+            q.stats().await.unwrap(),
+            QueueStats {
+                depth: 0,
+                dead: 1,
+                oldest_enqueued_ms: None
+            }
+        );
+        assert!(q.take_due(u64::MAX / 2, 10, VIS).await.unwrap().is_empty());
+        assert!(q.recover_inflight(2_000).await.unwrap() == 0);
+        assert_eq!(q.payload("pvc-x").await.unwrap().unwrap(), b"{garbled");
+
+        assert!(!q.requeue_dead("pvc-nope", 3_000).await.unwrap());
+        assert!(q.requeue_dead("pvc-x", 3_000).await.unwrap());
+        assert!(!q.requeue_dead("pvc-x", 3_000).await.unwrap());
+        assert!(q.list_dead().await.unwrap().is_empty());
+        let pending = q.list_pending().await.unwrap();
+        assert_eq!(pending[0].state, PendingState::Due(3_000));
+        assert!(pending[0].entry.as_ref().unwrap_err().contains("garbled"));
+        assert_eq!(q.stats().await.unwrap().oldest_enqueued_ms, Some(3_000));
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_is_a_clear_error() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let err = PvQueue::connect(&format!("redis://u:secret@127.0.0.1:{port}/0"), "p")
+            .await
+            .err()
+            .expect("nothing listens");
+        let text = err.to_string();
+        assert!(
+            text.contains("cannot connect to Redis at redis://u:***@127.0.0.1"),
+            "{text}"
+        );
+        assert!(!text.contains("secret"));
+    }
+}
