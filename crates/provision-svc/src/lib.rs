@@ -1,1 +1,48 @@
-//! provision-svc library.
+//! provision-svc: the provisioning half of the seed controller
+//! (sig-storage-lib-external-provisioner v8). It watches claims, StorageClasses
+//! and PVs through reflectors, decides `should_provision` as the seed does,
+//! calls the backend's `provision`, and hands the finished PV to pv-writer
+//! through the durable Redis queue instead of creating it.
+//!
+//! * [`config`] — flags ([`config::ProvisionArgs`], [`config::Cli`]);
+//! * [`decision`] — pure helpers of the seed's decisions;
+//! * [`engine`] — `shouldProvision`, the provision operation, its error
+//!   handling, `syncClaim` and the per-claim retry/threshold handling;
+//! * [`ports`] — the side effects behind traits (Kubernetes, queue, intents);
+//! * [`recovery`] — the leader's start-up walk over durable intents;
+//! * [`workqueue`] — the de-duplicating claim work queue;
+//! * [`controller`] — reflectors, workers, resync, graceful shutdown;
+//! * [`metrics`] — the seed's provisioning metrics and the service's gauges;
+//! * [`api_calls`] — the Kubernetes API calls made, for RBAC checks.
+
+pub mod api_calls;
+pub mod config;
+pub mod controller;
+pub mod decision;
+pub mod engine;
+pub mod metrics;
+pub mod ports;
+pub mod recovery;
+pub mod workqueue;
+
+use std::sync::Arc;
+
+use common::config::ServiceKind;
+use common::Provisioner;
+use prometheus::Registry;
+
+/// Run provision-svc with `backend` until SIGTERM (or a lost Lease): serves
+/// `/metrics`, `/healthz`, `/readyz`, elects a leader on the
+/// `<provisioner>-provision` Lease and, while leading, provisions claims.
+///
+/// Errors: client or HTTP setup failures, or a lost Lease (the process should
+/// exit non-zero and be restarted, as the seed does).
+pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
+    let registry = Registry::new();
+    let metrics = metrics::ServiceMetrics::register(&registry);
+    let common_args = args.common.clone();
+    common::runtime::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
+        controller::work(ctx, args, backend, metrics)
+    })
+    .await
+}

@@ -1,0 +1,117 @@
+//! provision-svc's flags (each with an environment-variable twin).
+
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use common::backend::hostpath::HostPathArgs;
+use common::config::{parse_duration, CommonArgs, RetryArgs};
+
+/// Flags of the provisioning controller (without the backend's).
+#[derive(Debug, Clone, Args)]
+pub struct ProvisionArgs {
+    /// Flags shared by every service.
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Per-claim retry backoff.
+    #[command(flatten)]
+    pub retry: RetryArgs,
+
+    /// Further provisioner names to provision for, besides `--provisioner-name`
+    /// (repeatable; comma-separated in the environment variable).
+    #[arg(
+        long = "additional-provisioner",
+        env = "ADDITIONAL_PROVISIONERS",
+        value_delimiter = ','
+    )]
+    pub additional_provisioners: Vec<String>,
+
+    /// Add the provisioner's finalizer
+    /// (`external-provisioner.volume.kubernetes.io/finalizer`) to provisioned PVs.
+    #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub add_finalizer: bool,
+
+    /// Failed provisioning attempts per claim before giving up; 0 retries forever.
+    #[arg(long, env = "FAILED_PROVISION_THRESHOLD", default_value_t = 15)]
+    pub failed_provision_threshold: u32,
+
+    /// Bound on one claim's provisioning attempt (e.g. `2m`); unset = none.
+    #[arg(long, env = "PROVISION_TIMEOUT", value_parser = parse_duration)]
+    pub provision_timeout: Option<Duration>,
+
+    /// How often every cached claim is queued again (the seed's informer resync).
+    #[arg(long, env = "RESYNC_PERIOD", default_value = "15m", value_parser = parse_duration)]
+    pub resync_period: Duration,
+
+    /// Claims provisioned concurrently. Default 8 (the seed's is 4): with a fast
+    /// backend, the Redis round trips per claim are the limit.
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub worker_threads: u32,
+}
+
+/// The `provision-svc` command line: controller flags plus the hostpath backend's.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "provision-svc",
+    version,
+    about = "Provisions volumes for PersistentVolumeClaims and hands their PVs to pv-writer"
+)]
+pub struct Cli {
+    /// Controller flags.
+    #[command(flatten)]
+    pub provision: ProvisionArgs,
+
+    /// Flags of the built-in hostpath backend.
+    #[command(flatten)]
+    pub hostpath: HostPathArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_seed() {
+        let cli = Cli::try_parse_from(["provision-svc"]).unwrap();
+        let p = cli.provision;
+        assert!(p.additional_provisioners.is_empty());
+        assert!(!p.add_finalizer);
+        assert_eq!(p.failed_provision_threshold, 15);
+        assert_eq!(p.provision_timeout, None);
+        assert_eq!(p.resync_period, Duration::from_secs(15 * 60));
+        assert_eq!(p.worker_threads, 8);
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "provision-svc",
+            "--additional-provisioner",
+            "a.io/x",
+            "--additional-provisioner=b.io/y",
+            "--add-finalizer=true",
+            "--failed-provision-threshold",
+            "0",
+            "--provision-timeout",
+            "2m",
+            "--worker-threads",
+            "32",
+            "--base-dir",
+            "/data",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.provision.additional_provisioners,
+            vec!["a.io/x", "b.io/y"]
+        );
+        assert!(cli.provision.add_finalizer);
+        assert_eq!(cli.provision.failed_provision_threshold, 0);
+        assert_eq!(
+            cli.provision.provision_timeout,
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(cli.provision.worker_threads, 32);
+        assert_eq!(cli.hostpath.base_dir, std::path::PathBuf::from("/data"));
+        assert!(Cli::try_parse_from(["provision-svc", "--worker-threads", "0"]).is_err());
+    }
+}

@@ -1,0 +1,684 @@
+//! The seed's claim logic: `shouldProvision`, `provisionClaimOperation`,
+//! `provisionVolumeErrorHandling`, `rescheduleProvisioning`, `syncClaim` and the
+//! failure handling of `processNextClaimWorkItem`, over reflector caches and
+//! the [`ports`](crate::ports) traits.
+//!
+//! Differences from the seed, all on the durable side:
+//! * the PV goes to pv-writer's durable queue instead of being created here;
+//!   a PV that is queued but not yet written counts as existing;
+//! * an intent (claim, PV name, class, claim snapshot) is recorded in Redis
+//!   before the backend is called and cleared once the PV is queued or the
+//!   outcome is final; claims provisioning in background are flagged in it, so
+//!   the seed's `claimsInProgress` survives a restart;
+//! * giving up on a claim at the failure threshold keeps its intent, so the next
+//!   leader's start-up walk cleans up a half-made volume instead of leaking it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, SCHEMA_VERSION};
+use api_types::{
+    pv_name_for_claim_uid, ProvisionError, ProvisionOptions, ProvisioningState,
+    ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
+    FINALIZER_PV,
+};
+use common::events::reason;
+use common::retry::{FailureThreshold, RetryPolicy};
+use common::Provisioner;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::decision::{self, ProvisionerNames};
+use crate::metrics::ServiceMetrics;
+use crate::ports::{ClusterApi, IntentLog, PvHandoff};
+use crate::workqueue::WorkQueue;
+
+/// Why a provision operation did not produce a queued PV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpError {
+    /// Seed `errStopProvision`: provisioning is impossible or already done; do
+    /// not retry.
+    Stop,
+    /// A failure to retry (with backoff, up to the failure threshold).
+    Failed(String),
+    /// The backend made the volume but handing the PV to pv-writer failed:
+    /// retried like [`OpError::Failed`], and the intent is kept.
+    NotQueued(String),
+}
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpError::Stop => f.write_str("stop provisioning"),
+            OpError::Failed(e) | OpError::NotQueued(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Settings of the claim logic (from the flags).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Our provisioner name and the additional ones.
+    pub names: ProvisionerNames,
+    /// Add the provisioner's PV finalizer to provisioned PVs (`--add-finalizer`).
+    pub add_finalizer: bool,
+    /// Failed attempts per claim before giving up (`--failed-provision-threshold`).
+    pub failure_threshold: FailureThreshold,
+    /// Bound on one claim's sync (`--provision-timeout`); `None` = unbounded.
+    pub provision_timeout: Option<Duration>,
+}
+
+/// The reflector caches the claim logic reads.
+#[derive(Clone)]
+pub struct Caches {
+    /// Claims, all namespaces.
+    pub claims: Store<PersistentVolumeClaim>,
+    /// StorageClasses.
+    pub classes: Store<StorageClass>,
+    /// PVs.
+    pub volumes: Store<PersistentVolume>,
+}
+
+/// The claim engine: one per leader term, shared by all workers.
+pub struct Engine {
+    settings: Settings,
+    caches: Caches,
+    backend: Arc<dyn Provisioner>,
+    cluster: Arc<dyn ClusterApi>,
+    handoff: Arc<dyn PvHandoff>,
+    intents: Arc<dyn IntentLog>,
+    metrics: ServiceMetrics,
+    retry: RetryPolicy<String>,
+    queue: WorkQueue,
+    /// Seed `claimsInProgress`: uid → claim snapshot, for claims in background.
+    in_background: Mutex<HashMap<String, PersistentVolumeClaim>>,
+    /// uid → claim reference in the claims cache (kept by the claim watch).
+    uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
+    /// PVs queued by this process (seed: adds the PV to its informer cache).
+    queued: Mutex<HashSet<String>>,
+}
+
+impl Engine {
+    /// An engine over `caches` and the ports; `retry` is the per-claim backoff.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        settings: Settings,
+        caches: Caches,
+        backend: Arc<dyn Provisioner>,
+        cluster: Arc<dyn ClusterApi>,
+        handoff: Arc<dyn PvHandoff>,
+        intents: Arc<dyn IntentLog>,
+        metrics: ServiceMetrics,
+        retry: RetryPolicy<String>,
+        queue: WorkQueue,
+    ) -> Self {
+        Self {
+            settings,
+            caches,
+            backend,
+            cluster,
+            handoff,
+            intents,
+            metrics,
+            retry,
+            queue,
+            in_background: Mutex::default(),
+            uid_index: Mutex::default(),
+            queued: Mutex::default(),
+        }
+    }
+
+    /// The work queue the engine requeues into.
+    pub fn queue(&self) -> &WorkQueue {
+        &self.queue
+    }
+
+    /// The engine's settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The reflector caches.
+    pub fn caches(&self) -> &Caches {
+        &self.caches
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Provisioner> {
+        &self.backend
+    }
+
+    /// The PV hand-off.
+    pub fn handoff(&self) -> &Arc<dyn PvHandoff> {
+        &self.handoff
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &ServiceMetrics {
+        &self.metrics
+    }
+
+    /// Note a claim seen by the claim watch and queue it (seed `enqueueClaim`).
+    pub fn claim_seen(&self, claim: &PersistentVolumeClaim) {
+        let Some(uid) = claim.metadata.uid.clone() else {
+            return;
+        };
+        self.uid_index
+            .lock()
+            .expect("uid index poisoned")
+            .insert(uid.clone(), ObjectRef::from_obj(claim));
+        self.queue.add(&uid);
+    }
+
+    /// Remember a claim as provisioning in background (start-up walk).
+    pub fn restore_in_background(&self, claim: PersistentVolumeClaim) {
+        if let Some(uid) = claim.metadata.uid.clone() {
+            let mut map = self.in_background.lock().expect("in-background poisoned");
+            map.insert(uid.clone(), claim);
+            self.metrics.claims_in_background.set(map.len() as i64);
+            drop(map);
+            self.queue.add(&uid);
+        }
+    }
+
+    /// Whether `uid` is provisioning in background.
+    pub fn is_in_background(&self, uid: &str) -> bool {
+        self.in_background
+            .lock()
+            .expect("in-background poisoned")
+            .contains_key(uid)
+    }
+
+    /// Uids of the claims in background, for the resync.
+    pub fn in_background_uids(&self) -> Vec<String> {
+        self.in_background
+            .lock()
+            .expect("in-background poisoned")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// The claim with `uid` in the claims cache.
+    pub fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        let indexed = self
+            .uid_index
+            .lock()
+            .expect("uid index poisoned")
+            .get(uid)
+            .cloned();
+        let by_ref = indexed
+            .and_then(|r| self.caches.claims.get(&r))
+            .filter(|c| c.metadata.uid.as_deref() == Some(uid));
+        by_ref.or_else(|| {
+            let found = self
+                .caches
+                .claims
+                .find(|c| c.metadata.uid.as_deref() == Some(uid))?;
+            self.uid_index
+                .lock()
+                .expect("uid index poisoned")
+                .insert(uid.to_string(), ObjectRef::from_obj(found.as_ref()));
+            Some(found)
+        })
+    }
+
+    fn set_in_background(&self, uid: &str, claim: Option<&PersistentVolumeClaim>) {
+        let mut map = self.in_background.lock().expect("in-background poisoned");
+        match claim {
+            Some(c) => {
+                map.insert(uid.to_string(), c.clone());
+            }
+            None => {
+                map.remove(uid);
+            }
+        }
+        self.metrics.claims_in_background.set(map.len() as i64);
+    }
+
+    fn class(&self, name: &str) -> Result<Arc<StorageClass>, String> {
+        self.caches
+            .classes
+            .get(&ObjectRef::new(name))
+            .ok_or_else(|| format!("storageClass {name:?} not found"))
+    }
+
+    /// Seed `shouldProvision`: whether a volume should be provisioned for `claim`.
+    ///
+    /// Errors: the claim is for us but its StorageClass is not in the cache.
+    pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, String> {
+        let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+        if volume_name.is_some_and(|v| !v.is_empty()) {
+            return Ok(false);
+        }
+        if !self.backend.should_provision(claim) {
+            return Ok(false);
+        }
+        let Some(provisioner) = decision::expected_provisioner(claim) else {
+            return Ok(false);
+        };
+        if !self.settings.names.is_known(provisioner) {
+            return Ok(false);
+        }
+        let class = self.class(&decision::claim_class(claim))?;
+        if class.volume_binding_mode.as_deref() == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER) {
+            // Delayed binding: only once the scheduler selected a node (the
+            // provisioner itself may have removed it to ask for rescheduling).
+            let selected = decision::annotation(claim, ANN_SELECTED_NODE);
+            return Ok(selected.is_some_and(|n| !n.is_empty()));
+        }
+        Ok(true)
+    }
+
+    /// Seed `provisionClaimOperation`: provision a volume for `claim` and queue
+    /// its PV. `Ok` only when the PV was queued (state `Finished`).
+    pub async fn provision_claim_operation(
+        &self,
+        claim: &PersistentVolumeClaim,
+    ) -> (ProvisioningState, Result<(), OpError>) {
+        let class_name = decision::claim_class(claim);
+        let op = format!(
+            "provision {:?} class {class_name:?}",
+            decision::claim_key(claim)
+        );
+        tracing::info!("{op}: started");
+
+        let Some(key) = ClaimKey::of(claim) else {
+            return (
+                ProvisioningState::NoChange,
+                Err(OpError::Failed(format!(
+                    "{op}: claim lacks a namespace, name or uid"
+                ))),
+            );
+        };
+        let pv_name = pv_name_for_claim_uid(&key.uid);
+        let known_locally = self
+            .queued
+            .lock()
+            .expect("queued poisoned")
+            .contains(&pv_name);
+        if known_locally || self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
+            tracing::info!("{op}: persistentvolume {pv_name:?} already exists, skipping");
+            return (ProvisioningState::Finished, Err(OpError::Stop));
+        }
+        match self.handoff.is_pending(&pv_name).await {
+            Ok(true) => {
+                tracing::info!(
+                    "{op}: persistentvolume {pv_name:?} is already queued for pv-writer, skipping"
+                );
+                return (ProvisioningState::Finished, Err(OpError::Stop));
+            }
+            Ok(false) => {}
+            Err(e) => {
+                return (
+                    ProvisioningState::NoChange,
+                    Err(OpError::Failed(format!(
+                        "checking pv-writer's queue for {pv_name:?}: {e}"
+                    ))),
+                )
+            }
+        }
+        let claim_ref = claim_reference(claim);
+
+        if decision::is_block(claim) && !self.backend.supports_block() {
+            let msg = format!(
+                "{} does not support block volume provisioning",
+                self.settings.names.name
+            );
+            tracing::error!("{op}: failed to provision volume: {msg}");
+            self.cluster
+                .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
+            return (ProvisioningState::Finished, Err(OpError::Stop));
+        }
+
+        // A missing class is retried: it can be (re)created independently of the claim.
+        let class = match self.class(&class_name) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("{op}: error getting claim's StorageClass's fields: {e}");
+                return (ProvisioningState::Finished, Err(OpError::Failed(e)));
+            }
+        };
+        if !self.settings.names.is_known(&class.provisioner) {
+            tracing::error!(
+                "{op}: unknown provisioner {:?} requested in claim's StorageClass",
+                class.provisioner
+            );
+            return (ProvisioningState::Finished, Err(OpError::Stop));
+        }
+
+        let mut selected_node = None;
+        if let Some(node_name) = decision::selected_node(claim) {
+            match self.cluster.get_node(node_name).await {
+                Ok(Some(node)) => selected_node = Some(node),
+                Ok(None) => {
+                    let err = format!("nodes {node_name:?} not found");
+                    return self
+                        .error_handling(ProvisioningState::Reschedule, err, claim, &op)
+                        .await;
+                }
+                Err(e) => {
+                    let err = format!("failed to get target node: {e}");
+                    self.cluster
+                        .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+                    return (ProvisioningState::NoChange, Err(OpError::Failed(err)));
+                }
+            }
+        }
+
+        let intent = ProvisionIntent {
+            version: SCHEMA_VERSION,
+            claim: key.clone(),
+            pv_name: pv_name.clone(),
+            class: class_name.clone(),
+            recorded_at_ms: now_ms(),
+        };
+        match self
+            .intents
+            .record(&intent, claim, self.is_in_background(&key.uid))
+            .await
+        {
+            Ok(true) => self.metrics.intents.inc(),
+            Ok(false) => {}
+            Err(e) => {
+                return (
+                    ProvisioningState::NoChange,
+                    Err(OpError::Failed(format!(
+                        "recording the provisioning intent of {pv_name:?}: {e}"
+                    ))),
+                )
+            }
+        }
+
+        let options = ProvisionOptions {
+            storage_class: class.as_ref().clone(),
+            pv_name: pv_name.clone(),
+            pvc: claim.clone(),
+            selected_node,
+        };
+        self.cluster.claim_event(
+            claim,
+            false,
+            reason::PROVISIONING,
+            format!(
+                "External provisioner is provisioning volume for claim {:?}",
+                decision::claim_key(claim)
+            ),
+        );
+
+        let mut volume = match self.backend.provision(&options).await {
+            Ok(v) => v,
+            Err(ProvisionError::Ignored { reason }) => {
+                tracing::info!("{op}: volume provision ignored: {reason}");
+                return (ProvisioningState::Finished, Err(OpError::Stop));
+            }
+            Err(ProvisionError::Failed { state, reason }) => {
+                let err = format!(
+                    "failed to provision volume with StorageClass {class_name:?}: {reason}"
+                );
+                return self.error_handling(state, err, claim, &op).await;
+            }
+        };
+        tracing::info!(
+            "{op}: volume {:?} provisioned",
+            volume.metadata.name.as_deref().unwrap_or_default()
+        );
+
+        let spec = volume.spec.get_or_insert_with(Default::default);
+        spec.claim_ref = Some(claim_ref);
+        spec.storage_class_name = Some(class_name.clone());
+        if self.settings.add_finalizer {
+            let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
+            if !finalizers.iter().any(|f| f == FINALIZER_PV) {
+                finalizers.push(FINALIZER_PV.to_string());
+            }
+        }
+        volume
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                ANN_DYNAMICALLY_PROVISIONED.to_string(),
+                class.provisioner.clone(),
+            );
+        tracing::info!("{op}: succeeded");
+
+        let entry = QueuedPvWrite {
+            version: SCHEMA_VERSION,
+            pv: volume,
+            claim: key,
+            class: class_name,
+            enqueued_at_ms: now_ms(),
+        };
+        if let Err(e) = self.handoff.enqueue(&entry).await {
+            return (
+                ProvisioningState::Finished,
+                Err(OpError::NotQueued(format!(
+                    "queueing PV {pv_name:?} for pv-writer: {e}"
+                ))),
+            );
+        }
+        self.queued
+            .lock()
+            .expect("queued poisoned")
+            .insert(entry.pv_name().to_string());
+        (ProvisioningState::Finished, Ok(()))
+    }
+
+    /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` event, then
+    /// reschedule (state `Reschedule` on a claim with a selected node), or pass
+    /// the state on (`Reschedule` without a selected node becomes `Finished`).
+    pub async fn error_handling(
+        &self,
+        state: ProvisioningState,
+        err: String,
+        claim: &PersistentVolumeClaim,
+        op: &str,
+    ) -> (ProvisioningState, Result<(), OpError>) {
+        self.cluster
+            .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+        let has_selected = decision::annotation(claim, ANN_SELECTED_NODE).is_some();
+        if has_selected && state == ProvisioningState::Reschedule {
+            if let Err(e) = self.reschedule(claim).await {
+                tracing::info!("{op}: volume rescheduling failed: {e}");
+                return (ProvisioningState::Finished, Err(OpError::Failed(err)));
+            }
+            tracing::info!("{op}: volume rescheduled because: {err}");
+            return (ProvisioningState::Finished, Err(OpError::Stop));
+        }
+        let state = if state == ProvisioningState::Reschedule {
+            ProvisioningState::Finished
+        } else {
+            state
+        };
+        (state, Err(OpError::Failed(err)))
+    }
+
+    /// Seed `rescheduleProvisioning`: remove the selected-node annotation (only
+    /// when present) so the scheduler picks a node again.
+    pub async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+        if decision::annotation(claim, ANN_SELECTED_NODE).is_none() {
+            return Ok(());
+        }
+        self.cluster.remove_selected_node(claim).await
+    }
+
+    /// Seed `syncClaim`: decide, provision, count, and keep the in-background
+    /// state. `Err` means the claim is to be retried.
+    pub async fn sync_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+        let class = decision::metrics_class(claim);
+        let should = match self.should_provision(claim) {
+            Ok(s) => s,
+            Err(e) => {
+                self.metrics
+                    .provision
+                    .failed_total
+                    .with_label_values(&[&class])
+                    .inc();
+                return Err(e);
+            }
+        };
+        if !should {
+            return Ok(());
+        }
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let start = Instant::now();
+        self.metrics.in_flight.inc();
+        let (state, result) = self.provision_claim_operation(claim).await;
+        self.metrics.in_flight.dec();
+        match &result {
+            Ok(()) => {
+                self.metrics
+                    .provision
+                    .duration_seconds
+                    .with_label_values(&[&class])
+                    .observe(start.elapsed().as_secs_f64());
+                self.metrics
+                    .provision
+                    .total
+                    .with_label_values(&[&class])
+                    .inc();
+            }
+            Err(_) => self
+                .metrics
+                .provision
+                .failed_total
+                .with_label_values(&[&class])
+                .inc(),
+        }
+
+        if result.is_ok() || state == ProvisioningState::Finished {
+            // Not in progress any more.
+            self.set_in_background(&uid, None);
+            if !matches!(result, Err(OpError::NotQueued(_))) {
+                self.clear_intent(&pv_name_for_claim_uid(&uid)).await;
+            }
+            return match result {
+                Ok(()) | Err(OpError::Stop) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        if state == ProvisioningState::InBackground {
+            tracing::info!(claim = %decision::claim_key(claim), "temporary error; claim is provisioning in background");
+            self.set_in_background(&uid, Some(claim));
+            self.mark_in_background(claim).await;
+        }
+        // NoChange: keep whatever in-progress state exists.
+        Err(result.err().map(|e| e.to_string()).unwrap_or_default())
+    }
+
+    async fn mark_in_background(&self, claim: &PersistentVolumeClaim) {
+        let Some(key) = ClaimKey::of(claim) else {
+            return;
+        };
+        let intent = ProvisionIntent {
+            version: SCHEMA_VERSION,
+            pv_name: pv_name_for_claim_uid(&key.uid),
+            claim: key,
+            class: decision::claim_class(claim),
+            recorded_at_ms: now_ms(),
+        };
+        match self.intents.record(&intent, claim, true).await {
+            Ok(true) => self.metrics.intents.inc(),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(pv = %intent.pv_name, error = %e, "cannot mark the claim as provisioning in background in Redis; it is remembered in memory only")
+            }
+        }
+    }
+
+    /// Clear the intent of `pv_name`, keeping the gauge in step; failures are
+    /// logged (a stale intent is re-checked by the next leader's start-up walk).
+    pub async fn clear_intent(&self, pv_name: &str) {
+        match self.intents.clear(pv_name).await {
+            Ok(true) => self.metrics.intents.dec(),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(pv = pv_name, error = %e, "cannot clear the provisioning intent")
+            }
+        }
+    }
+
+    /// Seed `processNextClaimWorkItem` + `syncClaimHandler` for one claim uid:
+    /// sync the cached claim (or its in-background snapshot), then forget it on
+    /// success, or requeue it with backoff while the failure threshold allows.
+    pub async fn process(&self, uid: &str) {
+        let claim = match self.claim_by_uid(uid) {
+            Some(c) => c.as_ref().clone(),
+            None => {
+                let snapshot = self
+                    .in_background
+                    .lock()
+                    .expect("in-background poisoned")
+                    .get(uid)
+                    .cloned();
+                match snapshot {
+                    Some(c) => c,
+                    None => {
+                        tracing::debug!(uid, "claim in work queue no longer exists");
+                        self.uid_index
+                            .lock()
+                            .expect("uid index poisoned")
+                            .remove(uid);
+                        self.queued
+                            .lock()
+                            .expect("queued poisoned")
+                            .remove(&pv_name_for_claim_uid(uid));
+                        self.retry.forget(&uid.to_string());
+                        return;
+                    }
+                }
+            }
+        };
+        let result = match self.settings.provision_timeout {
+            Some(t) if !t.is_zero() => tokio::time::timeout(t, self.sync_claim(&claim))
+                .await
+                .unwrap_or_else(|_| Err(format!("provisioning timed out after {t:?}"))),
+            _ => self.sync_claim(&claim).await,
+        };
+        let key = uid.to_string();
+        match result {
+            Ok(()) => {
+                self.retry.forget(&key);
+                self.set_in_background(uid, None);
+            }
+            Err(err) => {
+                let requeues = self.retry.requeues(&key);
+                let claim_name = decision::claim_key(&claim);
+                if self.settings.failure_threshold.allows_retry(requeues) {
+                    let delay = self.retry.next_delay(&key);
+                    tracing::warn!(claim = %claim_name, uid, failures = requeues, ?delay, error = %err, "retrying syncing claim");
+                    self.queue.add_after(uid, delay);
+                } else {
+                    tracing::error!(claim = %claim_name, uid, failures = requeues, threshold = self.settings.failure_threshold.0, error = %err,
+                        "giving up syncing claim; its provisioning intent (if any) is kept for the next leader's start-up walk");
+                    // Done but not forgotten: the count stays until the claim is gone.
+                    self.set_in_background(uid, None);
+                }
+            }
+        }
+    }
+}
+
+/// Reference to `claim` for the PV's `claimRef` (seed `ref.GetReference`).
+pub fn claim_reference(claim: &PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("PersistentVolumeClaim".into()),
+        namespace: claim.metadata.namespace.clone(),
+        name: claim.metadata.name.clone(),
+        uid: claim.metadata.uid.clone(),
+        resource_version: claim.metadata.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,294 @@
+//! The side effects of the provision operation, behind small traits so the
+//! seed's decision logic can be tested without a cluster or Redis:
+//!
+//! * [`ClusterApi`] — node lookup, the reschedule PATCH, claim events
+//!   ([`KubeCluster`] over the Kubernetes API);
+//! * [`PvHandoff`] — pv-writer's durable queue ([`common::queue::PvQueue`]);
+//! * [`IntentLog`] — durable provisioning intents ([`common::intents::IntentStore`]).
+//!
+//! Errors are plain strings: every caller turns them into an event or a log
+//! line and a retry.
+
+use api_types::queue::{ProvisionIntent, QueuedPvWrite};
+use api_types::ANN_SELECTED_NODE;
+use async_trait::async_trait;
+use common::events::{reason, EventSink};
+use common::intents::IntentStore;
+use common::queue::PvQueue;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+use tokio::sync::mpsc;
+
+/// Kubernetes calls the provision operation makes.
+#[async_trait]
+pub trait ClusterApi: Send + Sync + 'static {
+    /// GET the node `name`: `Ok(None)` when it does not exist (404), `Err` for
+    /// any other failure (seed: "failed to get target node").
+    async fn get_node(&self, name: &str) -> Result<Option<Node>, String>;
+
+    /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
+    /// patch (`{"metadata":{"annotations":{"volume.kubernetes.io/selected-node":null}}}`).
+    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String>;
+
+    /// Record an event on `claim` (Normal, or Warning when `warning`). Never
+    /// fails and never blocks on the API server: events are informative.
+    fn claim_event(&self, claim: &PersistentVolumeClaim, warning: bool, reason: &str, note: String);
+}
+
+/// pv-writer's durable queue, as provision-svc uses it.
+#[async_trait]
+pub trait PvHandoff: Send + Sync + 'static {
+    /// Whether a PV write for `pv_name` is queued and not yet done.
+    async fn is_pending(&self, pv_name: &str) -> Result<bool, String>;
+    /// Queue `entry` (atomic, idempotent per PV name).
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String>;
+}
+
+/// Durable provisioning intents, as provision-svc uses them.
+#[async_trait]
+pub trait IntentLog: Send + Sync + 'static {
+    /// Record `intent` with a snapshot of `claim` and the in-background flag;
+    /// true when the intent is new.
+    async fn record(
+        &self,
+        intent: &ProvisionIntent,
+        claim: &PersistentVolumeClaim,
+        in_background: bool,
+    ) -> Result<bool, String>;
+    /// Clear the intent of `pv_name`; true when one was removed.
+    async fn clear(&self, pv_name: &str) -> Result<bool, String>;
+}
+
+#[async_trait]
+impl PvHandoff for PvQueue {
+    async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
+        PvQueue::is_pending(self, pv_name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String> {
+        PvQueue::enqueue(self, entry)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+#[async_trait]
+impl IntentLog for IntentStore {
+    async fn record(
+        &self,
+        intent: &ProvisionIntent,
+        claim: &PersistentVolumeClaim,
+        in_background: bool,
+    ) -> Result<bool, String> {
+        self.record_with_claim(intent, claim, in_background)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn clear(&self, pv_name: &str) -> Result<bool, String> {
+        IntentStore::clear(self, pv_name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// How many events are published concurrently by [`KubeCluster`].
+pub const EVENT_PUBLISHERS: usize = 16;
+
+struct PendingEvent {
+    claim: PersistentVolumeClaim,
+    warning: bool,
+    reason: String,
+    note: String,
+}
+
+/// [`ClusterApi`] over the Kubernetes API. Events are handed to a background
+/// publisher (at most [`EVENT_PUBLISHERS`] in flight), so provisioning never
+/// waits for the client-side rate limit on events; the publisher drains what
+/// is left when the last `KubeCluster` clone is dropped.
+#[derive(Clone)]
+pub struct KubeCluster {
+    client: Client,
+    events: mpsc::UnboundedSender<PendingEvent>,
+}
+
+impl KubeCluster {
+    /// A cluster API reporting events as `component`/`instance`; returns the
+    /// publisher task, which ends once every clone is dropped and all events
+    /// are published.
+    pub fn new(
+        client: Client,
+        component: &str,
+        instance: &str,
+    ) -> (Self, tokio::task::JoinHandle<()>) {
+        let sink = EventSink::new(client.clone(), component, instance);
+        let (tx, rx) = mpsc::unbounded_channel::<PendingEvent>();
+        let stream =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
+        let publisher = tokio::spawn(stream.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
+            let sink = sink.clone();
+            async move {
+                let object = common::events::reference(&e.claim);
+                let action = if e.reason == reason::PROVISIONING {
+                    "Provision"
+                } else {
+                    "ProvisionFailed"
+                };
+                sink.publish(&object, e.warning, &e.reason, action, e.note)
+                    .await;
+            }
+        }));
+        (Self { client, events: tx }, publisher)
+    }
+}
+
+#[async_trait]
+impl ClusterApi for KubeCluster {
+    async fn get_node(&self, name: &str) -> Result<Option<Node>, String> {
+        if name.is_empty() {
+            return Err("resource name may not be empty".to_string());
+        }
+        Api::<Node>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let patch = serde_json::json!({"metadata": {"annotations": {ANN_SELECTED_NODE: null}}});
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                format!(
+                    "delete annotation {ANN_SELECTED_NODE:?} for PersistentVolumeClaim \"{namespace}/{name}\": {e}"
+                )
+            })
+    }
+
+    fn claim_event(
+        &self,
+        claim: &PersistentVolumeClaim,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let _ = self.events.send(PendingEvent {
+            claim: claim.clone(),
+            warning,
+            reason: reason.to_string(),
+            note,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Method, Request, Response};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::client::Body;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn cluster() -> (KubeCluster, Handle) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "default");
+        let (cluster, _publisher) = KubeCluster::new(client, "provision-svc", "test");
+        (cluster, handle)
+    }
+
+    fn json_response(status: u16, body: serde_json::Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn node_lookup_maps_404_to_none_and_other_errors_to_err() {
+        let (cluster, mut handle) = cluster();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), Method::GET);
+            assert_eq!(req.uri().path(), "/api/v1/nodes/gone");
+            send.send_response(json_response(
+                404,
+                serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "nodes \"gone\" not found", "reason": "NotFound", "code": 404}),
+            ));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.uri().path(), "/api/v1/nodes/n1");
+            send.send_response(json_response(
+                200,
+                serde_json::json!({
+                "kind": "Node", "apiVersion": "v1", "metadata": {"name": "n1"}}),
+            ));
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(json_response(
+                500,
+                serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "etcd down", "reason": "InternalError", "code": 500}),
+            ));
+        });
+        assert_eq!(cluster.get_node("gone").await, Ok(None));
+        let node = cluster.get_node("n1").await.unwrap().unwrap();
+        assert_eq!(node.metadata.name.as_deref(), Some("n1"));
+        let err = cluster.get_node("n2").await.unwrap_err();
+        assert!(err.contains("etcd down"), "{err}");
+        assert_eq!(
+            cluster.get_node("").await,
+            Err("resource name may not be empty".to_string())
+        );
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn reschedule_is_a_merge_patch_nulling_the_selected_node() {
+        let (cluster, mut handle) = cluster();
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), Method::PATCH);
+            assert_eq!(
+                req.uri().path(),
+                "/api/v1/namespaces/ns/persistentvolumeclaims/data"
+            );
+            assert_eq!(
+                req.headers().get("content-type").unwrap(),
+                "application/merge-patch+json"
+            );
+            let body = req.into_body().collect_bytes().await.unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(
+                body,
+                serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": null}}})
+            );
+            send.send_response(json_response(
+                200,
+                serde_json::json!({
+                "kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                "metadata": {"name": "data", "namespace": "ns"}}),
+            ));
+        });
+        let claim = PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("data".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        cluster.remove_selected_node(&claim).await.unwrap();
+        server.await.unwrap();
+    }
+}
