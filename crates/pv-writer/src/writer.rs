@@ -10,9 +10,14 @@
 //!   asset is never deleted (an operator decides, then requeues);
 //! * anything else (5xx, 429, 403/401 while RBAC is fixed, timeouts, connection
 //!   errors) → retry after `initial · 2^(attempts-1)` capped at `--retry-max`,
-//!   less up to 20 % jitter, forever. The first success after a failure pulls
-//!   every waiting retry forward to now, so the queue starts again as soon as the
-//!   API server is back;
+//!   less up to 20 % jitter, forever. While failures happen, a probe (`get` of
+//!   the last failed PV, every `--retry-initial` clamped to 100 ms..5 s) watches
+//!   the API server; when a probe fails the API server counts as down, and the
+//!   first probe or write that succeeds afterwards pulls every waiting retry
+//!   forward to now, so the queue starts again as soon as the API server is back.
+//!   A write that failed while the API server was down but settles after it came
+//!   back is retried at once too. One entry failing on its own (API server up)
+//!   keeps its backoff;
 //! * a garbled or unknown-version payload, or one whose PV name differs from its
 //!   queue key → dead-lettered with an error log line naming the PV; the worker
 //!   carries on.
@@ -153,6 +158,13 @@ pub async fn write_pv(
     }
 }
 
+/// Whether an API answer with HTTP `code` means the API server cannot serve
+/// writes right now: 5xx, 429 Too Many Requests, 401/403 (credentials or RBAC
+/// being fixed). Used by the probe; a 404 means the API server is up.
+pub fn is_transient_code(code: u16) -> bool {
+    code >= 500 || code == 429 || code == 401 || code == 403
+}
+
 /// Retry delay after the `attempts`-th consecutive failure (1-based):
 /// `initial · 2^(attempts-1)` capped at `max`, times a random factor in [0.8, 1].
 pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration {
@@ -167,10 +179,14 @@ pub struct Writer {
     events: EventSink,
     metrics: WriterMetrics,
     config: WriterConfig,
-    /// A transient failure happened since the last success.
+    /// A transient failure happened since the last probe.
     degraded: AtomicBool,
-    /// Time (ms) of the last successful write.
-    last_success_ms: AtomicU64,
+    /// A probe failed and nothing succeeded since: the API server is down.
+    api_down: AtomicBool,
+    /// When (ms) the API server was last seen coming back.
+    recovered_at_ms: AtomicU64,
+    /// PV name of the last transient failure, probed with `get`.
+    probe_name: std::sync::Mutex<String>,
 }
 
 impl Writer {
@@ -190,7 +206,58 @@ impl Writer {
             metrics,
             config,
             degraded: AtomicBool::new(false),
-            last_success_ms: AtomicU64::new(0),
+            api_down: AtomicBool::new(false),
+            recovered_at_ms: AtomicU64::new(0),
+            probe_name: std::sync::Mutex::new(String::new()),
+        }
+    }
+
+    /// The API server answered: if it was down, pull every waiting retry forward.
+    async fn api_is_up(&self) {
+        if self.api_down.swap(false, Ordering::SeqCst) {
+            self.recovered_at_ms.store(now_ms(), Ordering::SeqCst);
+            match self.queue.pull_forward_retries(now_ms()).await {
+                Ok(n) => tracing::info!(
+                    entries = n,
+                    "API server accepts requests again; retrying waiting PV writes now"
+                ),
+                Err(err) => tracing::warn!(error = %err, "could not pull waiting retries forward"),
+            }
+        }
+    }
+
+    /// While transient failures happen, probe the API server every `interval`.
+    async fn probe_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let interval = self
+            .config
+            .retry_initial
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let timeout = self.config.write_timeout.min(Duration::from_secs(5));
+        loop {
+            if sleep_or_cancel(interval, &shutdown).await {
+                return;
+            }
+            if !self.degraded.swap(false, Ordering::SeqCst) && !self.api_down.load(Ordering::SeqCst)
+            {
+                continue;
+            }
+            let name = self.probe_name.lock().expect("probe name poisoned").clone();
+            match tokio::time::timeout(timeout, self.api.get_opt(&name)).await {
+                Ok(Ok(_)) => self.api_is_up().await,
+                Ok(Err(kube::Error::Api(s))) if !is_transient_code(s.code) => {
+                    self.api_is_up().await
+                }
+                Ok(Err(err)) => {
+                    if !self.api_down.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(error = %err, "API server unavailable; PV writes wait for it");
+                    }
+                }
+                Err(_) => {
+                    if !self.api_down.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(?timeout, "API server not answering; PV writes wait for it");
+                    }
+                }
+            }
         }
     }
 
@@ -225,6 +292,7 @@ impl Writer {
         }
         readiness.set_ready(true);
         let stats_task = tokio::spawn(self.clone().refresh_stats(shutdown.clone()));
+        let probe_task = tokio::spawn(self.clone().probe_loop(shutdown.clone()));
 
         let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
@@ -287,6 +355,7 @@ impl Writer {
         );
         while tasks.join_next().await.is_some() {}
         stats_task.abort();
+        probe_task.abort();
         Ok(())
     }
 
@@ -359,20 +428,8 @@ impl Writer {
                     return;
                 };
                 self.metrics.writes_total.with_label_values(&[label]).inc();
-                self.last_success_ms.fetch_max(now_ms(), Ordering::SeqCst);
                 tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
-                if self.degraded.swap(false, Ordering::SeqCst) {
-                    match self.queue.pull_forward_retries(now_ms()).await {
-                        Ok(n) if n > 0 => tracing::info!(
-                            entries = n,
-                            "API server accepts writes again; retrying waiting PV writes now"
-                        ),
-                        Ok(_) => {}
-                        Err(err) => {
-                            tracing::warn!(error = %err, "could not pull waiting retries forward")
-                        }
-                    }
-                }
+                self.api_is_up().await;
                 self.events
                     .publish(
                         &claim_reference(&entry.claim),
@@ -401,12 +458,13 @@ impl Writer {
                 }
             }
             WriteResult::Transient(reason) => {
+                *self.probe_name.lock().expect("probe name poisoned") = pv_name.clone();
                 self.degraded.store(true, Ordering::SeqCst);
                 let attempts = taken.attempts.saturating_add(1);
-                // The API server accepted another write while this one failed: it
-                // is back, so retry soon instead of waiting out the full backoff.
-                let delay = if self.last_success_ms.load(Ordering::SeqCst) > started_ms {
-                    self.config.retry_initial
+                // Sent while the API server was down, and it is back now: retry at
+                // once instead of waiting out the backoff.
+                let delay = if started_ms < self.recovered_at_ms.load(Ordering::SeqCst) {
+                    Duration::ZERO
                 } else {
                     retry_delay(self.config.retry_initial, self.config.retry_max, attempts)
                 };
