@@ -1,0 +1,561 @@
+//! The delete operation and finalizer handling against a small in-memory PV API
+//! (GET, merge PATCH with resourceVersion checks, DELETE with finalizers and
+//! uid preconditions, event POSTs), with a fake backend counting delete calls.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api_types::{DeleteError, ProvisionError, ProvisionOptions};
+use api_types::{ANN_DYNAMICALLY_PROVISIONED, FINALIZER_PV, FINALIZER_PV_PROTECTION};
+use common::metrics::{render, DeleteMetrics};
+use common::retry::{FailureThreshold, RetryPolicy};
+use common::Provisioner;
+use http::{Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::client::Body;
+use kube::runtime::{reflector, watcher};
+use kube::{Api, Client};
+use prometheus::Registry;
+use reclaim_svc::controller::{process_item, LoopConfig};
+use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
+use reclaim_svc::workqueue::WorkQueue;
+
+const ME: &str = "example.com/hostpath";
+
+// ---------------------------------------------------------------- fake API
+
+#[derive(Default)]
+struct ApiState {
+    pvs: HashMap<String, PersistentVolume>,
+    next_rv: u64,
+    /// Fail this many PV DELETE calls with 500 before serving them.
+    fail_deletes: usize,
+    /// Requests seen, as "METHOD name".
+    log: Vec<String>,
+}
+
+#[derive(Clone, Default)]
+struct FakeApi(Arc<Mutex<ApiState>>);
+
+impl FakeApi {
+    fn put(&self, mut pv: PersistentVolume) {
+        let mut s = self.0.lock().unwrap();
+        s.next_rv += 1;
+        pv.metadata.resource_version = Some(s.next_rv.to_string());
+        s.pvs.insert(pv.metadata.name.clone().unwrap(), pv);
+    }
+    fn get(&self, name: &str) -> Option<PersistentVolume> {
+        self.0.lock().unwrap().pvs.get(name).cloned()
+    }
+    fn log(&self) -> Vec<String> {
+        self.0.lock().unwrap().log.clone()
+    }
+    fn client(&self) -> Client {
+        let state = self.0.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let state = state.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let bytes = body.collect_bytes().await.unwrap();
+                let resp = handle(&state, &parts.method, parts.uri.path(), &bytes);
+                Ok::<_, std::convert::Infallible>(resp)
+            }
+        });
+        Client::new(svc, "default")
+    }
+}
+
+fn json(code: StatusCode, v: serde_json::Value) -> Response<Body> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&v).unwrap()))
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str) -> Response<Body> {
+    json(
+        StatusCode::from_u16(code).unwrap(),
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": reason, "reason": reason, "code": code}),
+    )
+}
+
+fn handle(
+    state: &Mutex<ApiState>,
+    method: &http::Method,
+    path: &str,
+    body: &[u8],
+) -> Response<Body> {
+    let mut s = state.lock().unwrap();
+    if path.contains("/events") {
+        s.log
+            .push(format!("{method} event {}", String::from_utf8_lossy(body)));
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        return json(StatusCode::CREATED, v);
+    }
+    let name = path
+        .strip_prefix("/api/v1/persistentvolumes/")
+        .unwrap_or("")
+        .to_string();
+    s.log.push(format!("{method} {name}"));
+    let Some(current) = s.pvs.get(&name).cloned() else {
+        return status(404, "NotFound");
+    };
+    match *method {
+        http::Method::GET => json(StatusCode::OK, serde_json::to_value(&current).unwrap()),
+        http::Method::PATCH => {
+            let patch: serde_json::Value = serde_json::from_slice(body).unwrap();
+            let meta = &patch["metadata"];
+            // Only finalizers and resourceVersion may be sent.
+            let keys: Vec<&String> = meta.as_object().unwrap().keys().collect();
+            assert!(
+                keys.iter()
+                    .all(|k| *k == "finalizers" || *k == "resourceVersion"),
+                "{patch}"
+            );
+            assert_eq!(patch.as_object().unwrap().len(), 1, "{patch}");
+            if meta["resourceVersion"].as_str() != current.metadata.resource_version.as_deref() {
+                return status(409, "Conflict");
+            }
+            let mut pv = current;
+            pv.metadata.finalizers = serde_json::from_value(meta["finalizers"].clone()).unwrap();
+            s.next_rv += 1;
+            pv.metadata.resource_version = Some(s.next_rv.to_string());
+            if pv.metadata.deletion_timestamp.is_some()
+                && pv.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty())
+            {
+                s.pvs.remove(&name);
+            } else {
+                s.pvs.insert(name, pv.clone());
+            }
+            json(StatusCode::OK, serde_json::to_value(&pv).unwrap())
+        }
+        http::Method::DELETE => {
+            if s.fail_deletes > 0 {
+                s.fail_deletes -= 1;
+                return status(500, "InternalError");
+            }
+            let opts: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            if let Some(uid) = opts["preconditions"]["uid"].as_str() {
+                if Some(uid) != current.metadata.uid.as_deref() {
+                    return status(409, "Conflict");
+                }
+            }
+            let mut pv = current;
+            if pv.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty()) {
+                s.pvs.remove(&name);
+            } else {
+                pv.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+                );
+                s.next_rv += 1;
+                pv.metadata.resource_version = Some(s.next_rv.to_string());
+                s.pvs.insert(name, pv.clone());
+            }
+            json(StatusCode::OK, serde_json::to_value(&pv).unwrap())
+        }
+        _ => status(405, "MethodNotAllowed"),
+    }
+}
+
+// ---------------------------------------------------------------- fakes
+
+struct FakeBackend {
+    calls: AtomicUsize,
+    answer: Mutex<Result<(), DeleteError>>,
+}
+
+impl FakeBackend {
+    fn new(answer: Result<(), DeleteError>) -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            answer: Mutex::new(answer),
+        })
+    }
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for FakeBackend {
+    async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
+        unreachable!("reclaim never provisions")
+    }
+    async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.answer.lock().unwrap().clone()
+    }
+}
+
+#[derive(Default)]
+struct Events(Mutex<Vec<(String, String)>>);
+
+#[async_trait::async_trait]
+impl EventPublisher for Events {
+    async fn warn(&self, volume: &PersistentVolume, reason: &str, note: String) {
+        let _ = volume;
+        self.0.lock().unwrap().push((reason.to_string(), note));
+    }
+}
+
+fn released(name: &str, finalizers: &[&str]) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            annotations: Some(BTreeMap::from([(
+                ANN_DYNAMICALLY_PROVISIONED.to_string(),
+                ME.to_string(),
+            )])),
+            finalizers: (!finalizers.is_empty())
+                .then(|| finalizers.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some("Delete".into()),
+            storage_class_name: Some("fast".into()),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some("Released".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+struct Harness {
+    api: FakeApi,
+    backend: Arc<FakeBackend>,
+    events: Arc<Events>,
+    registry: Registry,
+    reclaimer: Reclaimer,
+}
+
+fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
+    let api = FakeApi::default();
+    let backend = FakeBackend::new(answer);
+    let events = Arc::new(Events::default());
+    let registry = Registry::new();
+    let metrics = DeleteMetrics::register(&registry);
+    let reclaimer = Reclaimer::new(
+        Api::all(api.client()),
+        backend.clone(),
+        events.clone(),
+        metrics,
+        ME.to_string(),
+        add_finalizer,
+    );
+    Harness {
+        api,
+        backend,
+        events,
+        registry,
+        reclaimer,
+    }
+}
+
+fn stored(h: &Harness, name: &str) -> PersistentVolume {
+    h.api.get(name).expect("PV present")
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn released_volume_is_deleted_then_its_pv() {
+    let h = harness(Ok(()), false);
+    h.api.put(released("pvc-1", &[]));
+    h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
+    assert_eq!(h.backend.calls(), 1);
+    assert!(h.api.get("pvc-1").is_none());
+    assert_eq!(h.api.log(), vec!["DELETE pvc-1"]);
+    let text = render(&h.registry);
+    assert!(
+        text.contains("controller_persistentvolume_delete_total{class=\"fast\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "controller_persistentvolume_delete_duration_seconds_count{class=\"fast\"} 1\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        !text.contains("controller_persistentvolume_delete_failed_total{"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn with_finalizer_the_pv_outlives_the_asset_and_only_our_finalizer_is_removed() {
+    let h = harness(Ok(()), true);
+    h.api
+        .put(released("pvc-1", &[FINALIZER_PV_PROTECTION, FINALIZER_PV]));
+    h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
+    assert_eq!(h.backend.calls(), 1);
+    let pv = stored(&h, "pvc-1");
+    assert!(pv.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        pv.metadata.finalizers,
+        Some(vec![FINALIZER_PV_PROTECTION.to_string()])
+    );
+    assert_eq!(h.api.log(), vec!["DELETE pvc-1", "PATCH pvc-1"]);
+}
+
+#[tokio::test]
+async fn backend_failure_publishes_volume_failed_delete_and_counts_a_failure() {
+    let h = harness(
+        Err(DeleteError::Failed {
+            reason: "disk on fire".into(),
+        }),
+        false,
+    );
+    h.api.put(released("pvc-1", &[]));
+    let err = h
+        .reclaimer
+        .sync_volume(&stored(&h, "pvc-1"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SyncError::Backend { .. }), "{err}");
+    assert!(h.api.get("pvc-1").is_some(), "PV kept");
+    assert_eq!(
+        *h.events.0.lock().unwrap(),
+        vec![("VolumeFailedDelete".to_string(), "disk on fire".to_string())]
+    );
+    let text = render(&h.registry);
+    assert!(
+        text.contains("controller_persistentvolume_delete_failed_total{class=\"fast\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("controller_persistentvolume_delete_total{"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn refused_delete_is_reported_and_nothing_else_happens() {
+    let h = harness(
+        Err(DeleteError::Refused {
+            reason: "path outside base".into(),
+        }),
+        false,
+    );
+    h.api.put(released("pvc-1", &[]));
+    assert!(h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.is_err());
+    assert!(h.api.get("pvc-1").is_some());
+    assert_eq!(
+        *h.events.0.lock().unwrap(),
+        vec![(
+            "VolumeFailedDelete".to_string(),
+            "deletion refused: path outside base".to_string()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn ignored_delete_leaves_the_pv() {
+    let h = harness(
+        Err(DeleteError::Ignored {
+            reason: "not mine".into(),
+        }),
+        false,
+    );
+    h.api.put(released("pvc-1", &[]));
+    h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
+    assert_eq!(h.backend.calls(), 1);
+    assert!(h.api.get("pvc-1").is_some());
+    assert!(h.api.log().is_empty());
+    assert!(h.events.0.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn second_delivery_after_a_failed_pv_delete_does_not_call_the_backend_again() {
+    let h = harness(Ok(()), false);
+    h.api.put(released("pvc-1", &[]));
+    h.api.0.lock().unwrap().fail_deletes = 1;
+    let pv = stored(&h, "pvc-1");
+    let err = h.reclaimer.sync_volume(&pv).await.unwrap_err();
+    assert!(matches!(err, SyncError::DeletePv { .. }), "{err}");
+    assert!(h.reclaimer.asset_deleted("uid-pvc-1"));
+    h.reclaimer.sync_volume(&pv).await.unwrap();
+    assert_eq!(h.backend.calls(), 1);
+    assert!(h.api.get("pvc-1").is_none());
+    h.reclaimer.forget_uid("uid-pvc-1");
+    assert!(!h.reclaimer.asset_deleted("uid-pvc-1"));
+}
+
+#[tokio::test]
+async fn pv_replaced_under_the_same_name_is_not_deleted() {
+    let h = harness(Ok(()), false);
+    let old = released("pvc-1", &[]);
+    let mut newer = old.clone();
+    newer.metadata.uid = Some("another-uid".into());
+    h.api.put(newer);
+    // The cache still shows the old object.
+    h.reclaimer.sync_volume(&old).await.unwrap();
+    assert_eq!(
+        h.api.get("pvc-1").unwrap().metadata.uid.as_deref(),
+        Some("another-uid")
+    );
+}
+
+#[tokio::test]
+async fn finalizer_is_added_by_patch_and_a_concurrent_change_is_kept() {
+    let h = harness(Ok(()), true);
+    let mut bound = released("pvc-1", &[FINALIZER_PV_PROTECTION]);
+    bound.status.as_mut().unwrap().phase = Some("Bound".into());
+    h.api.put(bound);
+    let cached = stored(&h, "pvc-1");
+    // Another controller adds its finalizer after our cache was filled.
+    let mut changed = cached.clone();
+    changed
+        .metadata
+        .finalizers
+        .as_mut()
+        .unwrap()
+        .push("other.io/keep".into());
+    h.api.put(changed);
+
+    h.reclaimer.sync_volume(&cached).await.unwrap();
+    assert_eq!(
+        stored(&h, "pvc-1").metadata.finalizers,
+        Some(vec![
+            FINALIZER_PV_PROTECTION.to_string(),
+            "other.io/keep".to_string(),
+            FINALIZER_PV.to_string()
+        ])
+    );
+    assert_eq!(h.api.log(), vec!["PATCH pvc-1", "GET pvc-1", "PATCH pvc-1"]);
+    assert_eq!(h.backend.calls(), 0, "a Bound PV is not deleted");
+}
+
+#[tokio::test]
+async fn finalizer_is_removed_when_the_option_is_off_and_pvs_of_others_are_untouched() {
+    let h = harness(Ok(()), false);
+    let mut bound = released("pvc-1", &[FINALIZER_PV, FINALIZER_PV_PROTECTION]);
+    bound.status.as_mut().unwrap().phase = Some("Bound".into());
+    let mut theirs = bound.clone();
+    theirs.metadata.name = Some("pvc-2".into());
+    theirs
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(ANN_DYNAMICALLY_PROVISIONED.into(), "other.io/nfs".into());
+    h.api.put(bound);
+    h.api.put(theirs);
+    h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
+    h.reclaimer.sync_volume(&stored(&h, "pvc-2")).await.unwrap();
+    assert_eq!(
+        stored(&h, "pvc-1").metadata.finalizers,
+        Some(vec![FINALIZER_PV_PROTECTION.to_string()])
+    );
+    assert_eq!(
+        stored(&h, "pvc-2").metadata.finalizers,
+        Some(vec![
+            FINALIZER_PV.to_string(),
+            FINALIZER_PV_PROTECTION.to_string()
+        ])
+    );
+    assert_eq!(h.api.log(), vec!["PATCH pvc-1"]);
+}
+
+#[tokio::test]
+async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
+    let h = harness(
+        Err(DeleteError::Failed {
+            reason: "boom".into(),
+        }),
+        false,
+    );
+    let pv = released("pvc-1", &[]);
+    h.api.put(pv.clone());
+    let (store, mut writer) = reflector::store::<PersistentVolume>();
+    writer.apply_watcher_event(&watcher::Event::Apply(stored(&h, "pvc-1")));
+    let queue = WorkQueue::new();
+    let retry = RetryPolicy::<String>::new(Duration::ZERO, Duration::ZERO, 0.0, 1);
+    let config = LoopConfig {
+        workers: 1,
+        threshold: FailureThreshold(3),
+        deletion_timeout: Duration::ZERO,
+        resync_period: Duration::ZERO,
+    };
+    let key = "pvc-1".to_string();
+    queue.add(&key);
+    for attempt in 1..=4u32 {
+        let k = queue.get().await.expect("PV queued");
+        assert!(
+            process_item(&k, &store, &h.reclaimer, &queue, &retry, &config)
+                .await
+                .is_err()
+        );
+        queue.done(&k);
+        // Requeued while the failures before this one (attempt - 1) are < 3;
+        // the 4th failure gives up and keeps the count ("Done but not Forget").
+        assert_eq!(queue.len(), usize::from(attempt <= 3), "attempt {attempt}");
+        assert_eq!(retry.requeues(&key), attempt.min(3), "attempt {attempt}");
+    }
+    assert_eq!(h.backend.calls(), 4);
+    assert_eq!(h.events.0.lock().unwrap().len(), 4);
+
+    // A PV gone from the cache is done: failures are forgotten.
+    let (empty, _w) = reflector::store::<PersistentVolume>();
+    process_item("pvc-1", &empty, &h.reclaimer, &queue, &retry, &config)
+        .await
+        .unwrap();
+    assert_eq!(retry.requeues(&"pvc-1".to_string()), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletion_timeout_bounds_a_slow_backend() {
+    struct Slow;
+    #[async_trait::async_trait]
+    impl Provisioner for Slow {
+        async fn provision(
+            &self,
+            _: &ProvisionOptions,
+        ) -> Result<PersistentVolume, ProvisionError> {
+            unreachable!()
+        }
+        async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Ok(())
+        }
+    }
+    let api = FakeApi::default();
+    api.put(released("pvc-1", &[]));
+    let reclaimer = Reclaimer::new(
+        Api::all(api.client()),
+        Arc::new(Slow),
+        Arc::new(Events::default()),
+        DeleteMetrics::register(&Registry::new()),
+        ME.into(),
+        false,
+    );
+    let (store, mut writer) = reflector::store::<PersistentVolume>();
+    writer.apply_watcher_event(&watcher::Event::Apply(api.get("pvc-1").unwrap()));
+    let config = LoopConfig {
+        workers: 1,
+        threshold: FailureThreshold(15),
+        deletion_timeout: Duration::from_secs(5),
+        resync_period: Duration::ZERO,
+    };
+    let retry = RetryPolicy::<String>::new(Duration::from_secs(1), Duration::from_secs(1), 0.0, 1);
+    let err = process_item(
+        "pvc-1",
+        &store,
+        &reclaimer,
+        &WorkQueue::new(),
+        &retry,
+        &config,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, SyncError::Timeout { .. }), "{err}");
+    assert!(api.get("pvc-1").is_some());
+}
