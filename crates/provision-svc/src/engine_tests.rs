@@ -1,0 +1,1021 @@
+//! Tests of the claim logic with fake ports and a fake backend.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api_types::queue::{ProvisionIntent, QueuedPvWrite};
+use api_types::{
+    DeleteError, ProvisionError, ProvisionOptions, ProvisioningState, ANN_ALPHA_SELECTED_NODE,
+    ANN_BETA_STORAGE_PROVISIONER, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE,
+    ANN_STORAGE_PROVISIONER, FINALIZER_PV,
+};
+use async_trait::async_trait;
+use common::intents::{IntentClaim, IntentEntry};
+use common::retry::{FailureThreshold, RetryPolicy};
+use common::Provisioner;
+use k8s_openapi::api::core::v1::{
+    Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use prometheus::Registry;
+
+use crate::decision::ProvisionerNames;
+use crate::engine::{Caches, Engine, OpError, Settings};
+use crate::metrics::ServiceMetrics;
+use crate::ports::{ClusterApi, IntentLog, PvHandoff};
+use crate::recovery::{self, CleanupOutcome, Recovery};
+use crate::workqueue::WorkQueue;
+
+const NAME: &str = "example.com/hostpath";
+
+#[derive(Default)]
+struct FakeBackend {
+    results: Mutex<Vec<Result<PersistentVolume, ProvisionError>>>,
+    calls: Mutex<Vec<String>>,
+    deleted: Mutex<Vec<String>>,
+    decline: bool,
+    delay: Option<Duration>,
+}
+
+impl FakeBackend {
+    fn answering(results: Vec<Result<PersistentVolume, ProvisionError>>) -> Self {
+        Self {
+            results: Mutex::new(results),
+            ..Default::default()
+        }
+    }
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn pv(name: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[async_trait]
+impl Provisioner for FakeBackend {
+    async fn provision(
+        &self,
+        options: &ProvisionOptions,
+    ) -> Result<PersistentVolume, ProvisionError> {
+        self.calls.lock().unwrap().push(format!(
+            "{} node={}",
+            options.pv_name,
+            options
+                .selected_node
+                .as_ref()
+                .and_then(|n| n.metadata.name.clone())
+                .unwrap_or_default()
+        ));
+        if let Some(d) = self.delay {
+            tokio::time::sleep(d).await;
+        }
+        let mut results = self.results.lock().unwrap();
+        if results.is_empty() {
+            Ok(pv(&options.pv_name))
+        } else {
+            results.remove(0)
+        }
+    }
+    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
+        self.deleted
+            .lock()
+            .unwrap()
+            .push(volume.metadata.name.clone().unwrap_or_default());
+        Ok(())
+    }
+    fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
+        !self.decline
+    }
+}
+
+#[derive(Default)]
+struct FakeCluster {
+    nodes: HashSet<String>,
+    node_error: Option<String>,
+    patch_error: Option<String>,
+    patched: Mutex<Vec<String>>,
+    events: Mutex<Vec<(bool, String, String)>>,
+}
+
+impl FakeCluster {
+    fn events(&self) -> Vec<(bool, String, String)> {
+        self.events.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ClusterApi for FakeCluster {
+    async fn get_node(&self, name: &str) -> Result<Option<Node>, String> {
+        if let Some(e) = &self.node_error {
+            return Err(e.clone());
+        }
+        Ok(self.nodes.contains(name).then(|| Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }))
+    }
+    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+        self.patched
+            .lock()
+            .unwrap()
+            .push(claim.metadata.name.clone().unwrap_or_default());
+        match &self.patch_error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+    fn claim_event(
+        &self,
+        _claim: &PersistentVolumeClaim,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        self.events
+            .lock()
+            .unwrap()
+            .push((warning, reason.to_string(), note));
+    }
+}
+
+#[derive(Default)]
+struct FakeHandoff {
+    pending: Mutex<HashSet<String>>,
+    enqueued: Mutex<Vec<QueuedPvWrite>>,
+    fail: bool,
+}
+
+#[async_trait]
+impl PvHandoff for FakeHandoff {
+    async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
+        Ok(self.pending.lock().unwrap().contains(pv_name))
+    }
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String> {
+        if self.fail {
+            return Err("redis down".into());
+        }
+        self.pending
+            .lock()
+            .unwrap()
+            .insert(entry.pv_name().to_string());
+        self.enqueued.lock().unwrap().push(entry.clone());
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct FakeIntents {
+    /// pv name → (intent, in_background)
+    map: Mutex<HashMap<String, (ProvisionIntent, bool)>>,
+    log: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl IntentLog for FakeIntents {
+    async fn record(
+        &self,
+        intent: &ProvisionIntent,
+        _claim: &PersistentVolumeClaim,
+        in_background: bool,
+    ) -> Result<bool, String> {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("record {} bg={in_background}", intent.pv_name));
+        Ok(self
+            .map
+            .lock()
+            .unwrap()
+            .insert(intent.pv_name.clone(), (intent.clone(), in_background))
+            .is_none())
+    }
+    async fn clear(&self, pv_name: &str) -> Result<bool, String> {
+        self.log.lock().unwrap().push(format!("clear {pv_name}"));
+        Ok(self.map.lock().unwrap().remove(pv_name).is_some())
+    }
+}
+
+struct World {
+    engine: Arc<Engine>,
+    backend: Arc<FakeBackend>,
+    cluster: Arc<FakeCluster>,
+    handoff: Arc<FakeHandoff>,
+    intents: Arc<FakeIntents>,
+    claims: Writer<PersistentVolumeClaim>,
+    volumes: Writer<PersistentVolume>,
+    registry: Registry,
+}
+
+struct Setup {
+    backend: FakeBackend,
+    cluster: FakeCluster,
+    handoff: FakeHandoff,
+    classes: Vec<StorageClass>,
+    add_finalizer: bool,
+    threshold: u32,
+    timeout: Option<Duration>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            backend: FakeBackend::default(),
+            cluster: FakeCluster::default(),
+            handoff: FakeHandoff::default(),
+            classes: vec![class("fast", NAME, None)],
+            add_finalizer: false,
+            threshold: 15,
+            timeout: None,
+        }
+    }
+}
+
+fn class(name: &str, provisioner: &str, binding: Option<&str>) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        provisioner: provisioner.into(),
+        volume_binding_mode: binding.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+fn claim(uid: &str, annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some(format!("claim-{uid}")),
+            uid: Some(uid.into()),
+            resource_version: Some("5".into()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            storage_class_name: Some("fast".into()),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn ours(uid: &str) -> PersistentVolumeClaim {
+    claim(uid, &[(ANN_STORAGE_PROVISIONER, NAME)])
+}
+
+impl Setup {
+    fn build(self) -> World {
+        let mut claims = Writer::<PersistentVolumeClaim>::default();
+        let mut classes = Writer::<StorageClass>::default();
+        let volumes = Writer::<PersistentVolume>::default();
+        claims.apply_watcher_event(&watcher::Event::InitDone);
+        for c in self.classes {
+            classes.apply_watcher_event(&watcher::Event::Apply(c));
+        }
+        let caches = Caches {
+            claims: claims.as_reader(),
+            classes: classes.as_reader(),
+            volumes: volumes.as_reader(),
+        };
+        let registry = Registry::new();
+        let backend = Arc::new(self.backend);
+        let cluster = Arc::new(self.cluster);
+        let handoff = Arc::new(self.handoff);
+        let intents = Arc::new(FakeIntents::default());
+        let engine = Arc::new(Engine::new(
+            Settings {
+                names: ProvisionerNames {
+                    name: NAME.into(),
+                    additional: vec!["legacy.io/hp".into()],
+                },
+                add_finalizer: self.add_finalizer,
+                failure_threshold: FailureThreshold(self.threshold),
+                provision_timeout: self.timeout,
+            },
+            caches,
+            backend.clone(),
+            cluster.clone(),
+            handoff.clone(),
+            intents.clone(),
+            ServiceMetrics::register(&registry),
+            RetryPolicy::new(Duration::ZERO, Duration::ZERO, 0.0, 1),
+            WorkQueue::new(),
+        ));
+        World {
+            engine,
+            backend,
+            cluster,
+            handoff,
+            intents,
+            claims,
+            volumes,
+            registry,
+        }
+    }
+}
+
+impl World {
+    fn add_claim(&mut self, c: &PersistentVolumeClaim) {
+        self.claims
+            .apply_watcher_event(&watcher::Event::Apply(c.clone()));
+        self.engine.claim_seen(c);
+    }
+    fn delete_claim(&mut self, c: &PersistentVolumeClaim) {
+        self.claims
+            .apply_watcher_event(&watcher::Event::Delete(c.clone()));
+    }
+    fn metric(&self, needle: &str) -> String {
+        common::metrics::render(&self.registry)
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_default()
+            .to_string()
+    }
+    fn enqueued(&self) -> Vec<QueuedPvWrite> {
+        self.handoff.enqueued.lock().unwrap().clone()
+    }
+    async fn drain_one(&self) -> Option<String> {
+        if self.engine.queue().is_empty() {
+            return None;
+        }
+        let k = self.engine.queue().get().await?;
+        self.engine.queue().done(&k);
+        Some(k)
+    }
+}
+
+// ---------------------------------------------------------------- shouldProvision
+
+#[test]
+fn should_provision_follows_every_seed_branch() {
+    let w = Setup {
+        classes: vec![
+            class("fast", NAME, None),
+            class("late", NAME, Some("WaitForFirstConsumer")),
+        ],
+        ..Default::default()
+    }
+    .build();
+    let e = &w.engine;
+
+    let mut bound = ours("a");
+    bound.spec.as_mut().unwrap().volume_name = Some("pv-x".into());
+    assert_eq!(e.should_provision(&bound), Ok(false), "volumeName set");
+    let mut empty_volume_name = ours("a");
+    empty_volume_name.spec.as_mut().unwrap().volume_name = Some(String::new());
+    assert_eq!(e.should_provision(&empty_volume_name), Ok(true));
+
+    assert_eq!(
+        e.should_provision(&claim("a", &[])),
+        Ok(false),
+        "no annotation"
+    );
+    assert_eq!(e.should_provision(&ours("a")), Ok(true));
+    assert_eq!(
+        e.should_provision(&claim("a", &[(ANN_BETA_STORAGE_PROVISIONER, NAME)])),
+        Ok(true),
+        "beta annotation fallback"
+    );
+    assert_eq!(
+        e.should_provision(&claim(
+            "a",
+            &[
+                (ANN_STORAGE_PROVISIONER, "other.io/x"),
+                (ANN_BETA_STORAGE_PROVISIONER, NAME)
+            ]
+        )),
+        Ok(false),
+        "the GA annotation wins over the beta one"
+    );
+    assert_eq!(
+        e.should_provision(&claim("a", &[(ANN_STORAGE_PROVISIONER, "legacy.io/hp")])),
+        Ok(true),
+        "additional provisioner name"
+    );
+
+    let mut missing_class = ours("a");
+    missing_class.spec.as_mut().unwrap().storage_class_name = Some("gone".into());
+    assert_eq!(
+        e.should_provision(&missing_class),
+        Err("storageClass \"gone\" not found".to_string())
+    );
+
+    let late = |ann: &[(&str, &str)]| {
+        let mut c = claim("a", ann);
+        c.spec.as_mut().unwrap().storage_class_name = Some("late".into());
+        c
+    };
+    assert_eq!(
+        e.should_provision(&late(&[(ANN_STORAGE_PROVISIONER, NAME)])),
+        Ok(false)
+    );
+    assert_eq!(
+        e.should_provision(&late(&[
+            (ANN_STORAGE_PROVISIONER, NAME),
+            (ANN_SELECTED_NODE, "")
+        ])),
+        Ok(false),
+        "empty selected node"
+    );
+    assert_eq!(
+        e.should_provision(&late(&[
+            (ANN_STORAGE_PROVISIONER, NAME),
+            (ANN_SELECTED_NODE, "n1")
+        ])),
+        Ok(true)
+    );
+}
+
+#[test]
+fn the_backend_qualifier_can_decline() {
+    let w = Setup {
+        backend: FakeBackend {
+            decline: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(w.engine.should_provision(&ours("a")), Ok(false));
+}
+
+// ---------------------------------------------------------------- provision operation
+
+#[tokio::test]
+async fn success_queues_a_complete_pv_and_clears_the_intent() {
+    let mut w = Setup {
+        add_finalizer: true,
+        ..Default::default()
+    }
+    .build();
+    let c = ours("u1");
+    w.add_claim(&c);
+    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+
+    assert_eq!(w.backend.calls(), vec!["pvc-u1 node="]);
+    let queued = w.enqueued();
+    assert_eq!(queued.len(), 1);
+    let entry = &queued[0];
+    assert_eq!(entry.pv_name(), "pvc-u1");
+    assert_eq!(entry.class, "fast");
+    assert_eq!(entry.claim.to_string(), "ns/claim-u1");
+    assert_eq!(entry.claim.uid, "u1");
+    let spec = entry.pv.spec.as_ref().unwrap();
+    let claim_ref = spec.claim_ref.as_ref().unwrap();
+    assert_eq!(claim_ref.kind.as_deref(), Some("PersistentVolumeClaim"));
+    assert_eq!(claim_ref.namespace.as_deref(), Some("ns"));
+    assert_eq!(claim_ref.name.as_deref(), Some("claim-u1"));
+    assert_eq!(claim_ref.uid.as_deref(), Some("u1"));
+    assert_eq!(claim_ref.resource_version.as_deref(), Some("5"));
+    assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(
+        entry.pv.metadata.finalizers,
+        Some(vec![FINALIZER_PV.to_string()])
+    );
+    assert_eq!(
+        entry.pv.metadata.annotations.as_ref().unwrap()[ANN_DYNAMICALLY_PROVISIONED],
+        NAME
+    );
+    assert_eq!(
+        w.cluster.events(),
+        vec![(
+            false,
+            "Provisioning".to_string(),
+            "External provisioner is provisioning volume for claim \"ns/claim-u1\"".to_string()
+        )]
+    );
+    assert_eq!(
+        *w.intents.log.lock().unwrap(),
+        vec!["record pvc-u1 bg=false", "clear pvc-u1"]
+    );
+    assert_eq!(
+        w.metric("controller_persistentvolumeclaim_provision_total"),
+        "controller_persistentvolumeclaim_provision_total{class=\"fast\"} 1"
+    );
+    assert_eq!(
+        w.metric("controller_persistentvolumeclaim_provision_duration_seconds_count"),
+        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\"} 1"
+    );
+    assert_eq!(w.metric("provision_svc_intents"), "provision_svc_intents 0");
+    assert_eq!(
+        w.metric("provision_svc_operations_in_flight"),
+        "provision_svc_operations_in_flight 0"
+    );
+
+    // A second sync (resync before the PV shows up) stops: the PV is queued.
+    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.backend.calls().len(), 1);
+}
+
+#[tokio::test]
+async fn no_finalizer_without_the_flag() {
+    let w = Setup::default().build();
+    w.engine.sync_claim(&ours("u1")).await.unwrap();
+    assert_eq!(w.enqueued()[0].pv.metadata.finalizers, None);
+}
+
+#[tokio::test]
+async fn existing_or_pending_pv_stops_without_calling_the_backend() {
+    let mut w = Setup::default().build();
+    w.volumes
+        .apply_watcher_event(&watcher::Event::Apply(pv("pvc-u1")));
+    w.handoff.pending.lock().unwrap().insert("pvc-u2".into());
+    for uid in ["u1", "u2"] {
+        let (state, result) = w.engine.provision_claim_operation(&ours(uid)).await;
+        assert_eq!(
+            (state, result),
+            (ProvisioningState::Finished, Err(OpError::Stop))
+        );
+        assert_eq!(w.engine.sync_claim(&ours(uid)).await, Ok(()));
+    }
+    assert!(w.backend.calls().is_empty());
+    assert!(w.cluster.events().is_empty());
+    assert_eq!(
+        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
+        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\"} 2",
+        "the seed counts errStopProvision as a failed attempt"
+    );
+}
+
+#[tokio::test]
+async fn block_mode_without_backend_support_fails_with_an_event_and_stops() {
+    let w = Setup::default().build();
+    let mut c = ours("u1");
+    c.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    assert_eq!(
+        w.engine.provision_claim_operation(&c).await,
+        (ProvisioningState::Finished, Err(OpError::Stop))
+    );
+    assert_eq!(
+        w.cluster.events(),
+        vec![(
+            true,
+            "ProvisioningFailed".to_string(),
+            "example.com/hostpath does not support block volume provisioning".to_string()
+        )]
+    );
+    assert!(w.backend.calls().is_empty());
+}
+
+#[tokio::test]
+async fn missing_class_retries_and_foreign_class_stops() {
+    let w = Setup {
+        classes: vec![class("foreign", "other.io/x", None)],
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(
+        w.engine.provision_claim_operation(&ours("u1")).await,
+        (
+            ProvisioningState::Finished,
+            Err(OpError::Failed("storageClass \"fast\" not found".into()))
+        )
+    );
+    let mut c = ours("u2");
+    c.spec.as_mut().unwrap().storage_class_name = Some("foreign".into());
+    assert_eq!(
+        w.engine.provision_claim_operation(&c).await,
+        (ProvisioningState::Finished, Err(OpError::Stop))
+    );
+    assert!(w.backend.calls().is_empty());
+}
+
+#[tokio::test]
+async fn selected_node_found_is_passed_to_the_backend_alpha_annotation_too() {
+    let w = Setup {
+        cluster: FakeCluster {
+            nodes: HashSet::from(["n1".to_string(), "n2".to_string()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let c = claim(
+        "u1",
+        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
+    );
+    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    let c = claim(
+        "u2",
+        &[
+            (ANN_STORAGE_PROVISIONER, NAME),
+            (ANN_ALPHA_SELECTED_NODE, "n2"),
+        ],
+    );
+    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.backend.calls(), vec!["pvc-u1 node=n1", "pvc-u2 node=n2"]);
+}
+
+#[tokio::test]
+async fn node_not_found_reschedules_by_removing_the_selected_node() {
+    let w = Setup::default().build();
+    let c = claim(
+        "u1",
+        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
+    );
+    assert_eq!(
+        w.engine.provision_claim_operation(&c).await,
+        (ProvisioningState::Finished, Err(OpError::Stop))
+    );
+    assert_eq!(*w.cluster.patched.lock().unwrap(), vec!["claim-u1"]);
+    assert_eq!(
+        w.cluster.events(),
+        vec![(
+            true,
+            "ProvisioningFailed".to_string(),
+            "nodes \"n1\" not found".to_string()
+        )]
+    );
+    assert!(w.backend.calls().is_empty());
+
+    // Only the alpha annotation: nothing to remove, treated as Finished with the error.
+    let c = claim(
+        "u2",
+        &[
+            (ANN_STORAGE_PROVISIONER, NAME),
+            (ANN_ALPHA_SELECTED_NODE, "n1"),
+        ],
+    );
+    assert_eq!(
+        w.engine.provision_claim_operation(&c).await,
+        (
+            ProvisioningState::Finished,
+            Err(OpError::Failed("nodes \"n1\" not found".into()))
+        )
+    );
+    assert_eq!(w.cluster.patched.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn failed_reschedule_patch_keeps_the_claim_for_a_retry() {
+    let w = Setup {
+        cluster: FakeCluster {
+            patch_error: Some("conflict".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let c = claim(
+        "u1",
+        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
+    );
+    assert_eq!(
+        w.engine.provision_claim_operation(&c).await,
+        (
+            ProvisioningState::Finished,
+            Err(OpError::Failed("nodes \"n1\" not found".into()))
+        )
+    );
+}
+
+#[tokio::test]
+async fn node_lookup_error_is_an_event_and_a_retry() {
+    let w = Setup {
+        cluster: FakeCluster {
+            node_error: Some("boom".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let c = claim(
+        "u1",
+        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
+    );
+    assert_eq!(
+        w.engine.provision_claim_operation(&c).await,
+        (
+            ProvisioningState::NoChange,
+            Err(OpError::Failed("failed to get target node: boom".into()))
+        )
+    );
+    assert_eq!(
+        w.cluster.events(),
+        vec![(
+            true,
+            "ProvisioningFailed".to_string(),
+            "failed to get target node: boom".to_string()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn ignored_error_stops_quietly_and_clears_the_intent() {
+    let w = Setup {
+        backend: FakeBackend::answering(vec![Err(ProvisionError::Ignored {
+            reason: "not mine".into(),
+        })]),
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(w.engine.sync_claim(&ours("u1")).await, Ok(()));
+    let events = w.cluster.events();
+    assert_eq!(events.len(), 1, "only the Provisioning event: {events:?}");
+    assert_eq!(events[0].1, "Provisioning");
+    assert!(w.intents.map.lock().unwrap().is_empty());
+    assert!(w.enqueued().is_empty());
+}
+
+#[tokio::test]
+async fn backend_failure_states_are_handled_as_the_seed() {
+    let failed = |state| {
+        Err(ProvisionError::Failed {
+            state,
+            reason: "disk full".into(),
+        })
+    };
+    let w = Setup {
+        backend: FakeBackend::answering(vec![
+            failed(ProvisioningState::Finished),
+            failed(ProvisioningState::NoChange),
+            failed(ProvisioningState::Reschedule),
+            failed(ProvisioningState::Reschedule),
+        ]),
+        ..Default::default()
+    }
+    .build();
+    let msg = "failed to provision volume with StorageClass \"fast\": disk full".to_string();
+
+    // Finished: retried, intent cleared.
+    assert_eq!(w.engine.sync_claim(&ours("u1")).await, Err(msg.clone()));
+    assert!(!w.intents.map.lock().unwrap().contains_key("pvc-u1"));
+    // NoChange: retried, intent kept, not in background.
+    assert_eq!(w.engine.sync_claim(&ours("u2")).await, Err(msg.clone()));
+    assert!(w.intents.map.lock().unwrap().contains_key("pvc-u2"));
+    assert!(!w.engine.is_in_background("u2"));
+    // Reschedule with a selected node: annotation removed, stop.
+    let c = claim(
+        "u3",
+        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
+    );
+    let w_nodes = Setup {
+        backend: FakeBackend::answering(vec![failed(ProvisioningState::Reschedule)]),
+        cluster: FakeCluster {
+            nodes: HashSet::from(["n1".to_string()]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(w_nodes.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(*w_nodes.cluster.patched.lock().unwrap(), vec!["claim-u3"]);
+    // Reschedule without a selected node: treated as Finished.
+    assert_eq!(
+        w.engine.provision_claim_operation(&ours("u4")).await,
+        (
+            ProvisioningState::Finished,
+            Err(OpError::Failed(msg.clone()))
+        )
+    );
+    let warnings: Vec<_> = w.cluster.events().into_iter().filter(|e| e.0).collect();
+    assert_eq!(warnings.len(), 3);
+    assert!(warnings
+        .iter()
+        .all(|e| e.1 == "ProvisioningFailed" && e.2 == msg));
+}
+
+#[tokio::test]
+async fn in_background_claim_is_retried_after_its_pvc_is_deleted() {
+    let mut w = Setup {
+        backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
+            state: ProvisioningState::InBackground,
+            reason: "still creating".into(),
+        })]),
+        ..Default::default()
+    }
+    .build();
+    let c = ours("u1");
+    w.add_claim(&c);
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    w.engine.process("u1").await;
+    assert!(w.engine.is_in_background("u1"));
+    assert_eq!(
+        w.intents.map.lock().unwrap()["pvc-u1"].1,
+        true,
+        "durably flagged as in background"
+    );
+    assert_eq!(
+        w.metric("provision_svc_claims_in_background"),
+        "provision_svc_claims_in_background 1"
+    );
+    assert_eq!(w.engine.queue().len(), 1, "requeued with backoff");
+
+    w.delete_claim(&c);
+    let uid = w.drain_one().await.unwrap();
+    w.engine.process(&uid).await;
+    assert!(!w.engine.is_in_background("u1"));
+    assert_eq!(w.enqueued().len(), 1, "the half-made volume got its PV");
+    assert!(w.intents.map.lock().unwrap().is_empty());
+    assert_eq!(
+        *w.intents.log.lock().unwrap(),
+        vec![
+            "record pvc-u1 bg=false",
+            "record pvc-u1 bg=true",
+            "record pvc-u1 bg=true",
+            "clear pvc-u1"
+        ]
+    );
+
+    // A deleted claim that is not in background is simply dropped.
+    w.engine.process("never-seen").await;
+    assert!(w.engine.queue().is_empty());
+}
+
+#[tokio::test]
+async fn enqueue_failure_retries_and_keeps_the_intent() {
+    let w = Setup {
+        handoff: FakeHandoff {
+            fail: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(
+        w.engine.sync_claim(&ours("u1")).await,
+        Err("queueing PV \"pvc-u1\" for pv-writer: redis down".to_string())
+    );
+    assert!(w.intents.map.lock().unwrap().contains_key("pvc-u1"));
+    assert_eq!(w.metric("provision_svc_intents"), "provision_svc_intents 1");
+}
+
+#[tokio::test]
+async fn failure_threshold_gives_up_after_the_configured_requeues() {
+    let always_fail: Vec<_> = (0..5)
+        .map(|_| Err(ProvisionError::finished("nope")))
+        .collect();
+    let mut w = Setup {
+        backend: FakeBackend::answering(always_fail),
+        threshold: 2,
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    w.engine.process("u1").await; // requeues 0 < 2: retried
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    w.engine.process("u1").await; // requeues 1 < 2: retried
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    w.engine.process("u1").await; // requeues 2: give up
+    assert_eq!(w.drain_one().await, None);
+    assert_eq!(w.backend.calls().len(), 3);
+}
+
+#[tokio::test]
+async fn threshold_zero_retries_forever_and_success_forgets() {
+    let fails: Vec<_> = (0..20)
+        .map(|_| Err(ProvisionError::finished("nope")))
+        .collect();
+    let mut w = Setup {
+        backend: FakeBackend::answering(fails),
+        threshold: 0,
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    for _ in 0..20 {
+        w.engine.process("u1").await;
+        assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    }
+    w.engine.process("u1").await; // the 21st attempt succeeds
+    assert_eq!(w.drain_one().await, None);
+    assert_eq!(w.enqueued().len(), 1);
+}
+
+#[tokio::test]
+async fn provision_timeout_fails_the_attempt_and_requeues() {
+    let mut w = Setup {
+        backend: FakeBackend {
+            delay: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+        timeout: Some(Duration::from_millis(20)),
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    w.engine.process("u1").await;
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    assert!(w.enqueued().is_empty());
+    assert!(
+        w.intents.map.lock().unwrap().contains_key("pvc-u1"),
+        "an interrupted attempt keeps its intent"
+    );
+}
+
+// ---------------------------------------------------------------- start-up walk
+
+fn entry(uid: &str, snapshot: Option<bool>) -> IntentEntry {
+    IntentEntry {
+        intent: ProvisionIntent {
+            version: 1,
+            claim: api_types::queue::ClaimKey::of(&ours(uid)).unwrap(),
+            pv_name: format!("pvc-{uid}"),
+            class: "fast".into(),
+            recorded_at_ms: 1,
+        },
+        claim: snapshot.map(|bg| IntentClaim {
+            version: 1,
+            in_background: bg,
+            claim: claim(
+                uid,
+                &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n9")],
+            ),
+        }),
+    }
+}
+
+#[tokio::test]
+async fn start_up_walk_requeues_restores_and_cleans_up() {
+    let mut w = Setup::default().build();
+    w.add_claim(&ours("present"));
+    w.drain_one().await;
+    w.volumes
+        .apply_watcher_event(&watcher::Event::Apply(pv("pvc-made")));
+    for (e, _) in [
+        (entry("bg", Some(true)), ()),
+        (entry("present", Some(false)), ()),
+        (entry("made", Some(false)), ()),
+        (entry("gone", Some(false)), ()),
+        (entry("bare", None), ()),
+    ] {
+        w.intents
+            .map
+            .lock()
+            .unwrap()
+            .insert(e.intent.pv_name.clone(), (e.intent.clone(), false));
+    }
+    let entries = vec![
+        entry("bg", Some(true)),
+        entry("present", Some(false)),
+        entry("made", Some(false)),
+        entry("gone", Some(false)),
+        entry("bare", None),
+    ];
+    let decisions = recovery::walk(&w.engine, &entries).await;
+    assert_eq!(
+        decisions,
+        vec![
+            ("pvc-bg".to_string(), Recovery::InBackground),
+            ("pvc-present".to_string(), Recovery::Requeued),
+            ("pvc-made".to_string(), Recovery::PvPresent),
+            ("pvc-gone".to_string(), Recovery::Cleanup),
+            ("pvc-bare".to_string(), Recovery::Stuck),
+        ]
+    );
+    assert!(w.engine.is_in_background("bg"));
+    let mut queued = vec![w.drain_one().await.unwrap(), w.drain_one().await.unwrap()];
+    queued.sort();
+    assert_eq!(queued, vec!["bg", "present"]);
+    assert!(!w.intents.map.lock().unwrap().contains_key("pvc-made"));
+
+    assert_eq!(
+        recovery::cleanup_gone_claim(&w.engine, &entries[3]).await,
+        CleanupOutcome::Done
+    );
+    assert_eq!(w.backend.calls(), vec!["pvc-gone node=n9"]);
+    assert_eq!(*w.backend.deleted.lock().unwrap(), vec!["pvc-gone"]);
+    assert!(!w.intents.map.lock().unwrap().contains_key("pvc-gone"));
+    assert!(w.intents.map.lock().unwrap().contains_key("pvc-bare"));
+}
+
+#[tokio::test]
+async fn cleanup_retries_while_the_backend_is_busy() {
+    let w = Setup {
+        backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
+            state: ProvisioningState::InBackground,
+            reason: "busy".into(),
+        })]),
+        ..Default::default()
+    }
+    .build();
+    assert_eq!(
+        recovery::cleanup_gone_claim(&w.engine, &entry("gone", Some(false))).await,
+        CleanupOutcome::Retry("backend provision: busy".into())
+    );
+    assert!(w.backend.deleted.lock().unwrap().is_empty());
+}
