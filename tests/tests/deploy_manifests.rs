@@ -64,6 +64,10 @@ struct ServiceSpec {
     hostpath: bool,
     /// Capabilities the container adds after `drop: [ALL]`, sorted.
     added_capabilities: &'static [&'static str],
+    /// `hostPath.type` of the base dir volume: provision-svc creates the base
+    /// dir, reclaim-svc must find it (on a node that never held volumes every
+    /// directory would look "already deleted").
+    host_path_type: Option<&'static str>,
 }
 
 fn services() -> Vec<ServiceSpec> {
@@ -76,6 +80,7 @@ fn services() -> Vec<ServiceSpec> {
             hostpath: true,
             // uid 0 owns the base dir: creating volume directories needs no capability.
             added_capabilities: &[],
+            host_path_type: Some("DirectoryOrCreate"),
         },
         ServiceSpec {
             name: "pv-writer",
@@ -84,6 +89,7 @@ fn services() -> Vec<ServiceSpec> {
             command: pv_writer::Cli::command,
             hostpath: false,
             added_capabilities: &[],
+            host_path_type: None,
         },
         ServiceSpec {
             name: "reclaim-svc",
@@ -93,6 +99,7 @@ fn services() -> Vec<ServiceSpec> {
             hostpath: true,
             // Removing files the consumers' uids wrote (FOWNER: sticky directories).
             added_capabilities: &["DAC_OVERRIDE", "FOWNER"],
+            host_path_type: Some("Directory"),
         },
     ]
 }
@@ -878,22 +885,23 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
         .filter_map(|v| {
             v.host_path
                 .as_ref()
-                .map(|h| (v.name.clone(), h.path.clone()))
+                .map(|h| (v.name.clone(), h.path.clone(), h.type_.clone()))
         })
         .collect();
     match &parsed.hostpath {
         Some(hp) => {
             let base = hp.base_dir.to_string_lossy().to_string();
-            let mounted = host_volumes.iter().any(|(vol, path)| {
+            let mounted = host_volumes.iter().any(|(vol, path, type_)| {
                 *path == base
+                    && type_.as_deref() == spec.host_path_type
                     && c.volume_mounts.iter().flatten().any(|m| {
                         m.name == *vol && m.mount_path == base && m.read_only != Some(true)
                     })
             });
             if !mounted || host_volumes.len() != 1 {
                 problems.push(format!(
-                    "{}: the hostPath {base} (--base-dir) must be mounted read-write at the same path, and be the only hostPath: {host_volumes:?}",
-                    spec.name
+                    "{}: the hostPath {base} (--base-dir) must be mounted read-write at the same path with type {:?}, and be the only hostPath: {host_volumes:?}",
+                    spec.name, spec.host_path_type
                 ));
             }
             if hp.node_name.as_deref() != Some(NODE_NAME_PLACEHOLDER) {
@@ -1064,6 +1072,20 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
             ));
         }
     }
+    // provision-svc and reclaim-svc work on the same base dir: same nodes.
+    let node_selector = |name: &str| {
+        r.find::<Deployment>("Deployment", name)
+            .and_then(|d| d.spec)
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.node_selector)
+    };
+    if node_selector("provision-svc") != node_selector("reclaim-svc") {
+        problems.push(format!(
+            "provision-svc and reclaim-svc must run on the same nodes (one base dir): nodeSelector {:?} vs {:?}",
+            node_selector("provision-svc"),
+            node_selector("reclaim-svc")
+        ));
+    }
     problems.extend(check_redis(r, &urls));
     problems
 }
@@ -1229,6 +1251,27 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
         return;
     }
     let r = render_overlay("ha");
+    for (name, expected) in [
+        ("provision-svc", Some("true")),
+        ("pv-writer", None),
+        ("reclaim-svc", Some("true")),
+    ] {
+        let d: Deployment = r.find("Deployment", name).unwrap();
+        let sel = d
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .node_selector
+            .unwrap_or_default();
+        assert_eq!(
+            sel.get("split-provisioner.example.com/hostpath-node")
+                .map(String::as_str),
+            expected,
+            "{name}: hostpath services on the labelled storage node, pv-writer anywhere"
+        );
+    }
     assert!(
         r.find::<Value>("StorageClass", "example-hostpath")
             .is_none(),
@@ -1356,6 +1399,27 @@ fn the_checks_catch_broken_manifests() {
             v["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 20.into()
         }),
         "terminationGracePeriodSeconds 20",
+    );
+    // reclaim-svc off the storage node, or creating a missing base dir.
+    has(
+        mutate("Deployment", "reclaim-svc", &|v| {
+            v["spec"]["template"]["spec"]["nodeSelector"] = serde_json::json!({})
+        }),
+        "provision-svc and reclaim-svc must run on the same nodes",
+    );
+    has(
+        mutate("Deployment", "reclaim-svc", &|v| {
+            v["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["type"] =
+                "DirectoryOrCreate".into()
+        }),
+        "with type Some(\"Directory\")",
+    );
+    // pv-writer as root.
+    has(
+        mutate("Deployment", "pv-writer", &|v| {
+            v["spec"]["template"]["spec"]["securityContext"]["runAsUser"] = 0.into()
+        }),
+        "pv-writer: must run as a non-root uid",
     );
 }
 
