@@ -24,6 +24,7 @@ pub mod controller;
 pub mod decision;
 pub mod finalizer;
 pub mod operation;
+pub mod sweep;
 pub mod workqueue;
 
 use std::sync::Arc;
@@ -38,11 +39,13 @@ use common::retry::{FailureThreshold, RetryPolicy};
 use common::runtime::run_service;
 use common::Provisioner;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Api;
 use prometheus::Registry;
 
 use crate::controller::LoopConfig;
 use crate::operation::Reclaimer;
+use crate::sweep::{OrphanPvFn, SweepMetrics};
 
 /// Flags of reclaim-svc itself (each with an environment twin).
 #[derive(Debug, Clone, Args)]
@@ -112,8 +115,24 @@ pub async fn run(
     reclaim: ReclaimArgs,
     backend: Arc<dyn Provisioner>,
 ) -> anyhow::Result<()> {
+    run_with_orphan_pv(common, retry, reclaim, backend, None).await
+}
+
+/// [`run`], plus how to address an orphaned volume for the backend's delete
+/// (`orphan_pv`, see [`sweep::OrphanPvFn`]). Without it the leader-start orphan
+/// sweep only reports, even with `--sweep-orphans`.
+///
+/// Errors: as [`run`].
+pub async fn run_with_orphan_pv(
+    common: CommonArgs,
+    retry: RetryArgs,
+    reclaim: ReclaimArgs,
+    backend: Arc<dyn Provisioner>,
+    orphan_pv: Option<OrphanPvFn>,
+) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
+    let sweep_metrics = SweepMetrics::register(&registry);
     run_service(
         ServiceKind::Reclaim,
         common,
@@ -127,7 +146,7 @@ pub async fn run(
             ));
             let reclaimer = Arc::new(Reclaimer::new(
                 api.clone(),
-                backend,
+                backend.clone(),
                 events,
                 metrics,
                 ctx.args.provisioner_name.clone(),
@@ -148,15 +167,35 @@ pub async fn run(
                 "starting PV reclaim loop"
             );
             let readiness = ctx.readiness.clone();
+            let redis_url = ctx.args.redis_url.clone();
+            let provisioner = ctx.args.provisioner_name.clone();
+            let sweep_api = api.clone();
+            // Once the reflector has synced: ready, and one orphan sweep.
+            let on_synced = move |store: &Store<PersistentVolume>| {
+                readiness.set_ready(true);
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
+                    sweep::run_once(
+                        &redis_url,
+                        &provisioner,
+                        sweep_api,
+                        backend,
+                        cached,
+                        reclaim.sweep_orphans,
+                        orphan_pv,
+                        sweep_metrics,
+                    )
+                    .await;
+                });
+            };
             controller::run_loop(
                 api,
                 reclaimer,
                 policy,
                 config,
                 ctx.shutdown.clone(),
-                move |_store| {
-                    readiness.set_ready(true);
-                },
+                on_synced,
             )
             .await
         },

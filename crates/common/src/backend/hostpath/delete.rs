@@ -70,6 +70,31 @@ pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
         .map_err(|e| format!("hostpath listing task failed: {e}"))?
 }
 
+/// A minimal PV addressing the directory `<base-dir>/<pv_name>`, for deleting
+/// an orphaned directory that has no PV object (reclaim-svc's orphan sweep):
+/// name and `spec.hostPath.path` only, so [`delete`] applies all its checks.
+pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolume {
+    use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
+    PersistentVolume {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(pv_name.to_string()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            host_path: Some(HostPathVolumeSource {
+                path: backend
+                    .base_dir
+                    .join(pv_name)
+                    .to_string_lossy()
+                    .into_owned(),
+                type_: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
 fn list_blocking(base: &Path) -> Result<Vec<String>, String> {
     let entries = std::fs::read_dir(base)
         .map_err(|e| format!("cannot list base directory {}: {e}", base.display()))?;
@@ -442,6 +467,16 @@ mod tests {
         let reason = is_refused(delete(&b, &pv_at(&base, "pvc-1")).await);
         assert!(reason.contains("already exists"), "{reason}");
         assert!(base.join("pvc-1").exists());
+    }
+
+    #[tokio::test]
+    async fn volume_for_directory_addresses_the_orphan() {
+        let (_tmp, base) = setup();
+        let b = backend(&base, OnDelete::Delete);
+        delete(&b, &volume_for_directory(&b, "pvc-1"))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
     }
 
     #[tokio::test]
