@@ -75,8 +75,8 @@ fn services() -> Vec<ServiceSpec> {
         ServiceSpec {
             name: "provision-svc",
             kind: ServiceKind::Provision,
-            api_calls: provision_api_calls::API_CALLS,
-            command: ProvisionCliFallback::command,
+            api_calls: provision_svc::api_calls::API_CALLS,
+            command: provision_svc::config::Cli::command,
             hostpath: true,
             // uid 0 owns the base dir: creating volume directories needs no capability.
             added_capabilities: &[],
@@ -102,25 +102,6 @@ fn services() -> Vec<ServiceSpec> {
             host_path_type: Some("Directory"),
         },
     ]
-}
-
-// provision-svc's library does not export `api_calls` nor its `Cli` yet: read
-// the declaration from its source file, and parse with the shared flag groups
-// the binary flattens (CommonArgs, RetryArgs, HostPathArgs).
-#[path = "../../crates/provision-svc/src/api_calls.rs"]
-#[allow(dead_code)]
-mod provision_api_calls;
-
-#[derive(clap::Parser)]
-#[command(name = "provision-svc")]
-#[allow(dead_code)]
-struct ProvisionCliFallback {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    retry: common::config::RetryArgs,
-    #[command(flatten)]
-    hostpath: HostPathArgs,
 }
 
 /// Environment variables a container may carry that are not flag twins: read
