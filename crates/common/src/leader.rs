@@ -198,7 +198,7 @@ impl LeaderElector {
         let renew = async {
             loop {
                 match self.manager.changed().await {
-                    Ok(false) => return LeadLost::RenewDeadlineExceeded,
+                    Ok(false) => return self.why_lost().await,
                     Ok(true) => {}
                     Err(err) => {
                         tracing::warn!(lease = %self.lease_name, error = %err, "lease renewal failed");
@@ -210,6 +210,20 @@ impl LeaderElector {
         tokio::select! {
             lost = renew => lost,
             lost = self.watchdog() => lost,
+        }
+    }
+
+    /// Classify a loss the lease manager reported: a new holder, or none at all.
+    async fn why_lost(&self) -> LeadLost {
+        match self.leases.get_opt(&self.lease_name).await {
+            Ok(None) => LeadLost::LeaseDeleted,
+            Ok(Some(lease)) => match lease.spec.and_then(|s| s.holder_identity) {
+                Some(holder) if !holder.is_empty() && holder != self.identity => {
+                    LeadLost::OtherHolder(holder)
+                }
+                _ => LeadLost::RenewDeadlineExceeded,
+            },
+            Err(_) => LeadLost::RenewDeadlineExceeded,
         }
     }
 
