@@ -130,7 +130,8 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Whether `kubectl` runs; `None` means skip (absent and not in CI).
+/// Whether `kubectl` runs. When it does not: `false` (skip, with a message)
+/// outside CI, a panic when the `CI` environment variable is set.
 fn kubectl_available(test: &str) -> bool {
     let ok = Process::new("kubectl")
         .args(["version", "--client"])
@@ -466,13 +467,22 @@ fn check_rbac(
                 spec.name.replace('-', "_"),
             ));
         }
+        // Leases: only `create` may be unnamed (nothing to name yet); every
+        // other verb is limited to the service's own Lease.
         if is_lease(&g.group, &g.resource)
-            && !g.resource_names.is_empty()
+            && g.verb != "create"
             && g.resource_names != [lease.clone()]
         {
             problems.push(format!(
-                "{}: {} limits Leases to {:?}, but the service's Lease is {lease}",
-                spec.name, g.from, g.resource_names
+                "{}: {} grants {} on Leases {:?}; only the service's Lease {lease} is needed",
+                spec.name,
+                g.from,
+                g.verb,
+                if g.resource_names.is_empty() {
+                    vec!["<all>".to_string()]
+                } else {
+                    g.resource_names.clone()
+                },
             ));
         }
     }
@@ -550,8 +560,9 @@ fn resolve_env(r: &Rendered, ns: &str, container: &str, var: &EnvVar) -> Result<
     ))
 }
 
-/// The container's effective environment (envFrom, then env overriding it):
-/// name → (value, from a Secret?).
+/// The container's effective environment, name → value: `envFrom` ConfigMaps,
+/// then `env` entries overriding them (Kubernetes' precedence), with Secret and
+/// downward-API values replaced by the placeholders above.
 fn effective_env(
     r: &Rendered,
     ns: &str,
@@ -1350,6 +1361,22 @@ fn the_checks_catch_broken_manifests() {
             v["rules"][1]["resourceNames"] = serde_json::json!(["other"])
         }),
         "pv-writer: no rule grants get on coordination.k8s.io/leases",
+    );
+    // Every Lease in the namespace instead of the service's own.
+    has(
+        mutate("Role", "reclaim-svc-leader-election", &|v| {
+            v["rules"][1].as_object_mut().unwrap().remove("resourceNames");
+        }),
+        "reclaim-svc: Role split-provisioner/reclaim-svc-leader-election grants update on Leases [\"<all>\"]",
+    );
+    // The Lease granted cluster-wide instead of by a Role.
+    has(
+        mutate("ClusterRole", "split-provisioner-provision-svc", &|v| {
+            v["rules"].as_array_mut().unwrap().push(serde_json::json!({
+                "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]
+            }))
+        }),
+        "provision-svc: ClusterRole split-provisioner-provision-svc grants create on coordination.k8s.io/leases (Cluster)",
     );
     // An unknown flag, a port that is not --http-port, a wrong probe path.
     has(
