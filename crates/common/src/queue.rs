@@ -572,11 +572,7 @@ impl PvQueue {
     /// Errors: [`QueueError::Command`].
     pub async fn list_pending(&self) -> Result<Vec<PendingEntry>, QueueError> {
         let mut conn = self.conn.clone();
-        let (due, inflight, attempts): (
-            Vec<(String, f64)>,
-            Vec<(String, f64)>,
-            std::collections::HashMap<String, u32>,
-        ) = redis::pipe()
+        let (due, inflight, attempts): PendingScan = redis::pipe()
             .zrange_withscores(&self.keys.due, 0, -1)
             .zrange_withscores(&self.keys.inflight, 0, -1)
             .hgetall(&self.keys.attempts)
@@ -652,6 +648,13 @@ impl PvQueue {
             .map_err(cmd("payload"))
     }
 }
+
+/// `ZRANGE due`, `ZRANGE inflight` (with scores) and `HGETALL attempts`.
+type PendingScan = (
+    Vec<(String, f64)>,
+    Vec<(String, f64)>,
+    std::collections::HashMap<String, u32>,
+);
 
 fn cmd(operation: &'static str) -> impl Fn(redis::RedisError) -> QueueError {
     move |source| QueueError::Command { operation, source }

@@ -1,7 +1,10 @@
 //! pv-writer's Prometheus families.
 
 use common::metrics::{gauge, register, seconds_histogram};
-use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts};
+
+/// The registry type [`WriterMetrics::register`] takes (re-exported for embedders).
+pub use prometheus::Registry;
 
 /// Outcome label values of `pv_writer_writes_total`.
 pub mod outcome {

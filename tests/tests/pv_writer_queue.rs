@@ -1,0 +1,509 @@
+//! pv-writer's drain loop in-process against the API-server simulator and a
+//! private `redis-server` (AOF, everysec): writes, idempotence, dead letters,
+//! retries, Redis restarts, an API outage, requeue.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
+use common::http::Readiness;
+use common::queue::{now_ms, PvQueue};
+use e2e::harness::redis::RedisServer;
+use e2e::harness::wait::wait_until;
+use e2e::sim::{FaultSpec, SimConfig, Simulator};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, DeleteParams};
+use pv_writer::metrics::{Registry, WriterMetrics};
+use pv_writer::writer::{Writer, WriterConfig};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const PROVISIONER: &str = "example.com/hostpath";
+
+fn pv_json(name: &str, claim_uid: &str, with_source: bool) -> serde_json::Value {
+    let mut spec = json!({
+        "capacity": {"storage": "1Gi"},
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Delete",
+        "storageClassName": "fast",
+        "volumeMode": "Filesystem",
+        "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "default", "name": format!("claim-{claim_uid}"), "uid": claim_uid},
+    });
+    if with_source {
+        spec["hostPath"] = json!({"path": format!("/tmp/{name}")});
+    }
+    json!({"apiVersion": "v1", "kind": "PersistentVolume",
+           "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
+           "spec": spec})
+}
+
+fn entry(uid: &str) -> QueuedPvWrite {
+    entry_with(uid, true)
+}
+
+fn entry_with(uid: &str, valid: bool) -> QueuedPvWrite {
+    let name = format!("pvc-{uid}");
+    QueuedPvWrite {
+        version: SCHEMA_VERSION,
+        pv: serde_json::from_value(pv_json(&name, uid, valid)).unwrap(),
+        claim: ClaimKey {
+            namespace: "default".into(),
+            name: format!("claim-{uid}"),
+            uid: uid.into(),
+        },
+        class: "fast".into(),
+        enqueued_at_ms: now_ms(),
+    }
+}
+
+struct Fixture {
+    sim: e2e::sim::SimHandle,
+    redis: RedisServer,
+    queue: PvQueue,
+    registry: Registry,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+        let redis = RedisServer::start(&dir.path().join("redis"), &dir.path().join("redis.log"))
+            .await
+            .unwrap();
+        let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
+        Fixture {
+            sim,
+            redis,
+            queue,
+            registry: Registry::new(),
+            readiness: Readiness::default(),
+            shutdown: CancellationToken::new(),
+            task: None,
+            _dir: dir,
+        }
+    }
+
+    async fn start_writer(&mut self, retry_initial: Duration, retry_max: Duration) {
+        let metrics = WriterMetrics::register(&self.registry);
+        let queue = PvQueue::connect(&self.redis.url(), PROVISIONER)
+            .await
+            .unwrap();
+        let writer = Arc::new(Writer::new(
+            queue,
+            self.sim.client().unwrap(),
+            "pv-writer-test",
+            metrics,
+            WriterConfig {
+                workers: 8,
+                retry_initial,
+                retry_max,
+                write_timeout: Duration::from_secs(5),
+                visibility_timeout: Duration::from_secs(30),
+            },
+        ));
+        self.readiness.set_leading(true);
+        self.task = Some(tokio::spawn(
+            writer.run(self.shutdown.clone(), self.readiness.clone()),
+        ));
+    }
+
+    fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
+        let text = common::metrics::render(&self.registry);
+        let prefix = match label {
+            Some((k, v)) => format!("{name}{{{k}=\"{v}\"}} "),
+            None => format!("{name} "),
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(0.0)
+    }
+
+    fn pv_claim_uid(&self, name: &str) -> Option<String> {
+        self.sim
+            .object("persistentvolumes", "", name)
+            .and_then(|pv| pv["spec"]["claimRef"]["uid"].as_str().map(String::from))
+    }
+
+    fn events(&self, reason: &str) -> Vec<serde_json::Value> {
+        self.sim
+            .objects("events.events.k8s.io")
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    }
+
+    async fn wait_drained(&self, timeout: Duration) {
+        let q = self.queue.clone();
+        wait_until(timeout, "queue drained", || {
+            let q = q.clone();
+            async move { q.stats().await.map(|s| s.depth == 0).unwrap_or(false) }
+        })
+        .await
+        .unwrap();
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(t) = self.task.take() {
+            t.await.unwrap().unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn drains_entries_into_pvs_with_events_and_is_idempotent() {
+    let mut f = Fixture::new().await;
+    for i in 0..40 {
+        f.queue.enqueue(&entry(&format!("u{i}"))).await.unwrap();
+        // Re-enqueue of the same PV name does not duplicate.
+        f.queue.enqueue(&entry(&format!("u{i}"))).await.unwrap();
+    }
+    assert_eq!(f.queue.stats().await.unwrap().depth, 40);
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    f.wait_drained(Duration::from_secs(20)).await;
+    assert_eq!(f.sim.count("persistentvolumes"), 40);
+    for i in 0..40 {
+        assert_eq!(
+            f.pv_claim_uid(&format!("pvc-u{i}")).as_deref(),
+            Some(format!("u{i}").as_str())
+        );
+        assert!(!f.queue.is_pending(&format!("pvc-u{i}")).await.unwrap());
+    }
+    assert_eq!(f.sim.stats().count("create", "persistentvolumes"), 40);
+    assert_eq!(
+        f.metric("pv_writer_writes_total", Some(("outcome", "created"))),
+        40.0
+    );
+    let q = f.queue.clone();
+    let sim_events = || f.events("ProvisioningSucceeded").len();
+    wait_until(
+        Duration::from_secs(5),
+        "40 ProvisioningSucceeded events",
+        || {
+            let n = sim_events();
+            async move { n == 40 }
+        },
+    )
+    .await
+    .unwrap();
+    let ev = &f.events("ProvisioningSucceeded")[0];
+    assert_eq!(ev["type"], "Normal");
+    assert_eq!(ev["regarding"]["kind"], "PersistentVolumeClaim");
+    assert!(ev["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("Successfully provisioned volume pvc-u"));
+    assert!(f.readiness.is_ready());
+    drop(q);
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn already_exists_and_invalid_entries_are_settled_without_blind_retries() {
+    let mut f = Fixture::new().await;
+    // Same claim uid already written (an earlier attempt): success.
+    f.sim
+        .create_object("persistentvolumes", "", pv_json("pvc-same", "same", true))
+        .unwrap();
+    // Another claim owns the PV name: dead letter.
+    f.sim
+        .create_object(
+            "persistentvolumes",
+            "",
+            pv_json("pvc-other", "someone-else", true),
+        )
+        .unwrap();
+    let mut same = entry("same");
+    same.pv.metadata.name = Some("pvc-same".into());
+    let mut other = entry("other");
+    other.pv.metadata.name = Some("pvc-other".into());
+    f.queue.enqueue(&same).await.unwrap();
+    f.queue.enqueue(&other).await.unwrap();
+    f.queue
+        .enqueue(&entry_with("invalid", false))
+        .await
+        .unwrap();
+    // Unreadable entries: dead-lettered, the worker keeps going.
+    f.queue
+        .enqueue_raw("pvc-garbled", b"{not json", now_ms(), 0)
+        .await
+        .unwrap();
+    let mut v = serde_json::to_value(entry("future")).unwrap();
+    v["version"] = 99.into();
+    f.queue
+        .enqueue_raw("pvc-future", &serde_json::to_vec(&v).unwrap(), now_ms(), 0)
+        .await
+        .unwrap();
+    f.queue.enqueue(&entry("ok")).await.unwrap();
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    f.wait_drained(Duration::from_secs(10)).await;
+    // Give a blind retry time to show up; there must be none.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        f.sim.stats().count("create", "persistentvolumes"),
+        4,
+        "same, other, invalid, ok: once each"
+    );
+
+    let dead = f.queue.list_dead().await.unwrap();
+    let names: Vec<_> = dead.iter().map(|d| d.pv_name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["pvc-future", "pvc-garbled", "pvc-invalid", "pvc-other"]
+    );
+    assert!(
+        dead[0].reason.contains("unknown record version 99"),
+        "{}",
+        dead[0].reason
+    );
+    assert!(
+        dead[1]
+            .reason
+            .starts_with("unreadable queue entry: garbled record"),
+        "{}",
+        dead[1].reason
+    );
+    assert!(
+        dead[2]
+            .reason
+            .starts_with("API server rejected PV pvc-invalid as invalid"),
+        "{}",
+        dead[2].reason
+    );
+    assert!(
+        dead[3]
+            .reason
+            .contains("already exists for claim default/claim-someone-else (uid someone-else)"),
+        "{}",
+        dead[3].reason
+    );
+    assert_eq!(f.pv_claim_uid("pvc-same").as_deref(), Some("same"));
+    assert_eq!(
+        f.pv_claim_uid("pvc-other").as_deref(),
+        Some("someone-else"),
+        "never overwritten"
+    );
+    assert_eq!(f.pv_claim_uid("pvc-ok").as_deref(), Some("ok"));
+    assert!(
+        f.queue.is_pending("pvc-other").await.unwrap(),
+        "a dead letter still blocks re-provisioning"
+    );
+    assert_eq!(
+        f.metric(
+            "pv_writer_writes_total",
+            Some(("outcome", "already_exists"))
+        ),
+        1.0
+    );
+    assert_eq!(
+        f.metric("pv_writer_writes_total", Some(("outcome", "created"))),
+        1.0
+    );
+    assert_eq!(
+        f.metric("pv_writer_writes_total", Some(("outcome", "dead_letter"))),
+        4.0
+    );
+    assert_eq!(
+        f.metric(
+            "pv_writer_dead_letters_total",
+            Some(("reason", "claimed_by_other"))
+        ),
+        1.0
+    );
+    assert_eq!(
+        f.metric("pv_writer_dead_letters_total", Some(("reason", "invalid"))),
+        1.0
+    );
+    assert_eq!(
+        f.metric("pv_writer_dead_letters_total", Some(("reason", "garbled"))),
+        1.0
+    );
+    assert_eq!(
+        f.metric(
+            "pv_writer_dead_letters_total",
+            Some(("reason", "unknown_version"))
+        ),
+        1.0
+    );
+    wait_until(Duration::from_secs(3), "dead-letter gauge", || {
+        let v = f.metric("pv_writer_queue_dead_letters", None);
+        async move { v == 4.0 }
+    })
+    .await
+    .unwrap();
+    let warnings = f.events("ProvisioningFailed");
+    let mut claims: Vec<_> = warnings
+        .iter()
+        .map(|e| e["regarding"]["name"].as_str().unwrap().to_string())
+        .collect();
+    claims.sort();
+    assert_eq!(claims, ["claim-invalid", "claim-other"]);
+    assert!(warnings.iter().all(|e| e["type"] == "Warning"));
+
+    // Operator resolves the conflict and requeues the dead letter.
+    let api: Api<PersistentVolume> = Api::all(f.sim.client().unwrap());
+    api.delete("pvc-other", &DeleteParams::default())
+        .await
+        .unwrap();
+    let out = pv_writer::queue_cmd::run_queue_command(
+        &f.queue,
+        &pv_writer::QueueCommand::Requeue {
+            pv_name: "pvc-other".into(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(out, "requeued dead letter pvc-other\n");
+    f.wait_drained(Duration::from_secs(10)).await;
+    assert_eq!(f.pv_claim_uid("pvc-other").as_deref(), Some("other"));
+    let err = pv_writer::queue_cmd::run_queue_command(
+        &f.queue,
+        &pv_writer::QueueCommand::Requeue {
+            pv_name: "pvc-ok".into(),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.to_string(), "PV pvc-ok is not in the queue");
+    let listing = pv_writer::queue_cmd::run_queue_command(&f.queue, &pv_writer::QueueCommand::Dead)
+        .await
+        .unwrap();
+    assert_eq!(listing.lines().count(), 4, "{listing}");
+    assert!(
+        listing
+            .lines()
+            .nth(3)
+            .unwrap()
+            .starts_with("pvc-invalid\tdefault/claim-invalid (uid invalid)\t0\t"),
+        "{listing}"
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn transient_failures_are_retried_with_backoff() {
+    let mut f = Fixture::new().await;
+    f.sim
+        .inject_fault(FaultSpec::error(500, &["create"], &["persistentvolumes"]).times(3));
+    f.queue.enqueue(&entry("t")).await.unwrap();
+    let started = Instant::now();
+    f.start_writer(Duration::from_millis(200), Duration::from_secs(5))
+        .await;
+    f.wait_drained(Duration::from_secs(10)).await;
+    let took = started.elapsed();
+    // Backoff 200 + 400 + 800 ms, each at least 80 %: ≥ 1.12 s.
+    assert!(took >= Duration::from_millis(1120), "{took:?}");
+    assert!(took < Duration::from_secs(4), "{took:?}");
+    assert_eq!(f.pv_claim_uid("pvc-t").as_deref(), Some("t"));
+    assert_eq!(f.sim.stats().count("create", "persistentvolumes"), 4);
+    assert_eq!(f.metric("pv_writer_retries_total", None), 3.0);
+    assert_eq!(
+        f.metric("pv_writer_writes_total", Some(("outcome", "retry"))),
+        3.0
+    );
+    assert_eq!(
+        f.metric("pv_writer_writes_total", Some(("outcome", "created"))),
+        1.0
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn redis_restarts_with_pending_entries_lose_nothing() {
+    let mut f = Fixture::new().await;
+    for i in 0..100 {
+        f.queue.enqueue(&entry(&format!("r{i}"))).await.unwrap();
+    }
+    // appendfsync everysec: acknowledged writes are on disk within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    f.redis.restart(true).await.unwrap();
+    // The test's own connection reconnects in the background; its first command may fail.
+    let q = f.queue.clone();
+    wait_until(
+        Duration::from_secs(5),
+        "all 100 entries back after the restart",
+        || {
+            let q = q.clone();
+            async move { q.stats().await.map(|s| s.depth == 100).unwrap_or(false) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // Slow the API server so Redis crashes mid-drain too.
+    f.sim.set_latency(Duration::from_millis(20));
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    let sim = &f.sim;
+    wait_until(Duration::from_secs(10), "some PVs written", || {
+        let n = sim.count("persistentvolumes");
+        async move { n >= 20 }
+    })
+    .await
+    .unwrap();
+    f.redis.stop(true);
+    let readiness = f.readiness.clone();
+    wait_until(
+        Duration::from_secs(10),
+        "not ready while Redis is down",
+        || {
+            let r = readiness.is_ready();
+            async move { !r }
+        },
+    )
+    .await
+    .unwrap();
+    f.redis.restart(false).await.unwrap();
+    f.wait_drained(Duration::from_secs(30)).await;
+    assert!(f.readiness.is_ready());
+    assert_eq!(f.sim.count("persistentvolumes"), 100);
+    for i in 0..100 {
+        assert_eq!(
+            f.pv_claim_uid(&format!("pvc-r{i}")).as_deref(),
+            Some(format!("r{i}").as_str())
+        );
+    }
+    assert!(f.queue.list_dead().await.unwrap().is_empty());
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn api_outage_of_30s_then_all_written_within_seconds() {
+    let mut f = Fixture::new().await;
+    let outage = Duration::from_secs(30);
+    f.sim.inject_fault(
+        FaultSpec::error(503, &["create", "get"], &["persistentvolumes"]).for_duration(outage),
+    );
+    let fault_start = Instant::now();
+    for i in 0..200 {
+        f.queue.enqueue(&entry(&format!("o{i}"))).await.unwrap();
+    }
+    // Default flags: --retry-initial 1s, --retry-max 5m.
+    f.start_writer(Duration::from_secs(1), Duration::from_secs(300))
+        .await;
+    tokio::time::sleep(outage - Duration::from_secs(1)).await;
+    assert_eq!(f.sim.count("persistentvolumes"), 0);
+    f.wait_drained(Duration::from_secs(20)).await;
+    let after_recovery = fault_start.elapsed().saturating_sub(outage);
+    println!("all 200 PVs written {after_recovery:?} after the API server recovered");
+    assert!(
+        after_recovery < Duration::from_secs(5),
+        "{after_recovery:?}"
+    );
+    assert_eq!(f.sim.count("persistentvolumes"), 200);
+    let retries = f.metric("pv_writer_retries_total", None);
+    // kube's client retries 503 a few times itself before pv-writer sees a failure.
+    println!(
+        "retries scheduled: {retries}, PV create requests: {}",
+        f.sim.stats().count("create", "persistentvolumes")
+    );
+    assert!(retries >= 1.0, "{retries}");
+    f.stop().await;
+}
