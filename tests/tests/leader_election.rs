@@ -29,13 +29,13 @@ async fn sim() -> SimHandle {
 }
 
 async fn elector(sim: &SimHandle, id: &str) -> LeaderElector {
-    LeaderElector::new(sim.client().unwrap(), NS, LEASE, id, timing())
+    LeaderElector::new(client(&sim), NS, LEASE, id, timing())
         .await
         .expect("lease prepared")
 }
 
 async fn holder(sim: &SimHandle) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(sim.client().unwrap(), NS);
+    let leases: Api<Lease> = Api::namespaced(client(&sim), NS);
     leases
         .get(LEASE)
         .await
@@ -45,7 +45,7 @@ async fn holder(sim: &SimHandle) -> Option<String> {
 }
 
 async fn renew_time(sim: &SimHandle) -> String {
-    let leases: Api<Lease> = Api::namespaced(sim.client().unwrap(), NS);
+    let leases: Api<Lease> = Api::namespaced(client(&sim), NS);
     let spec = leases.get(LEASE).await.unwrap().spec.unwrap();
     format!("{:?}", spec.renew_time.expect("renewTime set").0)
 }
@@ -146,7 +146,7 @@ async fn leader_stops_at_once_when_another_holder_appears() {
     let sim = sim().await;
     let a = elector(&sim, "replica-a").await;
     assert!(a.acquire(&CancellationToken::new()).await);
-    let leases: Api<Lease> = Api::namespaced(sim.client().unwrap(), NS);
+    let leases: Api<Lease> = Api::namespaced(client(&sim), NS);
     leases
         .patch(
             LEASE,
@@ -159,4 +159,11 @@ async fn leader_stops_at_once_when_another_holder_appears() {
         .await
         .expect("lead reported lost");
     assert_eq!(lost, LeadLost::OtherHolder("intruder".into()));
+}
+
+/// A client built the way the services build theirs (`common::kube_client`).
+fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
+    let mut config = kube::Config::new(sim.url().parse().unwrap());
+    config.default_namespace = "default".into();
+    common::kube_client::build_client(config, 0.0, 0).unwrap()
 }

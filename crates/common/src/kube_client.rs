@@ -49,7 +49,14 @@ pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
 /// limit (see [`rate_limit_window`]) as a [`RateLimitLayer`].
 ///
 /// Errors: TLS or connector setup failures from kube.
-pub fn build_client(config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
+///
+/// kube's built-in retry layer (`Config::default_retry`: up to 15 retries of
+/// 429/503/504 with backoff growing to 1000 s) is switched off: every caller
+/// here has its own retry policy (work-queue backoff, pv-writer's per-entry
+/// backoff, the Lease retry period), and a request hidden in minutes of retries
+/// would blind the leader's renew-deadline watchdog.
+pub fn build_client(mut config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
+    config.default_retry = false;
     let builder = ClientBuilder::try_from(config).context("building Kubernetes client")?;
     Ok(match rate_limit_window(qps, burst) {
         Some((num, per)) => builder.with_layer(&RateLimitLayer::new(num, per)).build(),

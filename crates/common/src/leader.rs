@@ -232,7 +232,13 @@ impl LeaderElector {
         let mut confirmed_at = Instant::now();
         loop {
             tokio::time::sleep(self.timing.retry_period).await;
-            match self.leases.get_opt(&self.lease_name).await {
+            let read = tokio::time::timeout(
+                self.timing.retry_period,
+                self.leases.get_opt(&self.lease_name),
+            )
+            .await;
+            match read.unwrap_or_else(|_| Err(kube::Error::Service("lease read timed out".into())))
+            {
                 Ok(None) => return LeadLost::LeaseDeleted,
                 Ok(Some(lease)) => {
                     let spec = lease.spec.unwrap_or_default();
