@@ -27,6 +27,7 @@ pub mod faults;
 pub mod http;
 pub mod patch;
 pub mod pv_controller;
+pub mod raw;
 pub mod registry;
 pub mod resources;
 pub mod selectors;
