@@ -176,17 +176,16 @@ pub async fn run_with_orphan_pv(
                 let store = store.clone();
                 tokio::spawn(async move {
                     let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
-                    sweep::run_once(
-                        &redis_url,
-                        &provisioner,
-                        sweep_api,
+                    let job = sweep::SweepJob {
+                        redis_url,
+                        provisioner_name: provisioner,
+                        pvs: sweep_api,
                         backend,
-                        cached,
-                        reclaim.sweep_orphans,
+                        delete: reclaim.sweep_orphans,
                         orphan_pv,
-                        sweep_metrics,
-                    )
-                    .await;
+                        metrics: sweep_metrics,
+                    };
+                    sweep::run_once(job, cached).await;
                 });
             };
             controller::run_loop(

@@ -169,18 +169,37 @@ pub async fn sweep(
     Ok(orphans)
 }
 
+/// Everything one leader-start sweep needs besides the PV cache.
+pub struct SweepJob {
+    /// Redis URL of the queue and intents (`--redis-url`).
+    pub redis_url: String,
+    /// Our provisioner name (Redis key prefix).
+    pub provisioner_name: String,
+    /// PV API, for the live existence check.
+    pub pvs: Api<PersistentVolume>,
+    /// The backend whose volumes are swept.
+    pub backend: Arc<dyn Provisioner>,
+    /// `--sweep-orphans`: delete what is found.
+    pub delete: bool,
+    /// How to address an orphan for the backend's delete.
+    pub orphan_pv: Option<OrphanPvFn>,
+    /// Gauges to set.
+    pub metrics: SweepMetrics,
+}
+
 /// Connect to Redis and run [`sweep`] once; every failure is logged (the
 /// sweep is a report, never a reason to stop the service).
-pub async fn run_once(
-    redis_url: &str,
-    provisioner_name: &str,
-    pvs: Api<PersistentVolume>,
-    backend: Arc<dyn Provisioner>,
-    cached_pv: impl Fn(&str) -> bool,
-    delete: bool,
-    orphan_pv: Option<OrphanPvFn>,
-    metrics: SweepMetrics,
-) {
+pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
+    let SweepJob {
+        redis_url,
+        provisioner_name,
+        pvs,
+        backend,
+        delete,
+        orphan_pv,
+        metrics,
+    } = job;
+    let (redis_url, provisioner_name) = (redis_url.as_str(), provisioner_name.as_str());
     let intents = match IntentStore::connect(redis_url, provisioner_name).await {
         Ok(s) => s,
         Err(e) => {
