@@ -471,7 +471,19 @@ impl System {
     /// Errors: the API failed.
     pub async fn events_by_reason(&self) -> anyhow::Result<BTreeMap<String, usize>> {
         let mut out = BTreeMap::new();
-        let values: Vec<Value> = match &self.sim {
+        for e in self.event_values().await? {
+            if let Some(r) = e["reason"].as_str() {
+                *out.entry(r.to_string()).or_default() += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every event object (core/v1 and events.k8s.io/v1) as JSON.
+    ///
+    /// Errors: the API failed.
+    pub async fn event_values(&self) -> anyhow::Result<Vec<Value>> {
+        Ok(match &self.sim {
             Some(sim) => {
                 let mut v = sim.objects("events");
                 v.extend(sim.objects("events.events.k8s.io"));
@@ -489,13 +501,33 @@ impl System {
                 }
                 v
             }
-        };
-        for e in values {
-            if let Some(r) = e["reason"].as_str() {
-                *out.entry(r.to_string()).or_default() += 1;
+        })
+    }
+
+    /// Number of distinct objects (claims) that have at least one event with
+    /// `reason` (`regarding` of events.k8s.io/v1, `involvedObject` of core/v1).
+    /// Unlike [`System::events`], a retried emission after a crash does not
+    /// change it.
+    ///
+    /// Errors: see [`System::events_by_reason`].
+    pub async fn objects_with_event(&self, reason: &str) -> anyhow::Result<usize> {
+        let mut names = std::collections::BTreeSet::new();
+        for e in self.event_values().await? {
+            if e["reason"].as_str() == Some(reason) {
+                let obj = if e["regarding"].is_object() {
+                    &e["regarding"]
+                } else {
+                    &e["involvedObject"]
+                };
+                names.insert(format!(
+                    "{}/{}/{}",
+                    obj["kind"].as_str().unwrap_or(""),
+                    obj["namespace"].as_str().unwrap_or(""),
+                    obj["name"].as_str().unwrap_or("")
+                ));
             }
         }
-        Ok(out)
+        Ok(names.len())
     }
 
     /// Count of events with `reason`.

@@ -1,0 +1,252 @@
+//! The main job on one machine: starts the API-server simulator (with
+//! PV-controller emulation), a private `redis-server` with AOF and the three
+//! service binaries as separate processes; creates a StorageClass and a batch
+//! of claims; shows them provisioned and Bound with their directories; deletes
+//! them; shows the volumes reclaimed; prints a summary and stops everything.
+//!
+//! `cargo run --release -p e2e --bin demo [-- --claims N] [-- --kubeconfig PATH]`.
+//! With `--kubeconfig` the services run against that cluster instead of the
+//! simulator (the directories are created on this machine).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use e2e::harness::{Profile, Service, System, SystemOptions};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "demo",
+    about = "Provision and reclaim a batch of claims with the three services, end to end"
+)]
+struct Args {
+    /// Number of claims to create.
+    #[arg(long, default_value_t = 20)]
+    claims: usize,
+    /// Run against this cluster instead of the built-in API-server simulator.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace of the claims (created in the simulator's `default` otherwise).
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// Name of the StorageClass to create.
+    #[arg(long, default_value = "demo-hostpath")]
+    storage_class: String,
+    /// Upper bound of each phase (provisioning, reclaiming), in seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout_secs: u64,
+    /// Keep the run directory (service logs, Redis AOF) and print its path.
+    #[arg(long)]
+    keep_logs: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\ndemo FAILED: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<()> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let target = match &args.kubeconfig {
+        Some(p) => format!("cluster from {}", p.display()),
+        None => "API-server simulator (in-process, PV-controller emulation)".into(),
+    };
+    println!(
+        "split-provisioner demo: {} claims against the {target}",
+        args.claims
+    );
+    println!("building/locating the service binaries (cargo build --release -p provision-svc -p pv-writer -p reclaim-svc) ...");
+    let t0 = Instant::now();
+    let mut sys = System::start(SystemOptions {
+        profile: Profile::current(),
+        external_kubeconfig: args.kubeconfig.clone(),
+        namespace: args.namespace.clone(),
+        keep_dir: args.keep_logs,
+        ..Default::default()
+    })
+    .await?;
+    println!(
+        "started redis-server (AOF) on port {} and provision-svc, pv-writer, reclaim-svc (pids {}) in {:.1?}",
+        sys.redis.port(),
+        sys.services
+            .iter()
+            .map(|p| p.process.pid().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        t0.elapsed()
+    );
+    println!("run directory: {}", sys.root.display());
+
+    let result = phases(&mut sys, args, timeout).await;
+    if result.is_err() {
+        eprintln!("\nservice log tails:\n{}", sys.log_tails(20));
+    }
+    // Stop everything (SIGTERM with a grace period) whatever happened.
+    sys.shutdown();
+    let exits: Vec<String> = sys
+        .services
+        .iter_mut()
+        .map(|p| format!("{} {:?}", p.identity(), p.process.exit_status()))
+        .collect();
+    println!("stopped: {}", exits.join("; "));
+    if args.kubeconfig.is_some() {
+        use k8s_openapi::api::storage::v1::StorageClass;
+        let _ = kube::Api::<StorageClass>::all(sys.client.clone())
+            .delete(&args.storage_class, &Default::default())
+            .await;
+    }
+    result
+}
+
+async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Result<()> {
+    let n = args.claims;
+    for s in Service::ALL {
+        let r = sys.wait_leader(s, Duration::from_secs(30)).await?;
+        println!(
+            "{} replica {r} holds Lease {}",
+            s.binary_name(),
+            s.lease_name(&sys.settings.provisioner_name)
+        );
+    }
+
+    sys.create_storage_class(&args.storage_class, "Immediate", &[])
+        .await?;
+    println!(
+        "created StorageClass {} (provisioner {}, reclaimPolicy Delete)",
+        args.storage_class, sys.settings.provisioner_name
+    );
+
+    let t = Instant::now();
+    let claims = sys.create_claims("demo", n, &args.storage_class).await?;
+    println!(
+        "created {n} claims in namespace {} ({:.1?})",
+        args.namespace,
+        t.elapsed()
+    );
+    sys.wait_provisioned(n, timeout).await?;
+    let provision_time = t.elapsed();
+    let pvs = sys.pvs().await?;
+    let dirs_created = sys.dir_count();
+    let bound = sys.bound_claims().await?;
+    println!(
+        "provisioned: {} PVs, {bound} claims Bound, {dirs_created} directories under {} ({:.2?})",
+        pvs.len(),
+        sys.base_dir().display(),
+        provision_time
+    );
+    let mut claims_view = sys.claims().await?;
+    claims_view.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    println!(
+        "  {:<12} {:<8} {:<44} directory",
+        "CLAIM", "STATUS", "VOLUME"
+    );
+    for c in claims_view.iter().take(5) {
+        let volume = c
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .unwrap_or_default();
+        let dir = pvs
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(volume.as_str()))
+            .and_then(|p| {
+                p.spec
+                    .as_ref()?
+                    .host_path
+                    .as_ref()
+                    .map(|h| h.path.clone())
+                    .or_else(|| p.spec.as_ref()?.local.as_ref().map(|l| l.path.clone()))
+            })
+            .unwrap_or_default();
+        let phase = c
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        println!(
+            "  {:<12} {:<8} {:<44} {dir}",
+            c.metadata.name.as_deref().unwrap_or(""),
+            phase,
+            volume
+        );
+    }
+    if n > 5 {
+        println!("  ... and {} more", n - 5);
+    }
+    let events = sys.events_by_reason().await?;
+
+    let t = Instant::now();
+    sys.delete_claims(&claims).await?;
+    println!("deleted {n} claims");
+    sys.wait_reclaimed(timeout).await?;
+    let reclaim_time = t.elapsed();
+    println!(
+        "reclaimed: 0 PVs and {} directories left ({:.2?})",
+        sys.dir_count(),
+        reclaim_time
+    );
+
+    let rate = |d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    println!("\nsummary");
+    println!("  {:<40} {:>10}", "claims created", n);
+    println!(
+        "  {:<40} {:>10}",
+        "PVs created / claims Bound",
+        format!("{} / {bound}", pvs.len())
+    );
+    println!("  {:<40} {:>10}", "directories created", dirs_created);
+    println!(
+        "  {:<40} {:>10}",
+        "Provisioning events",
+        events.get("Provisioning").copied().unwrap_or(0)
+    );
+    println!(
+        "  {:<40} {:>10}",
+        "ProvisioningSucceeded events",
+        events.get("ProvisioningSucceeded").copied().unwrap_or(0)
+    );
+    println!(
+        "  {:<40} {:>10.2?}",
+        "creation -> all Bound", provision_time
+    );
+    println!(
+        "  {:<40} {:>10.1}",
+        "provisioning throughput (claims/s)",
+        rate(provision_time)
+    );
+    println!(
+        "  {:<40} {:>10.2?}",
+        "deletion -> all reclaimed", reclaim_time
+    );
+    println!(
+        "  {:<40} {:>10.1}",
+        "reclaim throughput (volumes/s)",
+        rate(reclaim_time)
+    );
+    println!(
+        "  {:<40} {:>10}",
+        "PVs / directories left",
+        format!("{} / {}", sys.pvs().await?.len(), sys.dir_count())
+    );
+    if let Some(sim) = &sys.sim {
+        println!(
+            "  {:<40} {:>10}",
+            "API requests served by the simulator",
+            sim.stats().total
+        );
+    }
+    anyhow::ensure!(
+        pvs.len() == n && bound == n && dirs_created == n,
+        "not every claim was provisioned"
+    );
+    anyhow::ensure!(sys.dir_count() == 0, "directories left after reclaim");
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! End-to-end: the three real service binaries, a real `redis-server` and the
+//! API-server simulator. Lifecycle scenarios without failures: a batch of 100
+//! claims provisioned and reclaimed, `WaitForFirstConsumer`, reschedule when
+//! the selected node does not exist, bad StorageClass parameters, and a claim
+//! deleted while its volume is being provisioned. Every wait is bounded.
+
+use std::time::Duration;
+
+use e2e::harness::{Service, System, SystemOptions};
+use e2e::sim::FaultSpec;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Patch, PatchParams};
+
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+async fn system() -> System {
+    let mut sys = System::start(SystemOptions::default())
+        .await
+        .expect("system starts");
+    sys.wait_leaders(Duration::from_secs(20))
+        .await
+        .expect("every service elects a leader");
+    sys
+}
+
+/// Panic with the service log tails when `r` is an error.
+fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_claims_are_provisioned_bound_and_reclaimed() {
+    let sys = system().await;
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
+    let claims = sys.create_claims("data", 100, "hostpath").await.unwrap();
+
+    check(
+        &sys,
+        sys.wait_provisioned(100, Duration::from_secs(60)).await,
+    );
+    // Every PV is pvc-<claim uid>, points back at its claim, and its directory
+    // is <base>/<pv name>.
+    let pvs = sys.pvs().await.unwrap();
+    for claim in sys.claims().await.unwrap() {
+        let uid = claim.metadata.uid.clone().unwrap();
+        let pv_name = format!("pvc-{uid}");
+        let pv = pvs
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pv_name.as_str()))
+            .unwrap_or_else(|| panic!("no PV {pv_name}"));
+        let spec = pv.spec.as_ref().unwrap();
+        let claim_ref = spec.claim_ref.as_ref().unwrap();
+        assert_eq!(claim_ref.uid.as_deref(), Some(uid.as_str()));
+        assert_eq!(claim_ref.name, claim.metadata.name);
+        assert_eq!(spec.storage_class_name.as_deref(), Some("hostpath"));
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+        assert!(sys.base_dir().join(&pv_name).is_dir(), "{pv_name} dir");
+        assert_eq!(
+            claim.spec.as_ref().unwrap().volume_name.as_deref(),
+            Some(pv_name.as_str())
+        );
+    }
+    // One Provisioning and one ProvisioningSucceeded event per claim, no failure.
+    let events = sys.events_by_reason().await.unwrap();
+    assert_eq!(sys.objects_with_event("Provisioning").await.unwrap(), 100);
+    assert_eq!(
+        sys.objects_with_event("ProvisioningSucceeded")
+            .await
+            .unwrap(),
+        100
+    );
+    assert_eq!(
+        events.get("ProvisioningSucceeded"),
+        Some(&100),
+        "{events:?}"
+    );
+    assert_eq!(events.get("ProvisioningFailed"), None, "{events:?}");
+
+    sys.delete_claims(&claims).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
+    assert_eq!(sys.claims().await.unwrap().len(), 0);
+    let reclaim = sys
+        .services
+        .iter()
+        .find(|p| p.service == Service::Reclaim)
+        .unwrap();
+    let m = reclaim.metrics().await.unwrap();
+    assert_eq!(
+        m.value(
+            "controller_persistentvolume_delete_total",
+            &[("class", "hostpath")]
+        ),
+        Some(100.0)
+    );
+    assert_eq!(
+        m.sum("controller_persistentvolume_delete_failed_total"),
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_first_consumer_waits_for_the_selected_node() {
+    let sys = system().await;
+    sys.create_node("node-1").await.unwrap();
+    sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
+        .await
+        .unwrap();
+    let claims = sys.create_claims("late", 5, "wffc").await.unwrap();
+
+    // No selected node: nothing may happen.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sys.pvs().await.unwrap().len(), 0);
+    assert_eq!(sys.dir_count(), 0);
+    assert_eq!(sys.events("Provisioning").await.unwrap(), 0);
+
+    // The scheduler picks node-1 for every claim.
+    let patch = serde_json::json!({"metadata": {"annotations": {SELECTED_NODE: "node-1"}}});
+    for name in &claims {
+        sys.claims_api()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    check(&sys, sys.wait_provisioned(5, Duration::from_secs(30)).await);
+    for pv in sys.pvs().await.unwrap() {
+        let affinity = serde_json::to_value(pv.spec.unwrap().node_affinity).unwrap();
+        assert_eq!(
+            affinity["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]["values"],
+            serde_json::json!(["node-1"]),
+            "{affinity}"
+        );
+    }
+    assert_eq!(
+        sys.objects_with_event("ProvisioningSucceeded")
+            .await
+            .unwrap(),
+        5
+    );
+
+    sys.delete_claims(&claims).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_selected_node_reschedules_the_claim() {
+    let sys = system().await;
+    sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
+        .await
+        .unwrap();
+    for i in 0..3 {
+        sys.create_claim(
+            &format!("orphan-{i}"),
+            "wffc",
+            &[(SELECTED_NODE, "gone-node")],
+        )
+        .await
+        .unwrap();
+    }
+    // provision-svc removes the selected-node annotation so the scheduler picks again.
+    let r = e2e::harness::wait_eq(
+        Duration::from_secs(30),
+        "claims still carrying the selected-node annotation",
+        0,
+        || async {
+            let claims: Vec<PersistentVolumeClaim> = sys.claims().await?;
+            Ok(claims
+                .iter()
+                .filter(|c| {
+                    c.metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key(SELECTED_NODE))
+                })
+                .count())
+        },
+    )
+    .await;
+    check(&sys, r);
+    assert_eq!(sys.claims().await.unwrap().len(), 3);
+    assert_eq!(
+        sys.objects_with_event("ProvisioningFailed").await.unwrap(),
+        3
+    );
+    // Nothing was provisioned and nothing is in flight.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sys.pvs().await.unwrap().len(), 0);
+    assert_eq!(sys.dir_count(), 0);
+    assert_eq!(sys.events("Provisioning").await.unwrap(), 0);
+    assert_eq!(sys.events("ProvisioningSucceeded").await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing() {
+    let sys = system().await;
+    sys.create_storage_class("bad", "Immediate", &[("path", "/etc")])
+        .await
+        .unwrap();
+    sys.create_storage_class("good", "Immediate", &[])
+        .await
+        .unwrap();
+    let bad = sys.create_claims("bad", 3, "bad").await.unwrap();
+    let good = sys.create_claims("good", 2, "good").await.unwrap();
+
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(30),
+            "claims with a ProvisioningFailed event",
+            3,
+            || sys.objects_with_event("ProvisioningFailed"),
+        )
+        .await,
+    );
+    // The good class is unaffected: exactly its 2 claims are provisioned.
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(30),
+            "(PVs, directories)",
+            (2, 2),
+            || async { Ok((sys.pvs().await?.len(), sys.dir_count())) },
+        )
+        .await,
+    );
+    let failed: Vec<String> = sys
+        .event_values()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["reason"] == "ProvisioningFailed")
+        .map(|e| {
+            e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert!(
+        failed.iter().all(|m| m.contains("path")),
+        "the event names the bad parameter: {failed:?}"
+    );
+    assert_eq!(
+        sys.objects_with_event("ProvisioningSucceeded")
+            .await
+            .unwrap(),
+        2
+    );
+    assert!(!sys.base_dir().join("etc").exists());
+
+    sys.delete_claims(&bad).await.unwrap();
+    sys.delete_claims(&good).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_deleted_while_provisioning_leaves_no_volume() {
+    let sys = system().await;
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
+    // PV creation fails for 4 s: the volume exists in the backend and its PV
+    // waits in the durable queue when the claim is deleted.
+    let fault = sys.sim().inject_fault(
+        FaultSpec::error(500, &["create"], &["persistentvolumes"])
+            .for_duration(Duration::from_secs(4)),
+    );
+    let claims = sys.create_claims("brief", 3, "hostpath").await.unwrap();
+    check(
+        &sys,
+        e2e::harness::wait_eq(Duration::from_secs(10), "volume directories", 3, || async {
+            Ok(sys.dir_count())
+        })
+        .await,
+    );
+    assert_eq!(sys.pvs().await.unwrap().len(), 0);
+    sys.delete_claims(&claims).await.unwrap();
+    sys.sim().remove_fault(fault);
+
+    // Whatever path the services take (PV written then released, or the
+    // pending write abandoned), no PV and no directory remain.
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(40)).await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(sys.pvs().await.unwrap().len(), 0);
+    assert_eq!(sys.dir_count(), 0);
+    assert_eq!(sys.claims().await.unwrap().len(), 0);
+}
