@@ -11,7 +11,8 @@
 //! * [`events`] — Kubernetes events via kube-runtime's recorder;
 //! * [`queue`] — the durable Redis PV-write queue shared by provision-svc and pv-writer;
 //! * [`intents`] — durable provisioning intents in Redis;
-//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown.
+//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
+//! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics).
 
 pub mod backend;
 pub mod config;
@@ -28,5 +29,6 @@ pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod telemetry;
+pub mod workqueue;
 
 pub use provisioner::Provisioner;

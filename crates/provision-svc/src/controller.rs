@@ -24,7 +24,7 @@ use crate::engine::{Caches, Engine, Settings};
 use crate::metrics::ServiceMetrics;
 use crate::ports::KubeCluster;
 use crate::recovery::{self, Recovery};
-use crate::workqueue::WorkQueue;
+use common::workqueue::WorkQueue;
 
 /// Settings of the claim logic from the flags.
 pub fn settings(args: &ProvisionArgs) -> Settings {
@@ -252,7 +252,7 @@ pub async fn work(
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: finishing in-flight claims");
-    queue.shutdown();
+    queue.shut_down();
     while workers.join_next().await.is_some() {}
     tasks.abort_all();
     ctx.readiness.set_ready(false);

@@ -33,7 +33,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
-use crate::workqueue::WorkQueue;
+use common::workqueue::WorkQueue;
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq)]

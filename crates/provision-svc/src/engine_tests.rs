@@ -28,7 +28,7 @@ use crate::engine::{Caches, Engine, OpError, Settings};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
 use crate::recovery::{self, CleanupOutcome, Recovery};
-use crate::workqueue::WorkQueue;
+use common::workqueue::WorkQueue;
 
 const NAME: &str = "example.com/hostpath";
 

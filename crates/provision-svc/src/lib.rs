@@ -10,7 +10,7 @@
 //!   handling, `syncClaim` and the per-claim retry/threshold handling;
 //! * [`ports`] — the side effects behind traits (Kubernetes, queue, intents);
 //! * [`recovery`] — the leader's start-up walk over durable intents;
-//! * [`workqueue`] — the de-duplicating claim work queue;
+//! * [`common::workqueue`] — the de-duplicating claim work queue (shared);
 //! * [`controller`] — reflectors, workers, resync, graceful shutdown;
 //! * [`metrics`] — the seed's provisioning metrics and the service's gauges;
 //! * [`api_calls`] — the Kubernetes API calls made, for RBAC checks.
@@ -23,7 +23,6 @@ pub mod engine;
 pub mod metrics;
 pub mod ports;
 pub mod recovery;
-pub mod workqueue;
 
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
-use crate::workqueue::WorkQueue;
+use common::workqueue::WorkQueue;
 
 /// Tuning of the control loop.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ pub async fn process_item(
     key: &str,
     store: &Store<PersistentVolume>,
     reclaimer: &Reclaimer,
-    queue: &Arc<WorkQueue>,
+    queue: &WorkQueue,
     retry: &RetryPolicy<String>,
     config: &LoopConfig,
 ) -> Result<(), SyncError> {
@@ -98,7 +98,7 @@ pub async fn run_loop(
         let (store, reclaimer, queue, retry, config) = (
             store.clone(),
             Arc::clone(&reclaimer),
-            Arc::clone(&queue),
+            queue.clone(),
             Arc::clone(&retry),
             config.clone(),
         );

@@ -16,7 +16,7 @@
 //!    ([`controller`]).
 //!
 //! Modules: [`decision`] (pure rules), [`finalizer`] (conflict-safe finalizer
-//! patch), [`operation`] (sync and delete operation), [`workqueue`],
+//! patch), [`operation`] (sync and delete operation), [`common::workqueue`],
 //! [`controller`] (reflector + workers), [`api_calls`] (RBAC declaration).
 
 pub mod api_calls;
@@ -25,7 +25,6 @@ pub mod decision;
 pub mod finalizer;
 pub mod operation;
 pub mod sweep;
-pub mod workqueue;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -21,7 +21,7 @@ use kube::{Api, Client};
 use prometheus::Registry;
 use reclaim_svc::controller::{process_item, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
-use reclaim_svc::workqueue::WorkQueue;
+use common::workqueue::WorkQueue;
 
 const ME: &str = "example.com/hostpath";
 

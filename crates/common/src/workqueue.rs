@@ -1,0 +1,219 @@
+//! A de-duplicating work queue with client-go workqueue semantics, as the seed's
+//! claim and volume queues rely on them:
+//!
+//! * a key queued twice before a worker takes it is processed once;
+//! * a key is never handed to two workers at once — a key added while it is
+//!   being processed is queued again when its worker calls [`WorkQueue::done`];
+//! * [`WorkQueue::add_after`] queues a key after a delay (the retry path);
+//! * after [`WorkQueue::shut_down`], [`WorkQueue::get`] returns `None` and adds
+//!   are ignored, so workers finish their in-flight item and stop.
+//!
+//! Why not kube-runtime's `Controller`: the seed keys claims by uid and keeps
+//! processing a claim that is provisioning in the background after the claim
+//! object is gone from the cache; `Controller` drops every request whose object
+//! is missing from its store. The services still use kube-runtime's watcher and
+//! reflector stores to feed this queue.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<String>,
+    dirty: HashSet<String>,
+    processing: HashSet<String>,
+    shutting_down: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+/// The queue; cheap to clone (all clones share one queue).
+#[derive(Clone, Default)]
+pub struct WorkQueue {
+    inner: Arc<Inner>,
+}
+
+impl WorkQueue {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().expect("work queue poisoned")
+    }
+
+    /// Queue `key` unless it is already waiting; if a worker holds it, it is
+    /// queued again once that worker calls [`done`](Self::done).
+    pub fn add(&self, key: &str) {
+        let mut s = self.state();
+        if s.shutting_down || !s.dirty.insert(key.to_string()) {
+            return;
+        }
+        if s.processing.contains(key) {
+            return;
+        }
+        s.queue.push_back(key.to_string());
+        drop(s);
+        self.inner.notify.notify_one();
+    }
+
+    /// Queue `key` after `delay` (immediately when zero). Dropped if the queue
+    /// shuts down meanwhile.
+    pub fn add_after(&self, key: &str, delay: Duration) {
+        if delay.is_zero() {
+            self.add(key);
+            return;
+        }
+        let queue = self.clone();
+        let key = key.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(&key);
+        });
+    }
+
+    /// Wait for the next key and mark it as being processed; `None` once the
+    /// queue is shut down.
+    pub async fn get(&self) -> Option<String> {
+        loop {
+            let notified = self.inner.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.state();
+                if s.shutting_down {
+                    return None;
+                }
+                if let Some(key) = s.queue.pop_front() {
+                    s.dirty.remove(&key);
+                    s.processing.insert(key.clone());
+                    let more = !s.queue.is_empty();
+                    drop(s);
+                    if more {
+                        // Pass the wake-up on so idle workers pick up the rest.
+                        self.inner.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Mark `key` as no longer being processed; re-queue it if it was added meanwhile.
+    pub fn done(&self, key: &str) {
+        let mut s = self.state();
+        s.processing.remove(key);
+        if s.dirty.contains(key) && !s.shutting_down {
+            s.queue.push_back(key.to_string());
+            drop(s);
+            self.inner.notify.notify_one();
+        }
+    }
+
+    /// Stop handing out keys; waiting [`get`](Self::get) calls return `None`.
+    pub fn shut_down(&self) {
+        self.state().shutting_down = true;
+        self.inner.notify.notify_waiters();
+    }
+
+    /// Keys waiting to be processed (not counting those being processed).
+    pub fn len(&self) -> usize {
+        self.state().queue.len()
+    }
+
+    /// Whether no key is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn duplicates_are_collapsed() {
+        let q = WorkQueue::new();
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        assert_eq!(q.get().await.as_deref(), Some("b"));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_added_while_processing_is_requeued_on_done() {
+        let q = WorkQueue::new();
+        q.add("a");
+        let k = q.get().await.unwrap();
+        q.add("a");
+        q.add("a");
+        assert_eq!(q.len(), 0, "not handed out twice concurrently");
+        q.done(&k);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.get().await.as_deref(), Some("a"));
+        q.done("a");
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn add_after_waits_and_shutdown_releases_waiters() {
+        let q = WorkQueue::new();
+        q.add_after("late", Duration::from_secs(15));
+        assert!(q.is_empty());
+        let start = tokio::time::Instant::now();
+        assert_eq!(q.get().await.as_deref(), Some("late"));
+        assert_eq!(start.elapsed(), Duration::from_secs(15));
+
+        let waiter = tokio::spawn({
+            let q = q.clone();
+            async move { q.get().await }
+        });
+        tokio::task::yield_now().await;
+        q.shut_down();
+        assert_eq!(waiter.await.unwrap(), None);
+        q.add("ignored");
+        assert!(q.is_empty());
+        assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test]
+    async fn many_workers_drain_each_key_once() {
+        let q = WorkQueue::new();
+        for i in 0..200 {
+            q.add(&format!("k{i}"));
+        }
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (q, seen) = (q.clone(), seen.clone());
+                tokio::spawn(async move {
+                    while let Ok(Some(k)) =
+                        tokio::time::timeout(Duration::from_millis(100), q.get()).await
+                    {
+                        seen.lock().unwrap().push(k.clone());
+                        q.done(&k);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await.unwrap();
+        }
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 200);
+    }
+}
