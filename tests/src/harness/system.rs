@@ -191,6 +191,23 @@ impl System {
         p.wait_healthy(Duration::from_secs(30)).await
     }
 
+    /// Restart every replica whose process has exited (as the kubelet restarts
+    /// a container: a replica that lost its Lease exits non-zero). Returns how
+    /// many were restarted.
+    ///
+    /// Errors: a restart failed.
+    pub async fn restart_exited(&mut self) -> anyhow::Result<usize> {
+        let exited: Vec<(Service, usize)> = self
+            .services
+            .iter_mut()
+            .filter_map(|p| (!p.process.is_running()).then_some((p.service, p.replica)))
+            .collect();
+        for (s, r) in &exited {
+            self.restart(*s, *r).await?;
+        }
+        Ok(exited.len())
+    }
+
     /// Holder identity of `service`'s Lease, if any.
     pub async fn lease_holder(&self, service: Service) -> Option<String> {
         let name = service.lease_name(&self.settings.provisioner_name);
