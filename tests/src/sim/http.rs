@@ -68,7 +68,7 @@ fn hex(s: &str) -> String {
 }
 
 fn unhex(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> = (0..s.len())
@@ -165,9 +165,9 @@ async fn dispatch(State(st): State<Arc<AppState>>, req: Request) -> Response {
         (&Method::DELETE, true) => "delete",
         (&Method::DELETE, false) => "deletecollection",
         _ => {
-            return error(&ApiError::method_not_allowed(format!(
-                "the server does not allow this method on the requested resource"
-            )))
+            return error(&ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ))
         }
     };
     if t.sub == Sub::Status && !matches!(verb, "get" | "update" | "patch") {

@@ -322,15 +322,14 @@ impl Ctl {
         };
         let pv = p.obj.clone();
         let phase = s(&pv, &["status", "phase"]).to_string();
-        if deleting(&pv) {
-            if self.cfg.remove_protection_finalizers
-                && phase != "Bound"
-                && finalizers(&pv).iter().any(|f| f == PV_PROTECTION)
-            {
-                self.modify(PV, "", name, Sub::Main, |v| {
-                    remove_finalizer(v, PV_PROTECTION)
-                });
-            }
+        if deleting(&pv)
+            && self.cfg.remove_protection_finalizers
+            && phase != "Bound"
+            && finalizers(&pv).iter().any(|f| f == PV_PROTECTION)
+        {
+            self.modify(PV, "", name, Sub::Main, |v| {
+                remove_finalizer(v, PV_PROTECTION)
+            });
         }
         let cr_name = s(&pv, &["spec", "claimRef", "name"]).to_string();
         if cr_name.is_empty() {

@@ -31,10 +31,7 @@ impl RawResponse {
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(pos) = b.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(pos) = b.windows(2).position(|w| w == b"\r\n") {
         let len = usize::from_str_radix(std::str::from_utf8(&b[..pos]).unwrap_or("0").trim(), 16)
             .unwrap_or(0);
         if len == 0 {
