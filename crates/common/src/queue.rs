@@ -19,6 +19,7 @@
 //! | `P pv-queue:attempts` | hash | PV name → failed write attempts so far (drives the backoff). |
 //! | `P pv-queue:enqueued` | sorted set | PV name, score = enqueue (or requeue) time (ms); its minimum is the oldest pending age. |
 //! | `P pv-queue:dead` | hash | PV name → [`DeadLetter`] JSON (reason, time, attempts). The payload stays in `payloads`, so a dead letter is never lost and can be requeued. |
+//! | `P pv-queue:wakeup` | list | At most one token, pushed by an enqueue; the writer blocks on it ([`PvQueue::wait_for_work`]) instead of polling, so a new entry is taken within a round trip. Losing it only costs one poll interval. |
 //!
 //! Every entry is in exactly one of `due`, `inflight` or `dead`, and in
 //! `payloads` for as long as it is in any of them. Every change touching more
@@ -162,6 +163,15 @@ impl QueueStats {
 pub struct PvQueue {
     conn: ConnectionManager,
     keys: Keys,
+    /// Client for the dedicated connection that blocks on the wake-up list
+    /// (a blocking command would stall every other command on `conn`).
+    waker: Option<Waker>,
+}
+
+#[derive(Clone)]
+struct Waker {
+    client: redis::Client,
+    conn: std::sync::Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
 }
 
 #[derive(Clone)]
@@ -172,6 +182,7 @@ struct Keys {
     attempts: String,
     enqueued: String,
     dead: String,
+    wakeup: String,
 }
 
 impl Keys {
@@ -184,11 +195,12 @@ impl Keys {
             attempts: format!("{p}pv-queue:attempts"),
             enqueued: format!("{p}pv-queue:enqueued"),
             dead: format!("{p}pv-queue:dead"),
+            wakeup: format!("{p}pv-queue:wakeup"),
         }
     }
 }
 
-// KEYS: payloads, due, enqueued. ARGV: pv name, payload, now ms, enqueued ms.
+// KEYS: payloads, due, enqueued, wakeup. ARGV: pv name, payload, now ms, enqueued ms.
 // Returns 1 when newly queued, 0 when the PV name was already in the queue.
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -196,6 +208,9 @@ static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  if redis.call('LLEN', KEYS[4]) == 0 then
+    redis.call('RPUSH', KEYS[4], '1')
+  end
   return 1
 end
 return 0
@@ -326,7 +341,12 @@ impl PvQueue {
                 url: redact(redis_url),
                 source,
             })?;
-        Ok(Self::with_connection(conn, provisioner_name))
+        let mut queue = Self::with_connection(conn, provisioner_name);
+        queue.waker = redis::Client::open(redis_url).ok().map(|client| Waker {
+            client,
+            conn: Default::default(),
+        });
+        Ok(queue)
     }
 
     /// A queue over an existing connection (embedding, tests).
@@ -334,6 +354,7 @@ impl PvQueue {
         PvQueue {
             conn,
             keys: Keys::new(provisioner_name),
+            waker: None,
         }
     }
 
@@ -376,6 +397,7 @@ impl PvQueue {
             .key(&self.keys.payloads)
             .key(&self.keys.due)
             .key(&self.keys.enqueued)
+            .key(&self.keys.wakeup)
             .arg(pv_name)
             .arg(payload)
             .arg(now_ms)
@@ -384,6 +406,45 @@ impl PvQueue {
             .await
             .map_err(cmd("enqueue"))?;
         Ok(added == 1)
+    }
+
+    /// Wait until an enqueue signals new work, or `timeout` passes (the caller
+    /// then polls anyway, so a lost signal costs at most `timeout`). Blocks on
+    /// the wake-up list over a dedicated connection; a queue made with
+    /// [`with_connection`](Self::with_connection) just sleeps `timeout`.
+    ///
+    /// Returns `true` when woken by an enqueue.
+    ///
+    /// Errors: [`QueueError::Command`] when Redis cannot be reached; the
+    /// connection is re-made on the next call.
+    pub async fn wait_for_work(&self, timeout: Duration) -> Result<bool, QueueError> {
+        let Some(waker) = &self.waker else {
+            tokio::time::sleep(timeout).await;
+            return Ok(false);
+        };
+        let mut slot = waker.conn.lock().await;
+        if slot.is_none() {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_response_timeout(Some(timeout + Duration::from_secs(2)));
+            let conn = waker
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(cmd("wait_for_work"))?;
+            *slot = Some(conn);
+        }
+        let conn = slot.as_mut().expect("connection just made");
+        let popped: Result<Option<(String, String)>, _> = conn
+            .blpop(&self.keys.wakeup, timeout.as_secs_f64().max(0.01))
+            .await;
+        match popped {
+            Ok(token) => Ok(token.is_some()),
+            Err(err) => {
+                *slot = None;
+                Err(cmd("wait_for_work")(err))
+            }
+        }
     }
 
     /// True while `pv_name` is in the queue: pending, in flight or dead-lettered.
@@ -818,6 +879,39 @@ mod tests {
         assert_eq!(q.stats().await.unwrap(), QueueStats::default());
         // Once completed, the same PV name may be queued again.
         assert!(q.enqueue_at(&entry("pvc-a"), 7_000).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_enqueue_wakes_a_waiting_writer_at_once() {
+        let redis = Redis::start().await;
+        let q = PvQueue::connect(&redis.url(), "example.com/hostpath")
+            .await
+            .unwrap();
+        // Idle: the wait runs to its timeout and reports no signal.
+        let started = std::time::Instant::now();
+        assert!(!q.wait_for_work(Duration::from_millis(200)).await.unwrap());
+        assert!(started.elapsed() >= Duration::from_millis(190));
+
+        let waiter = {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let woken = q.wait_for_work(Duration::from_secs(5)).await.unwrap();
+                (woken, started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        q.enqueue(&entry("pvc-w")).await.unwrap();
+        let (woken, waited) = waiter.await.unwrap();
+        assert!(woken);
+        assert!(waited < Duration::from_secs(1), "woken late: {waited:?}");
+
+        // Several enqueues leave a single token; a re-enqueue of a queued PV none.
+        q.enqueue(&entry("pvc-x")).await.unwrap();
+        q.enqueue(&entry("pvc-y")).await.unwrap();
+        assert!(q.wait_for_work(Duration::from_millis(100)).await.unwrap());
+        q.enqueue(&entry("pvc-x")).await.unwrap();
+        assert!(!q.wait_for_work(Duration::from_millis(100)).await.unwrap());
     }
 
     #[tokio::test]

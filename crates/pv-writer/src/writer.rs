@@ -46,7 +46,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{outcome, WriterMetrics};
 
-/// How often the dispatcher looks for due entries when the queue is idle.
+/// Longest the idle dispatcher waits before looking for due entries again;
+/// an enqueue wakes it at once ([`common::queue::PvQueue::wait_for_work`]), so
+/// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Pause between attempts while Redis is unreachable.
 pub const REDIS_RETRY_INTERVAL: Duration = Duration::from_millis(500);
@@ -330,7 +332,14 @@ impl Writer {
             };
             if batch.is_empty() {
                 drop(permit);
-                sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    woken = self.queue.wait_for_work(POLL_INTERVAL) => {
+                        if woken.is_err() {
+                            sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
+                        }
+                    }
+                }
                 continue;
             }
             let mut first = Some(permit);
