@@ -78,7 +78,10 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
             "killed {victim:?} at (dirs, PVs) = {at_kill:?} of {}",
             all.len()
         );
-        check(&sys, sys.restart(victim, 0).await);
+        {
+            let r = sys.restart(victim, 0).await;
+            check(&sys, r)
+        };
         assert_provisioned(&sys, all.len()).await;
     }
 
@@ -97,7 +100,10 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
         "killed reclaim-svc at {} PVs of {n}",
         sys.pvs().await.unwrap().len()
     );
-    check(&sys, sys.restart(Service::Reclaim, 0).await);
+    {
+        let r = sys.restart(Service::Reclaim, 0).await;
+        check(&sys, r)
+    };
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
     assert_eq!(sys.claims().await.unwrap().len(), 0);
 }
@@ -115,7 +121,10 @@ async fn redis_restart_loses_no_queued_pv_write() {
         })
         .await,
     );
-    check(&sys, sys.redis.restart(false).await);
+    {
+        let r = sys.redis.restart(false).await;
+        check(&sys, r)
+    };
     claims.extend(sys.create_claims("after", 10, "hostpath").await.unwrap());
     sys.sim().set_latency(Duration::ZERO);
     assert_provisioned(&sys, 40).await;
@@ -148,7 +157,10 @@ async fn two_replicas_fail_over_within_the_lease_duration() {
     // Kill every service's leader at once, mid-batch.
     let mut leaders = Vec::new();
     for s in Service::ALL {
-        let l = check(&sys, sys.wait_leader(s, Duration::from_secs(5)).await);
+        let l = {
+            let r = sys.wait_leader(s, Duration::from_secs(5)).await;
+            check(&sys, r)
+        };
         leaders.push((s, l));
     }
     for (s, l) in &leaders {
@@ -156,7 +168,10 @@ async fn two_replicas_fail_over_within_the_lease_duration() {
     }
     let killed = Instant::now();
     for (s, l) in &leaders {
-        let new = check(&sys, sys.wait_leader(*s, lease + retry * 3).await);
+        let new = {
+            let r = sys.wait_leader(*s, lease + retry * 3).await;
+            check(&sys, r)
+        };
         assert_ne!(new, *l, "{s:?}: the standby leads");
         eprintln!(
             "{s:?} failed over to replica {new} after {:?}",
@@ -206,7 +221,10 @@ async fn thirty_second_api_outage_is_survived() {
     // the kubelet does, until everything converges.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        check(&sys, sys.restart_exited().await);
+        {
+            let r = sys.restart_exited().await;
+            check(&sys, r)
+        };
         let counts = (
             sys.pvs().await.unwrap().len(),
             sys.bound_claims().await.unwrap(),
@@ -229,7 +247,10 @@ async fn thirty_second_api_outage_is_survived() {
     sys.delete_claims(&all).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        check(&sys, sys.restart_exited().await);
+        {
+            let r = sys.restart_exited().await;
+            check(&sys, r)
+        };
         if (sys.pvs().await.unwrap().len(), sys.dir_count()) == (0, 0) {
             break;
         }
