@@ -72,6 +72,19 @@ pub struct ProvisionIntent {
     pub recorded_at_ms: u64,
 }
 
+/// The claim snapshot stored next to a [`ProvisionIntent`], so a claim deleted
+/// mid-provisioning can still be found again and its asset cleaned up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IntentClaim {
+    /// Always [`SCHEMA_VERSION`] when written by this release.
+    pub version: u32,
+    /// True when the backend's last answer was `InBackground`: the claim is in the
+    /// seed's "claims in progress" and is retried even after its PVC was deleted.
+    pub in_background: bool,
+    /// The claim as it was when the backend was called.
+    pub claim: PersistentVolumeClaim,
+}
+
 /// Why a stored record could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -121,6 +134,18 @@ impl ProvisionIntent {
     /// Serialize to the stored JSON form.
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("ProvisionIntent always serializes")
+    }
+
+    /// Parse a stored record. Errors: [`DecodeError`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        decode(bytes)
+    }
+}
+
+impl IntentClaim {
+    /// Serialize to the stored JSON form.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("IntentClaim always serializes")
     }
 
     /// Parse a stored record. Errors: [`DecodeError`].

@@ -24,11 +24,11 @@
 
 use std::collections::HashMap;
 
+pub use api_types::queue::IntentClaim;
 use api_types::queue::{DecodeError, ProvisionIntent, SCHEMA_VERSION};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
-use serde::{Deserialize, Serialize};
 
 use crate::redis_store;
 
@@ -46,40 +46,6 @@ pub enum IntentError {
         /// Why it could not be read.
         source: DecodeError,
     },
-}
-
-/// The claim snapshot stored next to an intent (versioned JSON, like every record).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IntentClaim {
-    /// Always [`SCHEMA_VERSION`] when written by this release.
-    pub version: u32,
-    /// True when the backend's last answer was `InBackground`: the claim is in the
-    /// seed's "claims in progress" and is retried even after its PVC was deleted.
-    pub in_background: bool,
-    /// The claim as it was when the backend was called.
-    pub claim: PersistentVolumeClaim,
-}
-
-impl IntentClaim {
-    /// Serialize to the stored JSON form.
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("IntentClaim always serializes")
-    }
-
-    /// Parse a stored record. Errors: [`DecodeError`] (garbled, or unknown version).
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
-        match value.get("version").and_then(serde_json::Value::as_u64) {
-            Some(v) if v == u64::from(SCHEMA_VERSION) => {
-                serde_json::from_value(value).map_err(|e| DecodeError::Garbled(e.to_string()))
-            }
-            Some(found) => Err(DecodeError::UnknownVersion { found }),
-            None => Err(DecodeError::Garbled(
-                "missing numeric `version` field".to_string(),
-            )),
-        }
-    }
 }
 
 /// One recorded intent with its claim snapshot, as [`IntentStore::list_with_claims`] returns it.
