@@ -30,13 +30,10 @@ async fn system(replicas: usize) -> System {
 }
 
 /// Assert the exact end state of `n` provisioned claims: `n` PVs, `n` Bound
-/// claims, `n` directories and, when `exact_events`, one ProvisioningSucceeded
-/// per claim. Scenarios that SIGKILL pv-writer pass `false`: a pv-writer killed
-/// between its PV create and its event loses that claim's
-/// ProvisioningSucceeded event (the retried write sees `AlreadyExists` and does
-/// not emit it) — a known pv-writer gap, reported, not hidden: the PV, claim
-/// and directory counts stay exact.
-async fn assert_provisioned(sys: &System, n: usize, exact_events: bool) {
+/// claims, `n` directories and a ProvisioningSucceeded event on every claim
+/// (pv-writer publishes it before completing the queue entry, so a writer
+/// killed in between publishes it again on the retried write).
+async fn assert_provisioned(sys: &System, n: usize) {
     check(sys, sys.wait_provisioned(n, Duration::from_secs(60)).await);
     // Settle, then re-check that nothing extra appeared (no double provisioning).
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -46,14 +43,7 @@ async fn assert_provisioned(sys: &System, n: usize, exact_events: bool) {
         .objects_with_event("ProvisioningSucceeded")
         .await
         .unwrap();
-    if exact_events {
-        assert_eq!(succeeded, n);
-    } else {
-        assert!(
-            succeeded <= n,
-            "{succeeded} claims with ProvisioningSucceeded"
-        );
-    }
+    assert_eq!(succeeded, n, "claims with a ProvisioningSucceeded event");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,7 +83,7 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
             let r = sys.restart(victim, 0).await;
             check(&sys, r)
         };
-        assert_provisioned(&sys, all.len(), victim != Service::PvWriter).await;
+        assert_provisioned(&sys, all.len()).await;
     }
 
     // reclaim-svc killed in the middle of deleting the volumes.
@@ -138,7 +128,7 @@ async fn redis_restart_loses_no_queued_pv_write() {
     };
     claims.extend(sys.create_claims("after", 10, "hostpath").await.unwrap());
     sys.sim().set_latency(Duration::ZERO);
-    assert_provisioned(&sys, 40, true).await;
+    assert_provisioned(&sys, 40).await;
     for p in sys.services.iter_mut() {
         assert!(
             p.process.is_running(),
@@ -196,7 +186,7 @@ async fn two_replicas_fail_over_within_the_lease_duration() {
     );
     sys.sim().set_latency(Duration::ZERO);
     // Backend volume count equals claim count: no double provisioning, no leak.
-    assert_provisioned(&sys, 40, false).await;
+    assert_provisioned(&sys, 40).await;
 
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
@@ -206,7 +196,7 @@ async fn two_replicas_fail_over_within_the_lease_duration() {
 async fn thirty_second_api_outage_is_survived() {
     let mut sys = system(1).await;
     let first = sys.create_claims("pre", 20, "hostpath").await.unwrap();
-    assert_provisioned(&sys, 20, true).await;
+    assert_provisioned(&sys, 20).await;
 
     // The API server answers 503 to everything for 30 s and drops every watch.
     let outage = Duration::from_secs(30);
@@ -251,7 +241,7 @@ async fn thirty_second_api_outage_is_survived() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_provisioned(&sys, 30, true).await;
+    assert_provisioned(&sys, 30).await;
 
     let mut all = first;
     all.extend((0..10).map(|i| format!("during-{i:02}")));

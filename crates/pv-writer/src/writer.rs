@@ -430,15 +430,11 @@ impl Writer {
                 } else {
                     outcome::ALREADY_EXISTS
                 };
-                let Some(_) = self
-                    .settle("complete", shutdown, || self.queue.complete(&pv_name))
-                    .await
-                else {
-                    return;
-                };
-                self.metrics.writes_total.with_label_values(&[label]).inc();
-                tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
                 self.api_is_up().await;
+                // The event goes out before the entry is completed: a writer
+                // killed in between re-takes the entry, finds the PV already
+                // there and publishes again, so the claim always gets its
+                // ProvisioningSucceeded (at least once, like the write).
                 self.events
                     .publish(
                         &claim_reference(&entry.claim),
@@ -448,6 +444,14 @@ impl Writer {
                         format!("Successfully provisioned volume {pv_name}"),
                     )
                     .await;
+                let Some(_) = self
+                    .settle("complete", shutdown, || self.queue.complete(&pv_name))
+                    .await
+                else {
+                    return;
+                };
+                self.metrics.writes_total.with_label_values(&[label]).inc();
+                tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
             }
             WriteResult::Refused { kind, reason } => {
                 tracing::warn!(pv = %pv_name, claim = %entry.claim, %reason, "PV write refused; moving it to the dead-letter set");
