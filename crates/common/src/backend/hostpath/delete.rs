@@ -17,9 +17,11 @@
 //!    itself a symlink (a link to another PV's directory or to `/etc` is refused);
 //! 4. it is a directory.
 //!
-//! Removal never follows a symlink: the tree is walked with `symlink_metadata`,
-//! links are unlinked as links (their targets survive), directories are
-//! entered only when they are real directories.
+//! Once these top-level checks pass, the tree is removed with
+//! [`std::fs::remove_dir_all`], which never follows a symlink inside the volume
+//! (links are unlinked as links, their targets survive) and is race-safe
+//! against a consuming pod swapping a subdirectory for a symlink mid-walk
+//! (`openat`/`unlinkat` with `O_NOFOLLOW`, Rust >= 1.58.1).
 //!
 //! A directory that is already absent counts as deleted (idempotent), but a
 //! missing *base* directory is a [`DeleteError::Failed`] (an unmounted disk must
@@ -242,33 +244,17 @@ fn delete_blocking(
     }
 }
 
-/// Remove `dir` (a real directory) and everything in it without following
-/// any symlink: entries are classified with `symlink_metadata`; symlinks and
-/// other non-directories are unlinked, real directories are emptied, then removed.
+/// Remove `dir` (a real directory, checked by the caller) and everything in
+/// it with [`std::fs::remove_dir_all`], which never follows a symlink and is
+/// safe against a symlink swapped in while it runs (it walks with
+/// `openat`/`unlinkat` and `O_NOFOLLOW` on Unix since Rust 1.58.1,
+/// CVE-2022-21658): a pod that still has the volume mounted cannot redirect
+/// the removal outside the volume. An already-absent directory is success.
 fn remove_tree(dir: &Path) -> Result<(), DeleteError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| failed("cannot read directory", dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| failed("cannot read directory", dir, e))?;
-        let path = entry.path();
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(failed("cannot inspect", &path, e)),
-        };
-        if meta.is_dir() {
-            remove_tree(&path)?;
-        } else {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(failed("cannot remove", &path, e)),
-            }
-        }
-    }
-    match std::fs::remove_dir(dir) {
+    match std::fs::remove_dir_all(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(failed("cannot remove directory", dir, e)),
+        Err(e) => Err(failed("cannot remove volume directory", dir, e)),
     }
 }
 
@@ -358,6 +344,31 @@ mod tests {
             .unwrap();
         assert!(!base.join("pvc-1").exists());
         assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
+    }
+
+    #[tokio::test]
+    async fn nested_links_to_the_base_and_other_volumes_are_not_followed() {
+        let (_tmp, base) = setup();
+        std::fs::create_dir_all(base.join("pvc-2/inner")).unwrap();
+        std::fs::write(base.join("pvc-2/inner/keep"), b"other").unwrap();
+        std::fs::create_dir_all(base.join("pvc-1/a/b/c")).unwrap();
+        symlink(&base, base.join("pvc-1/a/b/c/to-base")).unwrap();
+        symlink(base.join("pvc-2"), base.join("pvc-1/a/to-pvc-2")).unwrap();
+        symlink("/nonexistent/dangling", base.join("pvc-1/a/b/dangling")).unwrap();
+        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1"))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
+        assert_eq!(
+            std::fs::read(base.join("pvc-2/inner/keep")).unwrap(),
+            b"other"
+        );
+        let mut left: Vec<String> = std::fs::read_dir(&base)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["pvc-2"]);
     }
 
     #[tokio::test]
