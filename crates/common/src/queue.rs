@@ -218,9 +218,12 @@ return 0
     )
 });
 
-// KEYS: payloads, due, inflight, attempts. ARGV: now ms, visibility deadline ms, limit.
+// KEYS: payloads, due, inflight, attempts, enqueued. ARGV: now ms, visibility
+// deadline ms, limit.
 // Moves expired in-flight entries back to due, then moves up to `limit` due
-// entries to in-flight and returns {name, payload, attempts} triples.
+// entries to in-flight and returns {name, payload, attempts} triples. A due
+// name without a payload (the payload hash was edited by hand) is dropped from
+// every index, so it cannot pin the oldest-pending age.
 static TAKE_DUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -238,6 +241,9 @@ for _, name in ipairs(names) do
     redis.call('ZADD', KEYS[3], ARGV[2], name)
     local attempts = redis.call('HGET', KEYS[4], name) or '0'
     table.insert(out, {name, payload, attempts})
+  else
+    redis.call('ZREM', KEYS[5], name)
+    redis.call('HDEL', KEYS[4], name)
   end
 end
 return out
@@ -479,6 +485,7 @@ impl PvQueue {
             .key(&self.keys.due)
             .key(&self.keys.inflight)
             .key(&self.keys.attempts)
+            .key(&self.keys.enqueued)
             .arg(now_ms)
             .arg(deadline)
             .arg(limit)
@@ -998,6 +1005,43 @@ mod tests {
         assert_eq!(pending[0].state, PendingState::Due(3_000));
         assert!(pending[0].entry.as_ref().unwrap_err().contains("garbled"));
         assert_eq!(q.stats().await.unwrap().oldest_enqueued_ms, Some(3_000));
+    }
+
+    #[tokio::test]
+    async fn a_due_name_without_payload_is_dropped_from_every_index() {
+        let redis = Redis::start().await;
+        let q = PvQueue::connect(&redis.url(), "p").await.unwrap();
+        q.enqueue_raw("pvc-lost", b"{}", 1_000, 500).await.unwrap();
+        q.enqueue_at(&entry("pvc-kept"), 2_000).await.unwrap();
+        // A failed attempt leaves a count in `attempts`; then the payload is
+        // removed behind the queue's back.
+        assert_eq!(q.take_due(1_000, 1, VIS).await.unwrap().len(), 1);
+        assert!(q.schedule_retry("pvc-lost", 1_500, 3).await.unwrap());
+        let mut conn = q.conn.clone();
+        let removed: i64 = conn.hdel(&q.keys.payloads, "pvc-lost").await.unwrap();
+        assert_eq!(removed, 1);
+
+        let taken: Vec<_> = q
+            .take_due(3_000, 10, VIS)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.pv_name)
+            .collect();
+        assert_eq!(taken, ["pvc-kept"]);
+        let enqueued: Vec<String> = conn.zrange(&q.keys.enqueued, 0, -1).await.unwrap();
+        assert_eq!(enqueued, ["pvc-kept"]);
+        let attempts: Option<String> = conn.hget(&q.keys.attempts, "pvc-lost").await.unwrap();
+        assert_eq!(attempts, None);
+        assert_eq!(
+            q.stats().await.unwrap(),
+            QueueStats {
+                depth: 1,
+                dead: 0,
+                oldest_enqueued_ms: Some(1_000)
+            },
+            "pvc-lost (enqueued at 500) no longer counts as the oldest pending entry"
+        );
     }
 
     #[tokio::test]
