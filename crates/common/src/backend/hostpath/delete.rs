@@ -8,6 +8,10 @@
 //! `<base-dir>/<name>`, and only when all of these hold (otherwise
 //! [`DeleteError::Refused`] names the failed rule and nothing is changed):
 //!
+//! 0. when the backend has a `--node-name` (`NODE_NAME`), the PV's
+//!    `kubernetes.io/hostname` node affinity, if any, names that node (a PV
+//!    pinned to another node has its directory there: it is refused rather
+//!    than reported deleted because the directory is absent here);
 //! 1. `<name>` is one plain path component (no `/`, not `.`/`..`, not empty);
 //! 2. the PV has `spec.hostPath`, and its `path` equals `<base-dir>/<name>`
 //!    component-wise (so `/base//pvc-1/` matches, `/base/x/../pvc-1` does not),
@@ -52,12 +56,15 @@ pub const VOLUME_PREFIX: &str = "pvc-";
 pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
     let base = backend.base_dir.clone();
     let on_delete = backend.on_delete;
+    let node_name = backend.node_name.clone();
     let volume = volume.clone();
-    tokio::task::spawn_blocking(move || delete_blocking(&base, on_delete, &volume))
-        .await
-        .map_err(|e| DeleteError::Failed {
-            reason: format!("hostpath delete task failed: {e}"),
-        })?
+    tokio::task::spawn_blocking(move || {
+        delete_blocking(&base, node_name.as_deref(), on_delete, &volume)
+    })
+    .await
+    .map_err(|e| DeleteError::Failed {
+        reason: format!("hostpath delete task failed: {e}"),
+    })?
 }
 
 /// PV names whose directories exist under the base directory: the names of the
@@ -129,6 +136,47 @@ fn failed(what: &str, path: &Path, err: io::Error) -> DeleteError {
     }
 }
 
+/// The node names in `volume`'s required node affinity for the
+/// `kubernetes.io/hostname` label (`In` expressions of every term), sorted and
+/// deduplicated; empty when the PV has no such affinity.
+pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
+    let mut nodes: Vec<String> = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+        .into_iter()
+        .flat_map(|r| r.node_selector_terms.iter())
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .filter(|e| e.key == super::provision::HOSTNAME_LABEL && e.operator == "In")
+        .flat_map(|e| e.values.iter().flatten().cloned())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// Rule 0 of the module docs: with a `--node-name`, a PV pinned by
+/// `kubernetes.io/hostname` affinity to other node(s) only is refused — its
+/// directory lives on that node, so "absent here" must not count as deleted.
+fn check_node(
+    node_name: Option<&str>,
+    name: &str,
+    volume: &PersistentVolume,
+) -> Result<(), DeleteError> {
+    let Some(own) = node_name else {
+        return Ok(());
+    };
+    let nodes = affinity_nodes(volume);
+    if nodes.is_empty() || nodes.iter().any(|n| n == own) {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "PV {name} is pinned to node {} but this reclaimer runs on node {own:?} (--node-name); its directory can only be removed on that node",
+        nodes.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+    )))
+}
+
 /// Rules 1 and 2 of the module docs; returns the PV name.
 fn checked_name<'a>(base: &Path, volume: &'a PersistentVolume) -> Result<&'a str, DeleteError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
@@ -166,10 +214,12 @@ fn checked_name<'a>(base: &Path, volume: &'a PersistentVolume) -> Result<&'a str
 
 fn delete_blocking(
     base: &Path,
+    node_name: Option<&str>,
     on_delete: OnDelete,
     volume: &PersistentVolume,
 ) -> Result<(), DeleteError> {
     let name = checked_name(base, volume)?;
+    check_node(node_name, name, volume)?;
     if on_delete == OnDelete::Retain {
         tracing::info!(pv = name, path = %base.join(name).display(), "on-delete retain: leaving hostpath volume directory in place");
         return Ok(());
@@ -264,6 +314,45 @@ mod tests {
     use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::os::unix::fs::symlink;
+
+    fn pinned(mut pv: PersistentVolume, node: &str) -> PersistentVolume {
+        pv.spec.as_mut().unwrap().node_affinity =
+            Some(crate::backend::hostpath::provision::node_affinity(node));
+        pv
+    }
+
+    #[tokio::test]
+    async fn a_pv_pinned_to_another_node_is_refused_with_node_name() {
+        let (_tmp, base) = setup();
+        let mut b = backend(&base, OnDelete::Delete);
+        b.node_name = Some("node-1".into());
+        // Directory absent here: still refused, not "already deleted".
+        let reason = is_refused(delete(&b, &pinned(pv_at(&base, "pvc-9"), "node-2")).await);
+        assert_eq!(
+            reason,
+            "PV pvc-9 is pinned to node \"node-2\" but this reclaimer runs on node \"node-1\" (--node-name); its directory can only be removed on that node"
+        );
+        // Directory present here (same name on a shared base): left in place.
+        is_refused(delete(&b, &pinned(pv_at(&base, "pvc-1"), "node-2")).await);
+        assert!(base.join("pvc-1/data/file").exists());
+        // Pinned to this node: removed.
+        delete(&b, &pinned(pv_at(&base, "pvc-1"), "node-1"))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
+    }
+
+    #[tokio::test]
+    async fn without_node_name_the_affinity_is_not_checked() {
+        let (_tmp, base) = setup();
+        delete(
+            &backend(&base, OnDelete::Delete),
+            &pinned(pv_at(&base, "pvc-1"), "node-2"),
+        )
+        .await
+        .unwrap();
+        assert!(!base.join("pvc-1").exists());
+    }
 
     fn backend(base: &Path, on_delete: OnDelete) -> HostPath {
         HostPath {

@@ -39,7 +39,12 @@ pub struct HostPathArgs {
     )]
     pub base_dir: PathBuf,
 
-    /// Node for the PV's node affinity when the claim has no selected node.
+    /// The node this service runs on (where `--base-dir` lives). Used for the
+    /// PV's node affinity when the claim has no selected node. When set, a
+    /// claim whose selected node is another node is rescheduled (its
+    /// selected-node annotation is removed), and reclaim refuses to delete a PV
+    /// whose `kubernetes.io/hostname` affinity names another node. Unset: any
+    /// selected node is used and no node check is made at reclaim.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 
@@ -53,7 +58,9 @@ pub struct HostPathArgs {
 pub struct HostPath {
     /// Directory under which volumes live.
     pub base_dir: PathBuf,
-    /// Fallback node for node affinity.
+    /// The node this backend's base directory is on: fallback node for node
+    /// affinity, and the only node provisioning and deletion act for (see
+    /// [`HostPathArgs::node_name`]).
     pub node_name: Option<String>,
     /// Treatment of released volumes' directories.
     pub on_delete: OnDelete,

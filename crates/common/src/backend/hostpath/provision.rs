@@ -15,15 +15,21 @@
 //! or a parameter meant for another backend is never silently ignored.
 //!
 //! Every rejection is a [`ProvisionError::Failed`] with state
-//! [`ProvisioningState::Finished`](api_types::ProvisioningState::Finished): no
-//! asset was made; provision-svc reports it as a `ProvisioningFailed` event.
+//! [`ProvisioningState::Finished`]: no asset was made; provision-svc reports it
+//! as a `ProvisioningFailed` event. One exception: when the backend has a
+//! `--node-name` and the claim's selected node (`WaitForFirstConsumer`) is a
+//! different node, the directory cannot be created there (it would be created
+//! on this node while the pod runs on the other), so the failure has state
+//! [`ProvisioningState::Reschedule`]: provision-svc removes the claim's
+//! selected-node annotation and the scheduler picks again (seed
+//! `ProvisioningReschedule`). Without `--node-name` any selected node is used.
 //!
 //! Idempotent per PV name: an existing directory is reused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use api_types::{ProvisionError, ProvisionOptions};
+use api_types::{ProvisionError, ProvisionOptions, ProvisioningState};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
@@ -49,7 +55,9 @@ pub const VOLUME_DIR_MODE: u32 = 0o777;
 /// Create `<base-dir>/<pv name>` (and the base directory if missing) and return
 /// its PV. See the module docs for the PV's shape and the rejections.
 ///
-/// Errors: [`ProvisionError::Failed`] (state `Finished`) for a StorageClass
+/// Errors: [`ProvisionError::Failed`] with state `Reschedule` when `--node-name`
+/// is set and the claim's selected node is another node; state `Finished`
+/// for a StorageClass
 /// parameter, `Block` volume mode, a missing or non-positive storage request,
 /// a claim without access modes, no node to pin to, a PV name that is not a
 /// single path component, or a filesystem error.
@@ -91,10 +99,21 @@ pub async fn provision(
     if access_modes.is_empty() {
         return Err(ProvisionError::finished("claim has no access modes"));
     }
-    let node = options
+    let selected = options
         .selected_node
         .as_ref()
-        .and_then(|n| n.metadata.name.clone())
+        .and_then(|n| n.metadata.name.clone());
+    if let (Some(selected), Some(own)) = (selected.as_deref(), backend.node_name.as_deref()) {
+        if selected != own {
+            return Err(ProvisionError::Failed {
+                state: ProvisioningState::Reschedule,
+                reason: format!(
+                    "selected node {selected:?} is not this provisioner's node {own:?}: the hostpath directory can only be created on {own:?}"
+                ),
+            });
+        }
+    }
+    let node = selected
         .or_else(|| backend.node_name.clone())
         .ok_or_else(|| {
             ProvisionError::finished(
@@ -277,7 +296,6 @@ async fn create_volume_dir(base: &Path, path: &PathBuf) -> Result<(), ProvisionE
 mod tests {
     use super::*;
     use crate::backend::hostpath::OnDelete;
-    use api_types::ProvisioningState;
     use k8s_openapi::api::core::v1::{
         Node, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
     };
@@ -385,7 +403,7 @@ mod tests {
     #[tokio::test]
     async fn selected_node_and_class_reclaim_policy_win_and_repeat_is_idempotent() {
         let tmp = tempfile::tempdir().unwrap();
-        let b = backend(tmp.path(), Some("fallback"));
+        let b = backend(tmp.path(), None);
         let mut opts = options(Some("5M"));
         opts.storage_class.reclaim_policy = Some("Retain".into());
         opts.selected_node = Some(Node {
@@ -411,6 +429,51 @@ mod tests {
         );
         assert_eq!(spec.node_affinity, Some(node_affinity("node-b")));
         assert_eq!(spec.mount_options, None);
+    }
+
+    fn on_node(mut opts: ProvisionOptions, node: &str) -> ProvisionOptions {
+        opts.selected_node = Some(Node {
+            metadata: ObjectMeta {
+                name: Some(node.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        opts
+    }
+
+    #[tokio::test]
+    async fn a_selected_node_other_than_node_name_reschedules_and_creates_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path(), Some("storage-node"));
+        let e = provision(&b, &on_node(options(Some("1Gi")), "other-node"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e,
+            ProvisionError::Failed {
+                state: ProvisioningState::Reschedule,
+                reason: "selected node \"other-node\" is not this provisioner's node \"storage-node\": the hostpath directory can only be created on \"storage-node\"".into(),
+            }
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+
+        // The same node is fine, and without --node-name any selected node is used.
+        let pv = provision(&b, &on_node(options(Some("1Gi")), "storage-node"))
+            .await
+            .unwrap();
+        assert_eq!(
+            pv.spec.unwrap().node_affinity,
+            Some(node_affinity("storage-node"))
+        );
+        let anywhere = backend(tmp.path(), None);
+        let pv = provision(&anywhere, &on_node(options(Some("1Gi")), "node-x"))
+            .await
+            .unwrap();
+        assert_eq!(
+            pv.spec.unwrap().node_affinity,
+            Some(node_affinity("node-x"))
+        );
     }
 
     #[tokio::test]
