@@ -12,6 +12,7 @@
 //! * [`queue`] — the durable Redis PV-write queue shared by provision-svc and pv-writer;
 //! * [`intents`] — durable provisioning intents in Redis;
 //! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
+//! * [`time`] — [`time::now_ms`], the one wall-clock timestamp (ms since the Unix epoch);
 //! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics).
 
 pub mod backend;
@@ -29,6 +30,7 @@ pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod telemetry;
+pub mod time;
 pub mod workqueue;
 
 pub use provisioner::Provisioner;

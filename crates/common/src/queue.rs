@@ -39,7 +39,7 @@
 //! [`now_ms`]) so tests can control them; only the pv-writer leader consumes.
 
 use std::sync::LazyLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use api_types::queue::{ClaimKey, QueuedPvWrite};
 use redis::aio::ConnectionManager;
@@ -80,13 +80,9 @@ pub enum QueueError {
     },
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
+/// Re-exported for callers that already import it from here; the one
+/// definition is [`crate::time::now_ms`].
+pub use crate::time::now_ms;
 
 /// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
 /// writer, which dead-letters it when garbled) and its failure count.

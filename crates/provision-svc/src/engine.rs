@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, SCHEMA_VERSION};
 use api_types::{
@@ -23,10 +23,11 @@ use api_types::{
     ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
     FINALIZER_PV,
 };
-use common::events::reason;
+use common::events::{claim_reference, reason};
 use common::retry::{FailureThreshold, RetryPolicy};
+use common::time::now_ms;
 use common::Provisioner;
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -660,27 +661,6 @@ impl Engine {
             }
         }
     }
-}
-
-/// Reference to `claim` for the PV's `claimRef` (seed `ref.GetReference`).
-pub fn claim_reference(claim: &PersistentVolumeClaim) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("PersistentVolumeClaim".into()),
-        namespace: claim.metadata.namespace.clone(),
-        name: claim.metadata.name.clone(),
-        uid: claim.metadata.uid.clone(),
-        resource_version: claim.metadata.resource_version.clone(),
-        ..Default::default()
-    }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 
 use std::fmt::Write as _;
 
-use common::queue::{now_ms, DeadLetter, PendingEntry, PendingState, PvQueue};
+use common::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
+use common::time::now_ms;
 
 use crate::cli::QueueCommand;
 
