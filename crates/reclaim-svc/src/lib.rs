@@ -74,10 +74,19 @@ pub struct ReclaimArgs {
     #[arg(long, env = "WORKER_THREADS", default_value_t = 4)]
     pub worker_threads: usize,
 
-    /// Delete orphaned backend volumes the leader-start sweep finds (no PV, no
-    /// pending PV write, no provisioning intent). Off: report them only.
+    /// Archive orphaned backend volumes the leader-start sweep finds (no PV, no
+    /// pending PV write, no provisioning intent) once their directory is older
+    /// than --sweep-min-age: renamed `archived-<name>` in the base directory,
+    /// never removed, whatever --on-delete says — such a directory may be a
+    /// Retain volume whose PV an admin deleted, or another provisioner's
+    /// in-flight volume in a shared base directory. Off: report them only.
     #[arg(long, env = "SWEEP_ORPHANS", default_value_t = false, action = clap::ArgAction::Set)]
     pub sweep_orphans: bool,
+
+    /// Minimum age (newer of directory mtime/ctime) before --sweep-orphans
+    /// archives an orphaned volume; younger orphans are only reported.
+    #[arg(long, env = "SWEEP_MIN_AGE", default_value = "1h", value_parser = parse_duration)]
+    pub sweep_min_age: Duration,
 }
 
 /// The reclaim-svc command line.
@@ -117,9 +126,10 @@ pub async fn run(
     run_with_orphan_pv(common, retry, reclaim, backend, None).await
 }
 
-/// [`run`], plus how to address an orphaned volume for the backend's delete
-/// (`orphan_pv`, see [`sweep::OrphanPvFn`]). Without it the leader-start orphan
-/// sweep only reports, even with `--sweep-orphans`.
+/// [`run`], plus how to address an orphaned `hostPath` volume (`orphan_pv`,
+/// see [`sweep::OrphanPvFn`]) so `--sweep-orphans` can archive it (see
+/// [`sweep`]: never removed, only when older than `--sweep-min-age`). Without
+/// it the leader-start orphan sweep only reports, even with `--sweep-orphans`.
 ///
 /// Errors: as [`run`].
 pub async fn run_with_orphan_pv(
@@ -166,36 +176,53 @@ pub async fn run_with_orphan_pv(
                 "starting PV reclaim loop"
             );
             let readiness = ctx.readiness.clone();
-            let redis_url = ctx.args.redis_url.clone();
-            let provisioner = ctx.args.provisioner_name.clone();
-            let sweep_api = api.clone();
-            // Once the reflector has synced: ready, and one orphan sweep.
+            // Once the reflector has synced: ready, and hand the PV cache to the sweep.
+            let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<PersistentVolume>>();
             let on_synced = move |store: &Store<PersistentVolume>| {
                 readiness.set_ready(true);
-                let store = store.clone();
-                tokio::spawn(async move {
-                    let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
-                    let job = sweep::SweepJob {
-                        redis_url,
-                        provisioner_name: provisioner,
-                        pvs: sweep_api,
-                        backend,
-                        delete: reclaim.sweep_orphans,
-                        orphan_pv,
-                        metrics: sweep_metrics,
-                    };
-                    sweep::run_once(job, cached).await;
-                });
+                let _ = synced_tx.send(store.clone());
             };
-            controller::run_loop(
+            // One orphan sweep per leadership, owned by this work future: it
+            // stops on shutdown, and is dropped with the loop (or when the
+            // runtime aborts the work future on a lost Lease).
+            let archiver: Option<Arc<dyn sweep::OrphanArchiver>> = match orphan_pv {
+                Some(f) if reclaim.sweep_orphans => Some(Arc::new(sweep::HostPathArchiver(f))),
+                _ => None,
+            };
+            let job = sweep::SweepJob {
+                redis_url: ctx.args.redis_url.clone(),
+                provisioner_name: ctx.args.provisioner_name.clone(),
+                pvs: api.clone(),
+                backend,
+                archiver,
+                min_age: reclaim.sweep_min_age,
+                shutdown: ctx.shutdown.clone(),
+                metrics: sweep_metrics,
+            };
+            let sweep_shutdown = ctx.shutdown.clone();
+            let sweep_task = async move {
+                let Ok(store) = synced_rx.await else {
+                    return;
+                };
+                let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
+                tokio::select! {
+                    _ = sweep_shutdown.cancelled() => {}
+                    _ = sweep::run_once(job, cached) => {}
+                }
+            };
+            let control_loop = controller::run_loop(
                 api,
                 reclaimer,
                 policy,
                 config,
                 ctx.shutdown.clone(),
                 on_synced,
-            )
-            .await
+            );
+            tokio::pin!(control_loop, sweep_task);
+            tokio::select! {
+                result = &mut control_loop => result,
+                () = &mut sweep_task => control_loop.await,
+            }
         },
     )
     .await
@@ -214,6 +241,7 @@ mod tests {
         assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
         assert_eq!(cli.reclaim.worker_threads, 4);
         assert!(!cli.reclaim.sweep_orphans);
+        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(3600));
     }
 
     #[test]
@@ -228,6 +256,8 @@ mod tests {
             "--on-delete",
             "archive",
             "--sweep-orphans=true",
+            "--sweep-min-age",
+            "6h",
         ])
         .unwrap();
         assert!(cli.reclaim.add_finalizer);
@@ -238,5 +268,6 @@ mod tests {
             common::backend::hostpath::OnDelete::Archive
         );
         assert!(cli.reclaim.sweep_orphans);
+        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(6 * 3600));
     }
 }

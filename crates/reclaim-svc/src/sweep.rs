@@ -2,16 +2,34 @@
 //! PV reflector has synced, list the backend's volumes and find those that
 //! nothing accounts for — no provisioning intent, no pending PV write in the
 //! durable queue, and no PV (checked live on the API server, not in the
-//! possibly lagging cache). They are reported (log + gauge) and, with
-//! `--sweep-orphans`, deleted through the backend.
+//! possibly lagging cache). They are reported (log + gauge `reclaim_orphan_volumes`).
 //!
 //! The checks run in the reverse order of a volume's life (intent → queue
 //! entry → PV), so a volume moving along that path while the sweep runs is
 //! always seen in at least one place. Any lookup error aborts the sweep:
 //! "unknown" is never treated as "orphan".
+//!
+//! # The sweep never destroys data
+//!
+//! "Nothing accounts for it" is also the normal state of data that must be
+//! kept: the directory of a `Retain` PV that an admin deleted, or a volume of
+//! *another* provisioner name sharing the base directory while it is in flight
+//! or dead-lettered (our Redis prefix does not see its intents or queue
+//! entries). So with `--sweep-orphans` an orphan is only acted on when
+//!
+//! * its directory is older than `--sweep-min-age` (default 1h), and
+//! * it is still an orphan when re-checked right before acting, and
+//! * the service is not shutting down (the sweep runs inside the leader's work
+//!   future, so it also stops when the Lease is lost);
+//!
+//! and the action is always an **archive** (rename to `archived-<name>` in the
+//! base directory, see [`common::backend::hostpath::delete::archive_orphan`]),
+//! whatever `--on-delete` says. An admin removes archived directories by hand.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use common::backend::hostpath::delete::{archive_orphan, OrphanOutcome};
 use common::intents::IntentStore;
 use common::metrics;
 use common::queue::PvQueue;
@@ -19,18 +37,42 @@ use common::Provisioner;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
 use prometheus::{IntGauge, Registry};
+use tokio_util::sync::CancellationToken;
 
-/// Builds the PV handed to the backend's delete for an orphan named `pv_name`
-/// (the backend needs to know where the asset lives, e.g. `spec.hostPath`).
+/// Builds the PV addressing an orphan named `pv_name` (`spec.hostPath.path` =
+/// `<base-dir>/<pv_name>`, e.g. hostpath's `volume_for_directory`), for
+/// [`HostPathArchiver`].
 pub type OrphanPvFn = Arc<dyn Fn(&str) -> PersistentVolume + Send + Sync>;
+
+/// Archives an orphaned volume (never removes it).
+#[async_trait::async_trait]
+pub trait OrphanArchiver: Send + Sync {
+    /// Archive the orphan `pv_name` if it is at least `min_age` old.
+    ///
+    /// Errors: the archive was refused or failed (message for the log).
+    async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String>;
+}
+
+/// [`OrphanArchiver`] for `hostPath` volumes: renames `<base-dir>/<name>` to
+/// `<base-dir>/archived-<name>` with the hostpath backend's safety checks.
+pub struct HostPathArchiver(pub OrphanPvFn);
+
+#[async_trait::async_trait]
+impl OrphanArchiver for HostPathArchiver {
+    async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
+        archive_orphan(&(self.0)(pv_name), min_age)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
 
 /// Gauges of the last sweep.
 #[derive(Clone)]
 pub struct SweepMetrics {
     /// `reclaim_orphan_volumes`: orphans the last sweep found.
     pub found: IntGauge,
-    /// `reclaim_orphan_volumes_deleted`: orphans the last sweep deleted.
-    pub deleted: IntGauge,
+    /// `reclaim_orphan_volumes_archived`: orphans the last sweep archived.
+    pub archived: IntGauge,
 }
 
 impl SweepMetrics {
@@ -42,10 +84,10 @@ impl SweepMetrics {
                 "reclaim_orphan_volumes",
                 "Backend volumes found by the last orphan sweep with no PV, no pending PV write and no provisioning intent.",
             ),
-            deleted: metrics::gauge(
+            archived: metrics::gauge(
                 registry,
-                "reclaim_orphan_volumes_deleted",
-                "Orphaned backend volumes deleted by the last orphan sweep (only with --sweep-orphans).",
+                "reclaim_orphan_volumes_archived",
+                "Orphaned backend volumes older than --sweep-min-age archived (renamed archived-<name>, never removed) by the last orphan sweep (only with --sweep-orphans).",
             ),
         }
     }
@@ -101,7 +143,7 @@ impl Accounting for LiveAccounting {
 /// Errors: the first lookup failure (the sweep must then be abandoned).
 pub async fn find_orphans(
     volumes: &[String],
-    cached_pv: impl Fn(&str) -> bool,
+    cached_pv: &impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
 ) -> Result<Vec<String>, String> {
     let mut orphans = Vec::new();
@@ -120,16 +162,28 @@ pub async fn find_orphans(
     Ok(orphans)
 }
 
+/// What the sweep does with the orphans it finds.
+pub struct SweepAction<'a> {
+    /// How to archive an orphan (`None`: report only).
+    pub archiver: Option<&'a dyn OrphanArchiver>,
+    /// `--sweep-min-age`: younger orphans are left alone.
+    pub min_age: Duration,
+    /// The service's shutdown token: no orphan is archived once it fired.
+    pub shutdown: &'a CancellationToken,
+}
+
 /// Run one sweep: list the backend's volumes (skipped if the backend cannot
-/// list), find orphans, log each, set the gauges and, when `delete` is set and
-/// `orphan_pv` is given, delete each orphan through the backend (a failure is
-/// logged and the rest continue). Returns the orphans found.
+/// list), find orphans, log each, set the gauges and, when `action.archiver`
+/// is given, archive each orphan that is still unaccounted for on a re-check
+/// and at least `action.min_age` old (a failure is logged and the rest
+/// continue; shutdown stops the sweep). Returns the orphans found.
+///
+/// Errors: listing or a lookup failed (nothing was archived after it).
 pub async fn sweep(
     backend: &dyn Provisioner,
     cached_pv: impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
-    delete: bool,
-    orphan_pv: Option<&OrphanPvFn>,
+    action: SweepAction<'_>,
     metrics: &SweepMetrics,
 ) -> Result<Vec<String>, String> {
     let Some(listed) = backend.list_volumes().await else {
@@ -137,33 +191,48 @@ pub async fn sweep(
         return Ok(Vec::new());
     };
     let volumes = listed.map_err(|e| format!("listing backend volumes: {e}"))?;
-    let orphans = find_orphans(&volumes, cached_pv, accounting).await?;
+    let orphans = find_orphans(&volumes, &cached_pv, accounting).await?;
     metrics.found.set(orphans.len() as i64);
-    let mut deleted = 0;
+    metrics.archived.set(0);
+    let mut archived = 0;
     for name in &orphans {
-        match (delete, orphan_pv) {
-            (true, Some(build)) => match backend.delete(&build(name)).await {
-                Ok(()) => {
-                    deleted += 1;
-                    tracing::warn!(pv = %name, "orphan sweep: deleted orphaned volume (no PV, no pending write, no intent)");
-                }
-                Err(err) => {
-                    tracing::error!(pv = %name, error = %err, "orphan sweep: deleting orphaned volume failed")
-                }
-            },
-            (true, None) => {
-                tracing::warn!(pv = %name, "orphan sweep: orphaned volume found; this backend gives no way to address it for deletion")
+        let Some(archiver) = action.archiver else {
+            tracing::warn!(pv = %name, "orphan sweep: orphaned volume found (no PV, no pending write, no intent); --sweep-orphans=true archives such volumes once older than --sweep-min-age");
+            continue;
+        };
+        if action.shutdown.is_cancelled() {
+            tracing::info!("orphan sweep stopped: shutting down");
+            break;
+        }
+        // Re-check right before acting: the volume may have moved on meanwhile.
+        if find_orphans(std::slice::from_ref(name), &cached_pv, accounting)
+            .await?
+            .is_empty()
+        {
+            tracing::info!(pv = %name, "orphan sweep: volume is accounted for on re-check; left alone");
+            continue;
+        }
+        match archiver.archive(name, action.min_age).await {
+            Ok(OrphanOutcome::Archived(to)) => {
+                archived += 1;
+                metrics.archived.set(archived);
+                tracing::warn!(pv = %name, to = %to.display(), "orphan sweep: archived orphaned volume (no PV, no pending write, no intent); remove it by hand if it is not wanted");
             }
-            (false, _) => {
-                tracing::warn!(pv = %name, "orphan sweep: orphaned volume found (no PV, no pending write, no intent); --sweep-orphans=true deletes such volumes")
+            Ok(OrphanOutcome::TooYoung(age)) => {
+                tracing::info!(pv = %name, age_seconds = age.as_secs(), min_age_seconds = action.min_age.as_secs(), "orphan sweep: orphaned volume younger than --sweep-min-age; left alone");
+            }
+            Ok(OrphanOutcome::Absent) => {
+                tracing::info!(pv = %name, "orphan sweep: orphaned volume disappeared meanwhile");
+            }
+            Err(err) => {
+                tracing::error!(pv = %name, error = %err, "orphan sweep: archiving orphaned volume failed; left in place")
             }
         }
     }
-    metrics.deleted.set(deleted);
     tracing::info!(
         volumes = volumes.len(),
         orphans = orphans.len(),
-        deleted,
+        archived,
         "orphan sweep finished"
     );
     Ok(orphans)
@@ -179,24 +248,30 @@ pub struct SweepJob {
     pub pvs: Api<PersistentVolume>,
     /// The backend whose volumes are swept.
     pub backend: Arc<dyn Provisioner>,
-    /// `--sweep-orphans`: delete what is found.
-    pub delete: bool,
-    /// How to address an orphan for the backend's delete.
-    pub orphan_pv: Option<OrphanPvFn>,
+    /// How to archive orphans (`--sweep-orphans` and an addressable backend);
+    /// `None` reports only.
+    pub archiver: Option<Arc<dyn OrphanArchiver>>,
+    /// `--sweep-min-age`.
+    pub min_age: Duration,
+    /// The service's shutdown token.
+    pub shutdown: CancellationToken,
     /// Gauges to set.
     pub metrics: SweepMetrics,
 }
 
 /// Connect to Redis and run [`sweep`] once; every failure is logged (the
-/// sweep is a report, never a reason to stop the service).
+/// sweep is a report, never a reason to stop the service). Run it inside the
+/// leader's work future (not a detached task) so that dropping that future on
+/// a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
     let SweepJob {
         redis_url,
         provisioner_name,
         pvs,
         backend,
-        delete,
-        orphan_pv,
+        archiver,
+        min_age,
+        shutdown,
         metrics,
     } = job;
     let (redis_url, provisioner_name) = (redis_url.as_str(), provisioner_name.as_str());
@@ -219,16 +294,12 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         queue,
         pvs,
     };
-    if let Err(e) = sweep(
-        backend.as_ref(),
-        cached_pv,
-        &accounting,
-        delete,
-        orphan_pv.as_ref(),
-        &metrics,
-    )
-    .await
-    {
+    let action = SweepAction {
+        archiver: archiver.as_deref(),
+        min_age,
+        shutdown: &shutdown,
+    };
+    if let Err(e) = sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await {
         tracing::warn!(error = %e, "orphan sweep abandoned");
     }
 }
@@ -276,6 +347,7 @@ mod tests {
             unreachable!()
         }
         async fn delete(&self, v: &PersistentVolume) -> Result<(), DeleteError> {
+            // Recorded so tests can assert the sweep never deletes.
             let name = v.metadata.name.clone().unwrap();
             self.deleted.lock().unwrap().push(name);
             Ok(())
@@ -307,65 +379,153 @@ mod tests {
         )
     }
 
-    fn template() -> OrphanPvFn {
-        Arc::new(|name: &str| PersistentVolume {
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        })
+    /// Archives recorded by name; `pvc-orphan` is old enough, `pvc-young` is not.
+    #[derive(Default)]
+    struct FakeArchiver {
+        calls: Mutex<Vec<(String, Duration)>>,
+    }
+
+    #[async_trait::async_trait]
+    impl OrphanArchiver for FakeArchiver {
+        async fn archive(&self, n: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
+            self.calls.lock().unwrap().push((n.to_string(), min_age));
+            match n {
+                "pvc-young" => Ok(OrphanOutcome::TooYoung(Duration::from_secs(5))),
+                _ => Ok(OrphanOutcome::Archived(
+                    format!("/base/archived-{n}").into(),
+                )),
+            }
+        }
+    }
+
+    fn action<'a>(
+        archiver: Option<&'a dyn OrphanArchiver>,
+        shutdown: &'a CancellationToken,
+    ) -> SweepAction<'a> {
+        SweepAction {
+            archiver,
+            min_age: Duration::from_secs(3600),
+            shutdown,
+        }
     }
 
     #[tokio::test]
     async fn reports_only_volumes_nothing_accounts_for() {
         let (backend, acc) = fixture(false);
         let m = SweepMetrics::register(&Registry::new());
+        let token = CancellationToken::new();
         let orphans = sweep(
             &backend,
             |n| n == "pvc-cached",
             &acc,
-            false,
-            Some(&template()),
+            action(None, &token),
             &m,
         )
         .await
         .unwrap();
         assert_eq!(orphans, vec!["pvc-orphan"]);
         assert_eq!(m.found.get(), 1);
-        assert_eq!(m.deleted.get(), 0);
-        assert!(
-            backend.deleted.lock().unwrap().is_empty(),
-            "report only by default"
-        );
+        assert_eq!(m.archived.get(), 0);
+        assert!(backend.deleted.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
-    async fn deletes_orphans_when_enabled() {
-        let (backend, acc) = fixture(false);
+    async fn archives_old_orphans_and_never_deletes() {
+        let (mut backend, acc) = fixture(false);
+        backend.volumes.push("pvc-young".into());
         let m = SweepMetrics::register(&Registry::new());
-        sweep(
+        let archiver = FakeArchiver::default();
+        let token = CancellationToken::new();
+        let orphans = sweep(
             &backend,
             |n| n == "pvc-cached",
             &acc,
-            true,
-            Some(&template()),
+            action(Some(&archiver), &token),
             &m,
         )
         .await
         .unwrap();
-        assert_eq!(*backend.deleted.lock().unwrap(), vec!["pvc-orphan"]);
-        assert_eq!(m.deleted.get(), 1);
+        assert_eq!(orphans, vec!["pvc-orphan", "pvc-young"]);
+        assert_eq!(
+            *archiver.calls.lock().unwrap(),
+            vec![
+                ("pvc-orphan".to_string(), Duration::from_secs(3600)),
+                ("pvc-young".to_string(), Duration::from_secs(3600)),
+            ]
+        );
+        assert_eq!(m.found.get(), 2);
+        assert_eq!(m.archived.get(), 1);
+        assert!(
+            backend.deleted.lock().unwrap().is_empty(),
+            "the sweep never calls the backend's delete"
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_is_archived_after_shutdown() {
+        let (backend, acc) = fixture(false);
+        let m = SweepMetrics::register(&Registry::new());
+        let archiver = FakeArchiver::default();
+        let token = CancellationToken::new();
+        token.cancel();
+        sweep(
+            &backend,
+            |_| false,
+            &acc,
+            action(Some(&archiver), &token),
+            &m,
+        )
+        .await
+        .unwrap();
+        assert!(archiver.calls.lock().unwrap().is_empty());
+        assert_eq!(m.archived.get(), 0);
     }
 
     #[tokio::test]
     async fn a_lookup_failure_abandons_the_sweep() {
         let (backend, acc) = fixture(true);
         let m = SweepMetrics::register(&Registry::new());
-        let err = sweep(&backend, |_| false, &acc, true, Some(&template()), &m)
-            .await
-            .unwrap_err();
+        let archiver = FakeArchiver::default();
+        let token = CancellationToken::new();
+        let err = sweep(
+            &backend,
+            |_| false,
+            &acc,
+            action(Some(&archiver), &token),
+            &m,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err, "redis down");
-        assert!(backend.deleted.lock().unwrap().is_empty());
+        assert!(archiver.calls.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn hostpath_archiver_renames_an_old_orphan_and_keeps_a_young_one() {
+        use common::backend::hostpath::delete::volume_for_directory;
+        use common::backend::hostpath::{HostPath, OnDelete};
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir(base.join("pvc-a")).unwrap();
+        std::fs::write(base.join("pvc-a/f"), b"data").unwrap();
+        let hp = Arc::new(HostPath {
+            base_dir: base.clone(),
+            node_name: None,
+            on_delete: OnDelete::Delete,
+        });
+        let archiver = HostPathArchiver(Arc::new(move |n: &str| volume_for_directory(&hp, n)));
+        match archiver.archive("pvc-a", Duration::from_secs(3600)).await {
+            Ok(OrphanOutcome::TooYoung(_)) => {}
+            other => panic!("expected TooYoung, got {other:?}"),
+        }
+        assert!(base.join("pvc-a/f").exists());
+        assert_eq!(
+            archiver.archive("pvc-a", Duration::ZERO).await,
+            Ok(OrphanOutcome::Archived(base.join("archived-pvc-a")))
+        );
+        assert_eq!(
+            std::fs::read(base.join("archived-pvc-a/f")).unwrap(),
+            b"data"
+        );
     }
 }

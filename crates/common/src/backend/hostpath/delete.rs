@@ -104,6 +104,79 @@ pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolu
     }
 }
 
+/// What [`archive_orphan`] did with an orphaned volume directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrphanOutcome {
+    /// Renamed to `<base-dir>/archived-<name>` (the path given).
+    Archived(PathBuf),
+    /// Younger than the minimum age (its age given, whole seconds): left alone.
+    TooYoung(std::time::Duration),
+    /// The directory is already gone: nothing to do.
+    Absent,
+}
+
+/// Archive the orphaned volume directory addressed by `volume` (as built by
+/// [`volume_for_directory`]: `spec.hostPath.path` = `<base-dir>/<name>`) —
+/// for reclaim-svc's orphan sweep, which never removes data. The directory is
+/// only touched when its age (now minus the newer of its mtime and ctime, so a
+/// directory still being filled counts as young) is at least `min_age`; it is
+/// then renamed to `<base-dir>/archived-<name>` with every check of the module
+/// docs (rules 1–4), whatever `--on-delete` says.
+///
+/// Errors: [`DeleteError::Refused`] when a rule fails or the archive
+/// destination exists; [`DeleteError::Failed`] on filesystem errors.
+pub async fn archive_orphan(
+    volume: &PersistentVolume,
+    min_age: std::time::Duration,
+) -> Result<OrphanOutcome, DeleteError> {
+    let volume = volume.clone();
+    tokio::task::spawn_blocking(move || archive_orphan_blocking(&volume, min_age))
+        .await
+        .map_err(|e| DeleteError::Failed {
+            reason: format!("hostpath orphan archive task failed: {e}"),
+        })?
+}
+
+fn archive_orphan_blocking(
+    volume: &PersistentVolume,
+    min_age: std::time::Duration,
+) -> Result<OrphanOutcome, DeleteError> {
+    use std::os::unix::fs::MetadataExt;
+    let path = volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_path.as_ref())
+        .map(|h| PathBuf::from(&h.path))
+        .ok_or_else(|| refused("orphan has no spec.hostPath; cannot address it".into()))?;
+    let Some(base) = path.parent().map(Path::to_path_buf) else {
+        return Err(refused(format!(
+            "orphan path {} has no parent directory",
+            path.display()
+        )));
+    };
+    let name = checked_name(&base, volume)?;
+    let dir = base.join(name);
+    let meta = match std::fs::symlink_metadata(&dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OrphanOutcome::Absent),
+        Err(e) => return Err(failed("cannot inspect volume directory", &dir, e)),
+    };
+    let changed = meta.mtime().max(meta.ctime());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let age = std::time::Duration::from_secs(now.saturating_sub(changed).max(0) as u64);
+    if age < min_age {
+        return Ok(OrphanOutcome::TooYoung(age));
+    }
+    delete_blocking(&base, None, OnDelete::Archive, volume)?;
+    let real_base = std::fs::canonicalize(&base).unwrap_or(base);
+    Ok(OrphanOutcome::Archived(
+        real_base.join(format!("{ARCHIVE_PREFIX}{name}")),
+    ))
+}
+
 fn list_blocking(base: &Path) -> Result<Vec<String>, String> {
     let entries = std::fs::read_dir(base)
         .map_err(|e| format!("cannot list base directory {}: {e}", base.display()))?;
@@ -577,6 +650,49 @@ mod tests {
             .await
             .unwrap();
         assert!(!base.join("pvc-1").exists());
+    }
+
+    #[tokio::test]
+    async fn orphans_are_archived_only_when_old_enough() {
+        let (_tmp, base) = setup();
+        let b = backend(&base, OnDelete::Delete);
+        let orphan = volume_for_directory(&b, "pvc-1");
+        // Just created: too young for a one-hour minimum age, left in place.
+        match archive_orphan(&orphan, std::time::Duration::from_secs(3600))
+            .await
+            .unwrap()
+        {
+            OrphanOutcome::TooYoung(age) => assert!(age < std::time::Duration::from_secs(60)),
+            other => panic!("expected TooYoung, got {other:?}"),
+        }
+        assert!(base.join("pvc-1/data/file").exists());
+        // Old enough: archived (never removed), even though --on-delete is delete.
+        let outcome = archive_orphan(&orphan, std::time::Duration::ZERO)
+            .await
+            .unwrap();
+        let archived = std::fs::canonicalize(&base).unwrap().join("archived-pvc-1");
+        assert_eq!(outcome, OrphanOutcome::Archived(archived));
+        assert!(!base.join("pvc-1").exists());
+        assert_eq!(
+            std::fs::read(base.join("archived-pvc-1/data/file")).unwrap(),
+            b"x"
+        );
+        // Gone now.
+        assert_eq!(
+            archive_orphan(&orphan, std::time::Duration::ZERO)
+                .await
+                .unwrap(),
+            OrphanOutcome::Absent
+        );
+        // A symlinked orphan is refused and its target kept.
+        symlink(base.join("archived-pvc-1"), base.join("pvc-2")).unwrap();
+        let r = archive_orphan(
+            &volume_for_directory(&b, "pvc-2"),
+            std::time::Duration::ZERO,
+        )
+        .await;
+        assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
+        assert!(base.join("archived-pvc-1/data/file").exists());
     }
 
     #[tokio::test]
