@@ -53,6 +53,11 @@ use crate::metrics::{outcome, WriterMetrics};
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Pause between attempts while Redis is unreachable.
 pub const REDIS_RETRY_INTERVAL: Duration = Duration::from_millis(500);
+/// Longest a worker waits for the API server to take a claim event
+/// (`ProvisioningSucceeded`, `ProvisioningFailed`). Bounded so a slow API server
+/// (client read timeout ~295 s) cannot hold a taken entry past its
+/// `--visibility-timeout`; an event not accepted in time is logged and dropped.
+pub const EVENT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Tuning of the drain loop (from [`crate::cli::WriterArgs`]).
 #[derive(Debug, Clone)]
@@ -294,8 +299,12 @@ impl Writer {
             }
         }
         readiness.set_ready(true);
-        let stats_task = tokio::spawn(self.clone().refresh_stats(shutdown.clone()));
-        let probe_task = tokio::spawn(self.clone().probe_loop(shutdown.clone()));
+        // Every task below is owned by a JoinSet held by this future: when the
+        // runtime aborts the work loop (lost Lease, grace period over), dropping
+        // the sets aborts them, so nothing writes after the Lease is released.
+        let mut background = JoinSet::new();
+        background.spawn(self.clone().refresh_stats(shutdown.clone()));
+        background.spawn(self.clone().probe_loop(shutdown.clone()));
 
         let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
@@ -364,8 +373,7 @@ impl Writer {
             "shutting down: waiting for in-flight PV writes"
         );
         while tasks.join_next().await.is_some() {}
-        stats_task.abort();
-        probe_task.abort();
+        background.shutdown().await;
         Ok(())
     }
 
@@ -436,15 +444,20 @@ impl Writer {
                 // killed in between re-takes the entry, finds the PV already
                 // there and publishes again, so the claim always gets its
                 // ProvisioningSucceeded (at least once, like the write).
-                self.events
-                    .publish(
+                // Bounded by EVENT_PUBLISH_TIMEOUT so the entry is completed well
+                // within its visibility timeout even when the API server is slow.
+                publish_bounded(
+                    EVENT_PUBLISH_TIMEOUT,
+                    &pv_name,
+                    self.events.publish(
                         &claim_reference(&entry.claim),
                         false,
                         reason::PROVISIONING_SUCCEEDED,
                         "Provision",
                         format!("Successfully provisioned volume {pv_name}"),
-                    )
-                    .await;
+                    ),
+                )
+                .await;
                 let Some(_) = self
                     .settle("complete", shutdown, || self.queue.complete(&pv_name))
                     .await
@@ -460,15 +473,18 @@ impl Writer {
                     .dead_letter(&taken, Some(&entry), kind, reason.clone(), shutdown)
                     .await
                 {
-                    self.events
-                        .publish(
+                    publish_bounded(
+                        EVENT_PUBLISH_TIMEOUT,
+                        &pv_name,
+                        self.events.publish(
                             &claim_reference(&entry.claim),
                             true,
                             reason::PROVISIONING_FAILED,
                             "Provision",
                             reason,
-                        )
-                        .await;
+                        ),
+                    )
+                    .await;
                 }
             }
             WriteResult::Transient(reason) => {
@@ -561,6 +577,23 @@ impl Writer {
     }
 }
 
+/// Await `publish` (an [`EventSink::publish`] future) for at most `limit`;
+/// returns whether it finished. A timeout is logged with the PV name and the
+/// event is dropped (events are informative; the write is what counts).
+pub async fn publish_bounded(
+    limit: Duration,
+    pv_name: &str,
+    publish: impl std::future::Future<Output = ()>,
+) -> bool {
+    match tokio::time::timeout(limit, publish).await {
+        Ok(()) => true,
+        Err(_) => {
+            tracing::warn!(pv = %pv_name, ?limit, "API server did not take the claim event in time; dropping it");
+            false
+        }
+    }
+}
+
 /// Sleep `d`; true if `token` fired first.
 async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
     tokio::select! {
@@ -593,5 +626,64 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An [`EventSink`] whose API server takes requests but never answers.
+    fn silent_api_sink() -> (
+        EventSink,
+        tower_test::mock::Handle<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >,
+    ) {
+        let (svc, handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = Client::new(svc, "default");
+        (EventSink::new(client, "pv-writer", "test"), handle)
+    }
+
+    #[tokio::test]
+    async fn a_claim_event_the_api_server_does_not_take_is_dropped_after_the_limit() {
+        let (sink, mut handle) = silent_api_sink();
+        let claim = api_types::queue::ClaimKey {
+            namespace: "ns".into(),
+            name: "data".into(),
+            uid: "uid-1".into(),
+        };
+        let object = claim_reference(&claim);
+        let started = Instant::now();
+        let publish = sink.publish(
+            &object,
+            false,
+            reason::PROVISIONING_SUCCEEDED,
+            "Provision",
+            "Successfully provisioned volume pvc-uid-1".into(),
+        );
+        let (finished, request) = tokio::join!(
+            publish_bounded(Duration::from_millis(300), "pvc-uid-1", publish),
+            handle.next_request()
+        );
+        let elapsed = started.elapsed();
+        assert!(!finished, "the publish was cut off");
+        assert!(
+            elapsed >= Duration::from_millis(300) && elapsed < Duration::from_secs(3),
+            "{elapsed:?}"
+        );
+        // The request did reach the API server; it just never answered.
+        let (request, _pending_answer) = request.expect("event request sent");
+        assert_eq!(request.method(), http::Method::POST);
+        assert!(
+            request.uri().path().ends_with("/namespaces/ns/events"),
+            "{}",
+            request.uri()
+        );
+        assert_eq!(EVENT_PUBLISH_TIMEOUT, Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn publish_bounded_reports_a_publish_that_finishes_in_time() {
+        assert!(publish_bounded(Duration::from_secs(1), "pvc-x", async {}).await);
     }
 }
