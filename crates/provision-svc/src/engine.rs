@@ -151,6 +151,11 @@ impl Engine {
         &self.backend
     }
 
+    /// The Kubernetes calls (node and live PV lookups, reschedule, events).
+    pub fn cluster(&self) -> &Arc<dyn ClusterApi> {
+        &self.cluster
+    }
+
     /// The PV hand-off.
     pub fn handoff(&self) -> &Arc<dyn PvHandoff> {
         &self.handoff

@@ -106,6 +106,10 @@ struct FakeCluster {
     node_error: Option<String>,
     patch_error: Option<String>,
     patched: Mutex<Vec<String>>,
+    /// PVs a live GET finds.
+    pvs: Mutex<HashSet<String>>,
+    /// Error of every live PV GET.
+    pv_error: Option<String>,
     events: Mutex<Vec<(bool, String, String)>>,
 }
 
@@ -128,6 +132,12 @@ impl ClusterApi for FakeCluster {
             },
             ..Default::default()
         }))
+    }
+    async fn pv_exists(&self, name: &str) -> Result<bool, String> {
+        if let Some(e) = &self.pv_error {
+            return Err(e.clone());
+        }
+        Ok(self.pvs.lock().unwrap().contains(name))
     }
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
         self.patched
@@ -158,11 +168,16 @@ struct FakeHandoff {
     pending: Mutex<HashSet<String>>,
     enqueued: Mutex<Vec<QueuedPvWrite>>,
     fail: bool,
+    /// Error of every `is_pending`.
+    pending_error: Option<String>,
 }
 
 #[async_trait]
 impl PvHandoff for FakeHandoff {
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
+        if let Some(e) = &self.pending_error {
+            return Err(e.clone());
+        }
         Ok(self.pending.lock().unwrap().contains(pv_name))
     }
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String> {
@@ -953,8 +968,8 @@ async fn start_up_walk_requeues_restores_and_cleans_up() {
     let mut w = Setup::default().build();
     w.add_claim(&ours("present"));
     w.drain_one().await;
-    w.volumes
-        .apply_watcher_event(&watcher::Event::Apply(pv("pvc-made")));
+    // The PV exists on the API server but the reflector cache lags behind.
+    w.cluster.pvs.lock().unwrap().insert("pvc-made".into());
     for (e, _) in [
         (entry("bg", Some(true)), ()),
         (entry("present", Some(false)), ()),
@@ -1017,4 +1032,99 @@ async fn cleanup_retries_while_the_backend_is_busy() {
         CleanupOutcome::Retry("backend provision: busy".into())
     );
     assert!(w.backend.deleted.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() {
+    // A PV write still queued: present, intent cleared, nothing deleted.
+    let w = Setup::default().build();
+    w.handoff.pending.lock().unwrap().insert("pvc-q".into());
+    let e = entry("q", Some(false));
+    w.intents
+        .map
+        .lock()
+        .unwrap()
+        .insert("pvc-q".into(), (e.intent.clone(), false));
+    assert_eq!(
+        recovery::walk(&w.engine, std::slice::from_ref(&e)).await,
+        vec![("pvc-q".to_string(), Recovery::PvPresent)]
+    );
+    assert!(w.intents.map.lock().unwrap().is_empty());
+
+    // Queue lookup fails: the cleanup keeps retrying and deletes nothing.
+    let w = Setup {
+        handoff: FakeHandoff {
+            pending_error: Some("redis down".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let e = entry("gone", Some(false));
+    w.intents
+        .map
+        .lock()
+        .unwrap()
+        .insert("pvc-gone".into(), (e.intent.clone(), false));
+    assert_eq!(
+        recovery::walk(&w.engine, std::slice::from_ref(&e)).await,
+        vec![("pvc-gone".to_string(), Recovery::Cleanup)]
+    );
+    assert_eq!(
+        recovery::cleanup_gone_claim(&w.engine, &e).await,
+        CleanupOutcome::Retry("PV-write queue lookup: redis down".into())
+    );
+    assert!(w.backend.calls().is_empty());
+    assert!(w.backend.deleted.lock().unwrap().is_empty());
+    assert!(w.intents.map.lock().unwrap().contains_key("pvc-gone"));
+
+    // Live PV GET fails: same, and without a snapshot the intent is kept.
+    let w = Setup {
+        cluster: FakeCluster {
+            pv_error: Some("apiserver timeout".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let bare = entry("bare", None);
+    w.intents
+        .map
+        .lock()
+        .unwrap()
+        .insert("pvc-bare".into(), (bare.intent.clone(), false));
+    assert_eq!(
+        recovery::walk(&w.engine, std::slice::from_ref(&bare)).await,
+        vec![(
+            "pvc-bare".to_string(),
+            Recovery::Unknown("apiserver timeout".into())
+        )]
+    );
+    assert_eq!(
+        recovery::cleanup_gone_claim(&w.engine, &entry("gone", Some(false))).await,
+        CleanupOutcome::Retry("apiserver timeout".into())
+    );
+    assert!(w.backend.deleted.lock().unwrap().is_empty());
+    assert!(w.intents.map.lock().unwrap().contains_key("pvc-bare"));
+
+    // PV written between the walk and the cleanup: the cleanup re-checks.
+    let w = Setup::default().build();
+    let e = entry("late", Some(false));
+    w.intents
+        .map
+        .lock()
+        .unwrap()
+        .insert("pvc-late".into(), (e.intent.clone(), false));
+    assert_eq!(
+        recovery::walk(&w.engine, std::slice::from_ref(&e)).await,
+        vec![("pvc-late".to_string(), Recovery::Cleanup)]
+    );
+    w.cluster.pvs.lock().unwrap().insert("pvc-late".into());
+    assert_eq!(
+        recovery::cleanup_gone_claim(&w.engine, &e).await,
+        CleanupOutcome::Done
+    );
+    assert!(w.backend.calls().is_empty());
+    assert!(w.backend.deleted.lock().unwrap().is_empty());
+    assert!(w.intents.map.lock().unwrap().is_empty());
 }

@@ -16,7 +16,7 @@ use common::events::{reason, EventSink};
 use common::intents::IntentStore;
 use common::queue::PvQueue;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::mpsc;
@@ -27,6 +27,10 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// GET the node `name`: `Ok(None)` when it does not exist (404), `Err` for
     /// any other failure (seed: "failed to get target node").
     async fn get_node(&self, name: &str) -> Result<Option<Node>, String>;
+
+    /// Whether the PV `name` exists, by a live GET on the API server (never a
+    /// cache, which may lag): `Ok(false)` only on 404, `Err` for any other failure.
+    async fn pv_exists(&self, name: &str) -> Result<bool, String>;
 
     /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
     /// patch (`{"metadata":{"annotations":{"volume.kubernetes.io/selected-node":null}}}`).
@@ -156,6 +160,17 @@ impl ClusterApi for KubeCluster {
             .get_opt(name)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    async fn pv_exists(&self, name: &str) -> Result<bool, String> {
+        if name.is_empty() {
+            return Err("resource name may not be empty".to_string());
+        }
+        Api::<PersistentVolume>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map(|pv| pv.is_some())
+            .map_err(|e| format!("get PersistentVolume {name:?}: {e}"))
     }
 
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {

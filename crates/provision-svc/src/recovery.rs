@@ -5,10 +5,18 @@
 //!   `claimsInProgress`) and queued, so it is retried even if its PVC is gone;
 //! * a claim still present is queued: it is provisioned again, which the
 //!   backend answers idempotently for the same PV name;
-//! * a claim that is gone: if its PV exists or is queued, the PV carries the
-//!   volume from here and the intent is cleared; otherwise the backend is asked
-//!   for the volume again from the claim snapshot (idempotent, so it returns the
-//!   half-made one) and then deletes it, and the intent is cleared.
+//! * a claim that is gone: if its PV write is queued or its PV exists, the PV
+//!   carries the volume from here and the intent is cleared; otherwise the
+//!   backend is asked for the volume again from the claim snapshot (idempotent,
+//!   so it returns the half-made one) and then deletes it, and the intent is
+//!   cleared.
+//!
+//! "Queued or exists" is checked in the order a volume moves — the durable
+//! queue first, then a **live** GET of the PV (never the reflector cache, which
+//! may lag) — so a PV that pv-writer creates and completes between the two
+//! reads is still seen. Any lookup error keeps the intent and the volume: the
+//! check is retried (the cleanup re-checks before every delete attempt), never
+//! treated as "absent".
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +45,25 @@ pub enum Recovery {
     Cleanup,
     /// The claim is gone and no snapshot was recorded: left for an operator.
     Stuck,
+    /// The claim is gone, no snapshot was recorded and the queue/PV lookup
+    /// failed: intent kept for the next leader's walk.
+    Unknown(String),
+}
+
+/// Whether the volume `pv_name` is carried by a queued PV write or a PV:
+/// the durable queue first, then a live GET of the PV (see module docs).
+///
+/// Errors: either lookup failed (the caller must keep the intent).
+pub async fn pv_accounted_for(engine: &Engine, pv_name: &str) -> Result<bool, String> {
+    if engine
+        .handoff()
+        .is_pending(pv_name)
+        .await
+        .map_err(|e| format!("PV-write queue lookup: {e}"))?
+    {
+        return Ok(true);
+    }
+    engine.cluster().pv_exists(pv_name).await
 }
 
 /// Decide and apply the walk for the `entries` listed at start; returns each
@@ -56,24 +83,23 @@ pub async fn walk(engine: &Engine, entries: &[IntentEntry]) -> Vec<(String, Reco
                 engine.queue().add(uid);
                 Recovery::Requeued
             }
-            claim => {
-                let pv_exists = engine
-                    .caches()
-                    .volumes
-                    .get(&ObjectRef::new(&pv_name))
-                    .is_some();
-                let pending =
-                    !pv_exists && engine.handoff().is_pending(&pv_name).await.unwrap_or(true);
-                if pv_exists || pending {
+            claim => match pv_accounted_for(engine, &pv_name).await {
+                Ok(true) => {
                     engine.clear_intent(&pv_name).await;
                     Recovery::PvPresent
-                } else if claim.is_some() {
-                    Recovery::Cleanup
-                } else {
+                }
+                // On a lookup error the cleanup re-checks (with backoff) before
+                // it deletes anything; the intent is kept until then.
+                Ok(false) | Err(_) if claim.is_some() => Recovery::Cleanup,
+                Ok(false) => {
                     tracing::error!(pv = %pv_name, claim = %entry.intent.claim, "provisioning intent of a deleted claim has no claim snapshot; cannot ask the backend to delete its volume, leaving the intent for an operator");
                     Recovery::Stuck
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, error = %e, "cannot tell whether the volume of a deleted claim has a PV; keeping its intent for the next leader's walk");
+                    Recovery::Unknown(e)
+                }
+            },
         };
         tracing::info!(pv = %pv_name, claim = %entry.intent.claim, decision = ?decision, "provisioning intent found at start");
         out.push((pv_name, decision));
@@ -90,12 +116,24 @@ pub enum CleanupOutcome {
     Retry(String),
 }
 
-/// Delete the volume of a claim deleted mid-provisioning (see module docs).
+/// Delete the volume of a claim deleted mid-provisioning (see module docs),
+/// after re-checking the queue and the live PV; a lookup error is a `Retry`
+/// (intent and volume kept).
 pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> CleanupOutcome {
     let Some(snapshot) = &entry.claim else {
         return CleanupOutcome::Retry("no claim snapshot".into());
     };
     let pv_name = &entry.intent.pv_name;
+    // Re-check right before deleting: the PV may have been written meanwhile.
+    match pv_accounted_for(engine, pv_name).await {
+        Ok(true) => {
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
+            engine.clear_intent(pv_name).await;
+            return CleanupOutcome::Done;
+        }
+        Ok(false) => {}
+        Err(e) => return CleanupOutcome::Retry(e),
+    }
     let class = engine
         .caches()
         .classes
