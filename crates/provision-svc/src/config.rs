@@ -35,7 +35,9 @@ pub struct ProvisionArgs {
     #[arg(long, env = "FAILED_PROVISION_THRESHOLD", default_value_t = 15)]
     pub failed_provision_threshold: u32,
 
-    /// Bound on one claim's provisioning attempt (e.g. `2m`); unset = none.
+    /// Bound on one claim's provisioning attempt (e.g. `2m`). Default: unset,
+    /// i.e. unbounded, as in the seed (its provision timeout is also unbounded
+    /// by default); a timed-out attempt fails and is retried with backoff.
     #[arg(long, env = "PROVISION_TIMEOUT", value_parser = parse_duration)]
     pub provision_timeout: Option<Duration>,
 

@@ -531,9 +531,9 @@ impl Engine {
         }
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         let start = Instant::now();
-        self.metrics.in_flight.inc();
+        let in_flight = InFlight::start(&self.metrics.in_flight);
         let (state, result) = self.provision_claim_operation(claim).await;
-        self.metrics.in_flight.dec();
+        drop(in_flight);
         match &result {
             Ok(()) => {
                 self.metrics
@@ -665,6 +665,24 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// Counts one provision operation in `provision_svc_operations_in_flight` for
+/// as long as it lives: the gauge goes down on drop, so an operation cancelled
+/// by `--provision-timeout` (its future dropped mid-await) is not left counted.
+struct InFlight(prometheus::IntGauge);
+
+impl InFlight {
+    fn start(gauge: &prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -939,6 +939,11 @@ async fn provision_timeout_fails_the_attempt_and_requeues() {
         w.intents.map.lock().unwrap().contains_key("pvc-u1"),
         "an interrupted attempt keeps its intent"
     );
+    assert_eq!(
+        w.metric("provision_svc_operations_in_flight"),
+        "provision_svc_operations_in_flight 0",
+        "a timed-out operation is no longer counted in flight"
+    );
 }
 
 // ---------------------------------------------------------------- start-up walk
