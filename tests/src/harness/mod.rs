@@ -20,6 +20,7 @@
 pub mod binaries;
 pub mod metrics;
 pub mod process;
+pub mod pv_writer;
 pub mod redis;
 pub mod services;
 pub mod system;

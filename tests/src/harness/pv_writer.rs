@@ -1,0 +1,109 @@
+//! Driving the real `pv-writer` binary on its own (without the other
+//! services): building it, queue entries for it, and starting it against a
+//! simulator kubeconfig and a Redis URL. Used by the pv-writer process tests
+//! and the drain-rate benchmark.
+
+use std::path::{Path, PathBuf};
+
+use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
+use common::queue::{now_ms, PvQueue};
+use serde_json::json;
+
+use super::binaries::{target_dir, workspace_root};
+use super::process::ManagedProcess;
+
+/// Provisioner name the entries and the writer use.
+pub const PROVISIONER: &str = "example.com/hostpath";
+
+/// Build `pv-writer` in the current profile (debug under `cargo test`,
+/// release under `--release`) and return its path. Panics when cargo fails.
+pub fn pv_writer_binary() -> PathBuf {
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let mut cmd =
+        std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root())
+        .args(["build", "--quiet", "-p", "pv-writer"]);
+    if profile == "release" {
+        cmd.arg("--release");
+    }
+    assert!(
+        cmd.status().expect("cargo runs").success(),
+        "building pv-writer"
+    );
+    target_dir().join(profile).join("pv-writer")
+}
+
+/// A queue entry for claim uid `uid`: PV `pvc-<uid>` bound to `default/claim-<uid>`.
+pub fn entry(uid: &str) -> QueuedPvWrite {
+    let name = format!("pvc-{uid}");
+    QueuedPvWrite {
+        version: SCHEMA_VERSION,
+        pv: serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "spec": {
+                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                "volumeMode": "Filesystem", "hostPath": {"path": format!("/tmp/{name}")},
+                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "default", "name": format!("claim-{uid}"), "uid": uid},
+            }
+        }))
+        .unwrap(),
+        claim: ClaimKey { namespace: "default".into(), name: format!("claim-{uid}"), uid: uid.into() },
+        class: "fast".into(),
+        enqueued_at_ms: now_ms(),
+    }
+}
+
+/// Start `pv-writer` (no leader election, free HTTP port, retries 200 ms..2 s)
+/// with `extra` flags; its log goes to `<dir>/pv-writer-<run>.log`.
+pub fn spawn_writer(
+    bin: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    redis_url: &str,
+    extra: &[&str],
+    run: u32,
+) -> ManagedProcess {
+    let mut args: Vec<String> = [
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--redis-url",
+        redis_url,
+        "--provisioner-name",
+        PROVISIONER,
+        "--leader-election=false",
+        "--http-port",
+        "0",
+        "--retry-initial",
+        "200ms",
+        "--retry-max",
+        "2s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    ManagedProcess::spawn(
+        "pv-writer",
+        bin,
+        &args,
+        &[],
+        &dir.join(format!("pv-writer-{run}.log")),
+    )
+    .unwrap()
+}
+
+/// Enqueue `n` entries with uids `<prefix>0..<prefix>n-1`.
+pub async fn enqueue_all(queue: &PvQueue, prefix: &str, n: usize) {
+    for i in 0..n {
+        queue
+            .enqueue(&entry(&format!("{prefix}{i}")))
+            .await
+            .unwrap();
+    }
+}
