@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use common::config::{CommonArgs, ServiceKind};
-use common::runtime::run_service_with_client;
+use common::runtime::{run_service_with_client, run_service_with_shutdown};
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 struct Cli {
@@ -100,6 +101,168 @@ async fn without_leader_election_work_runs_and_its_error_is_returned() {
     .await;
     assert_eq!(result.unwrap_err().to_string(), "backend unusable");
     assert_eq!(sim.count("leases"), 0, "no Lease without leader election");
+}
+
+/// Sets `done` when dropped, after a slow synchronous clean-up (`delay`), so a
+/// test can see whether the runtime waited for the work future to be gone.
+struct SlowDrop {
+    delay: Duration,
+    done: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        std::thread::sleep(self.delay);
+        *self.done.lock().unwrap() = Some(std::time::Instant::now());
+    }
+}
+
+/// First instant at which the Lease no longer names `identity`, polled every 10 ms.
+fn watch_release(
+    sim: &Arc<e2e::sim::SimHandle>,
+    lease: &'static str,
+    identity: &'static str,
+) -> tokio::task::JoinHandle<std::time::Instant> {
+    let sim = sim.clone();
+    tokio::spawn(async move {
+        loop {
+            let holder = sim.object("leases", "default", lease).map(|l| {
+                l["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            });
+            if holder.as_deref().is_some_and(|h| h != identity) {
+                return std::time::Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease() {
+    let sim = Arc::new(Simulator::start(SimConfig::bare()).await.unwrap());
+    let shutdown = CancellationToken::new();
+    let ticks = Arc::new(AtomicU32::new(0));
+    let started = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(std::sync::Mutex::new(None));
+    let (t, s, d) = (ticks.clone(), started.clone(), dropped.clone());
+    let mut a = args("replica-a");
+    a.shutdown_grace_period = Duration::from_millis(300);
+    let run = tokio::spawn(run_service_with_shutdown(
+        ServiceKind::Reclaim,
+        a,
+        prometheus::Registry::new(),
+        client(&sim),
+        shutdown.clone(),
+        move |_ctx| async move {
+            let _guard = SlowDrop {
+                delay: Duration::from_millis(500),
+                done: d,
+            };
+            // A sub-task owned by the work future, ignoring shutdown.
+            let mut tasks = tokio::task::JoinSet::new();
+            tasks.spawn(async move {
+                loop {
+                    t.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+            s.store(true, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+            drop(tasks);
+            Ok(())
+        },
+    ));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !started.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("work started after acquiring the lease");
+    let released = watch_release(&sim, "example.com-hostpath-reclaim", "replica-a");
+
+    let signalled = std::time::Instant::now();
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returned after the grace period")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
+    let returned = std::time::Instant::now();
+    let dropped_at = dropped
+        .lock()
+        .unwrap()
+        .expect("work future dropped before run returned");
+    assert!(
+        dropped_at - signalled >= Duration::from_millis(300),
+        "grace period honoured"
+    );
+    let released_at = tokio::time::timeout(Duration::from_secs(2), released)
+        .await
+        .expect("lease released on shutdown")
+        .unwrap();
+    assert!(
+        released_at >= dropped_at && released_at <= returned + Duration::from_millis(50),
+        "lease released {:?} after the work was gone",
+        released_at.checked_duration_since(dropped_at)
+    );
+    // The sub-task was aborted with the work future.
+    let after = ticks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ticks.load(Ordering::SeqCst), after, "sub-task stopped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_restart_the_renew_deadline() {
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let mut a = args("replica-a");
+    // Long enough that only the watchdog can end the drain.
+    a.shutdown_grace_period = Duration::from_secs(20);
+    let run = tokio::spawn(run_service_with_shutdown(
+        ServiceKind::Reclaim,
+        a,
+        prometheus::Registry::new(),
+        client(&sim),
+        shutdown.clone(),
+        move |_ctx| async move {
+            s.store(true, Ordering::SeqCst);
+            std::future::pending::<anyhow::Result<()>>().await
+        },
+    ));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !started.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("work started after acquiring the lease");
+
+    // Renewals fail from now on; SIGTERM arrives 1.8 s later, while the
+    // renew deadline (2 s, checked every 1 s retry period) is running out.
+    sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
+    let faulted = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returned")
+        .unwrap();
+    let err = result.expect_err("a lost lease is an error");
+    assert!(err.to_string().contains("lease lost"), "{err}");
+    // Last confirmed renewal ≤ 1 s before the fault: lost by fault + 2 s + one
+    // retry period (+ request time). A watchdog restarted at SIGTERM would
+    // only give up at fault + 1.8 s + 3 s.
+    let waited = faulted.elapsed();
+    assert!(
+        waited < Duration::from_millis(4000),
+        "lead given up {waited:?} after renewals failed"
+    );
 }
 
 /// A client built the way the services build theirs (`common::kube_client`).

@@ -11,6 +11,26 @@
 //!    non-zero (the pod restarts and competes again, as the seed does);
 //!    SIGTERM lets the loop finish in-flight work for `--shutdown-grace-period`,
 //!    then aborts it and releases the Lease so a standby takes over at once.
+//!
+//! # Stopping work before the Lease is released
+//!
+//! The work loop runs as one Tokio task. Whenever it has to stop (lost Lease,
+//! grace period over) the runtime aborts that task **and awaits it**, and
+//! releases the Lease only after it has returned. Aborting drops the work
+//! future, so a service must own every sub-task it spawns in a
+//! [`tokio::task::JoinSet`] (or an abort-on-drop guard) held by the work
+//! future: dropping the set aborts them, and an aborted task stops at its next
+//! `.await`. A bare `tokio::spawn` outlives the abort and is a bug.
+//!
+//! One thing cannot be stopped: a blocking call already running in
+//! [`tokio::task::spawn_blocking`] (the hostpath backend's filesystem work)
+//! finishes on its own after its awaiting task is gone. Those calls are
+//! idempotent (create/remove of one volume directory), so the new leader
+//! repeating them is harmless.
+//!
+//! While draining after SIGTERM the runtime keeps polling the *same*
+//! [`LeaderElector::hold`] future it polled while working, so a renew deadline
+//! that was already running out is not restarted by the signal.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -78,6 +98,26 @@ where
 {
     let shutdown = CancellationToken::new();
     crate::shutdown::cancel_on_signal(shutdown.clone());
+    run_service_with_shutdown(kind, args, registry, client, shutdown, work).await
+}
+
+/// [`run_service_with_client`] where `shutdown` stands for SIGTERM: cancelling
+/// it starts the graceful shutdown (tests; embedding in a process that handles
+/// signals itself). No signal handler is installed.
+///
+/// Errors: as [`run_service`].
+pub async fn run_service_with_shutdown<F, Fut>(
+    kind: ServiceKind,
+    args: CommonArgs,
+    registry: Registry,
+    client: Client,
+    shutdown: CancellationToken,
+    work: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(ServiceContext) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
     let leader_gauge = crate::metrics::leader_gauge(&registry);
@@ -148,8 +188,8 @@ where
         tracing::info!("leader election disabled: working as the only replica");
         readiness.set_leading(true);
         let grace = args.shutdown_grace_period;
-        let handle = tokio::spawn(work(ctx));
-        finish_work(handle, &shutdown, grace).await
+        let mut handle = tokio::spawn(work(ctx));
+        finish_work(&mut handle, &shutdown, grace).await
     };
 
     server_stop.cancel();
@@ -157,6 +197,9 @@ where
     result
 }
 
+/// Run `work` while holding the Lease. The Lease is released only after the
+/// work task has returned or been aborted and awaited; a lost Lease is not
+/// released (someone else holds it, or it expires).
 async fn lead<F, Fut>(elector: &LeaderElector, ctx: ServiceContext, work: F) -> anyhow::Result<()>
 where
     F: FnOnce(ServiceContext) -> Fut,
@@ -165,63 +208,91 @@ where
     let shutdown = ctx.shutdown.clone();
     let grace = ctx.args.shutdown_grace_period;
     let mut handle = tokio::spawn(work(ctx));
-    let abort = handle.abort_handle();
+    // One watchdog for the whole term: polled while working and while draining,
+    // so SIGTERM does not restart the renew deadline.
+    let hold = elector.hold();
+    tokio::pin!(hold);
     tokio::select! {
-        lost = elector.hold() => {
-            handle.abort();
-            let _ = handle.await;
+        lost = &mut hold => {
+            stop_work(handle).await;
             tracing::error!(reason = %lost, "leader lease lost; all work stopped");
             anyhow::bail!("leader lease lost: {lost}")
         }
         res = &mut handle => {
             elector.release().await;
-            match res {
-                Ok(r) => r,
-                Err(join) => Err(anyhow::anyhow!("work loop panicked: {join}")),
-            }
+            joined(res)
         }
         _ = shutdown.cancelled() => {
             // Keep renewing while in-flight work drains; a lost lease still wins.
-            let result = tokio::select! {
-                lost = elector.hold() => {
-                    abort.abort();
+            let lost = tokio::select! {
+                lost = &mut hold => Err(lost),
+                r = finish_work(&mut handle, &shutdown, grace) => Ok(r),
+            };
+            match lost {
+                Ok(result) => {
+                    elector.release().await;
+                    result
+                }
+                Err(lost) => {
+                    stop_work(handle).await;
+                    tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
                     Err(anyhow::anyhow!("leader lease lost during shutdown: {lost}"))
                 }
-                r = finish_work(handle, &shutdown, grace) => r,
-            };
-            elector.release().await;
-            result
+            }
         }
     }
 }
 
+/// Abort the work task and wait until it is gone (its future dropped, so its
+/// JoinSets are aborted too). A task that had already finished is just reaped.
+async fn stop_work(handle: tokio::task::JoinHandle<anyhow::Result<()>>) {
+    handle.abort();
+    match handle.await {
+        Err(join) if join.is_panic() => {
+            tracing::error!(error = %join, "work loop panicked while being stopped")
+        }
+        _ => {}
+    }
+}
+
+/// The work loop's result from its join result (a panic becomes an error).
+fn joined(res: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
+    match res {
+        Ok(r) => r,
+        Err(join) => Err(anyhow::anyhow!("work loop panicked: {join}")),
+    }
+}
+
 /// Wait for the work task; after `shutdown` fires, give it `grace` to return,
-/// then abort it.
+/// then abort it and wait until it is gone. Returns the work's result, or `Ok`
+/// when it was aborted.
 async fn finish_work(
-    mut handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+    handle: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
     shutdown: &CancellationToken,
     grace: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let joined = tokio::select! {
-        r = &mut handle => Some(r),
+    let res = tokio::select! {
+        r = &mut *handle => Some(r),
         _ = shutdown.cancelled() => None,
     };
-    let joined = match joined {
+    let res = match res {
         Some(r) => r,
-        None => match tokio::time::timeout(grace, &mut handle).await {
+        None => match tokio::time::timeout(grace, &mut *handle).await {
             Ok(r) => r,
             Err(_) => {
                 tracing::warn!(
                     ?grace,
-                    "in-flight work did not finish within the grace period; abandoning it"
+                    "in-flight work did not finish within the grace period; aborting it"
                 );
                 handle.abort();
+                if let Err(join) = handle.await {
+                    if join.is_panic() {
+                        tracing::error!(error = %join, "work loop panicked while being aborted");
+                    }
+                }
                 return Ok(());
             }
         },
     };
-    match joined {
-        Ok(r) => r,
-        Err(join) => Err(anyhow::anyhow!("work loop panicked: {join}")),
-    }
+    joined(res)
 }

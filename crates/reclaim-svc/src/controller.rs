@@ -81,7 +81,9 @@ pub async fn process_item(
 /// Run the loop until `shutdown` fires: watch PVs, queue changed ones, resync
 /// periodically, and sync them with `config.workers` workers. Calls `on_synced`
 /// once, after the first complete list of PVs is in the store (report readiness
-/// there); in-flight syncs finish before this returns.
+/// there); in-flight syncs finish before this returns. The workers live in a
+/// `JoinSet` owned by this future, so dropping it (the runtime aborting the
+/// work loop) aborts them too.
 pub async fn run_loop(
     api: Api<PersistentVolume>,
     reclaimer: Arc<Reclaimer>,
@@ -93,7 +95,9 @@ pub async fn run_loop(
     let (store, writer) = reflector::store::<PersistentVolume>();
     let queue = WorkQueue::new();
 
-    let mut workers = Vec::new();
+    // Held by this future: if the runtime aborts the work loop (lost Lease,
+    // grace period over), dropping the set aborts every worker with it.
+    let mut workers = tokio::task::JoinSet::new();
     for _ in 0..config.workers.max(1) {
         let (store, reclaimer, queue, retry, config) = (
             store.clone(),
@@ -102,12 +106,12 @@ pub async fn run_loop(
             Arc::clone(&retry),
             config.clone(),
         );
-        workers.push(tokio::spawn(async move {
+        workers.spawn(async move {
             while let Some(key) = queue.get().await {
                 let _ = process_item(&key, &store, &reclaimer, &queue, &retry, &config).await;
                 queue.done(&key);
             }
-        }));
+        });
     }
 
     let stream =
@@ -160,8 +164,6 @@ pub async fn run_loop(
 
     tracing::info!("shutting down: finishing in-flight PV syncs");
     queue.shut_down();
-    for w in workers {
-        let _ = w.await;
-    }
+    while workers.join_next().await.is_some() {}
     Ok(())
 }
