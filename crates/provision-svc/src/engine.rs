@@ -557,8 +557,12 @@ impl Engine {
 
         if result.is_ok() || state == ProvisioningState::Finished {
             // Not in progress any more.
-            self.set_in_background(&uid, None);
-            if !matches!(result, Err(OpError::NotQueued(_))) {
+            if matches!(result, Err(OpError::NotQueued(_))) {
+                // The volume exists but its PV write is not queued: keep the
+                // intent, without the in-background flag.
+                self.drop_in_background(&uid, claim).await;
+            } else {
+                self.set_in_background(&uid, None);
                 self.clear_intent(&pv_name_for_claim_uid(&uid)).await;
             }
             return match result {
@@ -576,6 +580,26 @@ impl Engine {
     }
 
     async fn mark_in_background(&self, claim: &PersistentVolumeClaim) {
+        self.record_in_background_flag(claim, true).await;
+    }
+
+    /// Seed `claimsInProgress.Delete` for a claim that may still have a durable
+    /// intent: drop it from the in-memory in-background set and, if it was
+    /// there, re-record its intent with `in_background = false`, so the next
+    /// leader's walk does not resurrect a stale snapshot and provision it
+    /// again. The intent itself is kept: it still protects a possibly
+    /// half-made volume until the claim is provisioned or gone.
+    async fn drop_in_background(&self, uid: &str, claim: &PersistentVolumeClaim) {
+        let was = self.is_in_background(uid);
+        self.set_in_background(uid, None);
+        if was {
+            self.record_in_background_flag(claim, false).await;
+        }
+    }
+
+    /// Record `claim`'s intent with the given in-background flag; a Redis
+    /// failure is logged (the walk re-checks).
+    async fn record_in_background_flag(&self, claim: &PersistentVolumeClaim, in_background: bool) {
         let Some(key) = ClaimKey::of(claim) else {
             return;
         };
@@ -586,11 +610,11 @@ impl Engine {
             class: decision::claim_class(claim),
             recorded_at_ms: now_ms(),
         };
-        match self.intents.record(&intent, claim, true).await {
+        match self.intents.record(&intent, claim, in_background).await {
             Ok(true) => self.metrics.intents.inc(),
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(pv = %intent.pv_name, error = %e, "cannot mark the claim as provisioning in background in Redis; it is remembered in memory only")
+                tracing::warn!(pv = %intent.pv_name, in_background, error = %e, "cannot record the claim's in-background flag in its provisioning intent in Redis; the in-memory state and Redis disagree until the next attempt")
             }
         }
     }
@@ -648,7 +672,7 @@ impl Engine {
         match result {
             Ok(()) => {
                 self.retry.forget(&key);
-                self.set_in_background(uid, None);
+                self.drop_in_background(uid, &claim).await;
             }
             Err(err) => {
                 let requeues = self.retry.requeues(&key);
@@ -661,7 +685,7 @@ impl Engine {
                     tracing::error!(claim = %claim_name, uid, failures = requeues, threshold = self.settings.failure_threshold.0, error = %err,
                         "giving up syncing claim; its provisioning intent (if any) is kept for the next leader's start-up walk");
                     // Done but not forgotten: the count stays until the claim is gone.
-                    self.set_in_background(uid, None);
+                    self.drop_in_background(uid, &claim).await;
                 }
             }
         }

@@ -1133,3 +1133,44 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     assert!(w.backend.deleted.lock().unwrap().is_empty());
     assert!(w.intents.map.lock().unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn dropping_an_in_background_claim_clears_its_durable_flag() {
+    let mut w = Setup {
+        backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
+            state: ProvisioningState::InBackground,
+            reason: "still creating".into(),
+        })]),
+        ..Default::default()
+    }
+    .build();
+    let c = ours("u1");
+    w.add_claim(&c);
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    w.engine.process("u1").await;
+    assert!(w.engine.is_in_background("u1"));
+    assert!(w.intents.map.lock().unwrap()["pvc-u1"].1);
+
+    // The claim is bound meanwhile: no longer to be provisioned (seed drops it
+    // from claimsInProgress). Redis must follow, or the next leader's walk
+    // would restore the stale snapshot as in background.
+    let mut bound = c.clone();
+    bound.spec.as_mut().unwrap().volume_name = Some("pvc-u1".into());
+    w.add_claim(&bound);
+    let uid = w.drain_one().await.unwrap();
+    w.engine.process(&uid).await;
+    assert!(!w.engine.is_in_background("u1"));
+    assert!(
+        !w.intents.map.lock().unwrap()["pvc-u1"].1,
+        "durable in-background flag cleared with the in-memory one"
+    );
+    assert_eq!(
+        *w.intents.log.lock().unwrap(),
+        vec![
+            "record pvc-u1 bg=false",
+            "record pvc-u1 bg=true",
+            "record pvc-u1 bg=false",
+        ]
+    );
+    assert_eq!(w.backend.calls().len(), 1);
+}
