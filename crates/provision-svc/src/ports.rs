@@ -33,7 +33,12 @@ pub trait ClusterApi: Send + Sync + 'static {
     async fn pv_exists(&self, name: &str) -> Result<bool, String>;
 
     /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
-    /// patch (`{"metadata":{"annotations":{"volume.kubernetes.io/selected-node":null}}}`).
+    /// patch `{"metadata":{"resourceVersion":"<claim's>","annotations":
+    /// {"volume.kubernetes.io/selected-node":null}}}`. The resourceVersion makes
+    /// it conditional, like the seed's `Update` of the cached claim: if the
+    /// claim changed since (e.g. the scheduler picked a new node), the API
+    /// server answers 409 Conflict, which counts as done for this attempt
+    /// (`Ok`), leaving the next sync to decide on the new claim.
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String>;
 
     /// Record an event on `claim` (Normal, or Warning when `warning`). Never
@@ -176,16 +181,24 @@ impl ClusterApi for KubeCluster {
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
-        let patch = serde_json::json!({"metadata": {"annotations": {ANN_SELECTED_NODE: null}}});
-        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+        let mut metadata = serde_json::json!({"annotations": {ANN_SELECTED_NODE: null}});
+        if let Some(rv) = claim.metadata.resource_version.as_deref() {
+            metadata["resourceVersion"] = serde_json::Value::from(rv);
+        }
+        let patch = serde_json::json!({ "metadata": metadata });
+        match Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(|_| ())
-            .map_err(|e| {
-                format!(
-                    "delete annotation {ANN_SELECTED_NODE:?} for PersistentVolumeClaim \"{namespace}/{name}\": {e}"
-                )
-            })
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                tracing::info!(claim = %format!("{namespace}/{name}"), "claim changed since it was read (e.g. re-scheduled); not removing its selected node, the next sync decides");
+                Ok(())
+            }
+            Err(e) => Err(format!(
+                "delete annotation {ANN_SELECTED_NODE:?} for PersistentVolumeClaim \"{namespace}/{name}\": {e}"
+            )),
+        }
     }
 
     fn claim_event(
@@ -269,7 +282,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reschedule_is_a_merge_patch_nulling_the_selected_node() {
+    async fn reschedule_is_a_conditional_merge_patch_and_a_conflict_is_done() {
         let (cluster, mut handle) = cluster();
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.unwrap();
@@ -286,7 +299,9 @@ mod tests {
             let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
             assert_eq!(
                 body,
-                serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": null}}})
+                serde_json::json!({"metadata": {
+                    "resourceVersion": "42",
+                    "annotations": {"volume.kubernetes.io/selected-node": null}}})
             );
             send.send_response(json_response(
                 200,
@@ -294,16 +309,40 @@ mod tests {
                 "kind": "PersistentVolumeClaim", "apiVersion": "v1",
                 "metadata": {"name": "data", "namespace": "ns"}}),
             ));
+            // The claim changed since (re-scheduled): 409 Conflict.
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(json_response(
+                409,
+                serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "the object has been modified", "reason": "Conflict", "code": 409}),
+            ));
+            let (_, send) = handle.next_request().await.unwrap();
+            send.send_response(json_response(
+                500,
+                serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "etcd down", "reason": "InternalError", "code": 500}),
+            ));
         });
         let claim = PersistentVolumeClaim {
             metadata: ObjectMeta {
                 namespace: Some("ns".into()),
                 name: Some("data".into()),
+                resource_version: Some("42".into()),
                 ..Default::default()
             },
             ..Default::default()
         };
         cluster.remove_selected_node(&claim).await.unwrap();
+        assert_eq!(
+            cluster.remove_selected_node(&claim).await,
+            Ok(()),
+            "a conflict means the claim changed: done for this attempt"
+        );
+        let err = cluster.remove_selected_node(&claim).await.unwrap_err();
+        assert!(err.starts_with("delete annotation \"volume.kubernetes.io/selected-node\" for PersistentVolumeClaim \"ns/data\": "), "{err}");
+        assert!(err.contains("etcd down"), "{err}");
         server.await.unwrap();
     }
 }
