@@ -393,14 +393,12 @@ impl System {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    async fn read_all<
-        T: DeserializeOwned + Clone + std::fmt::Debug + kube::Resource<DynamicType = ()>,
-    >(
-        &self,
-        sim_resource: &str,
-    ) -> anyhow::Result<Vec<T>>
+    async fn read_all<T>(&self, sim_resource: &str) -> anyhow::Result<Vec<T>>
     where
-        T: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>,
+        T: DeserializeOwned
+            + Clone
+            + std::fmt::Debug
+            + kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>,
     {
         match &self.sim {
             Some(sim) => sim
