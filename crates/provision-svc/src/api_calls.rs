@@ -6,7 +6,9 @@ use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 /// Every resource provision-svc touches and the verbs it uses.
 ///
 /// * claims: list/watch (reflector), patch (reschedule removes the selected node);
-/// * PVs and StorageClasses: list/watch (reflectors);
+/// * PVs: list/watch (reflector), get (the start-up walk's live check that a
+///   deleted claim's PV really does not exist before its asset is deleted);
+/// * StorageClasses: list/watch (reflector);
 /// * nodes: get (selected node lookup on demand);
 /// * events (on claims) and the Lease.
 pub const API_CALLS: &[ApiCall] = &[
@@ -19,7 +21,7 @@ pub const API_CALLS: &[ApiCall] = &[
     ApiCall {
         group: "",
         resource: "persistentvolumes",
-        verbs: &["list", "watch"],
+        verbs: &["get", "list", "watch"],
         namespaced: false,
     },
     ApiCall {
