@@ -11,6 +11,7 @@ use api_types::{DeleteError, ProvisionError, ProvisionOptions};
 use api_types::{ANN_DYNAMICALLY_PROVISIONED, FINALIZER_PV, FINALIZER_PV_PROTECTION};
 use common::metrics::{render, DeleteMetrics};
 use common::retry::{FailureThreshold, RetryPolicy};
+use common::workqueue::WorkQueue;
 use common::Provisioner;
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
@@ -21,7 +22,6 @@ use kube::{Api, Client};
 use prometheus::Registry;
 use reclaim_svc::controller::{process_item, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
-use common::workqueue::WorkQueue;
 
 const ME: &str = "example.com/hostpath";
 
