@@ -29,13 +29,13 @@ async fn sim() -> SimHandle {
 }
 
 async fn elector(sim: &SimHandle, id: &str) -> LeaderElector {
-    LeaderElector::new(client(&sim), NS, LEASE, id, timing())
+    LeaderElector::new(client(sim), NS, LEASE, id, timing())
         .await
         .expect("lease prepared")
 }
 
 async fn holder(sim: &SimHandle) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client(&sim), NS);
+    let leases: Api<Lease> = Api::namespaced(client(sim), NS);
     leases
         .get(LEASE)
         .await
@@ -45,7 +45,7 @@ async fn holder(sim: &SimHandle) -> Option<String> {
 }
 
 async fn renew_time(sim: &SimHandle) -> String {
-    let leases: Api<Lease> = Api::namespaced(client(&sim), NS);
+    let leases: Api<Lease> = Api::namespaced(client(sim), NS);
     let spec = leases.get(LEASE).await.unwrap().spec.unwrap();
     format!("{:?}", spec.renew_time.expect("renewTime set").0)
 }

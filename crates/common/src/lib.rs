@@ -3,6 +3,7 @@
 //! * [`provisioner`] — the backend contract ([`Provisioner`]) and its optional
 //!   capabilities, with the seed's defaults;
 //! * [`backend`] — built-in backends (`hostpath`);
+//! * [`cache`] — trimming objects before they enter reflector caches;
 //! * [`config`] — flags shared by all services, with environment twins;
 //! * [`kube_client`] — client from kubeconfig/in-cluster with a client-side rate limit;
 //! * [`leader`] — Lease leader election with a renew-deadline watchdog;
@@ -16,6 +17,7 @@
 //! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics).
 
 pub mod backend;
+pub mod cache;
 pub mod config;
 pub mod events;
 pub mod http;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use common::cache::strip_for_cache;
 use common::intents::IntentStore;
 use common::queue::PvQueue;
 use common::retry::{FailureThreshold, RetryPolicy};
@@ -142,7 +143,8 @@ pub async fn work(
             watcher(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 watch_cfg.clone(),
-            ),
+            )
+            .modify(strip_for_cache),
         )
         .default_backoff();
         tasks.spawn(drive("PersistentVolumeClaim", stream, move |ev| match ev {
@@ -155,7 +157,8 @@ pub async fn work(
         "StorageClass",
         reflector::reflector(
             class_writer,
-            watcher(Api::<StorageClass>::all(client.clone()), watch_cfg.clone()),
+            watcher(Api::<StorageClass>::all(client.clone()), watch_cfg.clone())
+                .modify(strip_for_cache),
         )
         .default_backoff(),
         |_| {},
@@ -164,7 +167,8 @@ pub async fn work(
         "PersistentVolume",
         reflector::reflector(
             volume_writer,
-            watcher(Api::<PersistentVolume>::all(client.clone()), watch_cfg),
+            watcher(Api::<PersistentVolume>::all(client.clone()), watch_cfg)
+                .modify(strip_for_cache),
         )
         .default_backoff(),
         |_| {},

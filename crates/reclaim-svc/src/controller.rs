@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::cache::strip_for_cache;
 use common::retry::{FailureThreshold, RetryPolicy};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -114,8 +115,11 @@ pub async fn run_loop(
         });
     }
 
-    let stream =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(strip_for_cache),
+    )
+    .default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut resync = (!config.resync_period.is_zero()).then(|| {
         let mut i = tokio::time::interval(config.resync_period);
