@@ -195,6 +195,10 @@ pub struct Writer {
     recovered_at_ms: AtomicU64,
     /// PV name of the last transient failure, probed with `get`.
     probe_name: std::sync::Mutex<String>,
+    /// `/readyz` of the running drain ([`run`](Self::run) sets it), so a worker
+    /// that cannot settle an entry in Redis reports not-ready too — the
+    /// dispatcher may be waiting for that worker's permit and see nothing.
+    readiness: std::sync::OnceLock<Readiness>,
 }
 
 impl Writer {
@@ -217,6 +221,7 @@ impl Writer {
             api_down: AtomicBool::new(false),
             recovered_at_ms: AtomicU64::new(0),
             probe_name: std::sync::Mutex::new(String::new()),
+            readiness: std::sync::OnceLock::new(),
         }
     }
 
@@ -277,6 +282,7 @@ impl Writer {
         shutdown: CancellationToken,
         readiness: Readiness,
     ) -> anyhow::Result<()> {
+        let _ = self.readiness.set(readiness.clone());
         // As the only consumer, anything in flight belongs to a previous leader.
         loop {
             match self.queue.recover_inflight(now_ms()).await {
@@ -563,11 +569,23 @@ impl Writer {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T, QueueError>>,
     {
+        let mut failed = false;
         loop {
             match op().await {
-                Ok(v) => return Some(v),
+                Ok(v) => {
+                    if failed {
+                        if let Some(r) = self.readiness.get() {
+                            r.set_ready(true);
+                        }
+                    }
+                    return Some(v);
+                }
                 Err(err) => {
-                    tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; retrying");
+                    failed = true;
+                    if let Some(r) = self.readiness.get() {
+                        r.set_ready(false);
+                    }
+                    tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
                     if sleep_or_cancel(REDIS_RETRY_INTERVAL, shutdown).await {
                         return None;
                     }

@@ -94,7 +94,16 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     let exits: Vec<String> = sys
         .services
         .iter_mut()
-        .map(|p| format!("{} {:?}", p.identity(), p.process.exit_status()))
+        .map(|p| {
+            let status = match p.process.exit_status() {
+                Some(s) => match s.code() {
+                    Some(code) => format!("exit {code}"),
+                    None => format!("{s}"),
+                },
+                None => "still running".to_string(),
+            };
+            format!("{} ({status})", p.identity())
+        })
         .collect();
     println!("stopped: {}", exits.join("; "));
     if args.kubeconfig.is_some() {
