@@ -92,6 +92,14 @@ impl Binaries {
 
     /// Binaries of `profile`, built first with cargo (once per process).
     ///
+    /// Release binaries (demo, benchmarks) are built in their own target
+    /// directory, `<target>/services`: building only the three services
+    /// unifies dependency features differently from `cargo run -p e2e`, and in
+    /// one directory each build would throw the other's artifacts away, so
+    /// every demo run would rebuild half the dependency tree twice. Debug
+    /// binaries (tests) share `<target>/debug` with `cargo test`, which has
+    /// already built them.
+    ///
     /// `E2E_BIN_DIR` overrides: the binaries are taken from that directory and
     /// nothing is built. If cargo is not available but the binaries exist, they
     /// are used as they are.
@@ -111,7 +119,8 @@ impl Binaries {
         if let Some((_, b)) = built.iter().find(|(p, _)| *p == profile) {
             return Ok(b.clone());
         }
-        let bins = Self::in_dir(&target_dir().join(profile.dir_name()));
+        let root = build_root(profile);
+        let bins = Self::in_dir(&root.join(profile.dir_name()));
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(&cargo);
         cmd.current_dir(workspace_root()).args([
@@ -125,7 +134,7 @@ impl Binaries {
             "reclaim-svc",
         ]);
         if profile == Profile::Release {
-            cmd.arg("--release");
+            cmd.arg("--release").arg("--target-dir").arg(&root);
         }
         match cmd.status() {
             Ok(status) if status.success() => {}
@@ -140,9 +149,18 @@ impl Binaries {
         anyhow::ensure!(
             bins.exist(),
             "service binaries missing under {} after the build",
-            target_dir().join(profile.dir_name()).display()
+            root.join(profile.dir_name()).display()
         );
         built.push((profile, bins.clone()));
         Ok(bins)
+    }
+}
+
+/// Target directory the service binaries of `profile` are built in (see
+/// [`Binaries::ensure_built`]).
+pub fn build_root(profile: Profile) -> PathBuf {
+    match profile {
+        Profile::Release => target_dir().join("services"),
+        Profile::Debug => target_dir(),
     }
 }
