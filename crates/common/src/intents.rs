@@ -227,49 +227,10 @@ mod tests {
     use api_types::queue::ClaimKey;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    /// A private redis-server on a free port, killed on drop.
-    struct Redis {
-        child: std::process::Child,
-        url: String,
-        _dir: tempfile::TempDir,
-    }
+    use crate::test_redis::TestRedis;
 
-    impl Drop for Redis {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    async fn start_redis() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--dir", dir.path().to_str().unwrap()])
-            .args(["--appendonly", "yes", "--save", ""])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let url = format!("redis://127.0.0.1:{port}/0");
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        Redis {
-            child,
-            url,
-            _dir: dir,
-        }
+    async fn start_redis() -> TestRedis {
+        TestRedis::start().await
     }
 
     fn intent(uid: &str) -> ProvisionIntent {
@@ -301,10 +262,10 @@ mod tests {
     #[tokio::test]
     async fn record_list_contains_clear_round_trip() {
         let redis = start_redis().await;
-        let store = IntentStore::connect(&redis.url, "example.com/hostpath")
+        let store = IntentStore::connect(&redis.url(), "example.com/hostpath")
             .await
             .unwrap();
-        let other = IntentStore::connect(&redis.url, "other.io/x")
+        let other = IntentStore::connect(&redis.url(), "other.io/x")
             .await
             .unwrap();
 
@@ -354,9 +315,9 @@ mod tests {
     #[tokio::test]
     async fn garbled_records_are_skipped_but_still_contained() {
         let redis = start_redis().await;
-        let store = IntentStore::connect(&redis.url, "p").await.unwrap();
+        let store = IntentStore::connect(&redis.url(), "p").await.unwrap();
         store.record(&intent("ok")).await.unwrap();
-        let mut conn = redis_store::connect(&redis.url).await.unwrap();
+        let mut conn = redis_store::connect(&redis.url()).await.unwrap();
         let _: () = conn
             .hset("provisioner:{p}:provision-intents", "pvc-bad", "{oops")
             .await

@@ -32,6 +32,8 @@ pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod telemetry;
+#[cfg(test)]
+mod test_redis;
 pub mod time;
 pub mod workqueue;
 

@@ -750,60 +750,7 @@ mod tests {
     use k8s_openapi::api::core::v1::PersistentVolume;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    /// A private redis-server (own port and data dir, AOF on), killed on drop.
-    struct Redis {
-        child: std::process::Child,
-        port: u16,
-        _dir: tempfile::TempDir,
-    }
-
-    impl Redis {
-        async fn start() -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let child = std::process::Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--dir", dir.path().to_str().unwrap()])
-                .args([
-                    "--appendonly",
-                    "yes",
-                    "--appendfsync",
-                    "everysec",
-                    "--save",
-                    "",
-                ])
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("redis-server on PATH");
-            let r = Redis {
-                child,
-                port,
-                _dir: dir,
-            };
-            for _ in 0..100 {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return r;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            panic!("redis-server did not start");
-        }
-
-        fn url(&self) -> String {
-            format!("redis://127.0.0.1:{}/0", self.port)
-        }
-    }
-
-    impl Drop for Redis {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    use crate::test_redis::TestRedis as Redis;
 
     fn entry(name: &str) -> QueuedPvWrite {
         QueuedPvWrite {

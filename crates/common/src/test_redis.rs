@@ -1,0 +1,59 @@
+//! Test fixture: a private `redis-server` (own free port and data dir, AOF on),
+//! killed on drop. Used by the queue and intent tests; never by the services.
+
+use std::time::Duration;
+
+/// A running private redis-server.
+pub struct TestRedis {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl TestRedis {
+    /// Start one and wait until it accepts connections. Panics when
+    /// `redis-server` is not on PATH or does not come up within 5 s.
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--dir", dir.path().to_str().unwrap()])
+            .args(["--appendonly", "yes", "--appendfsync", "everysec"])
+            .args(["--save", ""])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let redis = TestRedis {
+            child,
+            port,
+            _dir: dir,
+        };
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return redis;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not start");
+    }
+
+    /// `redis://127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
