@@ -70,73 +70,26 @@ pub fn reference<K: Resource<DynamicType = ()>>(object: &K) -> ObjectReference {
     object.object_ref(&())
 }
 
-/// What a claim [`ObjectReference`] can be built from; see [`claim_reference`].
-pub trait ClaimReferenceSource {
-    /// The claim's `(namespace, name, uid, resourceVersion)`, each `None` when unknown.
-    fn claim_reference_parts(
-        &self,
-    ) -> (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    );
-}
-
-impl ClaimReferenceSource for ClaimKey {
-    /// Namespace, name and uid; a key carries no resourceVersion.
-    fn claim_reference_parts(
-        &self,
-    ) -> (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    ) {
-        (
-            Some(self.namespace.clone()),
-            Some(self.name.clone()),
-            Some(self.uid.clone()),
-            None,
-        )
-    }
-}
-
-impl ClaimReferenceSource for PersistentVolumeClaim {
-    /// Namespace, name, uid and resourceVersion from the claim's metadata.
-    fn claim_reference_parts(
-        &self,
-    ) -> (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Option<String>,
-    ) {
-        let m = &self.metadata;
-        (
-            m.namespace.clone(),
-            m.name.clone(),
-            m.uid.clone(),
-            m.resource_version.clone(),
-        )
-    }
-}
-
-/// An [`ObjectReference`] to a claim (`apiVersion: v1`, `kind:
-/// PersistentVolumeClaim`, namespace, name, uid), from the whole claim — then
-/// with its `resourceVersion`, as the seed's `ref.GetReference` fills a PV's
-/// `claimRef` — or from a [`ClaimKey`] when only the key is at hand (events).
-/// The one definition used by every service.
-pub fn claim_reference<C: ClaimReferenceSource + ?Sized>(claim: &C) -> ObjectReference {
-    let (namespace, name, uid, resource_version) = claim.claim_reference_parts();
+/// An [`ObjectReference`] to the claim named by `key` (`apiVersion: v1`,
+/// `kind: PersistentVolumeClaim`, namespace, name, uid), for events when only
+/// the key is at hand. From a whole claim use [`claim_ref_of`].
+pub fn claim_reference(key: &ClaimKey) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("PersistentVolumeClaim".into()),
-        namespace,
-        name,
-        uid,
-        resource_version,
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
+        uid: Some(key.uid.clone()),
         ..Default::default()
+    }
+}
+
+/// A PV's `claimRef` to `claim`: [`reference`] plus the claim's
+/// `resourceVersion`, as the seed's `ref.GetReference` fills it.
+pub fn claim_ref_of(claim: &PersistentVolumeClaim) -> ObjectReference {
+    ObjectReference {
+        resource_version: claim.metadata.resource_version.clone(),
+        ..reference(claim)
     }
 }
 
@@ -175,7 +128,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            claim_reference(&claim),
+            claim_ref_of(&claim),
             ObjectReference {
                 resource_version: Some("42".into()),
                 ..from_key

@@ -23,7 +23,7 @@ use api_types::{
     ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
     FINALIZER_PV,
 };
-use common::events::{claim_reference, reason};
+use common::events::{claim_ref_of, reason};
 use common::retry::{FailureThreshold, RetryPolicy};
 use common::time::now_ms;
 use common::Provisioner;
@@ -326,7 +326,7 @@ impl Engine {
                 )
             }
         }
-        let claim_ref = claim_reference(claim);
+        let claim_ref = claim_ref_of(claim);
 
         if decision::is_block(claim) && !self.backend.supports_block() {
             let msg = format!(
