@@ -1,4 +1,5 @@
 //! End-to-end test support: the API-server simulator and process harness.
 
 pub mod harness;
+pub mod realkube;
 pub mod sim;

@@ -1,32 +1,48 @@
 //! End-to-end failure scenarios with the real binaries, a real `redis-server`
-//! and the API-server simulator: SIGKILL of each service in the middle of a
-//! batch, a Redis restart, two replicas per service with the leaders killed,
-//! and a 30 s API outage. Each asserts exact PV, directory and event counts:
-//! no claim is lost, no volume is provisioned twice, nothing leaks.
+//! and a control plane: SIGKILL of each service in the middle of a batch, a
+//! Redis restart, two replicas per service with the leaders killed, and a
+//! 30 s API outage. Each asserts exact PV, directory and event counts: no
+//! claim is lost, no volume is provisioned twice, nothing leaks.
+//!
+//! Each scenario runs on the simulator (`<scenario>::sim`) and on a real
+//! kube-apiserver + kube-controller-manager v1.19 (`<scenario>::real`, each
+//! service under its own ServiceAccount and the deploy's RBAC). What only the
+//! simulator can do stays simulator-only and is marked: added request latency
+//! (keeps a batch in flight longer; on the real server the kills may land
+//! later in the batch, the end state asserted is the same) and claims created
+//! behind the API during the outage.
 
 use std::time::{Duration, Instant};
 
-use e2e::harness::{wait_eq, Service, System, SystemOptions};
-use e2e::sim::FaultSpec;
+use e2e::harness::{wait_eq, ControlPlane, Service, System, SystemOptions};
+use e2e::on_both_planes;
 
 fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
 }
 
-async fn system(replicas: usize) -> System {
+async fn system(plane: ControlPlane, replicas: usize) -> System {
     let mut sys = System::start(SystemOptions {
         replicas,
+        control_plane: plane,
         ..Default::default()
     })
     .await
     .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(20))
+    sys.wait_leaders(Duration::from_secs(30))
         .await
         .expect("every service elects a leader");
     sys.create_storage_class("hostpath", "Immediate", &[])
         .await
         .unwrap();
     sys
+}
+
+/// Simulator only: delay every API request by `d` (a real server cannot be slowed).
+fn set_sim_latency(sys: &System, d: Duration) {
+    if let Some(sim) = sys.sim_handle() {
+        sim.set_latency(d);
+    }
 }
 
 /// Assert the exact end state of `n` provisioned claims: `n` PVs, `n` Bound
@@ -46,11 +62,10 @@ async fn assert_provisioned(sys: &System, n: usize) {
     assert_eq!(succeeded, n, "claims with a ProvisioningSucceeded event");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
-    let mut sys = system(1).await;
+async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing(plane: ControlPlane) {
+    let mut sys = system(plane, 1).await;
     // 20 ms per API request keeps a batch in flight long enough to interrupt.
-    sys.sim().set_latency(Duration::from_millis(20));
+    set_sim_latency(&sys, Duration::from_millis(20));
     let mut all = Vec::new();
     for (round, victim) in [Service::Provision, Service::PvWriter]
         .into_iter()
@@ -109,10 +124,9 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
     assert_eq!(sys.claims().await.unwrap().len(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_restart_loses_no_queued_pv_write() {
-    let mut sys = system(1).await;
-    sys.sim().set_latency(Duration::from_millis(20));
+async fn redis_restart_loses_no_queued_pv_write(plane: ControlPlane) {
+    let mut sys = system(plane, 1).await;
+    set_sim_latency(&sys, Duration::from_millis(20));
     let mut claims = sys.create_claims("before", 30, "hostpath").await.unwrap();
     // Restart Redis (SIGTERM: the AOF is flushed) while the batch is in flight.
     check(
@@ -127,7 +141,7 @@ async fn redis_restart_loses_no_queued_pv_write() {
         check(&sys, r)
     };
     claims.extend(sys.create_claims("after", 10, "hostpath").await.unwrap());
-    sys.sim().set_latency(Duration::ZERO);
+    set_sim_latency(&sys, Duration::ZERO);
     assert_provisioned(&sys, 40).await;
     for p in sys.services.iter_mut() {
         assert!(
@@ -141,12 +155,11 @@ async fn redis_restart_loses_no_queued_pv_write() {
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_fail_over_within_the_lease_duration() {
-    let mut sys = system(2).await;
+async fn two_replicas_fail_over_within_the_lease_duration(plane: ControlPlane) {
+    let mut sys = system(plane, 2).await;
     let lease = sys.settings.lease_duration;
     let retry = sys.settings.retry_period;
-    sys.sim().set_latency(Duration::from_millis(20));
+    set_sim_latency(&sys, Duration::from_millis(20));
     let claims = sys.create_claims("ha", 40, "hostpath").await.unwrap();
     check(
         &sys,
@@ -184,7 +197,7 @@ async fn two_replicas_fail_over_within_the_lease_duration() {
         "failover took {:?} (lease {lease:?})",
         killed.elapsed()
     );
-    sys.sim().set_latency(Duration::ZERO);
+    set_sim_latency(&sys, Duration::ZERO);
     // Backend volume count equals claim count: no double provisioning, no leak.
     assert_provisioned(&sys, 40).await;
 
@@ -192,31 +205,49 @@ async fn two_replicas_fail_over_within_the_lease_duration() {
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thirty_second_api_outage_is_survived() {
-    let mut sys = system(1).await;
+async fn thirty_second_api_outage_is_survived(plane: ControlPlane) {
+    let mut sys = system(plane, 1).await;
     let first = sys.create_claims("pre", 20, "hostpath").await.unwrap();
     assert_provisioned(&sys, 20).await;
 
-    // The API server answers 503 to everything for 30 s and drops every watch.
+    // The API server is gone for 30 s: on the simulator it answers 503 to
+    // everything and drops every watch; a real kube-apiserver is stopped.
     let outage = Duration::from_secs(30);
-    sys.sim()
-        .inject_fault(FaultSpec::error(503, &[], &[]).for_duration(outage));
-    sys.sim().drop_watches();
     let started = Instant::now();
-    // Claims created behind the API (etcd restore, another apiserver): the
-    // services must pick them up once the API answers again.
-    for i in 0..10 {
-        let claim = sys.claim_manifest(&format!("during-{i:02}"), "hostpath", &[]);
-        sys.sim()
-            .create_object(
+    let down = {
+        let r = sys.begin_outage().await;
+        check(&sys, r)
+    };
+    // Simulator only: claims created behind the API (etcd restore, another
+    // apiserver) that the services must pick up once the API answers again.
+    // A stopped real API server takes no writes: there they are created as
+    // soon as it is back, while the services are still reconnecting.
+    let during =
+        |sys: &System, i: usize| sys.claim_manifest(&format!("during-{i:02}"), "hostpath", &[]);
+    let behind_the_api = sys.sim_handle().is_some();
+    if let Some(sim) = sys.sim_handle() {
+        for i in 0..10 {
+            sim.create_object(
                 "persistentvolumeclaims",
                 "default",
-                serde_json::to_value(claim).unwrap(),
+                serde_json::to_value(during(&sys, i)).unwrap(),
             )
             .unwrap();
+        }
     }
     tokio::time::sleep(outage.saturating_sub(started.elapsed())).await;
+    {
+        let r = sys.end_outage(down).await;
+        check(&sys, r)
+    };
+    if !behind_the_api {
+        for i in 0..10 {
+            sys.claims_api()
+                .create(&Default::default(), &during(&sys, i))
+                .await
+                .unwrap();
+        }
+    }
 
     // Leaders that could not renew exited (as a pod would); restart them like
     // the kubelet does, until everything converges.
@@ -263,3 +294,10 @@ async fn thirty_second_api_outage_is_survived() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+on_both_planes!(
+    sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing,
+    redis_restart_loses_no_queued_pv_write,
+    two_replicas_fail_over_within_the_lease_duration,
+    thirty_second_api_outage_is_survived,
+);

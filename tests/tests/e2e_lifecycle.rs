@@ -1,23 +1,33 @@
-//! End-to-end: the three real service binaries, a real `redis-server` and the
-//! API-server simulator. Lifecycle scenarios without failures: a batch of 100
+//! End-to-end: the three real service binaries, a real `redis-server` and a
+//! control plane. Lifecycle scenarios without failures: a batch of 100
 //! claims provisioned and reclaimed, `WaitForFirstConsumer`, reschedule when
 //! the selected node does not exist, bad StorageClass parameters, and a claim
 //! deleted while its volume is being provisioned. Every wait is bounded.
+//!
+//! Each scenario runs twice (`<scenario>::sim`, `<scenario>::real`): on the
+//! API-server simulator and on a real kube-apiserver + kube-controller-manager
+//! v1.19 where each service runs as its own ServiceAccount under the RBAC
+//! rendered from `deploy/base` (the real variant is skipped with one line
+//! without the binaries, see `e2e::realkube::assets_or_skip`).
 
 use std::time::Duration;
 
-use e2e::harness::{Service, System, SystemOptions};
+use e2e::harness::{ControlPlane, Service, System, SystemOptions};
+use e2e::on_both_planes;
 use e2e::sim::FaultSpec;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Patch, PatchParams};
 
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
-async fn system() -> System {
-    let mut sys = System::start(SystemOptions::default())
-        .await
-        .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(20))
+async fn system(plane: ControlPlane) -> System {
+    let mut sys = System::start(SystemOptions {
+        control_plane: plane,
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    sys.wait_leaders(Duration::from_secs(30))
         .await
         .expect("every service elects a leader");
     sys
@@ -28,9 +38,8 @@ fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hundred_claims_are_provisioned_bound_and_reclaimed() {
-    let sys = system().await;
+async fn hundred_claims_are_provisioned_bound_and_reclaimed(plane: ControlPlane) {
+    let sys = system(plane).await;
     sys.create_storage_class("hostpath", "Immediate", &[])
         .await
         .unwrap();
@@ -103,9 +112,8 @@ async fn hundred_claims_are_provisioned_bound_and_reclaimed() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_for_first_consumer_waits_for_the_selected_node() {
-    let sys = system().await;
+async fn wait_for_first_consumer_waits_for_the_selected_node(plane: ControlPlane) {
+    let sys = system(plane).await;
     sys.create_node("node-1").await.unwrap();
     sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
         .await
@@ -146,9 +154,8 @@ async fn wait_for_first_consumer_waits_for_the_selected_node() {
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_selected_node_reschedules_the_claim() {
-    let sys = system().await;
+async fn missing_selected_node_reschedules_the_claim(plane: ControlPlane) {
+    let sys = system(plane).await;
     sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
         .await
         .unwrap();
@@ -194,9 +201,8 @@ async fn missing_selected_node_reschedules_the_claim() {
     assert_eq!(sys.events("ProvisioningSucceeded").await.unwrap(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing() {
-    let sys = system().await;
+async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing(plane: ControlPlane) {
+    let sys = system(plane).await;
     sys.create_storage_class("bad", "Immediate", &[("path", "/etc")])
         .await
         .unwrap();
@@ -258,18 +264,24 @@ async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing() {
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_deleted_while_provisioning_leaves_no_volume() {
-    let sys = system().await;
+async fn claim_deleted_while_provisioning_leaves_no_volume(plane: ControlPlane) {
+    let mut sys = system(plane).await;
     sys.create_storage_class("hostpath", "Immediate", &[])
         .await
         .unwrap();
-    // PV creation fails for 4 s: the volume exists in the backend and its PV
-    // waits in the durable queue when the claim is deleted.
-    let fault = sys.sim().inject_fault(
-        FaultSpec::error(500, &["create"], &["persistentvolumes"])
-            .for_duration(Duration::from_secs(4)),
-    );
+    // The volume must exist in the backend with its PV waiting in the durable
+    // queue when the claim is deleted. On the simulator PV creation fails
+    // (500) for 4 s; a real API server cannot be told to fail, so there
+    // pv-writer is down (SIGKILL) until the claims are gone.
+    let fault = sys.sim_handle().map(|sim| {
+        sim.inject_fault(
+            FaultSpec::error(500, &["create"], &["persistentvolumes"])
+                .for_duration(Duration::from_secs(4)),
+        )
+    });
+    if fault.is_none() {
+        sys.kill(Service::PvWriter, 0);
+    }
     let claims = sys.create_claims("brief", 3, "hostpath").await.unwrap();
     check(
         &sys,
@@ -280,7 +292,13 @@ async fn claim_deleted_while_provisioning_leaves_no_volume() {
     );
     assert_eq!(sys.pvs().await.unwrap().len(), 0);
     sys.delete_claims(&claims).await.unwrap();
-    sys.sim().remove_fault(fault);
+    match fault {
+        Some(id) => sys.sim().remove_fault(id),
+        None => {
+            let r = sys.restart(Service::PvWriter, 0).await;
+            check(&sys, r)
+        }
+    }
 
     // Whatever path the services take (PV written then released, or the
     // pending write abandoned), no PV and no directory remain.
@@ -290,3 +308,11 @@ async fn claim_deleted_while_provisioning_leaves_no_volume() {
     assert_eq!(sys.dir_count(), 0);
     assert_eq!(sys.claims().await.unwrap().len(), 0);
 }
+
+on_both_planes!(
+    hundred_claims_are_provisioned_bound_and_reclaimed,
+    wait_for_first_consumer_waits_for_the_selected_node,
+    missing_selected_node_reschedules_the_claim,
+    bad_storage_class_parameters_fail_with_an_event_and_create_nothing,
+    claim_deleted_while_provisioning_leaves_no_volume,
+);

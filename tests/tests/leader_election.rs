@@ -1,18 +1,24 @@
-//! Leader election (`common::leader`) against the API-server simulator:
-//! acquire, stand by, renew, release on shutdown, and lose the lead (renew
-//! deadline exceeded while the API fails; another holder takes over).
+//! Leader election (`common::leader`) on both control planes: acquire, stand
+//! by, renew, release on shutdown, and lose the lead (renew deadline exceeded
+//! while the API fails; another holder takes over). On the real API server the
+//! electors run as provision-svc's ServiceAccount, so the deploy's Lease Role
+//! (`resourceNames` = this Lease) is what allows them.
 
 use std::time::Duration;
 
 use common::leader::{LeadLost, LeaderElector, LeaseTiming};
-use e2e::sim::{FaultSpec, SimConfig, SimHandle, Simulator};
+use e2e::harness::{ControlPlane, Plane, Service};
+use e2e::on_both_planes;
+use e2e::sim::SimConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-const LEASE: &str = "example.com-hostpath-provision";
-const NS: &str = "default";
+/// provision-svc's Lease for the plane's provisioner name.
+fn lease_name(plane: &Plane) -> String {
+    Service::Provision.lease_name(&plane.provisioner_name())
+}
 
 fn timing() -> LeaseTiming {
     LeaseTiming {
@@ -22,37 +28,57 @@ fn timing() -> LeaseTiming {
     }
 }
 
-async fn sim() -> SimHandle {
-    Simulator::start(SimConfig::bare())
+async fn start(plane: ControlPlane) -> Plane {
+    Plane::start(plane.with_sim_config(SimConfig::bare()))
         .await
-        .expect("simulator starts")
+        .expect("control plane starts")
 }
 
-async fn elector(sim: &SimHandle, id: &str) -> LeaderElector {
-    LeaderElector::new(client(sim), NS, LEASE, id, timing())
-        .await
-        .expect("lease prepared")
+/// An elector with provision-svc's identity (built as the services build their client).
+async fn elector(plane: &Plane, id: &str) -> LeaderElector {
+    let client = plane.service_client(Service::Provision).await.unwrap();
+    LeaderElector::new(
+        client,
+        &plane.lease_namespace(),
+        &lease_name(plane),
+        id,
+        timing(),
+    )
+    .await
+    .expect("lease prepared")
 }
 
-async fn holder(sim: &SimHandle) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client(sim), NS);
-    leases
-        .get(LEASE)
+/// The Lease, read as admin.
+async fn leases(plane: &Plane) -> Api<Lease> {
+    Api::namespaced(
+        plane.admin_client().await.unwrap(),
+        &plane.lease_namespace(),
+    )
+}
+
+async fn holder(plane: &Plane) -> Option<String> {
+    leases(plane)
+        .await
+        .get(&lease_name(plane))
         .await
         .unwrap()
         .spec
         .and_then(|s| s.holder_identity)
 }
 
-async fn renew_time(sim: &SimHandle) -> String {
-    let leases: Api<Lease> = Api::namespaced(client(sim), NS);
-    let spec = leases.get(LEASE).await.unwrap().spec.unwrap();
+async fn renew_time(plane: &Plane) -> String {
+    let spec = leases(plane)
+        .await
+        .get(&lease_name(plane))
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
     format!("{:?}", spec.renew_time.expect("renewTime set").0)
 }
 
-#[tokio::test]
-async fn acquires_renews_and_releases_to_a_standby() {
-    let sim = sim().await;
+async fn acquires_renews_and_releases_to_a_standby(plane: ControlPlane) {
+    let sim = start(plane).await;
     let a = elector(&sim, "replica-a").await;
     let b = elector(&sim, "replica-b").await;
     let never = CancellationToken::new();
@@ -94,9 +120,8 @@ async fn acquires_renews_and_releases_to_a_standby() {
     assert_eq!(holder(&sim).await.as_deref(), Some("replica-b"));
 }
 
-#[tokio::test]
-async fn a_standby_takes_over_an_expired_lease_after_the_leader_dies() {
-    let sim = sim().await;
+async fn a_standby_takes_over_an_expired_lease_after_the_leader_dies(plane: ControlPlane) {
+    let sim = start(plane).await;
     let never = CancellationToken::new();
     {
         let a = elector(&sim, "replica-a").await;
@@ -118,16 +143,20 @@ async fn a_standby_takes_over_an_expired_lease_after_the_leader_dies() {
     assert_eq!(holder(&sim).await.as_deref(), Some("replica-b"));
 }
 
-#[tokio::test]
-async fn leader_gives_up_when_renewals_fail_past_the_renew_deadline() {
-    let sim = sim().await;
+async fn leader_gives_up_when_renewals_fail_past_the_renew_deadline(plane: ControlPlane) {
+    let mut sim = start(plane).await;
     let a = elector(&sim, "replica-a").await;
     assert!(a.acquire(&CancellationToken::new()).await);
-    sim.inject_fault(FaultSpec::error(500, &[], &["leases"]));
+    // The API fails from now on: 503 to everything on the simulator, a
+    // stopped kube-apiserver on the real plane (stopping takes up to 3 s, so
+    // the leader holds meanwhile).
     let started = std::time::Instant::now();
-    let lost = tokio::time::timeout(Duration::from_secs(6), a.hold())
-        .await
-        .expect("lead reported lost");
+    let (outage, lost) = tokio::join!(
+        sim.begin_outage(),
+        tokio::time::timeout(Duration::from_secs(6), a.hold())
+    );
+    let _outage = outage.expect("outage begins");
+    let lost = lost.expect("lead reported lost");
     assert_eq!(lost, LeadLost::RenewDeadlineExceeded);
     // Given up after the renew deadline but before the lease expires for standbys.
     let waited = started.elapsed();
@@ -141,15 +170,14 @@ async fn leader_gives_up_when_renewals_fail_past_the_renew_deadline() {
     );
 }
 
-#[tokio::test]
-async fn leader_stops_at_once_when_another_holder_appears() {
-    let sim = sim().await;
+async fn leader_stops_at_once_when_another_holder_appears(plane: ControlPlane) {
+    let sim = start(plane).await;
     let a = elector(&sim, "replica-a").await;
     assert!(a.acquire(&CancellationToken::new()).await);
-    let leases: Api<Lease> = Api::namespaced(client(&sim), NS);
-    leases
+    leases(&sim)
+        .await
         .patch(
-            LEASE,
+            &lease_name(&sim),
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"spec": {"holderIdentity": "intruder"}})),
         )
@@ -161,9 +189,9 @@ async fn leader_stops_at_once_when_another_holder_appears() {
     assert_eq!(lost, LeadLost::OtherHolder("intruder".into()));
 }
 
-/// A client built the way the services build theirs (`common::kube_client`).
-fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
-    let mut config = kube::Config::new(sim.url().parse().unwrap());
-    config.default_namespace = "default".into();
-    common::kube_client::build_client(config, 0.0, 0).unwrap()
-}
+on_both_planes!(
+    acquires_renews_and_releases_to_a_standby,
+    a_standby_takes_over_an_expired_lease_after_the_leader_dies,
+    leader_gives_up_when_renewals_fail_past_the_renew_deadline,
+    leader_stops_at_once_when_another_holder_appears,
+);

@@ -1,5 +1,7 @@
-//! The real `pv-writer` binary against the API-server simulator and a private
+//! The real `pv-writer` binary against a control plane and a private
 //! `redis-server`: SIGKILL mid-drain loses nothing and writes nothing twice.
+//! Runs on the simulator (`…::sim`) and on a real kube-apiserver v1.19
+//! (`…::real`, pv-writer as its own ServiceAccount under the deploy's RBAC).
 //! (The drain-rate benchmark is a program: `cargo run --release -p e2e --bin pv-writer-bench`.)
 
 use std::time::Duration;
@@ -8,22 +10,76 @@ use common::queue::PvQueue;
 use e2e::harness::pv_writer::{enqueue_all, pv_writer_binary, spawn_writer, PROVISIONER};
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
-use e2e::sim::{SimConfig, Simulator};
+use e2e::harness::{ControlPlane, Plane, Service};
+use e2e::on_both_planes;
+use e2e::sim::SimConfig;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, ListParams};
+use serde_json::Value;
 
-#[tokio::test]
-async fn sigkill_mid_drain_writes_every_pv_exactly_once() {
+/// The PVs on the control plane, by name (simulator: its store; real: a list as admin).
+async fn pvs(plane: &Plane) -> Vec<Value> {
+    match plane.sim() {
+        Some(sim) => sim.objects("persistentvolumes"),
+        None => {
+            let api: Api<PersistentVolume> = Api::all(plane.admin_client().await.unwrap());
+            api.list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|pv| serde_json::to_value(pv).unwrap())
+                .collect()
+        }
+    }
+}
+
+/// PV create requests pv-writer sent (simulator: its request stats; real: the
+/// audit log's `create persistentvolumes` records of pv-writer's identity).
+fn pv_creates(plane: &Plane) -> usize {
+    match (plane.sim(), plane.real()) {
+        (Some(sim), _) => sim.stats().count("create", "persistentvolumes") as usize,
+        (_, Some(real)) => {
+            let user = real.rbac.user(Service::PvWriter);
+            real.cluster
+                .audit_records()
+                .unwrap()
+                .iter()
+                .filter(|r| {
+                    r.user == user
+                        && r.verb == "create"
+                        && r.resource == "persistentvolumes"
+                        && r.subresource.is_none()
+                })
+                .count()
+        }
+        _ => unreachable!("no external cluster here"),
+    }
+}
+
+async fn sigkill_mid_drain_writes_every_pv_exactly_once(plane: ControlPlane) {
     let bin = pv_writer_binary();
     let dir = tempfile::tempdir().unwrap();
-    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let plane = Plane::start(plane.with_sim_config(SimConfig::bare()))
+        .await
+        .unwrap();
+    assert_eq!(plane.provisioner_name(), PROVISIONER);
+    let kubeconfig = plane.kubeconfig(Service::PvWriter, dir.path()).unwrap();
     let redis = RedisServer::start(&dir.path().join("redis"), &dir.path().join("redis.log"))
         .await
         .unwrap();
     let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
     enqueue_all(&queue, "k", 500).await;
-    // Slow writes so the kills land mid-drain with writes in flight.
-    sim.set_latency(Duration::from_millis(15));
+    // Slow writes so the kills land mid-drain with writes in flight: 15 ms per
+    // request on the simulator; a real server cannot be slowed, so there
+    // pv-writer's own client limit (--kube-api-qps 50) paces the drain.
+    let qps = match plane.sim() {
+        Some(sim) => {
+            sim.set_latency(Duration::from_millis(15));
+            "0"
+        }
+        None => "50",
+    };
 
     let mut run = 0;
     for kill_at in [100usize, 300] {
@@ -32,29 +88,27 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once() {
             dir.path(),
             &kubeconfig,
             &redis.url(),
-            &["--kube-api-qps", "0"],
+            &["--kube-api-qps", qps],
             run,
         );
         run += 1;
+        let plane = &plane;
         wait_until(
             Duration::from_secs(30),
             &format!("{kill_at} PVs written"),
-            || {
-                let n = sim.count("persistentvolumes");
-                async move { n >= kill_at }
-            },
+            || async move { pvs(plane).await.len() >= kill_at },
         )
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
         p.kill();
-        assert!(sim.count("persistentvolumes") < 500, "killed mid-drain");
+        assert!(pvs(plane).await.len() < 500, "killed mid-drain");
     }
     let mut p = spawn_writer(
         &bin,
         dir.path(),
         &kubeconfig,
         &redis.url(),
-        &["--kube-api-qps", "0"],
+        &["--kube-api-qps", qps],
         run,
     );
     let q = queue.clone();
@@ -65,21 +119,33 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
     p.terminate(Duration::from_secs(10));
+    let log = p.log_text();
+    let refused = e2e::harness::rbac::forbidden_lines(&log);
+    assert!(
+        refused.is_empty(),
+        "refused API calls:\n{}",
+        refused.join("\n")
+    );
 
-    assert_eq!(sim.count("persistentvolumes"), 500);
+    let all = pvs(&plane).await;
+    assert_eq!(all.len(), 500);
     for i in 0..500 {
-        let pv = sim
-            .object("persistentvolumes", "", &format!("pvc-k{i}"))
-            .unwrap();
+        let name = format!("pvc-k{i}");
+        let pv = all
+            .iter()
+            .find(|pv| pv["metadata"]["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("no PV {name}"));
         assert_eq!(pv["spec"]["claimRef"]["uid"], format!("k{i}"));
     }
     assert!(queue.list_dead().await.unwrap().is_empty());
     // Only the writes in flight at each kill (at most --workers = 16) are sent again,
     // and the API server answered those AlreadyExists for the same claim.
-    let creates = sim.stats().count("create", "persistentvolumes");
+    let creates = pv_creates(&plane);
     assert!(
         (500..=500 + 2 * 16).contains(&creates),
         "{creates} PV creates"
     );
     println!("PV create requests for 500 PVs across two SIGKILLs: {creates}");
 }
+
+on_both_planes!(sigkill_mid_drain_writes_every_pv_exactly_once);

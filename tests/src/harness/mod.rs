@@ -19,8 +19,10 @@
 
 pub mod binaries;
 pub mod metrics;
+pub mod plane;
 pub mod process;
 pub mod pv_writer;
+pub mod rbac;
 pub mod redis;
 pub mod services;
 pub mod system;
@@ -28,6 +30,7 @@ pub mod wait;
 
 pub use binaries::{Binaries, Profile};
 pub use metrics::MetricsPage;
+pub use plane::{ControlPlane, Outage, Plane, RealPlane};
 pub use process::ManagedProcess;
 pub use redis::RedisServer;
 pub use services::{Service, ServiceProcess, ServiceSettings};

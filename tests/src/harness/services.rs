@@ -68,8 +68,11 @@ impl Service {
 /// Settings every service process of one system shares.
 #[derive(Debug, Clone)]
 pub struct ServiceSettings {
-    /// Kubeconfig the services use.
+    /// Kubeconfig the services use (unless `service_kubeconfigs` names one).
     pub kubeconfig: PathBuf,
+    /// Per-service kubeconfig overrides: on a real control plane each service
+    /// runs as its own ServiceAccount (see `harness::plane::RealPlane`).
+    pub service_kubeconfigs: std::collections::BTreeMap<Service, PathBuf>,
     /// Redis URL of the durable queue and intents.
     pub redis_url: String,
     /// Provisioner name (StorageClass `provisioner`).
@@ -111,6 +114,7 @@ impl ServiceSettings {
     pub fn new(kubeconfig: &Path, redis_url: &str, base_dir: &Path, log_dir: &Path) -> Self {
         Self {
             kubeconfig: kubeconfig.to_path_buf(),
+            service_kubeconfigs: Default::default(),
             redis_url: redis_url.to_string(),
             provisioner_name: "example.com/hostpath".into(),
             base_dir: base_dir.to_path_buf(),
@@ -133,9 +137,13 @@ impl ServiceSettings {
     /// The command line of `service` replica `replica` serving HTTP on `http_port`.
     pub fn args(&self, service: Service, replica: usize, http_port: u16) -> Vec<String> {
         let secs = |d: Duration| format!("{}ms", d.as_millis());
+        let kubeconfig = self
+            .service_kubeconfigs
+            .get(&service)
+            .unwrap_or(&self.kubeconfig);
         let mut a: Vec<String> = vec![
             "--kubeconfig".into(),
-            self.kubeconfig.display().to_string(),
+            kubeconfig.display().to_string(),
             "--redis-url".into(),
             self.redis_url.clone(),
             "--provisioner-name".into(),

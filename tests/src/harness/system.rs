@@ -1,6 +1,7 @@
-//! The whole system, as it runs in a cluster but on one machine: an
-//! API-server simulator (in-process `e2e::sim`, with PV-controller
-//! emulation) or a real cluster, a private `redis-server` with AOF, and the
+//! The whole system, as it runs in a cluster but on one machine: a control
+//! plane (the in-process `e2e::sim` simulator with PV-controller emulation, a
+//! real kube-apiserver + kube-controller-manager, or an existing cluster; see
+//! [`super::plane`]), a private `redis-server` with AOF, and the
 //! three service binaries as separate processes, plus helpers to create
 //! StorageClasses, claims and nodes and to count PVs, directories and events.
 
@@ -18,23 +19,27 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
 use super::binaries::{Binaries, Profile};
+use super::plane::{ControlPlane, Outage, Plane, RealPlane};
 use super::redis::RedisServer;
 use super::services::{Service, ServiceProcess, ServiceSettings};
 use super::wait::{wait_eq, wait_for};
-use crate::sim::{SimConfig, SimHandle, Simulator};
+use crate::sim::SimHandle;
 
 /// How to start a [`System`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SystemOptions {
     /// Replicas of each service (leader election picks one active replica).
     pub replicas: usize,
     /// Which profile's service binaries to run.
     pub profile: Profile,
-    /// Run against this cluster instead of the in-process simulator.
+    /// Run against this existing cluster instead of starting a control plane
+    /// (`control_plane` is then ignored; every service uses this kubeconfig).
     pub external_kubeconfig: Option<PathBuf>,
-    /// Simulator configuration (ignored with `external_kubeconfig`).
-    pub sim: SimConfig,
-    /// Namespace of the claims (and the Leases).
+    /// The control plane to start: the simulator (default) or a real cluster,
+    /// where each service runs as its own ServiceAccount under the deploy's RBAC.
+    pub control_plane: ControlPlane,
+    /// Namespace of the claims (and, on the simulator, of the Leases; on a real
+    /// control plane the Leases live in the deploy's namespace).
     pub namespace: String,
     /// Keep the temporary directory (logs, Redis data, base dir) after drop.
     pub keep_dir: bool,
@@ -45,12 +50,13 @@ pub struct SystemOptions {
 }
 
 impl Default for SystemOptions {
+    /// One replica each, on the simulator ([`ControlPlane::default`]), claims in `default`.
     fn default() -> Self {
         Self {
             replicas: 1,
             profile: Profile::current(),
             external_kubeconfig: None,
-            sim: SimConfig::default(),
+            control_plane: ControlPlane::default(),
             namespace: "default".into(),
             keep_dir: false,
             configure: None,
@@ -60,15 +66,21 @@ impl Default for SystemOptions {
 }
 
 /// A running system. Dropping it kills every service replica, Redis and the
-/// simulator, and removes the temporary directory (unless kept).
+/// control plane, and removes the temporary directory (unless kept). On a real
+/// control plane, dropping it also runs [`System::finish_checks`] (no
+/// `Forbidden` in any service log, every audited call declared) and panics with
+/// the problems, unless they were already checked or the thread is panicking.
 pub struct System {
     /// Service replicas (dropped, that is killed, first).
     pub services: Vec<ServiceProcess>,
     /// The private Redis.
     pub redis: RedisServer,
-    /// The in-process simulator (`None` against a real cluster).
-    pub sim: Option<SimHandle>,
-    /// Client for the harness's own reads and writes.
+    /// The in-process simulator (`None` on a real or external cluster).
+    pub sim: Option<std::sync::Arc<SimHandle>>,
+    /// The control plane (dropped after the services: its drop-time audit check
+    /// needs the cluster).
+    pub plane: Plane,
+    /// Client for the harness's own reads and writes (admin on a real cluster).
     pub client: kube::Client,
     /// The service flags in use (restarts reuse them).
     pub settings: ServiceSettings,
@@ -78,6 +90,7 @@ pub struct System {
     pub namespace: String,
     /// Root of the run's files: `base/` (hostpath volumes), `logs/`, `redis/`.
     pub root: PathBuf,
+    checks_done: bool,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -85,7 +98,12 @@ impl System {
     /// Build (if needed) and start everything; with `opts.replicas` > 0 and
     /// services enabled, waits until each replica serves `/healthz` (30 s).
     ///
-    /// Errors: a build, Redis, simulator or service start failure.
+    /// On a real control plane ([`ControlPlane::Real`]) the deploy's RBAC is
+    /// created first, each service gets its ServiceAccount's kubeconfig, the
+    /// Leases live in the deploy's namespace and the provisioner name is the
+    /// deploy's `PROVISIONER_NAME` (so the Lease Roles' `resourceNames` apply).
+    ///
+    /// Errors: a build, Redis, control-plane or service start failure.
     pub async fn start(opts: SystemOptions) -> anyhow::Result<Self> {
         let bins = Binaries::ensure_built(opts.profile)?;
         let dir = tempfile::Builder::new()
@@ -96,23 +114,23 @@ impl System {
         std::fs::create_dir_all(&base_dir)?;
         std::fs::create_dir_all(&log_dir)?;
         let redis = RedisServer::start(&root.join("redis"), &log_dir.join("redis.log")).await?;
-        let (sim, kubeconfig, client) = match &opts.external_kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-                (None, path.clone(), kube::Client::try_from(cfg)?)
-            }
-            None => {
-                let sim = Simulator::start(opts.sim.clone()).await?;
-                let kc = root.join("kubeconfig");
-                sim.write_kubeconfig(&kc)?;
-                let client = sim.client()?;
-                (Some(sim), kc, client)
-            }
+        let plane = match &opts.external_kubeconfig {
+            Some(path) => Plane::External(path.clone()),
+            None => Plane::start(opts.control_plane).await?,
         };
+        let client = plane.admin_client().await?;
+        let kubeconfig = plane.kubeconfig(Service::Provision, &root)?;
         let mut settings = ServiceSettings::new(&kubeconfig, &redis.url(), &base_dir, &log_dir);
         settings.lease_namespace = opts.namespace.clone();
+        if let Some(real) = plane.real() {
+            for s in Service::ALL {
+                settings
+                    .service_kubeconfigs
+                    .insert(s, real.kubeconfig(s).to_path_buf());
+            }
+            settings.lease_namespace = real.rbac.namespace.clone();
+            settings.provisioner_name = real.rbac.provisioner_name.clone();
+        }
         if let Some(f) = opts.configure {
             f(&mut settings);
         }
@@ -120,12 +138,14 @@ impl System {
         let mut sys = Self {
             services: Vec::new(),
             redis,
-            sim,
+            sim: plane.sim().cloned(),
+            plane,
             client,
             settings,
             bins,
             namespace: opts.namespace.clone(),
             root,
+            checks_done: false,
             _dir: if keep {
                 let _ = dir.keep();
                 None
@@ -163,9 +183,88 @@ impl System {
         &self.settings.log_dir
     }
 
-    /// The simulator; panics against a real cluster.
+    /// The simulator, for simulator-only steps (fault injection, latency,
+    /// objects created behind the API); panics on a real control plane. A
+    /// scenario that runs on both planes uses [`System::sim_handle`].
     pub fn sim(&self) -> &SimHandle {
         self.sim.as_ref().expect("running against the simulator")
+    }
+
+    /// The simulator, or `None` on a real or external cluster.
+    pub fn sim_handle(&self) -> Option<&SimHandle> {
+        self.sim.as_deref()
+    }
+
+    /// The real control plane (cluster, deploy RBAC), or `None`.
+    pub fn real(&self) -> Option<&RealPlane> {
+        self.plane.real()
+    }
+
+    /// Whether the services talk to a real API server.
+    pub fn is_real(&self) -> bool {
+        self.plane.is_real()
+    }
+
+    /// An API outage of `duration`: on the simulator 503 to every request and
+    /// every watch dropped; on a real cluster kube-apiserver is stopped, then
+    /// started again with the same flags (waits until it is ready).
+    ///
+    /// Errors: kube-apiserver failed to stop or start; an external cluster.
+    pub async fn api_outage(&mut self, duration: Duration) -> anyhow::Result<()> {
+        self.plane.api_outage(duration).await
+    }
+
+    /// Begin an API outage (see [`System::api_outage`]); end it with [`System::end_outage`].
+    ///
+    /// Errors: as [`Plane::begin_outage`].
+    pub async fn begin_outage(&mut self) -> anyhow::Result<Outage> {
+        self.plane.begin_outage().await
+    }
+
+    /// End an outage begun by [`System::begin_outage`].
+    ///
+    /// Errors: as [`Plane::end_outage`].
+    pub async fn end_outage(&mut self, outage: Outage) -> anyhow::Result<()> {
+        self.plane.end_outage(outage).await
+    }
+
+    /// The checks of a finished real-plane run: no service log line reports a
+    /// refused call (`Forbidden`/403), and the audit log shows each service
+    /// identity made only calls its `API_CALLS` declares (see
+    /// [`RealPlane::finish_checks`]). Returns the report of granted calls no
+    /// real-plane run exercised yet; nothing to check on the simulator.
+    ///
+    /// Errors: the offending log lines and calls.
+    pub fn finish_checks(&mut self) -> Result<String, String> {
+        self.checks_done = true;
+        let Some(real) = self.plane.real_mut() else {
+            return Ok(String::new());
+        };
+        real.check_on_drop = false;
+        let mut problems = Vec::new();
+        for p in &self.services {
+            let lines = super::rbac::forbidden_lines(&p.process.log_text());
+            if !lines.is_empty() {
+                problems.push(format!(
+                    "{} log reports refused API calls:\n{}",
+                    p.identity(),
+                    lines.join("\n")
+                ));
+            }
+        }
+        let report = match self.plane.real().map(|r| r.finish_checks()) {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                problems.push(e);
+                String::new()
+            }
+            None => String::new(),
+        };
+        if problems.is_empty() {
+            Ok(report)
+        } else {
+            Err(problems.join("\n"))
+        }
     }
 
     /// Replica `replica` of `service`.
@@ -211,7 +310,7 @@ impl System {
     /// Holder identity of `service`'s Lease, if any.
     pub async fn lease_holder(&self, service: Service) -> Option<String> {
         let name = service.lease_name(&self.settings.provisioner_name);
-        let lease: Lease = self.read_one("leases.coordination.k8s.io", &name).await?;
+        let lease: Lease = self.read_lease(&name).await?;
         lease.spec?.holder_identity
     }
 
@@ -413,19 +512,19 @@ impl System {
         }
     }
 
-    async fn read_one<T: DeserializeOwned>(&self, sim_resource: &str, name: &str) -> Option<T> {
-        let v: Value = match &self.sim {
-            Some(sim) => sim.object(sim_resource, &self.namespace, name)?,
-            None => {
-                let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
-                    self.client.clone(),
-                    &self.namespace,
-                    &kube::api::ApiResource::erase::<Lease>(&()),
-                );
-                serde_json::to_value(api.get_opt(name).await.ok()??).ok()?
+    /// The Lease `name` in the Lease namespace (simulator: read from its store,
+    /// bypassing injected faults; else a GET), `None` when absent or unreadable.
+    async fn read_lease(&self, name: &str) -> Option<Lease> {
+        let ns = &self.settings.lease_namespace;
+        match &self.sim {
+            Some(sim) => {
+                serde_json::from_value(sim.object("leases.coordination.k8s.io", ns, name)?).ok()
             }
-        };
-        serde_json::from_value(v).ok()
+            None => Api::<Lease>::namespaced(self.client.clone(), ns)
+                .get_opt(name)
+                .await
+                .ok()?,
+        }
     }
 
     /// PVs provisioned by our provisioner name (`pv.kubernetes.io/provisioned-by`).
@@ -479,9 +578,8 @@ impl System {
         count_dirs(self.base_dir())
     }
 
-    /// Events by reason (core/v1 and events.k8s.io/v1 together), e.g.
-    /// `{"Provisioning": 100, "ProvisioningSucceeded": 100}`. For the simulator
-    /// only; against a real cluster this lists both APIs.
+    /// Events by reason (see [`System::event_values`]), e.g.
+    /// `{"Provisioning": 100, "ProvisioningSucceeded": 100}`.
     ///
     /// Errors: the API failed.
     pub async fn events_by_reason(&self) -> anyhow::Result<BTreeMap<String, usize>> {
@@ -494,7 +592,10 @@ impl System {
         Ok(out)
     }
 
-    /// Every event object (core/v1 and events.k8s.io/v1) as JSON.
+    /// Every event object as JSON. On the simulator both stores (core/v1 and
+    /// events.k8s.io/v1); on a real API server the two APIs are two views of
+    /// one resource, so only events.k8s.io/v1 is listed (listing both would
+    /// count every event twice).
     ///
     /// Errors: the API failed.
     pub async fn event_values(&self) -> anyhow::Result<Vec<Value>> {
@@ -506,10 +607,6 @@ impl System {
             }
             None => {
                 let mut v = Vec::new();
-                let core: Api<k8s_openapi::api::core::v1::Event> = Api::all(self.client.clone());
-                for e in core.list(&ListParams::default()).await?.items {
-                    v.push(serde_json::to_value(e)?);
-                }
                 let ev: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
                 for e in ev.list(&ListParams::default()).await?.items {
                     v.push(serde_json::to_value(e)?);
@@ -628,6 +725,24 @@ impl System {
         self.redis.stop(false);
         if let Some(sim) = &self.sim {
             sim.shutdown();
+        }
+    }
+}
+
+impl Drop for System {
+    /// On a real control plane, unless already done or panicking: kill the
+    /// services, then [`System::finish_checks`]; prints the report, panics
+    /// with the problems (the scenario fails with the 403 lines).
+    fn drop(&mut self) {
+        if self.checks_done || !self.plane.is_real() || std::thread::panicking() {
+            return;
+        }
+        for p in &mut self.services {
+            p.kill();
+        }
+        match self.finish_checks() {
+            Ok(report) => eprint!("{report}"),
+            Err(problems) => panic!("real-plane RBAC check failed:\n{problems}"),
         }
     }
 }
