@@ -250,7 +250,12 @@ pub type Call = (String, String, String);
 /// The calls `user` made according to `records`, with the namespace of each.
 pub fn calls_of(records: &[AuditRecord], user: &str) -> BTreeMap<Call, BTreeSet<Option<String>>> {
     let mut out: BTreeMap<Call, BTreeSet<Option<String>>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.user == user) {
+    // Non-resource requests (`/api`, `/version`: discovery, which every
+    // authenticated user may do) name no resource and need no RBAC rule.
+    for r in records
+        .iter()
+        .filter(|r| r.user == user && !r.resource.is_empty())
+    {
         let resource = match &r.subresource {
             Some(sub) => format!("{}/{sub}", r.resource),
             None => r.resource.clone(),
@@ -424,6 +429,7 @@ subjects: [{kind: ServiceAccount, name: pv-writer, namespace: sp}]
             namespace: None,
             name: None,
             code: Some(code),
+            request_uri: format!("/api/v1/{resource}"),
         }
     }
 
