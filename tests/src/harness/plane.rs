@@ -125,7 +125,8 @@ impl RealPlane {
     /// The audit and RBAC checks of a finished real-plane run: for each
     /// service, every call its identity made must be declared in its
     /// `API_CALLS` and none refused; returns the report of granted calls that
-    /// no real-plane run (recorded in [`rbac::exercised_file`]) exercised yet.
+    /// no real-plane run (recorded in [`rbac::exercised_file`]) exercised yet,
+    /// also written to `unexercised.txt` beside that file.
     ///
     /// Errors: the undeclared or refused calls, one a line.
     pub fn finish_checks(&self) -> Result<String, String> {
@@ -154,6 +155,11 @@ impl RealPlane {
                 Err(e) => problems.push(e),
             }
         }
+        // The latest view, for a reader of a captured test run.
+        let _ = std::fs::write(
+            rbac::exercised_file().with_file_name("unexercised.txt"),
+            &report,
+        );
         if problems.is_empty() {
             Ok(report)
         } else {
