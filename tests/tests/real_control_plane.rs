@@ -263,9 +263,11 @@ async fn pv_binder_annotates_claims_for_external_provisioners() {
     else {
         return;
     };
+    let started = std::time::Instant::now();
     let cluster = RealCluster::start(&assets, RealClusterOptions::default())
         .await
         .unwrap();
+    eprintln!("cluster ready after {:?}", started.elapsed());
     let client = cluster.client();
     let sc: StorageClass = obj(json!({
         "metadata": {"name": "external"},

@@ -259,6 +259,18 @@ async fn probe_ok(client: &kube::Client, path: &str) -> bool {
     )
 }
 
+/// Whether the namespaces the API server's bootstrap controller creates
+/// (`default`, `kube-system`) exist yet.
+async fn system_namespaces_exist(client: &kube::Client) -> bool {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for name in ["default", "kube-system"] {
+        if !matches!(api.get_opt(name).await, Ok(Some(_))) {
+            return false;
+        }
+    }
+    true
+}
+
 /// etcd's `/health` over plain HTTP/1.0 on the client port.
 async fn etcd_healthy(port: u16) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -313,7 +325,8 @@ impl RealCluster {
     /// from `assets` on free loopback ports in a new temporary directory, and
     /// wait (bounded, see the `*_TIMEOUT` constants) until etcd's `/health`,
     /// the API server's `/readyz` and the controller manager's `/healthz`
-    /// answer `ok`. Takes about 5 s on an idle two-core machine.
+    /// answer `ok` and the namespaces `default` and `kube-system` exist.
+    /// Takes about 5 s on an idle two-core machine.
     ///
     /// kube-apiserver runs with `--insecure-port 0`, token authentication
     /// (`tokens.csv`), `--authorization-mode Node,RBAC`, service-account keys,
@@ -483,6 +496,16 @@ impl RealCluster {
             &root,
             APISERVER_READY_TIMEOUT,
             || probe_ok(&client, "/readyz"),
+        )
+        .await?;
+        // `/readyz` does not cover the bootstrap controller's first pass: the
+        // system namespaces appear a moment later, and tests expect `default`.
+        wait_ready(
+            "the default and kube-system namespaces",
+            &mut apiserver,
+            &root,
+            APISERVER_READY_TIMEOUT,
+            || system_namespaces_exist(&client),
         )
         .await?;
 
