@@ -166,6 +166,12 @@ async fn rbac_is_enforced_and_audited_per_identity() {
     let err = pvs.create(&PostParams::default(), &pv).await.unwrap_err();
     assert_eq!(status_code(&err), Some(403), "{err}");
 
+    // A granted verb on a missing object is a 404; a subresource needs its own grant.
+    let err = pvs.get("pv-x").await.unwrap_err();
+    assert_eq!(status_code(&err), Some(404), "{err}");
+    let err = pvs.get_status("pv-x").await.unwrap_err();
+    assert_eq!(status_code(&err), Some(403), "{err}");
+
     let user = "system:serviceaccount:rbac-test:reader";
     let recs = cluster.audit_records().unwrap();
     let mine: Vec<_> = recs.iter().filter(|r| r.user == user).collect();
@@ -184,6 +190,20 @@ async fn rbac_is_enforced_and_audited_per_identity() {
     assert!(pv_calls("list", 403) >= 1, "no refused list in {mine:#?}");
     assert!(pv_calls("list", 200) >= 1, "no granted list in {mine:#?}");
     assert_eq!(pv_calls("create", 403), 1, "{mine:#?}");
+    assert!(
+        mine.iter().any(|r| r.verb == "get"
+            && r.name.as_deref() == Some("pv-x")
+            && r.subresource.is_none()
+            && r.code == Some(404)),
+        "{mine:#?}"
+    );
+    assert!(
+        mine.iter().any(|r| r.verb == "get"
+            && r.name.as_deref() == Some("pv-x")
+            && r.subresource.as_deref() == Some("status")
+            && r.code == Some(403)),
+        "{mine:#?}"
+    );
     // Everything this identity did was on persistentvolumes (no other calls were made with it).
     assert!(
         mine.iter().all(|r| r.resource == "persistentvolumes"),
@@ -243,9 +263,11 @@ async fn pv_binder_annotates_claims_for_external_provisioners() {
     else {
         return;
     };
+    let started = std::time::Instant::now();
     let cluster = RealCluster::start(&assets, RealClusterOptions::default())
         .await
         .unwrap();
+    eprintln!("cluster ready after {:?}", started.elapsed());
     let client = cluster.client();
     let sc: StorageClass = obj(json!({
         "metadata": {"name": "external"},

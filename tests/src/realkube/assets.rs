@@ -90,8 +90,9 @@ pub fn in_ci() -> bool {
 }
 
 /// The binaries for a real-cluster test named `test`, or `None` when they are
-/// missing: then one stderr line `skipped <test>: no real control plane (<why>)`
-/// is printed and the caller returns early.
+/// missing: then one line `skipped <test>: no real control plane (<why>)` is
+/// written to the process's stderr (not captured by the test harness, so it
+/// shows in a plain `cargo test`) and the caller returns early.
 ///
 /// Panics: in CI ([`in_ci`]) a missing binary is a failure, never a skip.
 pub fn assets_or_skip(test: &str) -> Option<Assets> {
@@ -107,7 +108,13 @@ pub fn skip_unless_ci(test: &str, located: Result<Assets, String>, ci: bool) -> 
         Ok(assets) => Some(assets),
         Err(why) if ci => panic!("{test}: CI=true requires a real control plane, but {why}"),
         Err(why) => {
-            eprintln!("skipped {test}: no real control plane ({why})");
+            // Straight to the stderr stream: libtest captures `eprintln!` of
+            // passing tests, and a skip must be visible in a normal run.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "skipped {test}: no real control plane ({why})"
+            );
             None
         }
     }

@@ -56,7 +56,7 @@ pub struct AuditRecord {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Event {
-    #[serde(default)]
+    #[serde(default, rename = "auditID")]
     audit_id: String,
     #[serde(default)]
     stage: String,
@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(recs[1].verb, "watch");
         assert_eq!(recs[1].api_group, "coordination.k8s.io");
         assert_eq!(recs[1].namespace.as_deref(), Some("kube-system"));
-        assert_eq!(recs[2].subresource.as_deref(), Some("status"));
+        assert_eq!(recs[2].subresource.as_deref(), Some("status"), "{recs:#?}");
         assert_eq!(recs[2].name.as_deref(), Some("pv-1"));
         assert_eq!(recs[3].resource, "");
         assert_eq!(recs[3].request_uri, "/readyz");

@@ -17,8 +17,8 @@
 //! # What runs, and where
 //!
 //! The cluster's root directory ([`RealCluster::root`]) is a fresh temporary
-//! directory (under `/dev/shm` when that is writable, so etcd's fsyncs cost
-//! nothing, else the system temp dir) holding:
+//! directory (under `/dev/shm` when that is writable with 1 GiB free, so
+//! etcd's fsyncs cost nothing, else the system temp dir) holding:
 //!
 //! | path | what |
 //! | --- | --- |
@@ -193,15 +193,40 @@ fn tail_of(root: &Path, lines: usize) -> String {
         .join("\n")
 }
 
+/// Space a temporary-directory parent must have free: etcd preallocates 64 MiB
+/// WAL segments, and the API server's audit log grows with every request.
+const MIN_FREE_BYTES: u64 = 1 << 30;
+
 /// Root of the temporary directories: `/dev/shm` when it is a writable
-/// directory (tmpfs: etcd's fsyncs are free), else the system temp dir.
+/// directory with at least 1 GiB free (tmpfs: etcd's fsyncs are free; a
+/// container's default 64 MiB `/dev/shm` is too small), else the system temp dir.
 fn temp_parent() -> PathBuf {
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() && tempfile::tempdir_in(shm).is_ok() {
+    if shm.is_dir()
+        && free_bytes(shm).is_some_and(|b| b >= MIN_FREE_BYTES)
+        && tempfile::tempdir_in(shm).is_ok()
+    {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
     }
+}
+
+/// Bytes available to an unprivileged user on the filesystem holding `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` is written by statvfs on success.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // `fsblkcnt_t` and `c_ulong` are u64 on 64-bit Linux but not on every target.
+    #[allow(clippy::unnecessary_cast)]
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// Write a kubeconfig for `server` trusting `ca` and authenticating with `token`.
@@ -259,6 +284,18 @@ async fn probe_ok(client: &kube::Client, path: &str) -> bool {
     )
 }
 
+/// Whether the namespaces the API server's bootstrap controller creates
+/// (`default`, `kube-system`) exist yet.
+async fn system_namespaces_exist(client: &kube::Client) -> bool {
+    let api: Api<Namespace> = Api::all(client.clone());
+    for name in ["default", "kube-system"] {
+        if !matches!(api.get_opt(name).await, Ok(Some(_))) {
+            return false;
+        }
+    }
+    true
+}
+
 /// etcd's `/health` over plain HTTP/1.0 on the client port.
 async fn etcd_healthy(port: u16) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -313,7 +350,8 @@ impl RealCluster {
     /// from `assets` on free loopback ports in a new temporary directory, and
     /// wait (bounded, see the `*_TIMEOUT` constants) until etcd's `/health`,
     /// the API server's `/readyz` and the controller manager's `/healthz`
-    /// answer `ok`. Takes about 5 s on an idle two-core machine.
+    /// answer `ok` and the namespaces `default` and `kube-system` exist.
+    /// Takes about 5 s on an idle two-core machine.
     ///
     /// kube-apiserver runs with `--insecure-port 0`, token authentication
     /// (`tokens.csv`), `--authorization-mode Node,RBAC`, service-account keys,
@@ -483,6 +521,16 @@ impl RealCluster {
             &root,
             APISERVER_READY_TIMEOUT,
             || probe_ok(&client, "/readyz"),
+        )
+        .await?;
+        // `/readyz` does not cover the bootstrap controller's first pass: the
+        // system namespaces appear a moment later, and tests expect `default`.
+        wait_ready(
+            "the default and kube-system namespaces",
+            &mut apiserver,
+            &root,
+            APISERVER_READY_TIMEOUT,
+            || system_namespaces_exist(&client),
         )
         .await?;
 
@@ -786,4 +834,33 @@ async fn sa_token(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_bytes_of_an_existing_and_a_missing_path() {
+        assert!(free_bytes(&std::env::temp_dir()).is_some_and(|b| b > 0));
+        assert_eq!(free_bytes(Path::new("/nonexistent/realkube")), None);
+    }
+
+    #[test]
+    fn ports_are_distinct_within_and_across_picks() {
+        let a = Ports::pick().unwrap();
+        let b = Ports::pick().unwrap();
+        let all = [
+            a.etcd_client,
+            a.etcd_peer,
+            a.apiserver,
+            a.controller_manager,
+            b.etcd_client,
+            b.etcd_peer,
+            b.apiserver,
+            b.controller_manager,
+        ];
+        let set: HashSet<u16> = all.iter().copied().collect();
+        assert_eq!(set.len(), 8, "{all:?}");
+    }
 }
