@@ -196,7 +196,7 @@ pub enum Plane {
 pub const SIM_NAMESPACE: &str = "default";
 
 impl Plane {
-    /// Start `choice`; files (the simulator's kubeconfig) go into `dir`.
+    /// Start `choice` (a real plane: see [`RealPlane::start`]).
     ///
     /// Errors: the simulator or the real cluster fails to start.
     pub async fn start(choice: ControlPlane) -> anyhow::Result<Self> {

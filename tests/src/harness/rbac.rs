@@ -138,10 +138,8 @@ impl DeployRbac {
                             o["apiVersion"].as_str().unwrap_or("v1").to_string(),
                         ),
                     };
-                let plural = match kind {
-                    "ClusterRoleBinding" => "clusterrolebindings".to_string(),
-                    other => format!("{}s", other.to_ascii_lowercase()),
-                };
+                // Every kind here pluralises regularly (namespaces, roles, ...).
+                let plural = format!("{}s", kind.to_ascii_lowercase());
                 let ar = ApiResource {
                     group: group.clone(),
                     version: version.clone(),
