@@ -218,21 +218,16 @@ async fn rbac_is_enforced_and_audited_per_identity() {
 }
 
 /// `stop_apiserver` is a real outage (connection errors, not HTTP errors);
-/// after `start_apiserver` the same URL serves again and objects are still there.
+/// after `start_apiserver` the same URL serves again, objects are still there
+/// and the controller manager still works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_outage_and_restart_keep_objects() {
     let Some(assets) = assets_or_skip("apiserver_outage_and_restart_keep_objects") else {
         return;
     };
-    let mut cluster = RealCluster::start(
-        &assets,
-        RealClusterOptions {
-            controller_manager: false,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let mut cluster = RealCluster::start(&assets, RealClusterOptions::default())
+        .await
+        .unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
     let cm: ConfigMap = obj(json!({"metadata": {"name": "before-outage"}, "data": {"k": "v"}}));
     cms.create(&PostParams::default(), &cm).await.unwrap();
@@ -253,6 +248,19 @@ async fn apiserver_outage_and_restart_keep_objects() {
     assert_eq!(cluster.server_url(), url);
     let got = cms.get("before-outage").await.unwrap();
     assert_eq!(got.data.unwrap()["k"], "v");
+    // The controller manager lived through the outage: its token controller
+    // still issues a token for a ServiceAccount created afterwards.
+    let kubeconfig = cluster
+        .service_account_kubeconfig("after-outage", "sa")
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.log_tail(20)));
+    assert!(kubeconfig.starts_with(cluster.root()));
+    // Stopping twice and starting twice are no-ops.
+    cluster.stop_apiserver().await.unwrap();
+    cluster.stop_apiserver().await.unwrap();
+    cluster.start_apiserver().await.unwrap();
+    cluster.start_apiserver().await.unwrap();
+    assert!(cms.get_opt("before-outage").await.unwrap().is_some());
 }
 
 /// The controller manager's PV binder runs: a claim of a class with an external

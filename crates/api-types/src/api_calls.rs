@@ -24,7 +24,9 @@ pub const LEASE_CALLS: ApiCall = ApiCall {
     namespaced: true,
 };
 
-/// Event creation through kube-runtime's events Recorder (events.k8s.io/v1).
+/// Event creation through kube-runtime's events Recorder (events.k8s.io/v1): in the claim's
+/// namespace, and in `kube-system` for PersistentVolumes (cluster-wide grant, hence not
+/// `namespaced`).
 pub const EVENT_CALLS: ApiCall = ApiCall {
     group: "events.k8s.io",
     resource: "events",

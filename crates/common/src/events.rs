@@ -1,10 +1,40 @@
-//! Kubernetes events through kube-runtime's events [`Recorder`]
-//! (events.k8s.io/v1, de-duplicated into series by the recorder).
+//! Kubernetes events (events.k8s.io/v1), de-duplicated into series.
+//!
+//! Events about namespaced objects (claims) go through kube-runtime's events [`Recorder`],
+//! into the object's namespace.
+//!
+//! Events about cluster-scoped objects (PersistentVolumes) need a namespace of their own, and
+//! the Recorder picks `default`, which kube-apiserver before 1.23 rejects for an Event with
+//! `eventTime` set (every events.k8s.io/v1 Event): `involvedObject.namespace: Invalid value:
+//! "": does not match event.namespace`. Kubernetes 1.19–1.22 accept such an Event only in
+//! `kube-system`; 1.23+ (and the 1.20.12/1.21.6/1.22.3 backports, kubernetes/kubernetes#100125)
+//! accept `default` or `kube-system`. So these are written here, in [`CLUSTER_SCOPED_NAMESPACE`]
+//! (`kube-system`, where client-go's events recorder put them until 1.19 and kube-rs's did in
+//! 0.72), with `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
+//! This is a small hand-written copy of the Recorder's create-then-patch-series logic,
+//! because the Recorder cannot be told to use another namespace than the object's.
 
 use api_types::queue::ClaimKey;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// Namespace of the Events about cluster-scoped objects (PersistentVolumes): the one
+/// namespace every supported Kubernetes (1.19+) accepts for an events.k8s.io/v1 Event whose
+/// `regarding` object has no namespace.
+pub const CLUSTER_SCOPED_NAMESPACE: &str = "kube-system";
+
+/// How long a published cluster-scoped Event is remembered for series de-duplication (the
+/// Recorder's 6 minutes).
+const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
 
 /// Event reasons used by the services (the seed's strings).
 pub mod reason {
@@ -18,10 +48,17 @@ pub mod reason {
     pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 }
 
+/// Identity of a cluster-scoped event series: type, reason, action, note and the object.
+type SeriesKey = (bool, String, String, String, String);
+
 /// Publishes events for one service; cheap to clone.
 #[derive(Clone)]
 pub struct EventSink {
     recorder: Recorder,
+    client: Client,
+    reporter: Reporter,
+    /// Cluster-scoped events published in the last [`SERIES_TTL`], by series identity.
+    series: Arc<Mutex<HashMap<SeriesKey, K8sEvent>>>,
 }
 
 impl EventSink {
@@ -33,13 +70,17 @@ impl EventSink {
             instance: Some(instance.to_string()),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
+            series: Arc::default(),
         }
     }
 
     /// Publish a Normal (`warning = false`) or Warning event with `reason` and
-    /// `note` about `object`. Failures are logged, never returned: an event is
-    /// informative and must not fail the operation it reports.
+    /// `note` about `object`: in the object's namespace, or in
+    /// [`CLUSTER_SCOPED_NAMESPACE`] when `object.namespace` is empty. Failures are logged,
+    /// never returned: an event is informative and must not fail the operation it reports.
     pub async fn publish(
         &self,
         object: &ObjectReference,
@@ -48,20 +89,125 @@ impl EventSink {
         action: &str,
         note: String,
     ) {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_string(),
-            note: Some(note),
-            action: action.to_string(),
-            secondary: None,
-        };
-        if let Err(err) = self.recorder.publish(&event, object).await {
+        if let Err(err) = self
+            .try_publish(object, warning, reason, action, note)
+            .await
+        {
             tracing::warn!(reason, object = ?object.name, error = %err, "publishing event failed");
         }
+    }
+
+    /// [`EventSink::publish`] returning the API error (for tests and callers that count
+    /// failures). Errors: the API server rejected or did not answer the create/patch.
+    pub async fn try_publish(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> Result<(), kube::Error> {
+        if object.namespace.as_deref().is_some_and(|ns| !ns.is_empty()) {
+            let event = Event {
+                type_: if warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: reason.to_string(),
+                note: Some(note),
+                action: action.to_string(),
+                secondary: None,
+            };
+            return self.recorder.publish(&event, object).await;
+        }
+        self.publish_cluster_scoped(object, warning, reason, action, note)
+            .await
+    }
+
+    /// An event about a cluster-scoped object, in [`CLUSTER_SCOPED_NAMESPACE`]: created the
+    /// first time, then its `series` (count, lastObservedTime) patched on repeats within
+    /// [`SERIES_TTL`], as the Recorder does for namespaced objects.
+    async fn publish_cluster_scoped(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> Result<(), kube::Error> {
+        let now = Timestamp::now();
+        let regarding = ObjectReference {
+            namespace: None,
+            ..object.clone()
+        };
+        let key: SeriesKey = (
+            warning,
+            reason.to_string(),
+            action.to_string(),
+            note.clone(),
+            format!(
+                "{}/{}/{}",
+                regarding.kind.as_deref().unwrap_or(""),
+                regarding.name.as_deref().unwrap_or(""),
+                regarding.uid.as_deref().unwrap_or("")
+            ),
+        );
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), CLUSTER_SCOPED_NAMESPACE);
+        let mut cache = self.series.lock().await;
+        let ttl = k8s_openapi::jiff::SignedDuration::try_from(SERIES_TTL).unwrap_or_default();
+        cache.retain(|_, e| {
+            let last = e
+                .series
+                .as_ref()
+                .map(|s| s.last_observed_time.0)
+                .or(e.event_time.as_ref().map(|t| t.0));
+            last.is_some_and(|t| t + ttl > now)
+        });
+        if let Some(previous) = cache.get(&key) {
+            let mut event = previous.clone();
+            event.series = Some(EventSeries {
+                count: previous.series.as_ref().map_or(2, |s| s.count + 1),
+                last_observed_time: MicroTime(now),
+            });
+            let name = event.metadata.name.clone().unwrap_or_default();
+            let patch = serde_json::json!({ "series": event.series });
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            cache.insert(key, event);
+            return Ok(());
+        }
+        let event = K8sEvent {
+            metadata: ObjectMeta {
+                namespace: Some(CLUSTER_SCOPED_NAMESPACE.to_string()),
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding
+                        .name
+                        .as_deref()
+                        .unwrap_or(&self.reporter.controller),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            action: Some(action.to_string()),
+            reason: Some(reason.to_string()),
+            note: Some(note),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        let created = api.create(&PostParams::default(), &event).await?;
+        cache.insert(key, created);
+        Ok(())
     }
 }
 

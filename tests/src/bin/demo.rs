@@ -250,6 +250,8 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
     if n > 5 {
         println!("  ... and {} more", n - 5);
     }
+    // One count per Event: `events_by_reason` lists only events.k8s.io/v1, since a real server
+    // (and the simulator) shows every Event through both Event APIs.
     let events = sys.events_by_reason().await?;
 
     let t = Instant::now();

@@ -592,22 +592,18 @@ impl System {
         Ok(out)
     }
 
-    /// Every event object as JSON. On the simulator both stores (core/v1 and
-    /// events.k8s.io/v1); on a real API server the two APIs are two views of
-    /// one resource, so only events.k8s.io/v1 is listed (listing both would
-    /// count every event twice).
+    /// Every Event object once, as JSON in events.k8s.io/v1 field names (`regarding`,
+    /// `note`, ...). A real API server stores core/v1 and events.k8s.io/v1 Events as one
+    /// resource (and so does the simulator): listing both APIs would count each Event twice,
+    /// so only events.k8s.io/v1, the API the services publish through, is listed.
     ///
     /// Errors: the API failed.
     pub async fn event_values(&self) -> anyhow::Result<Vec<Value>> {
         Ok(match &self.sim {
-            Some(sim) => {
-                let mut v = sim.objects("events");
-                v.extend(sim.objects("events.events.k8s.io"));
-                v
-            }
+            Some(sim) => sim.objects("events.events.k8s.io"),
             None => {
-                let mut v = Vec::new();
                 let ev: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
+                let mut v = Vec::new();
                 for e in ev.list(&ListParams::default()).await?.items {
                     v.push(serde_json::to_value(e)?);
                 }

@@ -350,7 +350,9 @@ impl RealCluster {
     /// from `assets` on free loopback ports in a new temporary directory, and
     /// wait (bounded, see the `*_TIMEOUT` constants) until etcd's `/health`,
     /// the API server's `/readyz` and the controller manager's `/healthz`
-    /// answer `ok` and the namespaces `default` and `kube-system` exist.
+    /// answer `ok`, the namespaces `default` and `kube-system` exist, and the
+    /// controller manager's controllers run (ServiceAccount `default/default`
+    /// exists; before that an API outage would make it exit).
     /// Takes about 5 s on an idle two-core machine.
     ///
     /// kube-apiserver runs with `--insecure-port 0`, token authentication
@@ -595,6 +597,19 @@ impl RealCluster {
                 &root,
                 CONTROLLER_MANAGER_READY_TIMEOUT,
                 || probe_ok(&probe, "/healthz"),
+            )
+            .await?;
+            // `/healthz` answers before the controllers start, and until they
+            // have started an API outage is fatal to the controller manager
+            // ("error building controller context"). The ServiceAccount
+            // controller's `default/default` shows they run.
+            let service_accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+            wait_ready(
+                "kube-controller-manager's controllers (ServiceAccount default/default)",
+                &mut kcm,
+                &root,
+                CONTROLLER_MANAGER_READY_TIMEOUT,
+                || async { matches!(service_accounts.get_opt("default").await, Ok(Some(_))) },
             )
             .await?;
             Some(kcm)

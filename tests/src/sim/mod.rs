@@ -23,6 +23,7 @@
 
 pub mod apply;
 pub mod errors;
+pub mod event_api;
 pub mod faults;
 pub mod http;
 pub mod patch;

@@ -289,6 +289,9 @@ impl Registry {
         }
         validation::apply_defaults(res, &mut body);
         errs.extend(validation::validate(res, &body, None));
+        if super::event_api::twin(res).is_some() {
+            errs.extend(super::event_api::validate_create(res, ns, &body));
+        }
         if !errs.is_empty() {
             return Err(ApiError::invalid(ri, &name, &errs));
         }

@@ -5,6 +5,7 @@
 
 use super::apply::ManagedEntry;
 use super::errors::ApiError;
+use super::event_api;
 use super::resources::RESOURCES;
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
@@ -285,7 +286,11 @@ impl Store {
                     etype: None,
                 })
             }
-            Outcome::Put(mut v, managed) => {
+            Outcome::Put(v, managed) => {
+                let mut v = match event_api::twin(res) {
+                    Some(_) => event_api::view(res, &v),
+                    None => v,
+                };
                 set_rv(&mut v, next);
                 let item = Bytes::from(serde_json::to_vec(&v).expect("serialize"));
                 let full = render_full(&self.prefixes[res], &item);
@@ -302,7 +307,7 @@ impl Store {
                     rv: next,
                     managed: Arc::new(managed),
                 };
-                inner.objects[res].insert(key, s.clone());
+                inner.objects[res].insert(key.clone(), s.clone());
                 (s, etype, prev)
             }
             Outcome::Delete => {
@@ -327,6 +332,8 @@ impl Store {
             }
         };
         inner.rv = next;
+        let twin_ev = event_api::twin(res)
+            .map(|t| self.write_twin(&mut inner, t, &key, &stored, etype, next));
         let ev = Arc::new(WatchEvent {
             rv: next,
             res,
@@ -345,10 +352,62 @@ impl Store {
             }
         }
         let _ = self.tx.send(ev);
+        if let Some(twin) = twin_ev {
+            inner.history.push_back(twin.clone());
+            let _ = self.tx.send(twin);
+        }
         drop(inner);
         Ok(WriteResult {
             stored,
             etype: Some(etype),
+        })
+    }
+
+    /// Mirror a change of one Event view into the other view `twin` (same key, uid and
+    /// resourceVersion; see [`event_api`]); returns the twin's watch event, which the caller
+    /// records right after the original's.
+    fn write_twin(
+        &self,
+        inner: &mut Inner,
+        twin: usize,
+        key: &Key,
+        stored: &Stored,
+        etype: EventType,
+        rv: u64,
+    ) -> Arc<WatchEvent> {
+        let v = event_api::view(twin, &stored.obj);
+        let item = Bytes::from(serde_json::to_vec(&v).expect("serialize"));
+        let full = render_full(&self.prefixes[twin], &item);
+        let s = Stored {
+            obj: Arc::new(v),
+            item,
+            full,
+            rv,
+            managed: stored.managed.clone(),
+        };
+        let prev = match etype {
+            EventType::Deleted => {
+                inner.objects[twin].remove(key);
+                None
+            }
+            _ => inner.objects[twin]
+                .insert(key.clone(), s.clone())
+                .map(|o| o.obj),
+        };
+        Arc::new(WatchEvent {
+            rv,
+            res: twin,
+            etype,
+            ns: key.0.clone(),
+            name: key.1.clone(),
+            obj: s.obj.clone(),
+            prev: if etype == EventType::Modified {
+                prev
+            } else {
+                None
+            },
+            line: render_line(etype.as_str(), &s.full),
+            full: s.full,
         })
     }
 

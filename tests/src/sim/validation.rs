@@ -415,40 +415,23 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
                 }
             }
         }
-        resources::EVENTS_EVENT => {
-            if old.is_none() {
-                if obj.get("eventTime").is_none_or(|v| v.is_null()) {
-                    errs.push(FieldError::required("eventTime", ""));
-                }
-                for f in [
-                    "reportingController",
-                    "reportingInstance",
-                    "action",
-                    "reason",
-                ] {
-                    if str_field(obj, f).is_empty() {
-                        errs.push(FieldError::required(f, ""));
-                    }
-                }
-            }
+        // Creation rules (both Event APIs) are in `event_api::validate_create`, called by the
+        // registry with the request's namespace; on update the type and note are re-checked.
+        resources::EVENTS_EVENT if old.is_some() => {
             let t = str_field(obj, "type");
             if t != "Normal" && t != "Warning" {
                 errs.push(FieldError::invalid(
                     "type",
-                    t,
-                    "has invalid value: "
-                        .to_string()
-                        .as_str()
-                        .trim_end_matches(": "),
+                    "",
+                    &format!("has invalid value: {t}"),
                 ));
             }
             if str_field(obj, "note").len() > 1024 {
-                errs.push(FieldError {
-                    kind: super::errors::FieldErrorType::Invalid,
-                    field: "note".into(),
-                    value: Some("\"\"".into()),
-                    detail: "can have at most 1024 characters".into(),
-                });
+                errs.push(FieldError::invalid(
+                    "note",
+                    "",
+                    "can have at most 1024 characters",
+                ));
             }
         }
         _ => {}
