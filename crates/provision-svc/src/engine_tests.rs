@@ -123,7 +123,12 @@ impl Provisioner for FakeBackend {
                 .as_ref()
                 .and_then(|n| n.metadata.name.clone())
                 .unwrap_or_default(),
-            options.storage_class.metadata.name.clone().unwrap_or_default()
+            options
+                .storage_class
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_default()
         ));
         if self.refuse.contains(&options.pv_name) {
             return Err(DeleteError::Refused {
@@ -1019,7 +1024,10 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
         .filter(|(warn, r, _)| *warn && r == "ProvisioningFailed")
         .collect();
     assert_eq!(failed.len(), 1, "{:?}", w.cluster.events());
-    assert!(failed[0].2.contains("context deadline exceeded"), "{failed:?}");
+    assert!(
+        failed[0].2.contains("context deadline exceeded"),
+        "{failed:?}"
+    );
     assert_eq!(
         w.metric("controller_persistentvolumeclaim_provision_failed_total"),
         r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
@@ -1051,9 +1059,9 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
     assert_eq!(start.elapsed(), Duration::from_secs(10));
     let events = w.cluster.events();
     assert!(
-        events
-            .iter()
-            .any(|(w, r, n)| *w && r == "ProvisioningFailed" && n.contains("stopped at the deadline")),
+        events.iter().any(|(w, r, n)| *w
+            && r == "ProvisioningFailed"
+            && n.contains("stopped at the deadline")),
         "{events:?}"
     );
     assert_eq!(
@@ -1229,7 +1237,11 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
     .build();
     let mut no_class = entry("noclass", Some(false));
     no_class.intent.class = "deleted-class".into();
-    let mut entries = vec![entry("refused", Some(false)), entry("flaky", Some(false)), no_class];
+    let mut entries = vec![
+        entry("refused", Some(false)),
+        entry("flaky", Some(false)),
+        no_class,
+    ];
     for i in 0..20 {
         entries.push(entry(&format!("ok{i}"), Some(false)));
     }
@@ -1262,7 +1274,12 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
         "provision_svc_poisoned_intents_total 2"
     );
     let calls = w.backend.unprovisioned.lock().unwrap().clone();
-    let count = |pv: &str| calls.iter().filter(|c| c.starts_with(&format!("{pv} "))).count();
+    let count = |pv: &str| {
+        calls
+            .iter()
+            .filter(|c| c.starts_with(&format!("{pv} ")))
+            .count()
+    };
     assert_eq!(count("pvc-refused"), 1, "a refused intent is not retried");
     assert_eq!(count("pvc-noclass"), 0, "no made-up class is ever passed");
     let flaky = count("pvc-flaky");

@@ -156,7 +156,10 @@ pub enum CleanupOutcome {
 /// just the recorded identity, and the recorded selected node.
 ///
 /// Errors: no StorageClass is recorded and none of that name is cached.
-pub fn options_from_intent(engine: &Engine, entry: &IntentEntry) -> Result<ProvisionOptions, String> {
+pub fn options_from_intent(
+    engine: &Engine,
+    entry: &IntentEntry,
+) -> Result<ProvisionOptions, String> {
     let intent = &entry.intent;
     let storage_class: StorageClass = match &intent.storage_class {
         Some(c) => c.clone(),
@@ -234,7 +237,9 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
             tracing::info!(pv = %pv_name, claim = %entry.intent.claim, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
             CleanupOutcome::Done
         }
-        Err(e @ DeleteError::Failed { .. }) => CleanupOutcome::Retry(format!("backend delete: {e}")),
+        Err(e @ DeleteError::Failed { .. }) => {
+            CleanupOutcome::Retry(format!("backend delete: {e}"))
+        }
         Err(e @ DeleteError::Refused { .. }) => {
             CleanupOutcome::Poisoned(format!("backend delete: {e}"))
         }

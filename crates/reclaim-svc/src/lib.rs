@@ -61,7 +61,10 @@ pub struct ReclaimArgs {
     pub failed_delete_threshold: u32,
 
     /// Upper bound of one PV sync including the backend's delete; `0s` means
-    /// unlimited (seed `DeletionTimeout`, default unlimited).
+    /// unlimited (seed `DeletionTimeout`, default unlimited). As the seed's
+    /// context timeout, the backend's delete sees the deadline
+    /// (`common::deadline`) and a timed-out attempt is a failure: a
+    /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
     #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     pub deletion_timeout: Duration,
 

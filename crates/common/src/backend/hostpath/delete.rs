@@ -766,7 +766,8 @@ mod tests {
         std::fs::create_dir_all(base.join("pvc-1")).unwrap();
         let mut b = backend(&base, OnDelete::Delete);
         b.node_name = Some("node-a".into());
-        let msg = is_refused(delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-b"))).await);
+        let msg =
+            is_refused(delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-b"))).await);
         assert!(msg.contains("node-b"), "{msg}");
         assert!(base.join("pvc-1").exists());
         delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-a")))
