@@ -1,6 +1,7 @@
 //! The service frame (`common::runtime`) against the simulator: work starts only
 //! once the Lease is held, `/readyz` follows the work loop's readiness, and a
-//! lost Lease aborts the work at once and fails the run (non-zero exit).
+//! lost Lease aborts the work at once; the replica then stays up, reports not
+//! ready, campaigns again and restarts its work when it leads again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -39,51 +40,111 @@ fn args(identity: &str) -> CommonArgs {
     .common
 }
 
-#[tokio::test]
-async fn lost_lease_aborts_work_and_fails_the_run() {
+/// Polls `cond` every 20 ms for at most `limit`; panics with `what` otherwise.
+async fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+    tokio::time::timeout(limit, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for: {what}"));
+}
+
+async fn readyz(addr: std::net::SocketAddr) -> u16 {
+    e2e::harness::metrics::http_get(addr, "/readyz")
+        .await
+        .map(|(code, _)| code)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
     let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let shutdown = CancellationToken::new();
     let ticks = Arc::new(AtomicU32::new(0));
-    let started = Arc::new(AtomicBool::new(false));
-    let (t, s) = (ticks.clone(), started.clone());
-    let run = tokio::spawn(run_service_with_client(
+    let terms = Arc::new(AtomicU32::new(0));
+    let addr = Arc::new(std::sync::Mutex::new(None));
+    let (t, n, ad) = (ticks.clone(), terms.clone(), addr.clone());
+    let run = tokio::spawn(run_service_with_shutdown(
         ServiceKind::Reclaim,
         args("replica-a"),
         prometheus::Registry::new(),
         client(&sim),
-        move |ctx| async move {
-            s.store(true, Ordering::SeqCst);
-            ctx.readiness.set_ready(true);
-            loop {
-                t.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        shutdown.clone(),
+        move |ctx| {
+            let (t, n, ad) = (t.clone(), n.clone(), ad.clone());
+            async move {
+                *ad.lock().unwrap() = Some(ctx.http_addr);
+                n.fetch_add(1, Ordering::SeqCst);
+                ctx.readiness.set_ready(true);
+                loop {
+                    t.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         },
     ));
 
     // Work starts once the Lease named after the provisioner and service is held.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !started.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    wait_for(Duration::from_secs(5), "first term", || {
+        terms.load(Ordering::SeqCst) == 1
     })
-    .await
-    .expect("work started after acquiring the lease");
+    .await;
+    let addr = addr.lock().unwrap().expect("work saw its HTTP address");
     let lease = sim
         .object("leases", "default", "example.com-hostpath-reclaim")
         .expect("lease created");
     assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+    assert_eq!(readyz(addr).await, 200);
 
-    // The API server refuses every Lease call: the leader must stop working.
+    // The API server refuses every Lease call: the leader must stop working
+    // at once, stay up, and report not ready.
     sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
-    let result = tokio::time::timeout(Duration::from_secs(8), run)
-        .await
-        .expect("run returned after losing the lease")
-        .unwrap();
-    let err = result.expect_err("a lost lease is an error (non-zero exit)");
-    assert!(err.to_string().contains("lease lost"), "{err}");
-    let after = ticks.load(Ordering::SeqCst);
+    let mut stopped_at = ticks.load(Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(8), async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = ticks.load(Ordering::SeqCst);
+            if now == stopped_at {
+                return;
+            }
+            stopped_at = now;
+        }
+    })
+    .await
+    .expect("work aborted after the lease was lost");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(ticks.load(Ordering::SeqCst), after, "work was aborted");
+    assert_eq!(ticks.load(Ordering::SeqCst), stopped_at, "work was aborted");
+    assert!(!run.is_finished(), "the process keeps running");
+    assert_eq!(readyz(addr).await, 503, "not ready after losing the lease");
+    assert_eq!(terms.load(Ordering::SeqCst), 1);
+
+    // The API server answers again: the replica campaigns, wins, and the work
+    // is started again from scratch (a second call of the work function).
+    sim.clear_faults();
+    wait_for(Duration::from_secs(10), "second term", || {
+        terms.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let resumed = ticks.load(Ordering::SeqCst);
+    wait_for(Duration::from_secs(2), "work ticking again", || {
+        ticks.load(Ordering::SeqCst) > resumed + 2
+    })
+    .await;
+    assert_eq!(readyz(addr).await, 200, "ready again as leader");
+    let lease = sim
+        .object("leases", "default", "example.com-hostpath-reclaim")
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+
+    // SIGTERM still drains and ends the run cleanly.
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returned after SIGTERM")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
 }
 
 #[tokio::test]
