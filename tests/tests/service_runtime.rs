@@ -66,9 +66,12 @@ async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
     let terms = Arc::new(AtomicU32::new(0));
     let addr = Arc::new(std::sync::Mutex::new(None));
     let (t, n, ad) = (ticks.clone(), terms.clone(), addr.clone());
+    let mut a = args("replica-a");
+    // The work below ignores shutdown: SIGTERM ends it after the grace period.
+    a.shutdown_grace_period = Duration::from_millis(300);
     let run = tokio::spawn(run_service_with_shutdown(
         ServiceKind::Reclaim,
-        args("replica-a"),
+        a,
         prometheus::Registry::new(),
         client(&sim),
         shutdown.clone(),
@@ -217,23 +220,26 @@ async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease
         prometheus::Registry::new(),
         client(&sim),
         shutdown.clone(),
-        move |_ctx| async move {
-            let _guard = SlowDrop {
-                delay: Duration::from_millis(500),
-                done: d,
-            };
-            // A sub-task owned by the work future, ignoring shutdown.
-            let mut tasks = tokio::task::JoinSet::new();
-            tasks.spawn(async move {
-                loop {
-                    t.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            });
-            s.store(true, Ordering::SeqCst);
-            std::future::pending::<()>().await;
-            drop(tasks);
-            Ok(())
+        move |_ctx| {
+            let (t, s, d) = (t.clone(), s.clone(), d.clone());
+            async move {
+                let _guard = SlowDrop {
+                    delay: Duration::from_millis(500),
+                    done: d,
+                };
+                // A sub-task owned by the work future, ignoring shutdown.
+                let mut tasks = tokio::task::JoinSet::new();
+                tasks.spawn(async move {
+                    loop {
+                        t.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                });
+                s.store(true, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                drop(tasks);
+                Ok(())
+            }
         },
     ));
     tokio::time::timeout(Duration::from_secs(5), async {
@@ -291,9 +297,12 @@ async fn sigterm_does_not_restart_the_renew_deadline() {
         prometheus::Registry::new(),
         client(&sim),
         shutdown.clone(),
-        move |_ctx| async move {
-            s.store(true, Ordering::SeqCst);
-            std::future::pending::<anyhow::Result<()>>().await
+        move |_ctx| {
+            let s = s.clone();
+            async move {
+                s.store(true, Ordering::SeqCst);
+                std::future::pending::<anyhow::Result<()>>().await
+            }
         },
     ));
     tokio::time::timeout(Duration::from_secs(5), async {
