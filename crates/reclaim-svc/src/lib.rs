@@ -114,12 +114,13 @@ pub struct Cli {
     pub reclaim: ReclaimArgs,
 }
 
-/// Run reclaim-svc with `backend` until SIGTERM (or a lost Lease): serves
+/// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
+/// and the replica campaigns again, see `common::runtime`): serves
 /// `/metrics` (seed delete families, label `class`), `/healthz`, `/readyz`
 /// (ready once the PV reflector has synced), elects a leader on the
 /// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop.
 ///
-/// Errors: setup failures, a lost Lease, or the PV watch ending.
+/// Errors: setup failures, or the PV watch ending.
 pub async fn run(
     common: CommonArgs,
     retry: RetryArgs,
