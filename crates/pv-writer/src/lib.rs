@@ -37,7 +37,8 @@ pub use cli::{Cli, Command, QueueCommand, WriterArgs};
 
 /// Run what `cli` asks: the service (default) or a `queue` subcommand.
 ///
-/// Errors: invalid flag combinations, client/HTTP setup failures; for `queue` subcommands, Redis failures and unknown PV names.
+/// Errors: invalid flag combinations, client/HTTP setup failures; for `queue`
+/// subcommands, Redis failures and unknown PV names.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.writer.validate()?;
     match &cli.command {
