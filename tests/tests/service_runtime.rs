@@ -1,9 +1,7 @@
-//! The service frame (`common::runtime`) on both control planes: work starts
-//! only once the Lease is held, `/readyz` follows the work loop's readiness,
-//! and a lost Lease aborts the work at once and fails the run (non-zero exit).
-//! On the real API server the frame runs as the service's ServiceAccount under
-//! the deploy's RBAC, and "the API fails" is a stopped kube-apiserver (the
-//! simulator answers 503 to everything instead).
+//! The service frame (`common::runtime`) against the simulator: work starts only
+//! once the Lease is held, `/readyz` follows the work loop's readiness, and a
+//! lost Lease aborts the work at once; the replica then stays up, reports not
+//! ready, campaigns again and restarts its work when it leads again.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -12,11 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use common::config::{CommonArgs, ServiceKind};
 use common::runtime::{run_service_with_client, run_service_with_shutdown};
-use e2e::harness::{ControlPlane, Plane, Service};
-use e2e::on_both_planes;
-use e2e::sim::SimConfig;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams};
+use e2e::sim::{FaultSpec, SimConfig, Simulator};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -25,44 +19,15 @@ struct Cli {
     common: CommonArgs,
 }
 
-async fn start(plane: ControlPlane) -> Plane {
-    Plane::start(plane.with_sim_config(SimConfig::bare()))
-        .await
-        .expect("control plane starts")
-}
-
-/// Leases of the plane's Lease namespace, read as admin.
-async fn leases(plane: &Plane) -> Api<Lease> {
-    Api::namespaced(
-        plane.admin_client().await.unwrap(),
-        &plane.lease_namespace(),
-    )
-}
-
-/// Holder of the Lease `name`, read as admin (`None` while absent or unreadable).
-async fn holder(plane: &Plane, name: &str) -> Option<String> {
-    leases(plane)
-        .await
-        .get_opt(name)
-        .await
-        .ok()??
-        .spec?
-        .holder_identity
-}
-
-fn args(plane: &Plane, identity: &str) -> CommonArgs {
-    let ns = plane.lease_namespace();
-    let provisioner = plane.provisioner_name();
+fn args(identity: &str) -> CommonArgs {
     Cli::parse_from([
         "test",
-        "--provisioner-name",
-        provisioner.as_str(),
         "--http-address",
         "127.0.0.1",
         "--http-port",
         "0",
         "--leader-election-namespace",
-        ns.as_str(),
+        "default",
         "--leader-election-identity",
         identity,
         "--lease-duration",
@@ -75,77 +40,131 @@ fn args(plane: &Plane, identity: &str) -> CommonArgs {
     .common
 }
 
-async fn lost_lease_aborts_work_and_fails_the_run(plane: ControlPlane) {
-    let mut sim = start(plane).await;
+/// Polls `cond` every 20 ms for at most `limit`; panics with `what` otherwise.
+async fn wait_for(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+    tokio::time::timeout(limit, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {limit:?} waiting for: {what}"));
+}
+
+async fn readyz(addr: std::net::SocketAddr) -> u16 {
+    e2e::harness::metrics::http_get(addr, "/readyz")
+        .await
+        .map(|(code, _)| code)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let shutdown = CancellationToken::new();
     let ticks = Arc::new(AtomicU32::new(0));
-    let started = Arc::new(AtomicBool::new(false));
-    let (t, s) = (ticks.clone(), started.clone());
-    let run = tokio::spawn(run_service_with_client(
+    let terms = Arc::new(AtomicU32::new(0));
+    let addr = Arc::new(std::sync::Mutex::new(None));
+    let (t, n, ad) = (ticks.clone(), terms.clone(), addr.clone());
+    let mut a = args("replica-a");
+    // The work below ignores shutdown: SIGTERM ends it after the grace period.
+    a.shutdown_grace_period = Duration::from_millis(300);
+    let run = tokio::spawn(run_service_with_shutdown(
         ServiceKind::Reclaim,
-        args(&sim, "replica-a"),
+        a,
         prometheus::Registry::new(),
-        sim.service_client(Service::Reclaim).await.unwrap(),
-        move |ctx| async move {
-            s.store(true, Ordering::SeqCst);
-            ctx.readiness.set_ready(true);
-            loop {
-                t.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        client(&sim),
+        shutdown.clone(),
+        move |ctx| {
+            let (t, n, ad) = (t.clone(), n.clone(), ad.clone());
+            async move {
+                *ad.lock().unwrap() = Some(ctx.http_addr);
+                n.fetch_add(1, Ordering::SeqCst);
+                ctx.readiness.set_ready(true);
+                loop {
+                    t.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         },
     ));
 
     // Work starts once the Lease named after the provisioner and service is held.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while !started.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    wait_for(Duration::from_secs(5), "first term", || {
+        terms.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let addr = addr.lock().unwrap().expect("work saw its HTTP address");
+    let lease = sim
+        .object("leases", "default", "example.com-hostpath-reclaim")
+        .expect("lease created");
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+    assert_eq!(readyz(addr).await, 200);
+
+    // The API server refuses every Lease call: the leader must stop working
+    // at once, stay up, and report not ready.
+    sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
+    let mut stopped_at = ticks.load(Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(8), async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = ticks.load(Ordering::SeqCst);
+            if now == stopped_at {
+                return;
+            }
+            stopped_at = now;
         }
     })
     .await
-    .expect("work started after acquiring the lease");
-    assert_eq!(
-        holder(&sim, "example.com-hostpath-reclaim")
-            .await
-            .as_deref(),
-        Some("replica-a"),
-        "lease created and held"
-    );
-
-    // The API server fails every call: the leader must stop working.
-    let (outage, result) = tokio::join!(
-        sim.begin_outage(),
-        tokio::time::timeout(Duration::from_secs(8), run)
-    );
-    let _outage = outage.expect("outage begins");
-    let result = result
-        .expect("run returned after losing the lease")
-        .unwrap();
-    let err = result.expect_err("a lost lease is an error (non-zero exit)");
-    assert!(err.to_string().contains("lease lost"), "{err}");
-    let after = ticks.load(Ordering::SeqCst);
+    .expect("work aborted after the lease was lost");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(ticks.load(Ordering::SeqCst), after, "work was aborted");
+    assert_eq!(ticks.load(Ordering::SeqCst), stopped_at, "work was aborted");
+    assert!(!run.is_finished(), "the process keeps running");
+    assert_eq!(readyz(addr).await, 503, "not ready after losing the lease");
+    assert_eq!(terms.load(Ordering::SeqCst), 1);
+
+    // The API server answers again: the replica campaigns, wins, and the work
+    // is started again from scratch (a second call of the work function).
+    sim.clear_faults();
+    wait_for(Duration::from_secs(10), "second term", || {
+        terms.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let resumed = ticks.load(Ordering::SeqCst);
+    wait_for(Duration::from_secs(2), "work ticking again", || {
+        ticks.load(Ordering::SeqCst) > resumed + 2
+    })
+    .await;
+    assert_eq!(readyz(addr).await, 200, "ready again as leader");
+    let lease = sim
+        .object("leases", "default", "example.com-hostpath-reclaim")
+        .unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+
+    // SIGTERM still drains and ends the run cleanly.
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run returned after SIGTERM")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
 }
 
-async fn without_leader_election_work_runs_and_its_error_is_returned(plane: ControlPlane) {
-    let sim = start(plane).await;
-    let mut a = args(&sim, "solo");
+#[tokio::test]
+async fn without_leader_election_work_runs_and_its_error_is_returned() {
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let mut a = args("solo");
     a.leader_election = false;
     let result = run_service_with_client(
         ServiceKind::PvWriter,
         a,
         prometheus::Registry::new(),
-        sim.service_client(Service::PvWriter).await.unwrap(),
+        client(&sim),
         |_ctx| async { anyhow::bail!("backend unusable") },
     )
     .await;
     assert_eq!(result.unwrap_err().to_string(), "backend unusable");
-    let leases = leases(&sim)
-        .await
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert_eq!(leases.items.len(), 0, "no Lease without leader election");
+    assert_eq!(sim.count("leases"), 0, "no Lease without leader election");
 }
 
 /// Sets `done` when dropped, after a slow synchronous clean-up (`delay`), so a
@@ -163,20 +182,20 @@ impl Drop for SlowDrop {
 }
 
 /// First instant at which the Lease no longer names `identity`, polled every 10 ms.
-async fn watch_release(
-    plane: &Plane,
+fn watch_release(
+    sim: &Arc<e2e::sim::SimHandle>,
     lease: &'static str,
     identity: &'static str,
 ) -> tokio::task::JoinHandle<std::time::Instant> {
-    let api = leases(plane).await;
+    let sim = sim.clone();
     tokio::spawn(async move {
         loop {
-            let holder = api
-                .get_opt(lease)
-                .await
-                .ok()
-                .flatten()
-                .map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default());
+            let holder = sim.object("leases", "default", lease).map(|l| {
+                l["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            });
             if holder.as_deref().is_some_and(|h| h != identity) {
                 return std::time::Instant::now();
             }
@@ -185,40 +204,42 @@ async fn watch_release(
     })
 }
 
-async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease(
-    plane: ControlPlane,
-) {
-    let sim = start(plane).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease() {
+    let sim = Arc::new(Simulator::start(SimConfig::bare()).await.unwrap());
     let shutdown = CancellationToken::new();
     let ticks = Arc::new(AtomicU32::new(0));
     let started = Arc::new(AtomicBool::new(false));
     let dropped = Arc::new(std::sync::Mutex::new(None));
     let (t, s, d) = (ticks.clone(), started.clone(), dropped.clone());
-    let mut a = args(&sim, "replica-a");
+    let mut a = args("replica-a");
     a.shutdown_grace_period = Duration::from_millis(300);
     let run = tokio::spawn(run_service_with_shutdown(
         ServiceKind::Reclaim,
         a,
         prometheus::Registry::new(),
-        sim.service_client(Service::Reclaim).await.unwrap(),
+        client(&sim),
         shutdown.clone(),
-        move |_ctx| async move {
-            let _guard = SlowDrop {
-                delay: Duration::from_millis(500),
-                done: d,
-            };
-            // A sub-task owned by the work future, ignoring shutdown.
-            let mut tasks = tokio::task::JoinSet::new();
-            tasks.spawn(async move {
-                loop {
-                    t.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            });
-            s.store(true, Ordering::SeqCst);
-            std::future::pending::<()>().await;
-            drop(tasks);
-            Ok(())
+        move |_ctx| {
+            let (t, s, d) = (t.clone(), s.clone(), d.clone());
+            async move {
+                let _guard = SlowDrop {
+                    delay: Duration::from_millis(500),
+                    done: d,
+                };
+                // A sub-task owned by the work future, ignoring shutdown.
+                let mut tasks = tokio::task::JoinSet::new();
+                tasks.spawn(async move {
+                    loop {
+                        t.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                });
+                s.store(true, Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                drop(tasks);
+                Ok(())
+            }
         },
     ));
     tokio::time::timeout(Duration::from_secs(5), async {
@@ -228,7 +249,7 @@ async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease
     })
     .await
     .expect("work started after acquiring the lease");
-    let released = watch_release(&sim, "example.com-hostpath-reclaim", "replica-a").await;
+    let released = watch_release(&sim, "example.com-hostpath-reclaim", "replica-a");
 
     let signalled = std::time::Instant::now();
     shutdown.cancel();
@@ -261,28 +282,29 @@ async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease
     assert_eq!(ticks.load(Ordering::SeqCst), after, "sub-task stopped");
 }
 
-async fn sigterm_does_not_restart_the_renew_deadline(plane: ControlPlane) {
-    let mut sim = start(plane).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_restart_the_renew_deadline() {
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
     let shutdown = CancellationToken::new();
     let started = Arc::new(AtomicBool::new(false));
     let s = started.clone();
-    let mut a = args(&sim, "replica-a");
+    let mut a = args("replica-a");
     // Long enough that only the watchdog can end the drain.
     a.shutdown_grace_period = Duration::from_secs(20);
-    let frame = run_service_with_shutdown(
+    let run = tokio::spawn(run_service_with_shutdown(
         ServiceKind::Reclaim,
         a,
         prometheus::Registry::new(),
-        sim.service_client(Service::Reclaim).await.unwrap(),
+        client(&sim),
         shutdown.clone(),
-        move |_ctx| async move {
-            s.store(true, Ordering::SeqCst);
-            std::future::pending::<anyhow::Result<()>>().await
+        move |_ctx| {
+            let s = s.clone();
+            async move {
+                s.store(true, Ordering::SeqCst);
+                std::future::pending::<anyhow::Result<()>>().await
+            }
         },
-    );
-    // The instant the run returned, taken as it returns (the outage below may
-    // keep the test busy for a while after).
-    let run = tokio::spawn(async move { (frame.await, std::time::Instant::now()) });
+    ));
     tokio::time::timeout(Duration::from_secs(5), async {
         while !started.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -293,15 +315,11 @@ async fn sigterm_does_not_restart_the_renew_deadline(plane: ControlPlane) {
 
     // Renewals fail from now on; SIGTERM arrives 1.8 s later, while the
     // renew deadline (2 s, checked every 1 s retry period) is running out.
-    // (A real kube-apiserver stops listening at once but may take up to 3 s
-    // to exit, hence the SIGTERM timer runs alongside the stop.)
+    sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
     let faulted = std::time::Instant::now();
-    let (outage, ()) = tokio::join!(sim.begin_outage(), async {
-        tokio::time::sleep(Duration::from_millis(1800)).await;
-        shutdown.cancel();
-    });
-    let _outage = outage.expect("outage begins");
-    let (result, returned) = tokio::time::timeout(Duration::from_secs(10), run)
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(10), run)
         .await
         .expect("run returned")
         .unwrap();
@@ -310,16 +328,16 @@ async fn sigterm_does_not_restart_the_renew_deadline(plane: ControlPlane) {
     // Last confirmed renewal ≤ 1 s before the fault: lost by fault + 2 s + one
     // retry period (+ request time). A watchdog restarted at SIGTERM would
     // only give up at fault + 1.8 s + 3 s.
-    let waited = returned - faulted;
+    let waited = faulted.elapsed();
     assert!(
         waited < Duration::from_millis(4000),
         "lead given up {waited:?} after renewals failed"
     );
 }
 
-on_both_planes!(
-    lost_lease_aborts_work_and_fails_the_run,
-    without_leader_election_work_runs_and_its_error_is_returned,
-    sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease,
-    sigterm_does_not_restart_the_renew_deadline,
-);
+/// A client built the way the services build theirs (`common::kube_client`).
+fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
+    let mut config = kube::Config::new(sim.url().parse().unwrap());
+    config.default_namespace = "default".into();
+    common::kube_client::build_client(config, 0.0, 0).unwrap()
+}

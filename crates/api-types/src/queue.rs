@@ -6,10 +6,18 @@
 //! caller can dead-letter it with a precise log line instead of crashing.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use serde::{Deserialize, Serialize};
 
-/// The only schema version this release writes and reads.
+/// The schema version of queue entries and claim snapshots this release
+/// writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// The version of [`ProvisionIntent`] records this release writes. Version 2
+/// added the recorded StorageClass and selected node (so a claim deleted
+/// mid-provisioning can be cleaned up from the intent alone); version 1
+/// records (without them) are still read.
+pub const INTENT_VERSION: u32 = 2;
 
 /// Identity of the claim a record is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -58,9 +66,12 @@ pub struct QueuedPvWrite {
 /// A durable note that provision-svc is about to call the backend for a claim.
 /// It is cleared once the PV is queued or the outcome is final; a leader finding
 /// one on start either provisions again (claim present) or deletes the asset.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Versions: 1 (name-only class) and 2 (adds `storage_class` and
+/// `selected_node`); this release writes [`INTENT_VERSION`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProvisionIntent {
-    /// Always [`SCHEMA_VERSION`] when written by this release.
+    /// Always [`INTENT_VERSION`] when written by this release.
     pub version: u32,
     /// The claim being provisioned.
     pub claim: ClaimKey,
@@ -70,6 +81,15 @@ pub struct ProvisionIntent {
     pub class: String,
     /// When the intent was recorded, in milliseconds since the Unix epoch.
     pub recorded_at_ms: u64,
+    /// The StorageClass (parameters, reclaim policy, mount options) as the
+    /// backend was given it, so the volume can be deleted from the intent
+    /// alone even after the class is gone. `None` in version-1 records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class: Option<StorageClass>,
+    /// The node the scheduler selected (`volume.kubernetes.io/selected-node`)
+    /// when the backend was called, if any. `None` in version-1 records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected_node: Option<String>,
 }
 
 /// The claim snapshot stored next to a [`ProvisionIntent`], so a claim deleted
@@ -92,7 +112,7 @@ pub enum DecodeError {
     #[error("garbled record: {0}")]
     Garbled(String),
     /// A well-formed record of a version this release does not know.
-    #[error("unknown record version {found} (this release reads version {SCHEMA_VERSION})")]
+    #[error("unknown record version {found}")]
     UnknownVersion {
         /// The version field found in the record.
         found: u64,
@@ -100,10 +120,18 @@ pub enum DecodeError {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
+    decode_versions(bytes, SCHEMA_VERSION..=SCHEMA_VERSION)
+}
+
+/// Decode a record whose `version` lies in `known`.
+fn decode_versions<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+    known: std::ops::RangeInclusive<u32>,
+) -> Result<T, DecodeError> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
     match value.get("version").and_then(serde_json::Value::as_u64) {
-        Some(v) if v == u64::from(SCHEMA_VERSION) => {
+        Some(v) if u32::try_from(v).is_ok_and(|v| known.contains(&v)) => {
             serde_json::from_value(value).map_err(|e| DecodeError::Garbled(e.to_string()))
         }
         Some(found) => Err(DecodeError::UnknownVersion { found }),
@@ -136,9 +164,10 @@ impl ProvisionIntent {
         serde_json::to_vec(self).expect("ProvisionIntent always serializes")
     }
 
-    /// Parse a stored record. Errors: [`DecodeError`].
+    /// Parse a stored record of version 1 or 2 (see the type docs).
+    /// Errors: [`DecodeError`].
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        decode(bytes)
+        decode_versions(bytes, 1..=INTENT_VERSION)
     }
 }
 
@@ -184,6 +213,33 @@ mod tests {
         let e = entry();
         assert_eq!(QueuedPvWrite::decode(&e.encode()).unwrap(), e);
         assert_eq!(e.pv_name(), "pvc-1");
+    }
+
+    #[test]
+    fn version_1_intents_are_still_read_and_version_2_round_trips() {
+        let v1 = br#"{"version":1,"claim":{"namespace":"ns","name":"c","uid":"1"},"pv_name":"pvc-1","class":"fast","recorded_at_ms":5}"#;
+        let old = ProvisionIntent::decode(v1).unwrap();
+        assert_eq!(old.version, 1);
+        assert_eq!(old.class, "fast");
+        assert_eq!(old.storage_class, None);
+        assert_eq!(old.selected_node, None);
+
+        let mut new = old.clone();
+        new.version = INTENT_VERSION;
+        new.storage_class = Some(StorageClass {
+            provisioner: "example.com/hostpath".into(),
+            reclaim_policy: Some("Retain".into()),
+            ..Default::default()
+        });
+        new.selected_node = Some("node-a".into());
+        assert_eq!(ProvisionIntent::decode(&new.encode()).unwrap(), new);
+
+        let mut v = serde_json::to_value(&new).unwrap();
+        v["version"] = 3.into();
+        assert!(matches!(
+            ProvisionIntent::decode(&serde_json::to_vec(&v).unwrap()),
+            Err(DecodeError::UnknownVersion { found: 3 })
+        ));
     }
 
     #[test]

@@ -16,11 +16,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Readiness as `/readyz` reports it. A replica is ready while it stands by as
 /// a non-leader, and, as leader, once its work loop says so (caches synced,
-/// Redis reachable). Cheap to clone; all clones share one state.
+/// Redis reachable); never while it recovers from a lost Lease (see
+/// [`set_lost`](Self::set_lost)). Cheap to clone; all clones share one state.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness {
     leading: Arc<AtomicBool>,
     work_ready: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
 }
 
 impl Readiness {
@@ -38,9 +40,18 @@ impl Readiness {
         self.work_ready.store(ready, Ordering::SeqCst);
     }
 
-    /// What `/readyz` answers: standing by, or leading with work ready.
+    /// Set by the runtime when a leader term ended with the Lease lost, and
+    /// cleared once the Lease can be read again or this replica leads again:
+    /// not ready in between, whatever the other flags say.
+    pub fn set_lost(&self, lost: bool) {
+        self.lost.store(lost, Ordering::SeqCst);
+    }
+
+    /// What `/readyz` answers: not recovering from a lost Lease, and standing
+    /// by or leading with work ready.
     pub fn is_ready(&self) -> bool {
-        !self.leading.load(Ordering::SeqCst) || self.work_ready.load(Ordering::SeqCst)
+        !self.lost.load(Ordering::SeqCst)
+            && (!self.leading.load(Ordering::SeqCst) || self.work_ready.load(Ordering::SeqCst))
     }
 }
 

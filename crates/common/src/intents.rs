@@ -244,6 +244,8 @@ mod tests {
             pv_name: format!("pvc-{uid}"),
             class: "fast".into(),
             recorded_at_ms: 7,
+            storage_class: None,
+            selected_node: None,
         }
     }
 

@@ -19,6 +19,7 @@
 pub mod backend;
 pub mod cache;
 pub mod config;
+pub mod deadline;
 pub mod events;
 pub mod http;
 pub mod intents;

@@ -34,6 +34,26 @@ pub trait Provisioner: Send + Sync + 'static {
     /// (retried with backoff), [`DeleteError::Refused`] (unsafe: reported, never forced).
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
 
+    /// Recovery of a claim deleted mid-provisioning (provision-svc's start-up
+    /// walk, beyond the seed): remove, per the backend's delete policy, the
+    /// asset that `provision(options)` created or would have created, from the
+    /// recorded `options` alone (class as recorded in the intent, claim
+    /// snapshot or a claim carrying only its namespace, name and uid, selected
+    /// node). Never creates anything; an asset that does not exist is success.
+    ///
+    /// Errors: [`DeleteError::Failed`] (retried with backoff),
+    /// [`DeleteError::Refused`] (unsafe or impossible: reported, the intent is
+    /// kept for an operator, never retried in a loop). Default:
+    /// `Refused` — the backend cannot delete by PV name.
+    async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
+        Err(DeleteError::Refused {
+            reason: format!(
+                "this backend cannot delete by PV name the volume {:?} of a claim deleted while it was being provisioned",
+                options.pv_name
+            ),
+        })
+    }
+
     /// Seed `Qualifier.ShouldProvision`: a cheap, synchronous pre-check that may
     /// decline a claim before any other work. Default: accept every claim.
     fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {

@@ -7,9 +7,18 @@
 //!    `--leader-election=false`);
 //! 3. run the work loop with a [`ServiceContext`] whose `shutdown` token fires on
 //!    SIGTERM;
-//! 4. losing the Lease aborts the work loop at once and the process exits
-//!    non-zero (the pod restarts and competes again, as the seed does);
-//!    SIGTERM lets the loop finish in-flight work for `--shutdown-grace-period`,
+//! 4. losing the Lease (another holder, or renewals failing for the renew
+//!    deadline, e.g. during an API-server outage) aborts the work loop at
+//!    once; the process then **stays up**, reports not ready on `/readyz`
+//!    and campaigns again (step 2). Each new term calls the work function
+//!    afresh, so it starts from scratch: new reflectors and caches, and for
+//!    provision-svc a new start-up walk. (The seed exits instead and relies on
+//!    a restart; under a kubelet's growing restart back-off that leaves the
+//!    service down for minutes after a long outage.) Not ready lasts until
+//!    the Lease can be read again (a healthy standby) or this replica leads
+//!    again with its work ready. Each lost term is counted in
+//!    `leader_election_lost_total`;
+//! 5. SIGTERM lets the loop finish in-flight work for `--shutdown-grace-period`,
 //!    then aborts it and releases the Lease so a standby takes over at once.
 //!
 //! # Stopping work before the Lease is released
@@ -43,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{CommonArgs, ServiceKind};
 use crate::http::{self, Readiness};
-use crate::leader::{self, LeaderElector, LeaseTiming};
+use crate::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
 /// What a work loop gets from the runtime.
 #[derive(Clone)]
@@ -66,10 +75,12 @@ pub struct ServiceContext {
     pub http_addr: SocketAddr,
 }
 
-/// Run a service: see the module docs. `work` is called once, when this replica
-/// starts leading, and should return when `ctx.shutdown` fires.
+/// Run a service: see the module docs. `work` is called each time this replica
+/// starts leading (once per leader term, with a fresh [`ServiceContext`] clone)
+/// and should return when `ctx.shutdown` fires.
 ///
-/// Errors: client or HTTP setup failures, a lost Lease, or `work`'s own error.
+/// Errors: client or HTTP setup failures, or `work`'s own error. A lost Lease
+/// is not an error: the replica campaigns again.
 pub async fn run_service<F, Fut>(
     kind: ServiceKind,
     args: CommonArgs,
@@ -77,7 +88,7 @@ pub async fn run_service<F, Fut>(
     work: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(ServiceContext) -> Fut,
+    F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let client = crate::kube_client::client_from_args(&args).await?;
@@ -93,7 +104,7 @@ pub async fn run_service_with_client<F, Fut>(
     work: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(ServiceContext) -> Fut,
+    F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let shutdown = CancellationToken::new();
@@ -115,7 +126,7 @@ pub async fn run_service_with_shutdown<F, Fut>(
     work: F,
 ) -> anyhow::Result<()>
 where
-    F: FnOnce(ServiceContext) -> Fut,
+    F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let server_stop = CancellationToken::new();
@@ -155,32 +166,52 @@ where
             renew_deadline: args.renew_deadline,
             retry_period: args.retry_period,
         };
-        let elector = loop {
-            match LeaderElector::new(client.clone(), &namespace, &lease, &identity, timing).await {
-                Ok(e) => break Some(e),
-                Err(err) => {
-                    tracing::warn!(lease = %lease, namespace, error = %err, "cannot prepare leader election, retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break None,
-                        _ = tokio::time::sleep(args.retry_period) => {}
-                    }
-                }
-            }
+        let lost_total = crate::metrics::register(
+            &ctx.registry,
+            prometheus::IntCounterVec::new(
+                prometheus::Opts::new(
+                    "leader_election_lost_total",
+                    "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.",
+                ),
+                &["name"],
+            )
+            .expect("valid metric"),
+        );
+        lost_total.with_label_values(&[&lease]);
+        let campaign = Campaign {
+            client: &client,
+            namespace: &namespace,
+            lease: &lease,
+            identity: &identity,
+            timing,
+            shutdown: &shutdown,
         };
-        match elector {
-            None => Ok(()),
-            Some(elector) => {
-                tracing::info!(lease = %lease, namespace, identity, "standing by for the lease");
-                if elector.acquire(&shutdown).await {
-                    tracing::info!(lease = %lease, identity, "became leader");
-                    leader_gauge.with_label_values(&[&lease]).set(1);
-                    readiness.set_leading(true);
-                    let result = lead(&elector, ctx, work).await;
-                    leader_gauge.with_label_values(&[&lease]).set(0);
-                    readiness.set_leading(false);
-                    result
-                } else {
-                    Ok(())
+        loop {
+            // A fresh elector per term: kube-lease-manager's state is not
+            // trusted after we declared the lead lost.
+            let Some(elector) = campaign.elector(&readiness).await else {
+                break Ok(());
+            };
+            tracing::info!(lease = %lease, namespace, identity, "standing by for the lease");
+            if !elector.acquire(&shutdown).await {
+                break Ok(());
+            }
+            tracing::info!(lease = %lease, identity, "became leader");
+            leader_gauge.with_label_values(&[&lease]).set(1);
+            readiness.set_leading(true);
+            readiness.set_lost(false);
+            let term = lead(&elector, ctx.clone(), &work).await;
+            leader_gauge.with_label_values(&[&lease]).set(0);
+            readiness.set_leading(false);
+            match term {
+                Term::Ended(result) => break result,
+                Term::Lost(reason) => {
+                    lost_total.with_label_values(&[&lease]).inc();
+                    readiness.set_lost(true);
+                    tracing::error!(lease = %lease, %reason, "leader lease lost; all work stopped; not ready, campaigning again");
+                    if shutdown.is_cancelled() {
+                        break Ok(());
+                    }
                 }
             }
         }
@@ -197,12 +228,63 @@ where
     result
 }
 
+/// How one leader term ended.
+enum Term {
+    /// The work returned, or SIGTERM drained it; the Lease was released.
+    /// The run is over with this result.
+    Ended(anyhow::Result<()>),
+    /// The Lease was lost; the work was aborted and awaited.
+    Lost(LeadLost),
+}
+
+/// What a replica needs to campaign for its Lease.
+struct Campaign<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    lease: &'a str,
+    identity: &'a str,
+    timing: LeaseTiming,
+    shutdown: &'a CancellationToken,
+}
+
+impl Campaign<'_> {
+    /// Prepare an elector, retrying every retry period while the API server
+    /// cannot be reached (`None` on shutdown). Once the Lease could be read
+    /// the replica is a healthy standby again: the not-ready state left by a
+    /// lost term is cleared.
+    async fn elector(&self, readiness: &Readiness) -> Option<LeaderElector> {
+        loop {
+            match LeaderElector::new(
+                self.client.clone(),
+                self.namespace,
+                self.lease,
+                self.identity,
+                self.timing,
+            )
+            .await
+            {
+                Ok(e) => {
+                    readiness.set_lost(false);
+                    return Some(e);
+                }
+                Err(err) => {
+                    tracing::warn!(lease = %self.lease, namespace = self.namespace, error = %err, "cannot prepare leader election, retrying");
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(self.timing.retry_period) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Run `work` while holding the Lease. The Lease is released only after the
 /// work task has returned or been aborted and awaited; a lost Lease is not
 /// released (someone else holds it, or it expires).
-async fn lead<F, Fut>(elector: &LeaderElector, ctx: ServiceContext, work: F) -> anyhow::Result<()>
+async fn lead<F, Fut>(elector: &LeaderElector, ctx: ServiceContext, work: &F) -> Term
 where
-    F: FnOnce(ServiceContext) -> Fut,
+    F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let shutdown = ctx.shutdown.clone();
@@ -215,12 +297,11 @@ where
     tokio::select! {
         lost = &mut hold => {
             stop_work(handle).await;
-            tracing::error!(reason = %lost, "leader lease lost; all work stopped");
-            anyhow::bail!("leader lease lost: {lost}")
+            Term::Lost(lost)
         }
         res = &mut handle => {
             elector.release().await;
-            joined(res)
+            Term::Ended(joined(res))
         }
         _ = shutdown.cancelled() => {
             // Keep renewing while in-flight work drains; a lost lease still wins.
@@ -231,12 +312,12 @@ where
             match lost {
                 Ok(result) => {
                     elector.release().await;
-                    result
+                    Term::Ended(result)
                 }
                 Err(lost) => {
                     stop_work(handle).await;
                     tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
-                    Err(anyhow::anyhow!("leader lease lost during shutdown: {lost}"))
+                    Term::Ended(Err(anyhow::anyhow!("leader lease lost during shutdown: {lost}")))
                 }
             }
         }

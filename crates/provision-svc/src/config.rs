@@ -37,7 +37,11 @@ pub struct ProvisionArgs {
 
     /// Bound on one claim's provisioning attempt (e.g. `2m`). Default: unset,
     /// i.e. unbounded, as in the seed (its provision timeout is also unbounded
-    /// by default); a timed-out attempt fails and is retried with backoff.
+    /// by default). As the seed's context timeout, the backend call sees the
+    /// deadline (`common::deadline`) and a timed-out attempt is a failure: a
+    /// `ProvisioningFailed` event, `..._provision_failed_total`, the claim
+    /// kept in background (the backend may still be making the volume), and
+    /// a retry with backoff.
     #[arg(long, env = "PROVISION_TIMEOUT", value_parser = parse_duration)]
     pub provision_timeout: Option<Duration>,
 

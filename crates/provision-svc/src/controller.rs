@@ -194,13 +194,15 @@ pub async fn work(
         tasks.abort_all();
         return Ok(());
     };
-    metrics.intents.set(
-        intents
-            .count()
-            .await
-            .map(|n| n as i64)
-            .unwrap_or(entries.len() as i64),
-    );
+    let stored = intents.count().await.unwrap_or(entries.len());
+    metrics.intents.set(stored as i64);
+    // Unreadable records were logged and skipped by the listing; they stay in
+    // Redis (and keep protecting their asset from the orphan sweep).
+    let unreadable = stored.saturating_sub(entries.len());
+    if unreadable > 0 {
+        metrics.poisoned_intents.inc_by(unreadable as u64);
+        tracing::error!(unreadable, "provisioning intents in Redis cannot be read; they are kept for an operator and skipped by the start-up walk");
+    }
     let decisions = recovery::walk(&engine, &entries).await;
     let cleanups: Vec<_> = entries
         .into_iter()

@@ -17,12 +17,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, SCHEMA_VERSION};
+use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, SCHEMA_VERSION};
 use api_types::{
     pv_name_for_claim_uid, ProvisionError, ProvisionOptions, ProvisioningState,
     ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
     FINALIZER_PV,
 };
+use common::deadline::{self, Deadline};
 use common::events::{claim_ref_of, reason};
 use common::retry::{FailureThreshold, RetryPolicy};
 use common::time::now_ms;
@@ -375,11 +376,13 @@ impl Engine {
         }
 
         let intent = ProvisionIntent {
-            version: SCHEMA_VERSION,
+            version: INTENT_VERSION,
             claim: key.clone(),
             pv_name: pv_name.clone(),
             class: class_name.clone(),
             recorded_at_ms: now_ms(),
+            storage_class: Some(class.as_ref().clone()),
+            selected_node: decision::selected_node(claim).map(str::to_string),
         };
         match self
             .intents
@@ -414,7 +417,19 @@ impl Engine {
             ),
         );
 
-        let mut volume = match self.backend.provision(&options).await {
+        // The backend sees the operation's deadline (common::deadline) and may
+        // stop on its own; one that overruns it is abandoned, and the attempt
+        // fails as `InBackground` (the asset may still be in the making), as a
+        // cancelled context does for the seed's provisioners.
+        let provisioned = deadline::bound(self.backend.provision(&options))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ProvisionError::Failed {
+                    state: ProvisioningState::InBackground,
+                    reason: e.to_string(),
+                })
+            });
+        let mut volume = match provisioned {
             Ok(v) => v,
             Err(ProvisionError::Ignored { reason }) => {
                 tracing::info!("{op}: volume provision ignored: {reason}");
@@ -603,11 +618,14 @@ impl Engine {
         let Some(key) = ClaimKey::of(claim) else {
             return;
         };
+        let class = decision::claim_class(claim);
         let intent = ProvisionIntent {
-            version: SCHEMA_VERSION,
+            version: INTENT_VERSION,
             pv_name: pv_name_for_claim_uid(&key.uid),
             claim: key,
-            class: decision::claim_class(claim),
+            storage_class: self.class(&class).ok().map(|c| c.as_ref().clone()),
+            selected_node: decision::selected_node(claim).map(str::to_string),
+            class,
             recorded_at_ms: now_ms(),
         };
         match self.intents.record(&intent, claim, in_background).await {
@@ -627,6 +645,44 @@ impl Engine {
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(pv = pv_name, error = %e, "cannot clear the provisioning intent")
+            }
+        }
+    }
+
+    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout`, as the
+    /// seed's `context.WithTimeout`: the backend call sees `deadline` and is
+    /// abandoned shortly after it (see [`common::deadline`]), failing the
+    /// attempt through the normal error handling. Should anything else of the
+    /// sync (an API or Redis call) still hang [`deadline::ABANDON_GRACE`] after
+    /// that, the sync is stopped and counted here the same way: a
+    /// `ProvisioningFailed` event, `..._failed_total`, and the claim kept in
+    /// background (its backend may have been called).
+    pub async fn sync_claim_within(
+        &self,
+        claim: &PersistentVolumeClaim,
+        deadline: Deadline,
+    ) -> Result<(), String> {
+        let hard_stop = deadline.at() + 2 * deadline::ABANDON_GRACE;
+        let sync = deadline::scope(Some(deadline), self.sync_claim(claim));
+        match tokio::time::timeout_at(hard_stop, sync).await {
+            Ok(result) => result,
+            Err(_) => {
+                let err = deadline::Exceeded {
+                    timeout: deadline.timeout(),
+                }
+                .to_string();
+                self.cluster
+                    .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+                self.metrics
+                    .provision
+                    .failed_total
+                    .with_label_values(&[&decision::metrics_class(claim)])
+                    .inc();
+                if let Some(uid) = claim.metadata.uid.as_deref() {
+                    self.set_in_background(uid, Some(claim));
+                    self.mark_in_background(claim).await;
+                }
+                Err(err)
             }
         }
     }
@@ -663,9 +719,7 @@ impl Engine {
             }
         };
         let result = match self.settings.provision_timeout {
-            Some(t) if !t.is_zero() => tokio::time::timeout(t, self.sync_claim(&claim))
-                .await
-                .unwrap_or_else(|_| Err(format!("provisioning timed out after {t:?}"))),
+            Some(t) if !t.is_zero() => self.sync_claim_within(&claim, Deadline::after(t)).await,
             _ => self.sync_claim(&claim).await,
         };
         let key = uid.to_string();

@@ -39,6 +39,14 @@ struct FakeBackend {
     deleted: Mutex<Vec<String>>,
     decline: bool,
     delay: Option<Duration>,
+    /// When set, `provision` stops at the operation's deadline
+    /// (`common::deadline::cancelled`) with this state.
+    cooperative: Option<ProvisioningState>,
+    /// `delete_unprovisioned` calls: PV name and selected node.
+    unprovisioned: Mutex<Vec<String>>,
+    /// PV names whose `delete_unprovisioned` is refused / fails.
+    refuse: HashSet<String>,
+    fail: HashSet<String>,
 }
 
 impl FakeBackend {
@@ -78,6 +86,17 @@ impl Provisioner for FakeBackend {
                 .and_then(|n| n.metadata.name.clone())
                 .unwrap_or_default()
         ));
+        if let Some(state) = self.cooperative {
+            assert!(
+                common::deadline::current().is_some(),
+                "the backend sees the deadline"
+            );
+            common::deadline::cancelled().await;
+            return Err(ProvisionError::Failed {
+                state,
+                reason: "stopped at the deadline".into(),
+            });
+        }
         if let Some(d) = self.delay {
             tokio::time::sleep(d).await;
         }
@@ -93,6 +112,34 @@ impl Provisioner for FakeBackend {
             .lock()
             .unwrap()
             .push(volume.metadata.name.clone().unwrap_or_default());
+        Ok(())
+    }
+    async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
+        self.unprovisioned.lock().unwrap().push(format!(
+            "{} node={} class={}",
+            options.pv_name,
+            options
+                .selected_node
+                .as_ref()
+                .and_then(|n| n.metadata.name.clone())
+                .unwrap_or_default(),
+            options
+                .storage_class
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_default()
+        ));
+        if self.refuse.contains(&options.pv_name) {
+            return Err(DeleteError::Refused {
+                reason: "unsafe".into(),
+            });
+        }
+        if self.fail.contains(&options.pv_name) {
+            return Err(DeleteError::Failed {
+                reason: "busy".into(),
+            });
+        }
         Ok(())
     }
     fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
@@ -919,7 +966,7 @@ async fn threshold_zero_retries_forever_and_success_forgets() {
     assert_eq!(w.enqueued().len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn provision_timeout_fails_the_attempt_and_requeues() {
     let mut w = Setup {
         backend: FakeBackend {
@@ -946,6 +993,88 @@ async fn provision_timeout_fails_the_attempt_and_requeues() {
     );
 }
 
+/// Seed: `--provision-timeout` is a context cancellation that flows through
+/// `provisionClaimOperation` as an error: a `ProvisioningFailed` event, the
+/// failure metric, and (the backend may still be making the volume) the
+/// claim kept in background, durably.
+#[tokio::test(start_paused = true)]
+async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancelled_context() {
+    let mut w = Setup {
+        backend: FakeBackend {
+            delay: Some(Duration::from_secs(3600)),
+            ..Default::default()
+        },
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    let start = tokio::time::Instant::now();
+    w.engine.process("u1").await;
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(10) + common::deadline::ABANDON_GRACE,
+        "abandoned right after the deadline's grace"
+    );
+    let failed: Vec<_> = w
+        .cluster
+        .events()
+        .into_iter()
+        .filter(|(warn, r, _)| *warn && r == "ProvisioningFailed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", w.cluster.events());
+    assert!(
+        failed[0].2.contains("context deadline exceeded"),
+        "{failed:?}"
+    );
+    assert_eq!(
+        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
+        r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
+    );
+    assert!(w.engine.is_in_background("u1"), "handled as in background");
+    assert!(
+        w.intents.map.lock().unwrap()["pvc-u1"].1,
+        "the in-background flag is durable"
+    );
+    assert!(w.enqueued().is_empty());
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"), "requeued");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
+    let mut w = Setup {
+        backend: FakeBackend {
+            cooperative: Some(ProvisioningState::NoChange),
+            ..Default::default()
+        },
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    let start = tokio::time::Instant::now();
+    w.engine.process("u1").await;
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    let events = w.cluster.events();
+    assert!(
+        events.iter().any(|(w, r, n)| *w
+            && r == "ProvisioningFailed"
+            && n.contains("stopped at the deadline")),
+        "{events:?}"
+    );
+    assert_eq!(
+        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
+        r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
+    );
+    assert!(
+        !w.engine.is_in_background("u1"),
+        "the backend's own state (NoChange) is respected"
+    );
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+}
+
 // ---------------------------------------------------------------- start-up walk
 
 fn entry(uid: &str, snapshot: Option<bool>) -> IntentEntry {
@@ -956,6 +1085,8 @@ fn entry(uid: &str, snapshot: Option<bool>) -> IntentEntry {
             pv_name: format!("pvc-{uid}"),
             class: "fast".into(),
             recorded_at_ms: 1,
+            storage_class: None,
+            selected_node: None,
         },
         claim: snapshot.map(|bg| IntentClaim {
             version: 1,
@@ -1003,7 +1134,7 @@ async fn start_up_walk_requeues_restores_and_cleans_up() {
             ("pvc-present".to_string(), Recovery::Requeued),
             ("pvc-made".to_string(), Recovery::PvPresent),
             ("pvc-gone".to_string(), Recovery::Cleanup),
-            ("pvc-bare".to_string(), Recovery::Stuck),
+            ("pvc-bare".to_string(), Recovery::Cleanup),
         ]
     );
     assert!(w.engine.is_in_background("bg"));
@@ -1016,8 +1147,15 @@ async fn start_up_walk_requeues_restores_and_cleans_up() {
         recovery::cleanup_gone_claim(&w.engine, &entries[3]).await,
         CleanupOutcome::Done
     );
-    assert_eq!(w.backend.calls(), vec!["pvc-gone node=n9"]);
-    assert_eq!(*w.backend.deleted.lock().unwrap(), vec!["pvc-gone"]);
+    assert!(
+        w.backend.calls().is_empty(),
+        "recovery never calls provision() for a claim that is gone"
+    );
+    assert_eq!(
+        *w.backend.unprovisioned.lock().unwrap(),
+        vec!["pvc-gone node=n9 class=fast"]
+    );
+    assert!(w.backend.deleted.lock().unwrap().is_empty());
     assert!(!w.intents.map.lock().unwrap().contains_key("pvc-gone"));
     assert!(w.intents.map.lock().unwrap().contains_key("pvc-bare"));
 }
@@ -1025,18 +1163,136 @@ async fn start_up_walk_requeues_restores_and_cleans_up() {
 #[tokio::test]
 async fn cleanup_retries_while_the_backend_is_busy() {
     let w = Setup {
-        backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
-            state: ProvisioningState::InBackground,
-            reason: "busy".into(),
-        })]),
+        backend: FakeBackend {
+            fail: ["pvc-gone".to_string()].into(),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .build();
+    let e = entry("gone", Some(false));
+    w.intents
+        .map
+        .lock()
+        .unwrap()
+        .insert("pvc-gone".into(), (e.intent.clone(), false));
     assert_eq!(
-        recovery::cleanup_gone_claim(&w.engine, &entry("gone", Some(false))).await,
-        CleanupOutcome::Retry("backend provision: busy".into())
+        recovery::cleanup_gone_claim(&w.engine, &e).await,
+        CleanupOutcome::Retry("backend delete: busy".into())
     );
-    assert!(w.backend.deleted.lock().unwrap().is_empty());
+    assert!(w.backend.calls().is_empty());
+    assert!(w.intents.map.lock().unwrap().contains_key("pvc-gone"));
+}
+
+/// A version-2 intent of a deleted claim, recorded without a claim snapshot,
+/// whose StorageClass has since been deleted: the volume is still removed
+/// from the record alone (recorded class and node), never by provisioning.
+#[tokio::test]
+async fn a_deleted_claims_volume_is_removed_from_the_intent_alone() {
+    let w = Setup {
+        classes: vec![],
+        ..Default::default()
+    }
+    .build();
+    let mut e = entry("gone", None);
+    e.intent.version = api_types::queue::INTENT_VERSION;
+    e.intent.storage_class = Some(class("recorded", NAME, None));
+    e.intent.selected_node = Some("n3".into());
+    w.intents
+        .map
+        .lock()
+        .unwrap()
+        .insert("pvc-gone".into(), (e.intent.clone(), false));
+    let decisions = recovery::walk(&w.engine, std::slice::from_ref(&e)).await;
+    assert_eq!(decisions, vec![("pvc-gone".to_string(), Recovery::Cleanup)]);
+    recovery::cleanup_all(
+        w.engine.clone(),
+        vec![e],
+        Duration::from_millis(1),
+        Duration::from_millis(10),
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await;
+    assert!(w.backend.calls().is_empty(), "no provision() call");
+    assert_eq!(
+        *w.backend.unprovisioned.lock().unwrap(),
+        vec!["pvc-gone node=n3 class=recorded"]
+    );
+    assert!(w.intents.map.lock().unwrap().is_empty());
+}
+
+/// One poisoned intent (the backend refuses; a version-1 record whose class
+/// is gone) and one that keeps failing never hold up the others; the
+/// poisoned ones are counted once and not retried in a loop.
+#[tokio::test(start_paused = true)]
+async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
+    let w = Setup {
+        backend: FakeBackend {
+            refuse: ["pvc-refused".to_string()].into(),
+            fail: ["pvc-flaky".to_string()].into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let mut no_class = entry("noclass", Some(false));
+    no_class.intent.class = "deleted-class".into();
+    let mut entries = vec![
+        entry("refused", Some(false)),
+        entry("flaky", Some(false)),
+        no_class,
+    ];
+    for i in 0..20 {
+        entries.push(entry(&format!("ok{i}"), Some(false)));
+    }
+    for e in &entries {
+        w.intents
+            .map
+            .lock()
+            .unwrap()
+            .insert(e.intent.pv_name.clone(), (e.intent.clone(), false));
+    }
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn(recovery::cleanup_all(
+        w.engine.clone(),
+        entries,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    let remaining: HashSet<String> = w.intents.map.lock().unwrap().keys().cloned().collect();
+    assert_eq!(
+        remaining,
+        ["pvc-refused", "pvc-flaky", "pvc-noclass"]
+            .map(String::from)
+            .into(),
+        "every good entry was cleaned up; bad ones are kept for an operator"
+    );
+    assert_eq!(
+        w.metric("provision_svc_poisoned_intents_total"),
+        "provision_svc_poisoned_intents_total 2"
+    );
+    let calls = w.backend.unprovisioned.lock().unwrap().clone();
+    let count = |pv: &str| {
+        calls
+            .iter()
+            .filter(|c| c.starts_with(&format!("{pv} ")))
+            .count()
+    };
+    assert_eq!(count("pvc-refused"), 1, "a refused intent is not retried");
+    assert_eq!(count("pvc-noclass"), 0, "no made-up class is ever passed");
+    let flaky = count("pvc-flaky");
+    assert!(
+        (5..=20).contains(&flaky),
+        "a failing entry is retried with backoff, not in a tight loop: {flaky} attempts in 600 s"
+    );
+    assert!(w.backend.calls().is_empty());
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("cleanup stops on shutdown")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -1100,10 +1356,7 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
         .insert("pvc-bare".into(), (bare.intent.clone(), false));
     assert_eq!(
         recovery::walk(&w.engine, std::slice::from_ref(&bare)).await,
-        vec![(
-            "pvc-bare".to_string(),
-            Recovery::Unknown("apiserver timeout".into())
-        )]
+        vec![("pvc-bare".to_string(), Recovery::Cleanup)]
     );
     assert_eq!(
         recovery::cleanup_gone_claim(&w.engine, &entry("gone", Some(false))).await,

@@ -34,14 +34,16 @@ use prometheus::Registry;
 /// `/metrics`, `/healthz`, `/readyz`, elects a leader on the
 /// `<provisioner>-provision` Lease and, while leading, provisions claims.
 ///
-/// Errors: client or HTTP setup failures, or a lost Lease (the process should
-/// exit non-zero and be restarted, as the seed does).
+/// Errors: client or HTTP setup failures. A lost Lease stops all work and the
+/// replica campaigns again (see [`common::runtime`]).
 pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = metrics::ServiceMetrics::register(&registry);
     let common_args = args.common.clone();
+    // Called once per leader term: each term starts from scratch (new
+    // reflectors and engine, a new start-up walk); the metrics live on.
     common::runtime::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
-        controller::work(ctx, args, backend, metrics)
+        controller::work(ctx, args.clone(), backend.clone(), metrics.clone())
     })
     .await
 }

@@ -2,7 +2,7 @@
 //! the service's own gauges.
 
 use common::metrics::{gauge, ProvisionMetrics};
-use prometheus::{IntGauge, Registry};
+use prometheus::{IntCounter, IntGauge, Registry};
 
 /// All metrics of provision-svc.
 #[derive(Clone)]
@@ -18,6 +18,11 @@ pub struct ServiceMetrics {
     /// `provision_svc_claims_in_background`: claims whose backend reported
     /// `InBackground` (the seed's claims in progress).
     pub claims_in_background: IntGauge,
+    /// `provision_svc_poisoned_intents_total`: provisioning intents the
+    /// start-up walk could not act on (unreadable record; volume of a deleted
+    /// claim the backend refuses to delete or that has no recorded class).
+    /// Each is kept in Redis for an operator.
+    pub poisoned_intents: IntCounter,
 }
 
 impl ServiceMetrics {
@@ -39,6 +44,14 @@ impl ServiceMetrics {
                 registry,
                 "provision_svc_claims_in_background",
                 "Claims whose backend reported provisioning in background; retried even after their PVC is deleted.",
+            ),
+            poisoned_intents: common::metrics::register(
+                registry,
+                IntCounter::new(
+                    "provision_svc_poisoned_intents_total",
+                    "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator.",
+                )
+                .expect("valid metric"),
             ),
         }
     }

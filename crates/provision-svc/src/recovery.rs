@@ -7,9 +7,12 @@
 //!   backend answers idempotently for the same PV name;
 //! * a claim that is gone: if its PV write is queued or its PV exists, the PV
 //!   carries the volume from here and the intent is cleared; otherwise the
-//!   backend is asked for the volume again from the claim snapshot (idempotent,
-//!   so it returns the half-made one) and then deletes it, and the intent is
-//!   cleared.
+//!   volume is removed through the backend's
+//!   [`delete_unprovisioned`](common::Provisioner::delete_unprovisioned), from
+//!   the intent record alone (the StorageClass and selected node it recorded,
+//!   the claim snapshot or just the claim's identity). The backend's
+//!   `provision` is never called for a claim that is gone: on a real backend
+//!   that would create an asset only to destroy it.
 //!
 //! "Queued or exists" is checked in the order a volume moves — the durable
 //! queue first, then a **live** GET of the PV (never the reflector cache, which
@@ -17,13 +20,23 @@
 //! reads is still seen. Any lookup error keeps the intent and the volume: the
 //! check is retried (the cleanup re-checks before every delete attempt), never
 //! treated as "absent".
+//!
+//! Entries are decided and cleaned up concurrently, at most
+//! [`WALK_CONCURRENCY`] at a time, each with its own backoff. A *poisoned*
+//! intent — one whose volume cannot be deleted from the record (no
+//! StorageClass recorded and none in the cache, or the backend refuses) — is
+//! logged, counted in `provision_svc_poisoned_intents_total` and left in Redis
+//! for an operator; it is not retried in this leader term and never holds up
+//! the other entries. (Unreadable records are counted by the caller: they
+//! never reach the walk.)
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use api_types::{ProvisionError, ProvisionOptions, ProvisioningState, ANN_SELECTED_NODE};
+use api_types::queue::ClaimKey;
+use api_types::{DeleteError, ProvisionOptions, ANN_SELECTED_NODE};
 use common::intents::IntentEntry;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
@@ -31,6 +44,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision;
 use crate::engine::Engine;
+
+/// How many intents the walk decides, and cleans up, at once.
+pub const WALK_CONCURRENCY: usize = 8;
 
 /// What the walk decided for one intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,13 +57,9 @@ pub enum Recovery {
     Requeued,
     /// The claim is gone but its PV exists or is queued: intent cleared.
     PvPresent,
-    /// The claim is gone: the volume must be deleted through the backend.
+    /// The claim is gone (and its PV was not found, or the lookup failed):
+    /// [`cleanup_gone_claim`] re-checks and deletes the volume.
     Cleanup,
-    /// The claim is gone and no snapshot was recorded: left for an operator.
-    Stuck,
-    /// The claim is gone, no snapshot was recorded and the queue/PV lookup
-    /// failed: intent kept for the next leader's walk.
-    Unknown(String),
 }
 
 /// Whether the volume `pv_name` is carried by a queued PV write or a PV:
@@ -66,63 +78,141 @@ pub async fn pv_accounted_for(engine: &Engine, pv_name: &str) -> Result<bool, St
     engine.cluster().pv_exists(pv_name).await
 }
 
-/// Decide and apply the walk for the `entries` listed at start; returns each
-/// PV name with its decision. `Cleanup` entries are returned for
-/// [`cleanup_gone_claim`] to work through.
-pub async fn walk(engine: &Engine, entries: &[IntentEntry]) -> Vec<(String, Recovery)> {
-    let mut out = Vec::new();
-    for entry in entries {
-        let pv_name = entry.intent.pv_name.clone();
-        let uid = &entry.intent.claim.uid;
-        let decision = match &entry.claim {
-            Some(snap) if snap.in_background => {
-                engine.restore_in_background(snap.claim.clone());
-                Recovery::InBackground
+async fn decide(engine: &Engine, entry: &IntentEntry) -> Recovery {
+    let pv_name = &entry.intent.pv_name;
+    let uid = &entry.intent.claim.uid;
+    let decision = match &entry.claim {
+        Some(snap) if snap.in_background => {
+            engine.restore_in_background(snap.claim.clone());
+            Recovery::InBackground
+        }
+        _ if engine.claim_by_uid(uid).is_some() => {
+            engine.queue().add(uid);
+            Recovery::Requeued
+        }
+        _ => match pv_accounted_for(engine, pv_name).await {
+            Ok(true) => {
+                engine.clear_intent(pv_name).await;
+                Recovery::PvPresent
             }
-            _ if engine.claim_by_uid(uid).is_some() => {
-                engine.queue().add(uid);
-                Recovery::Requeued
+            Ok(false) => Recovery::Cleanup,
+            Err(e) => {
+                // The cleanup re-checks (with backoff) before it deletes anything.
+                tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, error = %e, "cannot tell yet whether the volume of a deleted claim has a PV; the cleanup will check again");
+                Recovery::Cleanup
             }
-            claim => match pv_accounted_for(engine, &pv_name).await {
-                Ok(true) => {
-                    engine.clear_intent(&pv_name).await;
-                    Recovery::PvPresent
-                }
-                // On a lookup error the cleanup re-checks (with backoff) before
-                // it deletes anything; the intent is kept until then.
-                Ok(false) | Err(_) if claim.is_some() => Recovery::Cleanup,
-                Ok(false) => {
-                    tracing::error!(pv = %pv_name, claim = %entry.intent.claim, "provisioning intent of a deleted claim has no claim snapshot; cannot ask the backend to delete its volume, leaving the intent for an operator");
-                    Recovery::Stuck
-                }
-                Err(e) => {
-                    tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, error = %e, "cannot tell whether the volume of a deleted claim has a PV; keeping its intent for the next leader's walk");
-                    Recovery::Unknown(e)
-                }
-            },
-        };
-        tracing::info!(pv = %pv_name, claim = %entry.intent.claim, decision = ?decision, "provisioning intent found at start");
-        out.push((pv_name, decision));
+        },
+    };
+    tracing::info!(pv = %pv_name, claim = %entry.intent.claim, decision = ?decision, "provisioning intent found at start");
+    decision
+}
+
+/// Decide and apply the walk for the `entries` listed at start, up to
+/// [`WALK_CONCURRENCY`] at a time; returns each PV name with its decision, in
+/// the order of `entries`. `Cleanup` entries are for [`cleanup_all`].
+///
+/// The entries run as tasks in a `JoinSet` owned by this future, so dropping
+/// it (a lost Lease) aborts them.
+pub async fn walk(engine: &Arc<Engine>, entries: &[IntentEntry]) -> Vec<(String, Recovery)> {
+    let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, entry) in entries.iter().cloned().enumerate() {
+        let (engine, limit) = (engine.clone(), limit.clone());
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await.expect("semaphore never closed");
+            (i, decide(&engine, &entry).await)
+        });
     }
-    out
+    let mut out: Vec<Option<Recovery>> = vec![None; entries.len()];
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, decision)) => out[i] = Some(decision),
+            Err(e) => tracing::error!(error = %e, "start-up walk task failed"),
+        }
+    }
+    entries
+        .iter()
+        .zip(out)
+        .filter_map(|(e, d)| Some((e.intent.pv_name.clone(), d?)))
+        .collect()
 }
 
 /// Outcome of one cleanup attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CleanupOutcome {
-    /// The volume was deleted (or never made) and the intent cleared.
+    /// The volume was deleted (or never made, or is carried by a PV) and the
+    /// intent cleared.
     Done,
-    /// Try again later.
+    /// Try again later (lookup or backend failure); intent and volume kept.
     Retry(String),
+    /// Cannot be done from the record (see module docs): reported, intent kept
+    /// for an operator, not retried in this leader term.
+    Poisoned(String),
+}
+
+/// The options `provision` was (or would have been) called with, rebuilt from
+/// the intent: the recorded StorageClass (version-1 records: the class of that
+/// name in the cache, never a made-up one), the claim snapshot or a claim with
+/// just the recorded identity, and the recorded selected node.
+///
+/// Errors: no StorageClass is recorded and none of that name is cached.
+pub fn options_from_intent(
+    engine: &Engine,
+    entry: &IntentEntry,
+) -> Result<ProvisionOptions, String> {
+    let intent = &entry.intent;
+    let storage_class: StorageClass = match &intent.storage_class {
+        Some(c) => c.clone(),
+        None => engine
+            .caches()
+            .classes
+            .get(&ObjectRef::new(&intent.class))
+            .map(|c| c.as_ref().clone())
+            .ok_or_else(|| {
+                format!(
+                    "the intent (version {}) records no StorageClass and StorageClass {:?} no longer exists; cannot tell the backend how the volume was made",
+                    intent.version, intent.class
+                )
+            })?,
+    };
+    let pvc = match &entry.claim {
+        Some(snap) => snap.claim.clone(),
+        None => claim_from_key(&intent.claim),
+    };
+    let node = intent
+        .selected_node
+        .clone()
+        .or_else(|| decision::annotation(&pvc, ANN_SELECTED_NODE).map(str::to_string));
+    Ok(ProvisionOptions {
+        storage_class,
+        pv_name: intent.pv_name.clone(),
+        pvc,
+        selected_node: node.map(|n| Node {
+            metadata: ObjectMeta {
+                name: Some(n),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+    })
+}
+
+fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            namespace: Some(key.namespace.clone()),
+            name: Some(key.name.clone()),
+            uid: Some(key.uid.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
 }
 
 /// Delete the volume of a claim deleted mid-provisioning (see module docs),
 /// after re-checking the queue and the live PV; a lookup error is a `Retry`
 /// (intent and volume kept).
 pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> CleanupOutcome {
-    let Some(snapshot) = &entry.claim else {
-        return CleanupOutcome::Retry("no claim snapshot".into());
-    };
     let pv_name = &entry.intent.pv_name;
     // Re-check right before deleting: the PV may have been written meanwhile.
     match pv_accounted_for(engine, pv_name).await {
@@ -134,46 +224,25 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
         Ok(false) => {}
         Err(e) => return CleanupOutcome::Retry(e),
     }
-    let class = engine
-        .caches()
-        .classes
-        .get(&ObjectRef::new(&entry.intent.class))
-        .map(|c| c.as_ref().clone())
-        .unwrap_or_else(|| StorageClass {
-            metadata: ObjectMeta {
-                name: Some(entry.intent.class.clone()),
-                ..Default::default()
-            },
-            provisioner: engine.settings().names.name.clone(),
-            ..Default::default()
-        });
-    let selected_node = decision::annotation(&snapshot.claim, ANN_SELECTED_NODE).map(|n| Node {
-        metadata: ObjectMeta {
-            name: Some(n.to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    });
-    let options = ProvisionOptions {
-        storage_class: class,
-        pv_name: pv_name.clone(),
-        pvc: snapshot.claim.clone(),
-        selected_node,
+    let options = match options_from_intent(engine, entry) {
+        Ok(o) => o,
+        Err(e) => return CleanupOutcome::Poisoned(e),
     };
-    let outcome = match engine.backend().provision(&options).await {
-        Ok(volume) => match engine.backend().delete(&volume).await {
-            Ok(()) => {
-                tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "deleted the volume of a claim deleted while it was being provisioned");
-                CleanupOutcome::Done
-            }
-            Err(e) => CleanupOutcome::Retry(format!("backend delete: {e}")),
-        },
-        Err(ProvisionError::Ignored { .. })
-        | Err(ProvisionError::Failed {
-            state: ProvisioningState::Finished,
-            ..
-        }) => CleanupOutcome::Done,
-        Err(e) => CleanupOutcome::Retry(format!("backend provision: {e}")),
+    let outcome = match engine.backend().delete_unprovisioned(&options).await {
+        Ok(()) => {
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "deleted the volume of a claim deleted while it was being provisioned");
+            CleanupOutcome::Done
+        }
+        Err(DeleteError::Ignored { reason }) => {
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
+            CleanupOutcome::Done
+        }
+        Err(e @ DeleteError::Failed { .. }) => {
+            CleanupOutcome::Retry(format!("backend delete: {e}"))
+        }
+        Err(e @ DeleteError::Refused { .. }) => {
+            CleanupOutcome::Poisoned(format!("backend delete: {e}"))
+        }
     };
     if outcome == CleanupOutcome::Done {
         engine.clear_intent(pv_name).await;
@@ -181,8 +250,16 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
     outcome
 }
 
-/// Work through `entries` with [`cleanup_gone_claim`], retrying each failed one
-/// with a delay doubling from `initial` up to `max`, until done or `shutdown`.
+/// Report an intent the walk cannot act on (see module docs).
+pub fn report_poisoned(engine: &Engine, pv_name: &str, claim: &str, reason: &str) {
+    engine.metrics().poisoned_intents.inc();
+    tracing::error!(pv = %pv_name, claim, %reason, "cannot clean up the volume of a claim deleted while it was being provisioned; its intent is kept in Redis for an operator and not retried until the next leader's start-up walk");
+}
+
+/// Work through `entries` with [`cleanup_gone_claim`], up to
+/// [`WALK_CONCURRENCY`] attempts at a time; each failed one is retried with its own
+/// delay doubling from `initial` up to `max`, a poisoned one is reported once
+/// and dropped. Returns when every entry is done or poisoned, or on `shutdown`.
 pub async fn cleanup_all(
     engine: Arc<Engine>,
     entries: Vec<IntentEntry>,
@@ -190,19 +267,52 @@ pub async fn cleanup_all(
     max: Duration,
     shutdown: CancellationToken,
 ) {
+    let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
+    // Owned by this future: dropping it (lost Lease) aborts every entry.
+    let mut tasks = tokio::task::JoinSet::new();
     for entry in entries {
-        let mut failures = 0u32;
-        loop {
-            match cleanup_gone_claim(&engine, &entry).await {
-                CleanupOutcome::Done => break,
-                CleanupOutcome::Retry(e) => {
-                    failures += 1;
-                    let delay = common::retry::backoff(initial, max, failures);
-                    tracing::warn!(pv = %entry.intent.pv_name, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
+        let (engine, limit, shutdown) = (engine.clone(), limit.clone(), shutdown.clone());
+        tasks.spawn(cleanup_with_backoff(
+            engine, entry, limit, initial, max, shutdown,
+        ));
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One entry of [`cleanup_all`]: each attempt holds a permit of `limit`,
+/// released while the entry waits out its backoff, so entries that keep
+/// failing never hold up the others.
+async fn cleanup_with_backoff(
+    engine: Arc<Engine>,
+    entry: IntentEntry,
+    limit: Arc<tokio::sync::Semaphore>,
+    initial: Duration,
+    max: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut failures = 0u32;
+    loop {
+        let attempt = {
+            let _permit = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                p = limit.acquire() => p.expect("semaphore never closed"),
+            };
+            cleanup_gone_claim(&engine, &entry).await
+        };
+        match attempt {
+            CleanupOutcome::Done => return,
+            CleanupOutcome::Poisoned(e) => {
+                let claim = entry.intent.claim.to_string();
+                report_poisoned(&engine, &entry.intent.pv_name, &claim, &e);
+                return;
+            }
+            CleanupOutcome::Retry(e) => {
+                failures += 1;
+                let delay = common::retry::backoff(initial, max, failures);
+                tracing::warn!(pv = %entry.intent.pv_name, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
                 }
             }
         }

@@ -37,8 +37,8 @@ pub use cli::{Cli, Command, QueueCommand, WriterArgs};
 
 /// Run what `cli` asks: the service (default) or a `queue` subcommand.
 ///
-/// Errors: invalid flag combinations, client/HTTP setup failures, a lost
-/// Lease; for `queue` subcommands, Redis failures and unknown PV names.
+/// Errors: invalid flag combinations, client/HTTP setup failures; for `queue`
+/// subcommands, Redis failures and unknown PV names.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.writer.validate()?;
     match &cli.command {
@@ -52,12 +52,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None | Some(Command::Run) => {
             let registry = Registry::new();
+            // Registered once; the work function runs once per leader term.
+            let metrics = metrics::WriterMetrics::register(&registry);
             let writer_args = cli.writer.clone();
             run_service(
                 ServiceKind::PvWriter,
                 cli.common.clone(),
                 registry,
-                move |ctx| serve(ctx, writer_args),
+                move |ctx| serve_with_metrics(ctx, writer_args.clone(), metrics.clone()),
             )
             .await
         }
@@ -71,6 +73,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 /// Errors: none in practice; returns `Ok` on shutdown.
 pub async fn serve(ctx: ServiceContext, args: WriterArgs) -> anyhow::Result<()> {
     let metrics = metrics::WriterMetrics::register(&ctx.registry);
+    serve_with_metrics(ctx, args, metrics).await
+}
+
+/// [`serve`] with metrics already registered in `ctx.registry`, for a work
+/// function called once per leader term (registering twice would panic).
+///
+/// Errors: none in practice; returns `Ok` on shutdown.
+pub async fn serve_with_metrics(
+    ctx: ServiceContext,
+    args: WriterArgs,
+    metrics: metrics::WriterMetrics,
+) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let queue = loop {
         match PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name).await {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::cache::strip_for_cache;
+use common::deadline::Deadline;
 use common::retry::{FailureThreshold, RetryPolicy};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -48,17 +49,11 @@ pub async fn process_item(
         // Already deleted, nothing to do anymore.
         None => Ok(()),
         Some(volume) => {
-            let sync = reclaimer.sync_volume(&volume);
             if config.deletion_timeout.is_zero() {
-                sync.await
+                reclaimer.sync_volume(&volume).await
             } else {
-                match tokio::time::timeout(config.deletion_timeout, sync).await {
-                    Ok(r) => r,
-                    Err(_) => Err(SyncError::Timeout {
-                        pv: key.to_string(),
-                        timeout: config.deletion_timeout,
-                    }),
-                }
+                let deadline = Deadline::after(config.deletion_timeout);
+                reclaimer.sync_volume_within(&volume, deadline).await
             }
         }
     };

@@ -61,7 +61,10 @@ pub struct ReclaimArgs {
     pub failed_delete_threshold: u32,
 
     /// Upper bound of one PV sync including the backend's delete; `0s` means
-    /// unlimited (seed `DeletionTimeout`, default unlimited).
+    /// unlimited (seed `DeletionTimeout`, default unlimited). As the seed's
+    /// context timeout, the backend's delete sees the deadline
+    /// (`common::deadline`) and a timed-out attempt is a failure: a
+    /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
     #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     pub deletion_timeout: Duration,
 
@@ -111,12 +114,13 @@ pub struct Cli {
     pub reclaim: ReclaimArgs,
 }
 
-/// Run reclaim-svc with `backend` until SIGTERM (or a lost Lease): serves
+/// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
+/// and the replica campaigns again, see `common::runtime`): serves
 /// `/metrics` (seed delete families, label `class`), `/healthz`, `/readyz`
 /// (ready once the PV reflector has synced), elects a leader on the
 /// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop.
 ///
-/// Errors: setup failures, a lost Lease, or the PV watch ending.
+/// Errors: setup failures, or the PV watch ending.
 pub async fn run(
     common: CommonArgs,
     retry: RetryArgs,
@@ -146,82 +150,95 @@ pub async fn run_with_orphan_pv(
         ServiceKind::Reclaim,
         common,
         registry,
-        move |ctx| async move {
-            let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-            let events = Arc::new(EventSink::new(
-                ctx.client.clone(),
-                ctx.kind.component(),
-                &ctx.identity,
-            ));
-            let reclaimer = Arc::new(Reclaimer::new(
-                api.clone(),
+        // Called once per leader term: each term starts from scratch (new
+        // reflector, reclaimer and orphan sweep); the metrics live on.
+        move |ctx| {
+            let (backend, metrics, sweep_metrics, orphan_pv, retry, reclaim) = (
                 backend.clone(),
-                events,
-                metrics,
-                ctx.args.provisioner_name.clone(),
-                reclaim.add_finalizer,
-            ));
-            let policy = Arc::new(RetryPolicy::from_args(&retry));
-            let config = LoopConfig {
-                workers: reclaim.worker_threads,
-                threshold: FailureThreshold(reclaim.failed_delete_threshold),
-                deletion_timeout: reclaim.deletion_timeout,
-                resync_period: reclaim.resync_period,
-            };
-            tracing::info!(
-                provisioner = %ctx.args.provisioner_name,
-                add_finalizer = reclaim.add_finalizer,
-                failed_delete_threshold = reclaim.failed_delete_threshold,
-                workers = config.workers,
-                "starting PV reclaim loop"
+                metrics.clone(),
+                sweep_metrics.clone(),
+                orphan_pv.clone(),
+                retry.clone(),
+                reclaim.clone(),
             );
-            let readiness = ctx.readiness.clone();
-            // Once the reflector has synced: ready, and hand the PV cache to the sweep.
-            let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<PersistentVolume>>();
-            let on_synced = move |store: &Store<PersistentVolume>| {
-                readiness.set_ready(true);
-                let _ = synced_tx.send(store.clone());
-            };
-            // One orphan sweep per leadership, owned by this work future: it
-            // stops on shutdown, and is dropped with the loop (or when the
-            // runtime aborts the work future on a lost Lease).
-            let archiver: Option<Arc<dyn sweep::OrphanArchiver>> = match orphan_pv {
-                Some(f) if reclaim.sweep_orphans => Some(Arc::new(sweep::HostPathArchiver(f))),
-                _ => None,
-            };
-            let job = sweep::SweepJob {
-                redis_url: ctx.args.redis_url.clone(),
-                provisioner_name: ctx.args.provisioner_name.clone(),
-                pvs: api.clone(),
-                backend,
-                archiver,
-                min_age: reclaim.sweep_min_age,
-                shutdown: ctx.shutdown.clone(),
-                metrics: sweep_metrics,
-            };
-            let sweep_shutdown = ctx.shutdown.clone();
-            let sweep_task = async move {
-                let Ok(store) = synced_rx.await else {
-                    return;
+            async move {
+                let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+                let events = Arc::new(EventSink::new(
+                    ctx.client.clone(),
+                    ctx.kind.component(),
+                    &ctx.identity,
+                ));
+                let reclaimer = Arc::new(Reclaimer::new(
+                    api.clone(),
+                    backend.clone(),
+                    events,
+                    metrics,
+                    ctx.args.provisioner_name.clone(),
+                    reclaim.add_finalizer,
+                ));
+                let policy = Arc::new(RetryPolicy::from_args(&retry));
+                let config = LoopConfig {
+                    workers: reclaim.worker_threads,
+                    threshold: FailureThreshold(reclaim.failed_delete_threshold),
+                    deletion_timeout: reclaim.deletion_timeout,
+                    resync_period: reclaim.resync_period,
                 };
-                let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
+                tracing::info!(
+                    provisioner = %ctx.args.provisioner_name,
+                    add_finalizer = reclaim.add_finalizer,
+                    failed_delete_threshold = reclaim.failed_delete_threshold,
+                    workers = config.workers,
+                    "starting PV reclaim loop"
+                );
+                let readiness = ctx.readiness.clone();
+                // Once the reflector has synced: ready, and hand the PV cache to the sweep.
+                let (synced_tx, synced_rx) =
+                    tokio::sync::oneshot::channel::<Store<PersistentVolume>>();
+                let on_synced = move |store: &Store<PersistentVolume>| {
+                    readiness.set_ready(true);
+                    let _ = synced_tx.send(store.clone());
+                };
+                // One orphan sweep per leadership, owned by this work future: it
+                // stops on shutdown, and is dropped with the loop (or when the
+                // runtime aborts the work future on a lost Lease).
+                let archiver: Option<Arc<dyn sweep::OrphanArchiver>> = match orphan_pv {
+                    Some(f) if reclaim.sweep_orphans => Some(Arc::new(sweep::HostPathArchiver(f))),
+                    _ => None,
+                };
+                let job = sweep::SweepJob {
+                    redis_url: ctx.args.redis_url.clone(),
+                    provisioner_name: ctx.args.provisioner_name.clone(),
+                    pvs: api.clone(),
+                    backend,
+                    archiver,
+                    min_age: reclaim.sweep_min_age,
+                    shutdown: ctx.shutdown.clone(),
+                    metrics: sweep_metrics,
+                };
+                let sweep_shutdown = ctx.shutdown.clone();
+                let sweep_task = async move {
+                    let Ok(store) = synced_rx.await else {
+                        return;
+                    };
+                    let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
+                    tokio::select! {
+                        _ = sweep_shutdown.cancelled() => {}
+                        _ = sweep::run_once(job, cached) => {}
+                    }
+                };
+                let control_loop = controller::run_loop(
+                    api,
+                    reclaimer,
+                    policy,
+                    config,
+                    ctx.shutdown.clone(),
+                    on_synced,
+                );
+                tokio::pin!(control_loop, sweep_task);
                 tokio::select! {
-                    _ = sweep_shutdown.cancelled() => {}
-                    _ = sweep::run_once(job, cached) => {}
+                    result = &mut control_loop => result,
+                    () = &mut sweep_task => control_loop.await,
                 }
-            };
-            let control_loop = controller::run_loop(
-                api,
-                reclaimer,
-                policy,
-                config,
-                ctx.shutdown.clone(),
-                on_synced,
-            );
-            tokio::pin!(control_loop, sweep_task);
-            tokio::select! {
-                result = &mut control_loop => result,
-                () = &mut sweep_task => control_loop.await,
             }
         },
     )

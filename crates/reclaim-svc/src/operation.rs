@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use api_types::{DeleteError, FINALIZER_PV};
+use common::deadline::{self, Deadline};
 use common::events::{self, reason, EventSink};
 use common::metrics::DeleteMetrics;
 use common::Provisioner;
@@ -51,8 +52,9 @@ pub enum SyncError {
         /// The API error.
         source: kube::Error,
     },
-    /// The whole sync took longer than `--deletion-timeout`.
-    #[error("syncing PV {pv} timed out after {timeout:?}")]
+    /// The sync (other than the backend call, which fails as
+    /// [`SyncError::Backend`]) overran `--deletion-timeout` and was stopped.
+    #[error("syncing PV {pv} timed out after {timeout:?} (context deadline exceeded)")]
     Timeout {
         /// PV name.
         pv: String,
@@ -168,6 +170,42 @@ impl Reclaimer {
         result
     }
 
+    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout`, as the
+    /// seed's `context.WithTimeout`: the backend's delete sees `deadline`
+    /// (see [`common::deadline`]) and, if it overruns it, is abandoned and
+    /// fails like any backend error (`VolumeFailedDelete` event, failure
+    /// metric, retry). Should anything else of the sync (an API call) still
+    /// hang [`deadline::ABANDON_GRACE`] after that, it is stopped and counted
+    /// here the same way.
+    ///
+    /// Errors: as [`sync_volume`](Self::sync_volume), plus [`SyncError::Timeout`].
+    pub async fn sync_volume_within(
+        &self,
+        volume: &PersistentVolume,
+        deadline: Deadline,
+    ) -> Result<(), SyncError> {
+        let hard_stop = deadline.at() + 2 * deadline::ABANDON_GRACE;
+        let sync = deadline::scope(Some(deadline), self.sync_volume(volume));
+        match tokio::time::timeout_at(hard_stop, sync).await {
+            Ok(result) => result,
+            Err(_) => {
+                let err = SyncError::Timeout {
+                    pv: volume.name_any(),
+                    timeout: deadline.timeout(),
+                };
+                tracing::error!(pv = %volume.name_any(), error = %err, "delete: timed out");
+                self.events
+                    .warn(volume, reason::VOLUME_FAILED_DELETE, err.to_string())
+                    .await;
+                self.metrics
+                    .failed_total
+                    .with_label_values(&[decision::storage_class(volume)])
+                    .inc();
+                Err(err)
+            }
+        }
+    }
+
     /// Seed `deleteVolumeOperation`: the backend's delete (`Ignored` → done,
     /// nothing else happens; `Failed`/`Refused` → `VolumeFailedDelete` Warning
     /// event on the PV and an error), then delete the PV object (uid
@@ -190,7 +228,17 @@ impl Reclaimer {
         if already_deleted {
             tracing::info!(pv = %name, %uid, "delete: volume already deleted by the backend; deleting the PV");
         } else {
-            match self.backend.delete(volume).await {
+            // The backend sees the sync's deadline; one that overruns it is
+            // abandoned and fails like a backend error (seed: the context
+            // cancellation reaches `Delete`, which returns an error).
+            let deleted = deadline::bound(self.backend.delete(volume))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(DeleteError::Failed {
+                        reason: e.to_string(),
+                    })
+                });
+            match deleted {
                 Ok(()) => {
                     tracing::info!(pv = %name, "delete: volume deleted");
                     if !uid.is_empty() {

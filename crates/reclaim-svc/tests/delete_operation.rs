@@ -511,29 +511,46 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     assert_eq!(retry.requeues(&"pvc-1".to_string()), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn deletion_timeout_bounds_a_slow_backend() {
-    struct Slow;
-    #[async_trait::async_trait]
-    impl Provisioner for Slow {
-        async fn provision(
-            &self,
-            _: &ProvisionOptions,
-        ) -> Result<PersistentVolume, ProvisionError> {
-            unreachable!()
-        }
-        async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Ok(())
-        }
+/// A backend that sleeps `delay` in `delete`, or (cooperative) stops at the
+/// operation's deadline with its own error.
+struct Slow {
+    delay: Duration,
+    cooperative: bool,
+    saw_deadline: Mutex<Option<Duration>>,
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Slow {
+    async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
+        unreachable!()
     }
+    async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
+        *self.saw_deadline.lock().unwrap() = common::deadline::current().map(|d| d.timeout());
+        if self.cooperative {
+            common::deadline::cancelled().await;
+            return Err(DeleteError::Failed {
+                reason: "delete cancelled at the deadline".into(),
+            });
+        }
+        tokio::time::sleep(self.delay).await;
+        Ok(())
+    }
+}
+
+/// `--deletion-timeout` runs `process_item` against `backend`; returns the
+/// error, the events, the rendered metrics and the time taken.
+async fn sync_with_deletion_timeout(
+    backend: Arc<Slow>,
+) -> (SyncError, Vec<(String, String)>, String, Duration, FakeApi) {
     let api = FakeApi::default();
     api.put(released("pvc-1", &[]));
+    let events = Arc::new(Events::default());
+    let registry = Registry::new();
     let reclaimer = Reclaimer::new(
         Api::all(api.client()),
-        Arc::new(Slow),
-        Arc::new(Events::default()),
-        DeleteMetrics::register(&Registry::new()),
+        backend,
+        events.clone(),
+        DeleteMetrics::register(&registry),
         ME.into(),
         false,
     );
@@ -546,6 +563,7 @@ async fn deletion_timeout_bounds_a_slow_backend() {
         resync_period: Duration::ZERO,
     };
     let retry = RetryPolicy::<String>::new(Duration::from_secs(1), Duration::from_secs(1), 0.0, 1);
+    let start = tokio::time::Instant::now();
     let err = process_item(
         "pvc-1",
         &store,
@@ -556,6 +574,64 @@ async fn deletion_timeout_bounds_a_slow_backend() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, SyncError::Timeout { .. }), "{err}");
-    assert!(api.get("pvc-1").is_some());
+    let took = start.elapsed();
+    let events = events.0.lock().unwrap().clone();
+    (err, events, render(&registry), took, api)
+}
+
+/// Seed: `--deletion-timeout` is a context cancellation that reaches the
+/// provisioner's `Delete`; its error is handled like any other: a
+/// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
+#[tokio::test(start_paused = true)]
+async fn deletion_timeout_fails_a_slow_backend_like_a_cancelled_context() {
+    let backend = Arc::new(Slow {
+        delay: Duration::from_secs(3600),
+        cooperative: false,
+        saw_deadline: Mutex::new(None),
+    });
+    let (err, events, metrics, took, api) = sync_with_deletion_timeout(backend.clone()).await;
+    assert!(matches!(err, SyncError::Backend { .. }), "{err}");
+    assert_eq!(
+        took,
+        Duration::from_secs(5) + common::deadline::ABANDON_GRACE
+    );
+    assert_eq!(
+        *backend.saw_deadline.lock().unwrap(),
+        Some(Duration::from_secs(5)),
+        "the backend call sees the deadline"
+    );
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "VolumeFailedDelete");
+    assert!(
+        events[0].1.contains("context deadline exceeded"),
+        "{events:?}"
+    );
+    assert!(
+        metrics.contains("controller_persistentvolume_delete_failed_total{class=\"fast\"} 1\n"),
+        "{metrics}"
+    );
+    assert!(api.get("pvc-1").is_some(), "PV kept");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cooperative_backend_stops_at_the_deletion_deadline() {
+    let backend = Arc::new(Slow {
+        delay: Duration::ZERO,
+        cooperative: true,
+        saw_deadline: Mutex::new(None),
+    });
+    let (err, events, metrics, took, _api) = sync_with_deletion_timeout(backend).await;
+    assert!(matches!(err, SyncError::Backend { .. }), "{err}");
+    assert_eq!(took, Duration::from_secs(5));
+    assert_eq!(
+        events,
+        vec![(
+            "VolumeFailedDelete".to_string(),
+            "delete cancelled at the deadline".to_string()
+        )]
+    );
+    assert!(
+        metrics.contains("controller_persistentvolume_delete_failed_total{class=\"fast\"} 1\n"),
+        "{metrics}"
+    );
 }

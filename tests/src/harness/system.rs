@@ -290,17 +290,21 @@ impl System {
         p.wait_healthy(Duration::from_secs(30)).await
     }
 
+    /// The replicas whose process has exited (service, replica index).
+    pub fn exited_replicas(&mut self) -> Vec<(Service, usize)> {
+        self.services
+            .iter_mut()
+            .filter_map(|p| (!p.process.is_running()).then_some((p.service, p.replica)))
+            .collect()
+    }
+
     /// Restart every replica whose process has exited (as the kubelet restarts
     /// a container: a replica that lost its Lease exits non-zero). Returns how
     /// many were restarted.
     ///
     /// Errors: a restart failed.
     pub async fn restart_exited(&mut self) -> anyhow::Result<usize> {
-        let exited: Vec<(Service, usize)> = self
-            .services
-            .iter_mut()
-            .filter_map(|p| (!p.process.is_running()).then_some((p.service, p.replica)))
-            .collect();
+        let exited = self.exited_replicas();
         for (s, r) in &exited {
             self.restart(*s, *r).await?;
         }

@@ -34,7 +34,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use api_types::DeleteError;
+use api_types::{DeleteError, ProvisionOptions};
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 use super::{HostPath, OnDelete};
@@ -65,6 +65,35 @@ pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(),
     .map_err(|e| DeleteError::Failed {
         reason: format!("hostpath delete task failed: {e}"),
     })?
+}
+
+/// [`Provisioner::delete_unprovisioned`](crate::Provisioner::delete_unprovisioned)
+/// for hostpath: the directory `provision(options)` would have made is
+/// `<base-dir>/<options.pv_name>`; it is removed (or archived/retained) by
+/// [`delete`] with all its checks, through [`volume_for_directory`]. Nothing
+/// is created; an absent directory is success.
+///
+/// Errors: [`DeleteError::Refused`] when the recorded selected node is not
+/// this backend's `--node-name` (the directory lives on that node, so "absent
+/// here" must not count as deleted), or any rule of [`delete`] fails;
+/// [`DeleteError::Failed`] on filesystem errors.
+pub async fn delete_unprovisioned(
+    backend: &HostPath,
+    options: &ProvisionOptions,
+) -> Result<(), DeleteError> {
+    let selected = options
+        .selected_node
+        .as_ref()
+        .and_then(|n| n.metadata.name.as_deref());
+    if let (Some(selected), Some(own)) = (selected, backend.node_name.as_deref()) {
+        if selected != own {
+            return Err(refused(format!(
+                "volume {} was provisioned for node {selected:?} but this service runs on node {own:?} (--node-name); its directory can only be removed on that node",
+                options.pv_name
+            )));
+        }
+    }
+    delete(backend, &volume_for_directory(backend, &options.pv_name)).await
 }
 
 /// PV names whose directories exist under the base directory: the names of the
@@ -693,6 +722,58 @@ mod tests {
         .await;
         assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
         assert!(base.join("archived-pvc-1/data/file").exists());
+    }
+
+    fn unprovisioned(name: &str, node: Option<&str>) -> ProvisionOptions {
+        use k8s_openapi::api::core::v1::Node;
+        ProvisionOptions {
+            storage_class: Default::default(),
+            pv_name: name.into(),
+            pvc: Default::default(),
+            selected_node: node.map(|n| Node {
+                metadata: ObjectMeta {
+                    name: Some(n.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn delete_unprovisioned_removes_only_the_named_directory_and_creates_nothing() {
+        let (_tmp, base) = setup();
+        std::fs::create_dir_all(base.join("pvc-1/data")).unwrap();
+        std::fs::create_dir_all(base.join("pvc-2")).unwrap();
+        let b = backend(&base, OnDelete::Delete);
+        delete_unprovisioned(&b, &unprovisioned("pvc-1", None))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
+        assert!(base.join("pvc-2").exists(), "other volumes untouched");
+        // Absent: success, and nothing is created.
+        delete_unprovisioned(&b, &unprovisioned("pvc-3", None))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-3").exists());
+        // Unsafe names are refused.
+        is_refused(delete_unprovisioned(&b, &unprovisioned("../x", None)).await);
+    }
+
+    #[tokio::test]
+    async fn delete_unprovisioned_for_another_node_is_refused_with_node_name() {
+        let (_tmp, base) = setup();
+        std::fs::create_dir_all(base.join("pvc-1")).unwrap();
+        let mut b = backend(&base, OnDelete::Delete);
+        b.node_name = Some("node-a".into());
+        let msg =
+            is_refused(delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-b"))).await);
+        assert!(msg.contains("node-b"), "{msg}");
+        assert!(base.join("pvc-1").exists());
+        delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-a")))
+            .await
+            .unwrap();
+        assert!(!base.join("pvc-1").exists());
     }
 
     #[tokio::test]

@@ -90,6 +90,10 @@ impl Provisioner for HostPath {
         delete::delete(self, volume).await
     }
 
+    async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
+        delete::delete_unprovisioned(self, options).await
+    }
+
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         Some(delete::list_volumes(self).await)
     }

@@ -1,0 +1,168 @@
+//! Per-operation deadlines: the Rust counterpart of the seed's
+//! `context.WithTimeout` around one claim or volume sync
+//! (`--provision-timeout`, `--deletion-timeout`).
+//!
+//! In the seed the timeout is a context cancellation that flows *through* the
+//! operation: the provisioner's `Provision`/`Delete` see `ctx.Done()`, return
+//! an error, and that error is handled like any other (event, failure metric,
+//! in-background state). Dropping the operation's future instead (what
+//! `tokio::time::timeout` does) loses all three, so here:
+//!
+//! * the caller runs the operation inside [`scope`] with a [`Deadline`]; the
+//!   deadline is a task-local, so every backend call made by that task sees it
+//!   through [`current`] / [`cancelled`] without a change to the
+//!   [`Provisioner`](crate::Provisioner) signatures (a backend that spawns its
+//!   own tasks passes the deadline on itself);
+//! * a call that must not outlive the deadline is wrapped in [`bound`]: it
+//!   gets until the deadline plus [`ABANDON_GRACE`] to return on its own
+//!   (a cooperative backend returns its own error at the deadline), after
+//!   which it is abandoned and [`Exceeded`] is returned for the caller to
+//!   handle as a failed attempt.
+//!
+//! Times are [`tokio::time::Instant`]s, so tests can use paused time.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+tokio::task_local! {
+    static CURRENT: Deadline;
+}
+
+/// How long a call wrapped in [`bound`] may run past its deadline to return
+/// its own (cancellation) error before it is abandoned.
+pub const ABANDON_GRACE: Duration = Duration::from_secs(1);
+
+/// The deadline of one operation: when it started being bounded and how long
+/// it may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    at: Instant,
+    timeout: Duration,
+}
+
+impl Deadline {
+    /// A deadline `timeout` from now.
+    pub fn after(timeout: Duration) -> Self {
+        Self {
+            at: Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    /// The instant the operation must be finished by.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+
+    /// The configured timeout this deadline was made from.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Time left until the deadline (zero once it passed).
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the deadline has passed (seed: `ctx.Err() != nil`).
+    pub fn is_exceeded(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    /// Completes when the deadline passes (seed: `<-ctx.Done()`).
+    pub async fn exceeded(&self) {
+        tokio::time::sleep_until(self.at).await
+    }
+}
+
+/// A call abandoned [`ABANDON_GRACE`] after its deadline; the message follows
+/// Go's `context.DeadlineExceeded` so operators recognise it in events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("context deadline exceeded: the operation did not finish within {timeout:?}")]
+pub struct Exceeded {
+    /// The configured timeout (`--provision-timeout` / `--deletion-timeout`).
+    pub timeout: Duration,
+}
+
+/// Run `fut` with `deadline` as the current task's deadline (no deadline when
+/// `None`). Does not itself stop `fut`: see [`bound`].
+pub async fn scope<F: Future>(deadline: Option<Deadline>, fut: F) -> F::Output {
+    match deadline {
+        Some(d) => CURRENT.scope(d, fut).await,
+        None => fut.await,
+    }
+}
+
+/// The deadline of the operation this task is running, if any.
+pub fn current() -> Option<Deadline> {
+    CURRENT.try_with(|d| *d).ok()
+}
+
+/// Completes when the current deadline passes; never, when there is none.
+/// For backends: `select!` on it to stop cleanly and return an error.
+pub async fn cancelled() {
+    match current() {
+        Some(d) => d.exceeded().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Run `fut`, giving up on it [`ABANDON_GRACE`] after the current deadline
+/// (unbounded when there is none).
+///
+/// Errors: [`Exceeded`] when `fut` was abandoned.
+pub async fn bound<F: Future>(fut: F) -> Result<F::Output, Exceeded> {
+    match current() {
+        None => Ok(fut.await),
+        Some(d) => tokio::time::timeout_at(d.at() + ABANDON_GRACE, fut)
+            .await
+            .map_err(|_| Exceeded {
+                timeout: d.timeout(),
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bound_abandons_a_slow_call_after_the_grace() {
+        let d = Deadline::after(Duration::from_secs(10));
+        let start = Instant::now();
+        let r = scope(
+            Some(d),
+            bound(tokio::time::sleep(Duration::from_secs(3600))),
+        )
+        .await;
+        assert_eq!(
+            r,
+            Err(Exceeded {
+                timeout: Duration::from_secs(10)
+            })
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(10) + ABANDON_GRACE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cooperative_call_sees_the_deadline_and_returns_its_own_error() {
+        let start = Instant::now();
+        let call = async {
+            let seen = current().expect("deadline visible inside the scope");
+            cancelled().await;
+            Err::<(), _>(format!("stopped, {:?} left", seen.remaining()))
+        };
+        let r = scope(Some(Deadline::after(Duration::from_secs(5))), bound(call)).await;
+        assert_eq!(r, Ok(Err("stopped, 0ns left".to_string())));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_scope_nothing_is_bounded() {
+        assert_eq!(current(), None);
+        let r = bound(tokio::time::sleep(Duration::from_secs(3600))).await;
+        assert_eq!(r, Ok(()));
+    }
+}
