@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use common::queue::PvQueue;
-use e2e::harness::pv_writer::{enqueue_all, pv_writer_binary, spawn_writer, PROVISIONER};
+use e2e::harness::pv_writer::{
+    enqueue_all, pv_writer_binary, queue_key, spawn_writer, PROVISIONER,
+};
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
 use e2e::sim::{SimConfig, Simulator};
@@ -21,7 +23,7 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once() {
         .await
         .unwrap();
     let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
-    enqueue_all(&queue, "k", 500).await;
+    enqueue_all(&queue, &queue_key(dir.path()), "k", 500).await;
     // Slow writes so the kills land mid-drain with writes in flight.
     sim.set_latency(Duration::from_millis(15));
 

@@ -34,14 +34,17 @@ use prometheus::Registry;
 /// `/metrics`, `/healthz`, `/readyz`, elects a leader on the
 /// `<provisioner>-provision` Lease and, while leading, provisions claims.
 ///
-/// Errors: client or HTTP setup failures, or a lost Lease (the process should
-/// exit non-zero and be restarted, as the seed does).
+/// Errors: no queue key (`--queue-hmac-key-file`) without
+/// `--insecure-unsigned-queue`, or an unreadable key; client or HTTP setup
+/// failures, or a lost Lease (the process should exit non-zero and be
+/// restarted, as the seed does).
 pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
+    let queue_key = args.queue_key.load()?;
     let registry = Registry::new();
     let metrics = metrics::ServiceMetrics::register(&registry);
     let common_args = args.common.clone();
     common::runtime::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
-        controller::work(ctx, args, backend, metrics)
+        controller::work(ctx, args, backend, metrics, queue_key.clone())
     })
     .await
 }

@@ -190,6 +190,9 @@ impl Provisioner for FakeBackend {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.answer.lock().unwrap().clone()
     }
+    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+        unreachable!("reclaim never validates queued PVs")
+    }
 }
 
 #[derive(Default)]
@@ -525,6 +528,9 @@ async fn deletion_timeout_bounds_a_slow_backend() {
         async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             Ok(())
+        }
+        fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+            unreachable!("reclaim never validates queued PVs")
         }
     }
     let api = FakeApi::default();
