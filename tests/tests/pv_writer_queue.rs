@@ -682,8 +682,10 @@ async fn a_writer_whose_term_was_superseded_moves_no_entry() {
     for i in 0..20 {
         f.enqueue(&entry(&format!("s{i}"))).await;
     }
-    // Slow writes: the old writer has entries in flight when it is superseded.
-    f.sim.set_latency(Duration::from_millis(300));
+    // Slow PV creates: the old writer has writes in flight when it is superseded.
+    let slow = f
+        .sim
+        .inject_fault(FaultSpec::hang(300, &["create"], &["persistentvolumes"]));
     f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
         .await;
     let q = f.queue.clone();
@@ -721,7 +723,7 @@ async fn a_writer_whose_term_was_superseded_moves_no_entry() {
 
     // The new leader (a fresh writer) recovers and drains; each PV exists once
     // and each claim gets exactly one ProvisioningSucceeded.
-    f.sim.set_latency(Duration::ZERO);
+    f.sim.remove_fault(slow);
     f.readiness = Readiness::default();
     f.registry = Registry::new();
     f.start_writer(Duration::from_millis(100), Duration::from_secs(1))

@@ -412,6 +412,11 @@ if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
 if redis.call('HGET', KEYS[3], ARGV[2]) ~= ARGV[1] then return 0 end
 "#;
 
+// KEYS: epoch, fenced, owners. ARGV: epoch, pv name. Changes nothing but the
+// fenced counter: 1 while the entry is in flight under the current term `epoch`.
+static HOLDS: LazyLock<Script> =
+    LazyLock::new(|| script(&[TERM_LUA, SETTLE_CHECK_LUA], "return 1"));
+
 // KEYS: epoch, fenced, owners, payloads, due, inflight, attempts, enqueued, dead.
 // ARGV: epoch, pv name. Removes the entry everywhere.
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
@@ -758,6 +763,25 @@ impl PvQueue {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("recover_inflight"))
+    }
+
+    /// Whether `pv_name` is still in flight under the current term `epoch`
+    /// ([`Settled::Done`]); [`Settled::Fenced`] (counted) when `epoch` is stale.
+    /// Changes no entry. The writer asks this before it announces a written PV,
+    /// so a superseded writer announces nothing.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        let code: i64 = HOLDS
+            .key(&self.keys.epoch)
+            .key(&self.keys.fenced)
+            .key(&self.keys.owners)
+            .arg(epoch)
+            .arg(pv_name)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("holds"))?;
+        Ok(Settled::from_code(code))
     }
 
     /// Remove `pv_name` entirely (payload, pending marker, retry and dead-letter
@@ -1248,6 +1272,7 @@ mod tests {
         assert!(new > old);
         assert_eq!(q.current_term().await.unwrap(), new);
 
+        assert_eq!(q.holds(old, "pvc-a").await.unwrap(), Settled::Fenced);
         assert_eq!(q.complete(old, "pvc-a").await.unwrap(), Settled::Fenced);
         assert_eq!(
             q.schedule_retry(old, "pvc-a", Duration::ZERO, 1)
@@ -1264,7 +1289,7 @@ mod tests {
         };
         assert_eq!(q.dead_letter(old, &letter).await.unwrap(), Settled::Fenced);
         assert_eq!(q.take_due(old, 10, VIS).await.unwrap(), None);
-        assert_eq!(q.fenced_operations().await.unwrap(), 4);
+        assert_eq!(q.fenced_operations().await.unwrap(), 5);
         // Nothing moved: pvc-a is still in flight, pvc-b still due, no dead letter.
         let pending = q.list_pending().await.unwrap();
         assert!(matches!(pending[0].state, PendingState::InFlight(_)));
@@ -1276,7 +1301,9 @@ mod tests {
         let mut taken = names(q.take_due(new, 10, VIS).await.unwrap());
         taken.sort();
         assert_eq!(taken, ["pvc-a", "pvc-b"]);
+        assert_eq!(q.holds(new, "pvc-a").await.unwrap(), Settled::Done);
         assert_eq!(q.complete(new, "pvc-a").await.unwrap(), Settled::Done);
+        assert_eq!(q.holds(new, "pvc-a").await.unwrap(), Settled::NotInFlight);
         assert_eq!(
             q.dead_letter(new, &letter.clone()).await.unwrap(),
             Settled::NotInFlight
@@ -1286,7 +1313,7 @@ mod tests {
             ..letter
         };
         assert_eq!(q.dead_letter(new, &letter_b).await.unwrap(), Settled::Done);
-        assert_eq!(q.fenced_operations().await.unwrap(), 4);
+        assert_eq!(q.fenced_operations().await.unwrap(), 5);
     }
 
     #[tokio::test]

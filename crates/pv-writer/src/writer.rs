@@ -33,13 +33,13 @@
 //! Fencing: [`Writer::run`] starts a leader term ([`PvQueue::begin_term`]) and
 //! every take and settlement carries its epoch. Once a newer term exists (this
 //! replica was paused past its Lease and another took over), Redis refuses
-//! them ([`Settled::Fenced`]): the stale replica moves no entry, publishes no
-//! `ProvisioningSucceeded`, counts `pv_writer_fenced_operations_total` and its
-//! drain loop ends with an error (the process exits and restarts as a standby).
-//! `ProvisioningSucceeded` is published after the entry is completed, so
-//! exactly the one writer whose completion Redis accepted announces it (a
-//! writer killed between the two loses that one event; the PV exists and the
-//! claim binds regardless).
+//! them ([`Settled::Fenced`]): the stale replica moves no entry, counts
+//! `pv_writer_fenced_operations_total` and its drain loop ends with an error
+//! (the process exits and restarts as a standby). Before announcing a written
+//! PV (`ProvisioningSucceeded`) a worker asks Redis whether its term still holds
+//! the entry ([`PvQueue::holds`]), so a replica that wakes up superseded
+//! announces nothing; only one stopped in the few milliseconds between that
+//! check and the event reaching the API server can add a second event.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -525,20 +525,22 @@ impl Writer {
                     outcome::ALREADY_EXISTS
                 };
                 self.api_is_up().await;
-                // Completed first, fenced by the term: only the writer whose
-                // completion Redis accepted announces the PV, so a paused
-                // ex-leader that wakes up cannot add a second event.
+                // Announce only while this term still holds the entry: a
+                // superseded writer (paused past its Lease) announces nothing;
+                // the new leader re-takes the entry, finds the PV and announces.
+                // The event goes out before the completion, so a writer killed
+                // in between announces again on the retried write (at least once,
+                // like the write itself). Bounded by EVENT_PUBLISH_TIMEOUT so the
+                // entry is completed well within its visibility timeout.
+                let epoch = self.epoch.load(Ordering::SeqCst);
                 match self
-                    .settle("complete", shutdown, || {
-                        self.queue
-                            .complete(self.epoch.load(Ordering::SeqCst), &pv_name)
-                    })
+                    .settle("holds", shutdown, || self.queue.holds(epoch, &pv_name))
                     .await
                 {
                     Some(Settled::Done) => {}
-                    Some(Settled::Fenced) => return self.fenced("complete"),
+                    Some(Settled::Fenced) => return self.fenced("holds"),
                     Some(Settled::NotInFlight) => {
-                        tracing::warn!(pv = %pv_name, "PV written but its queue entry was no longer in flight under this term (taken again after its visibility timeout); the other take settles it");
+                        tracing::warn!(pv = %pv_name, "PV written but its queue entry is no longer in flight under this term (taken again after its visibility timeout); the other take settles it");
                         return;
                     }
                     None => return,
@@ -555,6 +557,16 @@ impl Writer {
                     ),
                 )
                 .await;
+                match self
+                    .settle("complete", shutdown, || {
+                        self.queue.complete(epoch, &pv_name)
+                    })
+                    .await
+                {
+                    Some(Settled::Done) => {}
+                    Some(Settled::Fenced) => return self.fenced("complete"),
+                    Some(Settled::NotInFlight) | None => return,
+                }
                 self.metrics.writes_total.with_label_values(&[label]).inc();
                 tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
             }
