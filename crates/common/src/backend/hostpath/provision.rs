@@ -434,9 +434,9 @@ mod tests {
             edit(&mut pv);
             validate_volume(&b, &pv).unwrap_err()
         };
-        let host_path = |pv: &mut PersistentVolume| -> &mut HostPathVolumeSource {
+        fn host_path(pv: &mut PersistentVolume) -> &mut HostPathVolumeSource {
             pv.spec.as_mut().unwrap().host_path.as_mut().unwrap()
-        };
+        }
         assert!(with(&|pv| host_path(pv).path = "/".into()).contains("hostPath \"/\""));
         let base = tmp.path().to_string_lossy().into_owned();
         for path in [
