@@ -1331,24 +1331,27 @@ mod tests {
         let _: () = q
             .conn
             .clone()
-            .zadd(&q.keys.inflight, "pvc-legacy", 1)
+            .zadd(&q.keys.inflight, "pvc-legacy", u64::MAX / 4)
             .await
             .unwrap();
         let first = q.begin_term().await.unwrap();
         q.enqueue(&entry("pvc-old")).await.unwrap();
-        assert_eq!(names(q.take_due(first, 1, VIS).await.unwrap()), ["pvc-old"]);
-        let second = q.begin_term().await.unwrap();
-        q.enqueue(&entry("pvc-mine")).await.unwrap();
-        // pvc-legacy's old deadline has passed: this take re-dues and takes it.
-        let mut taken = names(q.take_due(second, 10, VIS).await.unwrap());
-        taken.sort();
-        assert_eq!(taken, ["pvc-legacy", "pvc-mine"]);
-        // Recovery hands back only pvc-old (first term), never this term's own.
-        assert_eq!(q.recover_inflight(second).await.unwrap(), 1);
         assert_eq!(
-            names(q.take_due(second, 10, VIS).await.unwrap()),
+            names(q.take_due(first, 10, VIS).await.unwrap()),
             ["pvc-old"]
         );
+        let second = q.begin_term().await.unwrap();
+        q.enqueue(&entry("pvc-mine")).await.unwrap();
+        assert_eq!(
+            names(q.take_due(second, 10, VIS).await.unwrap()),
+            ["pvc-mine"]
+        );
+        // Recovery hands back pvc-legacy (no owner) and pvc-old (first term),
+        // never this term's own pvc-mine.
+        assert_eq!(q.recover_inflight(second).await.unwrap(), 2);
+        let mut taken = names(q.take_due(second, 10, VIS).await.unwrap());
+        taken.sort();
+        assert_eq!(taken, ["pvc-legacy", "pvc-old"]);
         assert_eq!(q.recover_inflight(second).await.unwrap(), 0);
         for name in ["pvc-legacy", "pvc-mine", "pvc-old"] {
             assert_eq!(q.complete(second, name).await.unwrap(), Settled::Done);
