@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use common::queue::PvQueue;
-use e2e::harness::pv_writer::{enqueue_all, pv_writer_binary, spawn_writer, PROVISIONER};
+use e2e::harness::pv_writer::{
+    enqueue_all, pv_writer_binary, queue_key, spawn_writer, PROVISIONER,
+};
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
 use e2e::harness::{ControlPlane, Plane, Service};
@@ -69,7 +71,7 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once(plane: ControlPlane) {
         .await
         .unwrap();
     let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
-    enqueue_all(&queue, "k", 500).await;
+    enqueue_all(&queue, &queue_key(dir.path()), "k", 500).await;
     // Slow writes so the kills land mid-drain with writes in flight: 15 ms per
     // request on the simulator; a real server cannot be slowed, so there
     // pv-writer's own client limit (--kube-api-qps 50) paces the drain.

@@ -6,31 +6,38 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
+use common::backend::hostpath::{HostPath, OnDelete};
 use common::http::Readiness;
 use common::queue::{now_ms, PvQueue};
+use common::queue_auth::QueueKey;
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams};
+use pv_writer::checks::EntryChecks;
 use pv_writer::metrics::{Registry, WriterMetrics};
 use pv_writer::writer::{Writer, WriterConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const PROVISIONER: &str = "example.com/hostpath";
+const BASE_DIR: &str = "/var/lib/hostpath-provisioner";
 
-fn pv_json(name: &str, claim_uid: &str, with_source: bool) -> serde_json::Value {
+/// A PV as provision-svc makes it; `valid: false` leaves out `spec.capacity`,
+/// which pv-writer's own checks do not look at but the API server rejects (422).
+fn pv_json(name: &str, claim_uid: &str, valid: bool) -> serde_json::Value {
     let mut spec = json!({
         "capacity": {"storage": "1Gi"},
         "accessModes": ["ReadWriteOnce"],
         "persistentVolumeReclaimPolicy": "Delete",
         "storageClassName": "fast",
         "volumeMode": "Filesystem",
+        "hostPath": {"path": format!("{BASE_DIR}/{name}"), "type": "DirectoryOrCreate"},
         "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "default", "name": format!("claim-{claim_uid}"), "uid": claim_uid},
     });
-    if with_source {
-        spec["hostPath"] = json!({"path": format!("/tmp/{name}")});
+    if !valid {
+        spec.as_object_mut().unwrap().remove("capacity");
     }
     json!({"apiVersion": "v1", "kind": "PersistentVolume",
            "metadata": {"name": name, "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER}},
@@ -53,6 +60,7 @@ fn entry_with(uid: &str, valid: bool) -> QueuedPvWrite {
         },
         class: "fast".into(),
         enqueued_at_ms: now_ms(),
+        mac: None,
     }
 }
 
@@ -60,6 +68,8 @@ struct Fixture {
     sim: e2e::sim::SimHandle,
     redis: RedisServer,
     queue: PvQueue,
+    /// The queue key provision-svc and the writer share.
+    key: QueueKey,
     registry: Registry,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -79,12 +89,33 @@ impl Fixture {
             sim,
             redis,
             queue,
+            key: QueueKey::from_bytes(uuid::Uuid::new_v4().simple().to_string().as_bytes())
+                .unwrap(),
             registry: Registry::new(),
             readiness: Readiness::default(),
             shutdown: CancellationToken::new(),
             task: None,
             _dir: dir,
         }
+    }
+
+    /// Enqueue `entry` signed with the fixture's key, as provision-svc does.
+    async fn enqueue(&self, entry: &QueuedPvWrite) {
+        let mut entry = entry.clone();
+        self.key.sign(PROVISIONER, &mut entry);
+        self.queue.enqueue(&entry).await.unwrap();
+    }
+
+    fn checks(&self) -> EntryChecks {
+        EntryChecks::new(
+            vec![PROVISIONER.into()],
+            Some(self.key.clone()),
+            Arc::new(HostPath {
+                base_dir: BASE_DIR.into(),
+                node_name: None,
+                on_delete: OnDelete::Retain,
+            }),
+        )
     }
 
     async fn start_writer(&mut self, retry_initial: Duration, retry_max: Duration) {
@@ -94,6 +125,7 @@ impl Fixture {
             .unwrap();
         let writer = Arc::new(Writer::new(
             queue,
+            self.checks(),
             self.sim.client().unwrap(),
             "pv-writer-test",
             metrics,
@@ -159,9 +191,9 @@ impl Fixture {
 async fn drains_entries_into_pvs_with_events_and_is_idempotent() {
     let mut f = Fixture::new().await;
     for i in 0..40 {
-        f.queue.enqueue(&entry(&format!("u{i}"))).await.unwrap();
+        f.enqueue(&entry(&format!("u{i}"))).await;
         // Re-enqueue of the same PV name does not duplicate.
-        f.queue.enqueue(&entry(&format!("u{i}"))).await.unwrap();
+        f.enqueue(&entry(&format!("u{i}"))).await;
     }
     assert_eq!(f.queue.stats().await.unwrap().depth, 40);
     f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
@@ -223,24 +255,21 @@ async fn already_exists_and_invalid_entries_are_settled_without_blind_retries() 
     same.pv.metadata.name = Some("pvc-same".into());
     let mut other = entry("other");
     other.pv.metadata.name = Some("pvc-other".into());
-    f.queue.enqueue(&same).await.unwrap();
-    f.queue.enqueue(&other).await.unwrap();
-    f.queue
-        .enqueue(&entry_with("invalid", false))
-        .await
-        .unwrap();
+    f.enqueue(&same).await;
+    f.enqueue(&other).await;
+    f.enqueue(&entry_with("invalid", false)).await;
     // Unreadable entries: dead-lettered, the worker keeps going.
     f.queue
-        .enqueue_raw("pvc-garbled", b"{not json", now_ms(), 0)
+        .enqueue_raw("pvc-garbled", b"{not json")
         .await
         .unwrap();
     let mut v = serde_json::to_value(entry("future")).unwrap();
     v["version"] = 99.into();
     f.queue
-        .enqueue_raw("pvc-future", &serde_json::to_vec(&v).unwrap(), now_ms(), 0)
+        .enqueue_raw("pvc-future", &serde_json::to_vec(&v).unwrap())
         .await
         .unwrap();
-    f.queue.enqueue(&entry("ok")).await.unwrap();
+    f.enqueue(&entry("ok")).await;
     f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
         .await;
     f.wait_drained(Duration::from_secs(10)).await;
@@ -392,7 +421,7 @@ async fn transient_failures_are_retried_with_backoff() {
     let mut f = Fixture::new().await;
     f.sim
         .inject_fault(FaultSpec::error(500, &["create"], &["persistentvolumes"]).times(3));
-    f.queue.enqueue(&entry("t")).await.unwrap();
+    f.enqueue(&entry("t")).await;
     let started = Instant::now();
     f.start_writer(Duration::from_millis(200), Duration::from_secs(5))
         .await;
@@ -419,7 +448,7 @@ async fn transient_failures_are_retried_with_backoff() {
 async fn redis_restarts_with_pending_entries_lose_nothing() {
     let mut f = Fixture::new().await;
     for i in 0..100 {
-        f.queue.enqueue(&entry(&format!("r{i}"))).await.unwrap();
+        f.enqueue(&entry(&format!("r{i}"))).await;
     }
     // appendfsync everysec: acknowledged writes are on disk within a second.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -483,7 +512,7 @@ async fn api_outage_of_30s_then_all_written_within_seconds() {
     );
     let fault_start = Instant::now();
     for i in 0..200 {
-        f.queue.enqueue(&entry(&format!("o{i}"))).await.unwrap();
+        f.enqueue(&entry(&format!("o{i}"))).await;
     }
     // Default flags: --retry-initial 1s, --retry-max 5m.
     f.start_writer(Duration::from_secs(1), Duration::from_secs(300))
@@ -505,5 +534,211 @@ async fn api_outage_of_30s_then_all_written_within_seconds() {
         f.sim.stats().count("create", "persistentvolumes")
     );
     assert!(retries >= 1.0, "{retries}");
+    f.stop().await;
+}
+
+/// Write `payload` straight into the queue's Redis keys, bypassing provision-svc
+/// and the enqueue script: what anyone holding Redis credentials can do.
+async fn write_behind_the_queues_back(redis_url: &str, pv_name: &str, payload: &[u8]) {
+    let mut conn = redis::Client::open(redis_url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let prefix = format!("provisioner:{{{PROVISIONER}}}:pv-queue:");
+    let _: () = redis::pipe()
+        .hset(format!("{prefix}payloads"), pv_name, payload)
+        .zadd(format!("{prefix}due"), pv_name, 0)
+        .zadd(format!("{prefix}enqueued"), pv_name, 0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn forged_entries_written_into_redis_are_refused_and_nothing_is_created() {
+    let mut f = Fixture::new().await;
+    // An attacker's entry: a hostPath of / bound to their own claim, unsigned.
+    let mut forged = entry("evil");
+    forged
+        .pv
+        .spec
+        .as_mut()
+        .unwrap()
+        .host_path
+        .as_mut()
+        .unwrap()
+        .path = "/".into();
+    write_behind_the_queues_back(&f.redis.url(), "pvc-evil", &forged.encode()).await;
+    // The same, signed with a key the attacker made up.
+    let mut guessed = entry("guess");
+    guessed
+        .pv
+        .spec
+        .as_mut()
+        .unwrap()
+        .host_path
+        .as_mut()
+        .unwrap()
+        .path = "/".into();
+    QueueKey::from_bytes(&[b'x'; 32])
+        .unwrap()
+        .sign(PROVISIONER, &mut guessed);
+    write_behind_the_queues_back(&f.redis.url(), "pvc-guess", &guessed.encode()).await;
+    // A correctly signed entry whose volume source is not one the backend makes
+    // (a provision-svc bug, or a stolen key with a different path): still refused.
+    let mut outside = entry("outside");
+    outside
+        .pv
+        .spec
+        .as_mut()
+        .unwrap()
+        .host_path
+        .as_mut()
+        .unwrap()
+        .path = "/etc".into();
+    f.enqueue(&outside).await;
+    // A signed entry for another claim's PV name.
+    let mut stolen = entry("thief");
+    stolen
+        .pv
+        .spec
+        .as_mut()
+        .unwrap()
+        .claim_ref
+        .as_mut()
+        .unwrap()
+        .uid = Some("victim".into());
+    f.enqueue(&stolen).await;
+    f.enqueue(&entry("ok")).await;
+
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    f.wait_drained(Duration::from_secs(10)).await;
+    assert_eq!(
+        f.sim.stats().count("create", "persistentvolumes"),
+        1,
+        "only the genuine entry reached the API server"
+    );
+    assert_eq!(f.sim.count("persistentvolumes"), 1);
+    assert_eq!(f.pv_claim_uid("pvc-ok").as_deref(), Some("ok"));
+
+    let dead = f.queue.list_dead().await.unwrap();
+    let got: Vec<_> = dead
+        .iter()
+        .map(|d| (d.pv_name.as_str(), d.reason.as_str()))
+        .collect();
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(
+        got[0].0 == "pvc-evil" && got[0].1.contains("not signed"),
+        "{got:?}"
+    );
+    assert!(
+        got[1].0 == "pvc-guess" && got[1].1.contains("signature does not match"),
+        "{got:?}"
+    );
+    assert!(
+        got[2].0 == "pvc-outside" && got[2].1.contains("hostPath \"/etc\""),
+        "{got:?}"
+    );
+    assert!(
+        got[3].0 == "pvc-thief" && got[3].1.contains("claimRef"),
+        "{got:?}"
+    );
+    for (name, _) in &got {
+        assert!(
+            f.queue.payload(name).await.unwrap().is_some(),
+            "{name}: a refused entry is kept for the operator"
+        );
+    }
+    for (reason, n) in [
+        ("unsigned", 1.0),
+        ("bad_signature", 1.0),
+        ("volume_source", 1.0),
+        ("claim_ref", 1.0),
+    ] {
+        assert_eq!(
+            f.metric("pv_writer_refused_entries_total", Some(("reason", reason))),
+            n,
+            "{reason}"
+        );
+    }
+    let mut warned: Vec<_> = f
+        .events("ProvisioningFailed")
+        .iter()
+        .map(|e| e["regarding"]["name"].as_str().unwrap().to_string())
+        .collect();
+    warned.sort();
+    assert_eq!(
+        warned,
+        ["claim-evil", "claim-guess", "claim-outside", "claim-thief"]
+    );
+    f.stop().await;
+}
+
+#[tokio::test]
+async fn a_writer_whose_term_was_superseded_moves_no_entry() {
+    let mut f = Fixture::new().await;
+    for i in 0..20 {
+        f.enqueue(&entry(&format!("s{i}"))).await;
+    }
+    // Slow PV creates: the old writer has writes in flight when it is superseded.
+    let slow = f
+        .sim
+        .inject_fault(FaultSpec::hang(300, &["create"], &["persistentvolumes"]));
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    let q = f.queue.clone();
+    wait_until(Duration::from_secs(10), "writes in flight", || {
+        let q = q.clone();
+        async move {
+            q.list_pending()
+                .await
+                .map(|p| {
+                    p.iter()
+                        .any(|e| matches!(e.state, common::queue::PendingState::InFlight(_)))
+                })
+                .unwrap_or(false)
+        }
+    })
+    .await
+    .unwrap();
+    // Another leader begins its term (as after this one stalled past its Lease).
+    let new_term = f.queue.begin_term().await.unwrap();
+    let old = f.task.take().unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(15), old)
+        .await
+        .expect("the superseded writer stops on its own")
+        .unwrap();
+    let err = result.expect_err("a superseded writer ends with an error");
+    assert!(err.to_string().contains("superseded"), "{err}");
+    assert!(f.metric("pv_writer_fenced_operations_total", None) >= 1.0);
+    assert!(f.queue.fenced_operations().await.unwrap() >= 1);
+    // The old writer completed nothing after the new term began: every entry
+    // it had in flight is still queued, and it announced nothing for them.
+    let left = f.queue.stats().await.unwrap().depth;
+    let announced = f.events("ProvisioningSucceeded").len() as u64;
+    assert_eq!(left + announced, 20, "left {left}, announced {announced}");
+    assert!(left > 0);
+
+    // The new leader (a fresh writer) recovers and drains; each PV exists once
+    // and each claim gets exactly one ProvisioningSucceeded.
+    f.sim.remove_fault(slow);
+    f.readiness = Readiness::default();
+    f.registry = Registry::new();
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    f.wait_drained(Duration::from_secs(20)).await;
+    assert!(f.queue.current_term().await.unwrap() > new_term);
+    assert_eq!(f.sim.count("persistentvolumes"), 20);
+    let mut claims: Vec<_> = f
+        .events("ProvisioningSucceeded")
+        .iter()
+        .map(|e| e["regarding"]["name"].as_str().unwrap().to_string())
+        .collect();
+    claims.sort();
+    let mut expected: Vec<_> = (0..20).map(|i| format!("claim-s{i}")).collect();
+    expected.sort();
+    assert_eq!(claims, expected, "one ProvisioningSucceeded per claim");
     f.stop().await;
 }

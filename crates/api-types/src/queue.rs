@@ -61,6 +61,12 @@ pub struct QueuedPvWrite {
     pub class: String,
     /// When provision-svc enqueued it, in milliseconds since the Unix epoch.
     pub enqueued_at_ms: u64,
+    /// Lower-case hex HMAC-SHA256 of the record without this field, keyed with
+    /// the queue key only provision-svc and pv-writer hold (see
+    /// `common::queue_auth`). Absent in records of earlier releases and in
+    /// records written with the insecure unsigned-queue dev flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// A durable note that provision-svc is about to call the backend for a claim.
@@ -152,6 +158,16 @@ impl QueuedPvWrite {
         decode(bytes)
     }
 
+    /// The bytes an HMAC covers: the stored JSON form with `mac` left out.
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        if self.mac.is_none() {
+            return self.encode();
+        }
+        let mut unsigned = self.clone();
+        unsigned.mac = None;
+        unsigned.encode()
+    }
+
     /// The PV name, or `""` if the PV has none (never the case for valid entries).
     pub fn pv_name(&self) -> &str {
         self.pv.metadata.name.as_deref().unwrap_or_default()
@@ -205,6 +221,7 @@ mod tests {
             },
             class: "fast".into(),
             enqueued_at_ms: 42,
+            mac: None,
         }
     }
 

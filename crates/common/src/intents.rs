@@ -20,7 +20,10 @@
 //! * `<prefix>provision-intent-claims` — hash, field = PV name, value =
 //!   versioned [`IntentClaim`] JSON (claim snapshot and in-background flag).
 //!
-//! Both fields of one PV are written and removed in one MULTI/EXEC transaction.
+//! Both fields of one PV are written and removed in one MULTI/EXEC transaction,
+//! and removed by pv-writer's enqueue script in the same atomic step that queues
+//! the PV ([`crate::queue::PvQueue::enqueue`]): there is no moment where a PV is
+//! neither queued nor covered by an intent.
 
 use std::collections::HashMap;
 
@@ -31,6 +34,23 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
 use crate::redis_store;
+
+/// The intents hash of `provisioner_name`: `<prefix>provision-intents`
+/// (also cleared by the queue's enqueue script, [`crate::queue::PvQueue::enqueue`]).
+pub fn intents_key(provisioner_name: &str) -> String {
+    format!(
+        "{}provision-intents",
+        redis_store::key_prefix(provisioner_name)
+    )
+}
+
+/// The claim-snapshot hash of `provisioner_name`: `<prefix>provision-intent-claims`.
+pub fn intent_claims_key(provisioner_name: &str) -> String {
+    format!(
+        "{}provision-intent-claims",
+        redis_store::key_prefix(provisioner_name)
+    )
+}
 
 /// Failure of an [`IntentStore`] operation.
 #[derive(Debug, thiserror::Error)]
@@ -78,11 +98,10 @@ impl IntentStore {
 
     /// A store over an existing connection.
     pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
-        let prefix = redis_store::key_prefix(provisioner_name);
         Self {
             conn,
-            intents_key: format!("{prefix}provision-intents"),
-            claims_key: format!("{prefix}provision-intent-claims"),
+            intents_key: intents_key(provisioner_name),
+            claims_key: intent_claims_key(provisioner_name),
         }
     }
 

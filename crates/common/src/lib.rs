@@ -11,6 +11,7 @@
 //! * [`retry`] — per-item backoff, overall token bucket and failure thresholds;
 //! * [`events`] — Kubernetes events via kube-runtime's recorder;
 //! * [`queue`] — the durable Redis PV-write queue shared by provision-svc and pv-writer;
+//! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
 //! * [`intents`] — durable provisioning intents in Redis;
 //! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
 //! * [`time`] — [`time::now_ms`], the one wall-clock timestamp (ms since the Unix epoch);
@@ -28,6 +29,7 @@ pub mod leader;
 pub mod metrics;
 pub mod provisioner;
 pub mod queue;
+pub mod queue_auth;
 pub mod redis_store;
 pub mod retry;
 pub mod runtime;

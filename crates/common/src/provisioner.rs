@@ -54,6 +54,15 @@ pub trait Provisioner: Send + Sync + 'static {
         })
     }
 
+    /// pv-writer's check that a PV taken from the queue is one this backend could
+    /// have produced (hostpath: the only volume source is `hostPath` and its path
+    /// is exactly `<base-dir>/<pv name>`). Required (no default): an unchecked
+    /// volume source is never written.
+    ///
+    /// Errors: a human-readable reason, which pv-writer puts in the dead letter
+    /// and the claim's Warning event.
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String>;
+
     /// Seed `Qualifier.ShouldProvision`: a cheap, synchronous pre-check that may
     /// decline a claim before any other work. Default: accept every claim.
     fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {

@@ -13,18 +13,27 @@
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `P pv-queue:payloads` | hash | PV name → the stored [`QueuedPvWrite`] JSON, exactly as enqueued. A field here **is** the "pending" marker ([`PvQueue::is_pending`]); it is removed only when the PV exists. |
-//! | `P pv-queue:due` | sorted set | PV name, score = time it may be taken next (ms since the Unix epoch). Entries waiting for a worker or for a retry. |
-//! | `P pv-queue:inflight` | sorted set | PV name, score = end of the visibility timeout (ms). Entries a worker has taken; an entry still here after its timeout (worker killed) goes back to `due`. |
+//! | `P pv-queue:payloads` | hash | PV name → the stored [`QueuedPvWrite`] JSON (HMAC-signed, [`crate::queue_auth`]), exactly as enqueued. A field here **is** the "pending" marker ([`PvQueue::is_pending`]); it is removed only when the PV exists. |
+//! | `P pv-queue:due` | sorted set | PV name, score = time it may be taken next (ms since the Unix epoch, Redis' clock). Entries waiting for a worker or for a retry. |
+//! | `P pv-queue:inflight` | sorted set | PV name, score = end of the visibility timeout (ms, Redis' clock). Entries a worker has taken; an entry still here after its timeout (worker killed or stalled) goes back to `due`. |
+//! | `P pv-queue:owners` | hash | PV name → epoch of the pv-writer term that took it; set exactly while the entry is in `inflight`. |
+//! | `P pv-queue:epoch` | string | The current pv-writer term, an integer `INCR`ed by each new leader ([`PvQueue::begin_term`]). |
+//! | `P pv-queue:fenced` | string | Count of takes and settlements refused because their term was stale ([`PvQueue::fenced_operations`]). |
 //! | `P pv-queue:attempts` | hash | PV name → failed write attempts so far (drives the backoff). |
-//! | `P pv-queue:enqueued` | sorted set | PV name, score = enqueue (or requeue) time (ms); its minimum is the oldest pending age. |
+//! | `P pv-queue:enqueued` | sorted set | PV name, score = enqueue (or requeue) time (ms, Redis' clock); its minimum is the oldest pending age. |
 //! | `P pv-queue:dead` | hash | PV name → [`DeadLetter`] JSON (reason, time, attempts). The payload stays in `payloads`, so a dead letter is never lost and can be requeued. |
 //! | `P pv-queue:wakeup` | list | At most one token, pushed by an enqueue; the writer blocks on it ([`PvQueue::wait_for_work`]) instead of polling, so a new entry is taken within a round trip. Losing it only costs one poll interval. |
+//!
+//! The enqueue script also removes the PV's fields from the provisioning-intent
+//! hashes `P provision-intents` and `P provision-intent-claims`
+//! ([`crate::intents`]) in the same atomic step.
 //!
 //! Every entry is in exactly one of `due`, `inflight` or `dead`, and in
 //! `payloads` for as long as it is in any of them. Every change touching more
 //! than one key is one Lua script (atomic in Redis), keyed by PV name, so a crash
-//! of either side between two commands cannot leave a half-made entry.
+//! of either side between two commands cannot leave a half-made entry. Every
+//! time inside a script (due times, visibility deadlines, enqueue times) is
+//! Redis' own `TIME`, never the pod's clock.
 //!
 //! # Delivery
 //!
@@ -35,9 +44,39 @@
 //! timeout), and the repeated create answers `AlreadyExists` for the same claim
 //! uid, which the writer treats as success — so no PV is ever written twice.
 //!
-//! Times are passed in by the caller (milliseconds since the Unix epoch, from
-//! [`now_ms`]) so tests can control them; only the pv-writer leader consumes.
+//! # Fencing
+//!
+//! Each pv-writer leader term starts with [`PvQueue::begin_term`] (`INCR` of
+//! `epoch`); the returned epoch is the term's token. A take records the token as
+//! the entry's owner; [`complete`](PvQueue::complete),
+//! [`schedule_retry`](PvQueue::schedule_retry) and
+//! [`dead_letter`](PvQueue::dead_letter) are refused ([`Settled::Fenced`],
+//! counted in `fenced`) when the caller's token is not the current epoch, and do
+//! nothing ([`Settled::NotInFlight`]) when the entry is not in flight under that
+//! token. A leader paused past its Lease (SIGSTOP, a long GC-like stall) that
+//! wakes up therefore cannot move any entry; [`recover_inflight`](PvQueue::recover_inflight)
+//! reclaims only entries owned by earlier terms.
+//!
+//! # Durability
+//!
+//! The deploy runs Redis with AOF and `appendfsync everysec`: a Redis crash can
+//! lose up to ~1 s of acknowledged writes. Where the server has `WAITAOF`
+//! (Redis ≥ 7.2) an enqueue waits until the local AOF is fsynced
+//! ([`EnqueueOutcome::fsynced`]). On older servers (Debian 12 ships 7.0) this is
+//! detected at the first enqueue and logged once; a lost enqueue is then repaired
+//! by provision-svc: the intent it atomically cleared is lost with it (or was
+//! never written), the claim stays unbound with no PV and nothing queued, and the
+//! next sync or resync of the claim provisions it again — the backend is
+//! idempotent per PV name, so the claim still gets exactly one volume.
+//!
+//! # Upgrading from the unfenced layout
+//!
+//! Entries of the previous layout have no owner and are recovered as "earlier
+//! term" by the first leader. Their payloads carry no HMAC and are refused
+//! (dead-lettered as `unsigned`) by a pv-writer with a key: drain the queue
+//! (`pv-writer queue list` empty) before upgrading.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -140,8 +179,11 @@ pub struct QueueStats {
     pub depth: u64,
     /// Dead-lettered entries.
     pub dead: u64,
-    /// Enqueue time of the oldest pending entry (ms), if any.
+    /// Enqueue time of the oldest pending entry (ms, Redis' clock), if any.
     pub oldest_enqueued_ms: Option<u64>,
+    /// Redis' clock when the counts were read (ms since the Unix epoch); age
+    /// the oldest entry against this, not the pod's clock.
+    pub redis_now_ms: u64,
 }
 
 impl QueueStats {
@@ -162,6 +204,45 @@ pub struct PvQueue {
     /// Client for the dedicated connection that blocks on the wake-up list
     /// (a blocking command would stall every other command on `conn`).
     waker: Option<Waker>,
+    /// Whether the server answers `WAITAOF` (0 unknown, 1 yes, 2 no).
+    waitaof: std::sync::Arc<AtomicU8>,
+}
+
+/// What [`PvQueue::enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueOutcome {
+    /// True when the entry was newly queued, false when the PV name was already
+    /// in the queue (pending or dead-lettered).
+    pub added: bool,
+    /// True when the same script removed a provisioning intent of the PV.
+    pub intent_cleared: bool,
+    /// True when Redis confirmed (`WAITAOF`, Redis ≥ 7.2) that its AOF holds the
+    /// entry on disk; false on older servers or without AOF.
+    pub fsynced: bool,
+}
+
+/// Result of settling an entry ([`PvQueue::complete`], [`PvQueue::schedule_retry`],
+/// [`PvQueue::dead_letter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The entry moved as asked.
+    Done,
+    /// The entry is not in flight under this term (already settled, or taken
+    /// again after its visibility timeout); nothing changed.
+    NotInFlight,
+    /// The caller's term is stale (a newer pv-writer leader began); nothing
+    /// changed, and the refusal was counted ([`PvQueue::fenced_operations`]).
+    Fenced,
+}
+
+impl Settled {
+    fn from_code(code: i64) -> Self {
+        match code {
+            1 => Settled::Done,
+            -1 => Settled::Fenced,
+            _ => Settled::NotInFlight,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -179,6 +260,11 @@ struct Keys {
     enqueued: String,
     dead: String,
     wakeup: String,
+    epoch: String,
+    owners: String,
+    fenced: String,
+    intents: String,
+    intent_claims: String,
 }
 
 impl Keys {
@@ -192,49 +278,97 @@ impl Keys {
             enqueued: format!("{p}pv-queue:enqueued"),
             dead: format!("{p}pv-queue:dead"),
             wakeup: format!("{p}pv-queue:wakeup"),
+            epoch: format!("{p}pv-queue:epoch"),
+            owners: format!("{p}pv-queue:owners"),
+            fenced: format!("{p}pv-queue:fenced"),
+            intents: crate::intents::intents_key(provisioner_name),
+            intent_claims: crate::intents::intent_claims_key(provisioner_name),
         }
     }
 }
 
-// KEYS: payloads, due, enqueued, wakeup. ARGV: pv name, payload, now ms, enqueued ms.
-// Returns 1 when newly queued, 0 when the PV name was already in the queue.
+/// Lua prelude of every script that needs "now": Redis' own clock (`TIME`), in
+/// ms since the Unix epoch, so a pod whose clock is off cannot shorten a
+/// visibility timeout or misplace a due time. (Scripts calling `TIME` are
+/// replicated by effects, the only mode since Redis 7.0 and the default since 5.)
+const NOW_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"#;
+
+/// Lua prelude of every writer-side script: `term_ok(epoch_key, fenced_key, epoch)`
+/// is false (and counts a fenced operation) when `epoch` is not the current term.
+const TERM_LUA: &str = r#"
+local function term_ok(epoch_key, fenced_key, epoch)
+  local current = tonumber(redis.call('GET', epoch_key) or '0')
+  if current ~= tonumber(epoch) then
+    redis.call('INCR', fenced_key)
+    return false
+  end
+  return true
+end
+"#;
+
+fn script(preludes: &[&str], body: &str) -> Script {
+    let mut code = preludes.concat();
+    code.push_str(body);
+    Script::new(&code)
+}
+
+// KEYS: payloads, due, enqueued, wakeup, intents, intent claims. ARGV: pv name, payload.
+// Returns {added, intent cleared}: added = 1 when newly queued, 0 when the PV name
+// was already in the queue. The provisioning intent of the PV is removed in the
+// same script either way: the PV is durably queued, so the intent has done its job.
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[NOW_LUA],
         r#"
+local added = 0
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
+  redis.call('ZADD', KEYS[2], now, ARGV[1])
+  redis.call('ZADD', KEYS[3], now, ARGV[1])
   if redis.call('LLEN', KEYS[4]) == 0 then
     redis.call('RPUSH', KEYS[4], '1')
   end
-  return 1
+  added = 1
 end
-return 0
+local cleared = redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+return {added, cleared}
 "#,
     )
 });
 
-// KEYS: payloads, due, inflight, attempts, enqueued. ARGV: now ms, visibility
-// deadline ms, limit.
+// KEYS: epoch. Starts a new term: returns the new epoch.
+static BEGIN_TERM: LazyLock<Script> =
+    LazyLock::new(|| script(&[], "return redis.call('INCR', KEYS[1])"));
+
+// KEYS: payloads, due, inflight, attempts, enqueued, epoch, owners, fenced.
+// ARGV: epoch, visibility ms, limit.
+// Returns {1, triples} or {0, {}} when `epoch` is stale (a newer term exists).
 // Moves expired in-flight entries back to due, then moves up to `limit` due
-// entries to in-flight and returns {name, payload, attempts} triples. A due
-// name without a payload (the payload hash was edited by hand) is dropped from
-// every index, so it cannot pin the oldest-pending age.
+// entries to in-flight (owned by `epoch`) and returns {name, payload, attempts}
+// triples. A due name without a payload (the payload hash was edited by hand)
+// is dropped from every index, so it cannot pin the oldest-pending age.
 static TAKE_DUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[NOW_LUA, TERM_LUA],
         r#"
-local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+if not term_ok(KEYS[6], KEYS[8], ARGV[1]) then return {0, {}} end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for _, name in ipairs(expired) do
   redis.call('ZREM', KEYS[3], name)
-  redis.call('ZADD', KEYS[2], ARGV[1], name)
+  redis.call('HDEL', KEYS[7], name)
+  redis.call('ZADD', KEYS[2], now, name)
 end
-local names = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local names = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
 for _, name in ipairs(names) do
   redis.call('ZREM', KEYS[2], name)
   local payload = redis.call('HGET', KEYS[1], name)
   if payload then
-    redis.call('ZADD', KEYS[3], ARGV[2], name)
+    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), name)
+    redis.call('HSET', KEYS[7], name, ARGV[1])
     local attempts = redis.call('HGET', KEYS[4], name) or '0'
     table.insert(out, {name, payload, attempts})
   else
@@ -242,89 +376,121 @@ for _, name in ipairs(names) do
     redis.call('HDEL', KEYS[4], name)
   end
 end
-return out
+return {1, out}
 "#,
     )
 });
 
-// KEYS: due, inflight. ARGV: now ms. Every in-flight entry becomes due now.
+// KEYS: due, inflight, owners. ARGV: epoch. In-flight entries owned by an
+// earlier term (or by none: the previous layout) become due now; entries of
+// this term or a later one are left alone. Returns how many were recovered.
 static RECOVER_INFLIGHT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[NOW_LUA],
         r#"
 local names = redis.call('ZRANGE', KEYS[2], 0, -1)
+local n = 0
 for _, name in ipairs(names) do
-  redis.call('ZREM', KEYS[2], name)
-  redis.call('ZADD', KEYS[1], ARGV[1], name)
+  local owner = tonumber(redis.call('HGET', KEYS[3], name) or '0')
+  if owner < tonumber(ARGV[1]) then
+    redis.call('ZREM', KEYS[2], name)
+    redis.call('HDEL', KEYS[3], name)
+    redis.call('ZADD', KEYS[1], now, name)
+    n = n + 1
+  end
 end
-return #names
+return n
 "#,
     )
 });
 
-// KEYS: payloads, due, inflight, attempts, enqueued, dead. ARGV: pv name.
+/// Lua check shared by the settle scripts: -1 for a stale term, 0 when `name`
+/// is not in flight under `epoch`. KEYS[1..3] of the settle scripts are always
+/// epoch, fenced, owners, and ARGV[1..2] epoch, name.
+const SETTLE_CHECK_LUA: &str = r#"
+if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
+if redis.call('HGET', KEYS[3], ARGV[2]) ~= ARGV[1] then return 0 end
+"#;
+
+// KEYS: epoch, fenced, owners. ARGV: epoch, pv name. Changes nothing but the
+// fenced counter: 1 while the entry is in flight under the current term `epoch`.
+static HOLDS: LazyLock<Script> =
+    LazyLock::new(|| script(&[TERM_LUA, SETTLE_CHECK_LUA], "return 1"));
+
+// KEYS: epoch, fenced, owners, payloads, due, inflight, attempts, enqueued, dead.
+// ARGV: epoch, pv name. Removes the entry everywhere.
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[TERM_LUA, SETTLE_CHECK_LUA],
         r#"
-local existed = redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[5], ARGV[1])
-redis.call('HDEL', KEYS[6], ARGV[1])
-return existed
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[4], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+redis.call('ZREM', KEYS[6], ARGV[2])
+redis.call('HDEL', KEYS[7], ARGV[2])
+redis.call('ZREM', KEYS[8], ARGV[2])
+redis.call('HDEL', KEYS[9], ARGV[2])
+return 1
 "#,
     )
 });
 
-// KEYS: payloads, due, inflight, attempts. ARGV: pv name, due ms, attempts.
-// Only for an entry still in flight (not completed, not dead-lettered meanwhile).
+// KEYS: epoch, fenced, owners, payloads, due, inflight, attempts.
+// ARGV: epoch, pv name, delay ms, attempts. Due at Redis' now + delay.
 static RETRY: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[NOW_LUA, TERM_LUA, SETTLE_CHECK_LUA],
         r#"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then return 0 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
+if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
+if redis.call('ZREM', KEYS[6], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[5], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('HSET', KEYS[7], ARGV[2], ARGV[4])
 return 1
 "#,
     )
 });
 
-// KEYS: payloads, due, inflight, enqueued, dead. ARGV: pv name, dead-letter JSON.
+// KEYS: epoch, fenced, owners, payloads, due, inflight, enqueued, dead.
+// ARGV: epoch, pv name, dead-letter JSON.
 static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[TERM_LUA, SETTLE_CHECK_LUA],
         r#"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('HSET', KEYS[5], ARGV[1], ARGV[2])
+if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+redis.call('ZREM', KEYS[6], ARGV[2])
+redis.call('ZREM', KEYS[7], ARGV[2])
+redis.call('HSET', KEYS[8], ARGV[2], ARGV[3])
 return 1
 "#,
     )
 });
 
-// KEYS: payloads, due, attempts, enqueued, dead. ARGV: pv name, now ms.
+// KEYS: payloads, due, attempts, enqueued, dead. ARGV: pv name.
 static REQUEUE_DEAD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[NOW_LUA],
         r#"
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 0 then return 0 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('ZADD', KEYS[4], now, ARGV[1])
 return 1
 "#,
     )
 });
 
-// KEYS: due. ARGV: now ms. Entries scheduled later than now become due now.
+// KEYS: due. Entries scheduled later than Redis' now become due now.
 static PULL_FORWARD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
+        &[NOW_LUA],
         r#"
-local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf')
+local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 for _, name in ipairs(names) do
-  redis.call('ZADD', KEYS[1], ARGV[1], name)
+  redis.call('ZADD', KEYS[1], now, name)
 end
 return #names
 "#,
@@ -357,57 +523,89 @@ impl PvQueue {
             conn,
             keys: Keys::new(provisioner_name),
             waker: None,
+            waitaof: Default::default(),
         }
     }
 
     /// Atomically store the payload and the pending marker for
-    /// `entry.pv_name()`, due now. Idempotent: while the PV name is in the queue
-    /// (pending or dead-lettered) a second enqueue changes nothing.
+    /// `entry.pv_name()`, due now (Redis' clock), and remove the PV's
+    /// provisioning intent ([`crate::intents`]) in the same script. Idempotent:
+    /// while the PV name is in the queue (pending or dead-lettered) a second
+    /// enqueue changes nothing but the intent. Then waits for the local AOF
+    /// fsync where the server has `WAITAOF` (see [`EnqueueOutcome::fsynced`]).
     ///
-    /// Errors: [`QueueError::Command`]; the entry is then not queued.
-    pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), QueueError> {
-        self.enqueue_at(entry, now_ms()).await.map(|_| ())
-    }
-
-    /// [`enqueue`](Self::enqueue) with an explicit "now" (ms); returns `true`
-    /// when the entry was newly queued, `false` when the PV name was already there.
-    pub async fn enqueue_at(&self, entry: &QueuedPvWrite, now_ms: u64) -> Result<bool, QueueError> {
-        self.enqueue_raw(
-            entry.pv_name(),
-            &entry.encode(),
-            now_ms,
-            entry.enqueued_at_ms,
-        )
-        .await
+    /// Errors: [`QueueError::Command`]; the entry is then not queued and the
+    /// intent stays.
+    pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
+        self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
 
     /// Store a raw payload under `pv_name` (operators' repair tools and tests of
-    /// garbled entries); same atomicity and idempotence as [`enqueue`](Self::enqueue).
+    /// garbled entries); same atomicity, idempotence and fsync wait as
+    /// [`enqueue`](Self::enqueue).
     pub async fn enqueue_raw(
         &self,
         pv_name: &str,
         payload: &[u8],
-        now_ms: u64,
-        enqueued_at_ms: u64,
-    ) -> Result<bool, QueueError> {
-        let enqueued = if enqueued_at_ms == 0 {
-            now_ms
-        } else {
-            enqueued_at_ms
-        };
-        let added: i64 = ENQUEUE
+    ) -> Result<EnqueueOutcome, QueueError> {
+        let (added, cleared): (i64, i64) = ENQUEUE
             .key(&self.keys.payloads)
             .key(&self.keys.due)
             .key(&self.keys.enqueued)
             .key(&self.keys.wakeup)
+            .key(&self.keys.intents)
+            .key(&self.keys.intent_claims)
             .arg(pv_name)
             .arg(payload)
-            .arg(now_ms)
-            .arg(enqueued)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("enqueue"))?;
-        Ok(added == 1)
+        let fsynced = self.wait_aof().await;
+        Ok(EnqueueOutcome {
+            added: added == 1,
+            intent_cleared: cleared == 1,
+            fsynced,
+        })
+    }
+
+    /// `WAITAOF 1 0 1000` when the server supports it (Redis ≥ 7.2): true once the
+    /// local AOF holds every write so far. An older server (unknown command) or
+    /// one without AOF is remembered and logged once; the enqueue is then only as
+    /// durable as `appendfsync` makes it (`everysec`: up to ~1 s of acknowledged
+    /// writes lost on a Redis crash, which the intents and the resync repair).
+    async fn wait_aof(&self) -> bool {
+        const UNKNOWN: u8 = 0;
+        const SUPPORTED: u8 = 1;
+        const UNSUPPORTED: u8 = 2;
+        if self.waitaof.load(Ordering::Relaxed) == UNSUPPORTED {
+            return false;
+        }
+        let answer: Result<(i64, i64), _> = redis::cmd("WAITAOF")
+            .arg(1)
+            .arg(0)
+            .arg(1000)
+            .query_async(&mut self.conn.clone())
+            .await;
+        match answer {
+            Ok((local, _)) => {
+                self.waitaof.store(SUPPORTED, Ordering::Relaxed);
+                if local < 1 {
+                    tracing::warn!("Redis did not fsync its AOF within 1 s of an enqueue");
+                }
+                local >= 1
+            }
+            Err(err) => {
+                let text = err.to_string().to_ascii_lowercase();
+                if text.contains("unknown command") || text.contains("appendonly") {
+                    if self.waitaof.swap(UNSUPPORTED, Ordering::Relaxed) == UNKNOWN {
+                        tracing::warn!(error = %err, "Redis cannot confirm AOF fsyncs (WAITAOF needs Redis >= 7.2 with appendonly yes): an acknowledged enqueue can be lost in a Redis crash within the appendfsync window (everysec: ~1 s); the provisioning intent and the claim resync provision such a claim again");
+                    }
+                } else {
+                    tracing::warn!(error = %err, "WAITAOF failed; the enqueue is stored but its fsync is unconfirmed");
+                }
+                false
+            }
+        }
     }
 
     /// Wait until an enqueue signals new work, or `timeout` passes (the caller
@@ -461,130 +659,219 @@ impl PvQueue {
             .map_err(cmd("is_pending"))
     }
 
-    /// Take up to `limit` entries due at `now_ms`, marking them in flight until
-    /// `now_ms + visibility`. Entries whose earlier visibility timeout has passed
-    /// (a killed writer) are due again first. Oldest due time first.
+    /// Start a new pv-writer term: `INCR` the epoch and return it. The leader
+    /// calls this once when it takes the Lease; from then on every take and
+    /// settlement of an older term is refused ([`Settled::Fenced`]), so a
+    /// paused ex-leader that wakes up cannot move an entry.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn begin_term(&self) -> Result<u64, QueueError> {
+        BEGIN_TERM
+            .key(&self.keys.epoch)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("begin_term"))
+    }
+
+    /// The current term (0 before the first [`begin_term`](Self::begin_term)).
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn current_term(&self) -> Result<u64, QueueError> {
+        let epoch: Option<u64> = self
+            .conn
+            .clone()
+            .get(&self.keys.epoch)
+            .await
+            .map_err(cmd("current_term"))?;
+        Ok(epoch.unwrap_or(0))
+    }
+
+    /// How many takes and settlements were refused because their term was stale
+    /// (a counter kept in Redis, for tests and operators).
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn fenced_operations(&self) -> Result<u64, QueueError> {
+        let n: Option<u64> = self
+            .conn
+            .clone()
+            .get(&self.keys.fenced)
+            .await
+            .map_err(cmd("fenced_operations"))?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// Take up to `limit` due entries for term `epoch`, marking them in flight
+    /// (owned by `epoch`) until Redis' now + `visibility`. Entries whose earlier
+    /// visibility timeout has passed (a killed or stalled writer) are due again
+    /// first. Oldest due time first. All times come from Redis (`TIME`).
+    ///
+    /// Returns `None` when `epoch` is not the current term (this writer was
+    /// superseded and must stop taking).
     ///
     /// Errors: [`QueueError::Command`]; nothing is taken then.
     pub async fn take_due(
         &self,
-        now_ms: u64,
+        epoch: u64,
         limit: usize,
         visibility: Duration,
-    ) -> Result<Vec<TakenEntry>, QueueError> {
+    ) -> Result<Option<Vec<TakenEntry>>, QueueError> {
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
-        let deadline = now_ms.saturating_add(visibility.as_millis() as u64);
-        let raw: Vec<(String, Vec<u8>, String)> = TAKE_DUE
+        let (current, raw): (i64, Vec<(String, Vec<u8>, String)>) = TAKE_DUE
             .key(&self.keys.payloads)
             .key(&self.keys.due)
             .key(&self.keys.inflight)
             .key(&self.keys.attempts)
             .key(&self.keys.enqueued)
-            .arg(now_ms)
-            .arg(deadline)
+            .key(&self.keys.epoch)
+            .key(&self.keys.owners)
+            .key(&self.keys.fenced)
+            .arg(epoch)
+            .arg(visibility.as_millis() as u64)
             .arg(limit)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("take_due"))?;
-        Ok(raw
-            .into_iter()
-            .map(|(pv_name, payload, attempts)| TakenEntry {
-                attempts: attempts.parse().unwrap_or(0),
-                pv_name,
-                payload,
-            })
-            .collect())
+        if current != 1 {
+            return Ok(None);
+        }
+        Ok(Some(
+            raw.into_iter()
+                .map(|(pv_name, payload, attempts)| TakenEntry {
+                    attempts: attempts.parse().unwrap_or(0),
+                    pv_name,
+                    payload,
+                })
+                .collect(),
+        ))
     }
 
-    /// Make every in-flight entry due at `now_ms`. The pv-writer leader calls
-    /// this when it starts: as the only consumer, anything in flight belongs to
-    /// a previous leader that is gone. Returns how many entries were recovered.
+    /// Make every in-flight entry owned by a term before `epoch` (or by none:
+    /// entries of the previous queue layout) due now. The pv-writer leader calls
+    /// this right after [`begin_term`](Self::begin_term): such entries belong
+    /// to a previous leader that is gone or fenced. Entries of `epoch` itself
+    /// are never taken back. Returns how many entries were recovered.
     ///
     /// Errors: [`QueueError::Command`].
-    pub async fn recover_inflight(&self, now_ms: u64) -> Result<u64, QueueError> {
+    pub async fn recover_inflight(&self, epoch: u64) -> Result<u64, QueueError> {
         RECOVER_INFLIGHT
             .key(&self.keys.due)
             .key(&self.keys.inflight)
-            .arg(now_ms)
+            .key(&self.keys.owners)
+            .arg(epoch)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("recover_inflight"))
     }
 
+    /// Whether `pv_name` is still in flight under the current term `epoch`
+    /// ([`Settled::Done`]); [`Settled::Fenced`] (counted) when `epoch` is stale.
+    /// Changes no entry. The writer asks this before it announces a written PV,
+    /// so a superseded writer announces nothing.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        let code: i64 = HOLDS
+            .key(&self.keys.epoch)
+            .key(&self.keys.fenced)
+            .key(&self.keys.owners)
+            .arg(epoch)
+            .arg(pv_name)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("holds"))?;
+        Ok(Settled::from_code(code))
+    }
+
     /// Remove `pv_name` entirely (payload, pending marker, retry and dead-letter
-    /// state): the PV exists. Returns `false` when it was not queued.
+    /// state): the PV exists. Only for an entry in flight under `epoch`.
     ///
     /// Errors: [`QueueError::Command`]; the entry stays queued and is written again
     /// (idempotently) later.
-    pub async fn complete(&self, pv_name: &str) -> Result<bool, QueueError> {
-        let existed: i64 = COMPLETE
+    pub async fn complete(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        let code: i64 = COMPLETE
+            .key(&self.keys.epoch)
+            .key(&self.keys.fenced)
+            .key(&self.keys.owners)
             .key(&self.keys.payloads)
             .key(&self.keys.due)
             .key(&self.keys.inflight)
             .key(&self.keys.attempts)
             .key(&self.keys.enqueued)
             .key(&self.keys.dead)
+            .arg(epoch)
             .arg(pv_name)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("complete"))?;
-        Ok(existed == 1)
+        Ok(Settled::from_code(code))
     }
 
-    /// Put an in-flight entry back, due at `due_ms`, recording `attempts` failed
-    /// attempts so far. Returns `false` (and changes nothing) when the entry is no
-    /// longer in flight.
+    /// Put an entry in flight under `epoch` back, due `delay` after Redis' now,
+    /// recording `attempts` failed attempts so far.
     ///
     /// Errors: [`QueueError::Command`]; the visibility timeout then retries it.
     pub async fn schedule_retry(
         &self,
+        epoch: u64,
         pv_name: &str,
-        due_ms: u64,
+        delay: Duration,
         attempts: u32,
-    ) -> Result<bool, QueueError> {
-        let moved: i64 = RETRY
+    ) -> Result<Settled, QueueError> {
+        let code: i64 = RETRY
+            .key(&self.keys.epoch)
+            .key(&self.keys.fenced)
+            .key(&self.keys.owners)
             .key(&self.keys.payloads)
             .key(&self.keys.due)
             .key(&self.keys.inflight)
             .key(&self.keys.attempts)
+            .arg(epoch)
             .arg(pv_name)
-            .arg(due_ms)
+            .arg(delay.as_millis() as u64)
             .arg(attempts)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("schedule_retry"))?;
-        Ok(moved == 1)
+        Ok(Settled::from_code(code))
     }
 
-    /// Move `pv_name` to the dead-letter set with `letter`. Its payload stays
-    /// stored (and [`is_pending`](Self::is_pending) stays true, so the claim is not
-    /// provisioned again) until an operator requeues it. Returns `false` when the
-    /// entry is not queued.
+    /// Move an entry in flight under `epoch` to the dead-letter set with
+    /// `letter`. Its payload stays stored (and [`is_pending`](Self::is_pending)
+    /// stays true, so the claim is not provisioned again) until an operator
+    /// requeues it.
     ///
     /// Errors: [`QueueError::Command`].
-    pub async fn dead_letter(&self, letter: &DeadLetter) -> Result<bool, QueueError> {
+    pub async fn dead_letter(
+        &self,
+        epoch: u64,
+        letter: &DeadLetter,
+    ) -> Result<Settled, QueueError> {
         let json = serde_json::to_vec(letter).expect("DeadLetter always serializes");
-        let moved: i64 = DEAD_LETTER
+        let code: i64 = DEAD_LETTER
+            .key(&self.keys.epoch)
+            .key(&self.keys.fenced)
+            .key(&self.keys.owners)
             .key(&self.keys.payloads)
             .key(&self.keys.due)
             .key(&self.keys.inflight)
             .key(&self.keys.enqueued)
             .key(&self.keys.dead)
+            .arg(epoch)
             .arg(&letter.pv_name)
             .arg(json)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("dead_letter"))?;
-        Ok(moved == 1)
+        Ok(Settled::from_code(code))
     }
 
-    /// Move a dead letter back to the pending queue, due at `now_ms` with its
-    /// attempt count reset. Returns `false` when `pv_name` is not dead-lettered.
+    /// Move a dead letter back to the pending queue, due now (Redis' clock) with
+    /// its attempt count reset. Returns `false` when `pv_name` is not dead-lettered.
     ///
     /// Errors: [`QueueError::Command`].
-    pub async fn requeue_dead(&self, pv_name: &str, now_ms: u64) -> Result<bool, QueueError> {
+    pub async fn requeue_dead(&self, pv_name: &str) -> Result<bool, QueueError> {
         let moved: i64 = REQUEUE_DEAD
             .key(&self.keys.payloads)
             .key(&self.keys.due)
@@ -592,35 +879,45 @@ impl PvQueue {
             .key(&self.keys.enqueued)
             .key(&self.keys.dead)
             .arg(pv_name)
-            .arg(now_ms)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("requeue_dead"))?;
         Ok(moved == 1)
     }
 
-    /// Make every entry waiting for a later retry due at `now_ms` (the API server
-    /// is back). Returns how many were pulled forward.
+    /// Make every entry waiting for a later retry due now (Redis' clock; the API
+    /// server is back). Returns how many were pulled forward.
     ///
     /// Errors: [`QueueError::Command`].
-    pub async fn pull_forward_retries(&self, now_ms: u64) -> Result<u64, QueueError> {
+    pub async fn pull_forward_retries(&self) -> Result<u64, QueueError> {
         PULL_FORWARD
             .key(&self.keys.due)
-            .arg(now_ms)
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("pull_forward_retries"))
+    }
+
+    /// Redis' clock (`TIME`), in ms since the Unix epoch.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn redis_time_ms(&self) -> Result<u64, QueueError> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("time"))?;
+        Ok(secs * 1000 + micros / 1000)
     }
 
     /// Depth, dead-letter count and oldest enqueue time, in one pipeline.
     ///
     /// Errors: [`QueueError::Command`].
     pub async fn stats(&self) -> Result<QueueStats, QueueError> {
-        let (due, inflight, dead, oldest): (u64, u64, u64, Vec<(String, f64)>) = redis::pipe()
+        let (due, inflight, dead, oldest, (secs, micros)): StatsScan = redis::pipe()
             .zcard(&self.keys.due)
             .zcard(&self.keys.inflight)
             .hlen(&self.keys.dead)
             .zrange_withscores(&self.keys.enqueued, 0, 0)
+            .cmd("TIME")
             .query_async(&mut self.conn.clone())
             .await
             .map_err(cmd("stats"))?;
@@ -628,6 +925,7 @@ impl PvQueue {
             depth: due + inflight,
             dead,
             oldest_enqueued_ms: oldest.first().map(|(_, t)| *t as u64),
+            redis_now_ms: secs * 1000 + micros / 1000,
         })
     }
 
@@ -713,6 +1011,9 @@ impl PvQueue {
     }
 }
 
+/// `ZCARD due`, `ZCARD inflight`, `HLEN dead`, oldest of `enqueued`, `TIME`.
+type StatsScan = (u64, u64, u64, Vec<(String, f64)>, (u64, u64));
+
 /// `ZRANGE due`, `ZRANGE inflight` (with scores) and `HGETALL attempts`.
 type PendingScan = (
     Vec<(String, f64)>,
@@ -769,20 +1070,37 @@ mod tests {
             },
             class: "fast".into(),
             enqueued_at_ms: 1_000,
+            mac: None,
         }
     }
 
     const VIS: Duration = Duration::from_secs(60);
 
+    async fn queue(redis: &Redis, provisioner: &str) -> PvQueue {
+        PvQueue::connect(&redis.url(), provisioner).await.unwrap()
+    }
+
+    fn names(taken: Option<Vec<TakenEntry>>) -> Vec<String> {
+        taken
+            .expect("current term")
+            .into_iter()
+            .map(|t| t.pv_name)
+            .collect()
+    }
+
+    async fn inflight_deadline(q: &PvQueue, name: &str) -> u64 {
+        let score: Option<f64> = q.conn.clone().zscore(&q.keys.inflight, name).await.unwrap();
+        score.expect("in flight") as u64
+    }
+
     #[tokio::test]
-    async fn enqueue_is_atomic_idempotent_and_drains() {
+    async fn enqueue_is_idempotent_and_drains() {
         let redis = Redis::start().await;
-        let q = PvQueue::connect(&redis.url(), "example.com/hostpath")
-            .await
-            .unwrap();
-        let other = PvQueue::connect(&redis.url(), "other.io/x").await.unwrap();
-        assert!(q.enqueue_at(&entry("pvc-a"), 5_000).await.unwrap());
-        assert!(!q.enqueue_at(&entry("pvc-a"), 6_000).await.unwrap());
+        let q = queue(&redis, "example.com/hostpath").await;
+        let other = queue(&redis, "other.io/x").await;
+        let term = q.begin_term().await.unwrap();
+        assert!(q.enqueue(&entry("pvc-a")).await.unwrap().added);
+        assert!(!q.enqueue(&entry("pvc-a")).await.unwrap().added);
         q.enqueue(&entry("pvc-b")).await.unwrap();
         assert!(q.is_pending("pvc-a").await.unwrap());
         assert!(!q.is_pending("pvc-c").await.unwrap());
@@ -791,14 +1109,11 @@ mod tests {
             "keys are per provisioner"
         );
         let stats = q.stats().await.unwrap();
-        assert_eq!(
-            (stats.depth, stats.dead, stats.oldest_enqueued_ms),
-            (2, 0, Some(1_000))
-        );
-        assert_eq!(stats.oldest_age_seconds(3_500), 2.5);
+        assert_eq!((stats.depth, stats.dead), (2, 0));
+        let oldest = stats.oldest_enqueued_ms.unwrap();
+        assert!(oldest <= stats.redis_now_ms && stats.redis_now_ms - oldest < 5_000);
 
-        // pvc-a is due at 5000, pvc-b now (> 5000): a take at 5000 sees only pvc-a.
-        let taken = q.take_due(5_000, 10, VIS).await.unwrap();
+        let taken = q.take_due(term, 1, VIS).await.unwrap().unwrap();
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].pv_name, "pvc-a");
         assert_eq!(taken[0].attempts, 0);
@@ -806,37 +1121,117 @@ mod tests {
             QueuedPvWrite::decode(&taken[0].payload).unwrap(),
             entry("pvc-a")
         );
+        assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()), ["pvc-b"]);
         assert!(
-            q.take_due(5_000, 10, VIS).await.unwrap().is_empty(),
+            q.take_due(term, 10, VIS).await.unwrap().unwrap().is_empty(),
             "in flight is invisible"
         );
-        assert!(
-            q.is_pending("pvc-a").await.unwrap(),
-            "in flight is still pending"
+        assert!(q.is_pending("pvc-a").await.unwrap());
+        assert_eq!(q.complete(term, "pvc-a").await.unwrap(), Settled::Done);
+        assert_eq!(
+            q.complete(term, "pvc-a").await.unwrap(),
+            Settled::NotInFlight
         );
-        assert!(q.complete("pvc-a").await.unwrap());
-        assert!(!q.complete("pvc-a").await.unwrap());
         assert!(!q.is_pending("pvc-a").await.unwrap());
-        let names: Vec<_> = q
-            .take_due(now_ms(), 10, VIS)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| t.pv_name)
-            .collect();
-        assert_eq!(names, ["pvc-b"]);
-        q.complete("pvc-b").await.unwrap();
-        assert_eq!(q.stats().await.unwrap(), QueueStats::default());
+        q.complete(term, "pvc-b").await.unwrap();
+        let stats = q.stats().await.unwrap();
+        assert_eq!(
+            (stats.depth, stats.dead, stats.oldest_enqueued_ms),
+            (0, 0, None)
+        );
         // Once completed, the same PV name may be queued again.
-        assert!(q.enqueue_at(&entry("pvc-a"), 7_000).await.unwrap());
+        assert!(q.enqueue(&entry("pvc-a")).await.unwrap().added);
+        assert_eq!(q.fenced_operations().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn enqueue_clears_the_provisioning_intent_in_the_same_script() {
+        let redis = Redis::start().await;
+        let q = queue(&redis, "p").await;
+        let intents = crate::intents::IntentStore::connect(&redis.url(), "p")
+            .await
+            .unwrap();
+        let claim = k8s_openapi::api::core::v1::PersistentVolumeClaim::default();
+        intents
+            .record_with_claim(&intent_for("pvc-a"), &claim, true)
+            .await
+            .unwrap();
+        intents.record(&intent_for("pvc-b")).await.unwrap();
+
+        // An observer polling both hashes atomically never sees the PV neither
+        // queued nor covered by its intent.
+        let observer = {
+            let q = q.clone();
+            tokio::spawn(async move {
+                let mut gaps = 0;
+                for _ in 0..400 {
+                    let (queued, intent): (bool, bool) = redis::pipe()
+                        .atomic()
+                        .hexists(&q.keys.payloads, "pvc-a")
+                        .hexists(&q.keys.intents, "pvc-a")
+                        .query_async(&mut q.conn.clone())
+                        .await
+                        .unwrap();
+                    if !queued && !intent {
+                        gaps += 1;
+                    }
+                }
+                gaps
+            })
+        };
+        let outcome = q.enqueue(&entry("pvc-a")).await.unwrap();
+        assert!(outcome.added && outcome.intent_cleared, "{outcome:?}");
+        assert_eq!(observer.await.unwrap(), 0);
+        assert!(!intents.contains("pvc-a").await.unwrap());
+        assert_eq!(intents.claim("pvc-a").await.unwrap(), None);
+        assert!(
+            intents.contains("pvc-b").await.unwrap(),
+            "only the queued PV's intent"
+        );
+        // A repeated enqueue clears nothing more and adds nothing.
+        let again = q.enqueue(&entry("pvc-a")).await.unwrap();
+        assert!(!again.added && !again.intent_cleared);
+    }
+
+    fn intent_for(pv_name: &str) -> api_types::queue::ProvisionIntent {
+        api_types::queue::ProvisionIntent {
+            version: SCHEMA_VERSION,
+            claim: entry(pv_name).claim,
+            pv_name: pv_name.into(),
+            class: "fast".into(),
+            recorded_at_ms: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn enqueue_reports_the_aof_fsync_only_where_waitaof_exists() {
+        let redis = Redis::start().await;
+        let q = queue(&redis, "p").await;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut q.conn.clone())
+            .await
+            .unwrap();
+        let version: Vec<u32> = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap()
+            .trim()
+            .split('.')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let has_waitaof = (version[0], version[1]) >= (7, 2);
+        for name in ["pvc-a", "pvc-b"] {
+            let outcome = q.enqueue(&entry(name)).await.unwrap();
+            assert!(outcome.added);
+            assert_eq!(outcome.fsynced, has_waitaof, "Redis {version:?}");
+        }
     }
 
     #[tokio::test]
     async fn an_enqueue_wakes_a_waiting_writer_at_once() {
         let redis = Redis::start().await;
-        let q = PvQueue::connect(&redis.url(), "example.com/hostpath")
-            .await
-            .unwrap();
+        let q = queue(&redis, "example.com/hostpath").await;
         // Idle: the wait runs to its timeout and reports no signal.
         let started = std::time::Instant::now();
         assert!(!q.wait_for_work(Duration::from_millis(200)).await.unwrap());
@@ -865,54 +1260,159 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn retries_visibility_timeout_and_recovery() {
+    async fn a_stale_term_cannot_take_complete_retry_or_dead_letter() {
         let redis = Redis::start().await;
-        let q = PvQueue::connect(&redis.url(), "p").await.unwrap();
-        q.enqueue_at(&entry("pvc-a"), 1_000).await.unwrap();
-        q.enqueue_at(&entry("pvc-b"), 1_000).await.unwrap();
-        assert_eq!(q.take_due(1_000, 1, VIS).await.unwrap()[0].pv_name, "pvc-a");
-        // Retry pvc-a at 9000 with 3 attempts; pulled forward it is due at 2000.
-        assert!(q.schedule_retry("pvc-a", 9_000, 3).await.unwrap());
-        assert!(
-            !q.schedule_retry("pvc-a", 9_000, 4).await.unwrap(),
-            "not in flight any more"
-        );
-        let pending = q.list_pending().await.unwrap();
-        assert_eq!(pending.len(), 2);
+        let q = queue(&redis, "p").await;
+        let old = q.begin_term().await.unwrap();
+        q.enqueue(&entry("pvc-a")).await.unwrap();
+        q.enqueue(&entry("pvc-b")).await.unwrap();
+        assert_eq!(names(q.take_due(old, 1, VIS).await.unwrap()), ["pvc-a"]);
+        // A new leader begins while the old one is paused.
+        let new = q.begin_term().await.unwrap();
+        assert!(new > old);
+        assert_eq!(q.current_term().await.unwrap(), new);
+
+        assert_eq!(q.holds(old, "pvc-a").await.unwrap(), Settled::Fenced);
+        assert_eq!(q.complete(old, "pvc-a").await.unwrap(), Settled::Fenced);
         assert_eq!(
-            (
-                pending[0].pv_name.as_str(),
-                pending[0].state,
-                pending[0].attempts
-            ),
-            ("pvc-a", PendingState::Due(9_000), 3)
+            q.schedule_retry(old, "pvc-a", Duration::ZERO, 1)
+                .await
+                .unwrap(),
+            Settled::Fenced
         );
-        assert_eq!(pending[1].state, PendingState::Due(1_000));
-        assert_eq!(pending[0].entry.as_ref().unwrap(), &entry("pvc-a"));
-        assert_eq!(q.pull_forward_retries(2_000).await.unwrap(), 1);
-        let taken = q
-            .take_due(2_000, 10, Duration::from_millis(500))
+        let letter = DeadLetter {
+            pv_name: "pvc-a".into(),
+            reason: "x".into(),
+            dead_at_ms: 1,
+            attempts: 0,
+            claim: None,
+        };
+        assert_eq!(q.dead_letter(old, &letter).await.unwrap(), Settled::Fenced);
+        assert_eq!(q.take_due(old, 10, VIS).await.unwrap(), None);
+        assert_eq!(q.fenced_operations().await.unwrap(), 5);
+        // Nothing moved: pvc-a is still in flight, pvc-b still due, no dead letter.
+        let pending = q.list_pending().await.unwrap();
+        assert!(matches!(pending[0].state, PendingState::InFlight(_)));
+        assert!(matches!(pending[1].state, PendingState::Due(_)));
+        assert!(q.list_dead().await.unwrap().is_empty());
+
+        // The new term owns the work from here.
+        assert_eq!(q.recover_inflight(new).await.unwrap(), 1);
+        let mut taken = names(q.take_due(new, 10, VIS).await.unwrap());
+        taken.sort();
+        assert_eq!(taken, ["pvc-a", "pvc-b"]);
+        assert_eq!(q.holds(new, "pvc-a").await.unwrap(), Settled::Done);
+        assert_eq!(q.complete(new, "pvc-a").await.unwrap(), Settled::Done);
+        assert_eq!(q.holds(new, "pvc-a").await.unwrap(), Settled::NotInFlight);
+        assert_eq!(
+            q.dead_letter(new, &letter.clone()).await.unwrap(),
+            Settled::NotInFlight
+        );
+        let letter_b = DeadLetter {
+            pv_name: "pvc-b".into(),
+            ..letter
+        };
+        assert_eq!(q.dead_letter(new, &letter_b).await.unwrap(), Settled::Done);
+        assert_eq!(q.fenced_operations().await.unwrap(), 5);
+    }
+
+    #[tokio::test]
+    async fn recovery_takes_only_entries_of_earlier_terms() {
+        let redis = Redis::start().await;
+        let q = queue(&redis, "p").await;
+        // An in-flight entry of the previous layout (no owner recorded).
+        q.enqueue(&entry("pvc-legacy")).await.unwrap();
+        let _: () = q
+            .conn
+            .clone()
+            .zrem(&q.keys.due, "pvc-legacy")
             .await
             .unwrap();
-        let got: Vec<_> = taken
-            .iter()
-            .map(|t| (t.pv_name.as_str(), t.attempts))
-            .collect();
-        assert_eq!(got, [("pvc-b", 0), ("pvc-a", 3)]);
-        // A killed writer: after the visibility timeout (2500) both are taken again.
-        assert!(q.take_due(2_499, 10, VIS).await.unwrap().is_empty());
-        assert_eq!(q.take_due(2_500, 10, VIS).await.unwrap().len(), 2);
-        // A new leader recovers in-flight entries at once.
-        assert_eq!(q.recover_inflight(3_000).await.unwrap(), 2);
-        assert_eq!(q.take_due(3_000, 10, VIS).await.unwrap().len(), 2);
+        let _: () = q
+            .conn
+            .clone()
+            .zadd(&q.keys.inflight, "pvc-legacy", u64::MAX / 4)
+            .await
+            .unwrap();
+        let first = q.begin_term().await.unwrap();
+        q.enqueue(&entry("pvc-old")).await.unwrap();
+        assert_eq!(
+            names(q.take_due(first, 10, VIS).await.unwrap()),
+            ["pvc-old"]
+        );
+        let second = q.begin_term().await.unwrap();
+        q.enqueue(&entry("pvc-mine")).await.unwrap();
+        assert_eq!(
+            names(q.take_due(second, 10, VIS).await.unwrap()),
+            ["pvc-mine"]
+        );
+        // Recovery hands back pvc-legacy (no owner) and pvc-old (first term),
+        // never this term's own pvc-mine.
+        assert_eq!(q.recover_inflight(second).await.unwrap(), 2);
+        let mut taken = names(q.take_due(second, 10, VIS).await.unwrap());
+        taken.sort();
+        assert_eq!(taken, ["pvc-legacy", "pvc-old"]);
+        assert_eq!(q.recover_inflight(second).await.unwrap(), 0);
+        for name in ["pvc-legacy", "pvc-mine", "pvc-old"] {
+            assert_eq!(q.complete(second, name).await.unwrap(), Settled::Done);
+        }
+    }
+
+    #[tokio::test]
+    async fn visibility_and_retry_times_come_from_redis_not_the_callers_clock() {
+        let redis = Redis::start().await;
+        let q = queue(&redis, "p").await;
+        let term = q.begin_term().await.unwrap();
+        q.enqueue(&entry("pvc-a")).await.unwrap();
+        let before = q.redis_time_ms().await.unwrap();
+        assert_eq!(
+            names(
+                q.take_due(term, 10, Duration::from_millis(600))
+                    .await
+                    .unwrap()
+            ),
+            ["pvc-a"]
+        );
+        let deadline = inflight_deadline(&q, "pvc-a").await;
+        assert!(
+            deadline >= before + 600 && deadline < before + 600 + 2_000,
+            "deadline {deadline} vs Redis now {before}"
+        );
+        // Not taken again before the timeout, whatever the caller's clock says.
+        assert!(q.take_due(term, 10, VIS).await.unwrap().unwrap().is_empty());
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()), ["pvc-a"]);
+
+        // A retry is due Redis' now + delay; pulled forward it is due at once.
+        let before = q.redis_time_ms().await.unwrap();
+        assert_eq!(
+            q.schedule_retry(term, "pvc-a", Duration::from_secs(60), 3)
+                .await
+                .unwrap(),
+            Settled::Done
+        );
+        let pending = q.list_pending().await.unwrap();
+        let PendingState::Due(due) = pending[0].state else {
+            panic!("{pending:?}")
+        };
+        assert!(
+            due >= before + 60_000 && due < before + 62_000,
+            "{due} vs {before}"
+        );
+        assert_eq!(pending[0].attempts, 3);
+        assert!(q.take_due(term, 10, VIS).await.unwrap().unwrap().is_empty());
+        assert_eq!(q.pull_forward_retries().await.unwrap(), 1);
+        let taken = q.take_due(term, 10, VIS).await.unwrap().unwrap();
+        assert_eq!((taken[0].pv_name.as_str(), taken[0].attempts), ("pvc-a", 3));
     }
 
     #[tokio::test]
     async fn dead_letters_keep_the_payload_and_can_be_requeued() {
         let redis = Redis::start().await;
-        let q = PvQueue::connect(&redis.url(), "p").await.unwrap();
-        q.enqueue_raw("pvc-x", b"{garbled", 1_000, 0).await.unwrap();
-        let taken = q.take_due(1_000, 10, VIS).await.unwrap();
+        let q = queue(&redis, "p").await;
+        let term = q.begin_term().await.unwrap();
+        q.enqueue_raw("pvc-x", b"{garbled").await.unwrap();
+        let taken = q.take_due(term, 10, VIS).await.unwrap().unwrap();
         assert_eq!(taken[0].payload, b"{garbled");
         let letter = DeadLetter {
             pv_name: "pvc-x".into(),
@@ -921,69 +1421,66 @@ mod tests {
             attempts: 0,
             claim: None,
         };
-        assert!(q.dead_letter(&letter).await.unwrap());
+        assert_eq!(q.dead_letter(term, &letter).await.unwrap(), Settled::Done);
         assert!(
             q.is_pending("pvc-x").await.unwrap(),
             "a dead letter blocks re-provisioning"
         );
         assert_eq!(q.list_dead().await.unwrap(), vec![letter.clone()]);
         assert!(q.list_pending().await.unwrap().is_empty());
+        let stats = q.stats().await.unwrap();
         assert_eq!(
-            q.stats().await.unwrap(),
-            QueueStats {
-                depth: 0,
-                dead: 1,
-                oldest_enqueued_ms: None
-            }
+            (stats.depth, stats.dead, stats.oldest_enqueued_ms),
+            (0, 1, None)
         );
-        assert!(q.take_due(u64::MAX / 2, 10, VIS).await.unwrap().is_empty());
-        assert!(q.recover_inflight(2_000).await.unwrap() == 0);
+        assert!(q.take_due(term, 10, VIS).await.unwrap().unwrap().is_empty());
+        assert_eq!(q.recover_inflight(term + 1).await.unwrap(), 0);
         assert_eq!(q.payload("pvc-x").await.unwrap().unwrap(), b"{garbled");
 
-        assert!(!q.requeue_dead("pvc-nope", 3_000).await.unwrap());
-        assert!(q.requeue_dead("pvc-x", 3_000).await.unwrap());
-        assert!(!q.requeue_dead("pvc-x", 3_000).await.unwrap());
+        assert!(!q.requeue_dead("pvc-nope").await.unwrap());
+        assert!(q.requeue_dead("pvc-x").await.unwrap());
+        assert!(!q.requeue_dead("pvc-x").await.unwrap());
         assert!(q.list_dead().await.unwrap().is_empty());
         let pending = q.list_pending().await.unwrap();
-        assert_eq!(pending[0].state, PendingState::Due(3_000));
+        assert!(matches!(pending[0].state, PendingState::Due(_)));
         assert!(pending[0].entry.as_ref().unwrap_err().contains("garbled"));
-        assert_eq!(q.stats().await.unwrap().oldest_enqueued_ms, Some(3_000));
+        assert_eq!(q.stats().await.unwrap().depth, 1);
     }
 
     #[tokio::test]
     async fn a_due_name_without_payload_is_dropped_from_every_index() {
         let redis = Redis::start().await;
-        let q = PvQueue::connect(&redis.url(), "p").await.unwrap();
-        q.enqueue_raw("pvc-lost", b"{}", 1_000, 500).await.unwrap();
-        q.enqueue_at(&entry("pvc-kept"), 2_000).await.unwrap();
+        let q = queue(&redis, "p").await;
+        let term = q.begin_term().await.unwrap();
+        q.enqueue_raw("pvc-lost", b"{}").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        q.enqueue(&entry("pvc-kept")).await.unwrap();
         // A failed attempt leaves a count in `attempts`; then the payload is
         // removed behind the queue's back.
-        assert_eq!(q.take_due(1_000, 1, VIS).await.unwrap().len(), 1);
-        assert!(q.schedule_retry("pvc-lost", 1_500, 3).await.unwrap());
+        assert_eq!(names(q.take_due(term, 1, VIS).await.unwrap()), ["pvc-lost"]);
+        assert_eq!(
+            q.schedule_retry(term, "pvc-lost", Duration::ZERO, 3)
+                .await
+                .unwrap(),
+            Settled::Done
+        );
         let mut conn = q.conn.clone();
         let removed: i64 = conn.hdel(&q.keys.payloads, "pvc-lost").await.unwrap();
         assert_eq!(removed, 1);
+        let kept_at: f64 = conn.zscore(&q.keys.enqueued, "pvc-kept").await.unwrap();
 
-        let taken: Vec<_> = q
-            .take_due(3_000, 10, VIS)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| t.pv_name)
-            .collect();
+        let mut taken = names(q.take_due(term, 10, VIS).await.unwrap());
+        taken.sort();
         assert_eq!(taken, ["pvc-kept"]);
         let enqueued: Vec<String> = conn.zrange(&q.keys.enqueued, 0, -1).await.unwrap();
         assert_eq!(enqueued, ["pvc-kept"]);
         let attempts: Option<String> = conn.hget(&q.keys.attempts, "pvc-lost").await.unwrap();
         assert_eq!(attempts, None);
+        let stats = q.stats().await.unwrap();
         assert_eq!(
-            q.stats().await.unwrap(),
-            QueueStats {
-                depth: 1,
-                dead: 0,
-                oldest_enqueued_ms: Some(1_000)
-            },
-            "pvc-lost (enqueued at 500) no longer counts as the oldest pending entry"
+            (stats.depth, stats.oldest_enqueued_ms),
+            (1, Some(kept_at as u64)),
+            "pvc-lost no longer counts as the oldest pending entry"
         );
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser};
 use common::backend::hostpath::HostPathArgs;
 use common::config::{parse_duration, CommonArgs, RetryArgs};
+use common::queue_auth::QueueKeyArgs;
 
 /// Flags of the provisioning controller (without the backend's).
 #[derive(Debug, Clone, Args)]
@@ -16,6 +17,10 @@ pub struct ProvisionArgs {
     /// Per-claim retry backoff.
     #[command(flatten)]
     pub retry: RetryArgs,
+
+    /// The key that signs PV-write queue entries (`--queue-hmac-key-file`).
+    #[command(flatten)]
+    pub queue_key: QueueKeyArgs,
 
     /// Further provisioner names to provision for, besides `--provisioner-name`
     /// (repeatable; comma-separated in the environment variable).

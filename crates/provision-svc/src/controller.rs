@@ -8,6 +8,9 @@ use anyhow::Context;
 use common::cache::strip_for_cache;
 use common::intents::IntentStore;
 use common::queue::PvQueue;
+use common::queue_auth::QueueKey;
+
+use crate::ports::SignedQueue;
 use common::retry::{FailureThreshold, RetryPolicy};
 use common::runtime::ServiceContext;
 use common::Provisioner;
@@ -90,6 +93,7 @@ pub async fn work(
     args: ProvisionArgs,
     backend: Arc<dyn Provisioner>,
     metrics: ServiceMetrics,
+    queue_key: Option<QueueKey>,
 ) -> anyhow::Result<()> {
     let shutdown = ctx.shutdown.clone();
     let name = args.common.provisioner_name.clone();
@@ -127,7 +131,7 @@ pub async fn work(
         caches.clone(),
         backend,
         Arc::new(cluster),
-        Arc::new(pv_queue),
+        Arc::new(SignedQueue::new(pv_queue, queue_key, &name)),
         Arc::new(intents.clone()),
         metrics.clone(),
         RetryPolicy::from_args(&args.retry),

@@ -5,15 +5,17 @@
 //!
 //! Differences from the seed, all on the durable side:
 //! * the PV goes to pv-writer's durable queue instead of being created here;
-//!   a PV that is queued but not yet written counts as existing;
+//!   a PV that is queued but not yet written counts as existing. "Queued?" is
+//!   always asked of Redis (no in-memory shadow): an entry lost in a Redis
+//!   crash is provisioned again (idempotently) at the next sync or resync;
 //! * an intent (claim, PV name, class, claim snapshot) is recorded in Redis
-//!   before the backend is called and cleared once the PV is queued or the
-//!   outcome is final; claims provisioning in background are flagged in it, so
+//!   before the backend is called and cleared in the same atomic script that
+//!   queues the PV, or once the outcome is final; claims provisioning in background are flagged in it, so
 //!   the seed's `claimsInProgress` survives a restart;
 //! * giving up on a claim at the failure threshold keeps its intent, so the next
 //!   leader's start-up walk cleans up a half-made volume instead of leaking it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -98,8 +100,6 @@ pub struct Engine {
     in_background: Mutex<HashMap<String, PersistentVolumeClaim>>,
     /// uid → claim reference in the claims cache (kept by the claim watch).
     uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
-    /// PVs queued by this process (seed: adds the PV to its informer cache).
-    queued: Mutex<HashSet<String>>,
 }
 
 impl Engine {
@@ -128,7 +128,6 @@ impl Engine {
             queue,
             in_background: Mutex::default(),
             uid_index: Mutex::default(),
-            queued: Mutex::default(),
         }
     }
 
@@ -301,12 +300,10 @@ impl Engine {
             );
         };
         let pv_name = pv_name_for_claim_uid(&key.uid);
-        let known_locally = self
-            .queued
-            .lock()
-            .expect("queued poisoned")
-            .contains(&pv_name);
-        if known_locally || self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
+        // Redis is the only truth about what is queued: no in-memory shadow, so
+        // an entry lost with a Redis crash (or removed by an operator) is
+        // provisioned again instead of being skipped until a restart.
+        if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
             tracing::info!("{op}: persistentvolume {pv_name:?} already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
@@ -472,19 +469,20 @@ impl Engine {
             claim: key,
             class: class_name,
             enqueued_at_ms: now_ms(),
+            mac: None,
         };
-        if let Err(e) = self.handoff.enqueue(&entry).await {
-            return (
-                ProvisioningState::Finished,
-                Err(OpError::NotQueued(format!(
-                    "queueing PV {pv_name:?} for pv-writer: {e}"
-                ))),
-            );
+        match self.handoff.enqueue(&entry).await {
+            Ok(true) => self.metrics.intents.dec(),
+            Ok(false) => {}
+            Err(e) => {
+                return (
+                    ProvisioningState::Finished,
+                    Err(OpError::NotQueued(format!(
+                        "queueing PV {pv_name:?} for pv-writer: {e}"
+                    ))),
+                )
+            }
         }
-        self.queued
-            .lock()
-            .expect("queued poisoned")
-            .insert(entry.pv_name().to_string());
         (ProvisioningState::Finished, Ok(()))
     }
 
@@ -708,10 +706,6 @@ impl Engine {
                             .lock()
                             .expect("uid index poisoned")
                             .remove(uid);
-                        self.queued
-                            .lock()
-                            .expect("queued poisoned")
-                            .remove(&pv_name_for_claim_uid(uid));
                         self.retry.forget(&uid.to_string());
                         return;
                     }

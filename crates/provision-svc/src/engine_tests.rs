@@ -145,6 +145,9 @@ impl Provisioner for FakeBackend {
     fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
         !self.decline
     }
+    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+        unreachable!("provision-svc never validates queued PVs")
+    }
 }
 
 #[derive(Default)]
@@ -227,7 +230,7 @@ impl PvHandoff for FakeHandoff {
         }
         Ok(self.pending.lock().unwrap().contains(pv_name))
     }
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String> {
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
         if self.fail {
             return Err("redis down".into());
         }
@@ -236,7 +239,9 @@ impl PvHandoff for FakeHandoff {
             .unwrap()
             .insert(entry.pv_name().to_string());
         self.enqueued.lock().unwrap().push(entry.clone());
-        Ok(())
+        // The real queue clears the intent in the same script; this fake leaves
+        // that to the engine's own clear, which then reports it.
+        Ok(false)
     }
 }
 
@@ -588,6 +593,24 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
     // A second sync (resync before the PV shows up) stops: the PV is queued.
     assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
     assert_eq!(w.backend.calls().len(), 1);
+}
+
+#[tokio::test]
+async fn an_entry_lost_from_redis_is_provisioned_again() {
+    // Redis is the only truth about what is queued: when the entry disappears
+    // (a Redis crash inside the AOF fsync window) and no PV exists, the next
+    // sync provisions again (idempotently) and queues the PV again.
+    let w = Setup::default().build();
+    let c = ours("u1");
+    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.enqueued().len(), 1);
+    w.handoff.pending.lock().unwrap().clear();
+    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.backend.calls().len(), 2, "provisioned again");
+    let queued = w.enqueued();
+    assert_eq!(queued.len(), 2, "queued again");
+    assert_eq!(queued[1].pv_name(), "pvc-u1");
+    assert_eq!(queued[1].claim, queued[0].claim);
 }
 
 #[tokio::test]

@@ -37,13 +37,14 @@ use prometheus::Registry;
 /// Errors: client or HTTP setup failures. A lost Lease stops all work and the
 /// replica campaigns again (see [`common::runtime`]).
 pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
+    let queue_key = args.queue_key.load()?;
     let registry = Registry::new();
     let metrics = metrics::ServiceMetrics::register(&registry);
     let common_args = args.common.clone();
     // Called once per leader term: each term starts from scratch (new
     // reflectors and engine, a new start-up walk); the metrics live on.
     common::runtime::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
-        controller::work(ctx, args.clone(), backend.clone(), metrics.clone())
+        controller::work(ctx, args.clone(), backend.clone(), metrics.clone(), queue_key.clone())
     })
     .await
 }

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use common::events::{reason, EventSink};
 use common::intents::IntentStore;
 use common::queue::PvQueue;
+use common::queue_auth::QueueKey;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
@@ -51,8 +52,10 @@ pub trait ClusterApi: Send + Sync + 'static {
 pub trait PvHandoff: Send + Sync + 'static {
     /// Whether a PV write for `pv_name` is queued and not yet done.
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String>;
-    /// Queue `entry` (atomic, idempotent per PV name).
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String>;
+    /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
+    /// step, clear the PV's provisioning intent. Returns true when an intent
+    /// was cleared by it.
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String>;
 }
 
 /// Durable provisioning intents, as provision-svc uses them.
@@ -70,17 +73,45 @@ pub trait IntentLog: Send + Sync + 'static {
     async fn clear(&self, pv_name: &str) -> Result<bool, String>;
 }
 
+/// The real [`PvHandoff`]: pv-writer's Redis queue, every entry signed with the
+/// queue key ([`common::queue_auth`]) before it is stored.
+pub struct SignedQueue {
+    queue: PvQueue,
+    key: Option<QueueKey>,
+    provisioner_name: String,
+}
+
+impl SignedQueue {
+    /// Enqueue into `queue`, signing for `provisioner_name`'s queue with `key`
+    /// (`None`: unsigned, `--insecure-unsigned-queue`).
+    pub fn new(queue: PvQueue, key: Option<QueueKey>, provisioner_name: &str) -> Self {
+        SignedQueue {
+            queue,
+            key,
+            provisioner_name: provisioner_name.to_string(),
+        }
+    }
+}
+
 #[async_trait]
-impl PvHandoff for PvQueue {
+impl PvHandoff for SignedQueue {
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
-        PvQueue::is_pending(self, pv_name)
+        self.queue
+            .is_pending(pv_name)
             .await
             .map_err(|e| e.to_string())
     }
 
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<(), String> {
-        PvQueue::enqueue(self, entry)
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
+        let mut entry = entry.clone();
+        match &self.key {
+            Some(key) => key.sign(&self.provisioner_name, &mut entry),
+            None => entry.mac = None,
+        }
+        self.queue
+            .enqueue(&entry)
             .await
+            .map(|outcome| outcome.intent_cleared)
             .map_err(|e| e.to_string())
     }
 }

@@ -1,10 +1,12 @@
 //! Flags and subcommands of `pv-writer`, each flag with an environment twin
 //! (`--retry-initial` ⇔ `RETRY_INITIAL`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use common::config::{parse_duration, CommonArgs};
+use common::queue_auth::QueueKeyArgs;
 
 /// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`.
 ///
@@ -55,6 +57,30 @@ pub struct WriterArgs {
     /// Must exceed `--write-timeout`.
     #[arg(long, env = "VISIBILITY_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub visibility_timeout: Duration,
+
+    /// The hostpath backend's base directory (same value as provision-svc's
+    /// `--base-dir`): a queued PV is written only when its `hostPath` is exactly
+    /// `<base-dir>/<pv name>`.
+    #[arg(
+        long,
+        env = "HOSTPATH_BASE_DIR",
+        default_value = "/var/lib/hostpath-provisioner"
+    )]
+    pub base_dir: PathBuf,
+
+    /// Further provisioner names accepted in a queued PV's
+    /// `pv.kubernetes.io/provisioned-by` annotation besides `--provisioner-name`
+    /// (same as provision-svc's; comma-separated in the environment variable).
+    #[arg(
+        long = "additional-provisioner",
+        env = "ADDITIONAL_PROVISIONERS",
+        value_delimiter = ','
+    )]
+    pub additional_provisioners: Vec<String>,
+
+    /// The key that authenticates queue entries (`--queue-hmac-key-file`).
+    #[command(flatten)]
+    pub queue_key: QueueKeyArgs,
 }
 
 /// Subcommands.
@@ -121,7 +147,29 @@ mod tests {
         assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));
         assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
         assert!(cli.command.is_none());
+        assert_eq!(
+            cli.writer.base_dir,
+            PathBuf::from("/var/lib/hostpath-provisioner")
+        );
+        assert!(cli.writer.queue_key.queue_hmac_key_file.is_none());
+        assert!(!cli.writer.queue_key.insecure_unsigned_queue);
         cli.writer.validate().unwrap();
+        let cli = Cli::try_parse_from([
+            "pv-writer",
+            "--base-dir",
+            "/data",
+            "--queue-hmac-key-file",
+            "/k",
+            "--additional-provisioner",
+            "a.io/x",
+        ])
+        .unwrap();
+        assert_eq!(cli.writer.base_dir, PathBuf::from("/data"));
+        assert_eq!(
+            cli.writer.queue_key.queue_hmac_key_file,
+            Some(PathBuf::from("/k"))
+        );
+        assert_eq!(cli.writer.additional_provisioners, ["a.io/x"]);
 
         let cli = Cli::try_parse_from([
             "pv-writer",

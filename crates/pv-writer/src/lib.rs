@@ -16,9 +16,16 @@
 //! Metrics ([`metrics::WriterMetrics`]): `pv_writer_queue_depth`,
 //! `pv_writer_queue_oldest_pending_age_seconds`, `pv_writer_queue_dead_letters`,
 //! `pv_writer_dead_letters_total{reason}`, `pv_writer_writes_total{outcome}`,
-//! `pv_writer_write_duration_seconds`, `pv_writer_retries_total`.
+//! `pv_writer_write_duration_seconds`, `pv_writer_retries_total`,
+//! `pv_writer_refused_entries_total{reason}`, `pv_writer_fenced_operations_total`.
+//!
+//! Every entry is checked before it is written ([`checks`]): HMAC with the
+//! queue key (`--queue-hmac-key-file`; refusing to start without one unless
+//! `--insecure-unsigned-queue`), PV name, claimRef, provisioned-by annotation and
+//! the hostpath backend's volume-source check (`--base-dir`).
 
 pub mod api_calls;
+pub mod checks;
 pub mod cli;
 pub mod metrics;
 pub mod queue_cmd;
@@ -27,8 +34,10 @@ pub mod writer;
 use std::sync::Arc;
 
 use anyhow::Context;
+use common::backend::hostpath::{HostPath, OnDelete};
 use common::config::ServiceKind;
 use common::queue::PvQueue;
+use common::queue_auth::QueueKey;
 use common::runtime::{run_service, ServiceContext};
 use prometheus::Registry;
 
@@ -51,6 +60,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         None | Some(Command::Run) => {
+            let key = cli.writer.queue_key.load()?;
             let registry = Registry::new();
             // Registered once; the work function runs once per leader term.
             let metrics = metrics::WriterMetrics::register(&registry);
@@ -59,7 +69,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 ServiceKind::PvWriter,
                 cli.common.clone(),
                 registry,
-                move |ctx| serve_with_metrics(ctx, writer_args.clone(), metrics.clone()),
+                move |ctx| serve_with_metrics(ctx, writer_args.clone(), metrics.clone(), key.clone()),
             )
             .await
         }
@@ -67,23 +77,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The leader's work loop: connect to Redis (not ready until it answers,
-/// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown.
+/// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown,
+/// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
+/// `--insecure-unsigned-queue`) and the hostpath backend at `args.base_dir`.
 /// Embedders with their own [`ServiceContext`] may call it directly.
 ///
-/// Errors: none in practice; returns `Ok` on shutdown.
-pub async fn serve(ctx: ServiceContext, args: WriterArgs) -> anyhow::Result<()> {
+/// Errors: this replica's term was superseded by a newer leader (see
+/// [`writer`]); otherwise returns `Ok` on shutdown.
+pub async fn serve(
+    ctx: ServiceContext,
+    args: WriterArgs,
+    key: Option<QueueKey>,
+) -> anyhow::Result<()> {
     let metrics = metrics::WriterMetrics::register(&ctx.registry);
-    serve_with_metrics(ctx, args, metrics).await
+    serve_with_metrics(ctx, args, metrics, key).await
 }
 
 /// [`serve`] with metrics already registered in `ctx.registry`, for a work
 /// function called once per leader term (registering twice would panic).
 ///
-/// Errors: none in practice; returns `Ok` on shutdown.
+/// Errors: as [`serve`].
 pub async fn serve_with_metrics(
     ctx: ServiceContext,
     args: WriterArgs,
     metrics: metrics::WriterMetrics,
+    key: Option<QueueKey>,
 ) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let queue = loop {
@@ -106,8 +124,18 @@ pub async fn serve_with_metrics(
         visibility_timeout: args.visibility_timeout,
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
+    let backend = Arc::new(HostPath {
+        base_dir: args.base_dir.clone(),
+        node_name: None,
+        on_delete: OnDelete::Retain,
+    });
+    let names = std::iter::once(ctx.args.provisioner_name.clone())
+        .chain(args.additional_provisioners.iter().cloned())
+        .collect();
+    let checks = checks::EntryChecks::new(names, key, backend);
     let writer = Arc::new(writer::Writer::new(
         queue,
+        checks,
         ctx.client.clone(),
         &ctx.identity,
         metrics,

@@ -36,6 +36,12 @@ pub struct WriterMetrics {
     pub write_duration_seconds: Histogram,
     /// `pv_writer_retries_total`: retries scheduled after transient failures.
     pub retries_total: IntCounter,
+    /// `pv_writer_refused_entries_total{reason}`: queue entries refused by the
+    /// checks of [`crate::checks`] (never written, dead-lettered).
+    pub refused_entries_total: IntCounterVec,
+    /// `pv_writer_fenced_operations_total`: takes and settlements this replica
+    /// attempted after a newer leader term began (refused by Redis).
+    pub fenced_operations_total: IntCounter,
 }
 
 impl WriterMetrics {
@@ -49,6 +55,8 @@ impl WriterMetrics {
             writes_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_writes_total", "Processed PV writes by outcome: created, already_exists, dead_letter, retry."), &["outcome"]).expect("valid metric")),
             write_duration_seconds: seconds_histogram(registry, "pv_writer_write_duration_seconds", "Duration in seconds of one PV write against the API server, every outcome."),
             retries_total: register(registry, IntCounter::new("pv_writer_retries_total", "Retries scheduled after transient PV write failures.").expect("valid metric")),
+            refused_entries_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_refused_entries_total", "Queue entries refused before writing (not signed, bad signature, PV not one provision-svc makes), by reason."), &["reason"]).expect("valid metric")),
+            fenced_operations_total: register(registry, IntCounter::new("pv_writer_fenced_operations_total", "Queue takes and settlements refused because a newer pv-writer leader term began.").expect("valid metric")),
         }
     }
 }

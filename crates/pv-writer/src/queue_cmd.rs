@@ -17,7 +17,7 @@ pub async fn run_queue_command(queue: &PvQueue, action: &QueueCommand) -> anyhow
         QueueCommand::List => Ok(format_pending(&queue.list_pending().await?, now)),
         QueueCommand::Dead => Ok(format_dead(&queue.list_dead().await?, now)),
         QueueCommand::Requeue { pv_name } => {
-            if queue.requeue_dead(pv_name, now).await? {
+            if queue.requeue_dead(pv_name).await? {
                 Ok(format!("requeued dead letter {pv_name}\n"))
             } else if queue.is_pending(pv_name).await? {
                 anyhow::bail!("PV {pv_name} is pending, not dead-lettered; nothing to requeue")

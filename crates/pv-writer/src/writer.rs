@@ -18,14 +18,28 @@
 //!   A write that failed while the API server was down but settles after it came
 //!   back is retried at once too. One entry failing on its own (API server up)
 //!   keeps its backoff;
-//! * a garbled or unknown-version payload, or one whose PV name differs from its
-//!   queue key → dead-lettered with an error log line naming the PV; the worker
-//!   carries on.
+//! * a garbled or unknown-version payload → dead-lettered with an error log line
+//!   naming the PV; the worker carries on;
+//! * an entry provision-svc could not have produced (no or a bad HMAC, PV name,
+//!   claimRef, provisioned-by annotation or volume source not ours: see
+//!   [`crate::checks`]) → refused before any API call: dead-lettered,
+//!   `pv_writer_refused_entries_total{reason}` and a Warning event on the claim.
 //!
 //! Redis failures while settling an entry are retried every 500 ms until they
 //! succeed or shutdown; an unsettled entry stays in flight and is taken again
 //! by the next leader, and the repeated create answers `AlreadyExists` for the
 //! same claim, so no PV is written twice.
+//!
+//! Fencing: [`Writer::run`] starts a leader term ([`PvQueue::begin_term`]) and
+//! every take and settlement carries its epoch. Once a newer term exists (this
+//! replica was paused past its Lease and another took over), Redis refuses
+//! them ([`Settled::Fenced`]): the stale replica moves no entry, counts
+//! `pv_writer_fenced_operations_total` and its drain loop ends with an error
+//! (the process exits and restarts as a standby). Before announcing a written
+//! PV (`ProvisioningSucceeded`) a worker asks Redis whether its term still holds
+//! the entry ([`PvQueue::holds`]), so a replica that wakes up superseded
+//! announces nothing; only one stopped in the few milliseconds between that
+//! check and the event reaching the API server can add a second event.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,7 +48,7 @@ use std::time::{Duration, Instant};
 use api_types::queue::{DecodeError, QueuedPvWrite};
 use common::events::{claim_reference, reason, EventSink};
 use common::http::Readiness;
-use common::queue::{DeadLetter, PvQueue, QueueError, TakenEntry};
+use common::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
 use common::retry::backoff;
 use common::time::now_ms;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -45,6 +59,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::EntryChecks;
 use crate::metrics::{outcome, WriterMetrics};
 
 /// Longest the idle dispatcher waits before looking for due entries again;
@@ -183,6 +198,11 @@ pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration 
 /// The drain loop of the leader. Cheap to share (`Arc`).
 pub struct Writer {
     queue: PvQueue,
+    checks: EntryChecks,
+    /// This replica's leader term ([`PvQueue::begin_term`]); 0 before `run`.
+    epoch: AtomicU64,
+    /// Set once Redis refused an operation of this term: a newer leader runs.
+    superseded: AtomicBool,
     api: Api<PersistentVolume>,
     events: EventSink,
     metrics: WriterMetrics,
@@ -203,9 +223,10 @@ pub struct Writer {
 
 impl Writer {
     /// A writer creating PVs with `client`, publishing events as `pv-writer` from
-    /// `identity`.
+    /// `identity`, writing only entries that pass `checks`.
     pub fn new(
         queue: PvQueue,
+        checks: EntryChecks,
         client: Client,
         identity: &str,
         metrics: WriterMetrics,
@@ -213,6 +234,9 @@ impl Writer {
     ) -> Self {
         Writer {
             queue,
+            checks,
+            epoch: AtomicU64::new(0),
+            superseded: AtomicBool::new(false),
             api: Api::all(client.clone()),
             events: EventSink::new(client, "pv-writer", identity),
             metrics,
@@ -229,7 +253,7 @@ impl Writer {
     async fn api_is_up(&self) {
         if self.api_down.swap(false, Ordering::SeqCst) {
             self.recovered_at_ms.store(now_ms(), Ordering::SeqCst);
-            match self.queue.pull_forward_retries(now_ms()).await {
+            match self.queue.pull_forward_retries().await {
                 Ok(n) => tracing::info!(
                     entries = n,
                     "API server accepts requests again; retrying waiting PV writes now"
@@ -283,16 +307,25 @@ impl Writer {
         readiness: Readiness,
     ) -> anyhow::Result<()> {
         let _ = self.readiness.set(readiness.clone());
-        // As the only consumer, anything in flight belongs to a previous leader.
+        // A new term; anything in flight under an earlier one belongs to a
+        // previous leader that is gone or fenced.
         loop {
-            match self.queue.recover_inflight(now_ms()).await {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(
-                            entries = n,
-                            "took over PV writes left in flight by a previous leader"
-                        );
-                    }
+            let started = async {
+                let epoch = match self.epoch.load(Ordering::SeqCst) {
+                    0 => self.queue.begin_term().await?,
+                    epoch => epoch,
+                };
+                self.epoch.store(epoch, Ordering::SeqCst);
+                let recovered = self.queue.recover_inflight(epoch).await?;
+                Ok::<_, QueueError>((epoch, recovered))
+            };
+            match started.await {
+                Ok((epoch, n)) => {
+                    tracing::info!(
+                        term = epoch,
+                        recovered = n,
+                        "began a pv-writer term; took over PV writes left in flight by earlier terms"
+                    );
                     break;
                 }
                 Err(err) => {
@@ -315,19 +348,25 @@ impl Writer {
         let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
         let mut redis_down = false;
-        while !shutdown.is_cancelled() {
+        while !shutdown.is_cancelled() && !self.superseded.load(Ordering::SeqCst) {
             while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
                 p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
                 _ = shutdown.cancelled() => break,
             };
             let limit = permits.available_permits() + 1;
+            let epoch = self.epoch.load(Ordering::SeqCst);
             let batch = match self
                 .queue
-                .take_due(now_ms(), limit, self.config.visibility_timeout)
+                .take_due(epoch, limit, self.config.visibility_timeout)
                 .await
             {
-                Ok(batch) => {
+                Ok(None) => {
+                    drop(permit);
+                    self.fenced("take_due");
+                    break;
+                }
+                Ok(Some(batch)) => {
                     if redis_down {
                         tracing::info!("Redis reachable again; draining");
                         redis_down = false;
@@ -380,7 +419,26 @@ impl Writer {
         );
         while tasks.join_next().await.is_some() {}
         background.shutdown().await;
+        if self.superseded.load(Ordering::SeqCst) {
+            readiness.set_ready(false);
+            anyhow::bail!(
+                "pv-writer term {} was superseded by a newer leader; stopped draining",
+                self.epoch.load(Ordering::SeqCst)
+            );
+        }
         Ok(())
+    }
+
+    /// Redis refused `operation` because a newer term began: stop draining.
+    fn fenced(&self, operation: &str) {
+        self.metrics.fenced_operations_total.inc();
+        if !self.superseded.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                term = self.epoch.load(Ordering::SeqCst),
+                operation,
+                "a newer pv-writer leader term began (this replica was paused or lost its Lease); Redis refused this replica's queue operations, stopping"
+            );
+        }
     }
 
     async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {
@@ -390,7 +448,7 @@ impl Writer {
                 self.metrics.dead_letters.set(stats.dead as i64);
                 self.metrics
                     .oldest_age_seconds
-                    .set(stats.oldest_age_seconds(now_ms()));
+                    .set(stats.oldest_age_seconds(stats.redis_now_ms));
             }
             if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
                 return;
@@ -421,14 +479,35 @@ impl Writer {
                 return;
             }
         };
-        if entry.pv_name() != pv_name {
-            let reason = format!(
-                "queue entry {pv_name} holds a PV named {:?}; refusing to write it",
-                entry.pv_name()
-            );
-            tracing::error!(pv = %pv_name, claim = %entry.claim, "{reason}; moving it to the dead-letter set");
-            self.dead_letter(&taken, Some(&entry), "name_mismatch", reason, shutdown)
+        if let Err(refusal) = self.checks.check(&pv_name, &entry) {
+            tracing::error!(pv = %pv_name, claim = %entry.claim, reason = %refusal.reason, kind = refusal.kind, "refusing a queue entry provision-svc could not have produced; moving it to the dead-letter set");
+            if self
+                .dead_letter(
+                    &taken,
+                    Some(&entry),
+                    refusal.kind,
+                    refusal.reason.clone(),
+                    shutdown,
+                )
+                .await
+            {
+                self.metrics
+                    .refused_entries_total
+                    .with_label_values(&[refusal.kind])
+                    .inc();
+                publish_bounded(
+                    EVENT_PUBLISH_TIMEOUT,
+                    &pv_name,
+                    self.events.publish(
+                        &claim_reference(&entry.claim),
+                        true,
+                        reason::PROVISIONING_FAILED,
+                        "Provision",
+                        refusal.reason,
+                    ),
+                )
                 .await;
+            }
             return;
         }
 
@@ -446,12 +525,26 @@ impl Writer {
                     outcome::ALREADY_EXISTS
                 };
                 self.api_is_up().await;
-                // The event goes out before the entry is completed: a writer
-                // killed in between re-takes the entry, finds the PV already
-                // there and publishes again, so the claim always gets its
-                // ProvisioningSucceeded (at least once, like the write).
-                // Bounded by EVENT_PUBLISH_TIMEOUT so the entry is completed well
-                // within its visibility timeout even when the API server is slow.
+                // Announce only while this term still holds the entry: a
+                // superseded writer (paused past its Lease) announces nothing;
+                // the new leader re-takes the entry, finds the PV and announces.
+                // The event goes out before the completion, so a writer killed
+                // in between announces again on the retried write (at least once,
+                // like the write itself). Bounded by EVENT_PUBLISH_TIMEOUT so the
+                // entry is completed well within its visibility timeout.
+                let epoch = self.epoch.load(Ordering::SeqCst);
+                match self
+                    .settle("holds", shutdown, || self.queue.holds(epoch, &pv_name))
+                    .await
+                {
+                    Some(Settled::Done) => {}
+                    Some(Settled::Fenced) => return self.fenced("holds"),
+                    Some(Settled::NotInFlight) => {
+                        tracing::warn!(pv = %pv_name, "PV written but its queue entry is no longer in flight under this term (taken again after its visibility timeout); the other take settles it");
+                        return;
+                    }
+                    None => return,
+                }
                 publish_bounded(
                     EVENT_PUBLISH_TIMEOUT,
                     &pv_name,
@@ -464,12 +557,16 @@ impl Writer {
                     ),
                 )
                 .await;
-                let Some(_) = self
-                    .settle("complete", shutdown, || self.queue.complete(&pv_name))
+                match self
+                    .settle("complete", shutdown, || {
+                        self.queue.complete(epoch, &pv_name)
+                    })
                     .await
-                else {
-                    return;
-                };
+                {
+                    Some(Settled::Done) => {}
+                    Some(Settled::Fenced) => return self.fenced("complete"),
+                    Some(Settled::NotInFlight) | None => return,
+                }
                 self.metrics.writes_total.with_label_values(&[label]).inc();
                 tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
             }
@@ -504,14 +601,20 @@ impl Writer {
                 } else {
                     retry_delay(self.config.retry_initial, self.config.retry_max, attempts)
                 };
-                let due = now_ms().saturating_add(delay.as_millis() as u64);
-                if self
+                let settled = self
                     .settle("schedule_retry", shutdown, || {
-                        self.queue.schedule_retry(&pv_name, due, attempts)
+                        self.queue.schedule_retry(
+                            self.epoch.load(Ordering::SeqCst),
+                            &pv_name,
+                            delay,
+                            attempts,
+                        )
                     })
-                    .await
-                    .is_some()
-                {
+                    .await;
+                if settled == Some(Settled::Fenced) {
+                    self.fenced("schedule_retry");
+                }
+                if settled == Some(Settled::Done) {
                     self.metrics.retries_total.inc();
                     self.metrics
                         .writes_total
@@ -524,7 +627,7 @@ impl Writer {
     }
 
     /// Dead-letter `taken`; returns whether it was moved (false: Redis gave up
-    /// at shutdown, or the entry was gone).
+    /// at shutdown, the entry was gone, or this term is stale).
     async fn dead_letter(
         &self,
         taken: &TakenEntry,
@@ -540,10 +643,16 @@ impl Writer {
             attempts: taken.attempts,
             claim: entry.map(|e| e.claim.clone()),
         };
-        let moved = self
-            .settle("dead_letter", shutdown, || self.queue.dead_letter(&letter))
-            .await
-            == Some(true);
+        let settled = self
+            .settle("dead_letter", shutdown, || {
+                self.queue
+                    .dead_letter(self.epoch.load(Ordering::SeqCst), &letter)
+            })
+            .await;
+        if settled == Some(Settled::Fenced) {
+            self.fenced("dead_letter");
+        }
+        let moved = settled == Some(Settled::Done);
         if moved {
             self.metrics
                 .writes_total

@@ -355,6 +355,9 @@ mod tests {
         async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
             Some(Ok(self.volumes.clone()))
         }
+        fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+            unreachable!("reclaim never validates queued PVs")
+        }
     }
 
     fn fixture(fail: bool) -> (Backend, Fake) {

@@ -190,6 +190,9 @@ impl Provisioner for FakeBackend {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.answer.lock().unwrap().clone()
     }
+    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+        unreachable!("reclaim never validates queued PVs")
+    }
 }
 
 #[derive(Default)]
@@ -523,6 +526,9 @@ struct Slow {
 impl Provisioner for Slow {
     async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
         unreachable!()
+    }
+    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+        unreachable!("reclaim never validates queued PVs")
     }
     async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
         *self.saw_deadline.lock().unwrap() = common::deadline::current().map(|d| d.timeout());

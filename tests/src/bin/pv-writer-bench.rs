@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use common::queue::PvQueue;
-use e2e::harness::pv_writer::{enqueue_all, pv_writer_binary, spawn_writer, PROVISIONER};
+use e2e::harness::pv_writer::{
+    enqueue_all, pv_writer_binary, queue_key, spawn_writer, PROVISIONER,
+};
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
 use e2e::sim::{SimConfig, Simulator};
@@ -38,7 +40,7 @@ async fn run() {
     .enumerate()
     {
         let prefix = format!("b{run}-");
-        enqueue_all(&queue, &prefix, 2000).await;
+        enqueue_all(&queue, &queue_key(dir.path()), &prefix, 2000).await;
         let before = sim.count("persistentvolumes");
         let started = Instant::now();
         let mut p = spawn_writer(

@@ -7,13 +7,36 @@ use std::path::{Path, PathBuf};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
 use common::queue::{now_ms, PvQueue};
+use common::queue_auth::QueueKey;
 use serde_json::json;
 
 use super::binaries::{target_dir, workspace_root};
 use super::process::ManagedProcess;
+use super::services::write_queue_key;
 
 /// Provisioner name the entries and the writer use.
 pub const PROVISIONER: &str = "example.com/hostpath";
+
+/// The hostpath base directory the entries' PVs point into: pv-writer's default
+/// `--base-dir` (the writer only checks the path, nothing is created).
+pub const BASE_DIR: &str = "/var/lib/hostpath-provisioner";
+
+/// The queue key of the pv-writer runs in `dir`: `<dir>/queue-hmac-key`,
+/// written with a fresh random key on first use ([`write_queue_key`]).
+pub fn queue_key(dir: &Path) -> QueueKey {
+    let path = dir.join("queue-hmac-key");
+    if !path.exists() {
+        write_queue_key(dir);
+    }
+    QueueKey::load(&path).expect("queue key")
+}
+
+/// [`entry`] signed with `key`, as provision-svc enqueues it.
+pub fn signed_entry(uid: &str, key: &QueueKey) -> QueuedPvWrite {
+    let mut e = entry(uid);
+    key.sign(PROVISIONER, &mut e);
+    e
+}
 
 /// Build `pv-writer` in the current profile (debug under `cargo test`,
 /// release under `--release`) and return its path. Panics when cargo fails.
@@ -37,7 +60,8 @@ pub fn pv_writer_binary() -> PathBuf {
     target_dir().join(profile).join("pv-writer")
 }
 
-/// A queue entry for claim uid `uid`: PV `pvc-<uid>` bound to `default/claim-<uid>`.
+/// An unsigned queue entry for claim uid `uid`: PV `pvc-<uid>` bound to
+/// `default/claim-<uid>`, `hostPath` `<BASE_DIR>/pvc-<uid>`.
 pub fn entry(uid: &str) -> QueuedPvWrite {
     let name = format!("pvc-{uid}");
     QueuedPvWrite {
@@ -48,7 +72,7 @@ pub fn entry(uid: &str) -> QueuedPvWrite {
             "spec": {
                 "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                 "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
-                "volumeMode": "Filesystem", "hostPath": {"path": format!("/tmp/{name}")},
+                "volumeMode": "Filesystem", "hostPath": {"path": format!("{BASE_DIR}/{name}"), "type": "DirectoryOrCreate"},
                 "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "default", "name": format!("claim-{uid}"), "uid": uid},
             }
         }))
@@ -56,11 +80,13 @@ pub fn entry(uid: &str) -> QueuedPvWrite {
         claim: ClaimKey { namespace: "default".into(), name: format!("claim-{uid}"), uid: uid.into() },
         class: "fast".into(),
         enqueued_at_ms: now_ms(),
+        mac: None,
     }
 }
 
-/// Start `pv-writer` (no leader election, free HTTP port, retries 200 ms..2 s)
-/// with `extra` flags; its log goes to `<dir>/pv-writer-<run>.log`.
+/// Start `pv-writer` (no leader election, free HTTP port, retries 200 ms..2 s,
+/// the queue key of `dir` ([`queue_key`])) with `extra` flags; its log goes to
+/// `<dir>/pv-writer-<run>.log`.
 pub fn spawn_writer(
     bin: &Path,
     dir: &Path,
@@ -87,6 +113,11 @@ pub fn spawn_writer(
     .iter()
     .map(|s| s.to_string())
     .collect();
+    queue_key(dir);
+    args.extend([
+        "--queue-hmac-key-file".to_string(),
+        dir.join("queue-hmac-key").display().to_string(),
+    ]);
     args.extend(extra.iter().map(|s| s.to_string()));
     ManagedProcess::spawn(
         "pv-writer",
@@ -98,11 +129,11 @@ pub fn spawn_writer(
     .unwrap()
 }
 
-/// Enqueue `n` entries with uids `<prefix>0..<prefix>n-1`.
-pub async fn enqueue_all(queue: &PvQueue, prefix: &str, n: usize) {
+/// Enqueue `n` entries with uids `<prefix>0..<prefix>n-1`, signed with `key`.
+pub async fn enqueue_all(queue: &PvQueue, key: &QueueKey, prefix: &str, n: usize) {
     for i in 0..n {
         queue
-            .enqueue(&entry(&format!("{prefix}{i}")))
+            .enqueue(&signed_entry(&format!("{prefix}{i}"), key))
             .await
             .unwrap();
     }

@@ -105,14 +105,20 @@ pub struct ServiceSettings {
     pub log_dir: PathBuf,
     /// Extra flags per service, appended last.
     pub extra_args: Vec<(Service, Vec<String>)>,
+    /// The queue HMAC key file given to provision-svc and pv-writer
+    /// (`--queue-hmac-key-file`); [`new`](Self::new) writes a fresh random key.
+    pub queue_key_file: PathBuf,
 }
 
 impl ServiceSettings {
     /// Test-friendly defaults: leader election on with short timings (lease 4 s,
     /// renew deadline 3 s, retry period 1 s), client rate limit off, retries
-    /// from 500 ms capped at 5 s, provisioner `example.com/hostpath`, node `node-1`.
+    /// from 500 ms capped at 5 s, provisioner `example.com/hostpath`, node `node-1`,
+    /// and a random queue HMAC key written to `<log_dir>/queue-hmac-key`.
     pub fn new(kubeconfig: &Path, redis_url: &str, base_dir: &Path, log_dir: &Path) -> Self {
+        let queue_key_file = write_queue_key(log_dir);
         Self {
+            queue_key_file,
             kubeconfig: kubeconfig.to_path_buf(),
             service_kubeconfigs: Default::default(),
             redis_url: redis_url.to_string(),
@@ -170,6 +176,15 @@ impl ServiceSettings {
             "--shutdown-grace-period".into(),
             "5s".into(),
         ];
+        if matches!(service, Service::Provision | Service::PvWriter) {
+            a.extend([
+                "--queue-hmac-key-file".into(),
+                self.queue_key_file.display().to_string(),
+            ]);
+        }
+        if service == Service::PvWriter {
+            a.extend(["--base-dir".into(), self.base_dir.display().to_string()]);
+        }
         if service.uses_backend() {
             a.extend([
                 "--base-dir".into(),
@@ -202,6 +217,30 @@ impl ServiceSettings {
         }
         a
     }
+}
+
+/// Write a fresh random queue HMAC key (64 hex characters) to
+/// `<dir>/queue-hmac-key` (mode 0600) and return its path. Panics when the
+/// directory cannot be written.
+pub fn write_queue_key(dir: &Path) -> PathBuf {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::create_dir_all(dir).expect("key directory");
+    let path = dir.join("queue-hmac-key");
+    let key = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("queue key file");
+    file.write_all(key.as_bytes()).expect("queue key written");
+    path
 }
 
 /// The Lease holder identity the harness gives replica `replica` of `service`,

@@ -97,4 +97,8 @@ impl Provisioner for HostPath {
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         Some(delete::list_volumes(self).await)
     }
+
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {
+        provision::validate_volume(self, pv)
+    }
 }

@@ -243,6 +243,75 @@ fn is_decimal_exponent(suffix: &str) -> bool {
 
 /// A PV name must be one plain path component, so the volume directory stays
 /// directly under the base directory.
+/// Volume sources of a PV spec other than `hostPath` (their JSON names); a
+/// hostpath PV carries none of them.
+const OTHER_VOLUME_SOURCES: &[&str] = &[
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "csi",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "glusterfs",
+    "iscsi",
+    "local",
+    "nfs",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+];
+
+/// [`Provisioner::validate_volume`](crate::Provisioner::validate_volume) of the
+/// hostpath backend: `pv` must be one [`provision`] could have returned, i.e. a
+/// PV name that is a single path component, `hostPath` as its only volume
+/// source, of type `DirectoryOrCreate`, with the path exactly `<base-dir>/<pv name>`.
+///
+/// Errors: the first check that fails, as a sentence naming the PV.
+pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), String> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    check_pv_name(name).map_err(|e| format!("PV name {name:?}: {e}"))?;
+    let spec = pv
+        .spec
+        .as_ref()
+        .ok_or_else(|| format!("PV {name} has no spec"))?;
+    let spec_json = serde_json::to_value(spec).map_err(|e| e.to_string())?;
+    if let Some(other) = OTHER_VOLUME_SOURCES
+        .iter()
+        .find(|k| spec_json.get(**k).is_some_and(|v| !v.is_null()))
+    {
+        return Err(format!(
+            "PV {name} has a {other} volume source; the hostpath backend only makes hostPath volumes"
+        ));
+    }
+    let source = spec
+        .host_path
+        .as_ref()
+        .ok_or_else(|| format!("PV {name} has no hostPath volume source"))?;
+    let expected = backend.base_dir.join(name);
+    if source.path != expected.to_string_lossy() {
+        return Err(format!(
+            "PV {name} has hostPath {:?}; this provisioner only makes {:?}",
+            source.path,
+            expected.display()
+        ));
+    }
+    if source.type_.as_deref() != Some(HOST_PATH_TYPE) {
+        return Err(format!(
+            "PV {name} has hostPath type {:?}; this provisioner only makes {HOST_PATH_TYPE:?}",
+            source.type_
+        ));
+    }
+    Ok(())
+}
+
 fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     let mut components = Path::new(pv_name).components();
     let single = matches!(
@@ -351,6 +420,54 @@ mod tests {
             } => reason,
             other => panic!("expected a Finished failure, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn validate_volume_accepts_only_what_provision_makes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path(), Some("node-a"));
+        let pv = provision(&b, &options(Some("1Gi"))).await.unwrap();
+        validate_volume(&b, &pv).unwrap();
+
+        let with = |edit: &dyn Fn(&mut PersistentVolume)| {
+            let mut pv = pv.clone();
+            edit(&mut pv);
+            validate_volume(&b, &pv).unwrap_err()
+        };
+        fn host_path(pv: &mut PersistentVolume) -> &mut HostPathVolumeSource {
+            pv.spec.as_mut().unwrap().host_path.as_mut().unwrap()
+        }
+        assert!(with(&|pv| host_path(pv).path = "/".into()).contains("hostPath \"/\""));
+        let base = tmp.path().to_string_lossy().into_owned();
+        for path in [
+            format!("{base}/pvc-other"),
+            format!("{base}/pvc-123/"),
+            format!("{base}//pvc-123"),
+            format!("{base}/x/../pvc-123"),
+            format!("{base}/pvc-123/../../etc"),
+        ] {
+            let err = with(&|pv| host_path(pv).path = path.clone());
+            assert!(err.contains("only makes"), "{path}: {err}");
+        }
+        assert!(with(&|pv| host_path(pv).type_ = Some("Directory".into())).contains("type"));
+        assert!(with(&|pv| pv.spec.as_mut().unwrap().host_path = None).contains("no hostPath"));
+        assert!(with(&|pv| {
+            pv.spec.as_mut().unwrap().nfs = Some(k8s_openapi::api::core::v1::NFSVolumeSource {
+                server: "evil".into(),
+                path: "/".into(),
+                read_only: None,
+            })
+        })
+        .contains("nfs volume source"));
+        assert!(with(&|pv| pv.spec = None).contains("no spec"));
+        // The name must be one path component, and the path follows the name.
+        let err = with(&|pv| {
+            pv.metadata.name = Some("../etc".into());
+            host_path(pv).path = format!("{base}/../etc");
+        });
+        assert!(err.contains("single path component"), "{err}");
+        let other_base = backend(&tmp.path().join("elsewhere"), None);
+        assert!(validate_volume(&other_base, &pv).is_err());
     }
 
     #[tokio::test]
