@@ -1195,10 +1195,12 @@ mod tests {
 
     fn intent_for(pv_name: &str) -> api_types::queue::ProvisionIntent {
         api_types::queue::ProvisionIntent {
-            version: SCHEMA_VERSION,
+            version: api_types::queue::INTENT_VERSION,
             claim: entry(pv_name).claim,
             pv_name: pv_name.into(),
             class: "fast".into(),
+            storage_class: None,
+            selected_node: None,
             recorded_at_ms: 1,
         }
     }
