@@ -93,4 +93,10 @@ impl Provisioner for HostPath {
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         Some(delete::list_volumes(self).await)
     }
+
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {
+        delete::checked_name(&self.base_dir, pv)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
 }
