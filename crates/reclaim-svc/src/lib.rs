@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use common::backend::hostpath::HostPathArgs;
+use common::backend::select::{Backend, BackendArgs};
 use common::config::{parse_duration, CommonArgs, RetryArgs, ServiceKind};
 use common::events::EventSink;
 use common::metrics::DeleteMetrics;
@@ -103,9 +103,9 @@ pub struct Cli {
     /// Per-PV retry flags.
     #[command(flatten)]
     pub retry: RetryArgs,
-    /// hostpath backend flags (used by the binary's built-in backend).
+    /// `--backend` and the built-in backends' flags.
     #[command(flatten)]
-    pub hostpath: HostPathArgs,
+    pub backend: BackendArgs,
     /// reclaim-svc's own flags.
     #[command(flatten)]
     pub reclaim: ReclaimArgs,
@@ -124,6 +124,28 @@ pub async fn run(
     backend: Arc<dyn Provisioner>,
 ) -> anyhow::Result<()> {
     run_with_orphan_pv(common, retry, reclaim, backend, None).await
+}
+
+/// [`run`] with a built-in backend: hostpath also gets its orphan archiving
+/// (see [`run_with_orphan_pv`]); nfs-subdir's orphans are only reported.
+///
+/// Errors: as [`run`].
+pub async fn run_with_backend(
+    common: CommonArgs,
+    retry: RetryArgs,
+    reclaim: ReclaimArgs,
+    backend: Backend,
+) -> anyhow::Result<()> {
+    let orphan_pv: Option<OrphanPvFn> = match &backend {
+        Backend::HostPath(hp) => {
+            let hp = Arc::clone(hp);
+            Some(Arc::new(move |name: &str| {
+                common::backend::hostpath::delete::volume_for_directory(&hp, name)
+            }))
+        }
+        Backend::NfsSubdir(_) => None,
+    };
+    run_with_orphan_pv(common, retry, reclaim, backend.provisioner(), orphan_pv).await
 }
 
 /// [`run`], plus how to address an orphaned `hostPath` volume (`orphan_pv`,
@@ -264,7 +286,7 @@ mod tests {
         assert_eq!(cli.reclaim.failed_delete_threshold, 0);
         assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
         assert_eq!(
-            cli.hostpath.on_delete,
+            cli.backend.hostpath.on_delete,
             common::backend::hostpath::OnDelete::Archive
         );
         assert!(cli.reclaim.sweep_orphans);
