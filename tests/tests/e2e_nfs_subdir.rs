@@ -19,35 +19,16 @@ use e2e::harness::{wait_eq, Service, ServiceSettings, System, SystemOptions};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::PostParams;
 
-const SERVER: &str = "nfs.test";
-const EXPORT: &str = "/srv/k8s";
-/// The backend's bookkeeping directory at the top of the export.
-const REGISTRY: &str = ".split-provisioner";
+use common::backend::nfs_subdir::registry::REGISTRY_DIR as REGISTRY;
+use e2e::harness::{NFS_TEST_EXPORT as EXPORT, NFS_TEST_SERVER as SERVER};
 
 fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
 }
 
-/// provision-svc and reclaim-svc with `--backend nfs-subdir`, the harness's
-/// base directory as the mounted export.
-fn nfs_backend(s: &mut ServiceSettings) {
-    let mount = s.base_dir.display().to_string();
-    for service in [Service::Provision, Service::Reclaim] {
-        s.extra_args.push((
-            service,
-            vec![
-                "--backend=nfs-subdir".into(),
-                format!("--nfs-server={SERVER}"),
-                format!("--nfs-path={EXPORT}"),
-                format!("--nfs-mount={mount}"),
-            ],
-        ));
-    }
-}
-
 async fn system() -> System {
     let mut sys = System::start(SystemOptions {
-        configure: Some(nfs_backend),
+        configure: Some(ServiceSettings::use_nfs_subdir),
         ..Default::default()
     })
     .await
@@ -101,17 +82,6 @@ fn tree(root: &Path) -> Vec<String> {
     out.retain(|p| !p.starts_with(REGISTRY));
     out.sort();
     out
-}
-
-/// Volume directories directly in the export (default pattern: one each).
-fn volume_dirs(sys: &System) -> usize {
-    std::fs::read_dir(sys.base_dir())
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .filter(|e| e.file_name() != REGISTRY)
-                .count()
-        })
-        .unwrap_or(0)
 }
 
 fn nfs_path(pv: &PersistentVolume) -> String {
@@ -322,7 +292,7 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
         let done_before = all.len() - 30;
         let progress = || async {
             Ok(match victim {
-                Service::Provision => volume_dirs(&sys),
+                Service::Provision => sys.dir_count(),
                 _ => sys.pvs().await?.len(),
             } > done_before + 3)
         };
@@ -344,7 +314,7 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
                 Ok((
                     sys.pvs().await?.len(),
                     sys.bound_claims().await?,
-                    volume_dirs(&sys),
+                    sys.dir_count(),
                 ))
             },
         )
@@ -352,7 +322,7 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
         check(&sys, r);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(sys.pvs().await.unwrap().len(), n, "no PV provisioned twice");
-        assert_eq!(volume_dirs(&sys), n, "one directory per claim");
+        assert_eq!(sys.dir_count(), n, "one directory per claim");
     }
     // Every PV names its own directory: <namespace>-<claim>-<pv name>.
     for pv in sys.pvs().await.unwrap() {
@@ -386,7 +356,7 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
         Duration::from_secs(60),
         "(PVs, volume directories)",
         (0, 0),
-        || async { Ok((sys.pvs().await?.len(), volume_dirs(&sys))) },
+        || async { Ok((sys.pvs().await?.len(), sys.dir_count())) },
     )
     .await;
     check(&sys, r);
