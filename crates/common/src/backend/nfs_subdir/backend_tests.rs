@@ -519,3 +519,32 @@ async fn delete_unprovisioned_follows_the_class_policy_and_needs_a_record() {
     f.backend.delete_unprovisioned(&archive).await.unwrap();
     assert_eq!(tree(&f.mount), ["a", "a/archived-pvc-1"]);
 }
+
+#[tokio::test]
+async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
+    let f = fixture();
+    std::fs::write(f.mount.join("team-a"), b"not a dir").unwrap();
+    let params = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
+    let r = reason(
+        f.backend
+            .provision(&options(&params, &[]))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        r.contains("\"team-a\" exists and is not a directory"),
+        "{r}"
+    );
+    std::fs::remove_file(f.mount.join("team-a")).unwrap();
+
+    // Provisioned once; a retry for the same PV whose claim now resolves
+    // elsewhere (its labels changed) is refused instead of making a second
+    // directory.
+    let by_label = [("pathPattern", "${.PVC.labels.app}")];
+    f.backend.provision(&options(&by_label, &[])).await.unwrap();
+    let mut relabelled = options(&by_label, &[]);
+    relabelled.pvc.metadata.labels = Some(BTreeMap::from([("app".to_string(), "db".to_string())]));
+    let r = reason(f.backend.provision(&relabelled).await.unwrap_err());
+    assert!(r.contains("was already provisioned at \"web\""), "{r}");
+    assert_eq!(tree(&f.mount), ["web"]);
+}

@@ -63,7 +63,7 @@ use std::path::PathBuf;
 use api_types::{DeleteError, ProvisionError, ProvisionOptions};
 use async_trait::async_trait;
 use clap::Args;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolume;
 
 use crate::provisioner::Provisioner;
 
@@ -190,12 +190,6 @@ impl Provisioner for NfsSubdir {
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
         delete::delete(self, volume).await
-    }
-
-    /// Claims with a `selector` are still taken (so the refusal is reported
-    /// as an event by `provision`, as upstream does).
-    fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
-        true
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
