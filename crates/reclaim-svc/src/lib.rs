@@ -126,8 +126,9 @@ pub async fn run(
     run_with_orphan_pv(common, retry, reclaim, backend, None).await
 }
 
-/// [`run`] with a built-in backend: hostpath also gets its orphan archiving
-/// (see [`run_with_orphan_pv`]); nfs-subdir's orphans are only reported.
+/// [`run`] with a built-in backend and its orphan archiver
+/// ([`sweep::HostPathArchiver`] or [`sweep::NfsSubdirArchiver`], used with
+/// `--sweep-orphans`).
 ///
 /// Errors: as [`run`].
 pub async fn run_with_backend(
@@ -136,16 +137,24 @@ pub async fn run_with_backend(
     reclaim: ReclaimArgs,
     backend: Backend,
 ) -> anyhow::Result<()> {
-    let orphan_pv: Option<OrphanPvFn> = match &backend {
+    let archiver: Arc<dyn sweep::OrphanArchiver> = match &backend {
         Backend::HostPath(hp) => {
             let hp = Arc::clone(hp);
-            Some(Arc::new(move |name: &str| {
+            let orphan_pv: OrphanPvFn = Arc::new(move |name: &str| {
                 common::backend::hostpath::delete::volume_for_directory(&hp, name)
-            }))
+            });
+            Arc::new(sweep::HostPathArchiver(orphan_pv))
         }
-        Backend::NfsSubdir(_) => None,
+        Backend::NfsSubdir(nfs) => Arc::new(sweep::NfsSubdirArchiver(Arc::clone(nfs))),
     };
-    run_with_orphan_pv(common, retry, reclaim, backend.provisioner(), orphan_pv).await
+    run_with_archiver(
+        common,
+        retry,
+        reclaim,
+        backend.provisioner(),
+        Some(archiver),
+    )
+    .await
 }
 
 /// [`run`], plus how to address an orphaned `hostPath` volume (`orphan_pv`,
@@ -160,6 +169,23 @@ pub async fn run_with_orphan_pv(
     reclaim: ReclaimArgs,
     backend: Arc<dyn Provisioner>,
     orphan_pv: Option<OrphanPvFn>,
+) -> anyhow::Result<()> {
+    let archiver =
+        orphan_pv.map(|f| Arc::new(sweep::HostPathArchiver(f)) as Arc<dyn sweep::OrphanArchiver>);
+    run_with_archiver(common, retry, reclaim, backend, archiver).await
+}
+
+/// [`run`], plus the archiver `--sweep-orphans` uses (see [`sweep`]: never
+/// removed, only when older than `--sweep-min-age`). Without one the
+/// leader-start orphan sweep only reports, even with `--sweep-orphans`.
+///
+/// Errors: as [`run`].
+pub async fn run_with_archiver(
+    common: CommonArgs,
+    retry: RetryArgs,
+    reclaim: ReclaimArgs,
+    backend: Arc<dyn Provisioner>,
+    archiver: Option<Arc<dyn sweep::OrphanArchiver>>,
 ) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
@@ -207,10 +233,7 @@ pub async fn run_with_orphan_pv(
             // One orphan sweep per leadership, owned by this work future: it
             // stops on shutdown, and is dropped with the loop (or when the
             // runtime aborts the work future on a lost Lease).
-            let archiver: Option<Arc<dyn sweep::OrphanArchiver>> = match orphan_pv {
-                Some(f) if reclaim.sweep_orphans => Some(Arc::new(sweep::HostPathArchiver(f))),
-                _ => None,
-            };
+            let archiver = archiver.filter(|_| reclaim.sweep_orphans);
             let job = sweep::SweepJob {
                 redis_url: ctx.args.redis_url.clone(),
                 provisioner_name: ctx.args.provisioner_name.clone(),

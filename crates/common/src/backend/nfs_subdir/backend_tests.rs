@@ -548,3 +548,32 @@ async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
     assert!(r.contains("was already provisioned at \"web\""), "{r}");
     assert_eq!(tree(&f.mount), ["web"]);
 }
+
+#[tokio::test]
+async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
+    use crate::backend::hostpath::delete::OrphanOutcome;
+    let f = fixture();
+    let o = options(&[("pathPattern", "${.PVC.namespace}/${.PVC.name}")], &[]);
+    f.backend.provision(&o).await.unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    assert!(matches!(
+        delete::archive_orphan(&f.backend, "pvc-1", hour)
+            .await
+            .unwrap(),
+        OrphanOutcome::TooYoung(_)
+    ));
+    assert_eq!(
+        delete::archive_orphan(&f.backend, "pvc-unknown", hour)
+            .await
+            .unwrap(),
+        OrphanOutcome::Absent
+    );
+    assert_eq!(
+        delete::archive_orphan(&f.backend, "pvc-1", std::time::Duration::ZERO)
+            .await
+            .unwrap(),
+        OrphanOutcome::Archived(f.mount.join("team-a/archived-data"))
+    );
+    assert_eq!(tree(&f.mount), ["team-a", "team-a/archived-data"]);
+    assert!(f.backend.list_volumes().await.unwrap().unwrap().is_empty());
+}

@@ -45,6 +45,7 @@ use super::pattern::RelPath;
 use super::provision::class_policy;
 use super::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use crate::backend::hostpath::delete::OrphanOutcome;
 
 /// Name prefix of archived directories.
 pub const ARCHIVE_PREFIX: &str = "archived-";
@@ -170,7 +171,7 @@ pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<()
                 }
             }
         }
-        apply_policy(&root, &name, &rel, policy)
+        apply_policy(&root, &name, &rel, policy).map(|_| ())
     })
     .await
 }
@@ -207,7 +208,7 @@ pub async fn delete_unprovisioned(
         else {
             return Ok(());
         };
-        apply_policy(&root, &name, &rel, policy)
+        apply_policy(&root, &name, &rel, policy).map(|_| ())
     })
     .await
 }
@@ -260,13 +261,19 @@ fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
     }
 }
 
+/// Apply `policy` to `rel`; returns the archived directory's new path
+/// (relative to the mount) when it was archived.
 fn apply_policy(
     root: &Dir,
     pv_name: &str,
     rel: &RelPath,
     policy: DeletePolicy,
-) -> Result<(), DeleteError> {
-    let forget = || registry::remove(root, pv_name).map_err(io_failed("remove the record of PV"));
+) -> Result<Option<String>, DeleteError> {
+    let forget = || {
+        registry::remove(root, pv_name)
+            .map(|()| None)
+            .map_err(io_failed("remove the record of PV"))
+    };
     if policy == DeletePolicy::Retain {
         tracing::info!(pv = pv_name, directory = %rel, "onDelete retain: leaving nfs-subdir directory in place");
         return forget();
@@ -315,10 +322,62 @@ fn apply_policy(
                 .rename(last, &parent, &target)
                 .map_err(io_failed("archive the volume directory"))?;
             tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
+            forget()?;
+            let mut archived = parent_comps.to_vec();
+            archived.push(target);
+            return Ok(Some(archived.join("/")));
         }
         DeletePolicy::Retain => unreachable!("handled above"),
     }
     forget()
+}
+
+/// reclaim-svc's orphan sweep (`--sweep-orphans`), which never removes data:
+/// archive the directory recorded for `pv_name` (as [`delete`] with policy
+/// `archive` does, with every check) when its age — now minus the newer of
+/// its mtime and ctime — is at least `min_age`. Returns the archived path
+/// (below the mount), [`OrphanOutcome::TooYoung`] or
+/// [`OrphanOutcome::Absent`] (nothing recorded, or the directory is gone).
+///
+/// Errors: as [`delete`].
+pub async fn archive_orphan(
+    backend: &NfsSubdir,
+    pv_name: &str,
+    min_age: std::time::Duration,
+) -> Result<OrphanOutcome, DeleteError> {
+    let mount = backend.mount.clone();
+    let name = pv_name.to_string();
+    tokio::task::spawn_blocking(move || {
+        if !registry::valid_pv_name(&name) {
+            return Err(refused(format!(
+                "PV name {name:?} is not a valid object name"
+            )));
+        }
+        let root = open_root(&mount)?;
+        let Some(rel) = registry::get(&root, &name).map_err(io_failed("read the record of PV"))?
+        else {
+            return Ok(OrphanOutcome::Absent);
+        };
+        let dir = match safe_fs::open_path(&root, rel.components()) {
+            Ok(d) => d,
+            Err(WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
+            Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {name}: {e}"))),
+        };
+        let age = safe_fs::age(&dir).map_err(io_failed("inspect the volume directory"))?;
+        if age < min_age {
+            return Ok(OrphanOutcome::TooYoung(age));
+        }
+        Ok(
+            match apply_policy(&root, &name, &rel, DeletePolicy::Archive)? {
+                Some(archived) => OrphanOutcome::Archived(mount.join(archived)),
+                None => OrphanOutcome::Absent,
+            },
+        )
+    })
+    .await
+    .map_err(|e| DeleteError::Failed {
+        reason: format!("nfs-subdir orphan archive task failed: {e}"),
+    })?
 }
 
 /// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in

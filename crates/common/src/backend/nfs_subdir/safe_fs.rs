@@ -122,6 +122,23 @@ fn as_file(dir: &Dir) -> io::Result<std::fs::File> {
     Ok(dir.open(".")?.into_std())
 }
 
+/// Time since the directory behind `dir` last changed: now minus the newer of
+/// its mtime and ctime, in whole seconds (zero if in the future).
+///
+/// Errors: `fstat` failed.
+pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = as_file(dir)?.metadata()?;
+    let changed = meta.mtime().max(meta.ctime());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    Ok(std::time::Duration::from_secs(
+        now.saturating_sub(changed).max(0) as u64,
+    ))
+}
+
 /// Change the owner and/or group of the directory behind `dir` (`fchown`);
 /// `None` keeps the current value.
 ///
