@@ -40,9 +40,9 @@
 //! and so is any claim whose directory already exists without having been
 //! created for that PV (pre-existing data is never adopted by a dynamic
 //! volume: bind it with a static PV instead). Once the first volume has been
-//! deleted, archived or retained, the directory name is free again... except
-//! that a retained or archived directory still exists, so a new claim for the
-//! same name is refused until an admin moves it away.
+//! deleted or archived (renamed away), the name is free for a new claim; a
+//! retained directory stays, so a new claim resolving to it is refused until
+//! an admin moves it away or binds it with a static PV.
 //!
 //! # Where the delete policy comes from
 //!
