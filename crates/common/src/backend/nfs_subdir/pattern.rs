@@ -29,6 +29,11 @@
 //!   component or a NUL byte is refused, as is a path whose first component is
 //!   the backend's bookkeeping directory ([`super::registry::REGISTRY_DIR`]) or
 //!   whose components exceed 255 bytes.
+//!
+//! The renderer is a dozen lines of hand-written scanning rather than a
+//! template or regex crate: the syntax is upstream's own (not Go templates),
+//! and every placeholder must be checked individually, which a generic
+//! template engine would not do.
 
 use std::collections::BTreeMap;
 
