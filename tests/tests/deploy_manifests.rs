@@ -33,7 +33,7 @@ use std::process::Command as Process;
 use api_types::api_calls::{ApiCall, LEASE_CALLS};
 use api_types::lease_name;
 use clap::{CommandFactory, FromArgMatches};
-use common::backend::hostpath::HostPathArgs;
+use common::backend::select::{BackendArgs, BackendKind};
 use common::config::{CommonArgs, ServiceKind};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Service};
@@ -60,8 +60,9 @@ struct ServiceSpec {
     api_calls: &'static [ApiCall],
     /// The crate's clap parser (`Cli::command()`).
     command: fn() -> clap::Command,
-    /// Mounts the hostpath base dir (`--base-dir`).
-    hostpath: bool,
+    /// Runs a storage backend (`--backend`): mounts the hostpath base dir
+    /// (`--base-dir`) or the NFS export (`--nfs-mount`).
+    backend: bool,
     /// Capabilities the container adds after `drop: [ALL]`, sorted.
     added_capabilities: &'static [&'static str],
     /// `hostPath.type` of the base dir volume: provision-svc creates the base
@@ -77,7 +78,7 @@ fn services() -> Vec<ServiceSpec> {
             kind: ServiceKind::Provision,
             api_calls: provision_svc::api_calls::API_CALLS,
             command: provision_svc::config::Cli::command,
-            hostpath: true,
+            backend: true,
             // uid 0 owns the base dir: creating volume directories needs no capability.
             added_capabilities: &[],
             host_path_type: Some("DirectoryOrCreate"),
@@ -87,7 +88,7 @@ fn services() -> Vec<ServiceSpec> {
             kind: ServiceKind::PvWriter,
             api_calls: pv_writer::api_calls::API_CALLS,
             command: pv_writer::Cli::command,
-            hostpath: false,
+            backend: false,
             added_capabilities: &[],
             host_path_type: None,
         },
@@ -96,7 +97,7 @@ fn services() -> Vec<ServiceSpec> {
             kind: ServiceKind::Reclaim,
             api_calls: reclaim_svc::api_calls::API_CALLS,
             command: reclaim_svc::Cli::command,
-            hostpath: true,
+            backend: true,
             // Removing files the consumers' uids wrote (FOWNER: sticky directories).
             added_capabilities: &["DAC_OVERRIDE", "FOWNER"],
             host_path_type: Some("Directory"),
@@ -496,7 +497,7 @@ fn check_rbac(
 /// Flags of a container as its service parses them, plus what was resolved.
 struct ParsedContainer {
     common: CommonArgs,
-    hostpath: Option<HostPathArgs>,
+    backend: Option<BackendArgs>,
 }
 
 /// Env twin → long flag, from the service's clap command.
@@ -634,16 +635,65 @@ fn parse_container(
     match cmd.try_get_matches_from(&argv) {
         Ok(m) => {
             let common = CommonArgs::from_arg_matches(&m).expect("CommonArgs from matches");
-            let hostpath = spec
-                .hostpath
-                .then(|| HostPathArgs::from_arg_matches(&m).expect("HostPathArgs from matches"));
-            Some(ParsedContainer { common, hostpath })
+            let backend = spec
+                .backend
+                .then(|| BackendArgs::from_arg_matches(&m).expect("BackendArgs from matches"));
+            Some(ParsedContainer { common, backend })
         }
         Err(e) => {
             problems.push(format!("{}: {argv:?} does not parse: {e}", spec.name));
             None
         }
     }
+}
+
+/// The nfs-subdir backend's export: with `--backend nfs-subdir` (`nfs` given)
+/// exactly one `nfs` volume, whose server and path are `--nfs-server` and
+/// `--nfs-path` (so PVs name what the pods mount), mounted read-write at
+/// `--nfs-mount`; without it, no `nfs` volume at all.
+fn check_nfs_volume(
+    name: &str,
+    pod: &PodSpec,
+    c: &Container,
+    nfs: Option<&common::backend::nfs_subdir::NfsSubdirArgs>,
+) -> Vec<String> {
+    let volumes: Vec<_> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.nfs.as_ref().map(|n| (v.name.clone(), n.clone())))
+        .collect();
+    let Some(args) = nfs else {
+        return if volumes.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!(
+                "{name}: mounts nfs volumes it does not need: {volumes:?}"
+            )]
+        };
+    };
+    let mut problems = Vec::new();
+    if let Err(e) = common::backend::nfs_subdir::NfsSubdir::from_args(args) {
+        problems.push(format!("{name}: nfs-subdir flags: {e}"));
+    }
+    let mount = args.nfs_mount.to_string_lossy().to_string();
+    let ok = volumes.len() == 1
+        && volumes.iter().all(|(vol, n)| {
+            Some(&n.server) == args.nfs_server.as_ref()
+                && Some(&n.path) == args.nfs_path.as_ref()
+                && n.read_only != Some(true)
+                && c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.name == *vol && m.mount_path == mount && m.read_only != Some(true))
+        });
+    if !ok {
+        problems.push(format!(
+            "{name}: with --backend nfs-subdir exactly one nfs volume of server {:?} path {:?} (--nfs-server, --nfs-path) must be mounted read-write at {mount} (--nfs-mount): {volumes:?}",
+            args.nfs_server, args.nfs_path
+        ));
+    }
+    problems
 }
 
 fn int_or_string_is(port: &IntOrString, name: &str, number: i32) -> bool {
@@ -848,11 +898,12 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
     }
     let run_as_user = csc.run_as_user.or(psc.run_as_user);
     let run_as_non_root = csc.run_as_non_root.or(psc.run_as_non_root);
-    if spec.hostpath {
-        // uid 0 is the documented choice for the root-owned base dir on the node.
+    if spec.backend {
+        // uid 0 is the documented choice for the root-owned base dir on the
+        // node, and for the NFS export (as upstream nfs-subdir runs).
         if run_as_user != Some(0) {
             problems.push(format!(
-                "{}: expected runAsUser 0 for the hostpath base dir, got {run_as_user:?}",
+                "{}: expected runAsUser 0 for the backend's directories, got {run_as_user:?}",
                 spec.name
             ));
         }
@@ -869,7 +920,8 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
         ));
     }
 
-    // hostPath volumes: the base dir is mounted at its node path, nothing else.
+    // hostPath volumes: with the hostpath backend the base dir is mounted at
+    // its node path, nothing else; otherwise none.
     let host_volumes: Vec<_> = pod
         .volumes
         .iter()
@@ -880,7 +932,18 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
                 .map(|h| (v.name.clone(), h.path.clone(), h.type_.clone()))
         })
         .collect();
-    match &parsed.hostpath {
+    let hostpath = parsed
+        .backend
+        .as_ref()
+        .filter(|b| b.kind == BackendKind::Hostpath)
+        .map(|b| &b.hostpath);
+    let nfs = parsed
+        .backend
+        .as_ref()
+        .filter(|b| b.kind == BackendKind::NfsSubdir)
+        .map(|b| &b.nfs);
+    problems.extend(check_nfs_volume(spec.name, &pod, c, nfs));
+    match hostpath {
         Some(hp) => {
             let base = hp.base_dir.to_string_lossy().to_string();
             let mounted = host_volumes.iter().any(|(vol, path, type_)| {
@@ -1147,7 +1210,7 @@ fn every_overlay_renders_and_matches_the_services() {
     overlays.sort();
     assert_eq!(
         overlays,
-        ["dev", "ha"],
+        ["dev", "ha", "nfs"],
         "update expected_replicas for new overlays"
     );
     for name in &overlays {
@@ -1302,6 +1365,67 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
             s.name
         );
     }
+}
+
+/// overlays/nfs: the nfs-subdir backend as a drop-in for
+/// nfs-subdir-external-provisioner: provision-svc and reclaim-svc parse to
+/// `--backend nfs-subdir` with the ConfigMap's server, path and mount (which
+/// the pods' nfs volume repeats), the example class is upstream's and is
+/// served by this install, and the backend accepts its parameters.
+#[test]
+fn nfs_overlay_is_a_drop_in_for_nfs_subdir() {
+    if !kubectl_available("nfs_overlay_is_a_drop_in_for_nfs_subdir") {
+        return;
+    }
+    let r = render_overlay("nfs");
+    assert_no_problems(&r, &check_rendered(&r, 2));
+    let mut provisioner_names = BTreeSet::new();
+    for spec in services() {
+        let (problems, parsed) = check_deployment(&r, &spec);
+        assert!(problems.is_empty(), "{problems:?}");
+        let parsed = parsed.expect("parsed container");
+        provisioner_names.insert(parsed.common.provisioner_name.clone());
+        let Some(backend) = parsed.backend else {
+            assert_eq!(spec.name, "pv-writer");
+            continue;
+        };
+        assert_eq!(backend.kind, BackendKind::NfsSubdir, "{}", spec.name);
+        assert_eq!(backend.nfs.nfs_server.as_deref(), Some("nfs.example.com"));
+        assert_eq!(backend.nfs.nfs_path.as_deref(), Some("/exports/kubernetes"));
+        assert_eq!(backend.nfs.nfs_mount, PathBuf::from("/persistentvolumes"));
+    }
+    assert_eq!(
+        provisioner_names,
+        BTreeSet::from(["k8s-sigs.io/nfs-subdir-external-provisioner".to_string()])
+    );
+    let sc: StorageClass = r
+        .find("StorageClass", "nfs-client")
+        .expect("example StorageClass nfs-client");
+    assert_eq!(
+        sc.provisioner,
+        "k8s-sigs.io/nfs-subdir-external-provisioner"
+    );
+    assert_eq!(
+        common::backend::nfs_subdir::provision::class_policy("nfs-client", sc.parameters.as_ref()),
+        Ok(common::backend::nfs_subdir::DeletePolicy::Delete)
+    );
+
+    // The checker notices a pod volume that disagrees with --nfs-server.
+    let mut broken = Rendered {
+        label: "nfs with reclaim-svc mounting another server".into(),
+        objects: r.objects.clone(),
+    };
+    let dep = broken
+        .objects
+        .iter_mut()
+        .find(|o| o.kind == "Deployment" && o.name == "reclaim-svc")
+        .expect("reclaim-svc");
+    dep.raw["spec"]["template"]["spec"]["volumes"][0]["nfs"]["server"] = "other.example".into();
+    let problems = check_rendered(&broken, 2).join("\n");
+    assert!(
+        problems.contains("reclaim-svc: with --backend nfs-subdir exactly one nfs volume"),
+        "{problems}"
+    );
 }
 
 /// The checker is not vacuous: widening or narrowing a role, or breaking a

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use common::backend::hostpath::HostPathArgs;
+use common::backend::select::BackendArgs;
 use common::config::{parse_duration, CommonArgs, RetryArgs};
 use common::queue_auth::QueueKeyArgs;
 
@@ -72,9 +72,9 @@ pub struct Cli {
     #[command(flatten)]
     pub provision: ProvisionArgs,
 
-    /// Flags of the built-in hostpath backend.
+    /// `--backend` and the built-in backends' flags.
     #[command(flatten)]
-    pub hostpath: HostPathArgs,
+    pub backend: BackendArgs,
 }
 
 #[cfg(test)]
@@ -122,7 +122,10 @@ mod tests {
             Some(Duration::from_secs(120))
         );
         assert_eq!(cli.provision.worker_threads, 32);
-        assert_eq!(cli.hostpath.base_dir, std::path::PathBuf::from("/data"));
+        assert_eq!(
+            cli.backend.hostpath.base_dir,
+            std::path::PathBuf::from("/data")
+        );
         assert!(Cli::try_parse_from(["provision-svc", "--worker-threads", "0"]).is_err());
     }
 }

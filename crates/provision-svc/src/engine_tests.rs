@@ -73,6 +73,10 @@ fn pv(name: &str) -> PersistentVolume {
 
 #[async_trait]
 impl Provisioner for FakeBackend {
+    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn provision(
         &self,
         options: &ProvisionOptions,

@@ -1,9 +1,7 @@
-//! provision-svc: parse flags, set up tracing, run the service with the hostpath backend.
-
-use std::sync::Arc;
+//! provision-svc: parse flags, set up tracing, run the service with the
+//! backend chosen by `--backend`.
 
 use clap::Parser;
-use common::backend::hostpath::HostPath;
 use provision_svc::config::Cli;
 
 #[tokio::main]
@@ -13,6 +11,6 @@ async fn main() -> anyhow::Result<()> {
         cli.provision.common.log_format,
         &cli.provision.common.log_level,
     );
-    let backend = Arc::new(HostPath::from_args(&cli.hostpath));
-    provision_svc::run(cli.provision, backend).await
+    let backend = cli.backend.build().map_err(anyhow::Error::msg)?;
+    provision_svc::run(cli.provision, backend.provisioner()).await
 }

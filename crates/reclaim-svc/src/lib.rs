@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use common::backend::hostpath::HostPathArgs;
+use common::backend::select::{Backend, BackendArgs};
 use common::config::{parse_duration, CommonArgs, RetryArgs, ServiceKind};
 use common::events::EventSink;
 use common::metrics::DeleteMetrics;
@@ -106,9 +106,9 @@ pub struct Cli {
     /// Per-PV retry flags.
     #[command(flatten)]
     pub retry: RetryArgs,
-    /// hostpath backend flags (used by the binary's built-in backend).
+    /// `--backend` and the built-in backends' flags.
     #[command(flatten)]
-    pub hostpath: HostPathArgs,
+    pub backend: BackendArgs,
     /// reclaim-svc's own flags.
     #[command(flatten)]
     pub reclaim: ReclaimArgs,
@@ -130,6 +130,37 @@ pub async fn run(
     run_with_orphan_pv(common, retry, reclaim, backend, None).await
 }
 
+/// [`run`] with a built-in backend and its orphan archiver
+/// ([`sweep::HostPathArchiver`] or [`sweep::NfsSubdirArchiver`], used with
+/// `--sweep-orphans`).
+///
+/// Errors: as [`run`].
+pub async fn run_with_backend(
+    common: CommonArgs,
+    retry: RetryArgs,
+    reclaim: ReclaimArgs,
+    backend: Backend,
+) -> anyhow::Result<()> {
+    let archiver: Arc<dyn sweep::OrphanArchiver> = match &backend {
+        Backend::HostPath(hp) => {
+            let hp = Arc::clone(hp);
+            let orphan_pv: OrphanPvFn = Arc::new(move |name: &str| {
+                common::backend::hostpath::delete::volume_for_directory(&hp, name)
+            });
+            Arc::new(sweep::HostPathArchiver(orphan_pv))
+        }
+        Backend::NfsSubdir(nfs) => Arc::new(sweep::NfsSubdirArchiver(Arc::clone(nfs))),
+    };
+    run_with_archiver(
+        common,
+        retry,
+        reclaim,
+        backend.provisioner(),
+        Some(archiver),
+    )
+    .await
+}
+
 /// [`run`], plus how to address an orphaned `hostPath` volume (`orphan_pv`,
 /// see [`sweep::OrphanPvFn`]) so `--sweep-orphans` can archive it (see
 /// [`sweep`]: never removed, only when older than `--sweep-min-age`). Without
@@ -143,6 +174,23 @@ pub async fn run_with_orphan_pv(
     backend: Arc<dyn Provisioner>,
     orphan_pv: Option<OrphanPvFn>,
 ) -> anyhow::Result<()> {
+    let archiver =
+        orphan_pv.map(|f| Arc::new(sweep::HostPathArchiver(f)) as Arc<dyn sweep::OrphanArchiver>);
+    run_with_archiver(common, retry, reclaim, backend, archiver).await
+}
+
+/// [`run`], plus the archiver `--sweep-orphans` uses (see [`sweep`]: never
+/// removed, only when older than `--sweep-min-age`). Without one the
+/// leader-start orphan sweep only reports, even with `--sweep-orphans`.
+///
+/// Errors: as [`run`].
+pub async fn run_with_archiver(
+    common: CommonArgs,
+    retry: RetryArgs,
+    reclaim: ReclaimArgs,
+    backend: Arc<dyn Provisioner>,
+    archiver: Option<Arc<dyn sweep::OrphanArchiver>>,
+) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
     let sweep_metrics = SweepMetrics::register(&registry);
@@ -153,11 +201,11 @@ pub async fn run_with_orphan_pv(
         // Called once per leader term: each term starts from scratch (new
         // reflector, reclaimer and orphan sweep); the metrics live on.
         move |ctx| {
-            let (backend, metrics, sweep_metrics, orphan_pv, retry, reclaim) = (
+            let (backend, metrics, sweep_metrics, archiver, retry, reclaim) = (
                 backend.clone(),
                 metrics.clone(),
                 sweep_metrics.clone(),
-                orphan_pv.clone(),
+                archiver.clone(),
                 retry.clone(),
                 reclaim.clone(),
             );
@@ -201,10 +249,7 @@ pub async fn run_with_orphan_pv(
                 // One orphan sweep per leadership, owned by this work future: it
                 // stops on shutdown, and is dropped with the loop (or when the
                 // runtime aborts the work future on a lost Lease).
-                let archiver: Option<Arc<dyn sweep::OrphanArchiver>> = match orphan_pv {
-                    Some(f) if reclaim.sweep_orphans => Some(Arc::new(sweep::HostPathArchiver(f))),
-                    _ => None,
-                };
+                let archiver = archiver.filter(|_| reclaim.sweep_orphans);
                 let job = sweep::SweepJob {
                     redis_url: ctx.args.redis_url.clone(),
                     provisioner_name: ctx.args.provisioner_name.clone(),
@@ -281,7 +326,7 @@ mod tests {
         assert_eq!(cli.reclaim.failed_delete_threshold, 0);
         assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
         assert_eq!(
-            cli.hostpath.on_delete,
+            cli.backend.hostpath.on_delete,
             common::backend::hostpath::OnDelete::Archive
         );
         assert!(cli.reclaim.sweep_orphans);

@@ -23,8 +23,10 @@
 //!   future, so it also stops when the Lease is lost);
 //!
 //! and the action is always an **archive** (rename to `archived-<name>` in the
-//! base directory, see [`common::backend::hostpath::delete::archive_orphan`]),
-//! whatever `--on-delete` says. An admin removes archived directories by hand.
+//! base directory, see [`common::backend::hostpath::delete::archive_orphan`];
+//! nfs-subdir: in the directory's parent, see
+//! [`common::backend::nfs_subdir::delete::archive_orphan`]), whatever the
+//! delete policy says. An admin removes archived directories by hand.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +63,20 @@ pub struct HostPathArchiver(pub OrphanPvFn);
 impl OrphanArchiver for HostPathArchiver {
     async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
         archive_orphan(&(self.0)(pv_name), min_age)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// [`OrphanArchiver`] for the nfs-subdir backend: renames the directory
+/// recorded for the PV to `archived-<name>` in its parent directory, with the
+/// backend's checks (see `common::backend::nfs_subdir::delete::archive_orphan`).
+pub struct NfsSubdirArchiver(pub Arc<common::backend::nfs_subdir::NfsSubdir>);
+
+#[async_trait::async_trait]
+impl OrphanArchiver for NfsSubdirArchiver {
+    async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
+        common::backend::nfs_subdir::delete::archive_orphan(&self.0, pv_name, min_age)
             .await
             .map_err(|e| e.to_string())
     }
@@ -340,6 +356,10 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Provisioner for Backend {
+        fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
+            Ok(())
+        }
+
         async fn provision(
             &self,
             _: &ProvisionOptions,

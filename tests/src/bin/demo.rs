@@ -4,21 +4,25 @@
 //! of claims; shows them provisioned and Bound with their directories; deletes
 //! them; shows the volumes reclaimed; prints a summary and stops everything.
 //!
-//! `cargo run --release -p e2e --bin demo [-- --claims N] [-- --control-plane real] [-- --kubeconfig PATH]`.
+//! `cargo run --release -p e2e --bin demo [-- --claims N] [-- --control-plane real]
+//! [-- --kubeconfig PATH] [-- --backend nfs-subdir]`.
 //! With `--control-plane real` it starts a real kube-apiserver +
 //! kube-controller-manager (v1.19, found through `KUBEBUILDER_ASSETS` or the
 //! folder `.ci/run` fills) and runs each service as its own ServiceAccount
 //! under the RBAC rendered from `deploy/base`, then reports any refused call
 //! and checks the audit log against each service's declared API calls.
 //! With `--kubeconfig` the services run against that existing cluster instead
-//! (the directories are created on this machine).
+//! (the directories are created on this machine). With `--backend
+//! nfs-subdir` a local directory stands in for the mounted NFS export and the
+//! StorageClass gets `onDelete: delete`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use e2e::harness::{ControlPlane, Profile, Service, System, SystemOptions};
+use common::backend::select::BackendKind;
+use e2e::harness::{ControlPlane, Profile, Service, ServiceSettings, System, SystemOptions};
 
 /// Which control plane the demo starts (without `--kubeconfig`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -49,9 +53,13 @@ struct Args {
     /// Namespace of the claims (created in the simulator's `default` otherwise).
     #[arg(long, default_value = "default")]
     namespace: String,
-    /// Name of the StorageClass to create.
-    #[arg(long, default_value = "demo-hostpath")]
-    storage_class: String,
+    /// Storage backend of provision-svc and reclaim-svc.
+    #[arg(long, value_enum, default_value_t = BackendKind::Hostpath)]
+    backend: BackendKind,
+    /// Name of the StorageClass to create (default `demo-hostpath`, or
+    /// `demo-nfs-subdir` with `--backend nfs-subdir`).
+    #[arg(long)]
+    storage_class: Option<String>,
     /// Upper bound of each phase (provisioning, reclaiming), in seconds.
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
@@ -62,7 +70,13 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.storage_class.is_none() {
+        args.storage_class = Some(match args.backend {
+            BackendKind::Hostpath => "demo-hostpath".into(),
+            BackendKind::NfsSubdir => "demo-nfs-subdir".into(),
+        });
+    }
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -101,8 +115,8 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         }
     };
     println!(
-        "split-provisioner demo: {} claims against the {target}",
-        args.claims
+        "split-provisioner demo: {} claims against the {target}, backend {:?}",
+        args.claims, args.backend
     );
     println!("building/locating the service binaries (cargo build --release -p provision-svc -p pv-writer -p reclaim-svc) ...");
     let t0 = Instant::now();
@@ -112,6 +126,10 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         control_plane,
         namespace: args.namespace.clone(),
         keep_dir: args.keep_logs,
+        configure: match args.backend {
+            BackendKind::Hostpath => None,
+            BackendKind::NfsSubdir => Some(ServiceSettings::use_nfs_subdir),
+        },
         ..Default::default()
     })
     .await?;
@@ -169,10 +187,14 @@ async fn run(args: &Args) -> anyhow::Result<()> {
     if args.kubeconfig.is_some() {
         use k8s_openapi::api::storage::v1::StorageClass;
         let _ = kube::Api::<StorageClass>::all(sys.client.clone())
-            .delete(&args.storage_class, &Default::default())
+            .delete(class_name(args), &Default::default())
             .await;
     }
     result
+}
+
+fn class_name(args: &Args) -> &str {
+    args.storage_class.as_deref().unwrap_or("demo-hostpath")
 }
 
 async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Result<()> {
@@ -186,15 +208,21 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
         );
     }
 
-    sys.create_storage_class(&args.storage_class, "Immediate", &[])
-        .await?;
+    let class = class_name(args);
+    let params: &[(&str, &str)] = match args.backend {
+        BackendKind::Hostpath => &[],
+        // nfs-subdir archives released directories by default; the demo
+        // shows them removed.
+        BackendKind::NfsSubdir => &[("onDelete", "delete")],
+    };
+    sys.create_storage_class(class, "Immediate", params).await?;
     println!(
-        "created StorageClass {} (provisioner {}, reclaimPolicy Delete)",
-        args.storage_class, sys.settings.provisioner_name
+        "created StorageClass {class} (provisioner {}, reclaimPolicy Delete, parameters {params:?})",
+        sys.settings.provisioner_name
     );
 
     let t = Instant::now();
-    let claims = sys.create_claims("demo", n, &args.storage_class).await?;
+    let claims = sys.create_claims("demo", n, class).await?;
     println!(
         "created {n} claims in namespace {} ({:.1?})",
         args.namespace,
@@ -233,6 +261,10 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
                     .as_ref()
                     .map(|h| h.path.clone())
                     .or_else(|| p.spec.as_ref()?.local.as_ref().map(|l| l.path.clone()))
+                    .or_else(|| {
+                        let nfs = p.spec.as_ref()?.nfs.as_ref()?;
+                        Some(format!("{}:{}", nfs.server, nfs.path))
+                    })
             })
             .unwrap_or_default();
         let phase = c

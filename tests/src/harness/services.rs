@@ -65,6 +65,11 @@ impl Service {
     }
 }
 
+/// `--nfs-server` of [`ServiceSettings::use_nfs_subdir`].
+pub const NFS_TEST_SERVER: &str = "nfs.test";
+/// `--nfs-path` (the export path written into PVs) of [`ServiceSettings::use_nfs_subdir`].
+pub const NFS_TEST_EXPORT: &str = "/srv/k8s";
+
 /// Settings every service process of one system shares.
 #[derive(Debug, Clone)]
 pub struct ServiceSettings {
@@ -137,6 +142,26 @@ impl ServiceSettings {
             log_level: "info".into(),
             log_dir: log_dir.to_path_buf(),
             extra_args: Vec::new(),
+        }
+    }
+
+    /// Switch provision-svc and reclaim-svc to the nfs-subdir backend, with
+    /// the base directory standing in for the mounted export
+    /// (`--nfs-mount=<base_dir>`, `--nfs-server=`[`NFS_TEST_SERVER`],
+    /// `--nfs-path=`[`NFS_TEST_EXPORT`]). Usable as
+    /// `SystemOptions::configure`.
+    pub fn use_nfs_subdir(&mut self) {
+        let mount = self.base_dir.display().to_string();
+        for service in [Service::Provision, Service::Reclaim] {
+            self.extra_args.push((
+                service,
+                vec![
+                    "--backend=nfs-subdir".into(),
+                    format!("--nfs-server={NFS_TEST_SERVER}"),
+                    format!("--nfs-path={NFS_TEST_EXPORT}"),
+                    format!("--nfs-mount={mount}"),
+                ],
+            ));
         }
     }
 

@@ -747,7 +747,14 @@ impl Drop for System {
     }
 }
 
-/// Number of entries directly inside `dir` (0 when it does not exist).
+/// Number of entries directly inside `dir` (0 when it does not exist), not
+/// counting the nfs-subdir backend's bookkeeping directory (`.split-provisioner`).
 pub fn count_dirs(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name() != common::backend::nfs_subdir::registry::REGISTRY_DIR)
+                .count()
+        })
+        .unwrap_or(0)
 }

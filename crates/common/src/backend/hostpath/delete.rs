@@ -280,7 +280,10 @@ fn check_node(
 }
 
 /// Rules 1 and 2 of the module docs; returns the PV name.
-fn checked_name<'a>(base: &Path, volume: &'a PersistentVolume) -> Result<&'a str, DeleteError> {
+pub(crate) fn checked_name<'a>(
+    base: &Path,
+    volume: &'a PersistentVolume,
+) -> Result<&'a str, DeleteError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     let mut components = Path::new(name).components();
     let single = matches!(

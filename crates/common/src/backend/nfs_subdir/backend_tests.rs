@@ -1,0 +1,579 @@
+//! Provision → delete tests of the nfs-subdir backend against a local
+//! directory standing in for the mounted export.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use api_types::{DeleteError, ProvisionError, ProvisionOptions, ProvisioningState};
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::*;
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    outside: std::path::PathBuf,
+    mount: std::path::PathBuf,
+    backend: NfsSubdir,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let mount = tmp.path().join("export");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir(&mount).unwrap();
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("secret"), b"s").unwrap();
+    let backend = NfsSubdir {
+        server: "nfs.example".into(),
+        export_path: "/srv/k8s".into(),
+        mount: mount.clone(),
+    };
+    Fixture {
+        _tmp: tmp,
+        outside,
+        mount,
+        backend,
+    }
+}
+
+fn options(params: &[(&str, &str)], annotations: &[(&str, &str)]) -> ProvisionOptions {
+    ProvisionOptions {
+        storage_class: StorageClass {
+            metadata: ObjectMeta {
+                name: Some("nfs-client".into()),
+                ..Default::default()
+            },
+            provisioner: "example.com/nfs".into(),
+            parameters: Some(
+                params
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            mount_options: Some(vec!["nfsvers=4.1".into()]),
+            reclaim_policy: Some("Delete".into()),
+            ..Default::default()
+        },
+        pv_name: "pvc-1".into(),
+        pvc: PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                namespace: Some("team-a".into()),
+                name: Some("data".into()),
+                labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteMany".into()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([(
+                        "storage".to_string(),
+                        Quantity("1Mi".into()),
+                    )])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        },
+        selected_node: None,
+    }
+}
+
+fn reason(e: ProvisionError) -> String {
+    match e {
+        ProvisionError::Failed {
+            state: ProvisioningState::Finished,
+            reason,
+        } => reason,
+        other => panic!("expected a Finished failure, got {other:?}"),
+    }
+}
+
+/// Every path below `root`, relative, sorted (symlinks not followed).
+fn tree(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.retain(|p| !p.starts_with(registry::REGISTRY_DIR));
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn default_directory_and_pv_shape() {
+    let f = fixture();
+    let pv = f.backend.provision(&options(&[], &[])).await.unwrap();
+    let dir = f.mount.join("team-a-data-pvc-1");
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o777);
+    assert_eq!(
+        serde_json::to_value(&pv).unwrap(),
+        serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": "pvc-1", "annotations": {ANN_ON_DELETE: "archive"}},
+            "spec": {
+                "nfs": {"server": "nfs.example", "path": "/srv/k8s/team-a-data-pvc-1"},
+                "capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "mountOptions": ["nfsvers=4.1"],
+            }
+        })
+    );
+    assert_eq!(f.backend.validate_volume(&pv), Ok(()));
+    assert_eq!(
+        f.backend.list_volumes().await.unwrap().unwrap(),
+        vec!["pvc-1".to_string()]
+    );
+    // Idempotent: the same PV again, data kept.
+    std::fs::write(dir.join("f"), b"keep").unwrap();
+    assert_eq!(f.backend.provision(&options(&[], &[])).await.unwrap(), pv);
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"keep");
+}
+
+#[tokio::test]
+async fn nested_pattern_delete_removes_exactly_that_directory() {
+    let f = fixture();
+    let params = [
+        (
+            "pathPattern",
+            "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}",
+        ),
+        ("onDelete", "delete"),
+    ];
+    let pv = f.backend.provision(&options(&params, &[])).await.unwrap();
+    assert_eq!(
+        pv.spec.as_ref().unwrap().nfs.as_ref().unwrap().path,
+        "/srv/k8s/team-a/web/data"
+    );
+    // A sibling volume and a file in the shared parent must survive.
+    let mut sibling = options(
+        &[
+            (
+                "pathPattern",
+                "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}",
+            ),
+            ("onDelete", "delete"),
+        ],
+        &[],
+    );
+    sibling.pv_name = "pvc-2".into();
+    sibling.pvc.metadata.name = Some("logs".into());
+    f.backend.provision(&sibling).await.unwrap();
+    std::fs::write(f.mount.join("team-a/web/data/x"), b"x").unwrap();
+    std::fs::write(f.mount.join("team-a/web/keep"), b"k").unwrap();
+    f.backend.delete(&pv).await.unwrap();
+    assert_eq!(
+        tree(&f.mount),
+        ["team-a", "team-a/web", "team-a/web/keep", "team-a/web/logs"]
+    );
+    assert_eq!(f.backend.list_volumes().await.unwrap().unwrap(), ["pvc-2"]);
+    // Already gone: success.
+    f.backend.delete(&pv).await.unwrap();
+}
+
+#[tokio::test]
+async fn archive_of_a_nested_path_stays_in_its_parent() {
+    let f = fixture();
+    let params = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
+    let pv = f.backend.provision(&options(&params, &[])).await.unwrap();
+    std::fs::write(f.mount.join("team-a/data/x"), b"x").unwrap();
+    f.backend.delete(&pv).await.unwrap();
+    assert_eq!(
+        tree(&f.mount),
+        ["team-a", "team-a/archived-data", "team-a/archived-data/x"]
+    );
+    // The same claim name again: the second archive gets the PV name appended.
+    let mut again = options(&params, &[]);
+    again.pv_name = "pvc-9".into();
+    let pv2 = f.backend.provision(&again).await.unwrap();
+    f.backend.delete(&pv2).await.unwrap();
+    assert!(f.mount.join("team-a/archived-data-pvc-9").is_dir());
+    // archiveOnDelete "false" deletes; "true" archives.
+    for (value, archived) in [("false", false), ("True", true)] {
+        let mut o = options(&[("archiveOnDelete", value)], &[]);
+        o.pv_name = format!("pvc-{value}").to_lowercase();
+        let pv = f.backend.provision(&o).await.unwrap();
+        f.backend.delete(&pv).await.unwrap();
+        let name = format!("team-a-data-{}", o.pv_name);
+        assert!(!f.mount.join(&name).exists());
+        assert_eq!(
+            f.mount.join(format!("archived-{name}")).is_dir(),
+            archived,
+            "{value}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn retain_leaves_the_directory() {
+    let f = fixture();
+    let pv = f
+        .backend
+        .provision(&options(
+            &[("onDelete", "retain"), ("archiveOnDelete", "false")],
+            &[],
+        ))
+        .await
+        .unwrap();
+    f.backend.delete(&pv).await.unwrap();
+    assert_eq!(tree(&f.mount), ["team-a-data-pvc-1"]);
+    assert!(f.backend.list_volumes().await.unwrap().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn create_annotations_apply_and_bad_values_are_refused() {
+    let f = fixture();
+    let (uid, gid) = own_ids();
+    let pv = f
+        .backend
+        .provision(&options(
+            &[],
+            &[
+                ("nfs.io/createMode", "0750"),
+                ("nfs.io/createUID", &uid.to_string()),
+                ("nfs.io/createGID", &gid.to_string()),
+            ],
+        ))
+        .await
+        .unwrap();
+    assert!(pv.spec.is_some());
+    let meta = std::fs::metadata(f.mount.join("team-a-data-pvc-1")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
+    for (k, v, msg) in [
+        ("nfs.io/createMode", "0999", "not an octal permission mode"),
+        ("nfs.io/createMode", "rwx", "not an octal permission mode"),
+        ("nfs.io/createMode", "17777", "not an octal permission mode"),
+        ("nfs.io/createUID", "-1", "not a numeric id"),
+        ("nfs.io/createGID", "root", "not a numeric id"),
+        ("nfs.io/createUID", "99999999999", "not a numeric id"),
+    ] {
+        let mut o = options(&[], &[(k, v)]);
+        o.pv_name = "pvc-bad".into();
+        let r = reason(f.backend.provision(&o).await.unwrap_err());
+        assert!(r.contains(msg) && r.contains(k), "{k}={v}: {r}");
+    }
+    assert_eq!(tree(&f.mount), ["team-a-data-pvc-1"]);
+}
+
+/// This process's uid and gid, as seen on a file it creates (setting them
+/// with `nfs.io/createUID`/`createGID` needs no privilege).
+fn own_ids() -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let probe = tempfile::tempdir().unwrap();
+    let meta = std::fs::metadata(probe.path()).unwrap();
+    (meta.uid(), meta.gid())
+}
+
+#[tokio::test]
+async fn claim_and_class_refusals_create_nothing() {
+    let f = fixture();
+    let mut selector = options(&[], &[]);
+    selector.pvc.spec.as_mut().unwrap().selector = Some(LabelSelector::default());
+    let mut block = options(&[], &[]);
+    block.pvc.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    let mut no_modes = options(&[], &[]);
+    no_modes.pvc.spec.as_mut().unwrap().access_modes = None;
+    let mut no_request = options(&[], &[]);
+    no_request.pvc.spec.as_mut().unwrap().resources = None;
+    let mut bad_name = options(&[], &[]);
+    bad_name.pv_name = "../x".into();
+    let cases = [
+        (selector, "claim Selector is not supported"),
+        (block, "does not support volumeMode Block"),
+        (no_modes, "claim has no access modes"),
+        (no_request, "claim has no storage request"),
+        (bad_name, "is not a valid object name"),
+        (
+            options(&[("archiveOnDelete", "yes")], &[]),
+            "archiveOnDelete=\"yes\" is not a boolean",
+        ),
+        (
+            options(&[("onDelete", "archive")], &[]),
+            "onDelete=\"archive\" is neither",
+        ),
+        (
+            options(&[("server", "x"), ("path", "/y")], &[]),
+            "does not know: path, server",
+        ),
+        (
+            options(&[("pathPattern", "../${.PVC.name}")], &[]),
+            "contains a \"..\" component",
+        ),
+        (
+            options(&[("pathPattern", "/etc/${.PVC.name}")], &[]),
+            "is an absolute path",
+        ),
+        (
+            options(
+                &[("pathPattern", "${.PVC.annotations.dir}")],
+                &[("dir", "../../outside")],
+            ),
+            "contains \"..\"",
+        ),
+        (
+            options(&[("pathPattern", "${.PVC.labels.tier}")], &[]),
+            "does not have",
+        ),
+    ];
+    for (o, expected) in cases {
+        let r = reason(f.backend.provision(&o).await.unwrap_err());
+        assert!(r.contains(expected), "{expected}: {r}");
+    }
+    assert!(tree(&f.mount).is_empty());
+    assert_eq!(tree(&f.outside), ["secret"]);
+}
+
+#[tokio::test]
+async fn symlink_escapes_are_refused_and_nothing_outside_is_touched() {
+    let f = fixture();
+    std::os::unix::fs::symlink(&f.outside, f.mount.join("team-a")).unwrap();
+    // Provisioning through a symlinked parent.
+    let params = [
+        ("pathPattern", "${.PVC.namespace}/${.PVC.name}"),
+        ("onDelete", "delete"),
+    ];
+    let r = reason(
+        f.backend
+            .provision(&options(&params, &[]))
+            .await
+            .unwrap_err(),
+    );
+    assert!(r.contains("\"team-a\" is a symlink"), "{r}");
+    assert_eq!(tree(&f.outside), ["secret"]);
+    // Deleting a PV whose path crosses the symlink: refused, target intact.
+    let pv = pv_at("pvc-1", "/srv/k8s/team-a/secret", "delete");
+    match f.backend.delete(&pv).await.unwrap_err() {
+        DeleteError::Refused { reason } => assert!(reason.contains("symlink"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // The volume directory itself a symlink: refused, not followed.
+    std::os::unix::fs::symlink(&f.outside, f.mount.join("link")).unwrap();
+    let pv = pv_at("pvc-1", "/srv/k8s/link", "delete");
+    assert!(matches!(
+        f.backend.delete(&pv).await,
+        Err(DeleteError::Refused { .. })
+    ));
+    assert_eq!(tree(&f.outside), ["secret"]);
+}
+
+fn pv_at(name: &str, path: &str, policy: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: Some(BTreeMap::from([(
+                ANN_ON_DELETE.to_string(),
+                policy.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            nfs: Some(k8s_openapi::api::core::v1::NFSVolumeSource {
+                server: "nfs.example".into(),
+                path: path.into(),
+                read_only: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[tokio::test]
+async fn foreign_pvs_are_refused_and_left_alone() {
+    let f = fixture();
+    std::fs::create_dir(f.mount.join("victim")).unwrap();
+    let cases = [
+        (
+            pv_at("pvc-1", "/srv/k8s", "delete"),
+            "not a directory below",
+        ),
+        (pv_at("pvc-1", "/srv", "delete"), "not a directory below"),
+        (
+            pv_at("pvc-1", "/srv/k8s2/victim", "delete"),
+            "not a directory below",
+        ),
+        (
+            pv_at("pvc-1", "/srv/k8s/../k8s/victim", "delete"),
+            "not a directory below",
+        ),
+        (
+            pv_at("pvc-1", "srv/k8s/victim", "delete"),
+            "not a directory below",
+        ),
+        (
+            pv_at("pvc-1", "/srv/k8s/victim", "nuke"),
+            "expected delete, retain or archive",
+        ),
+    ];
+    for (pv, expected) in cases {
+        match f.backend.delete(&pv).await.unwrap_err() {
+            DeleteError::Refused { reason } => assert!(reason.contains(expected), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(f.backend.validate_volume(&pv).is_err() || expected.starts_with("expected"));
+    }
+    let mut other_server = pv_at("pvc-1", "/srv/k8s/victim", "delete");
+    other_server
+        .spec
+        .as_mut()
+        .unwrap()
+        .nfs
+        .as_mut()
+        .unwrap()
+        .server = "evil".into();
+    assert!(f
+        .backend
+        .validate_volume(&other_server)
+        .unwrap_err()
+        .contains("not this provisioner's"));
+    assert!(f.backend.delete(&other_server).await.is_err());
+    let mut two_sources = pv_at("pvc-1", "/srv/k8s/victim", "delete");
+    two_sources.spec.as_mut().unwrap().host_path = Some(HostPathVolumeSource {
+        path: "/".into(),
+        type_: None,
+    });
+    assert!(f
+        .backend
+        .validate_volume(&two_sources)
+        .unwrap_err()
+        .contains("hostPath"));
+    assert!(f.mount.join("victim").is_dir());
+    // A PV without the policy annotation (provisioned by upstream) is archived.
+    let mut migrated = pv_at("pvc-7", "/srv/k8s/victim", "delete");
+    migrated.metadata.annotations = None;
+    f.backend.delete(&migrated).await.unwrap();
+    assert_eq!(tree(&f.mount), ["archived-victim"]);
+}
+
+#[tokio::test]
+async fn two_claims_for_one_directory_the_second_is_refused() {
+    let f = fixture();
+    let params = [
+        ("pathPattern", "shared/${.PVC.labels.app}"),
+        ("onDelete", "delete"),
+    ];
+    let first = f.backend.provision(&options(&params, &[])).await.unwrap();
+    let mut second = options(&params, &[]);
+    second.pv_name = "pvc-2".into();
+    let r = reason(f.backend.provision(&second).await.unwrap_err());
+    assert!(r.contains("already belongs to PV pvc-1"), "{r}");
+    // A PV forged to name the first one's directory cannot delete it.
+    let forged = pv_at("pvc-2", "/srv/k8s/shared/web", "delete");
+    assert!(matches!(
+        f.backend.delete(&forged).await,
+        Err(DeleteError::Refused { .. })
+    ));
+    // Recovery of the refused claim touches nothing either.
+    f.backend.delete_unprovisioned(&second).await.unwrap();
+    assert!(f.mount.join("shared/web").is_dir());
+    // A pre-existing directory is not adopted.
+    std::fs::create_dir(f.mount.join("team-a-data-pvc-3")).unwrap();
+    let mut third = options(&[], &[]);
+    third.pv_name = "pvc-3".into();
+    let r = reason(f.backend.provision(&third).await.unwrap_err());
+    assert!(r.contains("was not created for PV pvc-3"), "{r}");
+    // The owner deletes normally.
+    f.backend.delete(&first).await.unwrap();
+    assert!(!f.mount.join("shared/web").exists());
+}
+
+#[tokio::test]
+async fn delete_unprovisioned_follows_the_class_policy_and_needs_a_record() {
+    let f = fixture();
+    let o = options(
+        &[("pathPattern", "a/${.PV.name}"), ("onDelete", "delete")],
+        &[],
+    );
+    // Nothing recorded: success, nothing created.
+    f.backend.delete_unprovisioned(&o).await.unwrap();
+    assert!(tree(&f.mount).is_empty());
+    f.backend.provision(&o).await.unwrap();
+    f.backend.delete_unprovisioned(&o).await.unwrap();
+    assert_eq!(tree(&f.mount), ["a"]);
+    let archive = options(&[("pathPattern", "a/${.PV.name}")], &[]);
+    f.backend.provision(&archive).await.unwrap();
+    f.backend.delete_unprovisioned(&archive).await.unwrap();
+    assert_eq!(tree(&f.mount), ["a", "a/archived-pvc-1"]);
+}
+
+#[tokio::test]
+async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
+    let f = fixture();
+    std::fs::write(f.mount.join("team-a"), b"not a dir").unwrap();
+    let params = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
+    let r = reason(
+        f.backend
+            .provision(&options(&params, &[]))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        r.contains("\"team-a\" exists and is not a directory"),
+        "{r}"
+    );
+    std::fs::remove_file(f.mount.join("team-a")).unwrap();
+
+    // Provisioned once; a retry for the same PV whose claim now resolves
+    // elsewhere (its labels changed) is refused instead of making a second
+    // directory.
+    let by_label = [("pathPattern", "${.PVC.labels.app}")];
+    f.backend.provision(&options(&by_label, &[])).await.unwrap();
+    let mut relabelled = options(&by_label, &[]);
+    relabelled.pvc.metadata.labels = Some(BTreeMap::from([("app".to_string(), "db".to_string())]));
+    let r = reason(f.backend.provision(&relabelled).await.unwrap_err());
+    assert!(r.contains("was already provisioned at \"web\""), "{r}");
+    assert_eq!(tree(&f.mount), ["web"]);
+}
+
+#[tokio::test]
+async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
+    use crate::backend::hostpath::delete::OrphanOutcome;
+    let f = fixture();
+    let o = options(&[("pathPattern", "${.PVC.namespace}/${.PVC.name}")], &[]);
+    f.backend.provision(&o).await.unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    assert!(matches!(
+        delete::archive_orphan(&f.backend, "pvc-1", hour)
+            .await
+            .unwrap(),
+        OrphanOutcome::TooYoung(_)
+    ));
+    assert_eq!(
+        delete::archive_orphan(&f.backend, "pvc-unknown", hour)
+            .await
+            .unwrap(),
+        OrphanOutcome::Absent
+    );
+    assert_eq!(
+        delete::archive_orphan(&f.backend, "pvc-1", std::time::Duration::ZERO)
+            .await
+            .unwrap(),
+        OrphanOutcome::Archived(f.mount.join("team-a/archived-data"))
+    );
+    assert_eq!(tree(&f.mount), ["team-a", "team-a/archived-data"]);
+    assert!(f.backend.list_volumes().await.unwrap().unwrap().is_empty());
+}

@@ -1,0 +1,401 @@
+//! Deletion half of the nfs-subdir backend.
+//!
+//! # Which directory may be touched
+//!
+//! Exactly the directory the PV names, found from its `nfs.path` (not from a
+//! base name as upstream does, which with a nested `pathPattern` looked in the
+//! wrong place and leaked the volume). [`volume_directory`] checks, and any
+//! failure is a [`DeleteError::Refused`] (a Warning event; nothing touched):
+//!
+//! 1. the PV's only volume source is `nfs`;
+//! 2. `nfs.server` equals `--nfs-server`;
+//! 3. `nfs.path`, component-wise, is `--nfs-path` followed by at least one
+//!    more component, none of them `..` (a path equal to the export, a sibling
+//!    export or a parent is not ours);
+//! 4. the PV name is a valid object name.
+//!
+//! Then, walking from the mount with directory handles (see [`super::safe_fs`]):
+//! no component may be a symlink, and the last one must be a directory (a
+//! file or link there is refused). The directory must not be recorded for
+//! another PV (see [`super::registry`]). A directory that is already absent
+//! counts as deleted.
+//!
+//! # Policies
+//!
+//! * `delete` — remove the directory and its contents (symlinks inside are
+//!   removed as links, never followed);
+//! * `retain` — leave it, forget the record;
+//! * `archive` — rename `<parent>/<name>` to `<parent>/archived-<name>`, in the
+//!   **same parent directory** (so `ns/app/data` becomes `ns/app/archived-data`:
+//!   upstream renamed to `<mount>/archived-<base name>`, which fails for nested
+//!   paths and collides between namespaces). If that name is taken, the
+//!   directory becomes `<parent>/archived-<name>-<pv name>`; if that is taken
+//!   too, the delete is refused.
+//!
+//! Empty parent directories of a nested path are left in place (they may be
+//! shared with other volumes).
+
+use std::io;
+
+use api_types::{DeleteError, ProvisionOptions};
+use cap_std::fs::Dir;
+use k8s_openapi::api::core::v1::PersistentVolume;
+
+use super::pattern::RelPath;
+use super::provision::class_policy;
+use super::safe_fs::{self, Entry, WalkError};
+use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use crate::backend::hostpath::delete::OrphanOutcome;
+
+/// Name prefix of archived directories.
+pub const ARCHIVE_PREFIX: &str = "archived-";
+
+/// `spec` keys of a PV that are not volume sources.
+const NON_SOURCE_KEYS: &[&str] = &[
+    "accessModes",
+    "capacity",
+    "claimRef",
+    "mountOptions",
+    "nodeAffinity",
+    "persistentVolumeReclaimPolicy",
+    "storageClassName",
+    "volumeAttributesClassName",
+    "volumeMode",
+    "nfs",
+];
+
+/// The sub-directory (below the mount) that `pv` names, after rules 1–4 of
+/// the module docs. Also pv-writer's `validate_volume` check.
+///
+/// Errors: a message naming the failed rule.
+pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, String> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    if !registry::valid_pv_name(name) {
+        return Err(format!("PV name {name:?} is not a valid object name"));
+    }
+    let spec = pv
+        .spec
+        .as_ref()
+        .ok_or_else(|| format!("PV {name} has no spec"))?;
+    let nfs = spec
+        .nfs
+        .as_ref()
+        .ok_or_else(|| format!("PV {name} has no spec.nfs; it is not an nfs-subdir volume"))?;
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(spec) {
+        let extra: Vec<&str> = fields
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !NON_SOURCE_KEYS.contains(k))
+            .collect();
+        if !extra.is_empty() {
+            return Err(format!(
+                "PV {name} has volume sources besides nfs: {}",
+                extra.join(", ")
+            ));
+        }
+    }
+    if nfs.server != backend.server {
+        return Err(format!(
+            "PV {name} is on NFS server {:?}, not this provisioner's {:?}",
+            nfs.server, backend.server
+        ));
+    }
+    let not_ours = || {
+        format!(
+            "PV {name} has nfs.path {:?}, which is not a directory below this provisioner's export {:?}",
+            nfs.path, backend.export_path
+        )
+    };
+    if !nfs.path.starts_with('/') {
+        return Err(not_ours());
+    }
+    let comps: Vec<&str> = nfs
+        .path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if comps.contains(&"..") {
+        return Err(not_ours());
+    }
+    let export: Vec<&str> = backend
+        .export_path
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    if comps.len() <= export.len() || comps[..export.len()] != export[..] {
+        return Err(not_ours());
+    }
+    RelPath::parse(&comps[export.len()..].join("/")).map_err(|e| format!("PV {name}: {e}"))
+}
+
+/// Delete, archive or retain the directory behind `volume` (module docs).
+///
+/// Errors: [`DeleteError::Refused`] for the checks of the module docs, an
+/// unknown [`ANN_ON_DELETE`] value, a directory recorded for another PV, or
+/// both archive names taken; [`DeleteError::Failed`] on I/O errors (retried).
+pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<(), DeleteError> {
+    let rel = volume_directory(backend, volume).map_err(refused)?;
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    let policy = match volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_ON_DELETE))
+    {
+        // Provisioned before a migration from upstream: its default.
+        None => DeletePolicy::Archive,
+        Some(v) => DeletePolicy::from_annotation(v).ok_or_else(|| {
+            refused(format!(
+                "PV {name} has annotation {ANN_ON_DELETE}={v:?}; expected delete, retain or archive"
+            ))
+        })?,
+    };
+    let mount = backend.mount.clone();
+    blocking(move || {
+        let root = open_root(&mount)?;
+        match registry::get(&root, &name).map_err(io_failed("read the record of PV"))? {
+            Some(r) if r != rel => {
+                return Err(refused(format!(
+                    "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
+                )))
+            }
+            Some(_) => {}
+            None => {
+                let others = registry::other_owners(&root, &name, &rel)
+                    .map_err(io_failed("read the volume records"))?;
+                if !others.is_empty() {
+                    return Err(refused(format!(
+                        "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
+                        others.join(", ")
+                    )));
+                }
+            }
+        }
+        apply_policy(&root, &name, &rel, policy).map(|_| ())
+    })
+    .await
+}
+
+/// Recovery of a claim deleted mid-provisioning: apply the class's policy to
+/// the directory recorded for `options.pv_name` — only a recorded directory
+/// is touched (the record is written before the directory is created), so a
+/// directory of another claim that `options` happens to resolve to is never
+/// affected. Nothing recorded is success; never creates anything.
+///
+/// Errors: as [`delete`].
+pub async fn delete_unprovisioned(
+    backend: &NfsSubdir,
+    options: &ProvisionOptions,
+) -> Result<(), DeleteError> {
+    let class_name = options
+        .storage_class
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_default();
+    // A class that fails the checks made provision refuse before recording
+    // anything; archive keeps the data if it changed since.
+    let policy = class_policy(&class_name, options.storage_class.parameters.as_ref())
+        .unwrap_or(DeletePolicy::Archive);
+    let name = options.pv_name.clone();
+    if !registry::valid_pv_name(&name) {
+        return Ok(());
+    }
+    let mount = backend.mount.clone();
+    blocking(move || {
+        let root = open_root(&mount)?;
+        let Some(rel) = registry::get(&root, &name).map_err(io_failed("read the record of PV"))?
+        else {
+            return Ok(());
+        };
+        apply_policy(&root, &name, &rel, policy).map(|_| ())
+    })
+    .await
+}
+
+/// PV names whose recorded directory exists (a real directory reached without
+/// crossing a symlink), sorted.
+///
+/// Errors: the mount or the records cannot be read.
+pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
+    let mount = backend.mount.clone();
+    tokio::task::spawn_blocking(move || {
+        let root = safe_fs::open_mount(&mount)
+            .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
+        let records =
+            registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))?;
+        Ok(records
+            .into_iter()
+            .filter(|(_, rel)| safe_fs::open_path(&root, rel.components()).is_ok())
+            .map(|(name, _)| name)
+            .collect())
+    })
+    .await
+    .map_err(|e| format!("nfs-subdir listing task failed: {e}"))?
+}
+
+async fn blocking<F>(f: F) -> Result<(), DeleteError>
+where
+    F: FnOnce() -> Result<(), DeleteError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DeleteError::Failed {
+            reason: format!("nfs-subdir delete task failed: {e}"),
+        })?
+}
+
+fn open_root(mount: &std::path::Path) -> Result<Dir, DeleteError> {
+    safe_fs::open_mount(mount).map_err(|e| DeleteError::Failed {
+        reason: format!("cannot open the NFS mount {}: {e}", mount.display()),
+    })
+}
+
+fn refused(reason: String) -> DeleteError {
+    DeleteError::Refused { reason }
+}
+
+fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
+    move |e| DeleteError::Failed {
+        reason: format!("cannot {what}: {e}"),
+    }
+}
+
+/// Apply `policy` to `rel`; returns the archived directory's new path
+/// (relative to the mount) when it was archived.
+fn apply_policy(
+    root: &Dir,
+    pv_name: &str,
+    rel: &RelPath,
+    policy: DeletePolicy,
+) -> Result<Option<String>, DeleteError> {
+    let forget = || {
+        registry::remove(root, pv_name)
+            .map(|()| None)
+            .map_err(io_failed("remove the record of PV"))
+    };
+    if policy == DeletePolicy::Retain {
+        tracing::info!(pv = pv_name, directory = %rel, "onDelete retain: leaving nfs-subdir directory in place");
+        return forget();
+    }
+    let (parent_comps, last) = safe_fs::split_last(rel);
+    let parent = match safe_fs::open_path(root, parent_comps) {
+        Ok(p) => p,
+        Err(WalkError::Missing(_)) => {
+            tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
+            return forget();
+        }
+        Err(WalkError::Io(p, e)) => {
+            return Err(DeleteError::Failed {
+                reason: format!("cannot open \"{p}\" below the NFS mount: {e}"),
+            })
+        }
+        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+    };
+    match safe_fs::entry(&parent, last).map_err(io_failed("inspect the volume directory"))? {
+        Entry::Absent => {
+            tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
+            return forget();
+        }
+        Entry::Directory => {}
+        Entry::Symlink => {
+            return Err(refused(format!(
+                "\"{rel}\" of PV {pv_name} is a symlink; refusing to follow it"
+            )))
+        }
+        Entry::Other => {
+            return Err(refused(format!(
+                "\"{rel}\" of PV {pv_name} is not a directory; refusing"
+            )))
+        }
+    }
+    match policy {
+        DeletePolicy::Delete => {
+            parent
+                .remove_dir_all(last)
+                .map_err(io_failed("remove the volume directory"))?;
+            tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
+        }
+        DeletePolicy::Archive => {
+            let target = archive_name(&parent, pv_name, last)?;
+            parent
+                .rename(last, &parent, &target)
+                .map_err(io_failed("archive the volume directory"))?;
+            tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
+            forget()?;
+            let mut archived = parent_comps.to_vec();
+            archived.push(target);
+            return Ok(Some(archived.join("/")));
+        }
+        DeletePolicy::Retain => unreachable!("handled above"),
+    }
+    forget()
+}
+
+/// reclaim-svc's orphan sweep (`--sweep-orphans`), which never removes data:
+/// archive the directory recorded for `pv_name` (as [`delete`] with policy
+/// `archive` does, with every check) when its age — now minus the newer of
+/// its mtime and ctime — is at least `min_age`. Returns the archived path
+/// (below the mount), [`OrphanOutcome::TooYoung`] or
+/// [`OrphanOutcome::Absent`] (nothing recorded, or the directory is gone).
+///
+/// Errors: as [`delete`].
+pub async fn archive_orphan(
+    backend: &NfsSubdir,
+    pv_name: &str,
+    min_age: std::time::Duration,
+) -> Result<OrphanOutcome, DeleteError> {
+    let mount = backend.mount.clone();
+    let name = pv_name.to_string();
+    tokio::task::spawn_blocking(move || {
+        if !registry::valid_pv_name(&name) {
+            return Err(refused(format!(
+                "PV name {name:?} is not a valid object name"
+            )));
+        }
+        let root = open_root(&mount)?;
+        let Some(rel) = registry::get(&root, &name).map_err(io_failed("read the record of PV"))?
+        else {
+            return Ok(OrphanOutcome::Absent);
+        };
+        let dir = match safe_fs::open_path(&root, rel.components()) {
+            Ok(d) => d,
+            Err(WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
+            Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {name}: {e}"))),
+        };
+        let age = safe_fs::age(&dir).map_err(io_failed("inspect the volume directory"))?;
+        if age < min_age {
+            return Ok(OrphanOutcome::TooYoung(age));
+        }
+        Ok(
+            match apply_policy(&root, &name, &rel, DeletePolicy::Archive)? {
+                Some(archived) => OrphanOutcome::Archived(mount.join(archived)),
+                None => OrphanOutcome::Absent,
+            },
+        )
+    })
+    .await
+    .map_err(|e| DeleteError::Failed {
+        reason: format!("nfs-subdir orphan archive task failed: {e}"),
+    })?
+}
+
+/// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in
+/// `parent` (module docs).
+///
+/// Errors: [`DeleteError::Refused`] when both exist.
+fn archive_name(parent: &Dir, pv_name: &str, last: &str) -> Result<String, DeleteError> {
+    let first = format!("{ARCHIVE_PREFIX}{last}");
+    let second = format!("{ARCHIVE_PREFIX}{last}-{pv_name}");
+    for candidate in [&first, &second] {
+        if candidate.len() <= 255
+            && safe_fs::entry(parent, candidate).map_err(io_failed("inspect the archive name"))?
+                == Entry::Absent
+        {
+            return Ok(candidate.clone());
+        }
+    }
+    Err(refused(format!(
+        "cannot archive \"{last}\" of PV {pv_name}: {first:?} and {second:?} both exist (or are too long) in its parent directory"
+    )))
+}

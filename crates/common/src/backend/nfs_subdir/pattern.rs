@@ -1,0 +1,299 @@
+//! The volume directory's name: nfs-subdir's default
+//! `<namespace>-<claim name>-<pv name>` or the StorageClass parameter
+//! `pathPattern`, rendered from the claim and checked so that it can only ever
+//! name a directory strictly inside the mount.
+//!
+//! # `pathPattern` syntax (as upstream, plus `${.PV.name}`)
+//!
+//! | placeholder                 | replaced by                              |
+//! |-----------------------------|------------------------------------------|
+//! | `${.PVC.namespace}`         | the claim's namespace                    |
+//! | `${.PVC.name}`              | the claim's name                         |
+//! | `${.PVC.labels.KEY}`        | the value of the claim's label `KEY`     |
+//! | `${.PVC.annotations.KEY}`   | the value of the claim's annotation `KEY`|
+//! | `${.PV.name}`               | the PV name (`pvc-<claim uid>`)          |
+//!
+//! `/` in the pattern (or inside a substituted annotation value) nests
+//! directories; empty and `.` components are dropped, as Go's `filepath.Join`
+//! does upstream. A pattern that renders to nothing falls back to the default
+//! name, as upstream.
+//!
+//! # Differences from upstream (all refusals, never silent)
+//!
+//! * a label or annotation the pattern names but the claim lacks is refused
+//!   (upstream substitutes an empty string, which silently makes claims share a
+//!   directory);
+//! * an unknown placeholder (`${.PVC.nmae}`) or an unterminated `${` is refused
+//!   (upstream substitutes an empty string / keeps the text);
+//! * a pattern or substituted value that is absolute, contains a `..`
+//!   component or a NUL byte is refused, as is a path whose first component is
+//!   the backend's bookkeeping directory ([`super::registry::REGISTRY_DIR`]) or
+//!   whose components exceed 255 bytes.
+//!
+//! The renderer is a dozen lines of hand-written scanning rather than a
+//! template or regex crate: the syntax is upstream's own (not Go templates),
+//! and every placeholder must be checked individually, which a generic
+//! template engine would not do.
+
+use std::collections::BTreeMap;
+
+/// A checked relative path below the mount: at least one component, each a
+/// plain name (not empty, not `.`/`..`, no `/` or NUL, at most 255 bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelPath(Vec<String>);
+
+impl RelPath {
+    /// Parse `text` (components separated by `/`; empty and `.` components
+    /// dropped).
+    ///
+    /// Errors: absolute (leading `/`), a `..` component, a NUL byte, a
+    /// component longer than 255 bytes, the bookkeeping directory as first
+    /// component, or nothing left after dropping empty components.
+    pub fn parse(text: &str) -> Result<RelPath, String> {
+        if text.starts_with('/') {
+            return Err(format!("{text:?} is an absolute path"));
+        }
+        if text.contains('\0') {
+            return Err(format!("{text:?} contains a NUL byte"));
+        }
+        let mut comps = Vec::new();
+        for c in text.split('/') {
+            match c {
+                "" | "." => continue,
+                ".." => return Err(format!("{text:?} contains a \"..\" component")),
+                c if c.len() > 255 => {
+                    return Err(format!("{text:?} has a component longer than 255 bytes"))
+                }
+                c => comps.push(c.to_string()),
+            }
+        }
+        if comps.is_empty() {
+            return Err(format!("{text:?} names no directory below the mount"));
+        }
+        if comps[0] == super::registry::REGISTRY_DIR {
+            return Err(format!(
+                "{text:?} is inside the backend's bookkeeping directory {:?}",
+                super::registry::REGISTRY_DIR
+            ));
+        }
+        Ok(RelPath(comps))
+    }
+
+    /// The components, outermost first (never empty).
+    pub fn components(&self) -> &[String] {
+        &self.0
+    }
+
+    /// The path joined with `/` (no leading or trailing slash).
+    pub fn as_string(&self) -> String {
+        self.0.join("/")
+    }
+}
+
+impl std::fmt::Display for RelPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.as_string())
+    }
+}
+
+/// What a pattern is rendered from.
+#[derive(Debug, Clone, Copy)]
+pub struct PatternInput<'a> {
+    /// The claim's namespace.
+    pub namespace: &'a str,
+    /// The claim's name.
+    pub name: &'a str,
+    /// The claim's labels.
+    pub labels: Option<&'a BTreeMap<String, String>>,
+    /// The claim's annotations.
+    pub annotations: Option<&'a BTreeMap<String, String>>,
+    /// The PV name.
+    pub pv_name: &'a str,
+}
+
+/// nfs-subdir's default directory name `<namespace>-<claim name>-<pv name>`.
+pub fn default_name(input: &PatternInput<'_>) -> String {
+    format!("{}-{}-{}", input.namespace, input.name, input.pv_name)
+}
+
+/// The volume directory for `input`: `pattern` rendered (see the module docs)
+/// or, when there is no pattern or it renders to nothing, [`default_name`].
+///
+/// Errors: a message naming the problem (unknown placeholder, missing
+/// label/annotation, unterminated `${`, or a [`RelPath::parse`] refusal).
+pub fn volume_path(pattern: Option<&str>, input: &PatternInput<'_>) -> Result<RelPath, String> {
+    let rendered = match pattern {
+        Some(p) => render(p, input)?,
+        None => String::new(),
+    };
+    if rendered.split('/').all(|c| c.is_empty() || c == ".") {
+        return RelPath::parse(&default_name(input))
+            .map_err(|e| format!("default directory name {e}"));
+    }
+    RelPath::parse(&rendered).map_err(|e| format!("pathPattern renders to {e}"))
+}
+
+/// Substitute every placeholder of `pattern`.
+///
+/// Errors: see [`volume_path`].
+pub fn render(pattern: &str, input: &PatternInput<'_>) -> Result<String, String> {
+    let mut out = String::with_capacity(pattern.len());
+    let mut rest = pattern;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("pathPattern {pattern:?} has an unterminated \"${{\""))?;
+        let key = &after[..end];
+        out.push_str(&lookup(key, input)?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, String> {
+    let from_map = |what: &str, map: Option<&BTreeMap<String, String>>, k: &str| {
+        let value = map.and_then(|m| m.get(k)).ok_or_else(|| {
+            format!("pathPattern uses the claim's {what} {k:?}, which the claim does not have")
+        })?;
+        if value.is_empty() {
+            return Err(format!(
+                "the claim's {what} {k:?} used by pathPattern is empty"
+            ));
+        }
+        if value.starts_with('/') || value.contains('\0') || value.split('/').any(|c| c == "..") {
+            return Err(format!(
+                "the claim's {what} {k:?} = {value:?} used by pathPattern is absolute or contains \"..\" or a NUL byte"
+            ));
+        }
+        Ok(value.clone())
+    };
+    match key {
+        ".PVC.namespace" => Ok(input.namespace.to_string()),
+        ".PVC.name" => Ok(input.name.to_string()),
+        ".PV.name" => Ok(input.pv_name.to_string()),
+        k => {
+            if let Some(label) = k.strip_prefix(".PVC.labels.") {
+                from_map("label", input.labels, label)
+            } else if let Some(ann) = k.strip_prefix(".PVC.annotations.") {
+                from_map("annotation", input.annotations, ann)
+            } else {
+                Err(format!(
+                    "pathPattern placeholder \"${{{k}}}\" is unknown (known: ${{.PVC.namespace}}, ${{.PVC.name}}, ${{.PVC.labels.KEY}}, ${{.PVC.annotations.KEY}}, ${{.PV.name}})"
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input<'a>(
+        labels: &'a BTreeMap<String, String>,
+        annotations: &'a BTreeMap<String, String>,
+    ) -> PatternInput<'a> {
+        PatternInput {
+            namespace: "team-a",
+            name: "data",
+            labels: Some(labels),
+            annotations: Some(annotations),
+            pv_name: "pvc-1",
+        }
+    }
+
+    fn maps() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        (
+            BTreeMap::from([("app".to_string(), "web".to_string())]),
+            BTreeMap::from([
+                ("owner".to_string(), "alice".to_string()),
+                ("nested".to_string(), "x/y".to_string()),
+                ("up".to_string(), "../etc".to_string()),
+                ("abs".to_string(), "/etc".to_string()),
+                ("blank".to_string(), String::new()),
+            ]),
+        )
+    }
+
+    #[test]
+    fn default_is_namespace_claim_pv() {
+        let (l, a) = maps();
+        assert_eq!(
+            volume_path(None, &input(&l, &a)).unwrap().as_string(),
+            "team-a-data-pvc-1"
+        );
+        // A pattern that renders to nothing falls back to the default, as upstream.
+        for empty in ["", "/", "./", "//."] {
+            assert_eq!(
+                volume_path(Some(empty), &input(&l, &a))
+                    .unwrap()
+                    .as_string(),
+                "team-a-data-pvc-1",
+                "{empty:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_placeholder_renders() {
+        let (l, a) = maps();
+        let p = "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.annotations.owner}-${.PVC.name}/${.PV.name}";
+        assert_eq!(
+            volume_path(Some(p), &input(&l, &a)).unwrap().components(),
+            ["team-a", "web", "alice-data", "pvc-1"]
+        );
+        // Interior slashes of an annotation nest; doubled slashes and `.` collapse.
+        assert_eq!(
+            volume_path(Some("./${.PVC.annotations.nested}//z/"), &input(&l, &a))
+                .unwrap()
+                .as_string(),
+            "x/y/z"
+        );
+        // Text without placeholders is used verbatim.
+        assert_eq!(
+            volume_path(Some("static/dir"), &input(&l, &a))
+                .unwrap()
+                .as_string(),
+            "static/dir"
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        let (l, a) = maps();
+        let cases = [
+            ("${.PVC.labels.missing}", "which the claim does not have"),
+            (
+                "${.PVC.annotations.missing}",
+                "which the claim does not have",
+            ),
+            ("${.PVC.annotations.blank}", "is empty"),
+            ("${.PVC.annotations.up}", "contains \"..\""),
+            ("${.PVC.annotations.abs}", "is absolute"),
+            ("${.PVC.nmae}", "is unknown"),
+            ("${.PVC.name", "unterminated"),
+            ("/abs/${.PVC.name}", "is an absolute path"),
+            ("a/../../b", "contains a \"..\" component"),
+            ("..", "contains a \"..\" component"),
+            (".split-provisioner/x", "bookkeeping directory"),
+        ];
+        for (pattern, expected) in cases {
+            let err = volume_path(Some(pattern), &input(&l, &a)).unwrap_err();
+            assert!(err.contains(expected), "{pattern:?}: {err}");
+        }
+        let long = "a".repeat(256);
+        assert!(volume_path(Some(&long), &input(&l, &a))
+            .unwrap_err()
+            .contains("longer than 255"));
+        assert!(RelPath::parse("a\0b").unwrap_err().contains("NUL"));
+        // No labels at all is the same as a missing label.
+        let none = PatternInput {
+            labels: None,
+            ..input(&l, &a)
+        };
+        assert!(volume_path(Some("${.PVC.labels.app}"), &none).is_err());
+    }
+}

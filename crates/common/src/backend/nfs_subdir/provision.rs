@@ -1,0 +1,355 @@
+//! Provisioning half of the nfs-subdir backend: check the class and the claim,
+//! create the sub-directory below the mount, and describe it as an `nfs` PV.
+//!
+//! The PV has `nfs: {server: --nfs-server, path: <--nfs-path>/<sub-directory>}`,
+//! `capacity.storage` = the claim's request (verbatim), the claim's access
+//! modes, the class's reclaim policy (`Delete` when unset, as Kubernetes
+//! defaults it) and `mountOptions`, and annotation [`super::ANN_ON_DELETE`].
+//!
+//! Every refusal is a [`ProvisionError::Failed`] with state `Finished` (a
+//! `ProvisioningFailed` event) and leaves the filesystem untouched.
+//! Idempotent per PV name (see [`super::registry`]).
+
+use std::collections::BTreeMap;
+
+use api_types::{ProvisionError, ProvisionOptions};
+use cap_std::fs::Dir;
+use k8s_openapi::api::core::v1::{NFSVolumeSource, PersistentVolume, PersistentVolumeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::pattern::{volume_path, PatternInput, RelPath};
+use super::safe_fs::{self, Entry, WalkError};
+use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+
+/// StorageClass parameters the backend accepts (upstream's names).
+pub const ACCEPTED_PARAMETERS: &[&str] =
+    &[PARAM_PATH_PATTERN, PARAM_ON_DELETE, PARAM_ARCHIVE_ON_DELETE];
+/// Parameter: sub-directory template.
+pub const PARAM_PATH_PATTERN: &str = "pathPattern";
+/// Parameter: `delete` or `retain`.
+pub const PARAM_ON_DELETE: &str = "onDelete";
+/// Parameter: Go boolean; `false` deletes, `true` (default) archives.
+pub const PARAM_ARCHIVE_ON_DELETE: &str = "archiveOnDelete";
+
+/// Claim annotation: octal permission bits of the new directory.
+pub const ANN_CREATE_MODE: &str = "nfs.io/createMode";
+/// Claim annotation: numeric owner of the new directory.
+pub const ANN_CREATE_UID: &str = "nfs.io/createUID";
+/// Claim annotation: numeric group of the new directory.
+pub const ANN_CREATE_GID: &str = "nfs.io/createGID";
+
+/// Permissions of a new volume directory without `nfs.io/createMode` (upstream's).
+pub const DEFAULT_MODE: u32 = 0o777;
+/// Permissions of intermediate directories of a nested `pathPattern`.
+pub const PARENT_MODE: u32 = 0o755;
+
+/// Owner and permissions asked for by the claim's annotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreateAttrs {
+    /// Permission bits (at most `0o7777`).
+    pub mode: u32,
+    /// Owner, if `nfs.io/createUID` is set.
+    pub uid: Option<u32>,
+    /// Group, if `nfs.io/createGID` is set.
+    pub gid: Option<u32>,
+}
+
+/// Parse the claim's `nfs.io/create*` annotations.
+///
+/// Errors: a value that is not octal `0`–`7777` (mode) or a decimal `u32`
+/// (uid/gid); the message names the annotation and the value.
+pub fn create_attrs(annotations: Option<&BTreeMap<String, String>>) -> Result<CreateAttrs, String> {
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(|v| v.trim());
+    let mode = match get(ANN_CREATE_MODE) {
+        None => DEFAULT_MODE,
+        Some(v) => {
+            let digits = v.strip_prefix("0o").unwrap_or(v);
+            match u32::from_str_radix(digits, 8) {
+                Ok(m) if !digits.is_empty() && !digits.starts_with('+') && m <= 0o7777 => m,
+                _ => {
+                    return Err(format!(
+                        "claim annotation {ANN_CREATE_MODE}={v:?} is not an octal permission mode (0-7777)"
+                    ))
+                }
+            }
+        }
+    };
+    let id = |k: &str| -> Result<Option<u32>, String> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| format!("claim annotation {k}={v:?} is not a numeric id")),
+            Some(v) => Err(format!("claim annotation {k}={v:?} is not a numeric id")),
+        }
+    };
+    Ok(CreateAttrs {
+        mode,
+        uid: id(ANN_CREATE_UID)?,
+        gid: id(ANN_CREATE_GID)?,
+    })
+}
+
+/// Go's `strconv.ParseBool`, which upstream applies to `archiveOnDelete`.
+pub fn parse_go_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Check the class's parameters and resolve its delete policy: `onDelete`
+/// (`delete`/`retain`) wins, else `archiveOnDelete` (`false` → delete), else
+/// archive.
+///
+/// Errors: an unknown parameter (all named, sorted), a bad `onDelete`, or an
+/// `archiveOnDelete` that is not a Go boolean.
+pub fn class_policy(
+    class_name: &str,
+    parameters: Option<&BTreeMap<String, String>>,
+) -> Result<DeletePolicy, String> {
+    let empty = BTreeMap::new();
+    let params = parameters.unwrap_or(&empty);
+    let unknown: Vec<&str> = params
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !ACCEPTED_PARAMETERS.contains(k))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(format!(
+            "StorageClass {class_name:?} has parameters the nfs-subdir backend does not know: {} (it accepts {})",
+            unknown.join(", "),
+            ACCEPTED_PARAMETERS.join(", ")
+        ));
+    }
+    match params.get(PARAM_ON_DELETE).map(String::as_str) {
+        Some("delete") => return Ok(DeletePolicy::Delete),
+        Some("retain") => return Ok(DeletePolicy::Retain),
+        Some(other) => {
+            return Err(format!(
+                "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
+            ))
+        }
+        None => {}
+    }
+    match params.get(PARAM_ARCHIVE_ON_DELETE) {
+        None => Ok(DeletePolicy::Archive),
+        Some(v) => match parse_go_bool(v) {
+            Some(true) => Ok(DeletePolicy::Archive),
+            Some(false) => Ok(DeletePolicy::Delete),
+            None => Err(format!(
+                "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
+            )),
+        },
+    }
+}
+
+/// The sub-directory `options` resolves to (see [`super::pattern`]).
+///
+/// Errors: as [`volume_path`].
+pub fn directory_for(options: &ProvisionOptions) -> Result<RelPath, String> {
+    let meta = &options.pvc.metadata;
+    let input = PatternInput {
+        namespace: meta.namespace.as_deref().unwrap_or_default(),
+        name: meta.name.as_deref().unwrap_or_default(),
+        labels: meta.labels.as_ref(),
+        annotations: meta.annotations.as_ref(),
+        pv_name: &options.pv_name,
+    };
+    let pattern = options
+        .storage_class
+        .parameters
+        .as_ref()
+        .and_then(|p| p.get(PARAM_PATH_PATTERN))
+        .map(String::as_str);
+    volume_path(pattern, &input)
+}
+
+/// `nfs.path` of the directory `rel` below the export.
+pub fn server_path(backend: &NfsSubdir, rel: &RelPath) -> String {
+    if backend.export_path == "/" {
+        format!("/{rel}")
+    } else {
+        format!("{}/{rel}", backend.export_path)
+    }
+}
+
+/// Create the claim's sub-directory and return its PV (module docs).
+///
+/// Errors: [`ProvisionError::Failed`] (state `Finished`) for every refusal of
+/// the backend docs and for filesystem errors.
+pub async fn provision(
+    backend: &NfsSubdir,
+    options: &ProvisionOptions,
+) -> Result<PersistentVolume, ProvisionError> {
+    let class_name = options
+        .storage_class
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_default();
+    let policy = class_policy(&class_name, options.storage_class.parameters.as_ref())
+        .map_err(ProvisionError::finished)?;
+    let claim_spec = options.pvc.spec.clone().unwrap_or_default();
+    if claim_spec.selector.is_some() {
+        return Err(ProvisionError::finished(
+            "claim Selector is not supported by the nfs-subdir backend",
+        ));
+    }
+    if claim_spec.volume_mode.as_deref() == Some("Block") {
+        return Err(ProvisionError::finished(
+            "the nfs-subdir backend does not support volumeMode Block",
+        ));
+    }
+    let request = claim_spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .cloned()
+        .ok_or_else(|| {
+            ProvisionError::finished("claim has no storage request (resources.requests.storage)")
+        })?;
+    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
+    if access_modes.is_empty() {
+        return Err(ProvisionError::finished("claim has no access modes"));
+    }
+    if !registry::valid_pv_name(&options.pv_name) {
+        return Err(ProvisionError::finished(format!(
+            "PV name {:?} is not a valid object name",
+            options.pv_name
+        )));
+    }
+    let attrs = create_attrs(options.pvc.metadata.annotations.as_ref())
+        .map_err(ProvisionError::finished)?;
+    let rel = directory_for(options).map_err(ProvisionError::finished)?;
+
+    let mount = backend.mount.clone();
+    let pv_name = options.pv_name.clone();
+    let rel_for_task = rel.clone();
+    tokio::task::spawn_blocking(move || create_blocking(&mount, &pv_name, &rel_for_task, attrs))
+        .await
+        .map_err(|e| ProvisionError::finished(format!("nfs-subdir provision task failed: {e}")))?
+        .map_err(ProvisionError::finished)?;
+
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(options.pv_name.clone()),
+            annotations: Some(BTreeMap::from([(
+                ANN_ON_DELETE.to_string(),
+                policy.as_str().to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            nfs: Some(NFSVolumeSource {
+                server: backend.server.clone(),
+                path: server_path(backend, &rel),
+                read_only: None,
+            }),
+            capacity: Some(BTreeMap::from([("storage".to_string(), request)])),
+            access_modes: Some(access_modes),
+            volume_mode: claim_spec.volume_mode.clone(),
+            persistent_volume_reclaim_policy: Some(
+                options
+                    .storage_class
+                    .reclaim_policy
+                    .clone()
+                    .unwrap_or_else(|| "Delete".to_string()),
+            ),
+            mount_options: options.storage_class.mount_options.clone(),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+fn create_blocking(
+    mount: &std::path::Path,
+    pv_name: &str,
+    rel: &RelPath,
+    attrs: CreateAttrs,
+) -> Result<(), String> {
+    let root = safe_fs::open_mount(mount)
+        .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
+    let (parent_comps, last) = safe_fs::split_last(rel);
+    let recorded = registry::get(&root, pv_name)
+        .map_err(|e| format!("cannot read the record of PV {pv_name}: {e}"))?;
+    let retry = match recorded {
+        Some(r) if &r != rel => {
+            return Err(format!(
+                "PV {pv_name} was already provisioned at \"{r}\", but the claim now resolves to \"{rel}\" (its labels, annotations or the class's pathPattern changed); refusing"
+            ))
+        }
+        Some(_) => true,
+        None => {
+            // A directory that exists without having been created for this
+            // PV is never adopted.
+            match safe_fs::open_path(&root, parent_comps) {
+                Ok(parent) => match safe_fs::entry(&parent, last) {
+                    Ok(Entry::Absent) => {}
+                    Ok(_) => return Err(taken(&root, pv_name, rel)),
+                    Err(e) => return Err(format!("cannot inspect \"{rel}\": {e}")),
+                },
+                Err(WalkError::Missing(_)) => {}
+                Err(e) => return Err(format!("refusing directory \"{rel}\": {e}")),
+            }
+            registry::put(&root, pv_name, rel)
+                .map_err(|e| format!("cannot record PV {pv_name}: {e}"))?;
+            false
+        }
+    };
+    let forget = |msg: String| {
+        if !retry {
+            let _ = registry::remove(&root, pv_name);
+        }
+        msg
+    };
+    let parent = match safe_fs::create_path(&root, parent_comps, PARENT_MODE) {
+        Ok((d, _)) => d,
+        Err(e) => return Err(forget(format!("refusing directory \"{rel}\": {e}"))),
+    };
+    let created = match parent.create_dir(last) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(forget(format!("cannot create \"{rel}\": {e}"))),
+    };
+    if !created {
+        let others = registry::other_owners(&root, pv_name, rel).unwrap_or_default();
+        if !retry || !others.is_empty() {
+            let _ = registry::remove(&root, pv_name);
+            return Err(taken(&root, pv_name, rel));
+        }
+    }
+    let dir = match safe_fs::open_path(&parent, &[last.to_string()]) {
+        Ok(d) => d,
+        Err(e) => return Err(forget(format!("refusing directory \"{rel}\": {e}"))),
+    };
+    apply_attrs(&dir, attrs).map_err(|e| format!("cannot set mode/owner of \"{rel}\": {e}"))?;
+    tracing::info!(pv = pv_name, directory = %rel, created, "nfs-subdir volume directory ready");
+    Ok(())
+}
+
+fn apply_attrs(dir: &Dir, attrs: CreateAttrs) -> std::io::Result<()> {
+    safe_fs::set_mode(dir, attrs.mode)?;
+    if attrs.uid.is_some() || attrs.gid.is_some() {
+        safe_fs::set_owner(dir, attrs.uid, attrs.gid)?;
+    }
+    Ok(())
+}
+
+fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> String {
+    let owners = registry::other_owners(root, pv_name, rel).unwrap_or_default();
+    if owners.is_empty() {
+        format!(
+            "directory \"{rel}\" already exists on the export and was not created for PV {pv_name}; refusing to share it (move it away, or bind it with a static PV)"
+        )
+    } else {
+        format!(
+            "directory \"{rel}\" already belongs to PV {}; two claims resolve to the same directory (check the class's pathPattern), refusing to share it",
+            owners.join(", ")
+        )
+    }
+}

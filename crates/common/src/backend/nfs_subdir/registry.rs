@@ -1,0 +1,206 @@
+//! The backend's record of the directories it created, kept on the export
+//! itself so every replica and every service (provision-svc, reclaim-svc)
+//! sees the same record: one file per PV at
+//! `<mount>/.split-provisioner/volumes/<pv name>` holding the volume's
+//! directory relative to the mount (one line).
+//!
+//! The record is written (atomically: temporary file + rename) **before** the
+//! directory is created, so after a crash at any point the directory is either
+//! absent or recorded. It is what makes these work:
+//!
+//! * the orphan sweep: [`list`] names the PVs whose directories exist
+//!   (upstream cannot list its volumes at all);
+//! * two claims resolving to the same directory: the second is refused, never
+//!   silently given the first one's data (see the backend docs);
+//! * recovery of a claim deleted mid-provisioning (`delete_unprovisioned`):
+//!   only a directory recorded for that PV is ever removed.
+//!
+//! PV names are checked (`[a-z0-9.-]`, at most 253 bytes, as Kubernetes object
+//! names) before they become file names; files with other names are ignored.
+
+use std::io::{self, Read, Write};
+
+use cap_std::fs::{Dir, OpenOptions};
+
+use super::pattern::RelPath;
+use super::safe_fs;
+
+/// Top-level bookkeeping directory in the mount (never a volume directory).
+pub const REGISTRY_DIR: &str = ".split-provisioner";
+/// Sub-directory of [`REGISTRY_DIR`] holding one file per PV.
+pub const VOLUMES_DIR: &str = "volumes";
+
+/// Whether `name` is a valid Kubernetes object name usable as a file name.
+pub fn valid_pv_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+fn check_name(pv_name: &str) -> io::Result<()> {
+    if valid_pv_name(pv_name) {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("PV name {pv_name:?} is not a valid object name"),
+        ))
+    }
+}
+
+fn open_volumes(root: &Dir, create: bool) -> io::Result<Option<Dir>> {
+    let comps = [REGISTRY_DIR.to_string(), VOLUMES_DIR.to_string()];
+    let walked = if create {
+        safe_fs::create_path(root, &comps, 0o700).map(|(d, _)| d)
+    } else {
+        safe_fs::open_path(root, &comps)
+    };
+    match walked {
+        Ok(d) => Ok(Some(d)),
+        Err(safe_fs::WalkError::Missing(_)) => Ok(None),
+        Err(e) => Err(io::Error::other(format!("bookkeeping directory: {e}"))),
+    }
+}
+
+/// The directory recorded for `pv_name`, if any.
+///
+/// Errors: I/O, an invalid PV name, or a record that does not parse as a
+/// [`RelPath`] (reported, never guessed at).
+pub fn get(root: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
+    check_name(pv_name)?;
+    let Some(dir) = open_volumes(root, false)? else {
+        return Ok(None);
+    };
+    read_record(&dir, pv_name)
+}
+
+fn read_record(dir: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    let file = match dir.open_with(pv_name, &opts) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut text = String::new();
+    file.take(64 * 1024).read_to_string(&mut text)?;
+    RelPath::parse(text.trim_end_matches('\n'))
+        .map(Some)
+        .map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("record of PV {pv_name} is corrupt: {e}"),
+            )
+        })
+}
+
+/// Record `path` for `pv_name` (replacing any previous record atomically).
+///
+/// Errors: I/O or an invalid PV name.
+pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
+    check_name(pv_name)?;
+    let dir = open_volumes(root, true)?.expect("created above");
+    let tmp = format!(".{pv_name}.tmp");
+    let mut opts = OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    let mut file = dir.open_with(&tmp, &opts)?;
+    file.write_all(format!("{}\n", path.as_string()).as_bytes())?;
+    file.sync_all()?;
+    dir.rename(&tmp, &dir, pv_name)
+}
+
+/// Forget `pv_name` (absent is fine).
+///
+/// Errors: I/O or an invalid PV name.
+pub fn remove(root: &Dir, pv_name: &str) -> io::Result<()> {
+    check_name(pv_name)?;
+    let Some(dir) = open_volumes(root, false)? else {
+        return Ok(());
+    };
+    match dir.remove_file(pv_name) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Every record, as (PV name, directory), sorted by PV name. Files whose
+/// name is not a valid PV name (temporaries) are skipped; a corrupt record is
+/// an error.
+///
+/// Errors: I/O or a corrupt record.
+pub fn all(root: &Dir) -> io::Result<Vec<(String, RelPath)>> {
+    let Some(dir) = open_volumes(root, false)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for entry in dir.entries()? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !valid_pv_name(&name) || name.starts_with('.') {
+            continue;
+        }
+        if let Some(path) = read_record(&dir, &name)? {
+            out.push((name, path));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The PVs other than `pv_name` whose record names `path`.
+///
+/// Errors: as [`all`].
+pub fn other_owners(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<Vec<String>> {
+    Ok(all(root)?
+        .into_iter()
+        .filter(|(name, p)| name != pv_name && p == path)
+        .map(|(name, _)| name)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_get_remove_and_list() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = safe_fs::open_mount(tmp.path()).unwrap();
+        assert_eq!(get(&root, "pvc-1").unwrap(), None);
+        assert!(all(&root).unwrap().is_empty());
+        let p = RelPath::parse("a/b").unwrap();
+        put(&root, "pvc-1", &p).unwrap();
+        put(&root, "pvc-2", &p).unwrap();
+        assert_eq!(get(&root, "pvc-1").unwrap(), Some(p.clone()));
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join(".split-provisioner/volumes/pvc-1")).unwrap(),
+            "a/b\n"
+        );
+        assert_eq!(other_owners(&root, "pvc-1", &p).unwrap(), ["pvc-2"]);
+        remove(&root, "pvc-2").unwrap();
+        remove(&root, "pvc-2").unwrap();
+        assert_eq!(all(&root).unwrap(), vec![("pvc-1".to_string(), p)]);
+        assert!(get(&root, "../x").is_err());
+        assert!(put(&root, "A/b", &RelPath::parse("x").unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_not_a_guess() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join(".split-provisioner/volumes");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pvc-1"), "../../etc\n").unwrap();
+        let root = safe_fs::open_mount(tmp.path()).unwrap();
+        assert!(get(&root, "pvc-1")
+            .unwrap_err()
+            .to_string()
+            .contains("corrupt"));
+        assert!(all(&root).is_err());
+    }
+}

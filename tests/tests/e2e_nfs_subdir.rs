@@ -1,0 +1,364 @@
+//! End-to-end scenarios of the nfs-subdir backend with the real binaries, a
+//! real `redis-server` and the API-server simulator; a local directory (the
+//! harness's base directory) stands in for the mounted export
+//! (`--nfs-mount`). Only harness calls that work against a real control plane
+//! too are used (the simulator's latency is set only when there is one).
+//!
+//! * nested `pathPattern`: provision → delete removes exactly that directory;
+//! * archive of a nested path (same parent, `archived-<name>`);
+//! * `onDelete: retain`;
+//! * `..` (through an annotation) and symlink escapes refused with a
+//!   `ProvisioningFailed` event, nothing touched outside the mount;
+//! * SIGKILL of each service in the middle of a batch loses nothing.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use e2e::harness::{wait_eq, Service, ServiceSettings, System, SystemOptions};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::PostParams;
+
+use common::backend::nfs_subdir::registry::REGISTRY_DIR as REGISTRY;
+use e2e::harness::{NFS_TEST_EXPORT as EXPORT, NFS_TEST_SERVER as SERVER};
+
+fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
+}
+
+async fn system() -> System {
+    let mut sys = System::start(SystemOptions {
+        configure: Some(ServiceSettings::use_nfs_subdir),
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    let r = sys.wait_leaders(Duration::from_secs(20)).await;
+    check(&sys, r);
+    sys
+}
+
+/// A claim with labels and annotations, created; returns it.
+async fn claim(
+    sys: &System,
+    name: &str,
+    class: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> PersistentVolumeClaim {
+    let mut c = sys.claim_manifest(name, class, annotations);
+    c.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    check(
+        sys,
+        sys.claims_api()
+            .create(&PostParams::default(), &c)
+            .await
+            .map_err(anyhow::Error::from),
+    )
+}
+
+/// Every path below `root` (relative, sorted, symlinks not followed), without
+/// the bookkeeping directory.
+fn tree(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if root.exists() {
+        walk(root, root, &mut out);
+    }
+    out.retain(|p| !p.starts_with(REGISTRY));
+    out.sort();
+    out
+}
+
+fn nfs_path(pv: &PersistentVolume) -> String {
+    pv.spec.as_ref().unwrap().nfs.as_ref().unwrap().path.clone()
+}
+
+async fn wait_pv_gone(sys: &System, pv_name: &str) {
+    let r = wait_eq(
+        Duration::from_secs(30),
+        &format!("PV {pv_name} deleted"),
+        false,
+        || async {
+            Ok(sys
+                .pvs()
+                .await?
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some(pv_name)))
+        },
+    )
+    .await;
+    check(sys, r);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_path_pattern_delete_removes_exactly_that_directory_and_archive_and_retain_keep_it()
+{
+    let sys = system().await;
+    let nested = "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}";
+    for (class, params) in [
+        (
+            "nfs-delete",
+            vec![("pathPattern", nested), ("onDelete", "delete")],
+        ),
+        (
+            "nfs-archive",
+            vec![("pathPattern", "${.PVC.namespace}/archive/${.PVC.name}")],
+        ),
+        (
+            "nfs-retain",
+            vec![
+                ("pathPattern", "${.PVC.namespace}/retain/${.PVC.name}"),
+                ("onDelete", "retain"),
+            ],
+        ),
+    ] {
+        check(
+            &sys,
+            sys.create_storage_class(class, "Immediate", &params).await,
+        );
+    }
+    claim(&sys, "data", "nfs-delete", &[("app", "web")], &[]).await;
+    claim(&sys, "logs", "nfs-delete", &[("app", "web")], &[]).await;
+    claim(&sys, "old", "nfs-archive", &[], &[]).await;
+    claim(&sys, "kept", "nfs-retain", &[], &[]).await;
+    let mut pvs = Vec::new();
+    for name in ["data", "logs", "old", "kept"] {
+        pvs.push(check(
+            &sys,
+            sys.wait_pv_for_claim(name, Duration::from_secs(30)).await,
+        ));
+    }
+    assert_eq!(
+        pvs.iter().map(nfs_path).collect::<Vec<_>>(),
+        [
+            "/srv/k8s/default/web/data",
+            "/srv/k8s/default/web/logs",
+            "/srv/k8s/default/archive/old",
+            "/srv/k8s/default/retain/kept",
+        ]
+    );
+    for pv in &pvs {
+        assert_eq!(
+            pv.spec.as_ref().unwrap().nfs.as_ref().unwrap().server,
+            SERVER
+        );
+    }
+    let base = sys.base_dir().to_path_buf();
+    for dir in [
+        "default/web/data",
+        "default/archive/old",
+        "default/retain/kept",
+    ] {
+        std::fs::write(base.join(dir).join("file"), b"payload").unwrap();
+    }
+
+    sys.delete_claims(&["data".into(), "old".into(), "kept".into()])
+        .await
+        .unwrap();
+    for pv in [&pvs[0], &pvs[2], &pvs[3]] {
+        wait_pv_gone(&sys, pv.metadata.name.as_deref().unwrap()).await;
+    }
+    assert_eq!(
+        tree(&base),
+        [
+            "default",
+            "default/archive",
+            "default/archive/archived-old",
+            "default/archive/archived-old/file",
+            "default/retain",
+            "default/retain/kept",
+            "default/retain/kept/file",
+            "default/web",
+            "default/web/logs",
+        ],
+        "delete removed exactly default/web/data; archive renamed in its parent; retain kept\n{}",
+        sys.log_tails(20)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched() {
+    let sys = system().await;
+    let outside: PathBuf = sys.root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret"), b"s").unwrap();
+    // `default` in the export is a symlink to a directory outside it.
+    std::os::unix::fs::symlink(&outside, sys.base_dir().join("default")).unwrap();
+    check(
+        &sys,
+        sys.create_storage_class(
+            "by-annotation",
+            "Immediate",
+            &[("pathPattern", "${.PVC.annotations.dir}")],
+        )
+        .await,
+    );
+    check(
+        &sys,
+        sys.create_storage_class(
+            "by-namespace",
+            "Immediate",
+            &[("pathPattern", "${.PVC.namespace}/${.PVC.name}")],
+        )
+        .await,
+    );
+    claim(
+        &sys,
+        "dotdot",
+        "by-annotation",
+        &[],
+        &[("dir", "../outside/x")],
+    )
+    .await;
+    claim(&sys, "through-link", "by-namespace", &[], &[]).await;
+    let failed = wait_eq(
+        Duration::from_secs(30),
+        "claims with a ProvisioningFailed event",
+        2,
+        || async { sys.objects_with_event("ProvisioningFailed").await },
+    )
+    .await;
+    check(&sys, failed);
+    // Give a retry the chance to do damage, then look.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sys.pvs().await.unwrap().is_empty());
+    let mut outside_tree = BTreeSet::new();
+    for e in std::fs::read_dir(&outside).unwrap() {
+        outside_tree.insert(e.unwrap().file_name().to_string_lossy().into_owned());
+    }
+    assert_eq!(outside_tree, BTreeSet::from(["secret".to_string()]));
+    assert_eq!(tree(sys.base_dir()), ["default"], "only the symlink itself");
+    let messages: Vec<String> = sys
+        .event_values()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["reason"] == "ProvisioningFailed")
+        .map(|e| {
+            e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("contains \"..\"")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.contains("is a symlink")),
+        "{messages:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
+    let mut sys = system().await;
+    if let Some(sim) = &sys.sim {
+        // 20 ms per API request keeps a batch in flight long enough to interrupt.
+        sim.set_latency(Duration::from_millis(20));
+    }
+    check(
+        &sys,
+        sys.create_storage_class("nfs", "Immediate", &[("onDelete", "delete")])
+            .await,
+    );
+    let mut all = Vec::new();
+    for (round, victim) in [Service::Provision, Service::PvWriter]
+        .into_iter()
+        .enumerate()
+    {
+        let batch = sys
+            .create_claims(&format!("kill{round}"), 30, "nfs")
+            .await
+            .unwrap();
+        all.extend(batch);
+        let done_before = all.len() - 30;
+        let progress = || async {
+            Ok(match victim {
+                Service::Provision => sys.dir_count(),
+                _ => sys.pvs().await?.len(),
+            } > done_before + 3)
+        };
+        check(
+            &sys,
+            wait_eq(Duration::from_secs(30), "batch started", true, progress).await,
+        );
+        sys.kill(victim, 0);
+        {
+            let r = sys.restart(victim, 0).await;
+            check(&sys, r)
+        };
+        let n = all.len();
+        let r = wait_eq(
+            Duration::from_secs(60),
+            "(PVs, bound claims, volume directories)",
+            (n, n, n),
+            || async {
+                Ok((
+                    sys.pvs().await?.len(),
+                    sys.bound_claims().await?,
+                    sys.dir_count(),
+                ))
+            },
+        )
+        .await;
+        check(&sys, r);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(sys.pvs().await.unwrap().len(), n, "no PV provisioned twice");
+        assert_eq!(sys.dir_count(), n, "one directory per claim");
+    }
+    // Every PV names its own directory: <namespace>-<claim>-<pv name>.
+    for pv in sys.pvs().await.unwrap() {
+        let claim = pv.spec.as_ref().unwrap().claim_ref.as_ref().unwrap();
+        assert_eq!(
+            nfs_path(&pv),
+            format!(
+                "{EXPORT}/default-{}-{}",
+                claim.name.as_deref().unwrap(),
+                pv.metadata.name.as_deref().unwrap()
+            )
+        );
+    }
+
+    // reclaim-svc killed in the middle of deleting the volumes.
+    sys.delete_claims(&all).await.unwrap();
+    let n = all.len();
+    check(
+        &sys,
+        wait_eq(Duration::from_secs(30), "reclaim started", true, || async {
+            Ok(sys.pvs().await?.len() < n - 3)
+        })
+        .await,
+    );
+    sys.kill(Service::Reclaim, 0);
+    {
+        let r = sys.restart(Service::Reclaim, 0).await;
+        check(&sys, r)
+    };
+    let r = wait_eq(
+        Duration::from_secs(60),
+        "(PVs, volume directories)",
+        (0, 0),
+        || async { Ok((sys.pvs().await?.len(), sys.dir_count())) },
+    )
+    .await;
+    check(&sys, r);
+    assert!(tree(sys.base_dir()).is_empty());
+}
