@@ -87,27 +87,4 @@ pub trait Provisioner: Send + Sync + 'static {
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         None
     }
-
-    /// Recovery of a claim deleted mid-provisioning: remove (per the backend's
-    /// delete policy) the asset that `provision(options)` created or would have
-    /// created, from the recorded options alone. Never creates anything; an
-    /// asset that does not exist is success.
-    ///
-    /// Default: [`DeleteError::Refused`] ("cannot delete by PV name").
-    async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        Err(DeleteError::Refused {
-            reason: format!(
-                "this backend cannot delete by PV name (PV {})",
-                options.pv_name
-            ),
-        })
-    }
-
-    /// pv-writer's check that a PV taken from the queue is one this backend
-    /// could have produced (hostpath: the path is exactly `<base-dir>/<pv
-    /// name>`; nfs-subdir: our server, a path below our export). Required (no
-    /// default): an unchecked volume source is never written.
-    ///
-    /// Errors: a message naming the failed check.
-    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String>;
 }

@@ -73,10 +73,6 @@ fn pv(name: &str) -> PersistentVolume {
 
 #[async_trait]
 impl Provisioner for FakeBackend {
-    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-        Ok(())
-    }
-
     async fn provision(
         &self,
         options: &ProvisionOptions,

@@ -44,7 +44,13 @@ pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> 
     // Called once per leader term: each term starts from scratch (new
     // reflectors and engine, a new start-up walk); the metrics live on.
     common::runtime::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
-        controller::work(ctx, args.clone(), backend.clone(), metrics.clone(), queue_key.clone())
+        controller::work(
+            ctx,
+            args.clone(),
+            backend.clone(),
+            metrics.clone(),
+            queue_key.clone(),
+        )
     })
     .await
 }

@@ -1,7 +1,6 @@
 //! Flags and subcommands of `pv-writer`, each flag with an environment twin
 //! (`--retry-initial` ⇔ `RETRY_INITIAL`).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -58,15 +57,12 @@ pub struct WriterArgs {
     #[arg(long, env = "VISIBILITY_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub visibility_timeout: Duration,
 
-    /// The hostpath backend's base directory (same value as provision-svc's
-    /// `--base-dir`): a queued PV is written only when its `hostPath` is exactly
-    /// `<base-dir>/<pv name>`.
-    #[arg(
-        long,
-        env = "HOSTPATH_BASE_DIR",
-        default_value = "/var/lib/hostpath-provisioner"
-    )]
-    pub base_dir: PathBuf,
+    /// The backend whose own check a queued PV's volume source must pass
+    /// (same `--backend` and backend flags as provision-svc's; hostpath: a
+    /// queued PV is written only when its `hostPath` is exactly
+    /// `<base-dir>/<pv name>`; nfs-subdir: our server, a path below our export).
+    #[command(flatten)]
+    pub backend: common::backend::select::BackendArgs,
 
     /// Further provisioner names accepted in a queued PV's
     /// `pv.kubernetes.io/provisioned-by` annotation besides `--provisioner-name`
@@ -116,6 +112,7 @@ impl WriterArgs {
     /// Errors: `--retry-max` below `--retry-initial`, or `--visibility-timeout`
     /// not above `--write-timeout`.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.backend.build().map_err(anyhow::Error::msg)?;
         if self.retry_max < self.retry_initial {
             anyhow::bail!(
                 "--retry-max ({:?}) must not be below --retry-initial ({:?})",
@@ -137,6 +134,7 @@ impl WriterArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn defaults_and_subcommands() {
@@ -148,7 +146,7 @@ mod tests {
         assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
         assert!(cli.command.is_none());
         assert_eq!(
-            cli.writer.base_dir,
+            cli.writer.backend.hostpath.base_dir,
             PathBuf::from("/var/lib/hostpath-provisioner")
         );
         assert!(cli.writer.queue_key.queue_hmac_key_file.is_none());
@@ -164,7 +162,7 @@ mod tests {
             "a.io/x",
         ])
         .unwrap();
-        assert_eq!(cli.writer.base_dir, PathBuf::from("/data"));
+        assert_eq!(cli.writer.backend.hostpath.base_dir, PathBuf::from("/data"));
         assert_eq!(
             cli.writer.queue_key.queue_hmac_key_file,
             Some(PathBuf::from("/k"))

@@ -34,7 +34,6 @@ pub mod writer;
 use std::sync::Arc;
 
 use anyhow::Context;
-use common::backend::hostpath::{HostPath, OnDelete};
 use common::config::ServiceKind;
 use common::queue::PvQueue;
 use common::queue_auth::QueueKey;
@@ -69,7 +68,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 ServiceKind::PvWriter,
                 cli.common.clone(),
                 registry,
-                move |ctx| serve_with_metrics(ctx, writer_args.clone(), metrics.clone(), key.clone()),
+                move |ctx| {
+                    serve_with_metrics(ctx, writer_args.clone(), metrics.clone(), key.clone())
+                },
             )
             .await
         }
@@ -79,7 +80,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 /// The leader's work loop: connect to Redis (not ready until it answers,
 /// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown,
 /// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
-/// `--insecure-unsigned-queue`) and the hostpath backend at `args.base_dir`.
+/// `--insecure-unsigned-queue`) and the backend of `args.backend` (`--backend` and its flags).
 /// Embedders with their own [`ServiceContext`] may call it directly.
 ///
 /// Errors: this replica's term was superseded by a newer leader (see
@@ -124,11 +125,11 @@ pub async fn serve_with_metrics(
         visibility_timeout: args.visibility_timeout,
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
-    let backend = Arc::new(HostPath {
-        base_dir: args.base_dir.clone(),
-        node_name: None,
-        on_delete: OnDelete::Retain,
-    });
+    let backend = args
+        .backend
+        .build()
+        .map_err(anyhow::Error::msg)?
+        .provisioner();
     let names = std::iter::once(ctx.args.provisioner_name.clone())
         .chain(args.additional_provisioners.iter().cloned())
         .collect();

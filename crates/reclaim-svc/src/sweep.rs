@@ -356,10 +356,6 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Provisioner for Backend {
-        fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-            Ok(())
-        }
-
         async fn provision(
             &self,
             _: &ProvisionOptions,

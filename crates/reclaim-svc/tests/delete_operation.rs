@@ -183,10 +183,6 @@ impl FakeBackend {
 
 #[async_trait::async_trait]
 impl Provisioner for FakeBackend {
-    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-        Ok(())
-    }
-
     async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
         unreachable!("reclaim never provisions")
     }

@@ -152,7 +152,7 @@ impl ServiceSettings {
     /// `SystemOptions::configure`.
     pub fn use_nfs_subdir(&mut self) {
         let mount = self.base_dir.display().to_string();
-        for service in [Service::Provision, Service::Reclaim] {
+        for service in [Service::Provision, Service::PvWriter, Service::Reclaim] {
             self.extra_args.push((
                 service,
                 vec![
