@@ -1,5 +1,6 @@
 //! End-to-end scenarios of the nfs-subdir backend with the real binaries, a
-//! real `redis-server` and the API-server simulator; a local directory (the
+//! real `redis-server`, on both control planes (the API-server simulator and a
+//! real kube-apiserver + kube-controller-manager, `on_both_planes!`); a local directory (the
 //! harness's base directory) stands in for the mounted export
 //! (`--nfs-mount`). Only harness calls that work against a real control plane
 //! too are used (the simulator's latency is set only when there is one).
@@ -15,7 +16,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::harness::{wait_eq, Service, ServiceSettings, System, SystemOptions};
+use e2e::harness::{wait_eq, ControlPlane, Service, ServiceSettings, System, SystemOptions};
+use e2e::on_both_planes;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::PostParams;
 
@@ -26,8 +28,9 @@ fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
 }
 
-async fn system() -> System {
+async fn system(plane: ControlPlane) -> System {
     let mut sys = System::start(SystemOptions {
+        control_plane: plane,
         configure: Some(ServiceSettings::use_nfs_subdir),
         ..Default::default()
     })
@@ -105,10 +108,10 @@ async fn wait_pv_gone(sys: &System, pv_name: &str) {
     check(sys, r);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nested_path_pattern_delete_removes_exactly_that_directory_and_archive_and_retain_keep_it()
-{
-    let sys = system().await;
+async fn nested_path_pattern_delete_removes_exactly_that_directory_and_archive_and_retain_keep_it(
+    plane: ControlPlane,
+) {
+    let sys = system(plane).await;
     let nested = "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}";
     for (class, params) in [
         (
@@ -191,9 +194,10 @@ async fn nested_path_pattern_delete_removes_exactly_that_directory_and_archive_a
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched() {
-    let sys = system().await;
+async fn dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched(
+    plane: ControlPlane,
+) {
+    let sys = system(plane).await;
     let outside: PathBuf = sys.root.join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(outside.join("secret"), b"s").unwrap();
@@ -267,9 +271,8 @@ async fn dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched(
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
-    let mut sys = system().await;
+async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing(plane: ControlPlane) {
+    let mut sys = system(plane).await;
     if let Some(sim) = &sys.sim {
         // 20 ms per API request keeps a batch in flight long enough to interrupt.
         sim.set_latency(Duration::from_millis(20));
@@ -362,3 +365,9 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing() {
     check(&sys, r);
     assert!(tree(sys.base_dir()).is_empty());
 }
+
+on_both_planes!(
+    nested_path_pattern_delete_removes_exactly_that_directory_and_archive_and_retain_keep_it,
+    dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched,
+    sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing,
+);
