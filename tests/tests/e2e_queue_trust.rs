@@ -139,6 +139,12 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over() 
     })
     .await
     .expect("system starts");
+    // Two writer workers and a slow API keep the drain long enough (seconds)
+    // for the SIGSTOP to land mid-drain on a loaded machine; with the default
+    // 16 workers the whole batch was sometimes written before the signal.
+    sys.settings
+        .extra_args
+        .push((Service::PvWriter, vec!["--workers=2".into()]));
     for (service, replica) in [
         (Service::Provision, 0),
         (Service::Reclaim, 0),
@@ -157,7 +163,7 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over() 
     sys.create_storage_class("hostpath", "Immediate", &[])
         .await
         .unwrap();
-    slow_api(&sys, Duration::from_millis(25));
+    slow_api(&sys, Duration::from_millis(100));
     let n = 60;
     sys.create_claims("fence", n, "hostpath").await.unwrap();
     let (queue, _) = queue_and_intents(&sys).await;
