@@ -8,3 +8,40 @@
 pub mod hostpath;
 pub mod nfs_subdir;
 pub mod select;
+
+use api_types::{ProvisionError, ProvisionOptions};
+use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+/// The claim fields every built-in (filesystem) backend needs, checked once:
+/// `(spec, storage request, access modes)`.
+///
+/// Errors (final, [`ProvisionError::finished`]): `volumeMode: Block` (neither
+/// backend supports it, the seed's `SupportsBlock` default), no
+/// `resources.requests.storage`, no access modes. `backend` names the backend
+/// in the Block message.
+pub(crate) fn filesystem_claim(
+    options: &ProvisionOptions,
+    backend: &str,
+) -> Result<(PersistentVolumeClaimSpec, Quantity, Vec<String>), ProvisionError> {
+    let claim_spec = options.pvc.spec.clone().unwrap_or_default();
+    if claim_spec.volume_mode.as_deref() == Some("Block") {
+        return Err(ProvisionError::finished(format!(
+            "the {backend} backend does not support volumeMode Block"
+        )));
+    }
+    let request = claim_spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .cloned()
+        .ok_or_else(|| {
+            ProvisionError::finished("claim has no storage request (resources.requests.storage)")
+        })?;
+    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
+    if access_modes.is_empty() {
+        return Err(ProvisionError::finished("claim has no access modes"));
+    }
+    Ok((claim_spec, request, access_modes))
+}

@@ -74,30 +74,13 @@ pub async fn provision(
     validate_parameters(&class_name, options.storage_class.parameters.as_ref())?;
     check_pv_name(&options.pv_name)?;
 
-    let claim_spec = options.pvc.spec.clone().unwrap_or_default();
-    if claim_spec.volume_mode.as_deref() == Some("Block") {
-        return Err(ProvisionError::finished(
-            "the hostpath backend does not support volumeMode Block",
-        ));
-    }
-    let request = claim_spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .cloned()
-        .ok_or_else(|| {
-            ProvisionError::finished("claim has no storage request (resources.requests.storage)")
-        })?;
+    let (claim_spec, request, access_modes) =
+        crate::backend::filesystem_claim(options, "hostpath")?;
     if !quantity_is_positive(&request) {
         return Err(ProvisionError::finished(format!(
             "claim's storage request {:?} is not a positive quantity",
             request.0
         )));
-    }
-    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
-    if access_modes.is_empty() {
-        return Err(ProvisionError::finished("claim has no access modes"));
     }
     let selected = options
         .selected_node

@@ -192,30 +192,18 @@ pub async fn provision(
         .unwrap_or_default();
     let policy = class_policy(&class_name, options.storage_class.parameters.as_ref())
         .map_err(ProvisionError::finished)?;
-    let claim_spec = options.pvc.spec.clone().unwrap_or_default();
-    if claim_spec.selector.is_some() {
+    if options
+        .pvc
+        .spec
+        .as_ref()
+        .is_some_and(|spec| spec.selector.is_some())
+    {
         return Err(ProvisionError::finished(
             "claim Selector is not supported by the nfs-subdir backend",
         ));
     }
-    if claim_spec.volume_mode.as_deref() == Some("Block") {
-        return Err(ProvisionError::finished(
-            "the nfs-subdir backend does not support volumeMode Block",
-        ));
-    }
-    let request = claim_spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .cloned()
-        .ok_or_else(|| {
-            ProvisionError::finished("claim has no storage request (resources.requests.storage)")
-        })?;
-    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
-    if access_modes.is_empty() {
-        return Err(ProvisionError::finished("claim has no access modes"));
-    }
+    let (claim_spec, request, access_modes) =
+        crate::backend::filesystem_claim(options, "nfs-subdir")?;
     if !registry::valid_pv_name(&options.pv_name) {
         return Err(ProvisionError::finished(format!(
             "PV name {:?} is not a valid object name",
