@@ -32,9 +32,9 @@ use std::process::Command as Process;
 
 use api_types::api_calls::{ApiCall, LEASE_CALLS};
 use api_types::lease_name;
+use backends::{BackendArgs, BackendKind};
 use clap::{CommandFactory, FromArgMatches};
-use common::backend::select::{BackendArgs, BackendKind};
-use common::config::{CommonArgs, ServiceKind};
+use common::service::config::{CommonArgs, ServiceKind};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -384,7 +384,7 @@ fn grants_of(r: &Rendered, sa: &str, ns: &str, problems: &mut Vec<String>) -> Ve
 }
 
 /// The calls a service makes: its declaration plus the runtime's Lease calls
-/// (`common::runtime` always runs leader election by default).
+/// (`common::service::runtime` always runs leader election by default).
 fn declared_calls(spec: &ServiceSpec) -> Vec<ApiCall> {
     let mut calls = spec.api_calls.to_vec();
     if !calls.contains(&LEASE_CALLS) {
@@ -655,7 +655,7 @@ fn check_nfs_volume(
     name: &str,
     pod: &PodSpec,
     c: &Container,
-    nfs: Option<&common::backend::nfs_subdir::NfsSubdirArgs>,
+    nfs: Option<&backend_nfs_subdir::NfsSubdirArgs>,
 ) -> Vec<String> {
     let volumes: Vec<_> = pod
         .volumes
@@ -673,7 +673,7 @@ fn check_nfs_volume(
         };
     };
     let mut problems = Vec::new();
-    if let Err(e) = common::backend::nfs_subdir::NfsSubdir::from_args(args) {
+    if let Err(e) = backend_nfs_subdir::NfsSubdir::from_args(args) {
         problems.push(format!("{name}: nfs-subdir flags: {e}"));
     }
     let mount = args.nfs_mount.to_string_lossy().to_string();
@@ -1406,8 +1406,8 @@ fn nfs_overlay_is_a_drop_in_for_nfs_subdir() {
         "k8s-sigs.io/nfs-subdir-external-provisioner"
     );
     assert_eq!(
-        common::backend::nfs_subdir::provision::class_policy("nfs-client", sc.parameters.as_ref()),
-        Ok(common::backend::nfs_subdir::DeletePolicy::Delete)
+        backend_nfs_subdir::provision::class_policy("nfs-client", sc.parameters.as_ref()),
+        Ok(backend_nfs_subdir::DeletePolicy::Delete)
     );
 
     // The checker notices a pod volume that disagrees with --nfs-server.

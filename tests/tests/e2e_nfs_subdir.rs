@@ -21,7 +21,7 @@ use e2e::on_both_planes;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::PostParams;
 
-use common::backend::nfs_subdir::registry::REGISTRY_DIR as REGISTRY;
+use backend_nfs_subdir::registry::REGISTRY_DIR as REGISTRY;
 use e2e::harness::{NFS_TEST_EXPORT as EXPORT, NFS_TEST_SERVER as SERVER};
 
 fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {

@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use common::intents::IntentStore;
-use common::queue::PvQueue;
+use common::store::intents::IntentStore;
+use common::store::queue::PvQueue;
 use e2e::harness::{wait_eq, Service, System, SystemOptions};
 
 fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
-use common::backend::hostpath::{HostPath, OnDelete};
-use common::http::Readiness;
-use common::queue::{now_ms, PvQueue};
-use common::queue_auth::QueueKey;
+use backend_hostpath::{HostPath, OnDelete};
+use common::service::http::Readiness;
+use common::store::queue::{now_ms, PvQueue};
+use common::store::queue_auth::QueueKey;
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
@@ -144,7 +144,7 @@ impl Fixture {
     }
 
     fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
-        let text = common::metrics::render(&self.registry);
+        let text = common::service::metrics::render(&self.registry);
         let prefix = match label {
             Some((k, v)) => format!("{name}{{{k}=\"{v}\"}} "),
             None => format!("{name} "),
@@ -696,7 +696,7 @@ async fn a_writer_whose_term_was_superseded_moves_no_entry() {
                 .await
                 .map(|p| {
                     p.iter()
-                        .any(|e| matches!(e.state, common::queue::PendingState::InFlight(_)))
+                        .any(|e| matches!(e.state, common::store::queue::PendingState::InFlight(_)))
                 })
                 .unwrap_or(false)
         }

@@ -1,4 +1,4 @@
-//! The service frame (`common::runtime`) against the simulator: work starts only
+//! The service frame (`common::service::runtime`) against the simulator: work starts only
 //! once the Lease is held, `/readyz` follows the work loop's readiness, and a
 //! lost Lease aborts the work at once; the replica then stays up, reports not
 //! ready, campaigns again and restarts its work when it leads again.
@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use common::config::{CommonArgs, ServiceKind};
-use common::runtime::{run_service_with_client, run_service_with_shutdown};
+use common::service::config::{CommonArgs, ServiceKind};
+use common::service::runtime::{run_service_with_client, run_service_with_shutdown};
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
 use tokio_util::sync::CancellationToken;
 
@@ -335,9 +335,9 @@ async fn sigterm_does_not_restart_the_renew_deadline() {
     );
 }
 
-/// A client built the way the services build theirs (`common::kube_client`).
+/// A client built the way the services build theirs (`common::service::kube_client`).
 fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
     let mut config = kube::Config::new(sim.url().parse().unwrap());
     config.default_namespace = "default".into();
-    common::kube_client::build_client(config, 0.0, 0).unwrap()
+    common::service::kube_client::build_client(config, 0.0, 0).unwrap()
 }

@@ -2,17 +2,13 @@
 //!
 //! Nothing in this crate performs I/O. It holds the names the seed controller
 //! (sig-storage-lib-external-provisioner v8) reads and writes on Kubernetes
-//! objects, the [`ProvisioningState`] a backend reports, the
-//! [`ProvisionOptions`] it receives, the error kinds it returns, and the
-//! versioned schema of the records kept in Redis ([`queue::QueuedPvWrite`],
-//! [`queue::ProvisionIntent`]).
+//! objects, the API calls each service declares, and the versioned schema of
+//! the records kept in Redis ([`queue::QueuedPvWrite`],
+//! [`queue::ProvisionIntent`]). The backend contract (options, states, errors)
+//! lives in the `provisioner-api` crate.
 
 pub mod annotations;
 pub mod api_calls;
-pub mod errors;
-pub mod provisioning;
 pub mod queue;
 
 pub use annotations::*;
-pub use errors::{DeleteError, ProvisionError};
-pub use provisioning::{ProvisionOptions, ProvisioningState};

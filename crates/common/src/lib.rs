@@ -1,43 +1,18 @@
-//! Shared runtime of the provisioner services.
+//! Shared runtime of the provisioner services, organised by concern:
 //!
-//! * [`provisioner`] — the backend contract ([`Provisioner`]) and its optional
-//!   capabilities, with the seed's defaults;
-//! * [`backend`] — built-in backends (`hostpath`);
-//! * [`cache`] — trimming objects before they enter reflector caches;
-//! * [`config`] — flags shared by all services, with environment twins;
-//! * [`kube_client`] — client from kubeconfig/in-cluster with a client-side rate limit;
-//! * [`leader`] — Lease leader election with a renew-deadline watchdog;
-//! * [`http`], [`metrics`] — `/metrics`, `/healthz`, `/readyz` and the seed's metric families;
-//! * [`retry`] — per-item backoff, overall token bucket and failure thresholds;
-//! * [`events`] — Kubernetes events via kube-runtime's recorder;
-//! * [`queue`] — the durable Redis PV-write queue shared by provision-svc and pv-writer;
-//! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
-//! * [`intents`] — durable provisioning intents in Redis;
-//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
-//! * [`time`] — [`time::now_ms`], the one wall-clock timestamp (ms since the Unix epoch);
-//! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics).
+//! * [`store`] — the durable store: the Redis PV-write queue, provisioning
+//!   intents, queue-entry authenticity and the Redis connection (the only code
+//!   that touches Redis);
+//! * [`service`] — the service runtime: flags, kube client, Lease leader
+//!   election, `/metrics`/`/healthz`/`/readyz`, telemetry, signals and the
+//!   service frame;
+//! * [`controller`] — the controller toolkit: the de-duplicating work queue,
+//!   retry policy, cache trimming, events, the wall clock.
+//!
+//! The backend contract (the `Provisioner` trait, options, states, errors, the
+//! per-operation deadline) is the `provisioner-api` crate; the built-in
+//! backends are their own crates, wired in by each service's `main.rs`.
 
-pub mod backend;
-pub mod cache;
-pub mod config;
-pub mod deadline;
-pub mod events;
-pub mod http;
-pub mod intents;
-pub mod kube_client;
-pub mod leader;
-pub mod metrics;
-pub mod provisioner;
-pub mod queue;
-pub mod queue_auth;
-pub mod redis_store;
-pub mod retry;
-pub mod runtime;
-pub mod shutdown;
-pub mod telemetry;
-#[cfg(test)]
-mod test_redis;
-pub mod time;
-pub mod workqueue;
-
-pub use provisioner::Provisioner;
+pub mod controller;
+pub mod service;
+pub mod store;

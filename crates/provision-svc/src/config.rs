@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use backends::BackendArgs;
 use clap::{Args, Parser};
-use common::backend::select::BackendArgs;
-use common::config::{parse_duration, CommonArgs, RetryArgs};
-use common::queue_auth::QueueKeyArgs;
+use common::service::config::{parse_duration, CommonArgs, RetryArgs};
+use common::store::queue_auth::QueueKeyArgs;
 
 /// Flags of the provisioning controller (without the backend's).
 #[derive(Debug, Clone, Args)]
@@ -43,7 +43,7 @@ pub struct ProvisionArgs {
     /// Bound on one claim's provisioning attempt (e.g. `2m`). Default: unset,
     /// i.e. unbounded, as in the seed (its provision timeout is also unbounded
     /// by default). As the seed's context timeout, the backend call sees the
-    /// deadline (`common::deadline`) and a timed-out attempt is a failure: a
+    /// deadline (`provisioner_api::deadline`) and a timed-out attempt is a failure: a
     /// `ProvisioningFailed` event, `..._provision_failed_total`, the claim
     /// kept in background (the backend may still be making the volume), and
     /// a retry with backoff.

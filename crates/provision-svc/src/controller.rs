@@ -5,21 +5,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use common::cache::strip_for_cache;
-use common::intents::IntentStore;
-use common::queue::PvQueue;
-use common::queue_auth::QueueKey;
+use common::controller::cache::strip_for_cache;
+use common::store::intents::IntentStore;
+use common::store::queue::PvQueue;
+use common::store::queue_auth::QueueKey;
 
 use crate::ports::SignedQueue;
-use common::retry::{FailureThreshold, RetryPolicy};
-use common::runtime::ServiceContext;
-use common::Provisioner;
+use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::service::runtime::ServiceContext;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
+use provisioner_api::Provisioner;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProvisionArgs;
@@ -28,7 +28,7 @@ use crate::engine::{Caches, Engine, Settings};
 use crate::metrics::ServiceMetrics;
 use crate::ports::KubeCluster;
 use crate::recovery::{self, Recovery};
-use common::workqueue::WorkQueue;
+use common::controller::workqueue::WorkQueue;
 
 /// Settings of the claim logic from the flags.
 pub fn settings(args: &ProvisionArgs) -> Settings {

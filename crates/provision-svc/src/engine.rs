@@ -21,23 +21,23 @@ use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, SCHEMA_VERSION};
 use api_types::{
-    pv_name_for_claim_uid, ProvisionError, ProvisionOptions, ProvisioningState,
-    ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
-    FINALIZER_PV,
+    pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE,
+    BINDING_MODE_WAIT_FOR_FIRST_CONSUMER, FINALIZER_PV,
 };
-use common::deadline::{self, Deadline};
-use common::events::{claim_ref_of, reason};
-use common::retry::{FailureThreshold, RetryPolicy};
-use common::time::now_ms;
-use common::Provisioner;
+use common::controller::events::{claim_ref_of, reason};
+use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::controller::time::now_ms;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
+use provisioner_api::deadline::{self, Deadline};
+use provisioner_api::Provisioner;
+use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
-use common::workqueue::WorkQueue;
+use common::controller::workqueue::WorkQueue;
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -414,7 +414,7 @@ impl Engine {
             ),
         );
 
-        // The backend sees the operation's deadline (common::deadline) and may
+        // The backend sees the operation's deadline (provisioner_api::deadline) and may
         // stop on its own; one that overruns it is abandoned, and the attempt
         // fails as `InBackground` (the asset may still be in the making), as a
         // cancelled context does for the seed's provisioners.
@@ -649,7 +649,7 @@ impl Engine {
 
     /// [`sync_claim`](Self::sync_claim) under `--provision-timeout`, as the
     /// seed's `context.WithTimeout`: the backend call sees `deadline` and is
-    /// abandoned shortly after it (see [`common::deadline`]), failing the
+    /// abandoned shortly after it (see [`provisioner_api::deadline`]), failing the
     /// attempt through the normal error handling. Should anything else of the
     /// sync (an API or Redis call) still hang [`deadline::ABANDON_GRACE`] after
     /// that, the sync is stopped and counted here the same way: a

@@ -6,14 +6,12 @@ use std::time::Duration;
 
 use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::{
-    DeleteError, ProvisionError, ProvisionOptions, ProvisioningState, ANN_ALPHA_SELECTED_NODE,
-    ANN_BETA_STORAGE_PROVISIONER, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE,
-    ANN_STORAGE_PROVISIONER, FINALIZER_PV,
+    ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_PROVISIONER, ANN_DYNAMICALLY_PROVISIONED,
+    ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, FINALIZER_PV,
 };
 use async_trait::async_trait;
-use common::intents::{IntentClaim, IntentEntry};
-use common::retry::{FailureThreshold, RetryPolicy};
-use common::Provisioner;
+use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::store::intents::{IntentClaim, IntentEntry};
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
 };
@@ -22,13 +20,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use prometheus::Registry;
+use provisioner_api::Provisioner;
+use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::ProvisionerNames;
 use crate::engine::{Caches, Engine, OpError, Settings};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
 use crate::recovery::{self, CleanupOutcome, Recovery};
-use common::workqueue::WorkQueue;
+use common::controller::workqueue::WorkQueue;
 
 const NAME: &str = "example.com/hostpath";
 
@@ -40,7 +40,7 @@ struct FakeBackend {
     decline: bool,
     delay: Option<Duration>,
     /// When set, `provision` stops at the operation's deadline
-    /// (`common::deadline::cancelled`) with this state.
+    /// (`provisioner_api::deadline::cancelled`) with this state.
     cooperative: Option<ProvisioningState>,
     /// `delete_unprovisioned` calls: PV name and selected node.
     unprovisioned: Mutex<Vec<String>>,
@@ -88,10 +88,10 @@ impl Provisioner for FakeBackend {
         ));
         if let Some(state) = self.cooperative {
             assert!(
-                common::deadline::current().is_some(),
+                provisioner_api::deadline::current().is_some(),
                 "the backend sees the deadline"
             );
-            common::deadline::cancelled().await;
+            provisioner_api::deadline::cancelled().await;
             return Err(ProvisionError::Failed {
                 state,
                 reason: "stopped at the deadline".into(),
@@ -413,7 +413,7 @@ impl World {
             .apply_watcher_event(&watcher::Event::Delete(c.clone()));
     }
     fn metric(&self, needle: &str) -> String {
-        common::metrics::render(&self.registry)
+        common::service::metrics::render(&self.registry)
             .lines()
             .find(|l| l.starts_with(needle))
             .unwrap_or_default()
@@ -1037,7 +1037,7 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
     w.engine.process("u1").await;
     assert_eq!(
         start.elapsed(),
-        Duration::from_secs(10) + common::deadline::ABANDON_GRACE,
+        Duration::from_secs(10) + provisioner_api::deadline::ABANDON_GRACE,
         "abandoned right after the deadline's grace"
     );
     let failed: Vec<_> = w

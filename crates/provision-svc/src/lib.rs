@@ -10,7 +10,7 @@
 //!   handling, `syncClaim` and the per-claim retry/threshold handling;
 //! * [`ports`] — the side effects behind traits (Kubernetes, queue, intents);
 //! * [`recovery`] — the leader's start-up walk over durable intents;
-//! * [`common::workqueue`] — the de-duplicating claim work queue (shared);
+//! * [`common::controller::workqueue`] — the de-duplicating claim work queue (shared);
 //! * [`controller`] — reflectors, workers, resync, graceful shutdown;
 //! * [`metrics`] — the seed's provisioning metrics and the service's gauges;
 //! * [`api_calls`] — the Kubernetes API calls made, for RBAC checks.
@@ -26,16 +26,16 @@ pub mod recovery;
 
 use std::sync::Arc;
 
-use common::config::ServiceKind;
-use common::Provisioner;
+use common::service::config::ServiceKind;
 use prometheus::Registry;
+use provisioner_api::Provisioner;
 
 /// Run provision-svc with `backend` until SIGTERM (or a lost Lease): serves
 /// `/metrics`, `/healthz`, `/readyz`, elects a leader on the
 /// `<provisioner>-provision` Lease and, while leading, provisions claims.
 ///
 /// Errors: client or HTTP setup failures. A lost Lease stops all work and the
-/// replica campaigns again (see [`common::runtime`]).
+/// replica campaigns again (see [`common::service::runtime`]).
 pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     let queue_key = args.queue_key.load()?;
     let registry = Registry::new();
@@ -43,14 +43,19 @@ pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> 
     let common_args = args.common.clone();
     // Called once per leader term: each term starts from scratch (new
     // reflectors and engine, a new start-up walk); the metrics live on.
-    common::runtime::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
-        controller::work(
-            ctx,
-            args.clone(),
-            backend.clone(),
-            metrics.clone(),
-            queue_key.clone(),
-        )
-    })
+    common::service::runtime::run_service(
+        ServiceKind::Provision,
+        common_args,
+        registry,
+        move |ctx| {
+            controller::work(
+                ctx,
+                args.clone(),
+                backend.clone(),
+                metrics.clone(),
+                queue_key.clone(),
+            )
+        },
+    )
     .await
 }

@@ -7,7 +7,7 @@ use provision_svc::config::Cli;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    common::telemetry::init(
+    common::service::telemetry::init(
         cli.provision.common.log_format,
         &cli.provision.common.log_level,
     );

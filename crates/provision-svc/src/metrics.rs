@@ -1,7 +1,7 @@
 //! provision-svc's metrics: the seed's provisioning families (by `class`) plus
 //! the service's own gauges.
 
-use common::metrics::{gauge, ProvisionMetrics};
+use common::service::metrics::{gauge, ProvisionMetrics};
 use prometheus::{IntCounter, IntGauge, Registry};
 
 /// All metrics of provision-svc.
@@ -45,7 +45,7 @@ impl ServiceMetrics {
                 "provision_svc_claims_in_background",
                 "Claims whose backend reported provisioning in background; retried even after their PVC is deleted.",
             ),
-            poisoned_intents: common::metrics::register(
+            poisoned_intents: common::service::metrics::register(
                 registry,
                 IntCounter::new(
                     "provision_svc_poisoned_intents_total",

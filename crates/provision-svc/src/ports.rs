@@ -3,8 +3,8 @@
 //!
 //! * [`ClusterApi`] — node lookup, the reschedule PATCH, claim events
 //!   ([`KubeCluster`] over the Kubernetes API);
-//! * [`PvHandoff`] — pv-writer's durable queue ([`common::queue::PvQueue`]);
-//! * [`IntentLog`] — durable provisioning intents ([`common::intents::IntentStore`]).
+//! * [`PvHandoff`] — pv-writer's durable queue ([`common::store::queue::PvQueue`]);
+//! * [`IntentLog`] — durable provisioning intents ([`common::store::intents::IntentStore`]).
 //!
 //! Errors are plain strings: every caller turns them into an event or a log
 //! line and a retry.
@@ -12,10 +12,10 @@
 use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
-use common::events::{reason, EventSink};
-use common::intents::IntentStore;
-use common::queue::PvQueue;
-use common::queue_auth::QueueKey;
+use common::controller::events::{reason, EventSink};
+use common::store::intents::IntentStore;
+use common::store::queue::PvQueue;
+use common::store::queue_auth::QueueKey;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
@@ -74,7 +74,7 @@ pub trait IntentLog: Send + Sync + 'static {
 }
 
 /// The real [`PvHandoff`]: pv-writer's Redis queue, every entry signed with the
-/// queue key ([`common::queue_auth`]) before it is stored.
+/// queue key ([`common::store::queue_auth`]) before it is stored.
 pub struct SignedQueue {
     queue: PvQueue,
     key: Option<QueueKey>,
@@ -172,7 +172,7 @@ impl KubeCluster {
         let publisher = tokio::spawn(stream.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
             let sink = sink.clone();
             async move {
-                let object = common::events::reference(&e.claim);
+                let object = common::controller::events::reference(&e.claim);
                 let action = if e.reason == reason::PROVISIONING {
                     "Provision"
                 } else {

@@ -8,7 +8,7 @@
 //! * a claim that is gone: if its PV write is queued or its PV exists, the PV
 //!   carries the volume from here and the intent is cleared; otherwise the
 //!   volume is removed through the backend's
-//!   [`delete_unprovisioned`](common::Provisioner::delete_unprovisioned), from
+//!   [`delete_unprovisioned`](provisioner_api::Provisioner::delete_unprovisioned), from
 //!   the intent record alone (the StorageClass and selected node it recorded,
 //!   the claim snapshot or just the claim's identity). The backend's
 //!   `provision` is never called for a claim that is gone: on a real backend
@@ -34,12 +34,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api_types::queue::ClaimKey;
-use api_types::{DeleteError, ProvisionOptions, ANN_SELECTED_NODE};
-use common::intents::IntentEntry;
+use api_types::ANN_SELECTED_NODE;
+use common::store::intents::IntentEntry;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
+use provisioner_api::{DeleteError, ProvisionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::decision;
@@ -308,7 +309,7 @@ async fn cleanup_with_backoff(
             }
             CleanupOutcome::Retry(e) => {
                 failures += 1;
-                let delay = common::retry::backoff(initial, max, failures);
+                let delay = common::controller::retry::backoff(initial, max, failures);
                 tracing::warn!(pv = %entry.intent.pv_name, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,

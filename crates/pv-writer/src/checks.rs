@@ -5,7 +5,7 @@
 //!
 //! In order ([`EntryChecks::check`]); the first failure refuses the entry:
 //! 1. authenticity: the entry's HMAC verifies with the queue key
-//!    ([`common::queue_auth`]) — reasons `unsigned`, `bad_signature`;
+//!    ([`common::store::queue_auth`]) — reasons `unsigned`, `bad_signature`;
 //! 2. the PV name is the entry's queue key — `name_mismatch`;
 //! 3. the PV name is `pvc-<claim uid>` (seed `getProvisionedVolumeNameForClaim`)
 //!    — `pv_name`;
@@ -14,7 +14,7 @@
 //! 5. annotation `pv.kubernetes.io/provisioned-by` is our provisioner name (or
 //!    one of `--additional-provisioner`) — `provisioned_by`;
 //! 6. the backend's own check of the volume source
-//!    ([`common::Provisioner::validate_volume`]) — `volume_source`.
+//!    ([`provisioner_api::Provisioner::validate_volume`]) — `volume_source`.
 //!
 //! A refused entry is dead-lettered (never written, never deleted: the asset
 //! stays), counted in `pv_writer_refused_entries_total{reason}` and reported as a
@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use api_types::annotations::{pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED};
 use api_types::queue::QueuedPvWrite;
-use common::queue_auth::QueueKey;
-use common::Provisioner;
+use common::store::queue_auth::QueueKey;
+use provisioner_api::Provisioner;
 
 /// Why an entry was refused: `kind` is the metric label, `reason` the sentence
 /// for the dead letter, the log and the event.
@@ -150,7 +150,7 @@ impl EntryChecks {
 mod tests {
     use super::*;
     use api_types::queue::{ClaimKey, SCHEMA_VERSION};
-    use common::backend::hostpath::{HostPath, OnDelete};
+    use backend_hostpath::{HostPath, OnDelete};
     use serde_json::json;
 
     const P: &str = "example.com/hostpath";

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use common::config::{parse_duration, CommonArgs};
-use common::queue_auth::QueueKeyArgs;
+use common::service::config::{parse_duration, CommonArgs};
+use common::store::queue_auth::QueueKeyArgs;
 
 /// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`.
 ///
@@ -62,7 +62,7 @@ pub struct WriterArgs {
     /// queued PV is written only when its `hostPath` is exactly
     /// `<base-dir>/<pv name>`; nfs-subdir: our server, a path below our export).
     #[command(flatten)]
-    pub backend: common::backend::select::BackendArgs,
+    pub backend: backends::BackendArgs,
 
     /// Further provisioner names accepted in a queued PV's
     /// `pv.kubernetes.io/provisioned-by` annotation besides `--provisioner-name`

@@ -1,4 +1,4 @@
-//! pv-writer: drains the durable Redis PV-write queue ([`common::queue`]) and
+//! pv-writer: drains the durable Redis PV-write queue ([`common::store::queue`]) and
 //! creates the PersistentVolumes that provision-svc provisioned.
 //!
 //! The seed saves a provisioned PV from memory and, after a few failed saves,
@@ -6,7 +6,7 @@
 //! PV in Redis (AOF) until the PV object exists, retries transient failures
 //! forever with per-entry backoff, and dead-letters only what the API server
 //! refuses for good — never deleting a volume. See [`writer`] for the per-entry
-//! rules and [`common::queue`] for the Redis layout and delivery guarantees.
+//! rules and [`common::store::queue`] for the Redis layout and delivery guarantees.
 //!
 //! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
 //! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
@@ -34,10 +34,10 @@ pub mod writer;
 use std::sync::Arc;
 
 use anyhow::Context;
-use common::config::ServiceKind;
-use common::queue::PvQueue;
-use common::queue_auth::QueueKey;
-use common::runtime::{run_service, ServiceContext};
+use common::service::config::ServiceKind;
+use common::service::runtime::{run_service, ServiceContext};
+use common::store::queue::PvQueue;
+use common::store::queue_auth::QueueKey;
 use prometheus::Registry;
 
 pub use api_calls::API_CALLS;

@@ -6,7 +6,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = pv_writer::Cli::parse();
-    common::telemetry::init(cli.common.log_format, &cli.common.log_level);
+    common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
     match pv_writer::run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {

@@ -1,6 +1,6 @@
 //! pv-writer's Prometheus families.
 
-use common::metrics::{gauge, register, seconds_histogram};
+use common::service::metrics::{gauge, register, seconds_histogram};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts};
 
 /// The registry type [`WriterMetrics::register`] takes (re-exported for embedders).

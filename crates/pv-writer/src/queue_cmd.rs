@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use common::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
-use common::time::now_ms;
+use common::controller::time::now_ms;
+use common::store::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
 
 use crate::cli::QueueCommand;
 

@@ -46,11 +46,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::queue::{DecodeError, QueuedPvWrite};
-use common::events::{claim_reference, reason, EventSink};
-use common::http::Readiness;
-use common::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
-use common::retry::backoff;
-use common::time::now_ms;
+use common::controller::events::{claim_reference, reason, EventSink};
+use common::controller::retry::backoff;
+use common::controller::time::now_ms;
+use common::service::http::Readiness;
+use common::store::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, PostParams};
 use kube::Client;
@@ -63,7 +63,7 @@ use crate::checks::EntryChecks;
 use crate::metrics::{outcome, WriterMetrics};
 
 /// Longest the idle dispatcher waits before looking for due entries again;
-/// an enqueue wakes it at once ([`common::queue::PvQueue::wait_for_work`]), so
+/// an enqueue wakes it at once ([`common::store::queue::PvQueue::wait_for_work`]), so
 /// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Pause between attempts while Redis is unreachable.

@@ -1,7 +1,7 @@
 //! The Kubernetes API calls reclaim-svc makes, for the deploy manifests' RBAC
 //! check. Keep in step with the code: `controller` (reflector: list, watch),
 //! `finalizer` (patch; get to re-read after a 409 Conflict), `operation`
-//! (delete), `common::events` (events) and `common::leader` (Lease).
+//! (delete), `common::controller::events` (events) and `common::service::leader` (Lease).
 
 use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 

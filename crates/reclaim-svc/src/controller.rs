@@ -6,19 +6,19 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::cache::strip_for_cache;
-use common::deadline::Deadline;
-use common::retry::{FailureThreshold, RetryPolicy};
+use common::controller::cache::strip_for_cache;
+use common::controller::retry::{FailureThreshold, RetryPolicy};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
+use provisioner_api::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
-use common::workqueue::WorkQueue;
+use common::controller::workqueue::WorkQueue;
 
 /// Tuning of the control loop.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@
 //!    ([`controller`]).
 //!
 //! Modules: [`decision`] (pure rules), [`finalizer`] (conflict-safe finalizer
-//! patch), [`operation`] (sync and delete operation), [`common::workqueue`],
+//! patch), [`operation`] (sync and delete operation), [`common::controller::workqueue`],
 //! [`controller`] (reflector + workers), [`api_calls`] (RBAC declaration).
 
 pub mod api_calls;
@@ -29,18 +29,18 @@ pub mod sweep;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backends::{Backend, BackendArgs};
 use clap::{Args, Parser};
-use common::backend::select::{Backend, BackendArgs};
-use common::config::{parse_duration, CommonArgs, RetryArgs, ServiceKind};
-use common::events::EventSink;
-use common::metrics::DeleteMetrics;
-use common::retry::{FailureThreshold, RetryPolicy};
-use common::runtime::run_service;
-use common::Provisioner;
+use common::controller::events::EventSink;
+use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::service::config::{parse_duration, CommonArgs, RetryArgs, ServiceKind};
+use common::service::metrics::DeleteMetrics;
+use common::service::runtime::run_service;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Api;
 use prometheus::Registry;
+use provisioner_api::Provisioner;
 
 use crate::controller::LoopConfig;
 use crate::operation::Reclaimer;
@@ -63,7 +63,7 @@ pub struct ReclaimArgs {
     /// Upper bound of one PV sync including the backend's delete; `0s` means
     /// unlimited (seed `DeletionTimeout`, default unlimited). As the seed's
     /// context timeout, the backend's delete sees the deadline
-    /// (`common::deadline`) and a timed-out attempt is a failure: a
+    /// (`provisioner_api::deadline`) and a timed-out attempt is a failure: a
     /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
     #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     pub deletion_timeout: Duration,
@@ -115,7 +115,7 @@ pub struct Cli {
 }
 
 /// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
-/// and the replica campaigns again, see `common::runtime`): serves
+/// and the replica campaigns again, see `common::service::runtime`): serves
 /// `/metrics` (seed delete families, label `class`), `/healthz`, `/readyz`
 /// (ready once the PV reflector has synced), elects a leader on the
 /// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop.
@@ -145,7 +145,7 @@ pub async fn run_with_backend(
         Backend::HostPath(hp) => {
             let hp = Arc::clone(hp);
             let orphan_pv: OrphanPvFn = Arc::new(move |name: &str| {
-                common::backend::hostpath::delete::volume_for_directory(&hp, name)
+                backend_hostpath::delete::volume_for_directory(&hp, name)
             });
             Arc::new(sweep::HostPathArchiver(orphan_pv))
         }
@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
         assert_eq!(
             cli.backend.hostpath.on_delete,
-            common::backend::hostpath::OnDelete::Archive
+            backend_hostpath::OnDelete::Archive
         );
         assert!(cli.reclaim.sweep_orphans);
         assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(6 * 3600));

@@ -6,7 +6,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = reclaim_svc::Cli::parse();
-    common::telemetry::init(cli.common.log_format, &cli.common.log_level);
+    common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
     let backend = cli.backend.build().map_err(anyhow::Error::msg)?;
     reclaim_svc::run_with_backend(cli.common, cli.retry, cli.reclaim, backend).await
 }

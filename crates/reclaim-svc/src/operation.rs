@@ -5,14 +5,15 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use api_types::{DeleteError, FINALIZER_PV};
-use common::deadline::{self, Deadline};
-use common::events::{self, reason, EventSink};
-use common::metrics::DeleteMetrics;
-use common::Provisioner;
+use api_types::FINALIZER_PV;
+use common::controller::events::{self, reason, EventSink};
+use common::service::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::ResourceExt;
+use provisioner_api::deadline::{self, Deadline};
+use provisioner_api::DeleteError;
+use provisioner_api::Provisioner;
 
 use crate::decision::{self, Skip};
 use crate::finalizer::update_finalizers;
@@ -172,7 +173,7 @@ impl Reclaimer {
 
     /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout`, as the
     /// seed's `context.WithTimeout`: the backend's delete sees `deadline`
-    /// (see [`common::deadline`]) and, if it overruns it, is abandoned and
+    /// (see [`provisioner_api::deadline`]) and, if it overruns it, is abandoned and
     /// fails like any backend error (`VolumeFailedDelete` event, failure
     /// metric, retry). Should anything else of the sync (an API call) still
     /// hang [`deadline::ABANDON_GRACE`] after that, it is stopped and counted

@@ -23,22 +23,22 @@
 //!   future, so it also stops when the Lease is lost);
 //!
 //! and the action is always an **archive** (rename to `archived-<name>` in the
-//! base directory, see [`common::backend::hostpath::delete::archive_orphan`];
+//! base directory, see [`backend_hostpath::delete::archive_orphan`];
 //! nfs-subdir: in the directory's parent, see
-//! [`common::backend::nfs_subdir::delete::archive_orphan`]), whatever the
+//! [`backend_nfs_subdir::delete::archive_orphan`]), whatever the
 //! delete policy says. An admin removes archived directories by hand.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::backend::hostpath::delete::{archive_orphan, OrphanOutcome};
-use common::intents::IntentStore;
-use common::metrics;
-use common::queue::PvQueue;
-use common::Provisioner;
+use backend_hostpath::delete::{archive_orphan, OrphanOutcome};
+use common::service::metrics;
+use common::store::intents::IntentStore;
+use common::store::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
 use prometheus::{IntGauge, Registry};
+use provisioner_api::Provisioner;
 use tokio_util::sync::CancellationToken;
 
 /// Builds the PV addressing an orphan named `pv_name` (`spec.hostPath.path` =
@@ -70,13 +70,13 @@ impl OrphanArchiver for HostPathArchiver {
 
 /// [`OrphanArchiver`] for the nfs-subdir backend: renames the directory
 /// recorded for the PV to `archived-<name>` in its parent directory, with the
-/// backend's checks (see `common::backend::nfs_subdir::delete::archive_orphan`).
-pub struct NfsSubdirArchiver(pub Arc<common::backend::nfs_subdir::NfsSubdir>);
+/// backend's checks (see `backend_nfs_subdir::delete::archive_orphan`).
+pub struct NfsSubdirArchiver(pub Arc<backend_nfs_subdir::NfsSubdir>);
 
 #[async_trait::async_trait]
 impl OrphanArchiver for NfsSubdirArchiver {
     async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
-        common::backend::nfs_subdir::delete::archive_orphan(&self.0, pv_name, min_age)
+        backend_nfs_subdir::delete::archive_orphan(&self.0, pv_name, min_age)
             .await
             .map_err(|e| e.to_string())
     }
@@ -323,7 +323,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api_types::{DeleteError, ProvisionError, ProvisionOptions};
+    use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
     use std::sync::Mutex;
 
     struct Fake {
@@ -521,8 +521,8 @@ mod tests {
 
     #[tokio::test]
     async fn hostpath_archiver_renames_an_old_orphan_and_keeps_a_young_one() {
-        use common::backend::hostpath::delete::volume_for_directory;
-        use common::backend::hostpath::{HostPath, OnDelete};
+        use backend_hostpath::delete::volume_for_directory;
+        use backend_hostpath::{HostPath, OnDelete};
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().canonicalize().unwrap();
         std::fs::create_dir(base.join("pvc-a")).unwrap();

@@ -7,12 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use api_types::{DeleteError, ProvisionError, ProvisionOptions};
 use api_types::{ANN_DYNAMICALLY_PROVISIONED, FINALIZER_PV, FINALIZER_PV_PROTECTION};
-use common::metrics::{render, DeleteMetrics};
-use common::retry::{FailureThreshold, RetryPolicy};
-use common::workqueue::WorkQueue;
-use common::Provisioner;
+use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::controller::workqueue::WorkQueue;
+use common::service::metrics::{render, DeleteMetrics};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -20,6 +18,8 @@ use kube::client::Body;
 use kube::runtime::{reflector, watcher};
 use kube::{Api, Client};
 use prometheus::Registry;
+use provisioner_api::Provisioner;
+use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
 use reclaim_svc::controller::{process_item, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
 
@@ -531,9 +531,10 @@ impl Provisioner for Slow {
         unreachable!("reclaim never validates queued PVs")
     }
     async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
-        *self.saw_deadline.lock().unwrap() = common::deadline::current().map(|d| d.timeout());
+        *self.saw_deadline.lock().unwrap() =
+            provisioner_api::deadline::current().map(|d| d.timeout());
         if self.cooperative {
-            common::deadline::cancelled().await;
+            provisioner_api::deadline::cancelled().await;
             return Err(DeleteError::Failed {
                 reason: "delete cancelled at the deadline".into(),
             });
@@ -599,7 +600,7 @@ async fn deletion_timeout_fails_a_slow_backend_like_a_cancelled_context() {
     assert!(matches!(err, SyncError::Backend { .. }), "{err}");
     assert_eq!(
         took,
-        Duration::from_secs(5) + common::deadline::ABANDON_GRACE
+        Duration::from_secs(5) + provisioner_api::deadline::ABANDON_GRACE
     );
     assert_eq!(
         *backend.saw_deadline.lock().unwrap(),

@@ -20,8 +20,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use backends::BackendKind;
 use clap::{Parser, ValueEnum};
-use common::backend::select::BackendKind;
 use e2e::harness::{ControlPlane, Profile, Service, ServiceSettings, System, SystemOptions};
 
 /// Which control plane the demo starts (without `--kubeconfig`).

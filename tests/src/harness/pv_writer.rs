@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
-use common::queue::{now_ms, PvQueue};
-use common::queue_auth::QueueKey;
+use common::store::queue::{now_ms, PvQueue};
+use common::store::queue_auth::QueueKey;
 use serde_json::json;
 
 use super::binaries::{target_dir, workspace_root};

@@ -1,5 +1,5 @@
 //! The three service processes: their command lines (the flags documented in
-//! `common::config` and each service's `--help`), log files, HTTP ports and
+//! `common::service::config` and each service's `--help`), log files, HTTP ports and
 //! lifecycle (start, SIGKILL, SIGTERM, restart).
 
 use std::net::SocketAddr;

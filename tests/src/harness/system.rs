@@ -753,7 +753,7 @@ pub fn count_dirs(dir: &Path) -> usize {
     std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(Result::ok)
-                .filter(|e| e.file_name() != common::backend::nfs_subdir::registry::REGISTRY_DIR)
+                .filter(|e| e.file_name() != backend_nfs_subdir::registry::REGISTRY_DIR)
                 .count()
         })
         .unwrap_or(0)

@@ -9,7 +9,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tower::limit::RateLimitLayer;
 
-use crate::config::CommonArgs;
+use crate::service::config::CommonArgs;
 
 /// The window of the client-side limit: at most `burst` requests per
 /// `burst / qps` seconds, which averages `qps` requests per second and lets

@@ -4,7 +4,7 @@
 //! capabilities; the optional methods' defaults are the seed's behaviour when a
 //! provisioner does not implement the capability.
 
-use api_types::{DeleteError, ProvisionError, ProvisionOptions};
+use crate::{DeleteError, ProvisionError, ProvisionOptions};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
@@ -21,7 +21,7 @@ pub trait Provisioner: Send + Sync + 'static {
     /// `pv.kubernetes.io/provisioned-by` and `storageClassName`.
     ///
     /// Errors: [`ProvisionError::Ignored`] to leave the claim to another
-    /// provisioner; [`ProvisionError::Failed`] with the [`api_types::ProvisioningState`]
+    /// provisioner; [`ProvisionError::Failed`] with the [`crate::ProvisioningState`]
     /// that tells the caller whether to retry, remember the claim, or reschedule.
     async fn provision(
         &self,

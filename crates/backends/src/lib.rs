@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 
-use super::hostpath::{HostPath, HostPathArgs};
-use super::nfs_subdir::{NfsSubdir, NfsSubdirArgs};
-use crate::provisioner::Provisioner;
+use backend_hostpath::{HostPath, HostPathArgs};
+use backend_nfs_subdir::{NfsSubdir, NfsSubdirArgs};
+use provisioner_api::Provisioner;
 
 /// Which built-in backend a service runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

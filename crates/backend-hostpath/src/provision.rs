@@ -29,13 +29,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use api_types::{ProvisionError, ProvisionOptions, ProvisioningState};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::HostPath;
 
@@ -75,7 +75,7 @@ pub async fn provision(
     check_pv_name(&options.pv_name)?;
 
     let (claim_spec, request, access_modes) =
-        crate::backend::filesystem_claim(options, "hostpath")?;
+        provisioner_api::claim::filesystem_claim(options, "hostpath")?;
     if !quantity_is_positive(&request) {
         return Err(ProvisionError::finished(format!(
             "claim's storage request {:?} is not a positive quantity",
@@ -347,7 +347,7 @@ async fn create_volume_dir(base: &Path, path: &PathBuf) -> Result<(), ProvisionE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::hostpath::OnDelete;
+    use crate::OnDelete;
     use k8s_openapi::api::core::v1::{
         Node, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
     };

@@ -2,7 +2,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+use crate::service::config::LogFormat;
 
 /// Install the global subscriber. `filter` uses EnvFilter syntax (`info`,
 /// `debug,kube=warn`); an invalid filter falls back to `info` with a warning.

@@ -80,7 +80,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&state.registry),
+        crate::service::metrics::render(&state.registry),
     )
 }
 
@@ -136,7 +136,7 @@ mod tests {
     #[tokio::test]
     async fn serves_metrics_health_and_readiness() {
         let registry = Registry::new();
-        let g = crate::metrics::gauge(&registry, "queue_depth", "test gauge");
+        let g = crate::service::metrics::gauge(&registry, "queue_depth", "test gauge");
         g.set(7);
         let readiness = Readiness::default();
         let stop = CancellationToken::new();

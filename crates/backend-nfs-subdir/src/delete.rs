@@ -37,15 +37,15 @@
 
 use std::io;
 
-use api_types::{DeleteError, ProvisionOptions};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use provisioner_api::{DeleteError, ProvisionOptions};
 
 use super::pattern::RelPath;
 use super::provision::class_policy;
 use super::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
-use crate::backend::hostpath::delete::OrphanOutcome;
+use backend_hostpath::delete::OrphanOutcome;
 
 /// Name prefix of archived directories.
 pub const ARCHIVE_PREFIX: &str = "archived-";

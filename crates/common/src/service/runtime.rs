@@ -50,9 +50,9 @@ use kube::Client;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{CommonArgs, ServiceKind};
-use crate::http::{self, Readiness};
-use crate::leader::{self, LeadLost, LeaderElector, LeaseTiming};
+use crate::service::config::{CommonArgs, ServiceKind};
+use crate::service::http::{self, Readiness};
+use crate::service::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
 /// What a work loop gets from the runtime.
 #[derive(Clone)]
@@ -91,7 +91,7 @@ where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let client = crate::kube_client::client_from_args(&args).await?;
+    let client = crate::service::kube_client::client_from_args(&args).await?;
     run_service_with_client(kind, args, registry, client, work).await
 }
 
@@ -108,7 +108,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let shutdown = CancellationToken::new();
-    crate::shutdown::cancel_on_signal(shutdown.clone());
+    crate::service::shutdown::cancel_on_signal(shutdown.clone());
     run_service_with_shutdown(kind, args, registry, client, shutdown, work).await
 }
 
@@ -131,7 +131,7 @@ where
 {
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
-    let leader_gauge = crate::metrics::leader_gauge(&registry);
+    let leader_gauge = crate::service::metrics::leader_gauge(&registry);
     let addr = SocketAddr::new(args.http_address, args.http_port_for(kind));
     let (http_addr, server) = http::serve(
         addr,
@@ -166,7 +166,7 @@ where
             renew_deadline: args.renew_deadline,
             retry_period: args.retry_period,
         };
-        let lost_total = crate::metrics::register(
+        let lost_total = crate::service::metrics::register(
             &ctx.registry,
             prometheus::IntCounterVec::new(
                 prometheus::Opts::new(

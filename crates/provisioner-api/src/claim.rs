@@ -1,15 +1,6 @@
-//! Built-in storage backends, and the `--backend` flag that picks one.
-//!
-//! * [`hostpath`] — a directory per volume on one node (`hostPath` PVs);
-//! * [`nfs_subdir`] — a sub-directory per volume of one NFS export (`nfs`
-//!   PVs), a drop-in replacement for nfs-subdir-external-provisioner;
-//! * [`select`] — [`select::BackendArgs`], shared by the services' command lines.
+//! Claim checks shared by the filesystem backends (hostpath, nfs-subdir).
 
-pub mod hostpath;
-pub mod nfs_subdir;
-pub mod select;
-
-use api_types::{ProvisionError, ProvisionOptions};
+use crate::{ProvisionError, ProvisionOptions};
 use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -20,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 /// backend supports it, the seed's `SupportsBlock` default), no
 /// `resources.requests.storage`, no access modes. `backend` names the backend
 /// in the Block message.
-pub(crate) fn filesystem_claim(
+pub fn filesystem_claim(
     options: &ProvisionOptions,
     backend: &str,
 ) -> Result<(PersistentVolumeClaimSpec, Quantity, Vec<String>), ProvisionError> {

@@ -8,7 +8,7 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::config::RetryArgs;
+use crate::service::config::RetryArgs;
 
 /// How many failed attempts an item gets (seed `failedProvisionThreshold` /
 /// `failedDeleteThreshold`, default 15). `0` means retry forever.

@@ -10,12 +10,12 @@ pub mod provision;
 
 use std::path::PathBuf;
 
-use api_types::{DeleteError, ProvisionError, ProvisionOptions};
 use async_trait::async_trait;
 use clap::{Args, ValueEnum};
 use k8s_openapi::api::core::v1::PersistentVolume;
+use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
 
-use crate::provisioner::Provisioner;
+use provisioner_api::Provisioner;
 
 /// What reclaim does with a released volume's directory (nfs-subdir's `onDelete`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use api_types::{DeleteError, ProvisionError, ProvisionOptions, ProvisioningState};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     VolumeResourceRequirements,
@@ -13,6 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::*;
 
@@ -551,7 +551,7 @@ async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
 
 #[tokio::test]
 async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
-    use crate::backend::hostpath::delete::OrphanOutcome;
+    use backend_hostpath::delete::OrphanOutcome;
     let f = fixture();
     let o = options(&[("pathPattern", "${.PVC.namespace}/${.PVC.name}")], &[]);
     f.backend.provision(&o).await.unwrap();

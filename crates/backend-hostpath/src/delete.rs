@@ -34,8 +34,8 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use api_types::{DeleteError, ProvisionOptions};
 use k8s_openapi::api::core::v1::PersistentVolume;
+use provisioner_api::{DeleteError, ProvisionOptions};
 
 use super::{HostPath, OnDelete};
 
@@ -421,8 +421,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn pinned(mut pv: PersistentVolume, node: &str) -> PersistentVolume {
-        pv.spec.as_mut().unwrap().node_affinity =
-            Some(crate::backend::hostpath::provision::node_affinity(node));
+        pv.spec.as_mut().unwrap().node_affinity = Some(crate::provision::node_affinity(node));
         pv
     }
 

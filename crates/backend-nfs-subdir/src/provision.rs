@@ -12,10 +12,10 @@
 
 use std::collections::BTreeMap;
 
-use api_types::{ProvisionError, ProvisionOptions};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::{NFSVolumeSource, PersistentVolume, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
 use super::safe_fs::{self, Entry, WalkError};
@@ -203,7 +203,7 @@ pub async fn provision(
         ));
     }
     let (claim_spec, request, access_modes) =
-        crate::backend::filesystem_claim(options, "nfs-subdir")?;
+        provisioner_api::claim::filesystem_claim(options, "nfs-subdir")?;
     if !registry::valid_pv_name(&options.pv_name) {
         return Err(ProvisionError::finished(format!(
             "PV name {:?} is not a valid object name",

@@ -60,12 +60,12 @@ pub mod safe_fs;
 
 use std::path::PathBuf;
 
-use api_types::{DeleteError, ProvisionError, ProvisionOptions};
 use async_trait::async_trait;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
 
-use crate::provisioner::Provisioner;
+use provisioner_api::Provisioner;
 
 /// PV annotation recording the delete policy resolved at provisioning time:
 /// `delete`, `retain` or `archive`.

@@ -1,0 +1,18 @@
+//! The service runtime every service binary is built on.
+//!
+//! * [`config`] — flags shared by all services, with environment twins;
+//! * [`kube_client`] — client from kubeconfig/in-cluster with a client-side rate limit;
+//! * [`leader`] — Lease leader election with a renew-deadline watchdog;
+//! * [`http`], [`metrics`] — `/metrics`, `/healthz`, `/readyz` and the seed's metric families;
+//! * [`telemetry`] — tracing subscriber set-up (`--log-format`, `--log-level`);
+//! * [`shutdown`] — SIGTERM/SIGINT to a cancellation token;
+//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown.
+
+pub mod config;
+pub mod http;
+pub mod kube_client;
+pub mod leader;
+pub mod metrics;
+pub mod runtime;
+pub mod shutdown;
+pub mod telemetry;

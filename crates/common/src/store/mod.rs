@@ -1,0 +1,14 @@
+//! The durable store: everything the services keep in Redis, and the only
+//! code that talks to Redis (one operation per state transition).
+//!
+//! * [`queue`] — the durable PV-write queue shared by provision-svc and pv-writer;
+//! * [`intents`] — durable provisioning intents;
+//! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
+//! * [`redis_store`] — the Redis connection and the per-provisioner key prefix.
+
+pub mod intents;
+pub mod queue;
+pub mod queue_auth;
+pub mod redis_store;
+#[cfg(test)]
+mod test_redis;

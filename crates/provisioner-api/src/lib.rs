@@ -1,0 +1,22 @@
+//! The backend contract of the provisioner services: everything a storage
+//! backend implements or receives, in one crate that depends on no service.
+//!
+//! * [`provisioner`] — the [`Provisioner`] trait (seed `Provisioner`) and its
+//!   optional capabilities (qualifier, deletion guard, block support, listing
+//!   and archiving volumes, deleting by PV name, validating a queued PV);
+//! * [`provisioning`] — what a backend is told ([`ProvisionOptions`]) and
+//!   reports ([`ProvisioningState`]);
+//! * [`errors`] — [`ProvisionError`], [`DeleteError`];
+//! * [`deadline`] — the per-operation deadline a backend call sees (the seed's
+//!   context timeout);
+//! * [`claim`] — claim checks shared by filesystem backends.
+
+pub mod claim;
+pub mod deadline;
+pub mod errors;
+pub mod provisioner;
+pub mod provisioning;
+
+pub use errors::{DeleteError, ProvisionError};
+pub use provisioner::Provisioner;
+pub use provisioning::{ProvisionOptions, ProvisioningState};
