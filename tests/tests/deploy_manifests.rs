@@ -33,7 +33,7 @@ use std::process::Command as Process;
 use api_types::api_calls::{ApiCall, LEASE_CALLS};
 use api_types::lease_name;
 use backends::{BackendArgs, BackendKind};
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 use common::service::config::{CommonArgs, ServiceKind};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Service};
@@ -58,7 +58,8 @@ struct ServiceSpec {
     kind: ServiceKind,
     /// The crate's `api_calls::API_CALLS`.
     api_calls: &'static [ApiCall],
-    /// The crate's clap parser (`Cli::command()`).
+    /// The binary's clap parser: the crate's `Cli` plus the backend flags
+    /// (`backends::command::<Cli>()`, as its `main.rs` parses).
     command: fn() -> clap::Command,
     /// Runs a storage backend (`--backend`): mounts the hostpath base dir
     /// (`--base-dir`) or the NFS export (`--nfs-mount`).
@@ -77,7 +78,7 @@ fn services() -> Vec<ServiceSpec> {
             name: "provision-svc",
             kind: ServiceKind::Provision,
             api_calls: provision_svc::api_calls::API_CALLS,
-            command: provision_svc::config::Cli::command,
+            command: backends::command::<provision_svc::config::Cli>,
             backend: true,
             // uid 0 owns the base dir: creating volume directories needs no capability.
             added_capabilities: &[],
@@ -87,7 +88,7 @@ fn services() -> Vec<ServiceSpec> {
             name: "pv-writer",
             kind: ServiceKind::PvWriter,
             api_calls: pv_writer::api_calls::API_CALLS,
-            command: pv_writer::Cli::command,
+            command: backends::command::<pv_writer::Cli>,
             backend: false,
             added_capabilities: &[],
             host_path_type: None,
@@ -96,7 +97,7 @@ fn services() -> Vec<ServiceSpec> {
             name: "reclaim-svc",
             kind: ServiceKind::Reclaim,
             api_calls: reclaim_svc::api_calls::API_CALLS,
-            command: reclaim_svc::Cli::command,
+            command: backends::command::<reclaim_svc::Cli>,
             backend: true,
             // Removing files the consumers' uids wrote (FOWNER: sticky directories).
             added_capabilities: &["DAC_OVERRIDE", "FOWNER"],

@@ -35,7 +35,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use provisioner_api::{DeleteError, ProvisionOptions};
+use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions};
 
 use super::{HostPath, OnDelete};
 
@@ -67,7 +67,7 @@ pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(),
     })?
 }
 
-/// [`Provisioner::delete_unprovisioned`](crate::Provisioner::delete_unprovisioned)
+/// [`Provisioner::delete_unprovisioned`](provisioner_api::Provisioner::delete_unprovisioned)
 /// for hostpath: the directory `provision(options)` would have made is
 /// `<base-dir>/<options.pv_name>`; it is removed (or archived/retained) by
 /// [`delete`] with all its checks, through [`volume_for_directory`]. Nothing
@@ -131,17 +131,6 @@ pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolu
         }),
         status: None,
     }
-}
-
-/// What [`archive_orphan`] did with an orphaned volume directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OrphanOutcome {
-    /// Renamed to `<base-dir>/archived-<name>` (the path given).
-    Archived(PathBuf),
-    /// Younger than the minimum age (its age given, whole seconds): left alone.
-    TooYoung(std::time::Duration),
-    /// The directory is already gone: nothing to do.
-    Absent,
 }
 
 /// Archive the orphaned volume directory addressed by `volume` (as built by

@@ -252,7 +252,7 @@ const OTHER_VOLUME_SOURCES: &[&str] = &[
     "vsphereVolume",
 ];
 
-/// [`Provisioner::validate_volume`](crate::Provisioner::validate_volume) of the
+/// [`Provisioner::validate_volume`](provisioner_api::Provisioner::validate_volume) of the
 /// hostpath backend: `pv` must be one [`provision`] could have returned, i.e. a
 /// PV name that is a single path component, `hostPath` as its only volume
 /// source, of type `DirectoryOrCreate`, with the path exactly `<base-dir>/<pv name>`.

@@ -551,7 +551,7 @@ async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
 
 #[tokio::test]
 async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
-    use backend_hostpath::delete::OrphanOutcome;
+    use provisioner_api::OrphanOutcome;
     let f = fixture();
     let o = options(&[("pathPattern", "${.PVC.namespace}/${.PVC.name}")], &[]);
     f.backend.provision(&o).await.unwrap();

@@ -45,7 +45,7 @@ use super::pattern::RelPath;
 use super::provision::class_policy;
 use super::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
-use backend_hostpath::delete::OrphanOutcome;
+use provisioner_api::OrphanOutcome;
 
 /// Name prefix of archived directories.
 pub const ARCHIVE_PREFIX: &str = "archived-";

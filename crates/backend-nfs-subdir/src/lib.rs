@@ -59,13 +59,12 @@ pub mod registry;
 pub mod safe_fs;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
-
-use provisioner_api::Provisioner;
+use provisioner_api::{DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner};
 
 /// PV annotation recording the delete policy resolved at provisioning time:
 /// `delete`, `retain` or `archive`.
@@ -194,6 +193,14 @@ impl Provisioner for NfsSubdir {
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         Some(delete::list_volumes(self).await)
+    }
+
+    async fn archive_orphan(
+        &self,
+        pv_name: &str,
+        min_age: Duration,
+    ) -> Option<Result<OrphanOutcome, DeleteError>> {
+        Some(delete::archive_orphan(self, pv_name, min_age).await)
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {

@@ -1,13 +1,18 @@
-//! `--backend hostpath|nfs-subdir` (env `BACKEND`): one flag group that every
-//! service flattens into its command line, and one constructor, so the
-//! services share the choice instead of each wiring backends by hand.
+//! The built-in storage backends behind one flag group: `--backend
+//! hostpath|nfs-subdir` (env `BACKEND`) and each backend's own flags (the
+//! backend crates' clap `Args`). Only the services' binaries depend on this
+//! crate: each `main.rs` parses its service's command line plus
+//! [`BackendArgs`] ([`parse`]), builds the chosen backend and hands it to the
+//! service library, which knows only the `provisioner-api` trait.
+//!
+//! Adding a built-in backend: a [`BackendKind`] variant, its flags flattened
+//! into [`BackendArgs`], its constructor in [`BackendArgs::build`].
 
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
-
 use backend_hostpath::{HostPath, HostPathArgs};
 use backend_nfs_subdir::{NfsSubdir, NfsSubdirArgs};
+use clap::{Args, CommandFactory, FromArgMatches, ValueEnum};
 use provisioner_api::Provisioner;
 
 /// Which built-in backend a service runs.
@@ -22,6 +27,7 @@ pub enum BackendKind {
 /// The backend flags of a service: the choice and every backend's own flags
 /// (only the chosen backend's are used and checked).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Backend")]
 pub struct BackendArgs {
     /// Storage backend.
     #[arg(long = "backend", env = "BACKEND", value_enum, default_value_t = BackendKind::Hostpath)]
@@ -34,83 +40,134 @@ pub struct BackendArgs {
     pub nfs: NfsSubdirArgs,
 }
 
-/// A constructed backend, keeping its concrete type for backend-specific
-/// extras (such as hostpath's orphan archiving in reclaim-svc).
-#[derive(Debug, Clone)]
-pub enum Backend {
-    /// The hostpath backend.
-    HostPath(Arc<HostPath>),
-    /// The nfs-subdir backend.
-    NfsSubdir(Arc<NfsSubdir>),
-}
-
-impl Backend {
-    /// The backend behind the common contract.
-    pub fn provisioner(&self) -> Arc<dyn Provisioner> {
-        match self {
-            Backend::HostPath(b) => b.clone(),
-            Backend::NfsSubdir(b) => b.clone(),
-        }
-    }
-}
-
 impl BackendArgs {
     /// Build the chosen backend from its flags.
     ///
     /// Errors: the chosen backend's flags are invalid (e.g. nfs-subdir without
     /// `--nfs-server`); the message names the flag.
-    pub fn build(&self) -> Result<Backend, String> {
-        match self.kind {
-            BackendKind::Hostpath => Ok(Backend::HostPath(Arc::new(HostPath::from_args(
-                &self.hostpath,
-            )))),
-            BackendKind::NfsSubdir => Ok(Backend::NfsSubdir(Arc::new(NfsSubdir::from_args(
-                &self.nfs,
-            )?))),
-        }
+    pub fn build(&self) -> Result<Arc<dyn Provisioner>, String> {
+        Ok(match self.kind {
+            BackendKind::Hostpath => Arc::new(HostPath::from_args(&self.hostpath)),
+            BackendKind::NfsSubdir => Arc::new(NfsSubdir::from_args(&self.nfs)?),
+        })
     }
+}
+
+/// The command line of a service binary: the service library's `C` plus
+/// [`BackendArgs`] (so `--help` lists both).
+pub fn command<C: CommandFactory>() -> clap::Command {
+    BackendArgs::augment_args(C::command())
+}
+
+/// Parse `args` (program name first) as [`command`]`::<C>()`.
+///
+/// Errors: clap's usage error, formatted for the whole command.
+pub fn try_parse_from<C, I, T>(args: I) -> Result<(C, BackendArgs), clap::Error>
+where
+    C: CommandFactory + FromArgMatches,
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = command::<C>().try_get_matches_from(args)?;
+    let format = |e: clap::Error| e.format(&mut command::<C>());
+    Ok((
+        C::from_arg_matches(&matches).map_err(format)?,
+        BackendArgs::from_arg_matches(&matches).map_err(format)?,
+    ))
+}
+
+/// Parse the process's arguments as [`command`]`::<C>()`; on a usage error
+/// (or `--help`, `--version`) print it and exit as clap does.
+pub fn parse<C: CommandFactory + FromArgMatches>() -> (C, BackendArgs) {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use backend_hostpath::OnDelete;
     use clap::Parser;
+    use std::path::PathBuf;
 
-    #[derive(Parser)]
+    /// A service command line without backend flags, as the service libraries have.
+    #[derive(Debug, Parser)]
+    #[command(name = "svc")]
     struct Cli {
-        #[command(flatten)]
-        backend: BackendArgs,
+        #[arg(long, default_value_t = 1)]
+        workers: u32,
     }
 
     #[test]
     fn hostpath_is_the_default_and_nfs_subdir_needs_its_flags() {
-        let cli = Cli::try_parse_from(["x"]).unwrap();
-        assert_eq!(cli.backend.kind, BackendKind::Hostpath);
-        assert!(matches!(cli.backend.build().unwrap(), Backend::HostPath(_)));
+        let (cli, backend) = try_parse_from::<Cli, _, _>(["svc"]).unwrap();
+        assert_eq!(cli.workers, 1);
+        assert_eq!(backend.kind, BackendKind::Hostpath);
+        assert_eq!(
+            backend.hostpath.base_dir,
+            PathBuf::from("/var/lib/hostpath-provisioner")
+        );
+        let pv = k8s_pv("pvc-1", "/var/lib/hostpath-provisioner/pvc-1");
+        backend.build().unwrap().validate_volume(&pv).unwrap();
 
-        let cli = Cli::try_parse_from(["x", "--backend", "nfs-subdir"]).unwrap();
-        assert!(cli
-            .backend
+        let (_, backend) = try_parse_from::<Cli, _, _>(["svc", "--backend", "nfs-subdir"]).unwrap();
+        assert!(backend
             .build()
-            .unwrap_err()
+            .err()
+            .unwrap()
             .contains("--nfs-server (NFS_SERVER) is required"));
 
-        let cli = Cli::try_parse_from([
-            "x",
+        let (_, backend) = try_parse_from::<Cli, _, _>([
+            "svc",
             "--backend=nfs-subdir",
             "--nfs-server=nfs.example",
             "--nfs-path=/srv/k8s",
             "--nfs-mount=/mnt/export",
         ])
         .unwrap();
-        match cli.backend.build().unwrap() {
-            Backend::NfsSubdir(b) => {
-                assert_eq!(b.server, "nfs.example");
-                assert_eq!(b.export_path, "/srv/k8s");
-                assert_eq!(b.mount, std::path::PathBuf::from("/mnt/export"));
-            }
-            other => panic!("expected nfs-subdir, got {other:?}"),
+        assert_eq!(backend.kind, BackendKind::NfsSubdir);
+        assert_eq!(backend.nfs.nfs_server.as_deref(), Some("nfs.example"));
+        assert_eq!(backend.nfs.nfs_mount, PathBuf::from("/mnt/export"));
+        // The built backend is nfs-subdir: a hostPath PV is not one it produced.
+        let err = backend.build().unwrap().validate_volume(&pv).unwrap_err();
+        assert!(err.contains("nfs"), "{err}");
+        assert!(try_parse_from::<Cli, _, _>(["svc", "--backend", "nfs"]).is_err());
+    }
+
+    #[test]
+    fn backend_flags_sit_beside_the_service_flags() {
+        let (cli, backend) = try_parse_from::<Cli, _, _>([
+            "svc",
+            "--workers=3",
+            "--base-dir",
+            "/data",
+            "--node-name=n1",
+            "--on-delete",
+            "archive",
+        ])
+        .unwrap();
+        assert_eq!(cli.workers, 3);
+        assert_eq!(backend.hostpath.base_dir, PathBuf::from("/data"));
+        assert_eq!(backend.hostpath.node_name.as_deref(), Some("n1"));
+        assert_eq!(backend.hostpath.on_delete, OnDelete::Archive);
+        let help = command::<Cli>().render_long_help().to_string();
+        for flag in [
+            "--workers",
+            "--backend",
+            "--base-dir",
+            "--on-delete",
+            "--nfs-server",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
         }
-        assert!(Cli::try_parse_from(["x", "--backend", "nfs"]).is_err());
+        let err = try_parse_from::<Cli, _, _>(["svc", "--on-delete", "shred"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+
+    fn k8s_pv(name: &str, path: &str) -> k8s_openapi::api::core::v1::PersistentVolume {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"hostPath": {"path": path, "type": "DirectoryOrCreate"}}
+        }))
+        .unwrap()
     }
 }

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use backends::BackendArgs;
 use clap::{Args, Parser};
 use common::service::config::{parse_duration, CommonArgs, RetryArgs};
 use common::store::queue_auth::QueueKeyArgs;
@@ -60,7 +59,8 @@ pub struct ProvisionArgs {
     pub worker_threads: u32,
 }
 
-/// The `provision-svc` command line: controller flags plus the hostpath backend's.
+/// The `provision-svc` command line without the backend's flags (the binary
+/// adds `--backend` and the built-in backends' flags, see the `backends` crate).
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "provision-svc",
@@ -71,10 +71,6 @@ pub struct Cli {
     /// Controller flags.
     #[command(flatten)]
     pub provision: ProvisionArgs,
-
-    /// `--backend` and the built-in backends' flags.
-    #[command(flatten)]
-    pub backend: BackendArgs,
 }
 
 #[cfg(test)]
@@ -107,8 +103,6 @@ mod tests {
             "2m",
             "--worker-threads",
             "32",
-            "--base-dir",
-            "/data",
         ])
         .unwrap();
         assert_eq!(
@@ -122,10 +116,6 @@ mod tests {
             Some(Duration::from_secs(120))
         );
         assert_eq!(cli.provision.worker_threads, 32);
-        assert_eq!(
-            cli.backend.hostpath.base_dir,
-            std::path::PathBuf::from("/data")
-        );
         assert!(Cli::try_parse_from(["provision-svc", "--worker-threads", "0"]).is_err());
     }
 }

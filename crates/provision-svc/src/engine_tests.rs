@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use prometheus::Registry;
-use provisioner_api::Provisioner;
-use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions, ProvisioningState};
+use provisioner_api::testing::FakeProvisioner as FakeBackend;
+use provisioner_api::{ProvisionError, ProvisioningState};
 
 use crate::decision::ProvisionerNames;
 use crate::engine::{Caches, Engine, OpError, Settings};
@@ -32,35 +32,6 @@ use common::controller::workqueue::WorkQueue;
 
 const NAME: &str = "example.com/hostpath";
 
-#[derive(Default)]
-struct FakeBackend {
-    results: Mutex<Vec<Result<PersistentVolume, ProvisionError>>>,
-    calls: Mutex<Vec<String>>,
-    deleted: Mutex<Vec<String>>,
-    decline: bool,
-    delay: Option<Duration>,
-    /// When set, `provision` stops at the operation's deadline
-    /// (`provisioner_api::deadline::cancelled`) with this state.
-    cooperative: Option<ProvisioningState>,
-    /// `delete_unprovisioned` calls: PV name and selected node.
-    unprovisioned: Mutex<Vec<String>>,
-    /// PV names whose `delete_unprovisioned` is refused / fails.
-    refuse: HashSet<String>,
-    fail: HashSet<String>,
-}
-
-impl FakeBackend {
-    fn answering(results: Vec<Result<PersistentVolume, ProvisionError>>) -> Self {
-        Self {
-            results: Mutex::new(results),
-            ..Default::default()
-        }
-    }
-    fn calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
-    }
-}
-
 fn pv(name: &str) -> PersistentVolume {
     PersistentVolume {
         metadata: ObjectMeta {
@@ -68,85 +39,6 @@ fn pv(name: &str) -> PersistentVolume {
             ..Default::default()
         },
         ..Default::default()
-    }
-}
-
-#[async_trait]
-impl Provisioner for FakeBackend {
-    async fn provision(
-        &self,
-        options: &ProvisionOptions,
-    ) -> Result<PersistentVolume, ProvisionError> {
-        self.calls.lock().unwrap().push(format!(
-            "{} node={}",
-            options.pv_name,
-            options
-                .selected_node
-                .as_ref()
-                .and_then(|n| n.metadata.name.clone())
-                .unwrap_or_default()
-        ));
-        if let Some(state) = self.cooperative {
-            assert!(
-                provisioner_api::deadline::current().is_some(),
-                "the backend sees the deadline"
-            );
-            provisioner_api::deadline::cancelled().await;
-            return Err(ProvisionError::Failed {
-                state,
-                reason: "stopped at the deadline".into(),
-            });
-        }
-        if let Some(d) = self.delay {
-            tokio::time::sleep(d).await;
-        }
-        let mut results = self.results.lock().unwrap();
-        if results.is_empty() {
-            Ok(pv(&options.pv_name))
-        } else {
-            results.remove(0)
-        }
-    }
-    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        self.deleted
-            .lock()
-            .unwrap()
-            .push(volume.metadata.name.clone().unwrap_or_default());
-        Ok(())
-    }
-    async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        self.unprovisioned.lock().unwrap().push(format!(
-            "{} node={} class={}",
-            options.pv_name,
-            options
-                .selected_node
-                .as_ref()
-                .and_then(|n| n.metadata.name.clone())
-                .unwrap_or_default(),
-            options
-                .storage_class
-                .metadata
-                .name
-                .clone()
-                .unwrap_or_default()
-        ));
-        if self.refuse.contains(&options.pv_name) {
-            return Err(DeleteError::Refused {
-                reason: "unsafe".into(),
-            });
-        }
-        if self.fail.contains(&options.pv_name) {
-            return Err(DeleteError::Failed {
-                reason: "busy".into(),
-            });
-        }
-        Ok(())
-    }
-    fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
-        !self.decline
-    }
-    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-        unreachable!("provision-svc never validates queued PVs")
     }
 }
 

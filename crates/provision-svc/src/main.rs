@@ -1,16 +1,16 @@
-//! provision-svc: parse flags, set up tracing, run the service with the
-//! backend chosen by `--backend`.
+//! provision-svc: parse flags (the service's and `--backend` with the
+//! built-in backends' flags), set up tracing, run the service with the chosen
+//! backend.
 
-use clap::Parser;
 use provision_svc::config::Cli;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let (cli, backend) = backends::parse::<Cli>();
     common::service::telemetry::init(
         cli.provision.common.log_format,
         &cli.provision.common.log_level,
     );
-    let backend = cli.backend.build().map_err(anyhow::Error::msg)?;
-    provision_svc::run(cli.provision, backend.provisioner()).await
+    let backend = backend.build().map_err(anyhow::Error::msg)?;
+    provision_svc::run(cli.provision, backend).await
 }

@@ -9,14 +9,18 @@
 //! * [`errors`] — [`ProvisionError`], [`DeleteError`];
 //! * [`deadline`] — the per-operation deadline a backend call sees (the seed's
 //!   context timeout);
-//! * [`claim`] — claim checks shared by filesystem backends.
+//! * [`claim`] — claim checks shared by filesystem backends;
+//! * `testing` (feature `testing`) — [`FakeProvisioner`](testing::FakeProvisioner),
+//!   the one scriptable fake backend of the services' tests.
 
 pub mod claim;
 pub mod deadline;
 pub mod errors;
 pub mod provisioner;
 pub mod provisioning;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use errors::{DeleteError, ProvisionError};
-pub use provisioner::Provisioner;
+pub use provisioner::{OrphanOutcome, Provisioner};
 pub use provisioning::{ProvisionOptions, ProvisioningState};

@@ -2,11 +2,28 @@
 //! provision and delete its volumes. Mirrors the seed's `Provisioner` interface
 //! and its optional `Qualifier`, `DeletionGuard` and `BlockProvisioner`
 //! capabilities; the optional methods' defaults are the seed's behaviour when a
-//! provisioner does not implement the capability.
+//! provisioner does not implement the capability. Beyond the seed: listing and
+//! archiving a backend's volumes (reclaim-svc's orphan sweep), deleting the
+//! volume of a claim deleted mid-provisioning by PV name (provision-svc's
+//! recovery), and validating a queued PV (pv-writer).
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::{DeleteError, ProvisionError, ProvisionOptions};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
+/// What [`Provisioner::archive_orphan`] did with an orphaned volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrphanOutcome {
+    /// Renamed to `archived-<name>` (the new path given).
+    Archived(PathBuf),
+    /// Younger than the minimum age (its age given, whole seconds): left alone.
+    TooYoung(Duration),
+    /// The volume is already gone: nothing to do.
+    Absent,
+}
 
 /// A storage backend.
 ///
@@ -85,6 +102,26 @@ pub trait Provisioner: Send + Sync + 'static {
     /// orphan sweep. `None` (the default) means the backend cannot list its
     /// assets and the sweep is skipped.
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+        None
+    }
+
+    /// reclaim-svc's orphan sweep with `--sweep-orphans` (beyond the seed):
+    /// archive the volume of `pv_name`, one of [`Provisioner::list_volumes`]'
+    /// names that nothing accounts for (no PV, no pending PV write, no
+    /// provisioning intent), if its data is at least `min_age` old (the newer
+    /// of its mtime and ctime). Archiving renames it to `archived-<name>` and
+    /// never removes data, whatever the backend's delete policy says.
+    /// `None` (the default) means the backend cannot archive: the sweep only
+    /// reports orphans.
+    ///
+    /// Errors: [`DeleteError::Refused`] (unsafe: a check failed or the archive
+    /// destination exists), [`DeleteError::Failed`] (filesystem errors); the
+    /// sweep logs them and leaves the volume in place.
+    async fn archive_orphan(
+        &self,
+        _pv_name: &str,
+        _min_age: Duration,
+    ) -> Option<Result<OrphanOutcome, DeleteError>> {
         None
     }
 }

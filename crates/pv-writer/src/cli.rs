@@ -7,7 +7,10 @@ use clap::{Args, Parser, Subcommand};
 use common::service::config::{parse_duration, CommonArgs};
 use common::store::queue_auth::QueueKeyArgs;
 
-/// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`.
+/// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`,
+/// without the backend's flags: the binary adds `--backend` and the built-in
+/// backends' flags (same as provision-svc's: the backend whose own check a
+/// queued PV's volume source must pass; see the `backends` crate).
 ///
 /// Without a subcommand (or with `run`) it runs the service. The `queue`
 /// subcommands only talk to Redis: give `--redis-url` / `--provisioner-name`
@@ -57,13 +60,6 @@ pub struct WriterArgs {
     #[arg(long, env = "VISIBILITY_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub visibility_timeout: Duration,
 
-    /// The backend whose own check a queued PV's volume source must pass
-    /// (same `--backend` and backend flags as provision-svc's; hostpath: a
-    /// queued PV is written only when its `hostPath` is exactly
-    /// `<base-dir>/<pv name>`; nfs-subdir: our server, a path below our export).
-    #[command(flatten)]
-    pub backend: backends::BackendArgs,
-
     /// Further provisioner names accepted in a queued PV's
     /// `pv.kubernetes.io/provisioned-by` annotation besides `--provisioner-name`
     /// (same as provision-svc's; comma-separated in the environment variable).
@@ -112,7 +108,6 @@ impl WriterArgs {
     /// Errors: `--retry-max` below `--retry-initial`, or `--visibility-timeout`
     /// not above `--write-timeout`.
     pub fn validate(&self) -> anyhow::Result<()> {
-        self.backend.build().map_err(anyhow::Error::msg)?;
         if self.retry_max < self.retry_initial {
             anyhow::bail!(
                 "--retry-max ({:?}) must not be below --retry-initial ({:?})",
@@ -145,24 +140,17 @@ mod tests {
         assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));
         assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
         assert!(cli.command.is_none());
-        assert_eq!(
-            cli.writer.backend.hostpath.base_dir,
-            PathBuf::from("/var/lib/hostpath-provisioner")
-        );
         assert!(cli.writer.queue_key.queue_hmac_key_file.is_none());
         assert!(!cli.writer.queue_key.insecure_unsigned_queue);
         cli.writer.validate().unwrap();
         let cli = Cli::try_parse_from([
             "pv-writer",
-            "--base-dir",
-            "/data",
             "--queue-hmac-key-file",
             "/k",
             "--additional-provisioner",
             "a.io/x",
         ])
         .unwrap();
-        assert_eq!(cli.writer.backend.hostpath.base_dir, PathBuf::from("/data"));
         assert_eq!(
             cli.writer.queue_key.queue_hmac_key_file,
             Some(PathBuf::from("/k"))

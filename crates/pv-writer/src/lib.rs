@@ -22,7 +22,8 @@
 //! Every entry is checked before it is written ([`checks`]): HMAC with the
 //! queue key (`--queue-hmac-key-file`; refusing to start without one unless
 //! `--insecure-unsigned-queue`), PV name, claimRef, provisioned-by annotation and
-//! the hostpath backend's volume-source check (`--base-dir`).
+//! the backend's own volume-source check ([`provisioner_api::Provisioner::validate_volume`],
+//! e.g. hostpath's `hostPath` = `<--base-dir>/<pv name>`).
 
 pub mod api_calls;
 pub mod checks;
@@ -39,15 +40,17 @@ use common::service::runtime::{run_service, ServiceContext};
 use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
 use prometheus::Registry;
+use provisioner_api::Provisioner;
 
 pub use api_calls::API_CALLS;
 pub use cli::{Cli, Command, QueueCommand, WriterArgs};
 
-/// Run what `cli` asks: the service (default) or a `queue` subcommand.
+/// Run what `cli` asks: the service (default), writing only PVs that pass
+/// `backend`'s own check, or a `queue` subcommand.
 ///
 /// Errors: invalid flag combinations, client/HTTP setup failures; for `queue`
 /// subcommands, Redis failures and unknown PV names.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     cli.writer.validate()?;
     match &cli.command {
         Some(Command::Queue { action }) => {
@@ -69,7 +72,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 cli.common.clone(),
                 registry,
                 move |ctx| {
-                    serve_with_metrics(ctx, writer_args.clone(), metrics.clone(), key.clone())
+                    serve_with_metrics(
+                        ctx,
+                        writer_args.clone(),
+                        metrics.clone(),
+                        key.clone(),
+                        backend.clone(),
+                    )
                 },
             )
             .await
@@ -80,7 +89,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 /// The leader's work loop: connect to Redis (not ready until it answers,
 /// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown,
 /// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
-/// `--insecure-unsigned-queue`) and the backend of `args.backend` (`--backend` and its flags).
+/// `--insecure-unsigned-queue`) and `backend`'s own check.
 /// Embedders with their own [`ServiceContext`] may call it directly.
 ///
 /// Errors: this replica's term was superseded by a newer leader (see
@@ -89,9 +98,10 @@ pub async fn serve(
     ctx: ServiceContext,
     args: WriterArgs,
     key: Option<QueueKey>,
+    backend: Arc<dyn Provisioner>,
 ) -> anyhow::Result<()> {
     let metrics = metrics::WriterMetrics::register(&ctx.registry);
-    serve_with_metrics(ctx, args, metrics, key).await
+    serve_with_metrics(ctx, args, metrics, key, backend).await
 }
 
 /// [`serve`] with metrics already registered in `ctx.registry`, for a work
@@ -103,6 +113,7 @@ pub async fn serve_with_metrics(
     args: WriterArgs,
     metrics: metrics::WriterMetrics,
     key: Option<QueueKey>,
+    backend: Arc<dyn Provisioner>,
 ) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let queue = loop {
@@ -125,11 +136,6 @@ pub async fn serve_with_metrics(
         visibility_timeout: args.visibility_timeout,
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
-    let backend = args
-        .backend
-        .build()
-        .map_err(anyhow::Error::msg)?
-        .provisioner();
     let names = std::iter::once(ctx.args.provisioner_name.clone())
         .chain(args.additional_provisioners.iter().cloned())
         .collect();

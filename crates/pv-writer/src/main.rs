@@ -1,13 +1,17 @@
 //! `pv-writer`: drains the durable PV-write queue into the API server.
-//! See the library docs (`pv_writer`) for behaviour and flags.
-
-use clap::Parser;
+//! See the library docs (`pv_writer`) for behaviour and flags; this binary
+//! adds `--backend` and the built-in backends' flags (the backend whose own
+//! check every queued PV must pass).
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = pv_writer::Cli::parse();
+    let (cli, backend) = backends::parse::<pv_writer::Cli>();
     common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
-    match pv_writer::run(cli).await {
+    let result = match backend.build() {
+        Ok(backend) => pv_writer::run(cli, backend).await,
+        Err(err) => Err(anyhow::Error::msg(err)),
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "pv-writer failed");

@@ -29,7 +29,6 @@ pub mod sweep;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backends::{Backend, BackendArgs};
 use clap::{Args, Parser};
 use common::controller::events::EventSink;
 use common::controller::retry::{FailureThreshold, RetryPolicy};
@@ -44,7 +43,7 @@ use provisioner_api::Provisioner;
 
 use crate::controller::LoopConfig;
 use crate::operation::Reclaimer;
-use crate::sweep::{OrphanPvFn, SweepMetrics};
+use crate::sweep::SweepMetrics;
 
 /// Flags of reclaim-svc itself (each with an environment twin).
 #[derive(Debug, Clone, Args)]
@@ -92,7 +91,8 @@ pub struct ReclaimArgs {
     pub sweep_min_age: Duration,
 }
 
-/// The reclaim-svc command line.
+/// The reclaim-svc command line without the backend's flags (the binary adds
+/// `--backend` and the built-in backends' flags, see the `backends` crate).
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "reclaim-svc",
@@ -106,9 +106,6 @@ pub struct Cli {
     /// Per-PV retry flags.
     #[command(flatten)]
     pub retry: RetryArgs,
-    /// `--backend` and the built-in backends' flags.
-    #[command(flatten)]
-    pub backend: BackendArgs,
     /// reclaim-svc's own flags.
     #[command(flatten)]
     pub reclaim: ReclaimArgs,
@@ -118,7 +115,9 @@ pub struct Cli {
 /// and the replica campaigns again, see `common::service::runtime`): serves
 /// `/metrics` (seed delete families, label `class`), `/healthz`, `/readyz`
 /// (ready once the PV reflector has synced), elects a leader on the
-/// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop.
+/// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop and
+/// one orphan sweep per term (archiving through
+/// [`Provisioner::archive_orphan`] with `--sweep-orphans`, see [`sweep`]).
 ///
 /// Errors: setup failures, or the PV watch ending.
 pub async fn run(
@@ -126,70 +125,6 @@ pub async fn run(
     retry: RetryArgs,
     reclaim: ReclaimArgs,
     backend: Arc<dyn Provisioner>,
-) -> anyhow::Result<()> {
-    run_with_orphan_pv(common, retry, reclaim, backend, None).await
-}
-
-/// [`run`] with a built-in backend and its orphan archiver
-/// ([`sweep::HostPathArchiver`] or [`sweep::NfsSubdirArchiver`], used with
-/// `--sweep-orphans`).
-///
-/// Errors: as [`run`].
-pub async fn run_with_backend(
-    common: CommonArgs,
-    retry: RetryArgs,
-    reclaim: ReclaimArgs,
-    backend: Backend,
-) -> anyhow::Result<()> {
-    let archiver: Arc<dyn sweep::OrphanArchiver> = match &backend {
-        Backend::HostPath(hp) => {
-            let hp = Arc::clone(hp);
-            let orphan_pv: OrphanPvFn = Arc::new(move |name: &str| {
-                backend_hostpath::delete::volume_for_directory(&hp, name)
-            });
-            Arc::new(sweep::HostPathArchiver(orphan_pv))
-        }
-        Backend::NfsSubdir(nfs) => Arc::new(sweep::NfsSubdirArchiver(Arc::clone(nfs))),
-    };
-    run_with_archiver(
-        common,
-        retry,
-        reclaim,
-        backend.provisioner(),
-        Some(archiver),
-    )
-    .await
-}
-
-/// [`run`], plus how to address an orphaned `hostPath` volume (`orphan_pv`,
-/// see [`sweep::OrphanPvFn`]) so `--sweep-orphans` can archive it (see
-/// [`sweep`]: never removed, only when older than `--sweep-min-age`). Without
-/// it the leader-start orphan sweep only reports, even with `--sweep-orphans`.
-///
-/// Errors: as [`run`].
-pub async fn run_with_orphan_pv(
-    common: CommonArgs,
-    retry: RetryArgs,
-    reclaim: ReclaimArgs,
-    backend: Arc<dyn Provisioner>,
-    orphan_pv: Option<OrphanPvFn>,
-) -> anyhow::Result<()> {
-    let archiver =
-        orphan_pv.map(|f| Arc::new(sweep::HostPathArchiver(f)) as Arc<dyn sweep::OrphanArchiver>);
-    run_with_archiver(common, retry, reclaim, backend, archiver).await
-}
-
-/// [`run`], plus the archiver `--sweep-orphans` uses (see [`sweep`]: never
-/// removed, only when older than `--sweep-min-age`). Without one the
-/// leader-start orphan sweep only reports, even with `--sweep-orphans`.
-///
-/// Errors: as [`run`].
-pub async fn run_with_archiver(
-    common: CommonArgs,
-    retry: RetryArgs,
-    reclaim: ReclaimArgs,
-    backend: Arc<dyn Provisioner>,
-    archiver: Option<Arc<dyn sweep::OrphanArchiver>>,
 ) -> anyhow::Result<()> {
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
@@ -201,11 +136,10 @@ pub async fn run_with_archiver(
         // Called once per leader term: each term starts from scratch (new
         // reflector, reclaimer and orphan sweep); the metrics live on.
         move |ctx| {
-            let (backend, metrics, sweep_metrics, archiver, retry, reclaim) = (
+            let (backend, metrics, sweep_metrics, retry, reclaim) = (
                 backend.clone(),
                 metrics.clone(),
                 sweep_metrics.clone(),
-                archiver.clone(),
                 retry.clone(),
                 reclaim.clone(),
             );
@@ -249,13 +183,12 @@ pub async fn run_with_archiver(
                 // One orphan sweep per leadership, owned by this work future: it
                 // stops on shutdown, and is dropped with the loop (or when the
                 // runtime aborts the work future on a lost Lease).
-                let archiver = archiver.filter(|_| reclaim.sweep_orphans);
                 let job = sweep::SweepJob {
                     redis_url: ctx.args.redis_url.clone(),
                     provisioner_name: ctx.args.provisioner_name.clone(),
                     pvs: api.clone(),
                     backend,
-                    archiver,
+                    archive: reclaim.sweep_orphans,
                     min_age: reclaim.sweep_min_age,
                     shutdown: ctx.shutdown.clone(),
                     metrics: sweep_metrics,
@@ -315,8 +248,6 @@ mod tests {
             "0",
             "--deletion-timeout",
             "2m",
-            "--on-delete",
-            "archive",
             "--sweep-orphans=true",
             "--sweep-min-age",
             "6h",
@@ -325,10 +256,6 @@ mod tests {
         assert!(cli.reclaim.add_finalizer);
         assert_eq!(cli.reclaim.failed_delete_threshold, 0);
         assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
-        assert_eq!(
-            cli.backend.hostpath.on_delete,
-            backend_hostpath::OnDelete::Archive
-        );
         assert!(cli.reclaim.sweep_orphans);
         assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(6 * 3600));
     }

@@ -22,65 +22,23 @@
 //! * the service is not shutting down (the sweep runs inside the leader's work
 //!   future, so it also stops when the Lease is lost);
 //!
-//! and the action is always an **archive** (rename to `archived-<name>` in the
-//! base directory, see [`backend_hostpath::delete::archive_orphan`];
-//! nfs-subdir: in the directory's parent, see
-//! [`backend_nfs_subdir::delete::archive_orphan`]), whatever the
-//! delete policy says. An admin removes archived directories by hand.
+//! and the action is always an **archive** through the backend's
+//! [`Provisioner::archive_orphan`] (hostpath: rename to `archived-<name>` in
+//! the base directory; nfs-subdir: in the directory's parent), whatever the
+//! delete policy says; a backend that cannot archive is only reported. An
+//! admin removes archived directories by hand.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use backend_hostpath::delete::{archive_orphan, OrphanOutcome};
 use common::service::metrics;
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
 use prometheus::{IntGauge, Registry};
-use provisioner_api::Provisioner;
+use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
-
-/// Builds the PV addressing an orphan named `pv_name` (`spec.hostPath.path` =
-/// `<base-dir>/<pv_name>`, e.g. hostpath's `volume_for_directory`), for
-/// [`HostPathArchiver`].
-pub type OrphanPvFn = Arc<dyn Fn(&str) -> PersistentVolume + Send + Sync>;
-
-/// Archives an orphaned volume (never removes it).
-#[async_trait::async_trait]
-pub trait OrphanArchiver: Send + Sync {
-    /// Archive the orphan `pv_name` if it is at least `min_age` old.
-    ///
-    /// Errors: the archive was refused or failed (message for the log).
-    async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String>;
-}
-
-/// [`OrphanArchiver`] for `hostPath` volumes: renames `<base-dir>/<name>` to
-/// `<base-dir>/archived-<name>` with the hostpath backend's safety checks.
-pub struct HostPathArchiver(pub OrphanPvFn);
-
-#[async_trait::async_trait]
-impl OrphanArchiver for HostPathArchiver {
-    async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
-        archive_orphan(&(self.0)(pv_name), min_age)
-            .await
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// [`OrphanArchiver`] for the nfs-subdir backend: renames the directory
-/// recorded for the PV to `archived-<name>` in its parent directory, with the
-/// backend's checks (see `backend_nfs_subdir::delete::archive_orphan`).
-pub struct NfsSubdirArchiver(pub Arc<backend_nfs_subdir::NfsSubdir>);
-
-#[async_trait::async_trait]
-impl OrphanArchiver for NfsSubdirArchiver {
-    async fn archive(&self, pv_name: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
-        backend_nfs_subdir::delete::archive_orphan(&self.0, pv_name, min_age)
-            .await
-            .map_err(|e| e.to_string())
-    }
-}
 
 /// Gauges of the last sweep.
 #[derive(Clone)]
@@ -180,8 +138,8 @@ pub async fn find_orphans(
 
 /// What the sweep does with the orphans it finds.
 pub struct SweepAction<'a> {
-    /// How to archive an orphan (`None`: report only).
-    pub archiver: Option<&'a dyn OrphanArchiver>,
+    /// Archive orphans through the backend (`--sweep-orphans`); `false`: report only.
+    pub archive: bool,
     /// `--sweep-min-age`: younger orphans are left alone.
     pub min_age: Duration,
     /// The service's shutdown token: no orphan is archived once it fired.
@@ -189,10 +147,11 @@ pub struct SweepAction<'a> {
 }
 
 /// Run one sweep: list the backend's volumes (skipped if the backend cannot
-/// list), find orphans, log each, set the gauges and, when `action.archiver`
-/// is given, archive each orphan that is still unaccounted for on a re-check
-/// and at least `action.min_age` old (a failure is logged and the rest
-/// continue; shutdown stops the sweep). Returns the orphans found.
+/// list), find orphans, log each, set the gauges and, when `action.archive`
+/// is set, archive through [`Provisioner::archive_orphan`] each orphan that is
+/// still unaccounted for on a re-check and at least `action.min_age` old (a
+/// failure is logged and the rest continue; a backend that cannot archive and
+/// shutdown stop the archiving). Returns the orphans found.
 ///
 /// Errors: listing or a lookup failed (nothing was archived after it).
 pub async fn sweep(
@@ -212,10 +171,10 @@ pub async fn sweep(
     metrics.archived.set(0);
     let mut archived = 0;
     for name in &orphans {
-        let Some(archiver) = action.archiver else {
+        if !action.archive {
             tracing::warn!(pv = %name, "orphan sweep: orphaned volume found (no PV, no pending write, no intent); --sweep-orphans=true archives such volumes once older than --sweep-min-age");
             continue;
-        };
+        }
         if action.shutdown.is_cancelled() {
             tracing::info!("orphan sweep stopped: shutting down");
             break;
@@ -228,7 +187,11 @@ pub async fn sweep(
             tracing::info!(pv = %name, "orphan sweep: volume is accounted for on re-check; left alone");
             continue;
         }
-        match archiver.archive(name, action.min_age).await {
+        let Some(outcome) = backend.archive_orphan(name, action.min_age).await else {
+            tracing::warn!(pv = %name, "orphan sweep: the backend cannot archive its volumes; orphans are only reported");
+            break;
+        };
+        match outcome {
             Ok(OrphanOutcome::Archived(to)) => {
                 archived += 1;
                 metrics.archived.set(archived);
@@ -264,9 +227,9 @@ pub struct SweepJob {
     pub pvs: Api<PersistentVolume>,
     /// The backend whose volumes are swept.
     pub backend: Arc<dyn Provisioner>,
-    /// How to archive orphans (`--sweep-orphans` and an addressable backend);
-    /// `None` reports only.
-    pub archiver: Option<Arc<dyn OrphanArchiver>>,
+    /// Archive orphans through the backend (`--sweep-orphans`); `false`
+    /// reports only.
+    pub archive: bool,
     /// `--sweep-min-age`.
     pub min_age: Duration,
     /// The service's shutdown token.
@@ -285,7 +248,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         provisioner_name,
         pvs,
         backend,
-        archiver,
+        archive,
         min_age,
         shutdown,
         metrics,
@@ -311,7 +274,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         pvs,
     };
     let action = SweepAction {
-        archiver: archiver.as_deref(),
+        archive,
         min_age,
         shutdown: &shutdown,
     };
@@ -323,8 +286,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
-    use std::sync::Mutex;
+    use provisioner_api::testing::FakeProvisioner;
 
     struct Fake {
         intents: Vec<&'static str>,
@@ -349,34 +311,9 @@ mod tests {
         }
     }
 
-    struct Backend {
-        volumes: Vec<String>,
-        deleted: Mutex<Vec<String>>,
-    }
-
-    #[async_trait::async_trait]
-    impl Provisioner for Backend {
-        async fn provision(
-            &self,
-            _: &ProvisionOptions,
-        ) -> Result<PersistentVolume, ProvisionError> {
-            unreachable!()
-        }
-        async fn delete(&self, v: &PersistentVolume) -> Result<(), DeleteError> {
-            // Recorded so tests can assert the sweep never deletes.
-            let name = v.metadata.name.clone().unwrap();
-            self.deleted.lock().unwrap().push(name);
-            Ok(())
-        }
-        async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
-            Some(Ok(self.volumes.clone()))
-        }
-        fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-            unreachable!("reclaim never validates queued PVs")
-        }
-    }
-
-    fn fixture(fail: bool) -> (Backend, Fake) {
+    /// Five volumes, one of them (`pvc-orphan`) orphaned; the backend can
+    /// archive, and answers `TooYoung` for `pvc-young`.
+    fn fixture(fail: bool) -> (FakeProvisioner, Fake) {
         let names = [
             "pvc-cached",
             "pvc-intent",
@@ -385,9 +322,15 @@ mod tests {
             "pvc-orphan",
         ];
         (
-            Backend {
-                volumes: names.iter().map(|s| s.to_string()).collect(),
-                deleted: Mutex::new(vec![]),
+            FakeProvisioner {
+                volumes: Some(names.iter().map(|s| s.to_string()).collect()),
+                can_archive: true,
+                archive_outcomes: [(
+                    "pvc-young".to_string(),
+                    OrphanOutcome::TooYoung(Duration::from_secs(5)),
+                )]
+                .into(),
+                ..Default::default()
             },
             Fake {
                 intents: vec!["pvc-intent"],
@@ -398,31 +341,9 @@ mod tests {
         )
     }
 
-    /// Archives recorded by name; `pvc-orphan` is old enough, `pvc-young` is not.
-    #[derive(Default)]
-    struct FakeArchiver {
-        calls: Mutex<Vec<(String, Duration)>>,
-    }
-
-    #[async_trait::async_trait]
-    impl OrphanArchiver for FakeArchiver {
-        async fn archive(&self, n: &str, min_age: Duration) -> Result<OrphanOutcome, String> {
-            self.calls.lock().unwrap().push((n.to_string(), min_age));
-            match n {
-                "pvc-young" => Ok(OrphanOutcome::TooYoung(Duration::from_secs(5))),
-                _ => Ok(OrphanOutcome::Archived(
-                    format!("/base/archived-{n}").into(),
-                )),
-            }
-        }
-    }
-
-    fn action<'a>(
-        archiver: Option<&'a dyn OrphanArchiver>,
-        shutdown: &'a CancellationToken,
-    ) -> SweepAction<'a> {
+    fn action(archive: bool, shutdown: &CancellationToken) -> SweepAction<'_> {
         SweepAction {
-            archiver,
+            archive,
             min_age: Duration::from_secs(3600),
             shutdown,
         }
@@ -437,7 +358,7 @@ mod tests {
             &backend,
             |n| n == "pvc-cached",
             &acc,
-            action(None, &token),
+            action(false, &token),
             &m,
         )
         .await
@@ -445,28 +366,28 @@ mod tests {
         assert_eq!(orphans, vec!["pvc-orphan"]);
         assert_eq!(m.found.get(), 1);
         assert_eq!(m.archived.get(), 0);
-        assert!(backend.deleted.lock().unwrap().is_empty());
+        assert!(backend.deleted().is_empty());
+        assert!(backend.archived().is_empty(), "report only");
     }
 
     #[tokio::test]
     async fn archives_old_orphans_and_never_deletes() {
         let (mut backend, acc) = fixture(false);
-        backend.volumes.push("pvc-young".into());
+        backend.volumes.as_mut().unwrap().push("pvc-young".into());
         let m = SweepMetrics::register(&Registry::new());
-        let archiver = FakeArchiver::default();
         let token = CancellationToken::new();
         let orphans = sweep(
             &backend,
             |n| n == "pvc-cached",
             &acc,
-            action(Some(&archiver), &token),
+            action(true, &token),
             &m,
         )
         .await
         .unwrap();
         assert_eq!(orphans, vec!["pvc-orphan", "pvc-young"]);
         assert_eq!(
-            *archiver.calls.lock().unwrap(),
+            backend.archived(),
             vec![
                 ("pvc-orphan".to_string(), Duration::from_secs(3600)),
                 ("pvc-young".to_string(), Duration::from_secs(3600)),
@@ -475,7 +396,7 @@ mod tests {
         assert_eq!(m.found.get(), 2);
         assert_eq!(m.archived.get(), 1);
         assert!(
-            backend.deleted.lock().unwrap().is_empty(),
+            backend.deleted().is_empty(),
             "the sweep never calls the backend's delete"
         );
     }
@@ -484,19 +405,12 @@ mod tests {
     async fn nothing_is_archived_after_shutdown() {
         let (backend, acc) = fixture(false);
         let m = SweepMetrics::register(&Registry::new());
-        let archiver = FakeArchiver::default();
         let token = CancellationToken::new();
         token.cancel();
-        sweep(
-            &backend,
-            |_| false,
-            &acc,
-            action(Some(&archiver), &token),
-            &m,
-        )
-        .await
-        .unwrap();
-        assert!(archiver.calls.lock().unwrap().is_empty());
+        sweep(&backend, |_| false, &acc, action(true, &token), &m)
+            .await
+            .unwrap();
+        assert!(backend.archived().is_empty());
         assert_eq!(m.archived.get(), 0);
     }
 
@@ -504,47 +418,26 @@ mod tests {
     async fn a_lookup_failure_abandons_the_sweep() {
         let (backend, acc) = fixture(true);
         let m = SweepMetrics::register(&Registry::new());
-        let archiver = FakeArchiver::default();
         let token = CancellationToken::new();
-        let err = sweep(
-            &backend,
-            |_| false,
-            &acc,
-            action(Some(&archiver), &token),
-            &m,
-        )
-        .await
-        .unwrap_err();
+        let err = sweep(&backend, |_| false, &acc, action(true, &token), &m)
+            .await
+            .unwrap_err();
         assert_eq!(err, "redis down");
-        assert!(archiver.calls.lock().unwrap().is_empty());
+        assert!(backend.archived().is_empty());
     }
 
     #[tokio::test]
-    async fn hostpath_archiver_renames_an_old_orphan_and_keeps_a_young_one() {
-        use backend_hostpath::delete::volume_for_directory;
-        use backend_hostpath::{HostPath, OnDelete};
-        let tmp = tempfile::tempdir().unwrap();
-        let base = tmp.path().canonicalize().unwrap();
-        std::fs::create_dir(base.join("pvc-a")).unwrap();
-        std::fs::write(base.join("pvc-a/f"), b"data").unwrap();
-        let hp = Arc::new(HostPath {
-            base_dir: base.clone(),
-            node_name: None,
-            on_delete: OnDelete::Delete,
-        });
-        let archiver = HostPathArchiver(Arc::new(move |n: &str| volume_for_directory(&hp, n)));
-        match archiver.archive("pvc-a", Duration::from_secs(3600)).await {
-            Ok(OrphanOutcome::TooYoung(_)) => {}
-            other => panic!("expected TooYoung, got {other:?}"),
-        }
-        assert!(base.join("pvc-a/f").exists());
-        assert_eq!(
-            archiver.archive("pvc-a", Duration::ZERO).await,
-            Ok(OrphanOutcome::Archived(base.join("archived-pvc-a")))
-        );
-        assert_eq!(
-            std::fs::read(base.join("archived-pvc-a/f")).unwrap(),
-            b"data"
-        );
+    async fn a_backend_that_cannot_archive_is_only_reported() {
+        let (mut backend, acc) = fixture(false);
+        backend.can_archive = false;
+        let m = SweepMetrics::register(&Registry::new());
+        let token = CancellationToken::new();
+        let orphans = sweep(&backend, |_| false, &acc, action(true, &token), &m)
+            .await
+            .unwrap();
+        assert_eq!(orphans, vec!["pvc-cached", "pvc-orphan"]);
+        assert_eq!(m.found.get(), 2);
+        assert_eq!(m.archived.get(), 0);
+        assert!(backend.deleted().is_empty());
     }
 }

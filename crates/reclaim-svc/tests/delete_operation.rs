@@ -3,7 +3,6 @@
 //! uid preconditions, event POSTs), with a fake backend counting delete calls.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,8 +17,8 @@ use kube::client::Body;
 use kube::runtime::{reflector, watcher};
 use kube::{Api, Client};
 use prometheus::Registry;
-use provisioner_api::Provisioner;
-use provisioner_api::{DeleteError, ProvisionError, ProvisionOptions};
+use provisioner_api::testing::FakeProvisioner;
+use provisioner_api::DeleteError;
 use reclaim_svc::controller::{process_item, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
 
@@ -164,37 +163,6 @@ fn handle(
 
 // ---------------------------------------------------------------- fakes
 
-struct FakeBackend {
-    calls: AtomicUsize,
-    answer: Mutex<Result<(), DeleteError>>,
-}
-
-impl FakeBackend {
-    fn new(answer: Result<(), DeleteError>) -> Arc<Self> {
-        Arc::new(Self {
-            calls: AtomicUsize::new(0),
-            answer: Mutex::new(answer),
-        })
-    }
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl Provisioner for FakeBackend {
-    async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
-        unreachable!("reclaim never provisions")
-    }
-    async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.answer.lock().unwrap().clone()
-    }
-    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-        unreachable!("reclaim never validates queued PVs")
-    }
-}
-
 #[derive(Default)]
 struct Events(Mutex<Vec<(String, String)>>);
 
@@ -233,7 +201,7 @@ fn released(name: &str, finalizers: &[&str]) -> PersistentVolume {
 
 struct Harness {
     api: FakeApi,
-    backend: Arc<FakeBackend>,
+    backend: Arc<FakeProvisioner>,
     events: Arc<Events>,
     registry: Registry,
     reclaimer: Reclaimer,
@@ -241,7 +209,7 @@ struct Harness {
 
 fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
     let api = FakeApi::default();
-    let backend = FakeBackend::new(answer);
+    let backend = Arc::new(FakeProvisioner::deleting(answer));
     let events = Arc::new(Events::default());
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
@@ -273,7 +241,7 @@ async fn released_volume_is_deleted_then_its_pv() {
     let h = harness(Ok(()), false);
     h.api.put(released("pvc-1", &[]));
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
-    assert_eq!(h.backend.calls(), 1);
+    assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_none());
     assert_eq!(h.api.log(), vec!["DELETE pvc-1"]);
     let text = render(&h.registry);
@@ -299,7 +267,7 @@ async fn with_finalizer_the_pv_outlives_the_asset_and_only_our_finalizer_is_remo
     h.api
         .put(released("pvc-1", &[FINALIZER_PV_PROTECTION, FINALIZER_PV]));
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
-    assert_eq!(h.backend.calls(), 1);
+    assert_eq!(h.backend.deleted().len(), 1);
     let pv = stored(&h, "pvc-1");
     assert!(pv.metadata.deletion_timestamp.is_some());
     assert_eq!(
@@ -370,7 +338,7 @@ async fn ignored_delete_leaves_the_pv() {
     );
     h.api.put(released("pvc-1", &[]));
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
-    assert_eq!(h.backend.calls(), 1);
+    assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_some());
     assert!(h.api.log().is_empty());
     assert!(h.events.0.lock().unwrap().is_empty());
@@ -386,7 +354,7 @@ async fn second_delivery_after_a_failed_pv_delete_does_not_call_the_backend_agai
     assert!(matches!(err, SyncError::DeletePv { .. }), "{err}");
     assert!(h.reclaimer.asset_deleted("uid-pvc-1"));
     h.reclaimer.sync_volume(&pv).await.unwrap();
-    assert_eq!(h.backend.calls(), 1);
+    assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_none());
     h.reclaimer.forget_uid("uid-pvc-1");
     assert!(!h.reclaimer.asset_deleted("uid-pvc-1"));
@@ -434,7 +402,7 @@ async fn finalizer_is_added_by_patch_and_a_concurrent_change_is_kept() {
         ])
     );
     assert_eq!(h.api.log(), vec!["PATCH pvc-1", "GET pvc-1", "PATCH pvc-1"]);
-    assert_eq!(h.backend.calls(), 0, "a Bound PV is not deleted");
+    assert_eq!(h.backend.deleted().len(), 0, "a Bound PV is not deleted");
 }
 
 #[tokio::test]
@@ -503,7 +471,7 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
         assert_eq!(queue.len(), usize::from(attempt <= 3), "attempt {attempt}");
         assert_eq!(retry.requeues(&key), attempt.min(3), "attempt {attempt}");
     }
-    assert_eq!(h.backend.calls(), 4);
+    assert_eq!(h.backend.deleted().len(), 4);
     assert_eq!(h.events.0.lock().unwrap().len(), 4);
 
     // A PV gone from the cache is done: failures are forgotten.
@@ -514,40 +482,10 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     assert_eq!(retry.requeues(&"pvc-1".to_string()), 0);
 }
 
-/// A backend that sleeps `delay` in `delete`, or (cooperative) stops at the
-/// operation's deadline with its own error.
-struct Slow {
-    delay: Duration,
-    cooperative: bool,
-    saw_deadline: Mutex<Option<Duration>>,
-}
-
-#[async_trait::async_trait]
-impl Provisioner for Slow {
-    async fn provision(&self, _: &ProvisionOptions) -> Result<PersistentVolume, ProvisionError> {
-        unreachable!()
-    }
-    fn validate_volume(&self, _: &PersistentVolume) -> Result<(), String> {
-        unreachable!("reclaim never validates queued PVs")
-    }
-    async fn delete(&self, _: &PersistentVolume) -> Result<(), DeleteError> {
-        *self.saw_deadline.lock().unwrap() =
-            provisioner_api::deadline::current().map(|d| d.timeout());
-        if self.cooperative {
-            provisioner_api::deadline::cancelled().await;
-            return Err(DeleteError::Failed {
-                reason: "delete cancelled at the deadline".into(),
-            });
-        }
-        tokio::time::sleep(self.delay).await;
-        Ok(())
-    }
-}
-
 /// `--deletion-timeout` runs `process_item` against `backend`; returns the
 /// error, the events, the rendered metrics and the time taken.
 async fn sync_with_deletion_timeout(
-    backend: Arc<Slow>,
+    backend: Arc<FakeProvisioner>,
 ) -> (SyncError, Vec<(String, String)>, String, Duration, FakeApi) {
     let api = FakeApi::default();
     api.put(released("pvc-1", &[]));
@@ -591,10 +529,9 @@ async fn sync_with_deletion_timeout(
 /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
 #[tokio::test(start_paused = true)]
 async fn deletion_timeout_fails_a_slow_backend_like_a_cancelled_context() {
-    let backend = Arc::new(Slow {
-        delay: Duration::from_secs(3600),
-        cooperative: false,
-        saw_deadline: Mutex::new(None),
+    let backend = Arc::new(FakeProvisioner {
+        delay: Some(Duration::from_secs(3600)),
+        ..Default::default()
     });
     let (err, events, metrics, took, api) = sync_with_deletion_timeout(backend.clone()).await;
     assert!(matches!(err, SyncError::Backend { .. }), "{err}");
@@ -622,10 +559,9 @@ async fn deletion_timeout_fails_a_slow_backend_like_a_cancelled_context() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cooperative_backend_stops_at_the_deletion_deadline() {
-    let backend = Arc::new(Slow {
-        delay: Duration::ZERO,
-        cooperative: true,
-        saw_deadline: Mutex::new(None),
+    let backend = Arc::new(FakeProvisioner {
+        cooperative_delete: true,
+        ..Default::default()
     });
     let (err, events, metrics, took, _api) = sync_with_deletion_timeout(backend).await;
     assert!(matches!(err, SyncError::Backend { .. }), "{err}");
