@@ -3,7 +3,7 @@
 
 use crate::ProvisioningState;
 
-/// Failure of [`Provisioner::provision`](../common/provisioner/trait.Provisioner.html).
+/// Failure of [`Provisioner::provision`](crate::Provisioner::provision).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProvisionError {
     /// The backend declines this claim (seed `IgnoredError`): no event, no retry.
@@ -42,7 +42,7 @@ impl ProvisionError {
     }
 }
 
-/// Failure of [`Provisioner::delete`](../common/provisioner/trait.Provisioner.html).
+/// Failure of [`Provisioner::delete`](crate::Provisioner::delete).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeleteError {
     /// The backend declines this volume (seed `IgnoredError`): nothing is done.
