@@ -135,6 +135,7 @@ impl Fixture {
                 retry_max,
                 write_timeout: Duration::from_secs(5),
                 visibility_timeout: Duration::from_secs(30),
+                redis_reconnect: Duration::from_millis(500),
             },
         ));
         self.readiness.set_leading(true);

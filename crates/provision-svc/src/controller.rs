@@ -11,7 +11,8 @@ use common::queue::PvQueue;
 use common::queue_auth::QueueKey;
 
 use crate::ports::SignedQueue;
-use common::retry::{FailureThreshold, RetryPolicy};
+use common::config::{resync_interval, ServiceKind};
+use common::retry::{Backoff, FailureThreshold, RetryPolicy};
 use common::runtime::ServiceContext;
 use common::Provisioner;
 use futures::{Stream, StreamExt};
@@ -43,27 +44,37 @@ pub fn settings(args: &ProvisionArgs) -> Settings {
     }
 }
 
-/// Retry a Redis connection until it succeeds or `shutdown` fires (`None`).
+/// Retry a Redis call every `--redis-reconnect-period` until it succeeds or
+/// `shutdown` fires (`None`).
 async fn connect_with_retry<T, E: std::fmt::Display, F, Fut>(
     what: &str,
     shutdown: &CancellationToken,
-    period: Duration,
-    mut connect: F,
+    policy: Backoff,
+    connect: F,
 ) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
+    policy
+        .retry(shutdown, connect, |e, _, _| {
+            tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying")
+        })
+        .await
+}
+
+/// Call `on_tick` every `period` (first one `period` from now) until `stop`
+/// fires; `period` zero (`--resync-period=0s`) means no resync: returns at
+/// once.
+async fn resync(period: Duration, stop: CancellationToken, mut on_tick: impl FnMut()) {
+    let Some(mut tick) = resync_interval(period) else {
+        tracing::info!("--resync-period=0s: claims are not resynced");
+        return;
+    };
     loop {
-        match connect().await {
-            Ok(v) => return Some(v),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying")
-            }
-        }
         tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(period) => {}
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => on_tick(),
         }
     }
 }
@@ -98,7 +109,7 @@ pub async fn work(
     let shutdown = ctx.shutdown.clone();
     let name = args.common.provisioner_name.clone();
     let url = args.common.redis_url.clone();
-    let period = args.common.retry_period;
+    let period = args.common.redis_reconnect();
     let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || {
         PvQueue::connect(&url, &name)
     })
@@ -134,7 +145,7 @@ pub async fn work(
         Arc::new(SignedQueue::new(pv_queue, queue_key, &name)),
         Arc::new(intents.clone()),
         metrics.clone(),
-        RetryPolicy::from_args(&args.retry),
+        RetryPolicy::from_args(args.common.retry_backoff(ServiceKind::Provision), &args.retry),
         queue.clone(),
     ));
 
@@ -218,39 +229,29 @@ pub async fn work(
         tasks.spawn(recovery::cleanup_all(
             engine.clone(),
             cleanups,
-            args.retry.retry_initial_delay,
-            args.retry.retry_max_delay,
+            args.common.retry_backoff(ServiceKind::Provision),
             shutdown.clone(),
         ));
     }
     ctx.readiness.set_ready(true);
-    tracing::info!(workers = args.worker_threads, "started provisioning claims");
+    tracing::info!(workers = args.worker_threads(), "started provisioning claims");
 
     // Resync: queue every cached claim (and every claim in background) again.
     {
         let engine = engine.clone();
         let claims = caches.claims.clone();
-        let resync = args.resync_period;
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                for claim in claims.state() {
-                    engine.claim_seen(&claim);
-                }
-                for uid in engine.in_background_uids() {
-                    engine.queue().add(&uid);
-                }
+        tasks.spawn(resync(args.resync_period, shutdown.clone(), move || {
+            for claim in claims.state() {
+                engine.claim_seen(&claim);
             }
-        });
+            for uid in engine.in_background_uids() {
+                engine.queue().add(&uid);
+            }
+        }));
     }
 
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.worker_threads {
+    for _ in 0..args.worker_threads() {
         let engine = engine.clone();
         workers.spawn(async move {
             while let Some(uid) = engine.queue().get().await {
@@ -270,4 +271,36 @@ pub async fn work(
     // The publisher ends once the last event sender (the engine's cluster) is gone.
     let _ = tokio::time::timeout(Duration::from_secs(5), event_publisher).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--resync-period=0s` is "off": the resync task ends quietly instead of
+    /// panicking (it used to build `interval_at(now, 0s)`, which panics).
+    #[tokio::test(start_paused = true)]
+    async fn resync_period_zero_turns_resync_off() {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(resync(Duration::ZERO, stop.clone(), || {
+            panic!("no resync when off")
+        }));
+        task.await.expect("resync task must not panic");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resync_ticks_every_period_until_stopped() {
+        let stop = CancellationToken::new();
+        let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = ticks.clone();
+        let task = tokio::spawn(resync(Duration::from_secs(60), stop.clone(), move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert_eq!(ticks.load(std::sync::atomic::Ordering::SeqCst), 0);
+        tokio::time::sleep(Duration::from_secs(2 * 60)).await;
+        assert_eq!(ticks.load(std::sync::atomic::Ordering::SeqCst), 2);
+        stop.cancel();
+        task.await.unwrap();
+    }
 }

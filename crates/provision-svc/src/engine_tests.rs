@@ -1231,8 +1231,7 @@ async fn a_deleted_claims_volume_is_removed_from_the_intent_alone() {
     recovery::cleanup_all(
         w.engine.clone(),
         vec![e],
-        Duration::from_millis(1),
-        Duration::from_millis(10),
+        common::retry::Backoff::exponential(Duration::from_millis(1), Duration::from_millis(10)),
         tokio_util::sync::CancellationToken::new(),
     )
     .await;
@@ -1279,8 +1278,7 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
     let run = tokio::spawn(recovery::cleanup_all(
         w.engine.clone(),
         entries,
-        Duration::from_secs(1),
-        Duration::from_secs(60),
+        common::retry::Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)),
         shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(600)).await;

@@ -31,11 +31,11 @@
 //! never reach the walk.)
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use api_types::queue::ClaimKey;
 use api_types::{DeleteError, ProvisionOptions, ANN_SELECTED_NODE};
 use common::intents::IntentEntry;
+use common::retry::Backoff;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -258,13 +258,13 @@ pub fn report_poisoned(engine: &Engine, pv_name: &str, claim: &str, reason: &str
 
 /// Work through `entries` with [`cleanup_gone_claim`], up to
 /// [`WALK_CONCURRENCY`] attempts at a time; each failed one is retried with its own
-/// delay doubling from `initial` up to `max`, a poisoned one is reported once
-/// and dropped. Returns when every entry is done or poisoned, or on `shutdown`.
+/// delay under `policy` (`--retry-interval-start` doubling to
+/// `--retry-interval-max`), a poisoned one is reported once and dropped.
+/// Returns when every entry is done or poisoned, or on `shutdown`.
 pub async fn cleanup_all(
     engine: Arc<Engine>,
     entries: Vec<IntentEntry>,
-    initial: Duration,
-    max: Duration,
+    policy: Backoff,
     shutdown: CancellationToken,
 ) {
     let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
@@ -272,9 +272,7 @@ pub async fn cleanup_all(
     let mut tasks = tokio::task::JoinSet::new();
     for entry in entries {
         let (engine, limit, shutdown) = (engine.clone(), limit.clone(), shutdown.clone());
-        tasks.spawn(cleanup_with_backoff(
-            engine, entry, limit, initial, max, shutdown,
-        ));
+        tasks.spawn(cleanup_with_backoff(engine, entry, limit, policy, shutdown));
     }
     while tasks.join_next().await.is_some() {}
 }
@@ -286,35 +284,30 @@ async fn cleanup_with_backoff(
     engine: Arc<Engine>,
     entry: IntentEntry,
     limit: Arc<tokio::sync::Semaphore>,
-    initial: Duration,
-    max: Duration,
+    policy: Backoff,
     shutdown: CancellationToken,
 ) {
-    let mut failures = 0u32;
-    loop {
-        let attempt = {
-            let _permit = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                p = limit.acquire() => p.expect("semaphore never closed"),
-            };
-            cleanup_gone_claim(&engine, &entry).await
+    // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
+    // poisoned, not retried; Err: retried under `policy`.
+    let attempt = || async {
+        let _permit = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            p = limit.acquire() => p.expect("semaphore never closed"),
         };
-        match attempt {
-            CleanupOutcome::Done => return,
-            CleanupOutcome::Poisoned(e) => {
-                let claim = entry.intent.claim.to_string();
-                report_poisoned(&engine, &entry.intent.pv_name, &claim, &e);
-                return;
-            }
-            CleanupOutcome::Retry(e) => {
-                failures += 1;
-                let delay = common::retry::backoff(initial, max, failures);
-                tracing::warn!(pv = %entry.intent.pv_name, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-            }
+        match cleanup_gone_claim(&engine, &entry).await {
+            CleanupOutcome::Done => Ok(None),
+            CleanupOutcome::Poisoned(e) => Ok(Some(e)),
+            CleanupOutcome::Retry(e) => Err(e),
         }
+    };
+    let pv = &entry.intent.pv_name;
+    let outcome = policy
+        .retry(&shutdown, attempt, |e, _, delay| {
+            tracing::warn!(pv = %pv, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
+        })
+        .await;
+    if let Some(Some(e)) = outcome {
+        let claim = entry.intent.claim.to_string();
+        report_poisoned(&engine, pv, &claim, &e);
     }
 }

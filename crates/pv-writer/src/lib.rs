@@ -11,7 +11,7 @@
 //! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
 //! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
 //! 9102); `pv-writer queue list|dead|requeue <PV>` inspects and repairs the
-//! queue with Redis access only. Flags: [`cli::Cli`].
+//! queue with Redis access only. Flags: [`config::Cli`].
 //!
 //! Metrics ([`metrics::WriterMetrics`]): `pv_writer_queue_depth`,
 //! `pv_writer_queue_oldest_pending_age_seconds`, `pv_writer_queue_dead_letters`,
@@ -26,7 +26,7 @@
 
 pub mod api_calls;
 pub mod checks;
-pub mod cli;
+pub mod config;
 pub mod metrics;
 pub mod queue_cmd;
 pub mod writer;
@@ -41,14 +41,14 @@ use common::runtime::{run_service, ServiceContext};
 use prometheus::Registry;
 
 pub use api_calls::API_CALLS;
-pub use cli::{Cli, Command, QueueCommand, WriterArgs};
+pub use config::{Cli, Command, QueueCommand, WriterArgs};
 
 /// Run what `cli` asks: the service (default) or a `queue` subcommand.
 ///
 /// Errors: invalid flag combinations, client/HTTP setup failures; for `queue`
 /// subcommands, Redis failures and unknown PV names.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
-    cli.writer.validate()?;
+    cli.validate()?;
     match &cli.command {
         Some(Command::Queue { action }) => {
             let queue = PvQueue::connect(&cli.common.redis_url, &cli.common.provisioner_name)
@@ -78,7 +78,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The leader's work loop: connect to Redis (not ready until it answers,
-/// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown,
+/// retrying every `--redis-reconnect-period`), then drain with [`writer::Writer`] until shutdown,
 /// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
 /// `--insecure-unsigned-queue`) and the backend of `args.backend` (`--backend` and its flags).
 /// Embedders with their own [`ServiceContext`] may call it directly.
@@ -105,22 +105,24 @@ pub async fn serve_with_metrics(
     key: Option<QueueKey>,
 ) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
-    let queue = loop {
-        match PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name).await {
-            Ok(q) => break q,
-            Err(err) => {
-                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                tokio::select! {
-                    _ = ctx.shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(writer::REDIS_RETRY_INTERVAL) => {}
-                }
-            }
-        }
+    let Some(queue) = ctx
+        .args
+        .redis_reconnect()
+        .retry(
+            &ctx.shutdown,
+            || PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name),
+            |err, _, _| tracing::warn!(error = %err, "Redis unreachable; not ready, retrying"),
+        )
+        .await
+    else {
+        return Ok(());
     };
+    let retry = ctx.args.retry_backoff(ServiceKind::PvWriter);
     let config = writer::WriterConfig {
-        workers: args.workers as usize,
-        retry_initial: args.retry_initial,
-        retry_max: args.retry_max,
+        workers: ctx.args.worker_threads_for(ServiceKind::PvWriter),
+        retry_initial: retry.initial,
+        retry_max: retry.max,
+        redis_reconnect: ctx.args.redis_reconnect_period,
         write_timeout: args.write_timeout,
         visibility_timeout: args.visibility_timeout,
     };

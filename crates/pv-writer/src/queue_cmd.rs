@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use common::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
 use common::time::now_ms;
 
-use crate::cli::QueueCommand;
+use crate::config::QueueCommand;
 
 /// Run `action` against `queue`, returning the text to print on stdout.
 ///

@@ -49,7 +49,7 @@ use api_types::queue::{DecodeError, QueuedPvWrite};
 use common::events::{claim_reference, reason, EventSink};
 use common::http::Readiness;
 use common::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
-use common::retry::backoff;
+use common::retry::Backoff;
 use common::time::now_ms;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, PostParams};
@@ -66,15 +66,13 @@ use crate::metrics::{outcome, WriterMetrics};
 /// an enqueue wakes it at once ([`common::queue::PvQueue::wait_for_work`]), so
 /// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// Pause between attempts while Redis is unreachable.
-pub const REDIS_RETRY_INTERVAL: Duration = Duration::from_millis(500);
 /// Longest a worker waits for the API server to take a claim event
 /// (`ProvisioningSucceeded`, `ProvisioningFailed`). Bounded so a slow API server
 /// (client read timeout ~295 s) cannot hold a taken entry past its
 /// `--visibility-timeout`; an event not accepted in time is logged and dropped.
 pub const EVENT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Tuning of the drain loop (from [`crate::cli::WriterArgs`]).
+/// Tuning of the drain loop (from [`crate::config::WriterArgs`] and the shared flags).
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
     /// Concurrent PV writes.
@@ -87,6 +85,9 @@ pub struct WriterConfig {
     pub write_timeout: Duration,
     /// Visibility timeout of a taken entry.
     pub visibility_timeout: Duration,
+    /// Pause between attempts while Redis is unreachable
+    /// (`--redis-reconnect-period`).
+    pub redis_reconnect: Duration,
 }
 
 /// What the API server said about one PV write.
@@ -191,7 +192,7 @@ pub fn is_transient_code(code: u16) -> bool {
 /// Retry delay after the `attempts`-th consecutive failure (1-based):
 /// `initial · 2^(attempts-1)` capped at `max`, times a random factor in [0.8, 1].
 pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration {
-    let base = backoff(initial, max, attempts);
+    let base = Backoff::exponential(initial, max).delay(attempts);
     base.mul_f64(rand::rng().random_range(0.8..=1.0))
 }
 
@@ -309,34 +310,30 @@ impl Writer {
         let _ = self.readiness.set(readiness.clone());
         // A new term; anything in flight under an earlier one belongs to a
         // previous leader that is gone or fenced.
-        loop {
-            let started = async {
-                let epoch = match self.epoch.load(Ordering::SeqCst) {
-                    0 => self.queue.begin_term().await?,
-                    epoch => epoch,
-                };
-                self.epoch.store(epoch, Ordering::SeqCst);
-                let recovered = self.queue.recover_inflight(epoch).await?;
-                Ok::<_, QueueError>((epoch, recovered))
+        let started = || async {
+            let epoch = match self.epoch.load(Ordering::SeqCst) {
+                0 => self.queue.begin_term().await?,
+                epoch => epoch,
             };
-            match started.await {
-                Ok((epoch, n)) => {
-                    tracing::info!(
-                        term = epoch,
-                        recovered = n,
-                        "began a pv-writer term; took over PV writes left in flight by earlier terms"
-                    );
-                    break;
-                }
-                Err(err) => {
-                    readiness.set_ready(false);
-                    tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                    if sleep_or_cancel(REDIS_RETRY_INTERVAL, &shutdown).await {
-                        return Ok(());
-                    }
-                }
-            }
-        }
+            self.epoch.store(epoch, Ordering::SeqCst);
+            let recovered = self.queue.recover_inflight(epoch).await?;
+            Ok::<_, QueueError>((epoch, recovered))
+        };
+        let Some((epoch, n)) = self
+            .redis_retry()
+            .retry(&shutdown, started, |err, _, _| {
+                readiness.set_ready(false);
+                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+            })
+            .await
+        else {
+            return Ok(());
+        };
+        tracing::info!(
+            term = epoch,
+            recovered = n,
+            "began a pv-writer term; took over PV writes left in flight by earlier terms"
+        );
         readiness.set_ready(true);
         // Every task below is owned by a JoinSet held by this future: when the
         // runtime aborts the work loop (lost Lease, grace period over), dropping
@@ -381,7 +378,7 @@ impl Writer {
                     redis_down = true;
                     readiness.set_ready(false);
                     drop(permit);
-                    sleep_or_cancel(REDIS_RETRY_INTERVAL, &shutdown).await;
+                    sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
                     continue;
                 }
             };
@@ -679,28 +676,27 @@ impl Writer {
         Fut: std::future::Future<Output = Result<T, QueueError>>,
     {
         let mut failed = false;
-        loop {
-            match op().await {
-                Ok(v) => {
-                    if failed {
-                        if let Some(r) = self.readiness.get() {
-                            r.set_ready(true);
-                        }
-                    }
-                    return Some(v);
+        let settled = self
+            .redis_retry()
+            .retry(shutdown, op, |err, _, _| {
+                failed = true;
+                if let Some(r) = self.readiness.get() {
+                    r.set_ready(false);
                 }
-                Err(err) => {
-                    failed = true;
-                    if let Some(r) = self.readiness.get() {
-                        r.set_ready(false);
-                    }
-                    tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
-                    if sleep_or_cancel(REDIS_RETRY_INTERVAL, shutdown).await {
-                        return None;
-                    }
-                }
+                tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
+            })
+            .await;
+        if failed && settled.is_some() {
+            if let Some(r) = self.readiness.get() {
+                r.set_ready(true);
             }
         }
+        settled
+    }
+
+    /// How Redis calls are repeated while Redis is unreachable.
+    fn redis_retry(&self) -> Backoff {
+        Backoff::constant(self.config.redis_reconnect)
     }
 }
 
