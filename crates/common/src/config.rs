@@ -371,14 +371,15 @@ mod tests {
         assert_eq!(cli.common.lease_duration, Duration::from_secs(15));
         assert_eq!(cli.common.renew_deadline, Duration::from_secs(10));
         assert_eq!(cli.common.retry_period, Duration::from_secs(2));
-        assert_eq!(cli.common.redis_reconnect_period, Duration::from_millis(500));
+        assert_eq!(
+            cli.common.redis_reconnect_period,
+            Duration::from_millis(500)
+        );
         assert_eq!(cli.common.kube_api_qps, 200.0);
         assert_eq!(cli.common.kube_api_burst, 400);
         assert!(cli.common.leader_election);
-        let seed = crate::retry::Backoff::exponential(
-            Duration::from_secs(15),
-            Duration::from_secs(1000),
-        );
+        let seed =
+            crate::retry::Backoff::exponential(Duration::from_secs(15), Duration::from_secs(1000));
         assert_eq!(cli.common.retry_backoff(ServiceKind::Provision), seed);
         assert_eq!(cli.common.retry_backoff(ServiceKind::Reclaim), seed);
         assert_eq!(
@@ -496,8 +497,9 @@ mod tests {
             cli.common.http_socket_addr(ServiceKind::Reclaim),
             "[::1]:9".parse().unwrap()
         );
-        let split = Cli::try_parse_from(["x", "--http-address", "127.0.0.1", "--http-port", "8080"])
-            .unwrap();
+        let split =
+            Cli::try_parse_from(["x", "--http-address", "127.0.0.1", "--http-port", "8080"])
+                .unwrap();
         assert_eq!(
             split.common.http_socket_addr(ServiceKind::PvWriter),
             "127.0.0.1:8080".parse().unwrap()
@@ -528,7 +530,11 @@ mod tests {
         let start = tokio::time::Instant::now();
         let mut tick = resync_interval(Duration::from_secs(60)).unwrap();
         tick.tick().await;
-        assert_eq!(start.elapsed(), Duration::from_secs(60), "first tick one period out");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(60),
+            "first tick one period out"
+        );
         tick.tick().await;
         assert_eq!(start.elapsed(), Duration::from_secs(120));
     }

@@ -157,7 +157,12 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
     /// ([`CommonArgs::retry_backoff`](crate::config::CommonArgs::retry_backoff))
     /// and the `--retry-qps`/`--retry-burst` flags.
     pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
-        Self::new(per_item.initial, per_item.max, args.retry_qps, args.retry_burst)
+        Self::new(
+            per_item.initial,
+            per_item.max,
+            args.retry_qps,
+            args.retry_burst,
+        )
     }
 
     /// Record one more failure of `key` and return how long to wait before
@@ -295,7 +300,12 @@ mod tests {
         let secs = |s| Duration::from_secs(s);
         assert_eq!(
             seen,
-            vec![(1, 1, secs(1)), (2, 2, secs(2)), (3, 3, secs(4)), (4, 4, secs(4))]
+            vec![
+                (1, 1, secs(1)),
+                (2, 2, secs(2)),
+                (3, 3, secs(4)),
+                (4, 4, secs(4))
+            ]
         );
         assert_eq!(start.elapsed(), secs(11));
     }

@@ -42,8 +42,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::ClaimQueue;
 use crate::decision;
-use crate::engine::Engine;
+use crate::operation::Operation;
 
 /// How many intents the walk decides, and cleans up, at once.
 pub const WALK_CONCURRENCY: usize = 8;
@@ -66,33 +67,34 @@ pub enum Recovery {
 /// the durable queue first, then a live GET of the PV (see module docs).
 ///
 /// Errors: either lookup failed (the caller must keep the intent).
-pub async fn pv_accounted_for(engine: &Engine, pv_name: &str) -> Result<bool, String> {
-    if engine
-        .handoff()
+pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Result<bool, String> {
+    if op
+        .ports
+        .handoff
         .is_pending(pv_name)
         .await
         .map_err(|e| format!("PV-write queue lookup: {e}"))?
     {
         return Ok(true);
     }
-    engine.cluster().pv_exists(pv_name).await
+    op.ports.cluster.pv_exists(pv_name).await
 }
 
-async fn decide(engine: &Engine, entry: &IntentEntry) -> Recovery {
+async fn decide(op: &Operation, claims: &ClaimQueue, entry: &IntentEntry) -> Recovery {
     let pv_name = &entry.intent.pv_name;
     let uid = &entry.intent.claim.uid;
     let decision = match &entry.claim {
         Some(snap) if snap.in_background => {
-            engine.restore_in_background(snap.claim.clone());
+            claims.restore_in_background(op, snap.claim.clone());
             Recovery::InBackground
         }
-        _ if engine.claim_by_uid(uid).is_some() => {
-            engine.queue().add(uid);
+        _ if claims.claim_by_uid(uid).is_some() => {
+            claims.queue().add(uid);
             Recovery::Requeued
         }
-        _ => match pv_accounted_for(engine, pv_name).await {
+        _ => match pv_accounted_for(op, pv_name).await {
             Ok(true) => {
-                engine.clear_intent(pv_name).await;
+                op.clear_intent(pv_name).await;
                 Recovery::PvPresent
             }
             Ok(false) => Recovery::Cleanup,
@@ -113,14 +115,18 @@ async fn decide(engine: &Engine, entry: &IntentEntry) -> Recovery {
 ///
 /// The entries run as tasks in a `JoinSet` owned by this future, so dropping
 /// it (a lost Lease) aborts them.
-pub async fn walk(engine: &Arc<Engine>, entries: &[IntentEntry]) -> Vec<(String, Recovery)> {
+pub async fn walk(
+    op: &Arc<Operation>,
+    claims: &Arc<ClaimQueue>,
+    entries: &[IntentEntry],
+) -> Vec<(String, Recovery)> {
     let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
     for (i, entry) in entries.iter().cloned().enumerate() {
-        let (engine, limit) = (engine.clone(), limit.clone());
+        let (op, claims, limit) = (op.clone(), claims.clone(), limit.clone());
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await.expect("semaphore never closed");
-            (i, decide(&engine, &entry).await)
+            (i, decide(&op, &claims, &entry).await)
         });
     }
     let mut out: Vec<Option<Recovery>> = vec![None; entries.len()];
@@ -157,14 +163,14 @@ pub enum CleanupOutcome {
 ///
 /// Errors: no StorageClass is recorded and none of that name is cached.
 pub fn options_from_intent(
-    engine: &Engine,
+    op: &Operation,
     entry: &IntentEntry,
 ) -> Result<ProvisionOptions, String> {
     let intent = &entry.intent;
     let storage_class: StorageClass = match &intent.storage_class {
         Some(c) => c.clone(),
-        None => engine
-            .caches()
+        None => op
+            .caches
             .classes
             .get(&ObjectRef::new(&intent.class))
             .map(|c| c.as_ref().clone())
@@ -212,23 +218,23 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
 /// Delete the volume of a claim deleted mid-provisioning (see module docs),
 /// after re-checking the queue and the live PV; a lookup error is a `Retry`
 /// (intent and volume kept).
-pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> CleanupOutcome {
+pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupOutcome {
     let pv_name = &entry.intent.pv_name;
     // Re-check right before deleting: the PV may have been written meanwhile.
-    match pv_accounted_for(engine, pv_name).await {
+    match pv_accounted_for(op, pv_name).await {
         Ok(true) => {
             tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
-            engine.clear_intent(pv_name).await;
+            op.clear_intent(pv_name).await;
             return CleanupOutcome::Done;
         }
         Ok(false) => {}
         Err(e) => return CleanupOutcome::Retry(e),
     }
-    let options = match options_from_intent(engine, entry) {
+    let options = match options_from_intent(op, entry) {
         Ok(o) => o,
         Err(e) => return CleanupOutcome::Poisoned(e),
     };
-    let outcome = match engine.backend().delete_unprovisioned(&options).await {
+    let outcome = match op.ports.backend.delete_unprovisioned(&options).await {
         Ok(()) => {
             tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "deleted the volume of a claim deleted while it was being provisioned");
             CleanupOutcome::Done
@@ -245,14 +251,14 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
         }
     };
     if outcome == CleanupOutcome::Done {
-        engine.clear_intent(pv_name).await;
+        op.clear_intent(pv_name).await;
     }
     outcome
 }
 
 /// Report an intent the walk cannot act on (see module docs).
-pub fn report_poisoned(engine: &Engine, pv_name: &str, claim: &str, reason: &str) {
-    engine.metrics().poisoned_intents.inc();
+pub fn report_poisoned(op: &Operation, pv_name: &str, claim: &str, reason: &str) {
+    op.metrics.poisoned_intents.inc();
     tracing::error!(pv = %pv_name, claim, %reason, "cannot clean up the volume of a claim deleted while it was being provisioned; its intent is kept in Redis for an operator and not retried until the next leader's start-up walk");
 }
 
@@ -262,7 +268,7 @@ pub fn report_poisoned(engine: &Engine, pv_name: &str, claim: &str, reason: &str
 /// `--retry-interval-max`), a poisoned one is reported once and dropped.
 /// Returns when every entry is done or poisoned, or on `shutdown`.
 pub async fn cleanup_all(
-    engine: Arc<Engine>,
+    op: Arc<Operation>,
     entries: Vec<IntentEntry>,
     policy: Backoff,
     shutdown: CancellationToken,
@@ -271,8 +277,8 @@ pub async fn cleanup_all(
     // Owned by this future: dropping it (lost Lease) aborts every entry.
     let mut tasks = tokio::task::JoinSet::new();
     for entry in entries {
-        let (engine, limit, shutdown) = (engine.clone(), limit.clone(), shutdown.clone());
-        tasks.spawn(cleanup_with_backoff(engine, entry, limit, policy, shutdown));
+        let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
+        tasks.spawn(cleanup_with_backoff(op, entry, limit, policy, shutdown));
     }
     while tasks.join_next().await.is_some() {}
 }
@@ -281,7 +287,7 @@ pub async fn cleanup_all(
 /// released while the entry waits out its backoff, so entries that keep
 /// failing never hold up the others.
 async fn cleanup_with_backoff(
-    engine: Arc<Engine>,
+    op: Arc<Operation>,
     entry: IntentEntry,
     limit: Arc<tokio::sync::Semaphore>,
     policy: Backoff,
@@ -294,7 +300,7 @@ async fn cleanup_with_backoff(
             _ = shutdown.cancelled() => return Ok(None),
             p = limit.acquire() => p.expect("semaphore never closed"),
         };
-        match cleanup_gone_claim(&engine, &entry).await {
+        match cleanup_gone_claim(&op, &entry).await {
             CleanupOutcome::Done => Ok(None),
             CleanupOutcome::Poisoned(e) => Ok(Some(e)),
             CleanupOutcome::Retry(e) => Err(e),
@@ -308,6 +314,6 @@ async fn cleanup_with_backoff(
         .await;
     if let Some(Some(e)) = outcome {
         let claim = entry.intent.claim.to_string();
-        report_poisoned(&engine, pv, &claim, &e);
+        report_poisoned(&op, pv, &claim, &e);
     }
 }

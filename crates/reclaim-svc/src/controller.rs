@@ -62,7 +62,11 @@ impl Context {
     /// Bookkeeping on a watch event before `Controller` sees it: a deleted PV's
     /// retry state and remembered uid are forgotten (seed `forgetVolume`); after
     /// a (re-)list, uids of PVs no longer present are dropped.
-    pub fn observe(&self, event: &watcher::Event<PersistentVolume>, store: &Store<PersistentVolume>) {
+    pub fn observe(
+        &self,
+        event: &watcher::Event<PersistentVolume>,
+        store: &Store<PersistentVolume>,
+    ) {
         match event {
             watcher::Event::Delete(pv) => {
                 self.retry.forget(&pv.name_any());
@@ -153,7 +157,10 @@ pub async fn run_loop(
             hook_ctx.observe(event, &hook_store);
             if matches!(event, watcher::Event::InitDone) {
                 if let Some(f) = on_synced.take() {
-                    tracing::info!(pvs = hook_store.state().len(), "PV reflector synced; reconciling");
+                    tracing::info!(
+                        pvs = hook_store.state().len(),
+                        "PV reflector synced; reconciling"
+                    );
                     f(&hook_store);
                 }
             }

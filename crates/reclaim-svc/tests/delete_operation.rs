@@ -16,10 +16,10 @@ use http::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
 use kube::{Api, Client};
 use prometheus::Registry;
-use kube::runtime::controller::Action;
 use reclaim_svc::controller::{error_policy, reconcile, Context, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
 
@@ -510,7 +510,11 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
             _ => Action::await_change(),
         };
         assert_eq!(action, expected, "attempt {attempt}");
-        assert_eq!(ctx.retry.requeues(&key), attempt.min(3), "attempt {attempt}");
+        assert_eq!(
+            ctx.retry.requeues(&key),
+            attempt.min(3),
+            "attempt {attempt}"
+        );
     }
     assert_eq!(h.backend.calls(), 4);
     assert_eq!(h.events.0.lock().unwrap().len(), 4);
