@@ -5,7 +5,7 @@
 //! deletes the storage asset; a restart loses it. pv-writer instead keeps every
 //! PV in Redis (AOF) until the PV object exists, retries transient failures
 //! forever with per-entry backoff, and dead-letters only what the API server
-//! refuses for good — never deleting a volume. See [`writer`] for the per-entry
+//! refuses for good — never deleting a volume. See [`operation`] for the per-entry
 //! rules and [`common::queue`] for the Redis layout and delivery guarantees.
 //!
 //! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
@@ -27,9 +27,11 @@
 pub mod api_calls;
 pub mod checks;
 pub mod config;
+pub mod controller;
+pub mod decision;
 pub mod metrics;
+pub mod operation;
 pub mod queue_cmd;
-pub mod writer;
 
 use std::sync::Arc;
 
@@ -78,13 +80,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 /// The leader's work loop: connect to Redis (not ready until it answers,
-/// retrying every `--redis-reconnect-period`), then drain with [`writer::Writer`] until shutdown,
+/// retrying every `--redis-reconnect-period`), then drain with [`operation::Writer`] until shutdown,
 /// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
 /// `--insecure-unsigned-queue`) and the backend of `args.backend` (`--backend` and its flags).
 /// Embedders with their own [`ServiceContext`] may call it directly.
 ///
 /// Errors: this replica's term was superseded by a newer leader (see
-/// [`writer`]); otherwise returns `Ok` on shutdown.
+/// [`operation`]); otherwise returns `Ok` on shutdown.
 pub async fn serve(
     ctx: ServiceContext,
     args: WriterArgs,
@@ -118,7 +120,7 @@ pub async fn serve_with_metrics(
         return Ok(());
     };
     let retry = ctx.args.retry_backoff(ServiceKind::PvWriter);
-    let config = writer::WriterConfig {
+    let config = operation::WriterConfig {
         workers: ctx.args.worker_threads_for(ServiceKind::PvWriter),
         retry_initial: retry.initial,
         retry_max: retry.max,
@@ -136,7 +138,7 @@ pub async fn serve_with_metrics(
         .chain(args.additional_provisioners.iter().cloned())
         .collect();
     let checks = checks::EntryChecks::new(names, key, backend);
-    let writer = Arc::new(writer::Writer::new(
+    let writer = Arc::new(operation::Writer::new(
         queue,
         checks,
         ctx.client.clone(),
