@@ -15,7 +15,7 @@
 //! 3. retries failures per PV with backoff up to `--failed-delete-threshold`
 //!    ([`controller`], on kube-runtime's `Controller`).
 //!
-//! Modules: [`config`] (flags), [`decision`] (pure rules), [`finalizer`]
+//! Modules: [`config`] (flags), [`metrics`], [`decision`] (pure rules), [`finalizer`]
 //! (conflict-safe finalizer patch), [`operation`] (sync and delete operation),
 //! [`controller`] (reflector + `Controller`: reconcile and error policy),
 //! [`sweep`] (leader-start orphan sweep), [`api_calls`] (RBAC declaration).
@@ -25,6 +25,7 @@ pub mod config;
 pub mod controller;
 pub mod decision;
 pub mod finalizer;
+pub mod metrics;
 pub mod operation;
 pub mod sweep;
 
@@ -33,7 +34,6 @@ use std::sync::Arc;
 use common::backend::select::Backend;
 use common::config::{CommonArgs, RetryArgs, ServiceKind};
 use common::events::EventSink;
-use common::metrics::DeleteMetrics;
 use common::retry::{FailureThreshold, RetryPolicy};
 use common::runtime::run_service;
 use common::Provisioner;
@@ -44,8 +44,9 @@ use prometheus::Registry;
 
 pub use crate::config::{Cli, ReclaimArgs};
 use crate::controller::LoopConfig;
+use crate::metrics::ReclaimMetrics;
 use crate::operation::Reclaimer;
-use crate::sweep::{OrphanPvFn, SweepMetrics};
+use crate::sweep::OrphanPvFn;
 
 /// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
 /// and the replica campaigns again, see `common::runtime`): serves
@@ -125,8 +126,10 @@ pub async fn run_with_archiver(
     archiver: Option<Arc<dyn sweep::OrphanArchiver>>,
 ) -> anyhow::Result<()> {
     let registry = Registry::new();
-    let metrics = DeleteMetrics::register(&registry);
-    let sweep_metrics = SweepMetrics::register(&registry);
+    let ReclaimMetrics {
+        delete: metrics,
+        sweep: sweep_metrics,
+    } = ReclaimMetrics::register(&registry);
     run_service(
         ServiceKind::Reclaim,
         common,

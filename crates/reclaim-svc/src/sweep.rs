@@ -33,12 +33,10 @@ use std::time::Duration;
 
 use common::backend::hostpath::delete::{archive_orphan, OrphanOutcome};
 use common::intents::IntentStore;
-use common::metrics;
 use common::queue::PvQueue;
 use common::Provisioner;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
-use prometheus::{IntGauge, Registry};
 use tokio_util::sync::CancellationToken;
 
 /// Builds the PV addressing an orphan named `pv_name` (`spec.hostPath.path` =
@@ -82,32 +80,7 @@ impl OrphanArchiver for NfsSubdirArchiver {
     }
 }
 
-/// Gauges of the last sweep.
-#[derive(Clone)]
-pub struct SweepMetrics {
-    /// `reclaim_orphan_volumes`: orphans the last sweep found.
-    pub found: IntGauge,
-    /// `reclaim_orphan_volumes_archived`: orphans the last sweep archived.
-    pub archived: IntGauge,
-}
-
-impl SweepMetrics {
-    /// Create and register both gauges.
-    pub fn register(registry: &Registry) -> Self {
-        Self {
-            found: metrics::gauge(
-                registry,
-                "reclaim_orphan_volumes",
-                "Backend volumes found by the last orphan sweep with no PV, no pending PV write and no provisioning intent.",
-            ),
-            archived: metrics::gauge(
-                registry,
-                "reclaim_orphan_volumes_archived",
-                "Orphaned backend volumes older than --sweep-min-age archived (renamed archived-<name>, never removed) by the last orphan sweep (only with --sweep-orphans).",
-            ),
-        }
-    }
-}
+pub use crate::metrics::SweepMetrics;
 
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
@@ -324,6 +297,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
 mod tests {
     use super::*;
     use api_types::{DeleteError, ProvisionError, ProvisionOptions};
+    use prometheus::Registry;
     use std::sync::Mutex;
 
     struct Fake {
