@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams};
 use pv_writer::checks::EntryChecks;
 use pv_writer::metrics::{Registry, WriterMetrics};
-use pv_writer::writer::{Writer, WriterConfig};
+use pv_writer::operation::{Writer, WriterConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -135,6 +135,7 @@ impl Fixture {
                 retry_max,
                 write_timeout: Duration::from_secs(5),
                 visibility_timeout: Duration::from_secs(30),
+                redis_reconnect: Duration::from_millis(500),
             },
         ));
         self.readiness.set_leading(true);

@@ -13,7 +13,8 @@ pub struct ProvisionArgs {
     #[command(flatten)]
     pub common: CommonArgs,
 
-    /// Per-claim retry backoff.
+    /// Overall retry limit of the claim queue (the per-claim backoff is
+    /// `--retry-interval-start`/`--retry-interval-max` in `common`).
     #[command(flatten)]
     pub retry: RetryArgs,
 
@@ -49,14 +50,20 @@ pub struct ProvisionArgs {
     #[arg(long, env = "PROVISION_TIMEOUT", value_parser = parse_duration)]
     pub provision_timeout: Option<Duration>,
 
-    /// How often every cached claim is queued again (the seed's informer resync).
+    /// How often every cached claim is queued again (the seed's informer
+    /// resync). `0s` disables.
     #[arg(long, env = "RESYNC_PERIOD", default_value = "15m", value_parser = parse_duration)]
     pub resync_period: Duration,
+}
 
-    /// Claims provisioned concurrently. Default 8 (the seed's is 4): with a fast
-    /// backend, the Redis round trips per claim are the limit.
-    #[arg(long, env = "WORKER_THREADS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
-    pub worker_threads: u32,
+impl ProvisionArgs {
+    /// Claims provisioned concurrently: `--worker-threads`, default 8 (the
+    /// seed's is 4): with a fast backend, the Redis round trips per claim are
+    /// the limit.
+    pub fn worker_threads(&self) -> usize {
+        self.common
+            .worker_threads_for(common::service::config::ServiceKind::Provision)
+    }
 }
 
 /// The `provision-svc` command line without the backend's flags (the binary
@@ -86,7 +93,7 @@ mod tests {
         assert_eq!(p.failed_provision_threshold, 15);
         assert_eq!(p.provision_timeout, None);
         assert_eq!(p.resync_period, Duration::from_secs(15 * 60));
-        assert_eq!(p.worker_threads, 8);
+        assert_eq!(p.worker_threads(), 8);
     }
 
     #[test]
@@ -115,7 +122,7 @@ mod tests {
             cli.provision.provision_timeout,
             Some(Duration::from_secs(120))
         );
-        assert_eq!(cli.provision.worker_threads, 32);
+        assert_eq!(cli.provision.worker_threads(), 32);
         assert!(Cli::try_parse_from(["provision-svc", "--worker-threads", "0"]).is_err());
     }
 }

@@ -1,7 +1,16 @@
 //! The leader's work loop: reflectors for claims, StorageClasses and PVs, the
-//! start-up walk over intents, the claim workers and the periodic resync.
+//! start-up walk over intents, the claim work queue and its workers (seed
+//! `processNextClaimWorkItem`: [`ClaimQueue`], [`process`]) and the periodic
+//! resync.
+//!
+//! Why the hand-written [`WorkQueue`] (and not kube-runtime's `Controller`,
+//! which reclaim-svc uses): claims are keyed by uid, and a claim whose
+//! provisioning went on in background must be retried from its snapshot even
+//! after it left the cache (seed `claimsInProgress`); `Controller` only
+//! reconciles objects still in its store.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -11,24 +20,134 @@ use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
 
 use crate::ports::SignedQueue;
-use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::controller::retry::{Backoff, FailureThreshold, RetryPolicy};
+use common::service::config::{resync_interval, ServiceKind};
 use common::service::runtime::ServiceContext;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use provisioner_api::Provisioner;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ProvisionArgs;
+use crate::decision;
 use crate::decision::ProvisionerNames;
-use crate::engine::{Caches, Engine, Settings};
 use crate::metrics::ServiceMetrics;
+use crate::operation::{Caches, Operation, Ports, Settings};
 use crate::ports::KubeCluster;
 use crate::recovery::{self, Recovery};
 use common::controller::workqueue::WorkQueue;
+
+/// The claim work queue (keyed by claim uid) with its per-claim retry state
+/// and the uid → claim index the claim watch keeps.
+pub struct ClaimQueue {
+    queue: WorkQueue,
+    retry: RetryPolicy<String>,
+    claims: Store<PersistentVolumeClaim>,
+    uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
+}
+
+impl ClaimQueue {
+    /// A queue over the claims cache `claims`, retrying under `retry`.
+    pub fn new(claims: Store<PersistentVolumeClaim>, retry: RetryPolicy<String>) -> Self {
+        Self {
+            queue: WorkQueue::new(),
+            retry,
+            claims,
+            uid_index: Mutex::default(),
+        }
+    }
+
+    /// The work queue of claim uids.
+    pub fn queue(&self) -> &WorkQueue {
+        &self.queue
+    }
+
+    fn index(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, ObjectRef<PersistentVolumeClaim>>> {
+        self.uid_index.lock().expect("uid index poisoned")
+    }
+
+    /// Note a claim seen by the claim watch and queue it (seed `enqueueClaim`).
+    pub fn claim_seen(&self, claim: &PersistentVolumeClaim) {
+        let Some(uid) = claim.metadata.uid.clone() else {
+            return;
+        };
+        self.index().insert(uid.clone(), ObjectRef::from_obj(claim));
+        self.queue.add(&uid);
+    }
+
+    /// The claim with `uid` in the claims cache.
+    pub fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        let indexed = self.index().get(uid).cloned();
+        let by_ref = indexed
+            .and_then(|r| self.claims.get(&r))
+            .filter(|c| c.metadata.uid.as_deref() == Some(uid));
+        by_ref.or_else(|| {
+            let found = self
+                .claims
+                .find(|c| c.metadata.uid.as_deref() == Some(uid))?;
+            self.index()
+                .insert(uid.to_string(), ObjectRef::from_obj(found.as_ref()));
+            Some(found)
+        })
+    }
+
+    /// Remember `claim` as provisioning in background in `op` and queue it
+    /// (the start-up walk restoring the seed's `claimsInProgress`).
+    pub fn restore_in_background(&self, op: &Operation, claim: PersistentVolumeClaim) {
+        if let Some(uid) = claim.metadata.uid.clone() {
+            op.in_background.insert(&uid, &claim);
+            self.queue.add(&uid);
+        }
+    }
+}
+
+/// Seed `processNextClaimWorkItem` + `syncClaimHandler` for one claim uid:
+/// sync the cached claim (or its in-background snapshot) through `op`, then
+/// forget it on success, or requeue it with backoff while the failure
+/// threshold allows.
+pub async fn process(op: &Operation, claims: &ClaimQueue, uid: &str) {
+    let claim = match claims.claim_by_uid(uid) {
+        Some(c) => c.as_ref().clone(),
+        None => match op.in_background.get(uid) {
+            Some(c) => c,
+            None => {
+                tracing::debug!(uid, "claim in work queue no longer exists");
+                claims.index().remove(uid);
+                claims.retry.forget(&uid.to_string());
+                return;
+            }
+        },
+    };
+    let result = op.sync(&claim).await;
+    let key = uid.to_string();
+    match result {
+        Ok(()) => {
+            claims.retry.forget(&key);
+            op.done_with(uid, &claim).await;
+        }
+        Err(err) => {
+            let requeues = claims.retry.requeues(&key);
+            let claim_name = decision::claim_key(&claim);
+            let threshold = op.settings.failure_threshold;
+            if threshold.allows_retry(requeues) {
+                let delay = claims.retry.next_delay(&key);
+                tracing::warn!(claim = %claim_name, uid, failures = requeues, ?delay, error = %err, "retrying syncing claim");
+                claims.queue.add_after(uid, delay);
+            } else {
+                tracing::error!(claim = %claim_name, uid, failures = requeues, threshold = threshold.0, error = %err,
+                    "giving up syncing claim; its provisioning intent (if any) is kept for the next leader's start-up walk");
+                // Done but not forgotten: the count stays until the claim is gone.
+                op.done_with(uid, &claim).await;
+            }
+        }
+    }
+}
 
 /// Settings of the claim logic from the flags.
 pub fn settings(args: &ProvisionArgs) -> Settings {
@@ -43,27 +162,37 @@ pub fn settings(args: &ProvisionArgs) -> Settings {
     }
 }
 
-/// Retry a Redis connection until it succeeds or `shutdown` fires (`None`).
+/// Retry a Redis call every `--redis-reconnect-period` until it succeeds or
+/// `shutdown` fires (`None`).
 async fn connect_with_retry<T, E: std::fmt::Display, F, Fut>(
     what: &str,
     shutdown: &CancellationToken,
-    period: Duration,
-    mut connect: F,
+    policy: Backoff,
+    connect: F,
 ) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
+    policy
+        .retry(shutdown, connect, |e, _, _| {
+            tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying")
+        })
+        .await
+}
+
+/// Call `on_tick` every `period` (first one `period` from now) until `stop`
+/// fires; `period` zero (`--resync-period=0s`) means no resync: returns at
+/// once.
+async fn resync(period: Duration, stop: CancellationToken, mut on_tick: impl FnMut()) {
+    let Some(mut tick) = resync_interval(period) else {
+        tracing::info!("--resync-period=0s: claims are not resynced");
+        return;
+    };
     loop {
-        match connect().await {
-            Ok(v) => return Some(v),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying")
-            }
-        }
         tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(period) => {}
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => on_tick(),
         }
     }
 }
@@ -98,7 +227,7 @@ pub async fn work(
     let shutdown = ctx.shutdown.clone();
     let name = args.common.provisioner_name.clone();
     let url = args.common.redis_url.clone();
-    let period = args.common.retry_period;
+    let period = args.common.redis_reconnect();
     let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || {
         PvQueue::connect(&url, &name)
     })
@@ -125,23 +254,29 @@ pub async fn work(
     };
     let (cluster, event_publisher) =
         KubeCluster::new(client.clone(), ctx.kind.component(), &ctx.identity);
-    let queue = WorkQueue::new();
-    let engine = Arc::new(Engine::new(
+    let op = Arc::new(Operation::new(
         settings(&args),
         caches.clone(),
-        backend,
-        Arc::new(cluster),
-        Arc::new(SignedQueue::new(pv_queue, queue_key, &name)),
-        Arc::new(intents.clone()),
+        Ports {
+            backend,
+            cluster: Arc::new(cluster),
+            handoff: Arc::new(SignedQueue::new(pv_queue, queue_key, &name)),
+            intents: Arc::new(intents.clone()),
+        },
         metrics.clone(),
-        RetryPolicy::from_args(&args.retry),
-        queue.clone(),
+    ));
+    let claims = Arc::new(ClaimQueue::new(
+        caches.claims.clone(),
+        RetryPolicy::from_args(
+            args.common.retry_backoff(ServiceKind::Provision),
+            &args.retry,
+        ),
     ));
 
     let watch_cfg = watcher::Config::default();
     let mut tasks = tokio::task::JoinSet::new();
     {
-        let engine = engine.clone();
+        let claims = claims.clone();
         let stream = reflector::reflector(
             claim_writer,
             watcher(
@@ -152,7 +287,7 @@ pub async fn work(
         )
         .default_backoff();
         tasks.spawn(drive("PersistentVolumeClaim", stream, move |ev| match ev {
-            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => engine.claim_seen(c),
+            watcher::Event::Apply(c) | watcher::Event::InitApply(c) => claims.claim_seen(c),
             // Seed: nothing on delete; a claim in background is still retried.
             _ => {}
         }));
@@ -207,7 +342,7 @@ pub async fn work(
         metrics.poisoned_intents.inc_by(unreadable as u64);
         tracing::error!(unreadable, "provisioning intents in Redis cannot be read; they are kept for an operator and skipped by the start-up walk");
     }
-    let decisions = recovery::walk(&engine, &entries).await;
+    let decisions = recovery::walk(&op, &claims, &entries).await;
     let cleanups: Vec<_> = entries
         .into_iter()
         .zip(decisions)
@@ -216,58 +351,82 @@ pub async fn work(
         .collect();
     if !cleanups.is_empty() {
         tasks.spawn(recovery::cleanup_all(
-            engine.clone(),
+            op.clone(),
             cleanups,
-            args.retry.retry_initial_delay,
-            args.retry.retry_max_delay,
+            args.common.retry_backoff(ServiceKind::Provision),
             shutdown.clone(),
         ));
     }
     ctx.readiness.set_ready(true);
-    tracing::info!(workers = args.worker_threads, "started provisioning claims");
+    tracing::info!(
+        workers = args.worker_threads(),
+        "started provisioning claims"
+    );
 
     // Resync: queue every cached claim (and every claim in background) again.
     {
-        let engine = engine.clone();
-        let claims = caches.claims.clone();
-        let resync = args.resync_period;
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                for claim in claims.state() {
-                    engine.claim_seen(&claim);
-                }
-                for uid in engine.in_background_uids() {
-                    engine.queue().add(&uid);
-                }
+        let (op, claims, cache) = (op.clone(), claims.clone(), caches.claims.clone());
+        tasks.spawn(resync(args.resync_period, shutdown.clone(), move || {
+            for claim in cache.state() {
+                claims.claim_seen(&claim);
             }
-        });
+            for uid in op.in_background.uids() {
+                claims.queue().add(&uid);
+            }
+        }));
     }
 
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..args.worker_threads {
-        let engine = engine.clone();
+    for _ in 0..args.worker_threads() {
+        let (op, claims) = (op.clone(), claims.clone());
         workers.spawn(async move {
-            while let Some(uid) = engine.queue().get().await {
-                engine.process(&uid).await;
-                engine.queue().done(&uid);
+            while let Some(uid) = claims.queue().get().await {
+                process(&op, &claims, &uid).await;
+                claims.queue().done(&uid);
             }
         });
     }
 
     shutdown.cancelled().await;
     tracing::info!("shutting down: finishing in-flight claims");
-    queue.shut_down();
+    claims.queue().shut_down();
     while workers.join_next().await.is_some() {}
     tasks.abort_all();
     ctx.readiness.set_ready(false);
-    drop(engine);
-    // The publisher ends once the last event sender (the engine's cluster) is gone.
+    drop(op);
+    // The publisher ends once the last event sender (the operation's cluster) is gone.
     let _ = tokio::time::timeout(Duration::from_secs(5), event_publisher).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--resync-period=0s` is "off": the resync task ends quietly instead of
+    /// panicking (it used to build `interval_at(now, 0s)`, which panics).
+    #[tokio::test(start_paused = true)]
+    async fn resync_period_zero_turns_resync_off() {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(resync(Duration::ZERO, stop.clone(), || {
+            panic!("no resync when off")
+        }));
+        task.await.expect("resync task must not panic");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resync_ticks_every_period_until_stopped() {
+        let stop = CancellationToken::new();
+        let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = ticks.clone();
+        let task = tokio::spawn(resync(Duration::from_secs(60), stop.clone(), move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }));
+        tokio::time::sleep(Duration::from_secs(59)).await;
+        assert_eq!(ticks.load(std::sync::atomic::Ordering::SeqCst), 0);
+        tokio::time::sleep(Duration::from_secs(2 * 60)).await;
+        assert_eq!(ticks.load(std::sync::atomic::Ordering::SeqCst), 2);
+        stop.cancel();
+        task.await.unwrap();
+    }
 }

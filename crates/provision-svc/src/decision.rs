@@ -1,12 +1,57 @@
-//! Pure helpers of the seed's decisions: which StorageClass a claim names,
-//! which provisioner it expects, whether a provisioner name is ours, and its
-//! selected node.
+//! The seed's decisions as pure functions of Kubernetes objects: whether a
+//! claim is to be provisioned ([`should_provision`], seed `shouldProvision`),
+//! which StorageClass a claim names, which provisioner it expects, whether a
+//! provisioner name is ours, and its selected node.
+
+use std::sync::Arc;
 
 use api_types::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_PROVISIONER, ANN_SELECTED_NODE,
-    ANN_STORAGE_PROVISIONER,
+    ANN_STORAGE_PROVISIONER, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
 };
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+
+/// Seed `shouldProvision`: whether a volume should be provisioned for
+/// `claim`. Not when it is bound (`spec.volumeName` non-empty), when the
+/// backend's qualifier (`backend_accepts`) declines it, when it expects no
+/// provisioner or one not in `names`; for a StorageClass with
+/// `volumeBindingMode: WaitForFirstConsumer` only once a node is selected
+/// (non-empty `volume.kubernetes.io/selected-node`). `class` looks a
+/// StorageClass up by name.
+///
+/// Errors: the claim is for us but its StorageClass is not found (retried:
+/// the class can be created independently of the claim).
+pub fn should_provision(
+    claim: &PersistentVolumeClaim,
+    names: &ProvisionerNames,
+    backend_accepts: impl FnOnce(&PersistentVolumeClaim) -> bool,
+    class: impl FnOnce(&str) -> Option<Arc<StorageClass>>,
+) -> Result<bool, String> {
+    let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+    if volume_name.is_some_and(|v| !v.is_empty()) {
+        return Ok(false);
+    }
+    if !backend_accepts(claim) {
+        return Ok(false);
+    }
+    let Some(provisioner) = expected_provisioner(claim) else {
+        return Ok(false);
+    };
+    if !names.is_known(provisioner) {
+        return Ok(false);
+    }
+    let class_name = claim_class(claim);
+    let class =
+        class(&class_name).ok_or_else(|| format!("storageClass {class_name:?} not found"))?;
+    if class.volume_binding_mode.as_deref() == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER) {
+        // Delayed binding: only once the scheduler selected a node (the
+        // provisioner itself may have removed it to ask for rescheduling).
+        let selected = annotation(claim, ANN_SELECTED_NODE);
+        return Ok(selected.is_some_and(|n| !n.is_empty()));
+    }
+    Ok(true)
+}
 
 /// Deprecated beta annotation naming a claim's StorageClass; wins over
 /// `spec.storageClassName` as in Kubernetes' `GetPersistentVolumeClaimClass`.
@@ -164,5 +209,81 @@ mod tests {
         assert!(names.is_known("example.com/hostpath"));
         assert!(names.is_known("legacy.io/hp"));
         assert!(!names.is_known("other.io/x"));
+    }
+
+    #[test]
+    fn should_provision_follows_the_seed() {
+        let names = ProvisionerNames {
+            name: "me.io/x".into(),
+            additional: vec!["old.io/x".into()],
+        };
+        let immediate = Arc::new(StorageClass {
+            provisioner: "me.io/x".into(),
+            ..Default::default()
+        });
+        let delayed = Arc::new(StorageClass {
+            provisioner: "me.io/x".into(),
+            volume_binding_mode: Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER.into()),
+            ..Default::default()
+        });
+        let decide =
+            |c: &PersistentVolumeClaim, accepts: bool, class: Option<&Arc<StorageClass>>| {
+                should_provision(c, &names, |_| accepts, |_| class.cloned())
+            };
+        let ours = claim(&[(ANN_STORAGE_PROVISIONER, "me.io/x")], Some("fast"));
+        assert_eq!(decide(&ours, true, Some(&immediate)), Ok(true));
+        assert_eq!(
+            decide(&ours, false, Some(&immediate)),
+            Ok(false),
+            "backend declines"
+        );
+        let mut bound = ours.clone();
+        bound.spec.as_mut().unwrap().volume_name = Some("pv".into());
+        assert_eq!(decide(&bound, true, Some(&immediate)), Ok(false), "bound");
+        bound.spec.as_mut().unwrap().volume_name = Some(String::new());
+        assert_eq!(
+            decide(&bound, true, Some(&immediate)),
+            Ok(true),
+            "empty volumeName"
+        );
+        let other = claim(&[(ANN_STORAGE_PROVISIONER, "other.io/x")], Some("fast"));
+        assert_eq!(
+            decide(&other, true, Some(&immediate)),
+            Ok(false),
+            "not ours"
+        );
+        let none = claim(&[], Some("fast"));
+        assert_eq!(
+            decide(&none, true, Some(&immediate)),
+            Ok(false),
+            "no provisioner"
+        );
+        let additional = claim(&[(ANN_STORAGE_PROVISIONER, "old.io/x")], Some("fast"));
+        assert_eq!(decide(&additional, true, Some(&immediate)), Ok(true));
+        assert_eq!(
+            decide(&ours, true, None),
+            Err("storageClass \"fast\" not found".into())
+        );
+        assert_eq!(
+            decide(&ours, true, Some(&delayed)),
+            Ok(false),
+            "no node yet"
+        );
+        let empty_node = claim(
+            &[
+                (ANN_STORAGE_PROVISIONER, "me.io/x"),
+                (ANN_SELECTED_NODE, ""),
+            ],
+            Some("fast"),
+        );
+        assert_eq!(decide(&empty_node, true, Some(&delayed)), Ok(false));
+        let node = claim(
+            &[
+                (ANN_STORAGE_PROVISIONER, "me.io/x"),
+                (ANN_SELECTED_NODE, "n1"),
+            ],
+            Some("fast"),
+        );
+        assert_eq!(decide(&node, true, Some(&delayed)), Ok(true));
     }
 }

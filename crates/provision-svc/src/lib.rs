@@ -5,13 +5,15 @@
 //! through the durable Redis queue instead of creating it.
 //!
 //! * [`config`] — flags ([`config::ProvisionArgs`], [`config::Cli`]);
-//! * [`decision`] — pure helpers of the seed's decisions;
-//! * [`engine`] — `shouldProvision`, the provision operation, its error
-//!   handling, `syncClaim` and the per-claim retry/threshold handling;
+//! * [`decision`] — the seed's decisions as pure functions (`shouldProvision`);
+//! * [`operation`] — the provision operation, its error handling, `syncClaim`
+//!   and the seed's `claimsInProgress`, executed through [`ports`];
 //! * [`ports`] — the side effects behind traits (Kubernetes, queue, intents);
-//! * [`recovery`] — the leader's start-up walk over durable intents;
-//! * [`common::controller::workqueue`] — the de-duplicating claim work queue (shared);
-//! * [`controller`] — reflectors, workers, resync, graceful shutdown;
+//! * [`recovery`] — the leader's start-up walk over durable intents: a function
+//!   of the durable store, the caches and the backend;
+//! * [`controller`] — reflectors, the claim work queue ([`common::controller::workqueue`],
+//!   keyed by uid) with its per-claim retry/threshold handling, workers,
+//!   resync, graceful shutdown;
 //! * [`metrics`] — the seed's provisioning metrics and the service's gauges;
 //! * [`api_calls`] — the Kubernetes API calls made, for RBAC checks.
 
@@ -19,8 +21,8 @@ pub mod api_calls;
 pub mod config;
 pub mod controller;
 pub mod decision;
-pub mod engine;
 pub mod metrics;
+pub mod operation;
 pub mod ports;
 pub mod recovery;
 
@@ -42,7 +44,7 @@ pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> 
     let metrics = metrics::ServiceMetrics::register(&registry);
     let common_args = args.common.clone();
     // Called once per leader term: each term starts from scratch (new
-    // reflectors and engine, a new start-up walk); the metrics live on.
+    // reflectors, operation and claim queue, a new start-up walk); the metrics live on.
     common::service::runtime::run_service(
         ServiceKind::Provision,
         common_args,
@@ -59,3 +61,7 @@ pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> 
     )
     .await
 }
+
+#[cfg(test)]
+#[path = "claim_tests.rs"]
+mod claim_tests;

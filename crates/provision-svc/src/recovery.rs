@@ -31,10 +31,10 @@
 //! never reach the walk.)
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use api_types::queue::ClaimKey;
 use api_types::ANN_SELECTED_NODE;
+use common::controller::retry::Backoff;
 use common::store::intents::IntentEntry;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -43,8 +43,9 @@ use kube::runtime::reflector::ObjectRef;
 use provisioner_api::{DeleteError, ProvisionOptions};
 use tokio_util::sync::CancellationToken;
 
+use crate::controller::ClaimQueue;
 use crate::decision;
-use crate::engine::Engine;
+use crate::operation::Operation;
 
 /// How many intents the walk decides, and cleans up, at once.
 pub const WALK_CONCURRENCY: usize = 8;
@@ -67,33 +68,34 @@ pub enum Recovery {
 /// the durable queue first, then a live GET of the PV (see module docs).
 ///
 /// Errors: either lookup failed (the caller must keep the intent).
-pub async fn pv_accounted_for(engine: &Engine, pv_name: &str) -> Result<bool, String> {
-    if engine
-        .handoff()
+pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Result<bool, String> {
+    if op
+        .ports
+        .handoff
         .is_pending(pv_name)
         .await
         .map_err(|e| format!("PV-write queue lookup: {e}"))?
     {
         return Ok(true);
     }
-    engine.cluster().pv_exists(pv_name).await
+    op.ports.cluster.pv_exists(pv_name).await
 }
 
-async fn decide(engine: &Engine, entry: &IntentEntry) -> Recovery {
+async fn decide(op: &Operation, claims: &ClaimQueue, entry: &IntentEntry) -> Recovery {
     let pv_name = &entry.intent.pv_name;
     let uid = &entry.intent.claim.uid;
     let decision = match &entry.claim {
         Some(snap) if snap.in_background => {
-            engine.restore_in_background(snap.claim.clone());
+            claims.restore_in_background(op, snap.claim.clone());
             Recovery::InBackground
         }
-        _ if engine.claim_by_uid(uid).is_some() => {
-            engine.queue().add(uid);
+        _ if claims.claim_by_uid(uid).is_some() => {
+            claims.queue().add(uid);
             Recovery::Requeued
         }
-        _ => match pv_accounted_for(engine, pv_name).await {
+        _ => match pv_accounted_for(op, pv_name).await {
             Ok(true) => {
-                engine.clear_intent(pv_name).await;
+                op.clear_intent(pv_name).await;
                 Recovery::PvPresent
             }
             Ok(false) => Recovery::Cleanup,
@@ -114,14 +116,18 @@ async fn decide(engine: &Engine, entry: &IntentEntry) -> Recovery {
 ///
 /// The entries run as tasks in a `JoinSet` owned by this future, so dropping
 /// it (a lost Lease) aborts them.
-pub async fn walk(engine: &Arc<Engine>, entries: &[IntentEntry]) -> Vec<(String, Recovery)> {
+pub async fn walk(
+    op: &Arc<Operation>,
+    claims: &Arc<ClaimQueue>,
+    entries: &[IntentEntry],
+) -> Vec<(String, Recovery)> {
     let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
     for (i, entry) in entries.iter().cloned().enumerate() {
-        let (engine, limit) = (engine.clone(), limit.clone());
+        let (op, claims, limit) = (op.clone(), claims.clone(), limit.clone());
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await.expect("semaphore never closed");
-            (i, decide(&engine, &entry).await)
+            (i, decide(&op, &claims, &entry).await)
         });
     }
     let mut out: Vec<Option<Recovery>> = vec![None; entries.len()];
@@ -158,14 +164,14 @@ pub enum CleanupOutcome {
 ///
 /// Errors: no StorageClass is recorded and none of that name is cached.
 pub fn options_from_intent(
-    engine: &Engine,
+    op: &Operation,
     entry: &IntentEntry,
 ) -> Result<ProvisionOptions, String> {
     let intent = &entry.intent;
     let storage_class: StorageClass = match &intent.storage_class {
         Some(c) => c.clone(),
-        None => engine
-            .caches()
+        None => op
+            .caches
             .classes
             .get(&ObjectRef::new(&intent.class))
             .map(|c| c.as_ref().clone())
@@ -213,23 +219,23 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
 /// Delete the volume of a claim deleted mid-provisioning (see module docs),
 /// after re-checking the queue and the live PV; a lookup error is a `Retry`
 /// (intent and volume kept).
-pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> CleanupOutcome {
+pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupOutcome {
     let pv_name = &entry.intent.pv_name;
     // Re-check right before deleting: the PV may have been written meanwhile.
-    match pv_accounted_for(engine, pv_name).await {
+    match pv_accounted_for(op, pv_name).await {
         Ok(true) => {
             tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
-            engine.clear_intent(pv_name).await;
+            op.clear_intent(pv_name).await;
             return CleanupOutcome::Done;
         }
         Ok(false) => {}
         Err(e) => return CleanupOutcome::Retry(e),
     }
-    let options = match options_from_intent(engine, entry) {
+    let options = match options_from_intent(op, entry) {
         Ok(o) => o,
         Err(e) => return CleanupOutcome::Poisoned(e),
     };
-    let outcome = match engine.backend().delete_unprovisioned(&options).await {
+    let outcome = match op.ports.backend.delete_unprovisioned(&options).await {
         Ok(()) => {
             tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "deleted the volume of a claim deleted while it was being provisioned");
             CleanupOutcome::Done
@@ -246,36 +252,34 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
         }
     };
     if outcome == CleanupOutcome::Done {
-        engine.clear_intent(pv_name).await;
+        op.clear_intent(pv_name).await;
     }
     outcome
 }
 
 /// Report an intent the walk cannot act on (see module docs).
-pub fn report_poisoned(engine: &Engine, pv_name: &str, claim: &str, reason: &str) {
-    engine.metrics().poisoned_intents.inc();
+pub fn report_poisoned(op: &Operation, pv_name: &str, claim: &str, reason: &str) {
+    op.metrics.poisoned_intents.inc();
     tracing::error!(pv = %pv_name, claim, %reason, "cannot clean up the volume of a claim deleted while it was being provisioned; its intent is kept in Redis for an operator and not retried until the next leader's start-up walk");
 }
 
 /// Work through `entries` with [`cleanup_gone_claim`], up to
 /// [`WALK_CONCURRENCY`] attempts at a time; each failed one is retried with its own
-/// delay doubling from `initial` up to `max`, a poisoned one is reported once
-/// and dropped. Returns when every entry is done or poisoned, or on `shutdown`.
+/// delay under `policy` (`--retry-interval-start` doubling to
+/// `--retry-interval-max`), a poisoned one is reported once and dropped.
+/// Returns when every entry is done or poisoned, or on `shutdown`.
 pub async fn cleanup_all(
-    engine: Arc<Engine>,
+    op: Arc<Operation>,
     entries: Vec<IntentEntry>,
-    initial: Duration,
-    max: Duration,
+    policy: Backoff,
     shutdown: CancellationToken,
 ) {
     let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
     // Owned by this future: dropping it (lost Lease) aborts every entry.
     let mut tasks = tokio::task::JoinSet::new();
     for entry in entries {
-        let (engine, limit, shutdown) = (engine.clone(), limit.clone(), shutdown.clone());
-        tasks.spawn(cleanup_with_backoff(
-            engine, entry, limit, initial, max, shutdown,
-        ));
+        let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
+        tasks.spawn(cleanup_with_backoff(op, entry, limit, policy, shutdown));
     }
     while tasks.join_next().await.is_some() {}
 }
@@ -284,38 +288,33 @@ pub async fn cleanup_all(
 /// released while the entry waits out its backoff, so entries that keep
 /// failing never hold up the others.
 async fn cleanup_with_backoff(
-    engine: Arc<Engine>,
+    op: Arc<Operation>,
     entry: IntentEntry,
     limit: Arc<tokio::sync::Semaphore>,
-    initial: Duration,
-    max: Duration,
+    policy: Backoff,
     shutdown: CancellationToken,
 ) {
-    let mut failures = 0u32;
-    loop {
-        let attempt = {
-            let _permit = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                p = limit.acquire() => p.expect("semaphore never closed"),
-            };
-            cleanup_gone_claim(&engine, &entry).await
+    // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
+    // poisoned, not retried; Err: retried under `policy`.
+    let attempt = || async {
+        let _permit = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            p = limit.acquire() => p.expect("semaphore never closed"),
         };
-        match attempt {
-            CleanupOutcome::Done => return,
-            CleanupOutcome::Poisoned(e) => {
-                let claim = entry.intent.claim.to_string();
-                report_poisoned(&engine, &entry.intent.pv_name, &claim, &e);
-                return;
-            }
-            CleanupOutcome::Retry(e) => {
-                failures += 1;
-                let delay = common::controller::retry::backoff(initial, max, failures);
-                tracing::warn!(pv = %entry.intent.pv_name, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
-                }
-            }
+        match cleanup_gone_claim(&op, &entry).await {
+            CleanupOutcome::Done => Ok(None),
+            CleanupOutcome::Poisoned(e) => Ok(Some(e)),
+            CleanupOutcome::Retry(e) => Err(e),
         }
+    };
+    let pv = &entry.intent.pv_name;
+    let outcome = policy
+        .retry(&shutdown, attempt, |e, _, delay| {
+            tracing::warn!(pv = %pv, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
+        })
+        .await;
+    if let Some(Some(e)) = outcome {
+        let claim = entry.intent.claim.to_string();
+        report_poisoned(&op, pv, &claim, &e);
     }
 }

@@ -5,13 +5,13 @@
 //! deletes the storage asset; a restart loses it. pv-writer instead keeps every
 //! PV in Redis (AOF) until the PV object exists, retries transient failures
 //! forever with per-entry backoff, and dead-letters only what the API server
-//! refuses for good — never deleting a volume. See [`writer`] for the per-entry
+//! refuses for good — never deleting a volume. See [`operation`] for the per-entry
 //! rules and [`common::store::queue`] for the Redis layout and delivery guarantees.
 //!
 //! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
 //! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
 //! 9102); `pv-writer queue list|dead|requeue <PV>` inspects and repairs the
-//! queue with Redis access only. Flags: [`cli::Cli`].
+//! queue with Redis access only. Flags: [`config::Cli`].
 //!
 //! Metrics ([`metrics::WriterMetrics`]): `pv_writer_queue_depth`,
 //! `pv_writer_queue_oldest_pending_age_seconds`, `pv_writer_queue_dead_letters`,
@@ -27,10 +27,12 @@
 
 pub mod api_calls;
 pub mod checks;
-pub mod cli;
+pub mod config;
+pub mod controller;
+pub mod decision;
 pub mod metrics;
+pub mod operation;
 pub mod queue_cmd;
-pub mod writer;
 
 use std::sync::Arc;
 
@@ -43,7 +45,7 @@ use prometheus::Registry;
 use provisioner_api::Provisioner;
 
 pub use api_calls::API_CALLS;
-pub use cli::{Cli, Command, QueueCommand, WriterArgs};
+pub use config::{Cli, Command, QueueCommand, WriterArgs};
 
 /// Run what `cli` asks: the service (default), writing only PVs that pass
 /// `backend`'s own check, or a `queue` subcommand.
@@ -51,7 +53,7 @@ pub use cli::{Cli, Command, QueueCommand, WriterArgs};
 /// Errors: invalid flag combinations, client/HTTP setup failures; for `queue`
 /// subcommands, Redis failures and unknown PV names.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
-    cli.writer.validate()?;
+    cli.validate()?;
     match &cli.command {
         Some(Command::Queue { action }) => {
             let queue = PvQueue::connect(&cli.common.redis_url, &cli.common.provisioner_name)
@@ -87,13 +89,13 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
 }
 
 /// The leader's work loop: connect to Redis (not ready until it answers,
-/// retrying every 500 ms), then drain with [`writer::Writer`] until shutdown,
+/// retrying every `--redis-reconnect-period`), then drain with [`operation::Writer`] until shutdown,
 /// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
 /// `--insecure-unsigned-queue`) and `backend`'s own check.
 /// Embedders with their own [`ServiceContext`] may call it directly.
 ///
 /// Errors: this replica's term was superseded by a newer leader (see
-/// [`writer`]); otherwise returns `Ok` on shutdown.
+/// [`operation`]); otherwise returns `Ok` on shutdown.
 pub async fn serve(
     ctx: ServiceContext,
     args: WriterArgs,
@@ -116,22 +118,24 @@ pub async fn serve_with_metrics(
     backend: Arc<dyn Provisioner>,
 ) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
-    let queue = loop {
-        match PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name).await {
-            Ok(q) => break q,
-            Err(err) => {
-                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                tokio::select! {
-                    _ = ctx.shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(writer::REDIS_RETRY_INTERVAL) => {}
-                }
-            }
-        }
+    let Some(queue) = ctx
+        .args
+        .redis_reconnect()
+        .retry(
+            &ctx.shutdown,
+            || PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name),
+            |err, _, _| tracing::warn!(error = %err, "Redis unreachable; not ready, retrying"),
+        )
+        .await
+    else {
+        return Ok(());
     };
-    let config = writer::WriterConfig {
-        workers: args.workers as usize,
-        retry_initial: args.retry_initial,
-        retry_max: args.retry_max,
+    let retry = ctx.args.retry_backoff(ServiceKind::PvWriter);
+    let config = operation::WriterConfig {
+        workers: ctx.args.worker_threads_for(ServiceKind::PvWriter),
+        retry_initial: retry.initial,
+        retry_max: retry.max,
+        redis_reconnect: ctx.args.redis_reconnect_period,
         write_timeout: args.write_timeout,
         visibility_timeout: args.visibility_timeout,
     };
@@ -140,7 +144,7 @@ pub async fn serve_with_metrics(
         .chain(args.additional_provisioners.iter().cloned())
         .collect();
     let checks = checks::EntryChecks::new(names, key, backend);
-    let writer = Arc::new(writer::Writer::new(
+    let writer = Arc::new(operation::Writer::new(
         queue,
         checks,
         ctx.client.clone(),

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use common::controller::time::now_ms;
 use common::store::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
 
-use crate::cli::QueueCommand;
+use crate::config::QueueCommand;
 
 /// Run `action` against `queue`, returning the text to print on stdout.
 ///

@@ -1,6 +1,19 @@
-//! The PV control loop: a reflector over all PVs feeds a [`WorkQueue`] keyed
-//! by PV name; `--worker-threads` workers sync PVs with the seed's
-//! `processNextVolumeWorkItem` retry semantics.
+//! The PV control loop on kube-runtime's [`Controller`] (as kube-rs'
+//! `controller-rs` example): a reflector over all PVs (trimmed by
+//! [`strip_for_cache`]) triggers [`reconcile`] per PV name, at most
+//! `--worker-threads` at a time and never twice at once for one PV; failures go
+//! through [`error_policy`] with the seed's `processNextVolumeWorkItem` retry
+//! semantics (per-PV exponential backoff `--retry-interval-start` doubling to
+//! `--retry-interval-max`, capped overall by `--retry-qps`/`--retry-burst`, given
+//! up after `--failed-delete-threshold` until the PV changes). A PV that is
+//! gone is dropped: `Controller` only reconciles names still in its store, and
+//! the delete event forgets the PV's retry state ([`Context::observe`], seed
+//! `forgetVolume`).
+//!
+//! Why `Controller` here and not [`common::controller::workqueue`]: a PV's work item is
+//! its name, and once the PV is gone there is nothing left to do, which is
+//! exactly the `Controller` model. provision-svc keeps the hand-written queue
+//! because its claims are keyed by uid and must outlive the cache.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -8,161 +21,181 @@ use std::time::Duration;
 
 use common::controller::cache::strip_for_cache;
 use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::service::config::resync_interval;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use provisioner_api::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
-use common::controller::workqueue::WorkQueue;
 
 /// Tuning of the control loop.
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
-    /// Concurrent workers (seed threadiness).
+    /// Concurrent PV syncs (seed threadiness, `--worker-threads`); at least 1.
     pub workers: usize,
     /// Give up a PV after this many failed syncs (0 = never).
     pub threshold: FailureThreshold,
     /// Upper bound of one sync; zero = unlimited (seed `deletionTimeout`).
     pub deletion_timeout: Duration,
-    /// Every PV is queued again this often; zero disables (seed resync period).
+    /// Every PV is synced again this often; zero disables (seed resync period).
     pub resync_period: Duration,
 }
 
-/// Sync one PV named `key` from `store` and apply the seed's retry rules:
-/// success → forget its failures; failure → requeue after the policy's delay
-/// while `threshold` allows, else give up (failures are kept — "Done but do not
-/// Forget" — until the PV is deleted, so later updates get one try each).
-pub async fn process_item(
-    key: &str,
-    store: &Store<PersistentVolume>,
-    reclaimer: &Reclaimer,
-    queue: &WorkQueue,
-    retry: &RetryPolicy<String>,
-    config: &LoopConfig,
-) -> Result<(), SyncError> {
-    let result = match store.get(&ObjectRef::new(key)) {
-        // Already deleted, nothing to do anymore.
-        None => Ok(()),
-        Some(volume) => {
-            if config.deletion_timeout.is_zero() {
-                reclaimer.sync_volume(&volume).await
-            } else {
-                let deadline = Deadline::after(config.deletion_timeout);
-                reclaimer.sync_volume_within(&volume, deadline).await
-            }
-        }
-    };
-    let owned = key.to_string();
-    match &result {
-        Ok(()) => retry.forget(&owned),
-        Err(err) => {
-            let requeues = retry.requeues(&owned);
-            if config.threshold.allows_retry(requeues) {
-                let delay = retry.next_delay(&owned);
-                tracing::warn!(pv = key, failures = requeues, threshold = config.threshold.0, ?delay, error = %err, "retrying syncing PV");
-                queue.add_after(key, delay);
-            } else {
-                tracing::error!(pv = key, failures = requeues, threshold = config.threshold.0, error = %err, "giving up syncing PV");
-            }
-        }
-    }
-    result
+/// What [`reconcile`] and [`error_policy`] share: the operation, the per-PV
+/// retry state (keyed by PV name) and the loop's tuning.
+pub struct Context {
+    /// Runs the seed's sync and delete operation.
+    pub reclaimer: Arc<Reclaimer>,
+    /// Per-PV failure counts and backoff.
+    pub retry: Arc<RetryPolicy<String>>,
+    /// Threshold, deletion timeout, workers, resync.
+    pub config: LoopConfig,
 }
 
-/// Run the loop until `shutdown` fires: watch PVs, queue changed ones, resync
-/// periodically, and sync them with `config.workers` workers. Calls `on_synced`
-/// once, after the first complete list of PVs is in the store (report readiness
-/// there); in-flight syncs finish before this returns. The workers live in a
-/// `JoinSet` owned by this future, so dropping it (the runtime aborting the
-/// work loop) aborts them too.
+impl Context {
+    /// Bookkeeping on a watch event before `Controller` sees it: a deleted PV's
+    /// retry state and remembered uid are forgotten (seed `forgetVolume`); after
+    /// a (re-)list, uids of PVs no longer present are dropped.
+    pub fn observe(
+        &self,
+        event: &watcher::Event<PersistentVolume>,
+        store: &Store<PersistentVolume>,
+    ) {
+        match event {
+            watcher::Event::Delete(pv) => {
+                self.retry.forget(&pv.name_any());
+                if let Some(uid) = pv.metadata.uid.as_deref() {
+                    self.reclaimer.forget_uid(uid);
+                }
+            }
+            watcher::Event::InitDone => {
+                let alive: HashSet<String> = store
+                    .state()
+                    .iter()
+                    .filter_map(|pv| pv.metadata.uid.clone())
+                    .collect();
+                self.reclaimer.retain_uids(|uid| alive.contains(uid));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Sync one PV (seed `syncVolume` under `--deletion-timeout`). Success forgets
+/// the PV's failures and waits for its next change (or the resync).
+///
+/// Errors: [`SyncError`], handed to [`error_policy`].
+pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, SyncError> {
+    if ctx.config.deletion_timeout.is_zero() {
+        ctx.reclaimer.sync_volume(&pv).await?;
+    } else {
+        let deadline = Deadline::after(ctx.config.deletion_timeout);
+        ctx.reclaimer.sync_volume_within(&pv, deadline).await?;
+    }
+    ctx.retry.forget(&pv.name_any());
+    Ok(Action::await_change())
+}
+
+/// The seed's retry rule for a failed sync: requeue after the policy's delay
+/// while the threshold allows (failures before this one < threshold), else give
+/// up until the PV changes; the failures are kept — "Done but do not Forget" —
+/// until the PV is deleted, so later updates get one try each.
+pub fn error_policy(pv: Arc<PersistentVolume>, err: &SyncError, ctx: Arc<Context>) -> Action {
+    let key = pv.name_any();
+    let requeues = ctx.retry.requeues(&key);
+    let threshold = ctx.config.threshold;
+    if threshold.allows_retry(requeues) {
+        let delay = ctx.retry.next_delay(&key);
+        tracing::warn!(pv = %key, failures = requeues, threshold = threshold.0, ?delay, error = %err, "retrying syncing PV");
+        Action::requeue(delay)
+    } else {
+        tracing::error!(pv = %key, failures = requeues, threshold = threshold.0, error = %err, "giving up syncing PV");
+        Action::await_change()
+    }
+}
+
+/// Run the loop until `shutdown` fires: watch PVs, reconcile changed ones,
+/// resync every PV each `config.resync_period`. Calls `on_synced` once, after
+/// the first complete list of PVs is in the store (report readiness there);
+/// in-flight syncs finish before this returns (`Controller`'s graceful
+/// shutdown). Reconciles run as tasks `Controller` cancels when this future is
+/// dropped (the runtime aborting the work loop on a lost Lease).
+///
+/// Errors: none once running (watch errors are retried with backoff).
 pub async fn run_loop(
     api: Api<PersistentVolume>,
     reclaimer: Arc<Reclaimer>,
     retry: Arc<RetryPolicy<String>>,
     config: LoopConfig,
     shutdown: CancellationToken,
-    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send,
+    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
 ) -> anyhow::Result<()> {
     let (store, writer) = reflector::store::<PersistentVolume>();
-    let queue = WorkQueue::new();
+    let workers = u16::try_from(config.workers.max(1)).unwrap_or(u16::MAX);
+    let resync = resync_interval(config.resync_period);
+    let ctx = Arc::new(Context {
+        reclaimer,
+        retry,
+        config,
+    });
 
-    // Held by this future: if the runtime aborts the work loop (lost Lease,
-    // grace period over), dropping the set aborts every worker with it.
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..config.workers.max(1) {
-        let (store, reclaimer, queue, retry, config) = (
-            store.clone(),
-            Arc::clone(&reclaimer),
-            queue.clone(),
-            Arc::clone(&retry),
-            config.clone(),
-        );
-        workers.spawn(async move {
-            while let Some(key) = queue.get().await {
-                let _ = process_item(&key, &store, &reclaimer, &queue, &retry, &config).await;
-                queue.done(&key);
-            }
-        });
-    }
-
-    let stream = reflector::reflector(
+    let mut on_synced = Some(on_synced);
+    let (hook_ctx, hook_store) = (Arc::clone(&ctx), store.clone());
+    let trigger = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default()).modify(strip_for_cache),
     )
-    .default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    let mut resync = (!config.resync_period.is_zero()).then(|| {
-        let mut i = tokio::time::interval(config.resync_period);
-        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        i
-    });
-    let mut on_synced = Some(on_synced);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = async { match resync.as_mut() { Some(i) => { i.tick().await; } None => std::future::pending().await } } => {
-                if on_synced.is_none() {
-                    for pv in store.state() {
-                        queue.add(&pv.name_any());
-                    }
+    .default_backoff()
+    .inspect(move |event| match event {
+        Ok(event) => {
+            hook_ctx.observe(event, &hook_store);
+            if matches!(event, watcher::Event::InitDone) {
+                if let Some(f) = on_synced.take() {
+                    tracing::info!(
+                        pvs = hook_store.state().len(),
+                        "PV reflector synced; reconciling"
+                    );
+                    f(&hook_store);
                 }
             }
-            event = stream.next() => match event {
-                None => anyhow::bail!("PV watch stream ended"),
-                Some(Err(err)) => tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff"),
-                Some(Ok(watcher::Event::Apply(pv))) => queue.add(&pv.name_any()),
-                Some(Ok(watcher::Event::Delete(pv))) => {
-                    // Seed forgetVolume: the PV is gone, drop its retry state.
-                    retry.forget(&pv.name_any());
-                    if let Some(uid) = pv.metadata.uid.as_deref() {
-                        reclaimer.forget_uid(uid);
-                    }
-                }
-                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
-                Some(Ok(watcher::Event::InitDone)) => {
-                    let state = store.state();
-                    let alive: HashSet<String> =
-                        state.iter().filter_map(|pv| pv.metadata.uid.clone()).collect();
-                    reclaimer.retain_uids(|uid| alive.contains(uid));
-                    for pv in &state {
-                        queue.add(&pv.name_any());
-                    }
-                    if let Some(f) = on_synced.take() {
-                        tracing::info!(pvs = state.len(), "PV reflector synced; workers started");
-                        f(&store);
-                    }
-                }
-            },
         }
-    }
+        Err(err) => {
+            tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff")
+        }
+    })
+    .applied_objects();
 
-    tracing::info!("shutting down: finishing in-flight PV syncs");
-    queue.shut_down();
-    while workers.join_next().await.is_some() {}
+    let mut controller = Controller::for_stream(trigger, store)
+        .with_config(controller::Config::default().concurrency(workers))
+        .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
+    if let Some(tick) = resync {
+        let ticks = futures::stream::unfold(tick, |mut tick| async move {
+            tick.tick().await;
+            Some(((), tick))
+        });
+        controller = controller.reconcile_all_on(ticks);
+    }
+    controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok(_) => {}
+                // Logged by `error_policy`.
+                Err(controller::Error::ReconcilerFailed(..)) => {}
+                // The PV was deleted before its turn: nothing to do.
+                Err(controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!(pv = %obj.name, "PV gone before its sync")
+                }
+                Err(err) => tracing::warn!(error = %err, "PV controller"),
+            }
+        })
+        .await;
+    tracing::info!("PV controller stopped; in-flight syncs finished");
     Ok(())
 }

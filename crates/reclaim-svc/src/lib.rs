@@ -13,27 +13,27 @@
 //!    ([`decision::should_delete`]), deletes the storage asset through the
 //!    backend, then the PV, then our finalizer ([`operation::Reclaimer`]);
 //! 3. retries failures per PV with backoff up to `--failed-delete-threshold`
-//!    ([`controller`]).
+//!    ([`controller`], on kube-runtime's `Controller`).
 //!
-//! Modules: [`decision`] (pure rules), [`finalizer`] (conflict-safe finalizer
-//! patch), [`operation`] (sync and delete operation), [`common::controller::workqueue`],
-//! [`controller`] (reflector + workers), [`api_calls`] (RBAC declaration).
+//! Modules: [`config`] (flags), [`metrics`], [`decision`] (pure rules), [`finalizer`]
+//! (conflict-safe finalizer patch), [`operation`] (sync and delete operation),
+//! [`controller`] (reflector + `Controller`: reconcile and error policy),
+//! [`sweep`] (leader-start orphan sweep), [`api_calls`] (RBAC declaration).
 
 pub mod api_calls;
+pub mod config;
 pub mod controller;
 pub mod decision;
 pub mod finalizer;
+pub mod metrics;
 pub mod operation;
 pub mod sweep;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use clap::{Args, Parser};
 use common::controller::events::EventSink;
 use common::controller::retry::{FailureThreshold, RetryPolicy};
-use common::service::config::{parse_duration, CommonArgs, RetryArgs, ServiceKind};
-use common::service::metrics::DeleteMetrics;
+use common::service::config::{CommonArgs, RetryArgs, ServiceKind};
 use common::service::runtime::run_service;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -41,75 +41,10 @@ use kube::Api;
 use prometheus::Registry;
 use provisioner_api::Provisioner;
 
+pub use crate::config::{Cli, ReclaimArgs};
 use crate::controller::LoopConfig;
+use crate::metrics::ReclaimMetrics;
 use crate::operation::Reclaimer;
-use crate::sweep::SweepMetrics;
-
-/// Flags of reclaim-svc itself (each with an environment twin).
-#[derive(Debug, Clone, Args)]
-pub struct ReclaimArgs {
-    /// Add the provisioner finalizer to our PVs with reclaim policy `Delete`, so
-    /// a PV object outlives its asset's deletion; when off, the finalizer is
-    /// removed from our PVs (seed `AddFinalizer`).
-    #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
-    pub add_finalizer: bool,
-
-    /// Failed syncs of one PV before it is given up until its next change
-    /// (seed `FailedDeleteThreshold`). 0 retries forever.
-    #[arg(long, env = "FAILED_DELETE_THRESHOLD", default_value_t = 15)]
-    pub failed_delete_threshold: u32,
-
-    /// Upper bound of one PV sync including the backend's delete; `0s` means
-    /// unlimited (seed `DeletionTimeout`, default unlimited). As the seed's
-    /// context timeout, the backend's delete sees the deadline
-    /// (`provisioner_api::deadline`) and a timed-out attempt is a failure: a
-    /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
-    #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
-    pub deletion_timeout: Duration,
-
-    /// Every PV is re-examined this often even without changes (seed resync
-    /// period). `0s` disables.
-    #[arg(long, env = "RESYNC_PERIOD", default_value = "15m", value_parser = parse_duration)]
-    pub resync_period: Duration,
-
-    /// PVs synced concurrently (seed threadiness).
-    #[arg(long, env = "WORKER_THREADS", default_value_t = 4)]
-    pub worker_threads: usize,
-
-    /// Archive orphaned backend volumes the leader-start sweep finds (no PV, no
-    /// pending PV write, no provisioning intent) once their directory is older
-    /// than --sweep-min-age: renamed `archived-<name>` in the base directory,
-    /// never removed, whatever --on-delete says — such a directory may be a
-    /// Retain volume whose PV an admin deleted, or another provisioner's
-    /// in-flight volume in a shared base directory. Off: report them only.
-    #[arg(long, env = "SWEEP_ORPHANS", default_value_t = false, action = clap::ArgAction::Set)]
-    pub sweep_orphans: bool,
-
-    /// Minimum age (newer of directory mtime/ctime) before --sweep-orphans
-    /// archives an orphaned volume; younger orphans are only reported.
-    #[arg(long, env = "SWEEP_MIN_AGE", default_value = "1h", value_parser = parse_duration)]
-    pub sweep_min_age: Duration,
-}
-
-/// The reclaim-svc command line without the backend's flags (the binary adds
-/// `--backend` and the built-in backends' flags, see the `backends` crate).
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "reclaim-svc",
-    version,
-    about = "Deletes released volumes of a Kubernetes external provisioner and manages its PV finalizer"
-)]
-pub struct Cli {
-    /// Shared flags.
-    #[command(flatten)]
-    pub common: CommonArgs,
-    /// Per-PV retry flags.
-    #[command(flatten)]
-    pub retry: RetryArgs,
-    /// reclaim-svc's own flags.
-    #[command(flatten)]
-    pub reclaim: ReclaimArgs,
-}
 
 /// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
 /// and the replica campaigns again, see `common::service::runtime`): serves
@@ -127,8 +62,10 @@ pub async fn run(
     backend: Arc<dyn Provisioner>,
 ) -> anyhow::Result<()> {
     let registry = Registry::new();
-    let metrics = DeleteMetrics::register(&registry);
-    let sweep_metrics = SweepMetrics::register(&registry);
+    let ReclaimMetrics {
+        delete: metrics,
+        sweep: sweep_metrics,
+    } = ReclaimMetrics::register(&registry);
     run_service(
         ServiceKind::Reclaim,
         common,
@@ -158,9 +95,12 @@ pub async fn run(
                     ctx.args.provisioner_name.clone(),
                     reclaim.add_finalizer,
                 ));
-                let policy = Arc::new(RetryPolicy::from_args(&retry));
+                let policy = Arc::new(RetryPolicy::from_args(
+                    ctx.args.retry_backoff(ServiceKind::Reclaim),
+                    &retry,
+                ));
                 let config = LoopConfig {
-                    workers: reclaim.worker_threads,
+                    workers: ctx.args.worker_threads_for(ServiceKind::Reclaim),
                     threshold: FailureThreshold(reclaim.failed_delete_threshold),
                     deletion_timeout: reclaim.deletion_timeout,
                     resync_period: reclaim.resync_period,
@@ -221,42 +161,4 @@ pub async fn run(
         },
     )
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flag_defaults_follow_the_seed() {
-        let cli = Cli::try_parse_from(["reclaim-svc"]).unwrap();
-        assert!(!cli.reclaim.add_finalizer);
-        assert_eq!(cli.reclaim.failed_delete_threshold, 15);
-        assert_eq!(cli.reclaim.deletion_timeout, Duration::ZERO);
-        assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
-        assert_eq!(cli.reclaim.worker_threads, 4);
-        assert!(!cli.reclaim.sweep_orphans);
-        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(3600));
-    }
-
-    #[test]
-    fn flags_parse() {
-        let cli = Cli::try_parse_from([
-            "reclaim-svc",
-            "--add-finalizer=true",
-            "--failed-delete-threshold",
-            "0",
-            "--deletion-timeout",
-            "2m",
-            "--sweep-orphans=true",
-            "--sweep-min-age",
-            "6h",
-        ])
-        .unwrap();
-        assert!(cli.reclaim.add_finalizer);
-        assert_eq!(cli.reclaim.failed_delete_threshold, 0);
-        assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
-        assert!(cli.reclaim.sweep_orphans);
-        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(6 * 3600));
-    }
 }

@@ -31,41 +31,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::service::metrics;
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
-use prometheus::{IntGauge, Registry};
 use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
 
-/// Gauges of the last sweep.
-#[derive(Clone)]
-pub struct SweepMetrics {
-    /// `reclaim_orphan_volumes`: orphans the last sweep found.
-    pub found: IntGauge,
-    /// `reclaim_orphan_volumes_archived`: orphans the last sweep archived.
-    pub archived: IntGauge,
-}
-
-impl SweepMetrics {
-    /// Create and register both gauges.
-    pub fn register(registry: &Registry) -> Self {
-        Self {
-            found: metrics::gauge(
-                registry,
-                "reclaim_orphan_volumes",
-                "Backend volumes found by the last orphan sweep with no PV, no pending PV write and no provisioning intent.",
-            ),
-            archived: metrics::gauge(
-                registry,
-                "reclaim_orphan_volumes_archived",
-                "Orphaned backend volumes older than --sweep-min-age archived (renamed archived-<name>, never removed) by the last orphan sweep (only with --sweep-orphans).",
-            ),
-        }
-    }
-}
+pub use crate::metrics::SweepMetrics;
 
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
@@ -286,6 +259,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::Registry;
     use provisioner_api::testing::FakeProvisioner;
 
     struct Fake {

@@ -8,18 +8,18 @@ use std::time::Duration;
 
 use api_types::{ANN_DYNAMICALLY_PROVISIONED, FINALIZER_PV, FINALIZER_PV_PROTECTION};
 use common::controller::retry::{FailureThreshold, RetryPolicy};
-use common::controller::workqueue::WorkQueue;
 use common::service::metrics::{render, DeleteMetrics};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
 use kube::{Api, Client};
 use prometheus::Registry;
 use provisioner_api::testing::FakeProvisioner;
 use provisioner_api::DeleteError;
-use reclaim_svc::controller::{process_item, LoopConfig};
+use reclaim_svc::controller::{error_policy, reconcile, Context, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
 
 const ME: &str = "example.com/hostpath";
@@ -204,7 +204,7 @@ struct Harness {
     backend: Arc<FakeProvisioner>,
     events: Arc<Events>,
     registry: Registry,
-    reclaimer: Reclaimer,
+    reclaimer: Arc<Reclaimer>,
 }
 
 fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
@@ -213,14 +213,14 @@ fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
     let events = Arc::new(Events::default());
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
-    let reclaimer = Reclaimer::new(
+    let reclaimer = Arc::new(Reclaimer::new(
         Api::all(api.client()),
         backend.clone(),
         events.clone(),
         metrics,
         ME.to_string(),
         add_finalizer,
-    );
+    ));
     Harness {
         api,
         backend,
@@ -448,38 +448,81 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     h.api.put(pv.clone());
     let (store, mut writer) = reflector::store::<PersistentVolume>();
     writer.apply_watcher_event(&watcher::Event::Apply(stored(&h, "pvc-1")));
-    let queue = WorkQueue::new();
-    let retry = RetryPolicy::<String>::new(Duration::ZERO, Duration::ZERO, 0.0, 1);
-    let config = LoopConfig {
-        workers: 1,
-        threshold: FailureThreshold(3),
-        deletion_timeout: Duration::ZERO,
-        resync_period: Duration::ZERO,
-    };
+    let ctx = Arc::new(Context {
+        reclaimer: h.reclaimer.clone(),
+        retry: Arc::new(RetryPolicy::<String>::new(
+            Duration::from_secs(15),
+            Duration::from_secs(1000),
+            0.0,
+            1,
+        )),
+        config: LoopConfig {
+            workers: 1,
+            threshold: FailureThreshold(3),
+            deletion_timeout: Duration::ZERO,
+            resync_period: Duration::ZERO,
+        },
+    });
     let key = "pvc-1".to_string();
-    queue.add(&key);
     for attempt in 1..=4u32 {
-        let k = queue.get().await.expect("PV queued");
-        assert!(
-            process_item(&k, &store, &h.reclaimer, &queue, &retry, &config)
-                .await
-                .is_err()
+        let pv = Arc::new(stored(&h, "pvc-1"));
+        let err = reconcile(pv.clone(), ctx.clone()).await.unwrap_err();
+        let action = error_policy(pv, &err, ctx.clone());
+        // Requeued with the per-PV backoff (15s doubling) while the failures
+        // before this one (attempt - 1) are < 3; the 4th failure gives up until
+        // the PV changes and keeps the count ("Done but not Forget").
+        let expected = match attempt {
+            1 => Action::requeue(Duration::from_secs(15)),
+            2 => Action::requeue(Duration::from_secs(30)),
+            3 => Action::requeue(Duration::from_secs(60)),
+            _ => Action::await_change(),
+        };
+        assert_eq!(action, expected, "attempt {attempt}");
+        assert_eq!(
+            ctx.retry.requeues(&key),
+            attempt.min(3),
+            "attempt {attempt}"
         );
-        queue.done(&k);
-        // Requeued while the failures before this one (attempt - 1) are < 3;
-        // the 4th failure gives up and keeps the count ("Done but not Forget").
-        assert_eq!(queue.len(), usize::from(attempt <= 3), "attempt {attempt}");
-        assert_eq!(retry.requeues(&key), attempt.min(3), "attempt {attempt}");
     }
     assert_eq!(h.backend.deleted().len(), 4);
     assert_eq!(h.events.0.lock().unwrap().len(), 4);
 
-    // A PV gone from the cache is done: failures are forgotten.
-    let (empty, _w) = reflector::store::<PersistentVolume>();
-    process_item("pvc-1", &empty, &h.reclaimer, &queue, &retry, &config)
+    // A deleted PV is forgotten: its failures are dropped (seed forgetVolume).
+    let gone = stored(&h, "pvc-1");
+    writer.apply_watcher_event(&watcher::Event::Delete(gone.clone()));
+    ctx.observe(&watcher::Event::Delete(gone), &store);
+    assert_eq!(ctx.retry.requeues(&key), 0);
+}
+
+#[tokio::test]
+async fn a_successful_sync_forgets_earlier_failures() {
+    let h = harness(Ok(()), false);
+    h.api.put(released("pvc-1", &[]));
+    let ctx = Arc::new(Context {
+        reclaimer: h.reclaimer.clone(),
+        retry: Arc::new(RetryPolicy::<String>::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0.0,
+            1,
+        )),
+        config: LoopConfig {
+            workers: 1,
+            threshold: FailureThreshold(15),
+            deletion_timeout: Duration::ZERO,
+            resync_period: Duration::ZERO,
+        },
+    });
+    let key = "pvc-1".to_string();
+    ctx.retry.next_delay(&key);
+    ctx.retry.next_delay(&key);
+    assert_eq!(ctx.retry.requeues(&key), 2);
+    let action = reconcile(Arc::new(stored(&h, "pvc-1")), ctx.clone())
         .await
         .unwrap();
-    assert_eq!(retry.requeues(&"pvc-1".to_string()), 0);
+    assert_eq!(action, Action::await_change());
+    assert_eq!(ctx.retry.requeues(&key), 0);
+    assert_eq!(h.backend.deleted().len(), 1);
 }
 
 /// `--deletion-timeout` runs `process_item` against `backend`; returns the
@@ -491,34 +534,33 @@ async fn sync_with_deletion_timeout(
     api.put(released("pvc-1", &[]));
     let events = Arc::new(Events::default());
     let registry = Registry::new();
-    let reclaimer = Reclaimer::new(
+    let reclaimer = Arc::new(Reclaimer::new(
         Api::all(api.client()),
         backend,
         events.clone(),
         DeleteMetrics::register(&registry),
         ME.into(),
         false,
-    );
-    let (store, mut writer) = reflector::store::<PersistentVolume>();
-    writer.apply_watcher_event(&watcher::Event::Apply(api.get("pvc-1").unwrap()));
-    let config = LoopConfig {
-        workers: 1,
-        threshold: FailureThreshold(15),
-        deletion_timeout: Duration::from_secs(5),
-        resync_period: Duration::ZERO,
-    };
-    let retry = RetryPolicy::<String>::new(Duration::from_secs(1), Duration::from_secs(1), 0.0, 1);
+    ));
+    let ctx = Arc::new(Context {
+        reclaimer,
+        retry: Arc::new(RetryPolicy::<String>::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0.0,
+            1,
+        )),
+        config: LoopConfig {
+            workers: 1,
+            threshold: FailureThreshold(15),
+            deletion_timeout: Duration::from_secs(5),
+            resync_period: Duration::ZERO,
+        },
+    });
     let start = tokio::time::Instant::now();
-    let err = process_item(
-        "pvc-1",
-        &store,
-        &reclaimer,
-        &WorkQueue::new(),
-        &retry,
-        &config,
-    )
-    .await
-    .unwrap_err();
+    let err = reconcile(Arc::new(api.get("pvc-1").unwrap()), ctx)
+        .await
+        .unwrap_err();
     let took = start.elapsed();
     let events = events.0.lock().unwrap().clone();
     (err, events, render(&registry), took, api)

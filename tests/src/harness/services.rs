@@ -188,11 +188,11 @@ impl ServiceSettings {
             self.lease_namespace.clone(),
             "--leader-election-identity".into(),
             identity(service, replica),
-            "--lease-duration".into(),
+            "--leader-election-lease-duration".into(),
             secs(self.lease_duration),
-            "--renew-deadline".into(),
+            "--leader-election-renew-deadline".into(),
             secs(self.renew_deadline),
-            "--retry-period".into(),
+            "--leader-election-retry-period".into(),
             secs(self.retry_period),
             "--kube-api-qps".into(),
             self.kube_api_qps.to_string(),
@@ -221,20 +221,13 @@ impl ServiceSettings {
                 a.push("--add-finalizer=true".into());
             }
         }
-        match service {
-            Service::PvWriter => a.extend([
-                "--retry-initial".into(),
-                secs(self.retry_initial),
-                "--retry-max".into(),
-                secs(self.retry_max),
-            ]),
-            _ => a.extend([
-                "--retry-initial-delay".into(),
-                secs(self.retry_initial),
-                "--retry-max-delay".into(),
-                secs(self.retry_max),
-            ]),
-        }
+        // The same shared flags in all three services (common::service::config).
+        a.extend([
+            "--retry-interval-start".into(),
+            secs(self.retry_initial),
+            "--retry-interval-max".into(),
+            secs(self.retry_max),
+        ]);
         for (s, extra) in &self.extra_args {
             if *s == service {
                 a.extend(extra.iter().cloned());

@@ -1,14 +1,90 @@
-//! Retry policy of the work queues: client-go's default controller rate limiter
-//! as the seed uses it — the larger of a per-item exponential backoff
-//! (`initial · 2^(failures-1)`, capped) and an overall token bucket shared by
-//! all items — plus the failed-attempt threshold after which an item is given up.
+//! Retrying, in one place: the one delay policy ([`Backoff`]: exponential and
+//! capped, or constant), the one loop that retries an
+//! operation under it until it succeeds or the service shuts down
+//! ([`Backoff::retry`]: Redis connections, Redis calls while settling a PV
+//! write, cleanups of the start-up walk), and the work queues' retry policy
+//! ([`RetryPolicy`]: client-go's default controller rate limiter as the seed
+//! uses it — the larger of a per-item [`Backoff`] and an overall token bucket
+//! shared by all items — plus the failed-attempt threshold after which an item
+//! is given up).
+//!
+//! Hand-written rather than `backon`/`backoff`: the per-item failure counts and
+//! the shared bucket of client-go's limiter have no equivalent there, and the
+//! single-operation loop is a dozen lines that also needs the shutdown token.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::service::config::RetryArgs;
+
+/// A retry delay policy: after the `n`-th consecutive failure (1-based) wait
+/// `initial · 2^(n-1)`, capped at `max` (a constant policy has
+/// `initial == max`). Callers that want jitter scale [`delay`](Self::delay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay after the first failure.
+    pub initial: Duration,
+    /// Cap of the delay.
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// `initial` doubling per failure up to `max`, no jitter.
+    pub fn exponential(initial: Duration, max: Duration) -> Self {
+        Backoff { initial, max }
+    }
+
+    /// The same `period` after every failure.
+    pub fn constant(period: Duration) -> Self {
+        Self::exponential(period, period)
+    }
+
+    /// The delay after the `failures`-th consecutive failure (counted from 1;
+    /// 0 is treated as 1).
+    pub fn delay(&self, failures: u32) -> Duration {
+        backoff(self.initial, self.max, failures.max(1))
+    }
+
+    /// Run `op` until it returns `Ok`, waiting [`delay`](Self::delay)`(n)`
+    /// after its `n`-th failure; `on_error(&error, n, delay)` sees each
+    /// failure first (log it, report not-ready). Returns `Some(value)`, or
+    /// `None` as soon as `shutdown` fires (between attempts; an attempt in
+    /// progress is not interrupted). Outcomes that must not be retried belong
+    /// in `T`.
+    pub async fn retry<T, E, F, Fut>(
+        &self,
+        shutdown: &CancellationToken,
+        mut op: F,
+        mut on_error: impl FnMut(&E, u32, Duration),
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        let mut failures = 0u32;
+        loop {
+            if shutdown.is_cancelled() {
+                return None;
+            }
+            match op().await {
+                Ok(v) => return Some(v),
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let delay = self.delay(failures);
+                    on_error(&e, failures, delay);
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return None,
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// How many failed attempts an item gets (seed `failedProvisionThreshold` /
 /// `failedDeleteThreshold`, default 15). `0` means retry forever.
@@ -56,8 +132,7 @@ impl Bucket {
 /// Keys are whatever identifies a work item (claim uid, PV name). Thread-safe.
 #[derive(Debug)]
 pub struct RetryPolicy<K> {
-    initial: Duration,
-    max: Duration,
+    per_item: Backoff,
     failures: Mutex<HashMap<K, u32>>,
     bucket: Mutex<Bucket>,
 }
@@ -67,8 +142,7 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
     /// overall limit of `qps` retries per second with `burst` (qps ≤ 0 disables it).
     pub fn new(initial: Duration, max: Duration, qps: f64, burst: u32) -> Self {
         RetryPolicy {
-            initial,
-            max,
+            per_item: Backoff::exponential(initial, max),
             failures: Mutex::new(HashMap::new()),
             bucket: Mutex::new(Bucket {
                 qps,
@@ -79,11 +153,13 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
         }
     }
 
-    /// Policy from the shared `--retry-*` flags.
-    pub fn from_args(args: &RetryArgs) -> Self {
+    /// Policy from the per-item `per_item` backoff
+    /// ([`CommonArgs::retry_backoff`](crate::service::config::CommonArgs::retry_backoff))
+    /// and the `--retry-qps`/`--retry-burst` flags.
+    pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
         Self::new(
-            args.retry_initial_delay,
-            args.retry_max_delay,
+            per_item.initial,
+            per_item.max,
             args.retry_qps,
             args.retry_burst,
         )
@@ -98,7 +174,7 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
             *n = n.saturating_add(1);
             *n
         };
-        let per_item = backoff(self.initial, self.max, failures);
+        let per_item = self.per_item.delay(failures);
         let overall = self
             .bucket
             .lock()
@@ -183,6 +259,89 @@ mod tests {
             d > Duration::from_millis(190) && d <= Duration::from_millis(200),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn constant_and_exponential_backoff() {
+        let c = Backoff::constant(Duration::from_millis(500));
+        assert_eq!(c.delay(1), Duration::from_millis(500));
+        assert_eq!(c.delay(40), Duration::from_millis(500));
+        let e = Backoff::exponential(Duration::from_secs(1), Duration::from_secs(300));
+        assert_eq!(e.delay(0), Duration::from_secs(1));
+        assert_eq!(e.delay(3), Duration::from_secs(4));
+        assert_eq!(e.delay(10), Duration::from_secs(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_backs_off_until_ok() {
+        let stop = CancellationToken::new();
+        let policy = Backoff::exponential(Duration::from_secs(1), Duration::from_secs(4));
+        let mut calls = 0u32;
+        let mut seen = Vec::new();
+        let start = tokio::time::Instant::now();
+        let got = policy
+            .retry(
+                &stop,
+                || {
+                    calls += 1;
+                    let n = calls;
+                    async move {
+                        if n < 5 {
+                            Err(n)
+                        } else {
+                            Ok("done")
+                        }
+                    }
+                },
+                |e: &u32, failures, delay| seen.push((*e, failures, delay)),
+            )
+            .await;
+        assert_eq!(got, Some("done"));
+        let secs = |s| Duration::from_secs(s);
+        assert_eq!(
+            seen,
+            vec![
+                (1, 1, secs(1)),
+                (2, 2, secs(2)),
+                (3, 3, secs(4)),
+                (4, 4, secs(4))
+            ]
+        );
+        assert_eq!(start.elapsed(), secs(11));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_stops_on_shutdown() {
+        let stop = CancellationToken::new();
+        let policy = Backoff::constant(Duration::from_secs(3600));
+        let canceller = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                stop.cancel();
+            })
+        };
+        let start = tokio::time::Instant::now();
+        let got: Option<()> = policy
+            .retry(&stop, || async { Err::<(), _>("down") }, |_, _, _| {})
+            .await;
+        assert_eq!(got, None);
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        canceller.await.unwrap();
+        // Already shut down: no attempt at all.
+        let mut called = false;
+        let got: Option<()> = policy
+            .retry(
+                &stop,
+                || {
+                    called = true;
+                    async { Ok::<(), ()>(()) }
+                },
+                |_, _, _| {},
+            )
+            .await;
+        assert_eq!(got, None);
+        assert!(!called);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A de-duplicating work queue with client-go workqueue semantics, as the seed's
-//! claim and volume queues rely on them:
+//! claim queue relies on them (provision-svc's claims; reclaim-svc runs on
+//! kube-runtime's `Controller` instead, see below):
 //!
 //! * a key queued twice before a worker takes it is processed once;
 //! * a key is never handed to two workers at once — a key added while it is
@@ -8,11 +9,14 @@
 //! * after [`WorkQueue::shut_down`], [`WorkQueue::get`] returns `None` and adds
 //!   are ignored, so workers finish their in-flight item and stop.
 //!
-//! Why not kube-runtime's `Controller`: the seed keys claims by uid and keeps
-//! processing a claim that is provisioning in the background after the claim
-//! object is gone from the cache; `Controller` drops every request whose object
-//! is missing from its store. The services still use kube-runtime's watcher and
-//! reflector stores to feed this queue.
+//! Why hand-written, and only for provision-svc: the seed keys claims by uid
+//! and keeps processing a claim that is provisioning in the background after
+//! the claim object is gone from the cache (seed `claimsInProgress`);
+//! kube-runtime's `Controller` drops every request whose object is missing
+//! from its store. That is right for PVs, which are keyed by name and have
+//! nothing left to do once gone, so reclaim-svc uses `Controller`
+//! (reconcile + error policy). provision-svc still feeds this queue from
+//! kube-runtime's watcher and reflector stores.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,19 @@
 //! Command-line flags shared by every service, each with an environment-variable
 //! twin (flag `--kube-api-qps` ⇔ env `KUBE_API_QPS`). Services `#[command(flatten)]`
-//! [`CommonArgs`] into their own clap parser.
+//! [`CommonArgs`] into their own clap parser, so a flag with one meaning has one
+//! name in all three services.
+//!
+//! Where kubernetes-csi/external-provisioner has a flag with the same meaning,
+//! its name is used: `--leader-election-lease-duration`,
+//! `--leader-election-renew-deadline`, `--leader-election-retry-period`,
+//! `--http-endpoint`, `--retry-interval-start`, `--retry-interval-max`,
+//! `--worker-threads`. The names these flags had before keep working as
+//! aliases (`--lease-duration`, `--renew-deadline`, `--retry-period`,
+//! `--retry-initial-delay`/`--retry-initial`, `--retry-max-delay`/`--retry-max`,
+//! `--workers`; `--http-address`/`--http-port` stay as the split form of
+//! `--http-endpoint`).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,6 +24,40 @@ use clap::{Args, ValueEnum};
 /// Errors: a message naming the bad input, for clap to print.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+/// Parse `--http-endpoint`: `host:port` with an IP host, or `:port` for all
+/// IPv4 interfaces (external-provisioner's `--http-endpoint=:8080` form).
+/// IPv6 hosts take brackets (`[::1]:9101`).
+///
+/// Errors: a message naming the bad input, for clap to print.
+pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
+    let bad = |e: &dyn std::fmt::Display| {
+        format!("invalid HTTP endpoint {s:?} (want HOST:PORT or :PORT): {e}")
+    };
+    match s.strip_prefix(':') {
+        Some(port) => port
+            .parse::<u16>()
+            .map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), p))
+            .map_err(|e| bad(&e)),
+        None => s.parse::<SocketAddr>().map_err(|e| bad(&e)),
+    }
+}
+
+/// Whether a `--resync-period` is on, and its ticker: `None` for `0s`
+/// ("off", as the seed's informer with resync period 0), else a
+/// [`tokio::time::Interval`] whose first tick comes one `period` from now and
+/// that delays (never bursts) missed ticks.
+///
+/// Why a helper: `tokio::time::interval(Duration::ZERO)` panics, which used to
+/// kill a service's resync task when an operator turned resync off.
+pub fn resync_interval(period: Duration) -> Option<tokio::time::Interval> {
+    if period.is_zero() {
+        return None;
+    }
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    Some(tick)
 }
 
 /// Log output format.
@@ -63,6 +108,30 @@ impl ServiceKind {
             ServiceKind::Reclaim => 9103,
         }
     }
+
+    /// Default `--worker-threads`: 8 claims (the seed's 4 is too few when the
+    /// Redis round trips per claim are the limit), 16 PV writes, 4 PVs (seed
+    /// threadiness).
+    pub fn default_worker_threads(self) -> u32 {
+        match self {
+            ServiceKind::Provision => 8,
+            ServiceKind::PvWriter => 16,
+            ServiceKind::Reclaim => 4,
+        }
+    }
+
+    /// Default `--retry-interval-start` / `--retry-interval-max`: the seed's
+    /// work-queue backoff (15s doubling to 1000s) for claims and PVs;
+    /// 1s doubling to 5m for pv-writer's queue entries (a PV write is cheap
+    /// and retried forever).
+    pub fn default_retry_intervals(self) -> (Duration, Duration) {
+        match self {
+            ServiceKind::Provision | ServiceKind::Reclaim => {
+                (Duration::from_secs(15), Duration::from_secs(1000))
+            }
+            ServiceKind::PvWriter => (Duration::from_secs(1), Duration::from_secs(300)),
+        }
+    }
 }
 
 /// Flags every service takes.
@@ -108,26 +177,104 @@ pub struct CommonArgs {
     #[arg(long, env = "LEADER_ELECTION_IDENTITY")]
     pub leader_election_identity: Option<String>,
 
-    /// How long a Lease is valid without renewal; a standby takes over after it.
-    #[arg(long, env = "LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    /// How long a Lease is valid without renewal; a standby takes over after it
+    /// (alias `--lease-duration`).
+    #[arg(
+        long = "leader-election-lease-duration",
+        alias = "lease-duration",
+        env = "LEADER_ELECTION_LEASE_DURATION",
+        default_value = "15s",
+        value_parser = parse_duration
+    )]
     pub lease_duration: Duration,
 
-    /// How long the leader keeps trying to renew before it gives up leadership.
-    #[arg(long, env = "RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    /// How long the leader keeps trying to renew before it gives up leadership
+    /// (alias `--renew-deadline`).
+    #[arg(
+        long = "leader-election-renew-deadline",
+        alias = "renew-deadline",
+        env = "LEADER_ELECTION_RENEW_DEADLINE",
+        default_value = "10s",
+        value_parser = parse_duration
+    )]
     pub renew_deadline: Duration,
 
-    /// How often candidates try to acquire, and the leader to renew, the Lease.
-    #[arg(long, env = "RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    /// How often candidates try to acquire, and the leader to renew, the Lease
+    /// (alias `--retry-period`). Only the Lease: Redis reconnects wait
+    /// `--redis-reconnect-period`.
+    #[arg(
+        long = "leader-election-retry-period",
+        alias = "retry-period",
+        env = "LEADER_ELECTION_RETRY_PERIOD",
+        default_value = "2s",
+        value_parser = parse_duration
+    )]
     pub retry_period: Duration,
 
-    /// Address the HTTP server (metrics, health) listens on.
+    /// How long to wait between attempts to (re)connect to Redis, or to repeat a
+    /// Redis call that failed for want of a connection.
+    /// Default 500ms (pv-writer's fixed interval before this flag; provision-svc
+    /// used to wait `--retry-period`).
+    #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration)]
+    pub redis_reconnect_period: Duration,
+
+    /// `HOST:PORT` (or `:PORT`, all interfaces) the HTTP server (metrics,
+    /// health) listens on, as external-provisioner's `--http-endpoint`.
+    /// Default: `--http-address`:`--http-port`, i.e. `0.0.0.0:9101`
+    /// provision-svc, `:9102` pv-writer, `:9103` reclaim-svc. Port 0 picks a
+    /// free port (logged).
+    #[arg(
+        long,
+        env = "HTTP_ENDPOINT",
+        value_parser = parse_http_endpoint,
+        conflicts_with_all = ["http_address", "http_port"]
+    )]
+    pub http_endpoint: Option<SocketAddr>,
+
+    /// Address the HTTP server listens on when `--http-endpoint` is not given.
     #[arg(long, env = "HTTP_ADDRESS", default_value = "0.0.0.0")]
     pub http_address: IpAddr,
 
-    /// Port of the HTTP server. Default: 9101 provision-svc, 9102 pv-writer,
-    /// 9103 reclaim-svc. 0 picks a free port (logged).
+    /// Port of the HTTP server when `--http-endpoint` is not given. Default:
+    /// 9101 provision-svc, 9102 pv-writer, 9103 reclaim-svc. 0 picks a free
+    /// port (logged).
     #[arg(long, env = "HTTP_PORT")]
     pub http_port: Option<u16>,
+
+    /// First retry delay of a failed work item (claim, PV-write queue entry,
+    /// PV); doubles per consecutive failure of that item up to
+    /// `--retry-interval-max`. Default: 15s provision-svc and reclaim-svc (the
+    /// seed's work queue), 1s pv-writer. Aliases: `--retry-initial-delay`,
+    /// `--retry-initial`.
+    #[arg(
+        long = "retry-interval-start",
+        aliases = ["retry-initial-delay", "retry-initial"],
+        env = "RETRY_INTERVAL_START",
+        value_parser = parse_duration
+    )]
+    pub retry_interval_start: Option<Duration>,
+
+    /// Cap of a failed work item's retry delay. Default: 1000s provision-svc
+    /// and reclaim-svc (the seed's), 5m pv-writer. Aliases:
+    /// `--retry-max-delay`, `--retry-max`.
+    #[arg(
+        long = "retry-interval-max",
+        aliases = ["retry-max-delay", "retry-max"],
+        env = "RETRY_INTERVAL_MAX",
+        value_parser = parse_duration
+    )]
+    pub retry_interval_max: Option<Duration>,
+
+    /// Work items handled concurrently: claims (provision-svc, default 8), PV
+    /// writes (pv-writer, default 16), PVs (reclaim-svc, default 4). 1–1024.
+    /// Alias: `--workers`.
+    #[arg(
+        long = "worker-threads",
+        alias = "workers",
+        env = "WORKER_THREADS",
+        value_parser = clap::value_parser!(u32).range(1..=1024)
+    )]
+    pub worker_threads: Option<u32>,
 
     /// Path of the Prometheus metrics endpoint.
     #[arg(long, env = "METRICS_PATH", default_value = "/metrics")]
@@ -148,18 +295,11 @@ pub struct CommonArgs {
     pub shutdown_grace_period: Duration,
 }
 
-/// Per-item retry flags of the claim/volume work queues (seed defaults: per item
-/// 15s doubling to 1000s, overall 10 retries/s with burst 100).
+/// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
+/// burst 100 across all items); the per-item backoff is
+/// `--retry-interval-start`/`--retry-interval-max` in [`CommonArgs`].
 #[derive(Debug, Clone, Args)]
 pub struct RetryArgs {
-    /// First retry delay of a failed item; doubles per consecutive failure.
-    #[arg(long, env = "RETRY_INITIAL_DELAY", default_value = "15s", value_parser = parse_duration)]
-    pub retry_initial_delay: Duration,
-
-    /// Cap of a failed item's retry delay.
-    #[arg(long, env = "RETRY_MAX_DELAY", default_value = "1000s", value_parser = parse_duration)]
-    pub retry_max_delay: Duration,
-
     /// Overall retries per second across all items (token bucket refill). 0 disables.
     #[arg(long, env = "RETRY_QPS", default_value_t = 10.0)]
     pub retry_qps: f64,
@@ -170,9 +310,45 @@ pub struct RetryArgs {
 }
 
 impl CommonArgs {
-    /// The HTTP port to bind: `--http-port`, else the service's default.
+    /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
+    /// service's default.
     pub fn http_port_for(&self, kind: ServiceKind) -> u16 {
-        self.http_port.unwrap_or_else(|| kind.default_http_port())
+        match self.http_endpoint {
+            Some(endpoint) => endpoint.port(),
+            None => self.http_port.unwrap_or_else(|| kind.default_http_port()),
+        }
+    }
+
+    /// The HTTP server's address: `--http-endpoint`, else
+    /// `--http-address`:[`http_port_for`](Self::http_port_for).
+    pub fn http_socket_addr(&self, kind: ServiceKind) -> SocketAddr {
+        self.http_endpoint
+            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(kind)))
+    }
+
+    /// `--worker-threads`, else the service's default (see
+    /// [`ServiceKind::default_worker_threads`]); at least 1.
+    pub fn worker_threads_for(&self, kind: ServiceKind) -> usize {
+        self.worker_threads
+            .unwrap_or_else(|| kind.default_worker_threads())
+            .max(1) as usize
+    }
+
+    /// The per-item retry backoff: `--retry-interval-start` doubling up to
+    /// `--retry-interval-max`, each defaulting per service (see
+    /// [`ServiceKind::default_retry_intervals`]).
+    pub fn retry_backoff(&self, kind: ServiceKind) -> crate::controller::retry::Backoff {
+        let (start, max) = kind.default_retry_intervals();
+        crate::controller::retry::Backoff::exponential(
+            self.retry_interval_start.unwrap_or(start),
+            self.retry_interval_max.unwrap_or(max),
+        )
+    }
+
+    /// How Redis (re)connections are retried: every `--redis-reconnect-period`
+    /// until they succeed or the service shuts down.
+    pub fn redis_reconnect(&self) -> crate::controller::retry::Backoff {
+        crate::controller::retry::Backoff::constant(self.redis_reconnect_period)
     }
 }
 
@@ -195,12 +371,36 @@ mod tests {
         assert_eq!(cli.common.lease_duration, Duration::from_secs(15));
         assert_eq!(cli.common.renew_deadline, Duration::from_secs(10));
         assert_eq!(cli.common.retry_period, Duration::from_secs(2));
+        assert_eq!(
+            cli.common.redis_reconnect_period,
+            Duration::from_millis(500)
+        );
         assert_eq!(cli.common.kube_api_qps, 200.0);
         assert_eq!(cli.common.kube_api_burst, 400);
         assert!(cli.common.leader_election);
-        assert_eq!(cli.retry.retry_initial_delay, Duration::from_secs(15));
-        assert_eq!(cli.retry.retry_max_delay, Duration::from_secs(1000));
+        let seed = crate::controller::retry::Backoff::exponential(
+            Duration::from_secs(15),
+            Duration::from_secs(1000),
+        );
+        assert_eq!(cli.common.retry_backoff(ServiceKind::Provision), seed);
+        assert_eq!(cli.common.retry_backoff(ServiceKind::Reclaim), seed);
+        assert_eq!(
+            cli.common.retry_backoff(ServiceKind::PvWriter),
+            crate::controller::retry::Backoff::exponential(
+                Duration::from_secs(1),
+                Duration::from_secs(300)
+            )
+        );
+        assert_eq!(cli.common.worker_threads_for(ServiceKind::Provision), 8);
+        assert_eq!(cli.common.worker_threads_for(ServiceKind::PvWriter), 16);
+        assert_eq!(cli.common.worker_threads_for(ServiceKind::Reclaim), 4);
+        assert_eq!(cli.retry.retry_qps, 10.0);
+        assert_eq!(cli.retry.retry_burst, 100);
         assert_eq!(cli.common.http_port_for(ServiceKind::PvWriter), 9102);
+        assert_eq!(
+            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            "0.0.0.0:9103".parse().unwrap()
+        );
     }
 
     #[test]
@@ -208,7 +408,7 @@ mod tests {
         let cli = Cli::try_parse_from([
             "x",
             "--leader-election=false",
-            "--lease-duration",
+            "--leader-election-lease-duration",
             "1m30s",
             "--http-port",
             "0",
@@ -217,6 +417,130 @@ mod tests {
         assert!(!cli.common.leader_election);
         assert_eq!(cli.common.lease_duration, Duration::from_secs(90));
         assert_eq!(cli.common.http_port_for(ServiceKind::Provision), 0);
-        assert!(Cli::try_parse_from(["x", "--lease-duration", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--leader-election-lease-duration", "soon"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--worker-threads", "0"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--worker-threads", "1025"]).is_err());
+    }
+
+    /// Parse `args` and return what every renamed flag parsed to.
+    fn renamed(args: &[&str]) -> (Duration, Duration, Duration, Duration, Duration, usize) {
+        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
+        let c = cli.common;
+        let b = c.retry_backoff(ServiceKind::Provision);
+        (
+            c.lease_duration,
+            c.renew_deadline,
+            c.retry_period,
+            b.initial,
+            b.max,
+            c.worker_threads_for(ServiceKind::Provision),
+        )
+    }
+
+    #[test]
+    fn external_provisioner_names_and_old_names_parse_alike() {
+        let new = renamed(&[
+            "--leader-election-lease-duration=31s",
+            "--leader-election-renew-deadline=21s",
+            "--leader-election-retry-period=3s",
+            "--retry-interval-start=2s",
+            "--retry-interval-max=7m",
+            "--worker-threads=12",
+        ]);
+        let expected = (
+            Duration::from_secs(31),
+            Duration::from_secs(21),
+            Duration::from_secs(3),
+            Duration::from_secs(2),
+            Duration::from_secs(420),
+            12,
+        );
+        assert_eq!(new, expected);
+        // provision-svc's and reclaim-svc's old names.
+        let old = renamed(&[
+            "--lease-duration=31s",
+            "--renew-deadline=21s",
+            "--retry-period=3s",
+            "--retry-initial-delay=2s",
+            "--retry-max-delay=7m",
+            "--worker-threads=12",
+        ]);
+        assert_eq!(old, expected);
+        // pv-writer's old names.
+        let old = renamed(&[
+            "--lease-duration",
+            "31s",
+            "--renew-deadline",
+            "21s",
+            "--retry-period",
+            "3s",
+            "--retry-initial",
+            "2s",
+            "--retry-max",
+            "7m",
+            "--workers",
+            "12",
+        ]);
+        assert_eq!(old, expected);
+    }
+
+    #[test]
+    fn http_endpoint_or_address_and_port() {
+        let cli = Cli::try_parse_from(["x", "--http-endpoint", ":8080"]).unwrap();
+        assert_eq!(
+            cli.common.http_socket_addr(ServiceKind::Provision),
+            "0.0.0.0:8080".parse().unwrap()
+        );
+        assert_eq!(cli.common.http_port_for(ServiceKind::Provision), 8080);
+        let cli = Cli::try_parse_from(["x", "--http-endpoint=127.0.0.1:0"]).unwrap();
+        assert_eq!(
+            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        let cli = Cli::try_parse_from(["x", "--http-endpoint=[::1]:9"]).unwrap();
+        assert_eq!(
+            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            "[::1]:9".parse().unwrap()
+        );
+        let split =
+            Cli::try_parse_from(["x", "--http-address", "127.0.0.1", "--http-port", "8080"])
+                .unwrap();
+        assert_eq!(
+            split.common.http_socket_addr(ServiceKind::PvWriter),
+            "127.0.0.1:8080".parse().unwrap()
+        );
+        assert!(Cli::try_parse_from(["x", "--http-endpoint=:1", "--http-port=2"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--http-endpoint=localhost"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--http-endpoint=:99999"]).is_err());
+    }
+
+    #[test]
+    fn redis_reconnect_period_is_its_own_flag() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--leader-election-retry-period=5s",
+            "--redis-reconnect-period=250ms",
+        ])
+        .unwrap();
+        assert_eq!(cli.common.retry_period, Duration::from_secs(5));
+        assert_eq!(
+            cli.common.redis_reconnect(),
+            crate::controller::retry::Backoff::constant(Duration::from_millis(250))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resync_period_zero_is_off() {
+        assert!(resync_interval(Duration::ZERO).is_none());
+        let start = tokio::time::Instant::now();
+        let mut tick = resync_interval(Duration::from_secs(60)).unwrap();
+        tick.tick().await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(60),
+            "first tick one period out"
+        );
+        tick.tick().await;
+        assert_eq!(start.elapsed(), Duration::from_secs(120));
     }
 }

@@ -132,7 +132,7 @@ where
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
     let leader_gauge = crate::service::metrics::leader_gauge(&registry);
-    let addr = SocketAddr::new(args.http_address, args.http_port_for(kind));
+    let addr = args.http_socket_addr(kind);
     let (http_addr, server) = http::serve(
         addr,
         http::router(registry.clone(), readiness.clone(), &args.metrics_path),

@@ -1,7 +1,10 @@
-//! The seed's claim logic: `shouldProvision`, `provisionClaimOperation`,
-//! `provisionVolumeErrorHandling`, `rescheduleProvisioning`, `syncClaim` and the
-//! failure handling of `processNextClaimWorkItem`, over reflector caches and
-//! the [`ports`](crate::ports) traits.
+//! The seed's claim operation: `provisionClaimOperation`,
+//! `provisionVolumeErrorHandling`, `rescheduleProvisioning` and `syncClaim`,
+//! executing the decisions of [`decision`] (`shouldProvision`) over reflector
+//! caches and the [`ports`](crate::ports) traits, and the seed's
+//! `claimsInProgress` ([`InBackground`]). The work queue that drives it (the
+//! failure handling of `processNextClaimWorkItem`) is in
+//! [`controller`](crate::controller).
 //!
 //! Differences from the seed, all on the durable side:
 //! * the PV goes to pv-writer's durable queue instead of being created here;
@@ -21,15 +24,15 @@ use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, SCHEMA_VERSION};
 use api_types::{
-    pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE,
-    BINDING_MODE_WAIT_FOR_FIRST_CONSUMER, FINALIZER_PV,
+    pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, FINALIZER_PV,
 };
 use common::controller::events::{claim_ref_of, reason};
-use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::controller::retry::FailureThreshold;
 use common::controller::time::now_ms;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
+use prometheus::IntGauge;
 use provisioner_api::deadline::{self, Deadline};
 use provisioner_api::Provisioner;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
@@ -37,7 +40,6 @@ use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
-use common::controller::workqueue::WorkQueue;
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,163 +87,105 @@ pub struct Caches {
     pub volumes: Store<PersistentVolume>,
 }
 
-/// The claim engine: one per leader term, shared by all workers.
-pub struct Engine {
-    settings: Settings,
-    caches: Caches,
-    backend: Arc<dyn Provisioner>,
-    cluster: Arc<dyn ClusterApi>,
-    handoff: Arc<dyn PvHandoff>,
-    intents: Arc<dyn IntentLog>,
-    metrics: ServiceMetrics,
-    retry: RetryPolicy<String>,
-    queue: WorkQueue,
-    /// Seed `claimsInProgress`: uid → claim snapshot, for claims in background.
-    in_background: Mutex<HashMap<String, PersistentVolumeClaim>>,
-    /// uid → claim reference in the claims cache (kept by the claim watch).
-    uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
+/// The side effects the operation works through.
+#[derive(Clone)]
+pub struct Ports {
+    /// The storage backend.
+    pub backend: Arc<dyn Provisioner>,
+    /// Kubernetes calls (node and live PV lookups, reschedule, events).
+    pub cluster: Arc<dyn ClusterApi>,
+    /// The durable PV hand-off to pv-writer.
+    pub handoff: Arc<dyn PvHandoff>,
+    /// The durable provisioning intents.
+    pub intents: Arc<dyn IntentLog>,
 }
 
-impl Engine {
-    /// An engine over `caches` and the ports; `retry` is the per-claim backoff.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        settings: Settings,
-        caches: Caches,
-        backend: Arc<dyn Provisioner>,
-        cluster: Arc<dyn ClusterApi>,
-        handoff: Arc<dyn PvHandoff>,
-        intents: Arc<dyn IntentLog>,
-        metrics: ServiceMetrics,
-        retry: RetryPolicy<String>,
-        queue: WorkQueue,
-    ) -> Self {
+/// Seed `claimsInProgress`: claim uid → claim snapshot, for the claims whose
+/// provisioning went on in background (the backend may still be making the
+/// volume). Kept in the `provision_svc_claims_in_background` gauge.
+pub struct InBackground {
+    claims: Mutex<HashMap<String, PersistentVolumeClaim>>,
+    gauge: IntGauge,
+}
+
+impl InBackground {
+    /// An empty set reported in `gauge`.
+    pub fn new(gauge: IntGauge) -> Self {
         Self {
-            settings,
-            caches,
-            backend,
-            cluster,
-            handoff,
-            intents,
-            metrics,
-            retry,
-            queue,
-            in_background: Mutex::default(),
-            uid_index: Mutex::default(),
+            claims: Mutex::default(),
+            gauge,
         }
     }
 
-    /// The work queue the engine requeues into.
-    pub fn queue(&self) -> &WorkQueue {
-        &self.queue
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, PersistentVolumeClaim>> {
+        self.claims.lock().expect("in-background poisoned")
     }
 
-    /// The engine's settings.
-    pub fn settings(&self) -> &Settings {
-        &self.settings
+    /// Remember `claim` (by its uid) as provisioning in background.
+    pub fn insert(&self, uid: &str, claim: &PersistentVolumeClaim) {
+        let mut map = self.map();
+        map.insert(uid.to_string(), claim.clone());
+        self.gauge.set(map.len() as i64);
     }
 
-    /// The reflector caches.
-    pub fn caches(&self) -> &Caches {
-        &self.caches
-    }
-
-    /// The backend.
-    pub fn backend(&self) -> &Arc<dyn Provisioner> {
-        &self.backend
-    }
-
-    /// The Kubernetes calls (node and live PV lookups, reschedule, events).
-    pub fn cluster(&self) -> &Arc<dyn ClusterApi> {
-        &self.cluster
-    }
-
-    /// The PV hand-off.
-    pub fn handoff(&self) -> &Arc<dyn PvHandoff> {
-        &self.handoff
-    }
-
-    /// The metrics.
-    pub fn metrics(&self) -> &ServiceMetrics {
-        &self.metrics
-    }
-
-    /// Note a claim seen by the claim watch and queue it (seed `enqueueClaim`).
-    pub fn claim_seen(&self, claim: &PersistentVolumeClaim) {
-        let Some(uid) = claim.metadata.uid.clone() else {
-            return;
-        };
-        self.uid_index
-            .lock()
-            .expect("uid index poisoned")
-            .insert(uid.clone(), ObjectRef::from_obj(claim));
-        self.queue.add(&uid);
-    }
-
-    /// Remember a claim as provisioning in background (start-up walk).
-    pub fn restore_in_background(&self, claim: PersistentVolumeClaim) {
-        if let Some(uid) = claim.metadata.uid.clone() {
-            let mut map = self.in_background.lock().expect("in-background poisoned");
-            map.insert(uid.clone(), claim);
-            self.metrics.claims_in_background.set(map.len() as i64);
-            drop(map);
-            self.queue.add(&uid);
-        }
+    /// Forget `uid`; whether it was there.
+    pub fn remove(&self, uid: &str) -> bool {
+        let mut map = self.map();
+        let was = map.remove(uid).is_some();
+        self.gauge.set(map.len() as i64);
+        was
     }
 
     /// Whether `uid` is provisioning in background.
-    pub fn is_in_background(&self, uid: &str) -> bool {
-        self.in_background
-            .lock()
-            .expect("in-background poisoned")
-            .contains_key(uid)
+    pub fn contains(&self, uid: &str) -> bool {
+        self.map().contains_key(uid)
+    }
+
+    /// The snapshot of `uid`'s claim, if in background.
+    pub fn get(&self, uid: &str) -> Option<PersistentVolumeClaim> {
+        self.map().get(uid).cloned()
     }
 
     /// Uids of the claims in background, for the resync.
-    pub fn in_background_uids(&self) -> Vec<String> {
-        self.in_background
-            .lock()
-            .expect("in-background poisoned")
-            .keys()
-            .cloned()
-            .collect()
+    pub fn uids(&self) -> Vec<String> {
+        self.map().keys().cloned().collect()
     }
+}
 
-    /// The claim with `uid` in the claims cache.
-    pub fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        let indexed = self
-            .uid_index
-            .lock()
-            .expect("uid index poisoned")
-            .get(uid)
-            .cloned();
-        let by_ref = indexed
-            .and_then(|r| self.caches.claims.get(&r))
-            .filter(|c| c.metadata.uid.as_deref() == Some(uid));
-        by_ref.or_else(|| {
-            let found = self
-                .caches
-                .claims
-                .find(|c| c.metadata.uid.as_deref() == Some(uid))?;
-            self.uid_index
-                .lock()
-                .expect("uid index poisoned")
-                .insert(uid.to_string(), ObjectRef::from_obj(found.as_ref()));
-            Some(found)
-        })
+/// The claim operation: one per leader term, shared by all workers.
+pub struct Operation {
+    /// Settings from the flags.
+    pub settings: Settings,
+    /// The reflector caches it reads.
+    pub caches: Caches,
+    /// Backend, Kubernetes, hand-off and intents.
+    pub ports: Ports,
+    /// The service's metrics.
+    pub metrics: ServiceMetrics,
+    /// Seed `claimsInProgress`.
+    pub in_background: InBackground,
+}
+
+impl Operation {
+    /// An operation over `caches` and `ports`.
+    pub fn new(settings: Settings, caches: Caches, ports: Ports, metrics: ServiceMetrics) -> Self {
+        let in_background = InBackground::new(metrics.claims_in_background.clone());
+        Self {
+            settings,
+            caches,
+            ports,
+            metrics,
+            in_background,
+        }
     }
 
     fn set_in_background(&self, uid: &str, claim: Option<&PersistentVolumeClaim>) {
-        let mut map = self.in_background.lock().expect("in-background poisoned");
         match claim {
-            Some(c) => {
-                map.insert(uid.to_string(), c.clone());
-            }
+            Some(c) => self.in_background.insert(uid, c),
             None => {
-                map.remove(uid);
+                self.in_background.remove(uid);
             }
         }
-        self.metrics.claims_in_background.set(map.len() as i64);
     }
 
     fn class(&self, name: &str) -> Result<Arc<StorageClass>, String> {
@@ -251,31 +195,17 @@ impl Engine {
             .ok_or_else(|| format!("storageClass {name:?} not found"))
     }
 
-    /// Seed `shouldProvision`: whether a volume should be provisioned for `claim`.
+    /// Seed `shouldProvision` ([`decision::should_provision`]) over the
+    /// backend's qualifier and the StorageClass cache.
     ///
     /// Errors: the claim is for us but its StorageClass is not in the cache.
     pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, String> {
-        let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
-        if volume_name.is_some_and(|v| !v.is_empty()) {
-            return Ok(false);
-        }
-        if !self.backend.should_provision(claim) {
-            return Ok(false);
-        }
-        let Some(provisioner) = decision::expected_provisioner(claim) else {
-            return Ok(false);
-        };
-        if !self.settings.names.is_known(provisioner) {
-            return Ok(false);
-        }
-        let class = self.class(&decision::claim_class(claim))?;
-        if class.volume_binding_mode.as_deref() == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER) {
-            // Delayed binding: only once the scheduler selected a node (the
-            // provisioner itself may have removed it to ask for rescheduling).
-            let selected = decision::annotation(claim, ANN_SELECTED_NODE);
-            return Ok(selected.is_some_and(|n| !n.is_empty()));
-        }
-        Ok(true)
+        decision::should_provision(
+            claim,
+            &self.settings.names,
+            |c| self.ports.backend.should_provision(c),
+            |name| self.caches.classes.get(&ObjectRef::new(name)),
+        )
     }
 
     /// Seed `provisionClaimOperation`: provision a volume for `claim` and queue
@@ -307,7 +237,7 @@ impl Engine {
             tracing::info!("{op}: persistentvolume {pv_name:?} already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
-        match self.handoff.is_pending(&pv_name).await {
+        match self.ports.handoff.is_pending(&pv_name).await {
             Ok(true) => {
                 tracing::info!(
                     "{op}: persistentvolume {pv_name:?} is already queued for pv-writer, skipping"
@@ -326,13 +256,14 @@ impl Engine {
         }
         let claim_ref = claim_ref_of(claim);
 
-        if decision::is_block(claim) && !self.backend.supports_block() {
+        if decision::is_block(claim) && !self.ports.backend.supports_block() {
             let msg = format!(
                 "{} does not support block volume provisioning",
                 self.settings.names.name
             );
             tracing::error!("{op}: failed to provision volume: {msg}");
-            self.cluster
+            self.ports
+                .cluster
                 .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
@@ -355,7 +286,7 @@ impl Engine {
 
         let mut selected_node = None;
         if let Some(node_name) = decision::selected_node(claim) {
-            match self.cluster.get_node(node_name).await {
+            match self.ports.cluster.get_node(node_name).await {
                 Ok(Some(node)) => selected_node = Some(node),
                 Ok(None) => {
                     let err = format!("nodes {node_name:?} not found");
@@ -365,8 +296,12 @@ impl Engine {
                 }
                 Err(e) => {
                     let err = format!("failed to get target node: {e}");
-                    self.cluster
-                        .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+                    self.ports.cluster.claim_event(
+                        claim,
+                        true,
+                        reason::PROVISIONING_FAILED,
+                        err.clone(),
+                    );
                     return (ProvisioningState::NoChange, Err(OpError::Failed(err)));
                 }
             }
@@ -382,8 +317,9 @@ impl Engine {
             selected_node: decision::selected_node(claim).map(str::to_string),
         };
         match self
+            .ports
             .intents
-            .record(&intent, claim, self.is_in_background(&key.uid))
+            .record(&intent, claim, self.in_background.contains(&key.uid))
             .await
         {
             Ok(true) => self.metrics.intents.inc(),
@@ -404,7 +340,7 @@ impl Engine {
             pvc: claim.clone(),
             selected_node,
         };
-        self.cluster.claim_event(
+        self.ports.cluster.claim_event(
             claim,
             false,
             reason::PROVISIONING,
@@ -418,7 +354,7 @@ impl Engine {
         // stop on its own; one that overruns it is abandoned, and the attempt
         // fails as `InBackground` (the asset may still be in the making), as a
         // cancelled context does for the seed's provisioners.
-        let provisioned = deadline::bound(self.backend.provision(&options))
+        let provisioned = deadline::bound(self.ports.backend.provision(&options))
             .await
             .unwrap_or_else(|e| {
                 Err(ProvisionError::Failed {
@@ -471,7 +407,7 @@ impl Engine {
             enqueued_at_ms: now_ms(),
             mac: None,
         };
-        match self.handoff.enqueue(&entry).await {
+        match self.ports.handoff.enqueue(&entry).await {
             Ok(true) => self.metrics.intents.dec(),
             Ok(false) => {}
             Err(e) => {
@@ -496,7 +432,8 @@ impl Engine {
         claim: &PersistentVolumeClaim,
         op: &str,
     ) -> (ProvisioningState, Result<(), OpError>) {
-        self.cluster
+        self.ports
+            .cluster
             .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
         let has_selected = decision::annotation(claim, ANN_SELECTED_NODE).is_some();
         if has_selected && state == ProvisioningState::Reschedule {
@@ -521,7 +458,7 @@ impl Engine {
         if decision::annotation(claim, ANN_SELECTED_NODE).is_none() {
             return Ok(());
         }
-        self.cluster.remove_selected_node(claim).await
+        self.ports.cluster.remove_selected_node(claim).await
     }
 
     /// Seed `syncClaim`: decide, provision, count, and keep the in-background
@@ -603,9 +540,7 @@ impl Engine {
     /// again. The intent itself is kept: it still protects a possibly
     /// half-made volume until the claim is provisioned or gone.
     async fn drop_in_background(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        let was = self.is_in_background(uid);
-        self.set_in_background(uid, None);
-        if was {
+        if self.in_background.remove(uid) {
             self.record_in_background_flag(claim, false).await;
         }
     }
@@ -626,7 +561,12 @@ impl Engine {
             class,
             recorded_at_ms: now_ms(),
         };
-        match self.intents.record(&intent, claim, in_background).await {
+        match self
+            .ports
+            .intents
+            .record(&intent, claim, in_background)
+            .await
+        {
             Ok(true) => self.metrics.intents.inc(),
             Ok(false) => {}
             Err(e) => {
@@ -638,13 +578,28 @@ impl Engine {
     /// Clear the intent of `pv_name`, keeping the gauge in step; failures are
     /// logged (a stale intent is re-checked by the next leader's start-up walk).
     pub async fn clear_intent(&self, pv_name: &str) {
-        match self.intents.clear(pv_name).await {
+        match self.ports.intents.clear(pv_name).await {
             Ok(true) => self.metrics.intents.dec(),
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(pv = pv_name, error = %e, "cannot clear the provisioning intent")
             }
         }
+    }
+
+    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (`None` or
+    /// zero: unbounded), the operation of one attempt.
+    pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+        match self.settings.provision_timeout {
+            Some(t) if !t.is_zero() => self.sync_claim_within(claim, Deadline::after(t)).await,
+            _ => self.sync_claim(claim).await,
+        }
+    }
+
+    /// Seed `claimsInProgress.Delete` after an attempt that ended the claim's
+    /// in-progress state (success, or given up): see `drop_in_background`.
+    pub async fn done_with(&self, uid: &str, claim: &PersistentVolumeClaim) {
+        self.drop_in_background(uid, claim).await;
     }
 
     /// [`sync_claim`](Self::sync_claim) under `--provision-timeout`, as the
@@ -669,8 +624,12 @@ impl Engine {
                     timeout: deadline.timeout(),
                 }
                 .to_string();
-                self.cluster
-                    .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+                self.ports.cluster.claim_event(
+                    claim,
+                    true,
+                    reason::PROVISIONING_FAILED,
+                    err.clone(),
+                );
                 self.metrics
                     .provision
                     .failed_total
@@ -681,60 +640,6 @@ impl Engine {
                     self.mark_in_background(claim).await;
                 }
                 Err(err)
-            }
-        }
-    }
-
-    /// Seed `processNextClaimWorkItem` + `syncClaimHandler` for one claim uid:
-    /// sync the cached claim (or its in-background snapshot), then forget it on
-    /// success, or requeue it with backoff while the failure threshold allows.
-    pub async fn process(&self, uid: &str) {
-        let claim = match self.claim_by_uid(uid) {
-            Some(c) => c.as_ref().clone(),
-            None => {
-                let snapshot = self
-                    .in_background
-                    .lock()
-                    .expect("in-background poisoned")
-                    .get(uid)
-                    .cloned();
-                match snapshot {
-                    Some(c) => c,
-                    None => {
-                        tracing::debug!(uid, "claim in work queue no longer exists");
-                        self.uid_index
-                            .lock()
-                            .expect("uid index poisoned")
-                            .remove(uid);
-                        self.retry.forget(&uid.to_string());
-                        return;
-                    }
-                }
-            }
-        };
-        let result = match self.settings.provision_timeout {
-            Some(t) if !t.is_zero() => self.sync_claim_within(&claim, Deadline::after(t)).await,
-            _ => self.sync_claim(&claim).await,
-        };
-        let key = uid.to_string();
-        match result {
-            Ok(()) => {
-                self.retry.forget(&key);
-                self.drop_in_background(uid, &claim).await;
-            }
-            Err(err) => {
-                let requeues = self.retry.requeues(&key);
-                let claim_name = decision::claim_key(&claim);
-                if self.settings.failure_threshold.allows_retry(requeues) {
-                    let delay = self.retry.next_delay(&key);
-                    tracing::warn!(claim = %claim_name, uid, failures = requeues, ?delay, error = %err, "retrying syncing claim");
-                    self.queue.add_after(uid, delay);
-                } else {
-                    tracing::error!(claim = %claim_name, uid, failures = requeues, threshold = self.settings.failure_threshold.0, error = %err,
-                        "giving up syncing claim; its provisioning intent (if any) is kept for the next leader's start-up walk");
-                    // Done but not forgotten: the count stays until the claim is gone.
-                    self.drop_in_background(uid, &claim).await;
-                }
             }
         }
     }
@@ -757,7 +662,3 @@ impl Drop for InFlight {
         self.0.dec();
     }
 }
-
-#[cfg(test)]
-#[path = "engine_tests.rs"]
-mod tests;

@@ -1,4 +1,5 @@
-//! Tests of the claim logic with fake ports and a fake backend.
+//! Tests of the claim logic (operation, claim queue driver, start-up walk)
+//! with fake ports and a fake backend.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -23,12 +24,12 @@ use prometheus::Registry;
 use provisioner_api::testing::FakeProvisioner as FakeBackend;
 use provisioner_api::{ProvisionError, ProvisioningState};
 
+use crate::controller::{process, ClaimQueue};
 use crate::decision::ProvisionerNames;
-use crate::engine::{Caches, Engine, OpError, Settings};
 use crate::metrics::ServiceMetrics;
+use crate::operation::{Caches, OpError, Operation, Ports, Settings};
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
 use crate::recovery::{self, CleanupOutcome, Recovery};
-use common::controller::workqueue::WorkQueue;
 
 const NAME: &str = "example.com/hostpath";
 
@@ -132,7 +133,7 @@ impl PvHandoff for FakeHandoff {
             .insert(entry.pv_name().to_string());
         self.enqueued.lock().unwrap().push(entry.clone());
         // The real queue clears the intent in the same script; this fake leaves
-        // that to the engine's own clear, which then reports it.
+        // that to the operation's own clear, which then reports it.
         Ok(false)
     }
 }
@@ -170,7 +171,8 @@ impl IntentLog for FakeIntents {
 }
 
 struct World {
-    engine: Arc<Engine>,
+    op: Arc<Operation>,
+    queue: Arc<ClaimQueue>,
     backend: Arc<FakeBackend>,
     cluster: Arc<FakeCluster>,
     handoff: Arc<FakeHandoff>,
@@ -262,7 +264,7 @@ impl Setup {
         let cluster = Arc::new(self.cluster);
         let handoff = Arc::new(self.handoff);
         let intents = Arc::new(FakeIntents::default());
-        let engine = Arc::new(Engine::new(
+        let op = Arc::new(Operation::new(
             Settings {
                 names: ProvisionerNames {
                     name: NAME.into(),
@@ -272,17 +274,22 @@ impl Setup {
                 failure_threshold: FailureThreshold(self.threshold),
                 provision_timeout: self.timeout,
             },
-            caches,
-            backend.clone(),
-            cluster.clone(),
-            handoff.clone(),
-            intents.clone(),
+            caches.clone(),
+            Ports {
+                backend: backend.clone(),
+                cluster: cluster.clone(),
+                handoff: handoff.clone(),
+                intents: intents.clone(),
+            },
             ServiceMetrics::register(&registry),
+        ));
+        let queue = Arc::new(ClaimQueue::new(
+            caches.claims.clone(),
             RetryPolicy::new(Duration::ZERO, Duration::ZERO, 0.0, 1),
-            WorkQueue::new(),
         ));
         World {
-            engine,
+            op,
+            queue,
             backend,
             cluster,
             handoff,
@@ -298,7 +305,7 @@ impl World {
     fn add_claim(&mut self, c: &PersistentVolumeClaim) {
         self.claims
             .apply_watcher_event(&watcher::Event::Apply(c.clone()));
-        self.engine.claim_seen(c);
+        self.queue.claim_seen(c);
     }
     fn delete_claim(&mut self, c: &PersistentVolumeClaim) {
         self.claims
@@ -315,11 +322,11 @@ impl World {
         self.handoff.enqueued.lock().unwrap().clone()
     }
     async fn drain_one(&self) -> Option<String> {
-        if self.engine.queue().is_empty() {
+        if self.queue.queue().is_empty() {
             return None;
         }
-        let k = self.engine.queue().get().await?;
-        self.engine.queue().done(&k);
+        let k = self.queue.queue().get().await?;
+        self.queue.queue().done(&k);
         Some(k)
     }
 }
@@ -336,7 +343,7 @@ fn should_provision_follows_every_seed_branch() {
         ..Default::default()
     }
     .build();
-    let e = &w.engine;
+    let e = &w.op;
 
     let mut bound = ours("a");
     bound.spec.as_mut().unwrap().volume_name = Some("pv-x".into());
@@ -416,7 +423,7 @@ fn the_backend_qualifier_can_decline() {
         ..Default::default()
     }
     .build();
-    assert_eq!(w.engine.should_provision(&ours("a")), Ok(false));
+    assert_eq!(w.op.should_provision(&ours("a")), Ok(false));
 }
 
 // ---------------------------------------------------------------- provision operation
@@ -430,7 +437,7 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
     .build();
     let c = ours("u1");
     w.add_claim(&c);
-    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
 
     assert_eq!(w.backend.calls(), vec!["pvc-u1 node="]);
     let queued = w.enqueued();
@@ -483,7 +490,7 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
     );
 
     // A second sync (resync before the PV shows up) stops: the PV is queued.
-    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     assert_eq!(w.backend.calls().len(), 1);
 }
 
@@ -494,10 +501,10 @@ async fn an_entry_lost_from_redis_is_provisioned_again() {
     // sync provisions again (idempotently) and queues the PV again.
     let w = Setup::default().build();
     let c = ours("u1");
-    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     assert_eq!(w.enqueued().len(), 1);
     w.handoff.pending.lock().unwrap().clear();
-    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     assert_eq!(w.backend.calls().len(), 2, "provisioned again");
     let queued = w.enqueued();
     assert_eq!(queued.len(), 2, "queued again");
@@ -508,7 +515,7 @@ async fn an_entry_lost_from_redis_is_provisioned_again() {
 #[tokio::test]
 async fn no_finalizer_without_the_flag() {
     let w = Setup::default().build();
-    w.engine.sync_claim(&ours("u1")).await.unwrap();
+    w.op.sync_claim(&ours("u1")).await.unwrap();
     assert_eq!(w.enqueued()[0].pv.metadata.finalizers, None);
 }
 
@@ -519,12 +526,12 @@ async fn existing_or_pending_pv_stops_without_calling_the_backend() {
         .apply_watcher_event(&watcher::Event::Apply(pv("pvc-u1")));
     w.handoff.pending.lock().unwrap().insert("pvc-u2".into());
     for uid in ["u1", "u2"] {
-        let (state, result) = w.engine.provision_claim_operation(&ours(uid)).await;
+        let (state, result) = w.op.provision_claim_operation(&ours(uid)).await;
         assert_eq!(
             (state, result),
             (ProvisioningState::Finished, Err(OpError::Stop))
         );
-        assert_eq!(w.engine.sync_claim(&ours(uid)).await, Ok(()));
+        assert_eq!(w.op.sync_claim(&ours(uid)).await, Ok(()));
     }
     assert!(w.backend.calls().is_empty());
     assert!(w.cluster.events().is_empty());
@@ -541,7 +548,7 @@ async fn block_mode_without_backend_support_fails_with_an_event_and_stops() {
     let mut c = ours("u1");
     c.spec.as_mut().unwrap().volume_mode = Some("Block".into());
     assert_eq!(
-        w.engine.provision_claim_operation(&c).await,
+        w.op.provision_claim_operation(&c).await,
         (ProvisioningState::Finished, Err(OpError::Stop))
     );
     assert_eq!(
@@ -563,7 +570,7 @@ async fn missing_class_retries_and_foreign_class_stops() {
     }
     .build();
     assert_eq!(
-        w.engine.provision_claim_operation(&ours("u1")).await,
+        w.op.provision_claim_operation(&ours("u1")).await,
         (
             ProvisioningState::Finished,
             Err(OpError::Failed("storageClass \"fast\" not found".into()))
@@ -572,7 +579,7 @@ async fn missing_class_retries_and_foreign_class_stops() {
     let mut c = ours("u2");
     c.spec.as_mut().unwrap().storage_class_name = Some("foreign".into());
     assert_eq!(
-        w.engine.provision_claim_operation(&c).await,
+        w.op.provision_claim_operation(&c).await,
         (ProvisioningState::Finished, Err(OpError::Stop))
     );
     assert!(w.backend.calls().is_empty());
@@ -592,7 +599,7 @@ async fn selected_node_found_is_passed_to_the_backend_alpha_annotation_too() {
         "u1",
         &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
     );
-    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     let c = claim(
         "u2",
         &[
@@ -600,7 +607,7 @@ async fn selected_node_found_is_passed_to_the_backend_alpha_annotation_too() {
             (ANN_ALPHA_SELECTED_NODE, "n2"),
         ],
     );
-    assert_eq!(w.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     assert_eq!(w.backend.calls(), vec!["pvc-u1 node=n1", "pvc-u2 node=n2"]);
 }
 
@@ -612,7 +619,7 @@ async fn node_not_found_reschedules_by_removing_the_selected_node() {
         &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
     );
     assert_eq!(
-        w.engine.provision_claim_operation(&c).await,
+        w.op.provision_claim_operation(&c).await,
         (ProvisioningState::Finished, Err(OpError::Stop))
     );
     assert_eq!(*w.cluster.patched.lock().unwrap(), vec!["claim-u1"]);
@@ -635,7 +642,7 @@ async fn node_not_found_reschedules_by_removing_the_selected_node() {
         ],
     );
     assert_eq!(
-        w.engine.provision_claim_operation(&c).await,
+        w.op.provision_claim_operation(&c).await,
         (
             ProvisioningState::Finished,
             Err(OpError::Failed("nodes \"n1\" not found".into()))
@@ -659,7 +666,7 @@ async fn failed_reschedule_patch_keeps_the_claim_for_a_retry() {
         &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
     );
     assert_eq!(
-        w.engine.provision_claim_operation(&c).await,
+        w.op.provision_claim_operation(&c).await,
         (
             ProvisioningState::Finished,
             Err(OpError::Failed("nodes \"n1\" not found".into()))
@@ -682,7 +689,7 @@ async fn node_lookup_error_is_an_event_and_a_retry() {
         &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
     );
     assert_eq!(
-        w.engine.provision_claim_operation(&c).await,
+        w.op.provision_claim_operation(&c).await,
         (
             ProvisioningState::NoChange,
             Err(OpError::Failed("failed to get target node: boom".into()))
@@ -707,7 +714,7 @@ async fn ignored_error_stops_quietly_and_clears_the_intent() {
         ..Default::default()
     }
     .build();
-    assert_eq!(w.engine.sync_claim(&ours("u1")).await, Ok(()));
+    assert_eq!(w.op.sync_claim(&ours("u1")).await, Ok(()));
     let events = w.cluster.events();
     assert_eq!(events.len(), 1, "only the Provisioning event: {events:?}");
     assert_eq!(events[0].1, "Provisioning");
@@ -736,12 +743,12 @@ async fn backend_failure_states_are_handled_as_the_seed() {
     let msg = "failed to provision volume with StorageClass \"fast\": disk full".to_string();
 
     // Finished: retried, intent cleared.
-    assert_eq!(w.engine.sync_claim(&ours("u1")).await, Err(msg.clone()));
+    assert_eq!(w.op.sync_claim(&ours("u1")).await, Err(msg.clone()));
     assert!(!w.intents.map.lock().unwrap().contains_key("pvc-u1"));
     // NoChange: retried, intent kept, not in background.
-    assert_eq!(w.engine.sync_claim(&ours("u2")).await, Err(msg.clone()));
+    assert_eq!(w.op.sync_claim(&ours("u2")).await, Err(msg.clone()));
     assert!(w.intents.map.lock().unwrap().contains_key("pvc-u2"));
-    assert!(!w.engine.is_in_background("u2"));
+    assert!(!w.op.in_background.contains("u2"));
     // Reschedule with a selected node: annotation removed, stop.
     let c = claim(
         "u3",
@@ -756,11 +763,11 @@ async fn backend_failure_states_are_handled_as_the_seed() {
         ..Default::default()
     }
     .build();
-    assert_eq!(w_nodes.engine.sync_claim(&c).await, Ok(()));
+    assert_eq!(w_nodes.op.sync_claim(&c).await, Ok(()));
     assert_eq!(*w_nodes.cluster.patched.lock().unwrap(), vec!["claim-u3"]);
     // Reschedule without a selected node: treated as Finished.
     assert_eq!(
-        w.engine.provision_claim_operation(&ours("u4")).await,
+        w.op.provision_claim_operation(&ours("u4")).await,
         (
             ProvisioningState::Finished,
             Err(OpError::Failed(msg.clone()))
@@ -786,8 +793,8 @@ async fn in_background_claim_is_retried_after_its_pvc_is_deleted() {
     let c = ours("u1");
     w.add_claim(&c);
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    w.engine.process("u1").await;
-    assert!(w.engine.is_in_background("u1"));
+    process(&w.op, &w.queue, "u1").await;
+    assert!(w.op.in_background.contains("u1"));
     assert!(
         w.intents.map.lock().unwrap()["pvc-u1"].1,
         "durably flagged as in background"
@@ -796,12 +803,12 @@ async fn in_background_claim_is_retried_after_its_pvc_is_deleted() {
         w.metric("provision_svc_claims_in_background"),
         "provision_svc_claims_in_background 1"
     );
-    assert_eq!(w.engine.queue().len(), 1, "requeued with backoff");
+    assert_eq!(w.queue.queue().len(), 1, "requeued with backoff");
 
     w.delete_claim(&c);
     let uid = w.drain_one().await.unwrap();
-    w.engine.process(&uid).await;
-    assert!(!w.engine.is_in_background("u1"));
+    process(&w.op, &w.queue, &uid).await;
+    assert!(!w.op.in_background.contains("u1"));
     assert_eq!(w.enqueued().len(), 1, "the half-made volume got its PV");
     assert!(w.intents.map.lock().unwrap().is_empty());
     assert_eq!(
@@ -815,8 +822,8 @@ async fn in_background_claim_is_retried_after_its_pvc_is_deleted() {
     );
 
     // A deleted claim that is not in background is simply dropped.
-    w.engine.process("never-seen").await;
-    assert!(w.engine.queue().is_empty());
+    process(&w.op, &w.queue, "never-seen").await;
+    assert!(w.queue.queue().is_empty());
 }
 
 #[tokio::test]
@@ -830,7 +837,7 @@ async fn enqueue_failure_retries_and_keeps_the_intent() {
     }
     .build();
     assert_eq!(
-        w.engine.sync_claim(&ours("u1")).await,
+        w.op.sync_claim(&ours("u1")).await,
         Err("queueing PV \"pvc-u1\" for pv-writer: redis down".to_string())
     );
     assert!(w.intents.map.lock().unwrap().contains_key("pvc-u1"));
@@ -850,11 +857,11 @@ async fn failure_threshold_gives_up_after_the_configured_requeues() {
     .build();
     w.add_claim(&ours("u1"));
     w.drain_one().await;
-    w.engine.process("u1").await; // requeues 0 < 2: retried
+    process(&w.op, &w.queue, "u1").await; // requeues 0 < 2: retried
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    w.engine.process("u1").await; // requeues 1 < 2: retried
+    process(&w.op, &w.queue, "u1").await; // requeues 1 < 2: retried
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    w.engine.process("u1").await; // requeues 2: give up
+    process(&w.op, &w.queue, "u1").await; // requeues 2: give up
     assert_eq!(w.drain_one().await, None);
     assert_eq!(w.backend.calls().len(), 3);
 }
@@ -873,10 +880,10 @@ async fn threshold_zero_retries_forever_and_success_forgets() {
     w.add_claim(&ours("u1"));
     w.drain_one().await;
     for _ in 0..20 {
-        w.engine.process("u1").await;
+        process(&w.op, &w.queue, "u1").await;
         assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
     }
-    w.engine.process("u1").await; // the 21st attempt succeeds
+    process(&w.op, &w.queue, "u1").await; // the 21st attempt succeeds
     assert_eq!(w.drain_one().await, None);
     assert_eq!(w.enqueued().len(), 1);
 }
@@ -894,7 +901,7 @@ async fn provision_timeout_fails_the_attempt_and_requeues() {
     .build();
     w.add_claim(&ours("u1"));
     w.drain_one().await;
-    w.engine.process("u1").await;
+    process(&w.op, &w.queue, "u1").await;
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
     assert!(w.enqueued().is_empty());
     assert!(
@@ -926,7 +933,7 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
     w.add_claim(&ours("u1"));
     w.drain_one().await;
     let start = tokio::time::Instant::now();
-    w.engine.process("u1").await;
+    process(&w.op, &w.queue, "u1").await;
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(10) + provisioner_api::deadline::ABANDON_GRACE,
@@ -947,7 +954,10 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
         w.metric("controller_persistentvolumeclaim_provision_failed_total"),
         r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
     );
-    assert!(w.engine.is_in_background("u1"), "handled as in background");
+    assert!(
+        w.op.in_background.contains("u1"),
+        "handled as in background"
+    );
     assert!(
         w.intents.map.lock().unwrap()["pvc-u1"].1,
         "the in-background flag is durable"
@@ -970,7 +980,7 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
     w.add_claim(&ours("u1"));
     w.drain_one().await;
     let start = tokio::time::Instant::now();
-    w.engine.process("u1").await;
+    process(&w.op, &w.queue, "u1").await;
     assert_eq!(start.elapsed(), Duration::from_secs(10));
     let events = w.cluster.events();
     assert!(
@@ -984,7 +994,7 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
         r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
     );
     assert!(
-        !w.engine.is_in_background("u1"),
+        !w.op.in_background.contains("u1"),
         "the backend's own state (NoChange) is respected"
     );
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
@@ -1041,7 +1051,7 @@ async fn start_up_walk_requeues_restores_and_cleans_up() {
         entry("gone", Some(false)),
         entry("bare", None),
     ];
-    let decisions = recovery::walk(&w.engine, &entries).await;
+    let decisions = recovery::walk(&w.op, &w.queue, &entries).await;
     assert_eq!(
         decisions,
         vec![
@@ -1052,14 +1062,14 @@ async fn start_up_walk_requeues_restores_and_cleans_up() {
             ("pvc-bare".to_string(), Recovery::Cleanup),
         ]
     );
-    assert!(w.engine.is_in_background("bg"));
+    assert!(w.op.in_background.contains("bg"));
     let mut queued = vec![w.drain_one().await.unwrap(), w.drain_one().await.unwrap()];
     queued.sort();
     assert_eq!(queued, vec!["bg", "present"]);
     assert!(!w.intents.map.lock().unwrap().contains_key("pvc-made"));
 
     assert_eq!(
-        recovery::cleanup_gone_claim(&w.engine, &entries[3]).await,
+        recovery::cleanup_gone_claim(&w.op, &entries[3]).await,
         CleanupOutcome::Done
     );
     assert!(
@@ -1092,7 +1102,7 @@ async fn cleanup_retries_while_the_backend_is_busy() {
         .unwrap()
         .insert("pvc-gone".into(), (e.intent.clone(), false));
     assert_eq!(
-        recovery::cleanup_gone_claim(&w.engine, &e).await,
+        recovery::cleanup_gone_claim(&w.op, &e).await,
         CleanupOutcome::Retry("backend delete: busy".into())
     );
     assert!(w.backend.calls().is_empty());
@@ -1118,13 +1128,15 @@ async fn a_deleted_claims_volume_is_removed_from_the_intent_alone() {
         .lock()
         .unwrap()
         .insert("pvc-gone".into(), (e.intent.clone(), false));
-    let decisions = recovery::walk(&w.engine, std::slice::from_ref(&e)).await;
+    let decisions = recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await;
     assert_eq!(decisions, vec![("pvc-gone".to_string(), Recovery::Cleanup)]);
     recovery::cleanup_all(
-        w.engine.clone(),
+        w.op.clone(),
         vec![e],
-        Duration::from_millis(1),
-        Duration::from_millis(10),
+        common::controller::retry::Backoff::exponential(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+        ),
         tokio_util::sync::CancellationToken::new(),
     )
     .await;
@@ -1169,10 +1181,12 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
     }
     let shutdown = tokio_util::sync::CancellationToken::new();
     let run = tokio::spawn(recovery::cleanup_all(
-        w.engine.clone(),
+        w.op.clone(),
         entries,
-        Duration::from_secs(1),
-        Duration::from_secs(60),
+        common::controller::retry::Backoff::exponential(
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        ),
         shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(600)).await;
@@ -1222,7 +1236,7 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
         .unwrap()
         .insert("pvc-q".into(), (e.intent.clone(), false));
     assert_eq!(
-        recovery::walk(&w.engine, std::slice::from_ref(&e)).await,
+        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await,
         vec![("pvc-q".to_string(), Recovery::PvPresent)]
     );
     assert!(w.intents.map.lock().unwrap().is_empty());
@@ -1243,11 +1257,11 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
         .unwrap()
         .insert("pvc-gone".into(), (e.intent.clone(), false));
     assert_eq!(
-        recovery::walk(&w.engine, std::slice::from_ref(&e)).await,
+        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await,
         vec![("pvc-gone".to_string(), Recovery::Cleanup)]
     );
     assert_eq!(
-        recovery::cleanup_gone_claim(&w.engine, &e).await,
+        recovery::cleanup_gone_claim(&w.op, &e).await,
         CleanupOutcome::Retry("PV-write queue lookup: redis down".into())
     );
     assert!(w.backend.calls().is_empty());
@@ -1270,11 +1284,11 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
         .unwrap()
         .insert("pvc-bare".into(), (bare.intent.clone(), false));
     assert_eq!(
-        recovery::walk(&w.engine, std::slice::from_ref(&bare)).await,
+        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&bare)).await,
         vec![("pvc-bare".to_string(), Recovery::Cleanup)]
     );
     assert_eq!(
-        recovery::cleanup_gone_claim(&w.engine, &entry("gone", Some(false))).await,
+        recovery::cleanup_gone_claim(&w.op, &entry("gone", Some(false))).await,
         CleanupOutcome::Retry("apiserver timeout".into())
     );
     assert!(w.backend.deleted.lock().unwrap().is_empty());
@@ -1289,12 +1303,12 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
         .unwrap()
         .insert("pvc-late".into(), (e.intent.clone(), false));
     assert_eq!(
-        recovery::walk(&w.engine, std::slice::from_ref(&e)).await,
+        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await,
         vec![("pvc-late".to_string(), Recovery::Cleanup)]
     );
     w.cluster.pvs.lock().unwrap().insert("pvc-late".into());
     assert_eq!(
-        recovery::cleanup_gone_claim(&w.engine, &e).await,
+        recovery::cleanup_gone_claim(&w.op, &e).await,
         CleanupOutcome::Done
     );
     assert!(w.backend.calls().is_empty());
@@ -1315,8 +1329,8 @@ async fn dropping_an_in_background_claim_clears_its_durable_flag() {
     let c = ours("u1");
     w.add_claim(&c);
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    w.engine.process("u1").await;
-    assert!(w.engine.is_in_background("u1"));
+    process(&w.op, &w.queue, "u1").await;
+    assert!(w.op.in_background.contains("u1"));
     assert!(w.intents.map.lock().unwrap()["pvc-u1"].1);
 
     // The claim is bound meanwhile: no longer to be provisioned (seed drops it
@@ -1326,8 +1340,8 @@ async fn dropping_an_in_background_claim_clears_its_durable_flag() {
     bound.spec.as_mut().unwrap().volume_name = Some("pvc-u1".into());
     w.add_claim(&bound);
     let uid = w.drain_one().await.unwrap();
-    w.engine.process(&uid).await;
-    assert!(!w.engine.is_in_background("u1"));
+    process(&w.op, &w.queue, &uid).await;
+    assert!(!w.op.in_background.contains("u1"));
     assert!(
         !w.intents.map.lock().unwrap()["pvc-u1"].1,
         "durable in-background flag cleared with the in-memory one"

@@ -1,10 +1,13 @@
 //! Flags and subcommands of `pv-writer`, each flag with an environment twin
-//! (`--retry-initial` ⇔ `RETRY_INITIAL`).
+//! (`--write-timeout` ⇔ `WRITE_TIMEOUT`). `--worker-threads` (alias
+//! `--workers`, default 16) and `--retry-interval-start`/`--retry-interval-max`
+//! (aliases `--retry-initial`/`--retry-max`, default 1s/5m; entries are retried
+//! forever, with up to 20 % jitter below) are shared flags (`common::service::config`).
 
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use common::service::config::{parse_duration, CommonArgs};
+use common::service::config::{parse_duration, CommonArgs, ServiceKind};
 use common::store::queue_auth::QueueKeyArgs;
 
 /// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`,
@@ -36,19 +39,6 @@ pub struct Cli {
 /// pv-writer's own flags.
 #[derive(Debug, Clone, Args)]
 pub struct WriterArgs {
-    /// How many PV writes run at once.
-    #[arg(long, env = "WORKERS", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub workers: u32,
-
-    /// First retry delay of an entry after a transient failure; doubles per
-    /// consecutive failure of that entry (with up to 20 % jitter below).
-    #[arg(long, env = "RETRY_INITIAL", default_value = "1s", value_parser = parse_duration)]
-    pub retry_initial: Duration,
-
-    /// Cap of an entry's retry delay. Entries are retried forever.
-    #[arg(long, env = "RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
-    pub retry_max: Duration,
-
     /// Time limit of one PV create (and the `get` after `AlreadyExists`); a write
     /// taking longer counts as a transient failure.
     #[arg(long, env = "WRITE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -102,19 +92,29 @@ pub enum QueueCommand {
     },
 }
 
-impl WriterArgs {
+impl Cli {
     /// Check relations between flags.
     ///
-    /// Errors: `--retry-max` below `--retry-initial`, or `--visibility-timeout`
-    /// not above `--write-timeout`.
+    /// Errors: `--retry-interval-max` below `--retry-interval-start`, or any
+    /// error of [`WriterArgs::validate`].
     pub fn validate(&self) -> anyhow::Result<()> {
-        if self.retry_max < self.retry_initial {
+        let retry = self.common.retry_backoff(ServiceKind::PvWriter);
+        if retry.max < retry.initial {
             anyhow::bail!(
-                "--retry-max ({:?}) must not be below --retry-initial ({:?})",
-                self.retry_max,
-                self.retry_initial
+                "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
+                retry.max,
+                retry.initial
             );
         }
+        self.writer.validate()
+    }
+}
+
+impl WriterArgs {
+    /// Check relations between pv-writer's own flags.
+    ///
+    /// Errors: `--visibility-timeout` not above `--write-timeout`.
+    pub fn validate(&self) -> anyhow::Result<()> {
         if self.visibility_timeout <= self.write_timeout {
             anyhow::bail!(
                 "--visibility-timeout ({:?}) must exceed --write-timeout ({:?})",
@@ -134,15 +134,16 @@ mod tests {
     #[test]
     fn defaults_and_subcommands() {
         let cli = Cli::try_parse_from(["pv-writer"]).unwrap();
-        assert_eq!(cli.writer.workers, 16);
-        assert_eq!(cli.writer.retry_initial, Duration::from_secs(1));
-        assert_eq!(cli.writer.retry_max, Duration::from_secs(300));
+        assert_eq!(cli.common.worker_threads_for(ServiceKind::PvWriter), 16);
+        let retry = cli.common.retry_backoff(ServiceKind::PvWriter);
+        assert_eq!(retry.initial, Duration::from_secs(1));
+        assert_eq!(retry.max, Duration::from_secs(300));
         assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));
         assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
         assert!(cli.command.is_none());
         assert!(cli.writer.queue_key.queue_hmac_key_file.is_none());
         assert!(!cli.writer.queue_key.insecure_unsigned_queue);
-        cli.writer.validate().unwrap();
+        cli.validate().unwrap();
         let cli = Cli::try_parse_from([
             "pv-writer",
             "--queue-hmac-key-file",
@@ -182,14 +183,24 @@ mod tests {
             })
         ));
         assert!(Cli::try_parse_from(["pv-writer", "--workers", "0"]).is_err());
+        assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
     }
 
     #[test]
     fn flag_relations_are_checked() {
         let cli = Cli::try_parse_from(["pv-writer", "--retry-initial", "10s", "--retry-max", "5s"])
             .unwrap();
-        assert!(cli.writer.validate().is_err());
+        assert!(cli.validate().is_err());
+        let cli = Cli::try_parse_from([
+            "pv-writer",
+            "--retry-interval-start",
+            "10s",
+            "--retry-interval-max",
+            "5s",
+        ])
+        .unwrap();
+        assert!(cli.validate().is_err());
         let cli = Cli::try_parse_from(["pv-writer", "--write-timeout", "2m"]).unwrap();
-        assert!(cli.writer.validate().is_err());
+        assert!(cli.validate().is_err());
     }
 }

@@ -1,5 +1,7 @@
-//! The drain loop: take due entries from the durable queue, create their PVs
-//! with `--workers` concurrency, and settle each entry atomically in Redis.
+//! The seed's operation for pv-writer: write one taken entry's PV and settle
+//! the entry atomically in Redis ([`Writer::process`]), deciding with the pure
+//! rules of [`crate::decision`]. The drain loop that takes due entries and
+//! runs `--worker-threads` writes at once is in [`crate::controller`].
 //!
 //! Per entry (seed: `provisionClaimOperation`'s PV save, made durable):
 //! * created, or `AlreadyExists` with `claimRef.uid` equal to the entry's claim
@@ -9,9 +11,10 @@
 //!   `pv_writer_dead_letters_total`; never retried blindly, and the storage
 //!   asset is never deleted (an operator decides, then requeues);
 //! * anything else (5xx, 429, 403/401 while RBAC is fixed, timeouts, connection
-//!   errors) → retry after `initial · 2^(attempts-1)` capped at `--retry-max`,
-//!   less up to 20 % jitter, forever. While failures happen, a probe (`get` of
-//!   the last failed PV, every `--retry-initial` clamped to 100 ms..5 s) watches
+//!   errors) → retry after `initial · 2^(attempts-1)` capped at
+//!   `--retry-interval-max`, less up to 20 % jitter, forever. While failures
+//!   happen, a probe (`get` of the last failed PV, every
+//!   `--retry-interval-start` clamped to 100 ms..5 s) watches
 //!   the API server; when a probe fails the API server counts as down, and the
 //!   first probe or write that succeeds afterwards pulls every waiting retry
 //!   forward to now, so the queue starts again as soon as the API server is back.
@@ -25,7 +28,8 @@
 //!   [`crate::checks`]) → refused before any API call: dead-lettered,
 //!   `pv_writer_refused_entries_total{reason}` and a Warning event on the claim.
 //!
-//! Redis failures while settling an entry are retried every 500 ms until they
+//! Redis failures while settling an entry are retried every
+//! `--redis-reconnect-period` (default 500 ms) until they
 //! succeed or shutdown; an unsettled entry stays in flight and is taken again
 //! by the next leader, and the repeated create answers `AlreadyExists` for the
 //! same claim, so no PV is written twice.
@@ -42,39 +46,30 @@
 //! check and the event reaching the API server can add a second event.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::queue::{DecodeError, QueuedPvWrite};
 use common::controller::events::{claim_reference, reason, EventSink};
-use common::controller::retry::backoff;
+use common::controller::retry::Backoff;
 use common::controller::time::now_ms;
 use common::service::http::Readiness;
 use common::store::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, PostParams};
 use kube::Client;
-use rand::Rng;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::checks::EntryChecks;
+use crate::decision::{already_exists, refused_create, retry_delay, WriteResult};
 use crate::metrics::{outcome, WriterMetrics};
 
-/// Longest the idle dispatcher waits before looking for due entries again;
-/// an enqueue wakes it at once ([`common::store::queue::PvQueue::wait_for_work`]), so
-/// this only bounds how late a retry that comes due is picked up.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
-/// Pause between attempts while Redis is unreachable.
-pub const REDIS_RETRY_INTERVAL: Duration = Duration::from_millis(500);
 /// Longest a worker waits for the API server to take a claim event
 /// (`ProvisioningSucceeded`, `ProvisioningFailed`). Bounded so a slow API server
 /// (client read timeout ~295 s) cannot hold a taken entry past its
 /// `--visibility-timeout`; an event not accepted in time is logged and dropped.
 pub const EVENT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Tuning of the drain loop (from [`crate::cli::WriterArgs`]).
+/// Tuning of the drain loop (from [`crate::config::WriterArgs`] and the shared flags).
 #[derive(Debug, Clone)]
 pub struct WriterConfig {
     /// Concurrent PV writes.
@@ -87,24 +82,9 @@ pub struct WriterConfig {
     pub write_timeout: Duration,
     /// Visibility timeout of a taken entry.
     pub visibility_timeout: Duration,
-}
-
-/// What the API server said about one PV write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WriteResult {
-    /// `201 Created`.
-    Created,
-    /// `409 AlreadyExists` and the existing PV's `claimRef.uid` is the entry's claim uid.
-    AlreadyExists,
-    /// Permanent refusal; `kind` is the `pv_writer_dead_letters_total` reason label.
-    Refused {
-        /// `claimed_by_other`, `invalid` or `bad_request`.
-        kind: &'static str,
-        /// Human-readable reason (event note, dead-letter record).
-        reason: String,
-    },
-    /// Worth retrying.
-    Transient(String),
+    /// Pause between attempts while Redis is unreachable
+    /// (`--redis-reconnect-period`).
+    pub redis_reconnect: Duration,
 }
 
 /// Create `entry`'s PV through `api` within `timeout` and classify the answer.
@@ -136,89 +116,37 @@ pub async fn write_pv(
             Ok(Err(err)) => return WriteResult::Transient(format!("reading existing PV: {err}")),
             Ok(Ok(pv)) => pv,
         };
-        let claim_ref = existing.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-        let uid = claim_ref.and_then(|c| c.uid.as_deref());
-        if uid == Some(entry.claim.uid.as_str()) {
-            return WriteResult::AlreadyExists;
-        }
-        let owner = claim_ref
-            .map(|c| {
-                format!(
-                    "claim {}/{} (uid {})",
-                    c.namespace.as_deref().unwrap_or(""),
-                    c.name.as_deref().unwrap_or(""),
-                    c.uid.as_deref().unwrap_or("none")
-                )
-            })
-            .unwrap_or_else(|| "no claim".to_string());
-        return WriteResult::Refused {
-            kind: "claimed_by_other",
-            reason: format!(
-                "PV {name} already exists for {owner}, not for claim {} (uid {}); the volume is kept, requeue after resolving",
-                entry.claim, entry.claim.uid
-            ),
-        };
+        return already_exists(entry, &existing);
     }
-    match status.code {
-        422 => WriteResult::Refused {
-            kind: "invalid",
-            reason: format!(
-                "API server rejected PV {name} as invalid: {}",
-                status.message
-            ),
-        },
-        400 => WriteResult::Refused {
-            kind: "bad_request",
-            reason: format!(
-                "API server rejected PV {name} as a bad request: {}",
-                status.message
-            ),
-        },
-        code => WriteResult::Transient(format!(
-            "creating PV: {code} {}: {}",
-            status.reason, status.message
-        )),
-    }
+    refused_create(name, status.code, &status.reason, &status.message)
 }
 
-/// Whether an API answer with HTTP `code` means the API server cannot serve
-/// writes right now: 5xx, 429 Too Many Requests, 401/403 (credentials or RBAC
-/// being fixed). Used by the probe; a 404 means the API server is up.
-pub fn is_transient_code(code: u16) -> bool {
-    code >= 500 || code == 429 || code == 401 || code == 403
-}
-
-/// Retry delay after the `attempts`-th consecutive failure (1-based):
-/// `initial · 2^(attempts-1)` capped at `max`, times a random factor in [0.8, 1].
-pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration {
-    let base = backoff(initial, max, attempts);
-    base.mul_f64(rand::rng().random_range(0.8..=1.0))
-}
-
-/// The drain loop of the leader. Cheap to share (`Arc`).
+/// The PV writer of one leader term: the operation ([`process`](Self::process))
+/// and, in [`crate::controller`], the drain loop ([`run`](Self::run)). Cheap
+/// to share (`Arc`).
 pub struct Writer {
-    queue: PvQueue,
+    pub(crate) queue: PvQueue,
     checks: EntryChecks,
     /// This replica's leader term ([`PvQueue::begin_term`]); 0 before `run`.
-    epoch: AtomicU64,
+    pub(crate) epoch: AtomicU64,
     /// Set once Redis refused an operation of this term: a newer leader runs.
-    superseded: AtomicBool,
-    api: Api<PersistentVolume>,
+    pub(crate) superseded: AtomicBool,
+    pub(crate) api: Api<PersistentVolume>,
     events: EventSink,
-    metrics: WriterMetrics,
-    config: WriterConfig,
+    pub(crate) metrics: WriterMetrics,
+    pub(crate) config: WriterConfig,
     /// A transient failure happened since the last probe.
-    degraded: AtomicBool,
+    pub(crate) degraded: AtomicBool,
     /// A probe failed and nothing succeeded since: the API server is down.
-    api_down: AtomicBool,
+    pub(crate) api_down: AtomicBool,
     /// When (ms) the API server was last seen coming back.
-    recovered_at_ms: AtomicU64,
+    pub(crate) recovered_at_ms: AtomicU64,
     /// PV name of the last transient failure, probed with `get`.
-    probe_name: std::sync::Mutex<String>,
+    pub(crate) probe_name: std::sync::Mutex<String>,
     /// `/readyz` of the running drain ([`run`](Self::run) sets it), so a worker
     /// that cannot settle an entry in Redis reports not-ready too — the
     /// dispatcher may be waiting for that worker's permit and see nothing.
-    readiness: std::sync::OnceLock<Readiness>,
+    pub(crate) readiness: std::sync::OnceLock<Readiness>,
 }
 
 impl Writer {
@@ -250,7 +178,7 @@ impl Writer {
     }
 
     /// The API server answered: if it was down, pull every waiting retry forward.
-    async fn api_is_up(&self) {
+    pub(crate) async fn api_is_up(&self) {
         if self.api_down.swap(false, Ordering::SeqCst) {
             self.recovered_at_ms.store(now_ms(), Ordering::SeqCst);
             match self.queue.pull_forward_retries().await {
@@ -263,174 +191,8 @@ impl Writer {
         }
     }
 
-    /// While transient failures happen, probe the API server every `interval`.
-    async fn probe_loop(self: Arc<Self>, shutdown: CancellationToken) {
-        let interval = self
-            .config
-            .retry_initial
-            .clamp(Duration::from_millis(100), Duration::from_secs(5));
-        let timeout = self.config.write_timeout.min(Duration::from_secs(5));
-        loop {
-            if sleep_or_cancel(interval, &shutdown).await {
-                return;
-            }
-            if !self.degraded.swap(false, Ordering::SeqCst) && !self.api_down.load(Ordering::SeqCst)
-            {
-                continue;
-            }
-            let name = self.probe_name.lock().expect("probe name poisoned").clone();
-            match tokio::time::timeout(timeout, self.api.get_opt(&name)).await {
-                Ok(Ok(_)) => self.api_is_up().await,
-                Ok(Err(kube::Error::Api(s))) if !is_transient_code(s.code) => {
-                    self.api_is_up().await
-                }
-                Ok(Err(err)) => {
-                    if !self.api_down.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(error = %err, "API server unavailable; PV writes wait for it");
-                    }
-                }
-                Err(_) => {
-                    if !self.api_down.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(?timeout, "API server not answering; PV writes wait for it");
-                    }
-                }
-            }
-        }
-    }
-
-    /// Drain until `shutdown` fires, then wait for in-flight writes to settle.
-    /// Calls `readiness.set_ready(false)` while Redis is unreachable and `true`
-    /// while it answers. Returns only on shutdown.
-    pub async fn run(
-        self: Arc<Self>,
-        shutdown: CancellationToken,
-        readiness: Readiness,
-    ) -> anyhow::Result<()> {
-        let _ = self.readiness.set(readiness.clone());
-        // A new term; anything in flight under an earlier one belongs to a
-        // previous leader that is gone or fenced.
-        loop {
-            let started = async {
-                let epoch = match self.epoch.load(Ordering::SeqCst) {
-                    0 => self.queue.begin_term().await?,
-                    epoch => epoch,
-                };
-                self.epoch.store(epoch, Ordering::SeqCst);
-                let recovered = self.queue.recover_inflight(epoch).await?;
-                Ok::<_, QueueError>((epoch, recovered))
-            };
-            match started.await {
-                Ok((epoch, n)) => {
-                    tracing::info!(
-                        term = epoch,
-                        recovered = n,
-                        "began a pv-writer term; took over PV writes left in flight by earlier terms"
-                    );
-                    break;
-                }
-                Err(err) => {
-                    readiness.set_ready(false);
-                    tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                    if sleep_or_cancel(REDIS_RETRY_INTERVAL, &shutdown).await {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        readiness.set_ready(true);
-        // Every task below is owned by a JoinSet held by this future: when the
-        // runtime aborts the work loop (lost Lease, grace period over), dropping
-        // the sets aborts them, so nothing writes after the Lease is released.
-        let mut background = JoinSet::new();
-        background.spawn(self.clone().refresh_stats(shutdown.clone()));
-        background.spawn(self.clone().probe_loop(shutdown.clone()));
-
-        let permits = Arc::new(Semaphore::new(self.config.workers));
-        let mut tasks = JoinSet::new();
-        let mut redis_down = false;
-        while !shutdown.is_cancelled() && !self.superseded.load(Ordering::SeqCst) {
-            while tasks.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
-                _ = shutdown.cancelled() => break,
-            };
-            let limit = permits.available_permits() + 1;
-            let epoch = self.epoch.load(Ordering::SeqCst);
-            let batch = match self
-                .queue
-                .take_due(epoch, limit, self.config.visibility_timeout)
-                .await
-            {
-                Ok(None) => {
-                    drop(permit);
-                    self.fenced("take_due");
-                    break;
-                }
-                Ok(Some(batch)) => {
-                    if redis_down {
-                        tracing::info!("Redis reachable again; draining");
-                        redis_down = false;
-                    }
-                    readiness.set_ready(true);
-                    batch
-                }
-                Err(err) => {
-                    if !redis_down {
-                        tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                    }
-                    redis_down = true;
-                    readiness.set_ready(false);
-                    drop(permit);
-                    sleep_or_cancel(REDIS_RETRY_INTERVAL, &shutdown).await;
-                    continue;
-                }
-            };
-            if batch.is_empty() {
-                drop(permit);
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    woken = self.queue.wait_for_work(POLL_INTERVAL) => {
-                        if woken.is_err() {
-                            sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
-                        }
-                    }
-                }
-                continue;
-            }
-            let mut first = Some(permit);
-            for taken in batch {
-                let permit = first.take().unwrap_or_else(|| {
-                    permits
-                        .clone()
-                        .try_acquire_owned()
-                        .expect("only the dispatcher acquires permits")
-                });
-                let writer = self.clone();
-                let shutdown = shutdown.clone();
-                tasks.spawn(async move {
-                    writer.process(taken, &shutdown).await;
-                    drop(permit);
-                });
-            }
-        }
-        tracing::info!(
-            in_flight = tasks.len(),
-            "shutting down: waiting for in-flight PV writes"
-        );
-        while tasks.join_next().await.is_some() {}
-        background.shutdown().await;
-        if self.superseded.load(Ordering::SeqCst) {
-            readiness.set_ready(false);
-            anyhow::bail!(
-                "pv-writer term {} was superseded by a newer leader; stopped draining",
-                self.epoch.load(Ordering::SeqCst)
-            );
-        }
-        Ok(())
-    }
-
     /// Redis refused `operation` because a newer term began: stop draining.
-    fn fenced(&self, operation: &str) {
+    pub(crate) fn fenced(&self, operation: &str) {
         self.metrics.fenced_operations_total.inc();
         if !self.superseded.swap(true, Ordering::SeqCst) {
             tracing::error!(
@@ -438,21 +200,6 @@ impl Writer {
                 operation,
                 "a newer pv-writer leader term began (this replica was paused or lost its Lease); Redis refused this replica's queue operations, stopping"
             );
-        }
-    }
-
-    async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            if let Ok(stats) = self.queue.stats().await {
-                self.metrics.depth.set(stats.depth as i64);
-                self.metrics.dead_letters.set(stats.dead as i64);
-                self.metrics
-                    .oldest_age_seconds
-                    .set(stats.oldest_age_seconds(stats.redis_now_ms));
-            }
-            if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
-                return;
-            }
         }
     }
 
@@ -679,28 +426,27 @@ impl Writer {
         Fut: std::future::Future<Output = Result<T, QueueError>>,
     {
         let mut failed = false;
-        loop {
-            match op().await {
-                Ok(v) => {
-                    if failed {
-                        if let Some(r) = self.readiness.get() {
-                            r.set_ready(true);
-                        }
-                    }
-                    return Some(v);
+        let settled = self
+            .redis_retry()
+            .retry(shutdown, op, |err, _, _| {
+                failed = true;
+                if let Some(r) = self.readiness.get() {
+                    r.set_ready(false);
                 }
-                Err(err) => {
-                    failed = true;
-                    if let Some(r) = self.readiness.get() {
-                        r.set_ready(false);
-                    }
-                    tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
-                    if sleep_or_cancel(REDIS_RETRY_INTERVAL, shutdown).await {
-                        return None;
-                    }
-                }
+                tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
+            })
+            .await;
+        if failed && settled.is_some() {
+            if let Some(r) = self.readiness.get() {
+                r.set_ready(true);
             }
         }
+        settled
+    }
+
+    /// How Redis calls are repeated while Redis is unreachable.
+    pub(crate) fn redis_retry(&self) -> Backoff {
+        Backoff::constant(self.config.redis_reconnect)
     }
 }
 
@@ -721,39 +467,9 @@ pub async fn publish_bounded(
     }
 }
 
-/// Sleep `d`; true if `token` fired first.
-async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => false,
-        _ = token.cancelled() => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_delay_doubles_with_at_most_20_percent_jitter_and_caps() {
-        let i = Duration::from_secs(1);
-        let m = Duration::from_secs(300);
-        for (attempts, full) in [
-            (1u32, 1.0f64),
-            (2, 2.0),
-            (4, 8.0),
-            (9, 256.0),
-            (10, 300.0),
-            (40, 300.0),
-        ] {
-            for _ in 0..50 {
-                let d = retry_delay(i, m, attempts).as_secs_f64();
-                assert!(
-                    d <= full + 1e-9 && d >= 0.8 * full - 1e-9,
-                    "attempts {attempts}: {d}"
-                );
-            }
-        }
-    }
 
     /// An [`EventSink`] whose API server takes requests but never answers.
     fn silent_api_sink() -> (

@@ -1,0 +1,210 @@
+//! pv-writer's drain loop (the queue driver): begin a leader term, take due
+//! entries from the durable queue and run [`Writer::process`] on each with
+//! `--worker-threads` concurrency, probe the API server while writes fail, and
+//! keep the queue gauges fresh. See [`crate::operation`] for what happens to
+//! one entry.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::service::http::Readiness;
+use common::store::queue::QueueError;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::decision::is_transient_code;
+use crate::operation::Writer;
+
+/// Longest the idle dispatcher waits before looking for due entries again;
+/// an enqueue wakes it at once ([`common::store::queue::PvQueue::wait_for_work`]), so
+/// this only bounds how late a retry that comes due is picked up.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Writer {
+    /// While transient failures happen, probe the API server every `interval`.
+    async fn probe_loop(self: Arc<Self>, shutdown: CancellationToken) {
+        let interval = self
+            .config
+            .retry_initial
+            .clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let timeout = self.config.write_timeout.min(Duration::from_secs(5));
+        loop {
+            if sleep_or_cancel(interval, &shutdown).await {
+                return;
+            }
+            if !self.degraded.swap(false, Ordering::SeqCst) && !self.api_down.load(Ordering::SeqCst)
+            {
+                continue;
+            }
+            let name = self.probe_name.lock().expect("probe name poisoned").clone();
+            match tokio::time::timeout(timeout, self.api.get_opt(&name)).await {
+                Ok(Ok(_)) => self.api_is_up().await,
+                Ok(Err(kube::Error::Api(s))) if !is_transient_code(s.code) => {
+                    self.api_is_up().await
+                }
+                Ok(Err(err)) => {
+                    if !self.api_down.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(error = %err, "API server unavailable; PV writes wait for it");
+                    }
+                }
+                Err(_) => {
+                    if !self.api_down.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(?timeout, "API server not answering; PV writes wait for it");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drain until `shutdown` fires, then wait for in-flight writes to settle.
+    /// Calls `readiness.set_ready(false)` while Redis is unreachable and `true`
+    /// while it answers. Returns only on shutdown.
+    pub async fn run(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        readiness: Readiness,
+    ) -> anyhow::Result<()> {
+        let _ = self.readiness.set(readiness.clone());
+        // A new term; anything in flight under an earlier one belongs to a
+        // previous leader that is gone or fenced.
+        let started = || async {
+            let epoch = match self.epoch.load(Ordering::SeqCst) {
+                0 => self.queue.begin_term().await?,
+                epoch => epoch,
+            };
+            self.epoch.store(epoch, Ordering::SeqCst);
+            let recovered = self.queue.recover_inflight(epoch).await?;
+            Ok::<_, QueueError>((epoch, recovered))
+        };
+        let Some((epoch, n)) = self
+            .redis_retry()
+            .retry(&shutdown, started, |err, _, _| {
+                readiness.set_ready(false);
+                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+            })
+            .await
+        else {
+            return Ok(());
+        };
+        tracing::info!(
+            term = epoch,
+            recovered = n,
+            "began a pv-writer term; took over PV writes left in flight by earlier terms"
+        );
+        readiness.set_ready(true);
+        // Every task below is owned by a JoinSet held by this future: when the
+        // runtime aborts the work loop (lost Lease, grace period over), dropping
+        // the sets aborts them, so nothing writes after the Lease is released.
+        let mut background = JoinSet::new();
+        background.spawn(self.clone().refresh_stats(shutdown.clone()));
+        background.spawn(self.clone().probe_loop(shutdown.clone()));
+
+        let permits = Arc::new(Semaphore::new(self.config.workers));
+        let mut tasks = JoinSet::new();
+        let mut redis_down = false;
+        while !shutdown.is_cancelled() && !self.superseded.load(Ordering::SeqCst) {
+            while tasks.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+                _ = shutdown.cancelled() => break,
+            };
+            let limit = permits.available_permits() + 1;
+            let epoch = self.epoch.load(Ordering::SeqCst);
+            let batch = match self
+                .queue
+                .take_due(epoch, limit, self.config.visibility_timeout)
+                .await
+            {
+                Ok(None) => {
+                    drop(permit);
+                    self.fenced("take_due");
+                    break;
+                }
+                Ok(Some(batch)) => {
+                    if redis_down {
+                        tracing::info!("Redis reachable again; draining");
+                        redis_down = false;
+                    }
+                    readiness.set_ready(true);
+                    batch
+                }
+                Err(err) => {
+                    if !redis_down {
+                        tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                    }
+                    redis_down = true;
+                    readiness.set_ready(false);
+                    drop(permit);
+                    sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
+                    continue;
+                }
+            };
+            if batch.is_empty() {
+                drop(permit);
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    woken = self.queue.wait_for_work(POLL_INTERVAL) => {
+                        if woken.is_err() {
+                            sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
+                        }
+                    }
+                }
+                continue;
+            }
+            let mut first = Some(permit);
+            for taken in batch {
+                let permit = first.take().unwrap_or_else(|| {
+                    permits
+                        .clone()
+                        .try_acquire_owned()
+                        .expect("only the dispatcher acquires permits")
+                });
+                let writer = self.clone();
+                let shutdown = shutdown.clone();
+                tasks.spawn(async move {
+                    writer.process(taken, &shutdown).await;
+                    drop(permit);
+                });
+            }
+        }
+        tracing::info!(
+            in_flight = tasks.len(),
+            "shutting down: waiting for in-flight PV writes"
+        );
+        while tasks.join_next().await.is_some() {}
+        background.shutdown().await;
+        if self.superseded.load(Ordering::SeqCst) {
+            readiness.set_ready(false);
+            anyhow::bail!(
+                "pv-writer term {} was superseded by a newer leader; stopped draining",
+                self.epoch.load(Ordering::SeqCst)
+            );
+        }
+        Ok(())
+    }
+
+    async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            if let Ok(stats) = self.queue.stats().await {
+                self.metrics.depth.set(stats.depth as i64);
+                self.metrics.dead_letters.set(stats.dead as i64);
+                self.metrics
+                    .oldest_age_seconds
+                    .set(stats.oldest_age_seconds(stats.redis_now_ms));
+            }
+            if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
+                return;
+            }
+        }
+    }
+}
+
+/// Sleep `d`; true if `token` fired first.
+async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = token.cancelled() => true,
+    }
+}

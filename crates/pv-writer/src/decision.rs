@@ -1,0 +1,148 @@
+//! pv-writer's rules as pure functions: what an API answer to a PV create
+//! means for the entry ([`WriteResult`]: written, retried, or dead-lettered),
+//! which HTTP codes mean "the API server cannot serve writes now", and the
+//! jittered per-entry retry delay.
+
+use std::time::Duration;
+
+use api_types::queue::QueuedPvWrite;
+use common::controller::retry::Backoff;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use rand::Rng;
+
+/// What the API server said about one PV write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteResult {
+    /// `201 Created`.
+    Created,
+    /// `409 AlreadyExists` and the existing PV's `claimRef.uid` is the entry's claim uid.
+    AlreadyExists,
+    /// Permanent refusal; `kind` is the `pv_writer_dead_letters_total` reason label.
+    Refused {
+        /// `claimed_by_other`, `invalid` or `bad_request`.
+        kind: &'static str,
+        /// Human-readable reason (event note, dead-letter record).
+        reason: String,
+    },
+    /// Worth retrying.
+    Transient(String),
+}
+
+/// The verdict on a create that answered `409 AlreadyExists`, given the
+/// existing PV: ours ([`WriteResult::AlreadyExists`]) when its
+/// `claimRef.uid` is the entry's claim uid, else refused as
+/// `claimed_by_other` (the volume is kept; an operator resolves and requeues).
+pub fn already_exists(entry: &QueuedPvWrite, existing: &PersistentVolume) -> WriteResult {
+    let name = entry.pv_name();
+    let claim_ref = existing.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let uid = claim_ref.and_then(|c| c.uid.as_deref());
+    if uid == Some(entry.claim.uid.as_str()) {
+        return WriteResult::AlreadyExists;
+    }
+    let owner = claim_ref
+        .map(|c| {
+            format!(
+                "claim {}/{} (uid {})",
+                c.namespace.as_deref().unwrap_or(""),
+                c.name.as_deref().unwrap_or(""),
+                c.uid.as_deref().unwrap_or("none")
+            )
+        })
+        .unwrap_or_else(|| "no claim".to_string());
+    WriteResult::Refused {
+        kind: "claimed_by_other",
+        reason: format!(
+            "PV {name} already exists for {owner}, not for claim {} (uid {}); the volume is kept, requeue after resolving",
+            entry.claim, entry.claim.uid
+        ),
+    }
+}
+
+/// The verdict on a create of PV `name` refused with HTTP `code` (other than
+/// `409 AlreadyExists`), `reason` and `message` from the API server's Status:
+/// `422` → refused as `invalid`, `400` → refused as `bad_request`, anything
+/// else → transient.
+pub fn refused_create(name: &str, code: u16, reason: &str, message: &str) -> WriteResult {
+    match code {
+        422 => WriteResult::Refused {
+            kind: "invalid",
+            reason: format!("API server rejected PV {name} as invalid: {message}"),
+        },
+        400 => WriteResult::Refused {
+            kind: "bad_request",
+            reason: format!("API server rejected PV {name} as a bad request: {message}"),
+        },
+        code => WriteResult::Transient(format!("creating PV: {code} {reason}: {message}")),
+    }
+}
+
+/// Whether an API answer with HTTP `code` means the API server cannot serve
+/// writes right now: 5xx, 429 Too Many Requests, 401/403 (credentials or RBAC
+/// being fixed). Used by the probe; a 404 means the API server is up.
+pub fn is_transient_code(code: u16) -> bool {
+    code >= 500 || code == 429 || code == 401 || code == 403
+}
+
+/// Retry delay after the `attempts`-th consecutive failure (1-based):
+/// `initial · 2^(attempts-1)` capped at `max`, times a random factor in [0.8, 1].
+pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration {
+    let base = Backoff::exponential(initial, max).delay(attempts);
+    base.mul_f64(rand::rng().random_range(0.8..=1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_doubles_with_at_most_20_percent_jitter_and_caps() {
+        let i = Duration::from_secs(1);
+        let m = Duration::from_secs(300);
+        for (attempts, full) in [
+            (1u32, 1.0f64),
+            (2, 2.0),
+            (4, 8.0),
+            (9, 256.0),
+            (10, 300.0),
+            (40, 300.0),
+        ] {
+            for _ in 0..50 {
+                let d = retry_delay(i, m, attempts).as_secs_f64();
+                assert!(
+                    d <= full + 1e-9 && d >= 0.8 * full - 1e-9,
+                    "attempts {attempts}: {d}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn refusals_and_transient_codes() {
+        assert_eq!(
+            refused_create("pv-1", 422, "Invalid", "bad spec"),
+            WriteResult::Refused {
+                kind: "invalid",
+                reason: "API server rejected PV pv-1 as invalid: bad spec".into()
+            }
+        );
+        assert!(matches!(
+            refused_create("pv-1", 400, "BadRequest", "x"),
+            WriteResult::Refused {
+                kind: "bad_request",
+                ..
+            }
+        ));
+        for code in [500, 503, 429, 403, 401, 404] {
+            assert!(matches!(
+                refused_create("pv-1", code, "r", "m"),
+                WriteResult::Transient(_)
+            ));
+        }
+        for code in [500, 503, 429, 403, 401] {
+            assert!(is_transient_code(code), "{code}");
+        }
+        for code in [200, 404, 409, 422, 400] {
+            assert!(!is_transient_code(code), "{code}");
+        }
+    }
+}

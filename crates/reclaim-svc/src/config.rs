@@ -1,0 +1,114 @@
+//! reclaim-svc's flags (each with an environment-variable twin). The shared
+//! ones (`--worker-threads`, default 4 = seed threadiness;
+//! `--retry-interval-start`/`--retry-interval-max`, default 15s/1000s as the
+//! seed's work queue) are in `common::service::config`. The backend's flags
+//! (`--backend`, `--on-delete`, ...) are added by the binary (`backends` crate).
+
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use common::service::config::{parse_duration, CommonArgs, RetryArgs};
+
+/// Flags of reclaim-svc itself (each with an environment twin).
+#[derive(Debug, Clone, Args)]
+pub struct ReclaimArgs {
+    /// Add the provisioner finalizer to our PVs with reclaim policy `Delete`, so
+    /// a PV object outlives its asset's deletion; when off, the finalizer is
+    /// removed from our PVs (seed `AddFinalizer`).
+    #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
+    pub add_finalizer: bool,
+
+    /// Failed syncs of one PV before it is given up until its next change
+    /// (seed `FailedDeleteThreshold`). 0 retries forever.
+    #[arg(long, env = "FAILED_DELETE_THRESHOLD", default_value_t = 15)]
+    pub failed_delete_threshold: u32,
+
+    /// Upper bound of one PV sync including the backend's delete; `0s` means
+    /// unlimited (seed `DeletionTimeout`, default unlimited). As the seed's
+    /// context timeout, the backend's delete sees the deadline
+    /// (`provisioner_api::deadline`) and a timed-out attempt is a failure: a
+    /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
+    #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
+    pub deletion_timeout: Duration,
+
+    /// Every PV is re-examined this often even without changes (seed resync
+    /// period). `0s` disables.
+    #[arg(long, env = "RESYNC_PERIOD", default_value = "15m", value_parser = parse_duration)]
+    pub resync_period: Duration,
+
+    /// Archive orphaned backend volumes the leader-start sweep finds (no PV, no
+    /// pending PV write, no provisioning intent) once their directory is older
+    /// than --sweep-min-age: renamed `archived-<name>` in the base directory,
+    /// never removed, whatever --on-delete says — such a directory may be a
+    /// Retain volume whose PV an admin deleted, or another provisioner's
+    /// in-flight volume in a shared base directory. Off: report them only.
+    #[arg(long, env = "SWEEP_ORPHANS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sweep_orphans: bool,
+
+    /// Minimum age (newer of directory mtime/ctime) before --sweep-orphans
+    /// archives an orphaned volume; younger orphans are only reported.
+    #[arg(long, env = "SWEEP_MIN_AGE", default_value = "1h", value_parser = parse_duration)]
+    pub sweep_min_age: Duration,
+}
+
+/// The reclaim-svc command line.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "reclaim-svc",
+    version,
+    about = "Deletes released volumes of a Kubernetes external provisioner and manages its PV finalizer"
+)]
+pub struct Cli {
+    /// Shared flags.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Overall retry limit (`--retry-qps`/`--retry-burst`; the per-PV backoff
+    /// is the shared `--retry-interval-start`/`--retry-interval-max`).
+    #[command(flatten)]
+    pub retry: RetryArgs,
+    /// reclaim-svc's own flags.
+    #[command(flatten)]
+    pub reclaim: ReclaimArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_defaults_follow_the_seed() {
+        let cli = Cli::try_parse_from(["reclaim-svc"]).unwrap();
+        assert!(!cli.reclaim.add_finalizer);
+        assert_eq!(cli.reclaim.failed_delete_threshold, 15);
+        assert_eq!(cli.reclaim.deletion_timeout, Duration::ZERO);
+        assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
+        assert_eq!(
+            cli.common
+                .worker_threads_for(common::service::config::ServiceKind::Reclaim),
+            4
+        );
+        assert!(!cli.reclaim.sweep_orphans);
+        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(3600));
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "reclaim-svc",
+            "--add-finalizer=true",
+            "--failed-delete-threshold",
+            "0",
+            "--deletion-timeout",
+            "2m",
+            "--sweep-orphans=true",
+            "--sweep-min-age",
+            "6h",
+        ])
+        .unwrap();
+        assert!(cli.reclaim.add_finalizer);
+        assert_eq!(cli.reclaim.failed_delete_threshold, 0);
+        assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
+        assert!(cli.reclaim.sweep_orphans);
+        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(6 * 3600));
+    }
+}
