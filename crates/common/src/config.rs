@@ -146,6 +146,13 @@ pub struct CommonArgs {
     /// `terminationGracePeriodSeconds`.
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace_period: Duration,
+
+    /// `/healthz` fails once the running work loop has made no progress for
+    /// this long (keys waiting and no worker taking one; an idle loop is
+    /// healthy). Keep above the longest legitimate backend call
+    /// (`--provision-timeout`) so a busy replica is not restarted.
+    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub healthz_stall_timeout: Duration,
 }
 
 /// Per-item retry flags of the claim/volume work queues (seed defaults: per item

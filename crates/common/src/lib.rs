@@ -15,13 +15,16 @@
 //! * [`intents`] — durable provisioning intents in Redis;
 //! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
 //! * [`time`] — [`time::now_ms`], the one wall-clock timestamp (ms since the Unix epoch);
-//! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics).
+//! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics);
+//! * [`workqueue_metrics`] — client-go's `workqueue_*` metrics for any queue of keys;
+//! * [`health`] — the work-loop heartbeat and Lease-renewal checks behind `/healthz`.
 
 pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod deadline;
 pub mod events;
+pub mod health;
 pub mod http;
 pub mod intents;
 pub mod kube_client;
@@ -39,5 +42,6 @@ pub mod telemetry;
 mod test_redis;
 pub mod time;
 pub mod workqueue;
+pub mod workqueue_metrics;
 
 pub use provisioner::Provisioner;

@@ -6,7 +6,10 @@
 //!   being processed is queued again when its worker calls [`WorkQueue::done`];
 //! * [`WorkQueue::add_after`] queues a key after a delay (the retry path);
 //! * after [`WorkQueue::shut_down`], [`WorkQueue::get`] returns `None` and adds
-//!   are ignored, so workers finish their in-flight item and stop.
+//!   are ignored, so workers finish their in-flight item and stop;
+//! * with [`WorkQueue::with_metrics`], it reports client-go's `workqueue_*`
+//!   families ([`crate::workqueue_metrics`]), and [`WorkQueue::stalled_for`]
+//!   tells a liveness heartbeat whether workers still take keys.
 //!
 //! Why not kube-runtime's `Controller`: the seed keys claims by uid and keeps
 //! processing a claim that is provisioning in the background after the claim
@@ -14,24 +17,45 @@
 //! is missing from its store. The services still use kube-runtime's watcher and
 //! reflector stores to feed this queue.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-#[derive(Default)]
+use crate::workqueue_metrics::{Processing, WorkQueueMetrics};
+
 struct State {
     queue: VecDeque<String>,
     dirty: HashSet<String>,
-    processing: HashSet<String>,
+    /// Keys being processed, with their work-duration guard (metrics only).
+    processing: HashMap<String, Option<Processing>>,
+    /// When each waiting key was added (queue duration, stall detection).
+    added_at: HashMap<String, Instant>,
+    /// When a worker last took a key (or the queue was created).
+    last_taken: Instant,
     shutting_down: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            dirty: HashSet::new(),
+            processing: HashMap::new(),
+            added_at: HashMap::new(),
+            last_taken: Instant::now(),
+            shutting_down: false,
+        }
+    }
 }
 
 #[derive(Default)]
 struct Inner {
     state: Mutex<State>,
     notify: Notify,
+    metrics: Option<WorkQueueMetrics>,
 }
 
 /// The queue; cheap to clone (all clones share one queue).
@@ -46,8 +70,27 @@ impl WorkQueue {
         Self::default()
     }
 
+    /// An empty queue reporting to `metrics` (see [`crate::workqueue_metrics`]).
+    pub fn with_metrics(metrics: WorkQueueMetrics) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                metrics: Some(metrics),
+                ..Inner::default()
+            }),
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().expect("work queue poisoned")
+    }
+
+    /// Queue `key` at the tail and record when it was added.
+    fn push(&self, s: &mut State, key: &str) {
+        s.queue.push_back(key.to_string());
+        s.added_at.entry(key.to_string()).or_insert_with(Instant::now);
+        if let Some(m) = &self.inner.metrics {
+            m.set_depth(s.queue.len());
+        }
     }
 
     /// Queue `key` unless it is already waiting; if a worker holds it, it is
@@ -57,12 +100,25 @@ impl WorkQueue {
         if s.shutting_down || !s.dirty.insert(key.to_string()) {
             return;
         }
-        if s.processing.contains(key) {
+        if let Some(m) = &self.inner.metrics {
+            m.add();
+        }
+        if s.processing.contains_key(key) {
             return;
         }
-        s.queue.push_back(key.to_string());
+        self.push(&mut s, key);
         drop(s);
         self.inner.notify.notify_one();
+    }
+
+    /// Re-queue a key that failed, after its backoff `delay` (client-go
+    /// `AddRateLimited`): as [`add_after`](Self::add_after), and counted in
+    /// `workqueue_retries_total`.
+    pub fn add_rate_limited(&self, key: &str, delay: Duration) {
+        if let Some(m) = &self.inner.metrics {
+            m.retry();
+        }
+        self.add_after(key, delay);
     }
 
     /// Queue `key` after `delay` (immediately when zero). Dropped if the queue
@@ -94,7 +150,15 @@ impl WorkQueue {
                 }
                 if let Some(key) = s.queue.pop_front() {
                     s.dirty.remove(&key);
-                    s.processing.insert(key.clone());
+                    let now = Instant::now();
+                    s.last_taken = now;
+                    let added = s.added_at.remove(&key).unwrap_or(now);
+                    let guard = self.inner.metrics.as_ref().map(|m| {
+                        m.set_depth(s.queue.len());
+                        m.queued_for(now.saturating_duration_since(added));
+                        m.start_processing()
+                    });
+                    s.processing.insert(key.clone(), guard);
                     let more = !s.queue.is_empty();
                     drop(s);
                     if more {
@@ -113,7 +177,7 @@ impl WorkQueue {
         let mut s = self.state();
         s.processing.remove(key);
         if s.dirty.contains(key) && !s.shutting_down {
-            s.queue.push_back(key.to_string());
+            self.push(&mut s, key);
             drop(s);
             self.inner.notify.notify_one();
         }
@@ -133,6 +197,18 @@ impl WorkQueue {
     /// Whether no key is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How long keys have been waiting without any worker taking one: zero
+    /// when no key waits (an idle queue is not stalled), else the time since
+    /// the later of the last take and the oldest waiting key's add. A growing
+    /// value means every worker is stuck on its current key.
+    pub fn stalled_for(&self) -> Duration {
+        let s = self.state();
+        let Some(oldest) = s.queue.front().and_then(|k| s.added_at.get(k)) else {
+            return Duration::ZERO;
+        };
+        Instant::now().saturating_duration_since((*oldest).max(s.last_taken))
     }
 }
 
