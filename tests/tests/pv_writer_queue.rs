@@ -60,6 +60,7 @@ fn entry_with(uid: &str, valid: bool) -> QueuedPvWrite {
         },
         class: "fast".into(),
         enqueued_at_ms: now_ms(),
+        first_attempt_at_ms: None,
         mac: None,
     }
 }

@@ -1,5 +1,11 @@
 //! The leader's work loop: reflectors for claims, StorageClasses and PVs, the
 //! start-up walk over intents, the claim workers and the periodic resync.
+//!
+//! Health: the claim queue reports client-go's `workqueue_*` metrics
+//! (`name="claims"`); the loop beats the runtime's heartbeat while workers take
+//! claims or none wait ([`common::health`]); and it reports not ready while
+//! Redis (queue and intents, which every provisioning needs) does not answer
+//! a probe every [`REDIS_PROBE_INTERVAL`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +35,9 @@ use crate::metrics::ServiceMetrics;
 use crate::ports::KubeCluster;
 use crate::recovery::{self, Recovery};
 use common::workqueue::WorkQueue;
+
+/// How often the leader checks that Redis answers, for `/readyz`.
+pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Settings of the claim logic from the flags.
 pub fn settings(args: &ProvisionArgs) -> Settings {
@@ -125,7 +134,7 @@ pub async fn work(
     };
     let (cluster, event_publisher) =
         KubeCluster::new(client.clone(), ctx.kind.component(), &ctx.identity);
-    let queue = WorkQueue::new();
+    let queue = WorkQueue::with_metrics(metrics.queue.clone());
     let engine = Arc::new(Engine::new(
         settings(&args),
         caches.clone(),
@@ -140,6 +149,17 @@ pub async fn work(
 
     let watch_cfg = watcher::Config::default();
     let mut tasks = tokio::task::JoinSet::new();
+    {
+        let stall = args.common.healthz_stall_timeout;
+        let queue = queue.clone();
+        tasks.spawn(common::health::beat_while_progressing(
+            ctx.heartbeat.clone(),
+            common::health::beat_period(stall),
+            stall,
+            move || queue.stalled_for(),
+            shutdown.clone(),
+        ));
+    }
     {
         let engine = engine.clone();
         let stream = reflector::reflector(
@@ -224,6 +244,11 @@ pub async fn work(
         ));
     }
     ctx.readiness.set_ready(true);
+    tasks.spawn(probe_redis(
+        intents.clone(),
+        ctx.readiness.clone(),
+        shutdown.clone(),
+    ));
     tracing::info!(workers = args.worker_threads, "started provisioning claims");
 
     // Resync: queue every cached claim (and every claim in background) again.
@@ -270,4 +295,36 @@ pub async fn work(
     // The publisher ends once the last event sender (the engine's cluster) is gone.
     let _ = tokio::time::timeout(Duration::from_secs(5), event_publisher).await;
     Ok(())
+}
+
+/// Report readiness from Redis every [`REDIS_PROBE_INTERVAL`] until `shutdown`:
+/// not ready while it does not answer within the interval, ready again once it
+/// does (claims are then retried by their backoff or the next resync).
+async fn probe_redis(
+    intents: IntentStore,
+    readiness: common::http::Readiness,
+    shutdown: CancellationToken,
+) {
+    let mut up = true;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(REDIS_PROBE_INTERVAL) => {}
+        }
+        let answered = matches!(
+            tokio::time::timeout(REDIS_PROBE_INTERVAL, intents.count()).await,
+            Ok(Ok(_))
+        );
+        if answered != up {
+            if answered {
+                tracing::info!("Redis reachable again; ready");
+            } else {
+                tracing::warn!("Redis unreachable; not ready (provisioning needs the PV-write queue and intents)");
+            }
+            up = answered;
+        }
+        if !shutdown.is_cancelled() {
+            readiness.set_ready(answered);
+        }
+    }
 }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, SCHEMA_VERSION};
+use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, QUEUE_ENTRY_VERSION};
 use api_types::{
     pv_name_for_claim_uid, ProvisionError, ProvisionOptions, ProvisioningState,
     ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
@@ -33,6 +33,7 @@ use common::Provisioner;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
+use tracing::Instrument;
 
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
@@ -100,6 +101,10 @@ pub struct Engine {
     in_background: Mutex<HashMap<String, PersistentVolumeClaim>>,
     /// uid → claim reference in the claims cache (kept by the claim watch).
     uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
+    /// uid → when this leader term first attempted to provision the claim (ms
+    /// since the Unix epoch); carried in the queue entry so pv-writer measures
+    /// the seed's provision duration from it. Dropped when the claim is done.
+    first_attempts: Mutex<HashMap<String, u64>>,
 }
 
 impl Engine {
@@ -128,6 +133,7 @@ impl Engine {
             queue,
             in_background: Mutex::default(),
             uid_index: Mutex::default(),
+            first_attempts: Mutex::default(),
         }
     }
 
@@ -244,6 +250,25 @@ impl Engine {
         self.metrics.claims_in_background.set(map.len() as i64);
     }
 
+    /// When the claim `uid`'s first provision attempt began (recorded now if
+    /// this is the first), in milliseconds since the Unix epoch.
+    fn first_attempt_ms(&self, uid: &str) -> u64 {
+        *self
+            .first_attempts
+            .lock()
+            .expect("first attempts poisoned")
+            .entry(uid.to_string())
+            .or_insert_with(now_ms)
+    }
+
+    /// The claim `uid` is done (provisioned, stopped, gone or given up on).
+    fn forget_first_attempt(&self, uid: &str) {
+        self.first_attempts
+            .lock()
+            .expect("first attempts poisoned")
+            .remove(uid);
+    }
+
     fn class(&self, name: &str) -> Result<Arc<StorageClass>, String> {
         self.caches
             .classes
@@ -285,18 +310,15 @@ impl Engine {
         claim: &PersistentVolumeClaim,
     ) -> (ProvisioningState, Result<(), OpError>) {
         let class_name = decision::claim_class(claim);
-        let op = format!(
-            "provision {:?} class {class_name:?}",
-            decision::claim_key(claim)
-        );
-        tracing::info!("{op}: started");
+        let op = "provision";
+        tracing::info!("provision operation started");
 
         let Some(key) = ClaimKey::of(claim) else {
             return (
                 ProvisioningState::NoChange,
-                Err(OpError::Failed(format!(
-                    "{op}: claim lacks a namespace, name or uid"
-                ))),
+                Err(OpError::Failed(
+                    "claim lacks a namespace, name or uid".to_string(),
+                )),
             );
         };
         let pv_name = pv_name_for_claim_uid(&key.uid);
@@ -304,14 +326,12 @@ impl Engine {
         // an entry lost with a Redis crash (or removed by an operator) is
         // provisioned again instead of being skipped until a restart.
         if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
-            tracing::info!("{op}: persistentvolume {pv_name:?} already exists, skipping");
+            tracing::info!(pv = %pv_name, "PV already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
         match self.handoff.is_pending(&pv_name).await {
             Ok(true) => {
-                tracing::info!(
-                    "{op}: persistentvolume {pv_name:?} is already queued for pv-writer, skipping"
-                );
+                tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
             Ok(false) => {}
@@ -331,7 +351,7 @@ impl Engine {
                 "{} does not support block volume provisioning",
                 self.settings.names.name
             );
-            tracing::error!("{op}: failed to provision volume: {msg}");
+            tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
             self.cluster
                 .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
             return (ProvisioningState::Finished, Err(OpError::Stop));
@@ -341,14 +361,14 @@ impl Engine {
         let class = match self.class(&class_name) {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!("{op}: error getting claim's StorageClass's fields: {e}");
+                tracing::error!(error = %e, "error getting claim's StorageClass's fields");
                 return (ProvisioningState::Finished, Err(OpError::Failed(e)));
             }
         };
         if !self.settings.names.is_known(&class.provisioner) {
             tracing::error!(
-                "{op}: unknown provisioner {:?} requested in claim's StorageClass",
-                class.provisioner
+                provisioner = %class.provisioner,
+                "unknown provisioner requested in claim's StorageClass"
             );
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
@@ -360,7 +380,7 @@ impl Engine {
                 Ok(None) => {
                     let err = format!("nodes {node_name:?} not found");
                     return self
-                        .error_handling(ProvisioningState::Reschedule, err, claim, &op)
+                        .error_handling(ProvisioningState::Reschedule, err, claim, op)
                         .await;
                 }
                 Err(e) => {
@@ -429,19 +449,19 @@ impl Engine {
         let mut volume = match provisioned {
             Ok(v) => v,
             Err(ProvisionError::Ignored { reason }) => {
-                tracing::info!("{op}: volume provision ignored: {reason}");
+                tracing::info!(pv = %pv_name, %reason, "volume provision ignored");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
             Err(ProvisionError::Failed { state, reason }) => {
                 let err = format!(
                     "failed to provision volume with StorageClass {class_name:?}: {reason}"
                 );
-                return self.error_handling(state, err, claim, &op).await;
+                return self.error_handling(state, err, claim, op).await;
             }
         };
         tracing::info!(
-            "{op}: volume {:?} provisioned",
-            volume.metadata.name.as_deref().unwrap_or_default()
+            pv = volume.metadata.name.as_deref().unwrap_or_default(),
+            "volume provisioned"
         );
 
         let spec = volume.spec.get_or_insert_with(Default::default);
@@ -461,14 +481,16 @@ impl Engine {
                 ANN_DYNAMICALLY_PROVISIONED.to_string(),
                 class.provisioner.clone(),
             );
-        tracing::info!("{op}: succeeded");
+        tracing::info!(pv = %pv_name, "provision operation succeeded; queueing the PV for pv-writer");
 
+        let first_attempt_at_ms = self.first_attempt_ms(&key.uid);
         let entry = QueuedPvWrite {
-            version: SCHEMA_VERSION,
+            version: QUEUE_ENTRY_VERSION,
             pv: volume,
             claim: key,
             class: class_name,
             enqueued_at_ms: now_ms(),
+            first_attempt_at_ms: Some(first_attempt_at_ms),
             mac: None,
         };
         match self.handoff.enqueue(&entry).await {
@@ -501,10 +523,10 @@ impl Engine {
         let has_selected = decision::annotation(claim, ANN_SELECTED_NODE).is_some();
         if has_selected && state == ProvisioningState::Reschedule {
             if let Err(e) = self.reschedule(claim).await {
-                tracing::info!("{op}: volume rescheduling failed: {e}");
+                tracing::info!(operation = op, error = %e, "volume rescheduling failed");
                 return (ProvisioningState::Finished, Err(OpError::Failed(err)));
             }
-            tracing::info!("{op}: volume rescheduled because: {err}");
+            tracing::info!(operation = op, reason = %err, "volume rescheduled");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
         let state = if state == ProvisioningState::Reschedule {
@@ -543,6 +565,7 @@ impl Engine {
             return Ok(());
         }
         let uid = claim.metadata.uid.clone().unwrap_or_default();
+        self.first_attempt_ms(&uid);
         let start = Instant::now();
         let in_flight = InFlight::start(&self.metrics.in_flight);
         let (state, result) = self.provision_claim_operation(claim).await;
@@ -584,7 +607,7 @@ impl Engine {
             };
         }
         if state == ProvisioningState::InBackground {
-            tracing::info!(claim = %decision::claim_key(claim), "temporary error; claim is provisioning in background");
+            tracing::info!("temporary error; claim is provisioning in background");
             self.set_in_background(&uid, Some(claim));
             self.mark_in_background(claim).await;
         }
@@ -688,6 +711,10 @@ impl Engine {
     /// Seed `processNextClaimWorkItem` + `syncClaimHandler` for one claim uid:
     /// sync the cached claim (or its in-background snapshot), then forget it on
     /// success, or requeue it with backoff while the failure threshold allows.
+    ///
+    /// Runs in one `claim` span carrying `claim` (namespace/name), `claim_uid`,
+    /// `class` and `attempt` (1 for the first sync of the claim, counting
+    /// retries), so every log line of the operation carries them.
     pub async fn process(&self, uid: &str) {
         let claim = match self.claim_by_uid(uid) {
             Some(c) => c.as_ref().clone(),
@@ -701,17 +728,30 @@ impl Engine {
                 match snapshot {
                     Some(c) => c,
                     None => {
-                        tracing::debug!(uid, "claim in work queue no longer exists");
+                        tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
                         self.uid_index
                             .lock()
                             .expect("uid index poisoned")
                             .remove(uid);
                         self.retry.forget(&uid.to_string());
+                        self.forget_first_attempt(uid);
                         return;
                     }
                 }
             }
         };
+        let key = uid.to_string();
+        let span = tracing::info_span!(
+            "claim",
+            claim = %decision::claim_key(&claim),
+            claim_uid = uid,
+            class = %decision::claim_class(&claim),
+            attempt = self.retry.requeues(&key) + 1,
+        );
+        self.process_claim(uid, claim).instrument(span).await
+    }
+
+    async fn process_claim(&self, uid: &str, claim: PersistentVolumeClaim) {
         let result = match self.settings.provision_timeout {
             Some(t) if !t.is_zero() => self.sync_claim_within(&claim, Deadline::after(t)).await,
             _ => self.sync_claim(&claim).await,
@@ -720,19 +760,20 @@ impl Engine {
         match result {
             Ok(()) => {
                 self.retry.forget(&key);
+                self.forget_first_attempt(uid);
                 self.drop_in_background(uid, &claim).await;
             }
             Err(err) => {
                 let requeues = self.retry.requeues(&key);
-                let claim_name = decision::claim_key(&claim);
                 if self.settings.failure_threshold.allows_retry(requeues) {
                     let delay = self.retry.next_delay(&key);
-                    tracing::warn!(claim = %claim_name, uid, failures = requeues, ?delay, error = %err, "retrying syncing claim");
-                    self.queue.add_after(uid, delay);
+                    tracing::warn!(failures = requeues, ?delay, error = %err, "retrying syncing claim");
+                    self.queue.add_rate_limited(uid, delay);
                 } else {
-                    tracing::error!(claim = %claim_name, uid, failures = requeues, threshold = self.settings.failure_threshold.0, error = %err,
+                    tracing::error!(failures = requeues, threshold = self.settings.failure_threshold.0, error = %err,
                         "giving up syncing claim; its provisioning intent (if any) is kept for the next leader's start-up walk");
                     // Done but not forgotten: the count stays until the claim is gone.
+                    self.forget_first_attempt(uid);
                     self.drop_in_background(uid, &claim).await;
                 }
             }

@@ -577,12 +577,12 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
         vec!["record pvc-u1 bg=false", "clear pvc-u1"]
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_total"),
-        "controller_persistentvolumeclaim_provision_total{class=\"fast\"} 1"
+        w.metric("provision_svc_volumes_provisioned_total"),
+        "provision_svc_volumes_provisioned_total{class=\"fast\"} 1"
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_duration_seconds_count"),
-        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\"} 1"
+        w.metric("provision_svc_provision_duration_seconds_count"),
+        "provision_svc_provision_duration_seconds_count{class=\"fast\"} 1"
     );
     assert_eq!(w.metric("provision_svc_intents"), "provision_svc_intents 0");
     assert_eq!(
@@ -637,8 +637,8 @@ async fn existing_or_pending_pv_stops_without_calling_the_backend() {
     assert!(w.backend.calls().is_empty());
     assert!(w.cluster.events().is_empty());
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
-        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\"} 2",
+        w.metric("provision_svc_provision_failed_total"),
+        "provision_svc_provision_failed_total{class=\"fast\"} 2",
         "the seed counts errStopProvision as a failed attempt"
     );
 }
@@ -1052,8 +1052,8 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
         "{failed:?}"
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
-        r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
+        w.metric("provision_svc_provision_failed_total"),
+        r#"provision_svc_provision_failed_total{class="fast"} 1"#
     );
     assert!(w.engine.is_in_background("u1"), "handled as in background");
     assert!(
@@ -1088,8 +1088,8 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
         "{events:?}"
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
-        r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
+        w.metric("provision_svc_provision_failed_total"),
+        r#"provision_svc_provision_failed_total{class="fast"} 1"#
     );
     assert!(
         !w.engine.is_in_background("u1"),

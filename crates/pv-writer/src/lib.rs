@@ -143,6 +143,11 @@ pub async fn serve_with_metrics(
         config,
     ));
     writer
-        .run(ctx.shutdown.clone(), ctx.readiness.clone())
+        .run_with_heartbeat(
+            ctx.shutdown.clone(),
+            ctx.readiness.clone(),
+            ctx.heartbeat.clone(),
+            ctx.args.healthz_stall_timeout,
+        )
         .await
 }

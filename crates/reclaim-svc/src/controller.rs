@@ -1,6 +1,9 @@
 //! The PV control loop: a reflector over all PVs feeds a [`WorkQueue`] keyed
 //! by PV name; `--worker-threads` workers sync PVs with the seed's
-//! `processNextVolumeWorkItem` retry semantics.
+//! `processNextVolumeWorkItem` retry semantics. With [`run_loop_observed`], the
+//! queue reports client-go's `workqueue_*` metrics (`name="volumes"`) and the
+//! loop beats the runtime's liveness heartbeat while workers take PVs or none
+//! wait ([`common::health`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,7 +21,21 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
+use common::health::Heartbeat;
 use common::workqueue::WorkQueue;
+use common::workqueue_metrics::WorkQueueMetrics;
+
+/// What the loop reports to, besides logs: [`run_loop_observed`].
+#[derive(Clone)]
+pub struct LoopObservers {
+    /// The PV queue's `workqueue_*` series (`name="volumes"`).
+    pub queue_metrics: WorkQueueMetrics,
+    /// The runtime's work-loop heartbeat (`ServiceContext::heartbeat`).
+    pub heartbeat: Heartbeat,
+    /// `--healthz-stall-timeout`: stop beating once PVs have waited this long
+    /// with no worker taking one.
+    pub stall_timeout: Duration,
+}
 
 /// Tuning of the control loop.
 #[derive(Debug, Clone)]
@@ -65,7 +82,7 @@ pub async fn process_item(
             if config.threshold.allows_retry(requeues) {
                 let delay = retry.next_delay(&owned);
                 tracing::warn!(pv = key, failures = requeues, threshold = config.threshold.0, ?delay, error = %err, "retrying syncing PV");
-                queue.add_after(key, delay);
+                queue.add_rate_limited(key, delay);
             } else {
                 tracing::error!(pv = key, failures = requeues, threshold = config.threshold.0, error = %err, "giving up syncing PV");
             }
@@ -88,12 +105,71 @@ pub async fn run_loop(
     shutdown: CancellationToken,
     on_synced: impl FnOnce(&Store<PersistentVolume>) + Send,
 ) -> anyhow::Result<()> {
+    run_loop_in(
+        WorkQueue::new(),
+        None,
+        api,
+        reclaimer,
+        retry,
+        config,
+        shutdown,
+        on_synced,
+    )
+    .await
+}
+
+/// [`run_loop`] reporting to `observers` (queue metrics, liveness heartbeat).
+///
+/// Errors: as [`run_loop`].
+pub async fn run_loop_observed(
+    observers: LoopObservers,
+    api: Api<PersistentVolume>,
+    reclaimer: Arc<Reclaimer>,
+    retry: Arc<RetryPolicy<String>>,
+    config: LoopConfig,
+    shutdown: CancellationToken,
+    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send,
+) -> anyhow::Result<()> {
+    let queue = WorkQueue::with_metrics(observers.queue_metrics.clone());
+    run_loop_in(
+        queue,
+        Some(observers),
+        api,
+        reclaimer,
+        retry,
+        config,
+        shutdown,
+        on_synced,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_loop_in(
+    queue: WorkQueue,
+    observers: Option<LoopObservers>,
+    api: Api<PersistentVolume>,
+    reclaimer: Arc<Reclaimer>,
+    retry: Arc<RetryPolicy<String>>,
+    config: LoopConfig,
+    shutdown: CancellationToken,
+    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send,
+) -> anyhow::Result<()> {
     let (store, writer) = reflector::store::<PersistentVolume>();
-    let queue = WorkQueue::new();
 
     // Held by this future: if the runtime aborts the work loop (lost Lease,
     // grace period over), dropping the set aborts every worker with it.
     let mut workers = tokio::task::JoinSet::new();
+    if let Some(o) = observers {
+        let queue = queue.clone();
+        workers.spawn(common::health::beat_while_progressing(
+            o.heartbeat,
+            common::health::beat_period(o.stall_timeout),
+            o.stall_timeout,
+            move || queue.stalled_for(),
+            shutdown.clone(),
+        ));
+    }
     for _ in 0..config.workers.max(1) {
         let (store, reclaimer, queue, retry, config) = (
             store.clone(),

@@ -194,6 +194,8 @@ pub async fn run_with_archiver(
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
     let sweep_metrics = SweepMetrics::register(&registry);
+    let queue_metrics =
+        common::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
     run_service(
         ServiceKind::Reclaim,
         common,
@@ -201,6 +203,7 @@ pub async fn run_with_archiver(
         // Called once per leader term: each term starts from scratch (new
         // reflector, reclaimer and orphan sweep); the metrics live on.
         move |ctx| {
+            let queue_metrics = queue_metrics.clone();
             let (backend, metrics, sweep_metrics, archiver, retry, reclaim) = (
                 backend.clone(),
                 metrics.clone(),
@@ -271,7 +274,13 @@ pub async fn run_with_archiver(
                         _ = sweep::run_once(job, cached) => {}
                     }
                 };
-                let control_loop = controller::run_loop(
+                let observers = controller::LoopObservers {
+                    queue_metrics,
+                    heartbeat: ctx.heartbeat.clone(),
+                    stall_timeout: ctx.args.healthz_stall_timeout,
+                };
+                let control_loop = controller::run_loop_observed(
+                    observers,
                     api,
                     reclaimer,
                     policy,
