@@ -370,6 +370,7 @@ impl Setup {
         let cluster = Arc::new(self.cluster);
         let handoff = Arc::new(self.handoff);
         let intents = Arc::new(FakeIntents::default());
+        let metrics = ServiceMetrics::register(&registry);
         let engine = Arc::new(Engine::new(
             Settings {
                 names: ProvisionerNames {
@@ -385,9 +386,9 @@ impl Setup {
             cluster.clone(),
             handoff.clone(),
             intents.clone(),
-            ServiceMetrics::register(&registry),
+            metrics.clone(),
             RetryPolicy::new(Duration::ZERO, Duration::ZERO, 0.0, 1),
-            WorkQueue::new(),
+            WorkQueue::with_metrics(metrics.queue.clone()),
         ));
         World {
             engine,
@@ -1449,4 +1450,48 @@ async fn dropping_an_in_background_claim_clears_its_durable_flag() {
         ]
     );
     assert_eq!(w.backend.calls().len(), 1);
+}
+
+#[tokio::test]
+async fn the_queued_entry_carries_the_claims_first_attempt_across_retries() {
+    let mut w = Setup {
+        backend: FakeBackend::answering(vec![Err(ProvisionError::finished("nope"))]),
+        threshold: 0,
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    let before_first = common::time::now_ms();
+    w.engine.process("u1").await; // fails, retried
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    w.engine.process("u1").await; // succeeds: the PV is queued
+    let queued = w.enqueued();
+    assert_eq!(queued.len(), 1);
+    let entry = &queued[0];
+    assert_eq!(entry.version, api_types::queue::QUEUE_ENTRY_VERSION);
+    let first = entry.first_attempt_at_ms.expect("first attempt recorded");
+    assert!(first >= before_first, "{first} < {before_first}");
+    assert!(
+        entry.enqueued_at_ms >= first + 50,
+        "the first attempt ({first}) is the failed one, not the one that queued ({})",
+        entry.enqueued_at_ms
+    );
+    // provision-svc's own stage: one failed attempt, one volume queued.
+    assert_eq!(
+        w.metric("provision_svc_provision_failed_total"),
+        r#"provision_svc_provision_failed_total{class="fast"} 1"#
+    );
+    assert_eq!(
+        w.metric("provision_svc_volumes_provisioned_total"),
+        r#"provision_svc_volumes_provisioned_total{class="fast"} 1"#
+    );
+    // And the claim queue's client-go metrics saw the retry.
+    assert!(
+        w.metric("workqueue_retries_total")
+            .ends_with(r#"{name="claims"} 1"#),
+        "{}",
+        w.metric("workqueue_retries_total")
+    );
 }
