@@ -105,6 +105,21 @@ pub async fn work(
     queue_key: Option<QueueKey>,
 ) -> anyhow::Result<()> {
     let shutdown = ctx.shutdown.clone();
+    // The heartbeat runs from the start (waiting for Redis or the first lists
+    // is not a stall), owned by this future like every task below.
+    let queue = WorkQueue::with_metrics(metrics.queue.clone());
+    let mut beater = tokio::task::JoinSet::new();
+    {
+        let stall = args.common.healthz_stall_timeout;
+        let queue = queue.clone();
+        beater.spawn(common::health::beat_while_progressing(
+            ctx.heartbeat.clone(),
+            common::health::beat_period(stall),
+            stall,
+            move || queue.stalled_for(),
+            shutdown.clone(),
+        ));
+    }
     let name = args.common.provisioner_name.clone();
     let url = args.common.redis_url.clone();
     let period = args.common.retry_period;
@@ -134,7 +149,6 @@ pub async fn work(
     };
     let (cluster, event_publisher) =
         KubeCluster::new(client.clone(), ctx.kind.component(), &ctx.identity);
-    let queue = WorkQueue::with_metrics(metrics.queue.clone());
     let engine = Arc::new(Engine::new(
         settings(&args),
         caches.clone(),
@@ -149,17 +163,6 @@ pub async fn work(
 
     let watch_cfg = watcher::Config::default();
     let mut tasks = tokio::task::JoinSet::new();
-    {
-        let stall = args.common.healthz_stall_timeout;
-        let queue = queue.clone();
-        tasks.spawn(common::health::beat_while_progressing(
-            ctx.heartbeat.clone(),
-            common::health::beat_period(stall),
-            stall,
-            move || queue.stalled_for(),
-            shutdown.clone(),
-        ));
-    }
     {
         let engine = engine.clone();
         let stream = reflector::reflector(

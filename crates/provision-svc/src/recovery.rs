@@ -98,12 +98,12 @@ async fn decide(engine: &Engine, entry: &IntentEntry) -> Recovery {
             Ok(false) => Recovery::Cleanup,
             Err(e) => {
                 // The cleanup re-checks (with backoff) before it deletes anything.
-                tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, error = %e, "cannot tell yet whether the volume of a deleted claim has a PV; the cleanup will check again");
+                tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, "cannot tell yet whether the volume of a deleted claim has a PV; the cleanup will check again");
                 Recovery::Cleanup
             }
         },
     };
-    tracing::info!(pv = %pv_name, claim = %entry.intent.claim, decision = ?decision, "provisioning intent found at start");
+    tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, decision = ?decision, "provisioning intent found at start");
     decision
 }
 
@@ -217,7 +217,7 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
     // Re-check right before deleting: the PV may have been written meanwhile.
     match pv_accounted_for(engine, pv_name).await {
         Ok(true) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
             engine.clear_intent(pv_name).await;
             return CleanupOutcome::Done;
         }
@@ -230,11 +230,11 @@ pub async fn cleanup_gone_claim(engine: &Engine, entry: &IntentEntry) -> Cleanup
     };
     let outcome = match engine.backend().delete_unprovisioned(&options).await {
         Ok(()) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "deleted the volume of a claim deleted while it was being provisioned");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, "deleted the volume of a claim deleted while it was being provisioned");
             CleanupOutcome::Done
         }
         Err(DeleteError::Ignored { reason }) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
             CleanupOutcome::Done
         }
         Err(e @ DeleteError::Failed { .. }) => {
@@ -309,7 +309,7 @@ async fn cleanup_with_backoff(
             CleanupOutcome::Retry(e) => {
                 failures += 1;
                 let delay = common::retry::backoff(initial, max, failures);
-                tracing::warn!(pv = %entry.intent.pv_name, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
+                tracing::warn!(pv = %entry.intent.pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(delay) => {}

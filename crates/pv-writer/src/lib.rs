@@ -106,6 +106,8 @@ pub async fn serve_with_metrics(
 ) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let queue = loop {
+        // Waiting for Redis is not a stall (/readyz reports it).
+        ctx.heartbeat.beat();
         match PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name).await {
             Ok(q) => break q,
             Err(err) => {
