@@ -397,7 +397,11 @@ async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
     let (code, body) = healthz(addr).await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("work loop stalled"), "{body}");
-    assert_eq!(readyz(addr).await, 200, "stalled is not the same as not ready");
+    assert_eq!(
+        readyz(addr).await,
+        200,
+        "stalled is not the same as not ready"
+    );
 
     paused.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -416,9 +420,11 @@ async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
     // Lease calls fail: the term is lost, the work stops (no more beats), the
     // replica campaigns: not ready, but healthy.
     sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
-    wait_for(Duration::from_secs(8), "not ready after the lost Lease", || {
-        text_is_lost(&registry)
-    })
+    wait_for(
+        Duration::from_secs(8),
+        "not ready after the lost Lease",
+        || text_is_lost(&registry),
+    )
     .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(readyz(addr).await, 503);

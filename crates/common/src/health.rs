@@ -162,7 +162,12 @@ impl Liveness {
             }
         }
         if self.state.leading.load(Ordering::SeqCst) {
-            let age = self.state.renewed.lock().expect("liveness poisoned").elapsed();
+            let age = self
+                .state
+                .renewed
+                .lock()
+                .expect("liveness poisoned")
+                .elapsed();
             if age > self.renew_tolerance {
                 return Err(format!(
                     "leader cannot renew its Lease: last renewal confirmed {:.0?} ago (limit {:?})",
@@ -198,7 +203,11 @@ mod tests {
             Duration::from_secs(16),
         );
         tokio::time::advance(Duration::from_secs(60)).await;
-        assert_eq!(live.check(), Ok(()), "no work loop running: nothing to check");
+        assert_eq!(
+            live.check(),
+            Ok(()),
+            "no work loop running: nothing to check"
+        );
         live.set_working(true);
         tokio::time::advance(Duration::from_secs(9)).await;
         assert_eq!(live.check(), Ok(()));
@@ -249,7 +258,10 @@ mod tests {
         assert!(heartbeat.age() <= Duration::from_secs(1), "idle: beats");
         *stalled.lock().unwrap() = Duration::from_secs(11);
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert!(heartbeat.age() >= Duration::from_secs(29), "stalled: no beat");
+        assert!(
+            heartbeat.age() >= Duration::from_secs(29),
+            "stalled: no beat"
+        );
         stop.cancel();
         task.await.unwrap();
     }

@@ -233,7 +233,11 @@ mod tests {
         assert_eq!(code, 503);
         assert!(body.contains("work loop stalled"), "{body}");
         liveness.heartbeat().beat();
-        assert_eq!(get_text(addr, "/healthz").await.0, 200, "beats again: healthy");
+        assert_eq!(
+            get_text(addr, "/healthz").await.0,
+            200,
+            "beats again: healthy"
+        );
         stop.cancel();
         task.await.unwrap();
     }

@@ -95,7 +95,9 @@ pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
 pub fn register_process_collector(registry: &Registry) {
     #[cfg(target_os = "linux")]
     registry
-        .register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
         .expect("process collector registered twice");
     #[cfg(not(target_os = "linux"))]
     let _ = registry;
@@ -178,6 +180,9 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        assert!(rss > 1e6, "a test process has more than 1 MB resident: {rss}");
+        assert!(
+            rss > 1e6,
+            "a test process has more than 1 MB resident: {rss}"
+        );
     }
 }

@@ -87,7 +87,9 @@ impl WorkQueue {
     /// Queue `key` at the tail and record when it was added.
     fn push(&self, s: &mut State, key: &str) {
         s.queue.push_back(key.to_string());
-        s.added_at.entry(key.to_string()).or_insert_with(Instant::now);
+        s.added_at
+            .entry(key.to_string())
+            .or_insert_with(Instant::now);
         if let Some(m) = &self.inner.metrics {
             m.set_depth(s.queue.len());
         }
@@ -262,6 +264,38 @@ mod tests {
         q.add("ignored");
         assert!(q.is_empty());
         assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalled_for_grows_only_while_keys_wait_untaken_and_metrics_follow() {
+        let registry = prometheus::Registry::new();
+        let q = WorkQueue::with_metrics(WorkQueueMetrics::register(&registry, "claims"));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(q.stalled_for(), Duration::ZERO, "idle is not stalled");
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(q.stalled_for(), Duration::from_secs(5));
+        let a = q.get().await.unwrap();
+        assert_eq!(q.stalled_for(), Duration::ZERO, "a worker just took a key");
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert_eq!(q.stalled_for(), Duration::from_secs(7), "b waits untaken");
+        q.done(&a);
+        q.add_rate_limited("a", Duration::ZERO);
+        let text = crate::metrics::render(&registry);
+        let value = |family: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{family}{{name=\"claims\"}} ")))
+                .unwrap_or_else(|| panic!("{family} in\n{text}"))
+                .to_string()
+        };
+        assert_eq!(value("workqueue_adds_total"), "3", "a, b, then a again");
+        assert_eq!(value("workqueue_retries_total"), "1");
+        assert_eq!(value("workqueue_depth"), "2");
+        assert_eq!(value("workqueue_queue_duration_seconds_sum"), "5");
+        assert_eq!(value("workqueue_work_duration_seconds_sum"), "7");
+        assert_eq!(value("workqueue_longest_running_processor_seconds"), "0");
     }
 
     #[tokio::test]

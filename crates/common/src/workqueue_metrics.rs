@@ -129,7 +129,10 @@ impl WorkQueueMetrics {
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
-        self.inner.running.lock().expect("work-queue metrics poisoned")
+        self.inner
+            .running
+            .lock()
+            .expect("work-queue metrics poisoned")
     }
 
     /// Refresh the unfinished-work gauges from the work in progress.

@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, QUEUE_ENTRY_VERSION};
+use api_types::queue::{
+    ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, QUEUE_ENTRY_VERSION,
+};
 use api_types::{
     pv_name_for_claim_uid, ProvisionError, ProvisionOptions, ProvisioningState,
     ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,

@@ -7,7 +7,9 @@
 //! and a dashboard summing across services counts each provisioning once.
 
 use common::metrics::gauge;
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 /// provision-svc's stage of provisioning, label `class` (the claim's
 /// `spec.storageClassName`, `""` when unset).

@@ -194,8 +194,7 @@ pub async fn run_with_archiver(
     let registry = Registry::new();
     let metrics = DeleteMetrics::register(&registry);
     let sweep_metrics = SweepMetrics::register(&registry);
-    let queue_metrics =
-        common::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
+    let queue_metrics = common::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
     run_service(
         ServiceKind::Reclaim,
         common,
