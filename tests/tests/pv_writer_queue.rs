@@ -44,6 +44,9 @@ fn pv_json(name: &str, claim_uid: &str, valid: bool) -> serde_json::Value {
            "spec": spec})
 }
 
+const PROVISION_TOTAL: &str = "controller_persistentvolumeclaim_provision_total";
+const PROVISION_FAILED: &str = "controller_persistentvolumeclaim_provision_failed_total";
+
 fn entry(uid: &str) -> QueuedPvWrite {
     entry_with(uid, true)
 }
@@ -60,6 +63,7 @@ fn entry_with(uid: &str, valid: bool) -> QueuedPvWrite {
         },
         class: "fast".into(),
         enqueued_at_ms: now_ms(),
+        first_attempt_at_ms: None,
         mac: None,
     }
 }
@@ -213,6 +217,11 @@ async fn drains_entries_into_pvs_with_events_and_is_idempotent() {
         f.metric("pv_writer_writes_total", Some(("outcome", "created"))),
         40.0
     );
+    assert_eq!(
+        f.metric(PROVISION_TOTAL, Some(("class", "fast"))),
+        40.0,
+        "the seed's count: one per PV stored"
+    );
     let q = f.queue.clone();
     let sim_events = || f.events("ProvisioningSucceeded").len();
     wait_until(
@@ -340,6 +349,11 @@ async fn already_exists_and_invalid_entries_are_settled_without_blind_retries() 
         f.metric("pv_writer_writes_total", Some(("outcome", "dead_letter"))),
         4.0
     );
+    // The seed's families: same + ok stored; other + invalid failed under
+    // their class; garbled and future-version entries have no class to trust.
+    assert_eq!(f.metric(PROVISION_TOTAL, Some(("class", "fast"))), 2.0);
+    assert_eq!(f.metric(PROVISION_FAILED, Some(("class", "fast"))), 2.0);
+    assert_eq!(f.metric(PROVISION_FAILED, Some(("class", ""))), 2.0);
     assert_eq!(
         f.metric(
             "pv_writer_dead_letters_total",
@@ -652,6 +666,11 @@ async fn forged_entries_written_into_redis_are_refused_and_nothing_is_created() 
             "{name}: a refused entry is kept for the operator"
         );
     }
+    // Refusals are provisioning failures; the class of an entry that failed
+    // its MAC check is the attacker's choice and is not used as a label.
+    assert_eq!(f.metric(PROVISION_FAILED, Some(("class", ""))), 2.0);
+    assert_eq!(f.metric(PROVISION_FAILED, Some(("class", "fast"))), 2.0);
+    assert_eq!(f.metric(PROVISION_TOTAL, Some(("class", "fast"))), 1.0);
     for (reason, n) in [
         ("unsigned", 1.0),
         ("bad_signature", 1.0),
@@ -741,5 +760,41 @@ async fn a_writer_whose_term_was_superseded_moves_no_entry() {
     let mut expected: Vec<_> = (0..20).map(|i| format!("claim-s{i}")).collect();
     expected.sort();
     assert_eq!(claims, expected, "one ProvisioningSucceeded per claim");
+    f.stop().await;
+}
+
+/// The seed's provision duration runs from the claim's first provision attempt
+/// (version-2 entries carry it) to the PV stored; a version-1 entry of an
+/// earlier release still counts, from its enqueue time.
+#[tokio::test]
+async fn provision_duration_runs_from_the_first_attempt_and_old_entries_still_count() {
+    let mut f = Fixture::new().await;
+    let now = now_ms();
+    let mut v2 = entry("new");
+    v2.version = api_types::queue::QUEUE_ENTRY_VERSION;
+    v2.class = "slow".into();
+    v2.enqueued_at_ms = now - 1_000;
+    v2.first_attempt_at_ms = Some(now - 60_000);
+    f.enqueue(&v2).await;
+    let mut v1 = entry("old");
+    v1.class = "slow".into();
+    v1.enqueued_at_ms = now - 20_000;
+    f.enqueue(&v1).await;
+    f.start_writer(Duration::from_millis(100), Duration::from_secs(1))
+        .await;
+    f.wait_drained(Duration::from_secs(10)).await;
+    assert_eq!(f.metric(PROVISION_TOTAL, Some(("class", "slow"))), 2.0);
+    let count = f.metric(
+        "controller_persistentvolumeclaim_provision_duration_seconds_count",
+        Some(("class", "slow")),
+    );
+    assert_eq!(count, 2.0);
+    let sum = f.metric(
+        "controller_persistentvolumeclaim_provision_duration_seconds_sum",
+        Some(("class", "slow")),
+    );
+    // 60 s from the first attempt + 20 s from the old entry's enqueue, plus
+    // the few seconds the writer took.
+    assert!((80.0..90.0).contains(&sum), "duration sum {sum}");
     f.stop().await;
 }

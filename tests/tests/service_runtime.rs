@@ -341,3 +341,106 @@ fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
     config.default_namespace = "default".into();
     common::service::kube_client::build_client(config, 0.0, 0).unwrap()
 }
+
+async fn healthz(addr: std::net::SocketAddr) -> (u16, String) {
+    e2e::harness::metrics::http_get(addr, "/healthz")
+        .await
+        .unwrap_or((0, String::new()))
+}
+
+/// `/healthz` follows the work loop's heartbeat: a loop that stops beating
+/// (paused) turns it 503 after `--healthz-stall-timeout`, beating again turns
+/// it 200; a replica that lost its Lease and campaigns is not ready but
+/// healthy (a restart would not help it). The runtime also exports the
+/// standard `process_*` metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let shutdown = CancellationToken::new();
+    let paused = Arc::new(AtomicBool::new(false));
+    let addr = Arc::new(std::sync::Mutex::new(None));
+    let (p, ad) = (paused.clone(), addr.clone());
+    let mut a = args("replica-h");
+    a.healthz_stall_timeout = Duration::from_millis(600);
+    a.shutdown_grace_period = Duration::from_millis(300);
+    let registry = prometheus::Registry::new();
+    let run = tokio::spawn(run_service_with_shutdown(
+        ServiceKind::Provision,
+        a,
+        registry.clone(),
+        client(&sim),
+        shutdown.clone(),
+        move |ctx| {
+            let (p, ad) = (p.clone(), ad.clone());
+            async move {
+                *ad.lock().unwrap() = Some(ctx.http_addr);
+                ctx.readiness.set_ready(true);
+                loop {
+                    if !p.load(Ordering::SeqCst) {
+                        ctx.heartbeat.beat();
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        },
+    ));
+    wait_for(Duration::from_secs(5), "leading", || {
+        addr.lock().unwrap().is_some()
+    })
+    .await;
+    let addr = addr.lock().unwrap().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(healthz(addr).await.0, 200, "a beating loop is healthy");
+
+    paused.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let (code, body) = healthz(addr).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("work loop stalled"), "{body}");
+    assert_eq!(
+        readyz(addr).await,
+        200,
+        "stalled is not the same as not ready"
+    );
+
+    paused.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(healthz(addr).await.0, 200, "beating again: healthy");
+
+    let text = common::service::metrics::render(&registry);
+    for family in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+        "process_start_time_seconds ",
+    ] {
+        assert!(text.contains(family), "{family} missing from\n{text}");
+    }
+
+    // Lease calls fail: the term is lost, the work stops (no more beats), the
+    // replica campaigns: not ready, but healthy.
+    sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
+    wait_for(
+        Duration::from_secs(8),
+        "not ready after the lost Lease",
+        || text_is_lost(&registry),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(readyz(addr).await, 503);
+    assert_eq!(
+        healthz(addr).await,
+        (200, "ok".to_string()),
+        "campaigning after a lost Lease is healthy"
+    );
+    shutdown.cancel();
+    sim.clear_faults();
+    run.await.unwrap().unwrap();
+}
+
+/// Whether the registry counted a lost leader term.
+fn text_is_lost(registry: &prometheus::Registry) -> bool {
+    common::service::metrics::render(registry)
+        .lines()
+        .any(|l| l.starts_with("leader_election_lost_total{") && !l.ends_with(" 0"))
+}

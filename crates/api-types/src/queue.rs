@@ -13,6 +13,12 @@ use serde::{Deserialize, Serialize};
 /// writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// The version of [`QueuedPvWrite`] entries this release writes. Version 2
+/// added `first_attempt_at_ms`; version 1 entries (without it, written by
+/// earlier releases) are still read. pv-writer must be upgraded before
+/// provision-svc: an earlier pv-writer reads only version 1.
+pub const QUEUE_ENTRY_VERSION: u32 = 2;
+
 /// The version of [`ProvisionIntent`] records this release writes. Version 2
 /// added the recorded StorageClass and selected node (so a claim deleted
 /// mid-provisioning can be cleaned up from the intent alone); version 1
@@ -49,9 +55,12 @@ impl std::fmt::Display for ClaimKey {
 }
 
 /// A PV that provision-svc provisioned and pv-writer must create.
+///
+/// Versions: 1 and 2 (adds `first_attempt_at_ms`); this release writes
+/// [`QUEUE_ENTRY_VERSION`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueuedPvWrite {
-    /// Always [`SCHEMA_VERSION`] when written by this release.
+    /// [`QUEUE_ENTRY_VERSION`] when written by this release's provision-svc.
     pub version: u32,
     /// The complete PV to create (name `pvc-<claim uid>`, claimRef, annotations).
     pub pv: PersistentVolume,
@@ -61,6 +70,13 @@ pub struct QueuedPvWrite {
     pub class: String,
     /// When provision-svc enqueued it, in milliseconds since the Unix epoch.
     pub enqueued_at_ms: u64,
+    /// When provision-svc first attempted to provision the claim (this
+    /// leader term), in milliseconds since the Unix epoch: pv-writer measures
+    /// `controller_persistentvolumeclaim_provision_duration_seconds` from it to
+    /// the PV created. `None` in version-1 entries (the duration then starts
+    /// at `enqueued_at_ms`). Covered by the HMAC like every other field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_attempt_at_ms: Option<u64>,
     /// Lower-case hex HMAC-SHA256 of the record without this field, keyed with
     /// the queue key only provision-svc and pv-writer hold (see
     /// `common::store::queue_auth`). Absent in records of earlier releases and in
@@ -153,9 +169,19 @@ impl QueuedPvWrite {
         serde_json::to_vec(self).expect("QueuedPvWrite always serializes")
     }
 
-    /// Parse a stored record. Errors: [`DecodeError`].
+    /// Parse a stored entry of version 1 or 2 (see the type docs).
+    /// Errors: [`DecodeError`].
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        decode(bytes)
+        decode_versions(bytes, 1..=QUEUE_ENTRY_VERSION)
+    }
+
+    /// When the claim's provisioning started, in milliseconds since the Unix
+    /// epoch: `first_attempt_at_ms`, or `enqueued_at_ms` for version-1 entries
+    /// (and for a first attempt recorded later than the enqueue, which a
+    /// clock step can produce).
+    pub fn provisioning_started_ms(&self) -> u64 {
+        self.first_attempt_at_ms
+            .map_or(self.enqueued_at_ms, |t| t.min(self.enqueued_at_ms))
     }
 
     /// The bytes an HMAC covers: the stored JSON form with `mac` left out.
@@ -221,8 +247,41 @@ mod tests {
             },
             class: "fast".into(),
             enqueued_at_ms: 42,
+            first_attempt_at_ms: None,
             mac: None,
         }
+    }
+
+    #[test]
+    fn version_1_entries_still_decode_and_version_2_carries_the_first_attempt() {
+        // A version-1 entry as earlier releases wrote it: no first attempt.
+        let v1 = entry();
+        let bytes = v1.encode();
+        assert!(!String::from_utf8_lossy(&bytes).contains("first_attempt"));
+        let old = QueuedPvWrite::decode(&bytes).unwrap();
+        assert_eq!(old.first_attempt_at_ms, None);
+        assert_eq!(old.provisioning_started_ms(), 42);
+
+        let mut v2 = entry();
+        v2.version = QUEUE_ENTRY_VERSION;
+        v2.first_attempt_at_ms = Some(40);
+        let back = QueuedPvWrite::decode(&v2.encode()).unwrap();
+        assert_eq!(back, v2);
+        assert_eq!(back.provisioning_started_ms(), 40);
+        // The HMAC input changes with the first attempt: it is authenticated.
+        let mut other = v2.clone();
+        other.first_attempt_at_ms = Some(1);
+        assert_ne!(other.canonical_bytes(), v2.canonical_bytes());
+        // A first attempt after the enqueue (clock step) is capped at the enqueue.
+        other.first_attempt_at_ms = Some(99);
+        assert_eq!(other.provisioning_started_ms(), 42);
+
+        let mut v = serde_json::to_value(&v2).unwrap();
+        v["version"] = 3.into();
+        assert!(matches!(
+            QueuedPvWrite::decode(&serde_json::to_vec(&v).unwrap()),
+            Err(DecodeError::UnknownVersion { found: 3 })
+        ));
     }
 
     #[test]

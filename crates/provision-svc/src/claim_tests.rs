@@ -12,6 +12,7 @@ use api_types::{
 };
 use async_trait::async_trait;
 use common::controller::retry::{FailureThreshold, RetryPolicy};
+use common::controller::workqueue::WorkQueue;
 use common::store::intents::{IntentClaim, IntentEntry};
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
@@ -264,6 +265,7 @@ impl Setup {
         let cluster = Arc::new(self.cluster);
         let handoff = Arc::new(self.handoff);
         let intents = Arc::new(FakeIntents::default());
+        let metrics = ServiceMetrics::register(&registry);
         let op = Arc::new(Operation::new(
             Settings {
                 names: ProvisionerNames {
@@ -281,11 +283,12 @@ impl Setup {
                 handoff: handoff.clone(),
                 intents: intents.clone(),
             },
-            ServiceMetrics::register(&registry),
+            metrics.clone(),
         ));
         let queue = Arc::new(ClaimQueue::new(
             caches.claims.clone(),
             RetryPolicy::new(Duration::ZERO, Duration::ZERO, 0.0, 1),
+            WorkQueue::with_metrics(metrics.queue.clone()),
         ));
         World {
             op,
@@ -476,12 +479,12 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
         vec!["record pvc-u1 bg=false", "clear pvc-u1"]
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_total"),
-        "controller_persistentvolumeclaim_provision_total{class=\"fast\"} 1"
+        w.metric("provision_svc_volumes_provisioned_total"),
+        "provision_svc_volumes_provisioned_total{class=\"fast\"} 1"
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_duration_seconds_count"),
-        "controller_persistentvolumeclaim_provision_duration_seconds_count{class=\"fast\"} 1"
+        w.metric("provision_svc_provision_duration_seconds_count"),
+        "provision_svc_provision_duration_seconds_count{class=\"fast\"} 1"
     );
     assert_eq!(w.metric("provision_svc_intents"), "provision_svc_intents 0");
     assert_eq!(
@@ -536,8 +539,8 @@ async fn existing_or_pending_pv_stops_without_calling_the_backend() {
     assert!(w.backend.calls().is_empty());
     assert!(w.cluster.events().is_empty());
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
-        "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\"} 2",
+        w.metric("provision_svc_provision_failed_total"),
+        "provision_svc_provision_failed_total{class=\"fast\"} 2",
         "the seed counts errStopProvision as a failed attempt"
     );
 }
@@ -951,8 +954,8 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
         "{failed:?}"
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
-        r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
+        w.metric("provision_svc_provision_failed_total"),
+        r#"provision_svc_provision_failed_total{class="fast"} 1"#
     );
     assert!(
         w.op.in_background.contains("u1"),
@@ -990,8 +993,8 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
         "{events:?}"
     );
     assert_eq!(
-        w.metric("controller_persistentvolumeclaim_provision_failed_total"),
-        r#"controller_persistentvolumeclaim_provision_failed_total{class="fast"} 1"#
+        w.metric("provision_svc_provision_failed_total"),
+        r#"provision_svc_provision_failed_total{class="fast"} 1"#
     );
     assert!(
         !w.op.in_background.contains("u1"),
@@ -1355,4 +1358,48 @@ async fn dropping_an_in_background_claim_clears_its_durable_flag() {
         ]
     );
     assert_eq!(w.backend.calls().len(), 1);
+}
+
+#[tokio::test]
+async fn the_queued_entry_carries_the_claims_first_attempt_across_retries() {
+    let mut w = Setup {
+        backend: FakeBackend::answering(vec![Err(ProvisionError::finished("nope"))]),
+        threshold: 0,
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w.drain_one().await;
+    let before_first = common::controller::time::now_ms();
+    process(&w.op, &w.queue, "u1").await; // fails, retried
+    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    process(&w.op, &w.queue, "u1").await; // succeeds: the PV is queued
+    let queued = w.enqueued();
+    assert_eq!(queued.len(), 1);
+    let entry = &queued[0];
+    assert_eq!(entry.version, api_types::queue::QUEUE_ENTRY_VERSION);
+    let first = entry.first_attempt_at_ms.expect("first attempt recorded");
+    assert!(first >= before_first, "{first} < {before_first}");
+    assert!(
+        entry.enqueued_at_ms >= first + 50,
+        "the first attempt ({first}) is the failed one, not the one that queued ({})",
+        entry.enqueued_at_ms
+    );
+    // provision-svc's own stage: one failed attempt, one volume queued.
+    assert_eq!(
+        w.metric("provision_svc_provision_failed_total"),
+        r#"provision_svc_provision_failed_total{class="fast"} 1"#
+    );
+    assert_eq!(
+        w.metric("provision_svc_volumes_provisioned_total"),
+        r#"provision_svc_volumes_provisioned_total{class="fast"} 1"#
+    );
+    // And the claim queue's client-go metrics saw the retry.
+    assert!(
+        w.metric("workqueue_retries_total")
+            .ends_with(r#"{name="claims"} 1"#),
+        "{}",
+        w.metric("workqueue_retries_total")
+    );
 }

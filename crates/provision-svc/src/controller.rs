@@ -8,6 +8,12 @@
 //! provisioning went on in background must be retried from its snapshot even
 //! after it left the cache (seed `claimsInProgress`); `Controller` only
 //! reconciles objects still in its store.
+//!
+//! Health: the claim queue reports client-go's `workqueue_*` metrics
+//! (`name="claims"`); the loop beats the runtime's heartbeat while workers take
+//! claims or none wait ([`common::service::health`]); and it reports not ready
+//! while Redis (queue and intents, which every provisioning needs) does not
+//! answer a probe every [`REDIS_PROBE_INTERVAL`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,6 +37,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use provisioner_api::Provisioner;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::config::ProvisionArgs;
 use crate::decision;
@@ -51,10 +58,15 @@ pub struct ClaimQueue {
 }
 
 impl ClaimQueue {
-    /// A queue over the claims cache `claims`, retrying under `retry`.
-    pub fn new(claims: Store<PersistentVolumeClaim>, retry: RetryPolicy<String>) -> Self {
+    /// A queue over the claims cache `claims`, retrying under `retry`; `queue`
+    /// is the work queue of claim uids (with its `workqueue_*` metrics).
+    pub fn new(
+        claims: Store<PersistentVolumeClaim>,
+        retry: RetryPolicy<String>,
+        queue: WorkQueue,
+    ) -> Self {
         Self {
-            queue: WorkQueue::new(),
+            queue,
             retry,
             claims,
             uid_index: Mutex::default(),
@@ -117,37 +129,60 @@ pub async fn process(op: &Operation, claims: &ClaimQueue, uid: &str) {
         None => match op.in_background.get(uid) {
             Some(c) => c,
             None => {
-                tracing::debug!(uid, "claim in work queue no longer exists");
+                tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
                 claims.index().remove(uid);
                 claims.retry.forget(&uid.to_string());
+                op.forget_first_attempt(uid);
                 return;
             }
         },
     };
+    let key = uid.to_string();
+    let span = tracing::info_span!(
+        "claim",
+        claim = %decision::claim_key(&claim),
+        claim_uid = uid,
+        class = %decision::claim_class(&claim),
+        attempt = claims.retry.requeues(&key) + 1,
+    );
+    process_claim(op, claims, uid, claim).instrument(span).await
+}
+
+/// [`process`] for one resolved claim, inside its `claim` span.
+async fn process_claim(
+    op: &Operation,
+    claims: &ClaimQueue,
+    uid: &str,
+    claim: PersistentVolumeClaim,
+) {
     let result = op.sync(&claim).await;
     let key = uid.to_string();
     match result {
         Ok(()) => {
             claims.retry.forget(&key);
+            op.forget_first_attempt(uid);
             op.done_with(uid, &claim).await;
         }
         Err(err) => {
             let requeues = claims.retry.requeues(&key);
-            let claim_name = decision::claim_key(&claim);
             let threshold = op.settings.failure_threshold;
             if threshold.allows_retry(requeues) {
                 let delay = claims.retry.next_delay(&key);
-                tracing::warn!(claim = %claim_name, uid, failures = requeues, ?delay, error = %err, "retrying syncing claim");
-                claims.queue.add_after(uid, delay);
+                tracing::warn!(failures = requeues, ?delay, error = %err, "retrying syncing claim");
+                claims.queue.add_rate_limited(uid, delay);
             } else {
-                tracing::error!(claim = %claim_name, uid, failures = requeues, threshold = threshold.0, error = %err,
+                tracing::error!(failures = requeues, threshold = threshold.0, error = %err,
                     "giving up syncing claim; its provisioning intent (if any) is kept for the next leader's start-up walk");
                 // Done but not forgotten: the count stays until the claim is gone.
+                op.forget_first_attempt(uid);
                 op.done_with(uid, &claim).await;
             }
         }
     }
 }
+
+/// How often the leader checks that Redis answers, for `/readyz`.
+pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Settings of the claim logic from the flags.
 pub fn settings(args: &ProvisionArgs) -> Settings {
@@ -225,6 +260,21 @@ pub async fn work(
     queue_key: Option<QueueKey>,
 ) -> anyhow::Result<()> {
     let shutdown = ctx.shutdown.clone();
+    // The heartbeat runs from the start (waiting for Redis or the first lists
+    // is not a stall), owned by this future like every task below.
+    let queue = WorkQueue::with_metrics(metrics.queue.clone());
+    let mut beater = tokio::task::JoinSet::new();
+    {
+        let stall = args.common.healthz_stall_timeout;
+        let queue = queue.clone();
+        beater.spawn(common::service::health::beat_while_progressing(
+            ctx.heartbeat.clone(),
+            common::service::health::beat_period(stall),
+            stall,
+            move || queue.stalled_for(),
+            shutdown.clone(),
+        ));
+    }
     let name = args.common.provisioner_name.clone();
     let url = args.common.redis_url.clone();
     let period = args.common.redis_reconnect();
@@ -271,6 +321,7 @@ pub async fn work(
             args.common.retry_backoff(ServiceKind::Provision),
             &args.retry,
         ),
+        WorkQueue::with_metrics(metrics.queue.clone()),
     ));
 
     let watch_cfg = watcher::Config::default();
@@ -358,6 +409,11 @@ pub async fn work(
         ));
     }
     ctx.readiness.set_ready(true);
+    tasks.spawn(probe_redis(
+        intents.clone(),
+        ctx.readiness.clone(),
+        shutdown.clone(),
+    ));
     tracing::info!(
         workers = args.worker_threads(),
         "started provisioning claims"
@@ -397,6 +453,38 @@ pub async fn work(
     // The publisher ends once the last event sender (the operation's cluster) is gone.
     let _ = tokio::time::timeout(Duration::from_secs(5), event_publisher).await;
     Ok(())
+}
+
+/// Report readiness from Redis every [`REDIS_PROBE_INTERVAL`] until `shutdown`:
+/// not ready while it does not answer within the interval, ready again once it
+/// does (claims are then retried by their backoff or the next resync).
+async fn probe_redis(
+    intents: IntentStore,
+    readiness: common::service::http::Readiness,
+    shutdown: CancellationToken,
+) {
+    let mut up = true;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(REDIS_PROBE_INTERVAL) => {}
+        }
+        let answered = matches!(
+            tokio::time::timeout(REDIS_PROBE_INTERVAL, intents.count()).await,
+            Ok(Ok(_))
+        );
+        if answered != up {
+            if answered {
+                tracing::info!("Redis reachable again; ready");
+            } else {
+                tracing::warn!("Redis unreachable; not ready (provisioning needs the PV-write queue and intents)");
+            }
+            up = answered;
+        }
+        if !shutdown.is_cancelled() {
+            readiness.set_ready(answered);
+        }
+    }
 }
 
 #[cfg(test)]

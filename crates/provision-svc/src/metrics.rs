@@ -1,16 +1,72 @@
-//! provision-svc's metrics: the seed's provisioning families (by `class`) plus
-//! the service's own gauges.
+//! provision-svc's metrics: its own stage of provisioning (backend called,
+//! PV queued for pv-writer) by `class`, plus the service's gauges.
+//!
+//! The seed's `controller_persistentvolumeclaim_provision_*` families count a
+//! provisioning that ended with the PV stored; that happens in pv-writer, so
+//! pv-writer exports them (see its `metrics` module) and provision-svc does not,
+//! and a dashboard summing across services counts each provisioning once.
 
-use common::service::metrics::{gauge, ProvisionMetrics};
-use prometheus::{IntCounter, IntGauge, Registry};
+use common::service::metrics::gauge;
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+/// provision-svc's stage of provisioning, label `class` (the claim's
+/// `spec.storageClassName`, `""` when unset).
+#[derive(Clone)]
+pub struct ProvisionStageMetrics {
+    /// `provision_svc_volumes_provisioned_total`: the backend made the volume
+    /// and its PV was queued for pv-writer.
+    pub total: IntCounterVec,
+    /// `provision_svc_provision_failed_total`: failed provision attempts
+    /// (each retry counts), as the seed counts `..._provision_failed_total`.
+    pub failed_total: IntCounterVec,
+    /// `provision_svc_provision_duration_seconds`: seconds from the start of a
+    /// successful attempt to its PV queued; failed attempts are not observed.
+    pub duration_seconds: HistogramVec,
+}
+
+impl ProvisionStageMetrics {
+    /// Create and register the three families into `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        let counter = |name: &str, help: &str| {
+            common::service::metrics::register(
+                registry,
+                IntCounterVec::new(Opts::new(name, help), &["class"]).expect("valid metric"),
+            )
+        };
+        Self {
+            total: counter(
+                "provision_svc_volumes_provisioned_total",
+                "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name.",
+            ),
+            failed_total: counter(
+                "provision_svc_provision_failed_total",
+                "Failed provision attempts in provision-svc (each retry counts), by storage class name.",
+            ),
+            duration_seconds: common::service::metrics::register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "provision_svc_provision_duration_seconds",
+                        "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name.",
+                    ),
+                    &["class"],
+                )
+                .expect("valid metric"),
+            ),
+        }
+    }
+}
 
 /// All metrics of provision-svc.
 #[derive(Clone)]
 pub struct ServiceMetrics {
-    /// `controller_persistentvolumeclaim_provision_{total,failed_total,duration_seconds}`,
-    /// label `class` (the claim's `spec.storageClassName`, `""` when unset).
-    /// The duration is observed only on success, as in the seed.
-    pub provision: ProvisionMetrics,
+    /// `provision_svc_volumes_provisioned_total`, `provision_svc_provision_failed_total`,
+    /// `provision_svc_provision_duration_seconds`, label `class`.
+    pub provision: ProvisionStageMetrics,
+    /// client-go's `workqueue_*` families of the claim queue (`name="claims"`).
+    pub queue: common::controller::workqueue_metrics::WorkQueueMetrics,
     /// `provision_svc_operations_in_flight`: provision operations running now.
     pub in_flight: IntGauge,
     /// `provision_svc_intents`: provisioning intents recorded in Redis.
@@ -29,7 +85,8 @@ impl ServiceMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
         Self {
-            provision: ProvisionMetrics::register(registry),
+            provision: ProvisionStageMetrics::register(registry),
+            queue: common::controller::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
             in_flight: gauge(
                 registry,
                 "provision_svc_operations_in_flight",

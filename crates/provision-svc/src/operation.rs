@@ -22,7 +22,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, SCHEMA_VERSION};
+use api_types::queue::{
+    ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, QUEUE_ENTRY_VERSION,
+};
 use api_types::{
     pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, FINALIZER_PV,
 };
@@ -164,6 +166,10 @@ pub struct Operation {
     pub metrics: ServiceMetrics,
     /// Seed `claimsInProgress`.
     pub in_background: InBackground,
+    /// uid → when this leader term first attempted to provision the claim (ms
+    /// since the Unix epoch); carried in the queue entry so pv-writer measures
+    /// the seed's provision duration from it. Dropped when the claim is done.
+    first_attempts: Mutex<HashMap<String, u64>>,
 }
 
 impl Operation {
@@ -176,6 +182,7 @@ impl Operation {
             ports,
             metrics,
             in_background,
+            first_attempts: Mutex::default(),
         }
     }
 
@@ -186,6 +193,25 @@ impl Operation {
                 self.in_background.remove(uid);
             }
         }
+    }
+
+    /// When the claim `uid`'s first provision attempt began (recorded now if
+    /// this is the first), in milliseconds since the Unix epoch.
+    pub fn first_attempt_ms(&self, uid: &str) -> u64 {
+        *self
+            .first_attempts
+            .lock()
+            .expect("first attempts poisoned")
+            .entry(uid.to_string())
+            .or_insert_with(now_ms)
+    }
+
+    /// The claim `uid` is done (provisioned, stopped, gone or given up on).
+    pub fn forget_first_attempt(&self, uid: &str) {
+        self.first_attempts
+            .lock()
+            .expect("first attempts poisoned")
+            .remove(uid);
     }
 
     fn class(&self, name: &str) -> Result<Arc<StorageClass>, String> {
@@ -215,18 +241,15 @@ impl Operation {
         claim: &PersistentVolumeClaim,
     ) -> (ProvisioningState, Result<(), OpError>) {
         let class_name = decision::claim_class(claim);
-        let op = format!(
-            "provision {:?} class {class_name:?}",
-            decision::claim_key(claim)
-        );
-        tracing::info!("{op}: started");
+        let op = "provision";
+        tracing::info!("provision operation started");
 
         let Some(key) = ClaimKey::of(claim) else {
             return (
                 ProvisioningState::NoChange,
-                Err(OpError::Failed(format!(
-                    "{op}: claim lacks a namespace, name or uid"
-                ))),
+                Err(OpError::Failed(
+                    "claim lacks a namespace, name or uid".to_string(),
+                )),
             );
         };
         let pv_name = pv_name_for_claim_uid(&key.uid);
@@ -234,14 +257,12 @@ impl Operation {
         // an entry lost with a Redis crash (or removed by an operator) is
         // provisioned again instead of being skipped until a restart.
         if self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some() {
-            tracing::info!("{op}: persistentvolume {pv_name:?} already exists, skipping");
+            tracing::info!(pv = %pv_name, "PV already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
         match self.ports.handoff.is_pending(&pv_name).await {
             Ok(true) => {
-                tracing::info!(
-                    "{op}: persistentvolume {pv_name:?} is already queued for pv-writer, skipping"
-                );
+                tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
             Ok(false) => {}
@@ -261,7 +282,7 @@ impl Operation {
                 "{} does not support block volume provisioning",
                 self.settings.names.name
             );
-            tracing::error!("{op}: failed to provision volume: {msg}");
+            tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
             self.ports
                 .cluster
                 .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
@@ -272,14 +293,14 @@ impl Operation {
         let class = match self.class(&class_name) {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!("{op}: error getting claim's StorageClass's fields: {e}");
+                tracing::error!(error = %e, "error getting claim's StorageClass's fields");
                 return (ProvisioningState::Finished, Err(OpError::Failed(e)));
             }
         };
         if !self.settings.names.is_known(&class.provisioner) {
             tracing::error!(
-                "{op}: unknown provisioner {:?} requested in claim's StorageClass",
-                class.provisioner
+                provisioner = %class.provisioner,
+                "unknown provisioner requested in claim's StorageClass"
             );
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
@@ -291,7 +312,7 @@ impl Operation {
                 Ok(None) => {
                     let err = format!("nodes {node_name:?} not found");
                     return self
-                        .error_handling(ProvisioningState::Reschedule, err, claim, &op)
+                        .error_handling(ProvisioningState::Reschedule, err, claim, op)
                         .await;
                 }
                 Err(e) => {
@@ -365,19 +386,19 @@ impl Operation {
         let mut volume = match provisioned {
             Ok(v) => v,
             Err(ProvisionError::Ignored { reason }) => {
-                tracing::info!("{op}: volume provision ignored: {reason}");
+                tracing::info!(pv = %pv_name, %reason, "volume provision ignored");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
             Err(ProvisionError::Failed { state, reason }) => {
                 let err = format!(
                     "failed to provision volume with StorageClass {class_name:?}: {reason}"
                 );
-                return self.error_handling(state, err, claim, &op).await;
+                return self.error_handling(state, err, claim, op).await;
             }
         };
         tracing::info!(
-            "{op}: volume {:?} provisioned",
-            volume.metadata.name.as_deref().unwrap_or_default()
+            pv = volume.metadata.name.as_deref().unwrap_or_default(),
+            "volume provisioned"
         );
 
         let spec = volume.spec.get_or_insert_with(Default::default);
@@ -397,14 +418,16 @@ impl Operation {
                 ANN_DYNAMICALLY_PROVISIONED.to_string(),
                 class.provisioner.clone(),
             );
-        tracing::info!("{op}: succeeded");
+        tracing::info!(pv = %pv_name, "provision operation succeeded; queueing the PV for pv-writer");
 
+        let first_attempt_at_ms = self.first_attempt_ms(&key.uid);
         let entry = QueuedPvWrite {
-            version: SCHEMA_VERSION,
+            version: QUEUE_ENTRY_VERSION,
             pv: volume,
             claim: key,
             class: class_name,
             enqueued_at_ms: now_ms(),
+            first_attempt_at_ms: Some(first_attempt_at_ms),
             mac: None,
         };
         match self.ports.handoff.enqueue(&entry).await {
@@ -438,10 +461,10 @@ impl Operation {
         let has_selected = decision::annotation(claim, ANN_SELECTED_NODE).is_some();
         if has_selected && state == ProvisioningState::Reschedule {
             if let Err(e) = self.reschedule(claim).await {
-                tracing::info!("{op}: volume rescheduling failed: {e}");
+                tracing::info!(operation = op, error = %e, "volume rescheduling failed");
                 return (ProvisioningState::Finished, Err(OpError::Failed(err)));
             }
-            tracing::info!("{op}: volume rescheduled because: {err}");
+            tracing::info!(operation = op, reason = %err, "volume rescheduled");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
         let state = if state == ProvisioningState::Reschedule {
@@ -480,6 +503,7 @@ impl Operation {
             return Ok(());
         }
         let uid = claim.metadata.uid.clone().unwrap_or_default();
+        self.first_attempt_ms(&uid);
         let start = Instant::now();
         let in_flight = InFlight::start(&self.metrics.in_flight);
         let (state, result) = self.provision_claim_operation(claim).await;
@@ -521,7 +545,7 @@ impl Operation {
             };
         }
         if state == ProvisioningState::InBackground {
-            tracing::info!(claim = %decision::claim_key(claim), "temporary error; claim is provisioning in background");
+            tracing::info!("temporary error; claim is provisioning in background");
             self.set_in_background(&uid, Some(claim));
             self.mark_in_background(claim).await;
         }

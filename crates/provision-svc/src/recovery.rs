@@ -101,12 +101,12 @@ async fn decide(op: &Operation, claims: &ClaimQueue, entry: &IntentEntry) -> Rec
             Ok(false) => Recovery::Cleanup,
             Err(e) => {
                 // The cleanup re-checks (with backoff) before it deletes anything.
-                tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, error = %e, "cannot tell yet whether the volume of a deleted claim has a PV; the cleanup will check again");
+                tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, "cannot tell yet whether the volume of a deleted claim has a PV; the cleanup will check again");
                 Recovery::Cleanup
             }
         },
     };
-    tracing::info!(pv = %pv_name, claim = %entry.intent.claim, decision = ?decision, "provisioning intent found at start");
+    tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, decision = ?decision, "provisioning intent found at start");
     decision
 }
 
@@ -224,7 +224,7 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
     // Re-check right before deleting: the PV may have been written meanwhile.
     match pv_accounted_for(op, pv_name).await {
         Ok(true) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
             op.clear_intent(pv_name).await;
             return CleanupOutcome::Done;
         }
@@ -237,11 +237,11 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
     };
     let outcome = match op.ports.backend.delete_unprovisioned(&options).await {
         Ok(()) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, "deleted the volume of a claim deleted while it was being provisioned");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, "deleted the volume of a claim deleted while it was being provisioned");
             CleanupOutcome::Done
         }
         Err(DeleteError::Ignored { reason }) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
             CleanupOutcome::Done
         }
         Err(e @ DeleteError::Failed { .. }) => {
@@ -310,7 +310,7 @@ async fn cleanup_with_backoff(
     let pv = &entry.intent.pv_name;
     let outcome = policy
         .retry(&shutdown, attempt, |e, _, delay| {
-            tracing::warn!(pv = %pv, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
+            tracing::warn!(pv = %pv, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
         })
         .await;
     if let Some(Some(e)) = outcome {

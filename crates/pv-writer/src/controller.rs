@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::service::health::Heartbeat;
 use common::service::http::Readiness;
 use common::store::queue::QueueError;
 use tokio::sync::Semaphore;
@@ -66,7 +67,40 @@ impl Writer {
         shutdown: CancellationToken,
         readiness: Readiness,
     ) -> anyhow::Result<()> {
+        self.run_with_heartbeat(shutdown, readiness, Heartbeat::default(), Duration::MAX)
+            .await
+    }
+
+    /// [`run`](Self::run), beating `heartbeat` while the dispatcher makes
+    /// progress, is idle, or waits for Redis; it stops beating once the
+    /// dispatcher has been stuck with Redis up for `stall_timeout`.
+    ///
+    /// Errors: as [`run`](Self::run).
+    pub async fn run_with_heartbeat(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+        readiness: Readiness,
+        heartbeat: Heartbeat,
+        stall_timeout: Duration,
+    ) -> anyhow::Result<()> {
         let _ = self.readiness.set(readiness.clone());
+        let mut beater = JoinSet::new();
+        {
+            let (dispatched, ready) = (self.dispatched.clone(), readiness.clone());
+            beater.spawn(common::service::health::beat_while_progressing(
+                heartbeat,
+                common::service::health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+                stall_timeout,
+                move || {
+                    if ready.is_ready() {
+                        dispatched.age()
+                    } else {
+                        Duration::ZERO
+                    }
+                },
+                shutdown.clone(),
+            ));
+        }
         // A new term; anything in flight under an earlier one belongs to a
         // previous leader that is gone or fenced.
         let started = || async {
@@ -105,6 +139,7 @@ impl Writer {
         let mut tasks = JoinSet::new();
         let mut redis_down = false;
         while !shutdown.is_cancelled() && !self.superseded.load(Ordering::SeqCst) {
+            self.dispatched.beat();
             while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
                 p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),

@@ -123,7 +123,11 @@ pub async fn serve_with_metrics(
         .redis_reconnect()
         .retry(
             &ctx.shutdown,
-            || PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name),
+            || {
+                // Waiting for Redis is not a stall (/readyz reports it).
+                ctx.heartbeat.beat();
+                PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name)
+            },
             |err, _, _| tracing::warn!(error = %err, "Redis unreachable; not ready, retrying"),
         )
         .await
@@ -153,6 +157,11 @@ pub async fn serve_with_metrics(
         config,
     ));
     writer
-        .run(ctx.shutdown.clone(), ctx.readiness.clone())
+        .run_with_heartbeat(
+            ctx.shutdown.clone(),
+            ctx.readiness.clone(),
+            ctx.heartbeat.clone(),
+            ctx.args.healthz_stall_timeout,
+        )
         .await
 }

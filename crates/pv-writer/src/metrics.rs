@@ -1,6 +1,11 @@
 //! pv-writer's Prometheus families.
+//!
+//! pv-writer stores the PV, so it exports the seed's provisioning families
+//! (`controller_persistentvolumeclaim_provision_*`, label `class`) with the
+//! seed's meaning: a provisioning counts once its PV is stored. provision-svc
+//! counts its own stage under `provision_svc_*` names.
 
-use common::service::metrics::{gauge, register, seconds_histogram};
+use common::service::metrics::{gauge, register, seconds_histogram, ProvisionMetrics};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts};
 
 /// The registry type [`WriterMetrics::register`] takes (re-exported for embedders).
@@ -21,6 +26,18 @@ pub mod outcome {
 /// The queue and write metrics.
 #[derive(Clone)]
 pub struct WriterMetrics {
+    /// The seed's families, label `class` (the entry's StorageClass name):
+    /// * `controller_persistentvolumeclaim_provision_total`: PVs stored (created,
+    ///   or found already created for the same claim) and their entry completed;
+    ///   counted once per entry;
+    /// * `controller_persistentvolumeclaim_provision_duration_seconds`: from the
+    ///   claim's first provision attempt in provision-svc (carried in the
+    ///   entry; its enqueue time for version-1 entries) to the PV stored;
+    /// * `controller_persistentvolumeclaim_provision_failed_total`: entries
+    ///   dead-lettered (refused by the API server, refused by the entry checks,
+    ///   unreadable). The class of an entry that failed its HMAC check, or
+    ///   could not be read, is not trusted: it counts under `class=""`.
+    pub provision: ProvisionMetrics,
     /// `pv_writer_queue_depth`: pending entries (due + in flight), dead letters excluded.
     pub depth: IntGauge,
     /// `pv_writer_queue_oldest_pending_age_seconds`: age of the oldest pending entry.
@@ -48,6 +65,7 @@ impl WriterMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
         Self {
+            provision: ProvisionMetrics::register(registry),
             depth: gauge(registry, "pv_writer_queue_depth", "Pending PV writes in the durable queue (due or in flight), dead letters excluded."),
             oldest_age_seconds: register(registry, Gauge::new("pv_writer_queue_oldest_pending_age_seconds", "Seconds since the oldest pending PV write was enqueued (0 when the queue is empty).").expect("valid metric")),
             dead_letters: gauge(registry, "pv_writer_queue_dead_letters", "PV writes in the dead-letter set, waiting for an operator."),

@@ -34,6 +34,18 @@
 //! by the next leader, and the repeated create answers `AlreadyExists` for the
 //! same claim, so no PV is written twice.
 //!
+//! Metrics: the seed's `controller_persistentvolumeclaim_provision_*` families
+//! are counted here, where the PV is stored (see [`crate::metrics`]). Logs:
+//! each entry is processed in one `pv_write` span carrying `pv`, `claim`
+//! (namespace/name), `claim_uid`, `class` and `attempt`, the same field names
+//! provision-svc's `claim` span uses, so one claim can be followed across both
+//! services' logs (`--log-format json` shows them on every line).
+//!
+//! Health: the dispatcher beats the runtime's heartbeat while it loops (idle
+//! polls included) or while Redis is unreachable (not ready, which a restart
+//! would not fix); it stops beating when it has been stuck, with Redis up, for
+//! `--healthz-stall-timeout` ([`common::service::health`]).
+//!
 //! Fencing: [`Writer::run`] starts a leader term ([`PvQueue::begin_term`]) and
 //! every take and settlement carries its epoch. Once a newer term exists (this
 //! replica was paused past its Lease and another took over), Redis refuses
@@ -52,12 +64,14 @@ use api_types::queue::{DecodeError, QueuedPvWrite};
 use common::controller::events::{claim_reference, reason, EventSink};
 use common::controller::retry::Backoff;
 use common::controller::time::now_ms;
+use common::service::health::Heartbeat;
 use common::service::http::Readiness;
 use common::store::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::checks::EntryChecks;
 use crate::decision::{already_exists, refused_create, retry_delay, WriteResult};
@@ -147,6 +161,8 @@ pub struct Writer {
     /// that cannot settle an entry in Redis reports not-ready too — the
     /// dispatcher may be waiting for that worker's permit and see nothing.
     pub(crate) readiness: std::sync::OnceLock<Readiness>,
+    /// Beaten by the dispatcher at each turn of its loop.
+    pub(crate) dispatched: Heartbeat,
 }
 
 impl Writer {
@@ -174,6 +190,7 @@ impl Writer {
             recovered_at_ms: AtomicU64::new(0),
             probe_name: std::sync::Mutex::new(String::new()),
             readiness: std::sync::OnceLock::new(),
+            dispatched: Heartbeat::default(),
         }
     }
 
@@ -204,8 +221,22 @@ impl Writer {
     }
 
     /// Write one taken entry and settle it in Redis (complete, retry or
-    /// dead-letter). Never panics on bad input.
+    /// dead-letter), in a `pv_write` span carrying `pv`, `attempt` and, once
+    /// the entry is read, `claim`, `claim_uid` and `class`. Never panics on
+    /// bad input.
     pub async fn process(&self, taken: TakenEntry, shutdown: &CancellationToken) {
+        let span = tracing::info_span!(
+            "pv_write",
+            pv = %taken.pv_name,
+            attempt = taken.attempts.saturating_add(1),
+            claim = tracing::field::Empty,
+            claim_uid = tracing::field::Empty,
+            class = tracing::field::Empty,
+        );
+        self.process_entry(taken, shutdown).instrument(span).await
+    }
+
+    async fn process_entry(&self, taken: TakenEntry, shutdown: &CancellationToken) {
         let pv_name = taken.pv_name.clone();
         let entry = match QueuedPvWrite::decode(&taken.payload) {
             Ok(entry) => entry,
@@ -214,7 +245,7 @@ impl Writer {
                     DecodeError::Garbled(_) => "garbled",
                     DecodeError::UnknownVersion { .. } => "unknown_version",
                 };
-                tracing::error!(pv = %pv_name, error = %err, "unreadable PV write in the queue; moving it to the dead-letter set");
+                tracing::error!(error = %err, "unreadable PV write in the queue; moving it to the dead-letter set");
                 self.dead_letter(
                     &taken,
                     None,
@@ -226,8 +257,12 @@ impl Writer {
                 return;
             }
         };
+        let span = tracing::Span::current();
+        span.record("claim", tracing::field::display(&entry.claim));
+        span.record("claim_uid", entry.claim.uid.as_str());
+        span.record("class", entry.class.as_str());
         if let Err(refusal) = self.checks.check(&pv_name, &entry) {
-            tracing::error!(pv = %pv_name, claim = %entry.claim, reason = %refusal.reason, kind = refusal.kind, "refusing a queue entry provision-svc could not have produced; moving it to the dead-letter set");
+            tracing::error!(reason = %refusal.reason, kind = refusal.kind, "refusing a queue entry provision-svc could not have produced; moving it to the dead-letter set");
             if self
                 .dead_letter(
                     &taken,
@@ -287,7 +322,7 @@ impl Writer {
                     Some(Settled::Done) => {}
                     Some(Settled::Fenced) => return self.fenced("holds"),
                     Some(Settled::NotInFlight) => {
-                        tracing::warn!(pv = %pv_name, "PV written but its queue entry is no longer in flight under this term (taken again after its visibility timeout); the other take settles it");
+                        tracing::warn!("PV written but its queue entry is no longer in flight under this term (taken again after its visibility timeout); the other take settles it");
                         return;
                     }
                     None => return,
@@ -315,10 +350,22 @@ impl Writer {
                     Some(Settled::NotInFlight) | None => return,
                 }
                 self.metrics.writes_total.with_label_values(&[label]).inc();
-                tracing::info!(pv = %pv_name, claim = %entry.claim, outcome = label, attempts = taken.attempts + 1, "PV written");
+                let provisioning_seconds =
+                    now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
+                self.metrics
+                    .provision
+                    .total
+                    .with_label_values(&[&entry.class])
+                    .inc();
+                self.metrics
+                    .provision
+                    .duration_seconds
+                    .with_label_values(&[&entry.class])
+                    .observe(provisioning_seconds);
+                tracing::info!(outcome = label, provisioning_seconds, "PV written");
             }
             WriteResult::Refused { kind, reason } => {
-                tracing::warn!(pv = %pv_name, claim = %entry.claim, %reason, "PV write refused; moving it to the dead-letter set");
+                tracing::warn!(%reason, "PV write refused; moving it to the dead-letter set");
                 if self
                     .dead_letter(&taken, Some(&entry), kind, reason.clone(), shutdown)
                     .await
@@ -367,7 +414,7 @@ impl Writer {
                         .writes_total
                         .with_label_values(&[outcome::RETRY])
                         .inc();
-                    tracing::warn!(pv = %pv_name, claim = %entry.claim, attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
+                    tracing::warn!(attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
                 }
             }
         }
@@ -401,6 +448,16 @@ impl Writer {
         }
         let moved = settled == Some(Settled::Done);
         if moved {
+            // The class of an entry whose MAC failed is attacker-chosen: not a label.
+            let class = match (entry, kind) {
+                (Some(e), k) if k != "unsigned" && k != "bad_signature" => e.class.as_str(),
+                _ => "",
+            };
+            self.metrics
+                .provision
+                .failed_total
+                .with_label_values(&[class])
+                .inc();
             self.metrics
                 .writes_total
                 .with_label_values(&[outcome::DEAD_LETTER])

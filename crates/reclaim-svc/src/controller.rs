@@ -14,6 +14,14 @@
 //! its name, and once the PV is gone there is nothing left to do, which is
 //! exactly the `Controller` model. provision-svc keeps the hand-written queue
 //! because its claims are keyed by uid and must outlive the cache.
+//!
+//! With [`run_loop_observed`] the loop reports client-go's `workqueue_*`
+//! series (`name="volumes"`: adds = PV changes fed to the `Controller`,
+//! retries = requeues by [`error_policy`], work duration and unfinished work
+//! from [`reconcile`]; `Controller`'s scheduler does not expose its depth, so
+//! `workqueue_depth` and the queue duration stay unobserved) and beats the
+//! runtime's liveness heartbeat unless every reconcile slot has been busy for
+//! `--healthz-stall-timeout` ([`common::service::health`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,6 +41,20 @@ use provisioner_api::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
+use common::controller::workqueue_metrics::WorkQueueMetrics;
+use common::service::health::Heartbeat;
+
+/// What the loop reports to, besides logs: [`run_loop_observed`].
+#[derive(Clone)]
+pub struct LoopObservers {
+    /// The PV queue's `workqueue_*` series (`name="volumes"`).
+    pub queue_metrics: WorkQueueMetrics,
+    /// The runtime's work-loop heartbeat (`ServiceContext::heartbeat`).
+    pub heartbeat: Heartbeat,
+    /// `--healthz-stall-timeout`: stop beating once PVs have waited this long
+    /// with no worker taking one.
+    pub stall_timeout: Duration,
+}
 
 /// Tuning of the control loop.
 #[derive(Debug, Clone)]
@@ -56,6 +78,9 @@ pub struct Context {
     pub retry: Arc<RetryPolicy<String>>,
     /// Threshold, deletion timeout, workers, resync.
     pub config: LoopConfig,
+    /// client-go's `workqueue_*` series of the PV queue (`name="volumes"`),
+    /// when observed ([`run_loop_observed`]).
+    pub queue_metrics: Option<WorkQueueMetrics>,
 }
 
 impl Context {
@@ -92,6 +117,7 @@ impl Context {
 ///
 /// Errors: [`SyncError`], handed to [`error_policy`].
 pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, SyncError> {
+    let _processing = ctx.queue_metrics.as_ref().map(|m| m.start_processing());
     if ctx.config.deletion_timeout.is_zero() {
         ctx.reclaimer.sync_volume(&pv).await?;
     } else {
@@ -113,6 +139,9 @@ pub fn error_policy(pv: Arc<PersistentVolume>, err: &SyncError, ctx: Arc<Context
     if threshold.allows_retry(requeues) {
         let delay = ctx.retry.next_delay(&key);
         tracing::warn!(pv = %key, failures = requeues, threshold = threshold.0, ?delay, error = %err, "retrying syncing PV");
+        if let Some(m) = &ctx.queue_metrics {
+            m.retry();
+        }
         Action::requeue(delay)
     } else {
         tracing::error!(pv = %key, failures = requeues, threshold = threshold.0, error = %err, "giving up syncing PV");
@@ -136,14 +165,68 @@ pub async fn run_loop(
     shutdown: CancellationToken,
     on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_loop_in(None, api, reclaimer, retry, config, shutdown, on_synced).await
+}
+
+/// [`run_loop`] reporting to `observers` (queue metrics, liveness heartbeat).
+///
+/// Errors: as [`run_loop`].
+pub async fn run_loop_observed(
+    observers: LoopObservers,
+    api: Api<PersistentVolume>,
+    reclaimer: Arc<Reclaimer>,
+    retry: Arc<RetryPolicy<String>>,
+    config: LoopConfig,
+    shutdown: CancellationToken,
+    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
+) -> anyhow::Result<()> {
+    run_loop_in(
+        Some(observers),
+        api,
+        reclaimer,
+        retry,
+        config,
+        shutdown,
+        on_synced,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_loop_in(
+    observers: Option<LoopObservers>,
+    api: Api<PersistentVolume>,
+    reclaimer: Arc<Reclaimer>,
+    retry: Arc<RetryPolicy<String>>,
+    config: LoopConfig,
+    shutdown: CancellationToken,
+    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
+) -> anyhow::Result<()> {
     let (store, writer) = reflector::store::<PersistentVolume>();
     let workers = u16::try_from(config.workers.max(1)).unwrap_or(u16::MAX);
     let resync = resync_interval(config.resync_period);
+    let queue_metrics = observers.as_ref().map(|o| o.queue_metrics.clone());
     let ctx = Arc::new(Context {
         reclaimer,
         retry,
         config,
+        queue_metrics: queue_metrics.clone(),
     });
+    // Held by this future: dropped (and the heartbeat task aborted) with the loop.
+    let mut beater = tokio::task::JoinSet::new();
+    if let Some(o) = observers {
+        let metrics = o.queue_metrics.clone();
+        let workers = usize::from(workers);
+        beater.spawn(common::service::health::beat_while_progressing(
+            o.heartbeat,
+            common::service::health::beat_period(o.stall_timeout),
+            o.stall_timeout,
+            // Stalled: every reconcile slot busy for longer than the timeout
+            // (PVs may wait and no slot frees up); idle or moving is healthy.
+            move || metrics.stalled_when_busy(workers),
+            shutdown.clone(),
+        ));
+    }
 
     let mut on_synced = Some(on_synced);
     let (hook_ctx, hook_store) = (Arc::clone(&ctx), store.clone());
@@ -169,7 +252,12 @@ pub async fn run_loop(
             tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff")
         }
     })
-    .applied_objects();
+    .applied_objects()
+    .inspect(move |pv| {
+        if let (Ok(_), Some(m)) = (pv, &queue_metrics) {
+            m.add();
+        }
+    });
 
     let mut controller = Controller::for_stream(trigger, store)
         .with_config(controller::Config::default().concurrency(workers))

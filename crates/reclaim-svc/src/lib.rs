@@ -66,6 +66,8 @@ pub async fn run(
         delete: metrics,
         sweep: sweep_metrics,
     } = ReclaimMetrics::register(&registry);
+    let queue_metrics =
+        common::controller::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
     run_service(
         ServiceKind::Reclaim,
         common,
@@ -73,6 +75,7 @@ pub async fn run(
         // Called once per leader term: each term starts from scratch (new
         // reflector, reclaimer and orphan sweep); the metrics live on.
         move |ctx| {
+            let queue_metrics = queue_metrics.clone();
             let (backend, metrics, sweep_metrics, retry, reclaim) = (
                 backend.clone(),
                 metrics.clone(),
@@ -144,7 +147,13 @@ pub async fn run(
                         _ = sweep::run_once(job, cached) => {}
                     }
                 };
-                let control_loop = controller::run_loop(
+                let observers = controller::LoopObservers {
+                    queue_metrics,
+                    heartbeat: ctx.heartbeat.clone(),
+                    stall_timeout: ctx.args.healthz_stall_timeout,
+                };
+                let control_loop = controller::run_loop_observed(
+                    observers,
                     api,
                     reclaimer,
                     policy,

@@ -462,6 +462,7 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
             deletion_timeout: Duration::ZERO,
             resync_period: Duration::ZERO,
         },
+        queue_metrics: None,
     });
     let key = "pvc-1".to_string();
     for attempt in 1..=4u32 {
@@ -512,6 +513,7 @@ async fn a_successful_sync_forgets_earlier_failures() {
             deletion_timeout: Duration::ZERO,
             resync_period: Duration::ZERO,
         },
+        queue_metrics: None,
     });
     let key = "pvc-1".to_string();
     ctx.retry.next_delay(&key);
@@ -556,6 +558,7 @@ async fn sync_with_deletion_timeout(
             deletion_timeout: Duration::from_secs(5),
             resync_period: Duration::ZERO,
         },
+        queue_metrics: None,
     });
     let start = tokio::time::Instant::now();
     let err = reconcile(Arc::new(api.get("pvc-1").unwrap()), ctx)

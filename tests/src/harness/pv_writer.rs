@@ -80,6 +80,7 @@ pub fn entry(uid: &str) -> QueuedPvWrite {
         claim: ClaimKey { namespace: "default".into(), name: format!("claim-{uid}"), uid: uid.into() },
         class: "fast".into(),
         enqueued_at_ms: now_ms(),
+        first_attempt_at_ms: None,
         mac: None,
     }
 }

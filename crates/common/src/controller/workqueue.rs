@@ -7,7 +7,10 @@
 //!   being processed is queued again when its worker calls [`WorkQueue::done`];
 //! * [`WorkQueue::add_after`] queues a key after a delay (the retry path);
 //! * after [`WorkQueue::shut_down`], [`WorkQueue::get`] returns `None` and adds
-//!   are ignored, so workers finish their in-flight item and stop.
+//!   are ignored, so workers finish their in-flight item and stop;
+//! * with [`WorkQueue::with_metrics`], it reports client-go's `workqueue_*`
+//!   families ([`crate::controller::workqueue_metrics`]), and [`WorkQueue::stalled_for`]
+//!   tells a liveness heartbeat whether workers still take keys.
 //!
 //! Why hand-written, and only for provision-svc: the seed keys claims by uid
 //! and keeps processing a claim that is provisioning in the background after
@@ -18,24 +21,45 @@
 //! (reconcile + error policy). provision-svc still feeds this queue from
 //! kube-runtime's watcher and reflector stores.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
-#[derive(Default)]
+use crate::controller::workqueue_metrics::{Processing, WorkQueueMetrics};
+
 struct State {
     queue: VecDeque<String>,
     dirty: HashSet<String>,
-    processing: HashSet<String>,
+    /// Keys being processed, with their work-duration guard (metrics only).
+    processing: HashMap<String, Option<Processing>>,
+    /// When each waiting key was added (queue duration, stall detection).
+    added_at: HashMap<String, Instant>,
+    /// When a worker last took a key (or the queue was created).
+    last_taken: Instant,
     shutting_down: bool,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            dirty: HashSet::new(),
+            processing: HashMap::new(),
+            added_at: HashMap::new(),
+            last_taken: Instant::now(),
+            shutting_down: false,
+        }
+    }
 }
 
 #[derive(Default)]
 struct Inner {
     state: Mutex<State>,
     notify: Notify,
+    metrics: Option<WorkQueueMetrics>,
 }
 
 /// The queue; cheap to clone (all clones share one queue).
@@ -50,8 +74,29 @@ impl WorkQueue {
         Self::default()
     }
 
+    /// An empty queue reporting to `metrics` (see [`crate::controller::workqueue_metrics`]).
+    pub fn with_metrics(metrics: WorkQueueMetrics) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                metrics: Some(metrics),
+                ..Inner::default()
+            }),
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().expect("work queue poisoned")
+    }
+
+    /// Queue `key` at the tail and record when it was added.
+    fn push(&self, s: &mut State, key: &str) {
+        s.queue.push_back(key.to_string());
+        s.added_at
+            .entry(key.to_string())
+            .or_insert_with(Instant::now);
+        if let Some(m) = &self.inner.metrics {
+            m.set_depth(s.queue.len());
+        }
     }
 
     /// Queue `key` unless it is already waiting; if a worker holds it, it is
@@ -61,12 +106,25 @@ impl WorkQueue {
         if s.shutting_down || !s.dirty.insert(key.to_string()) {
             return;
         }
-        if s.processing.contains(key) {
+        if let Some(m) = &self.inner.metrics {
+            m.add();
+        }
+        if s.processing.contains_key(key) {
             return;
         }
-        s.queue.push_back(key.to_string());
+        self.push(&mut s, key);
         drop(s);
         self.inner.notify.notify_one();
+    }
+
+    /// Re-queue a key that failed, after its backoff `delay` (client-go
+    /// `AddRateLimited`): as [`add_after`](Self::add_after), and counted in
+    /// `workqueue_retries_total`.
+    pub fn add_rate_limited(&self, key: &str, delay: Duration) {
+        if let Some(m) = &self.inner.metrics {
+            m.retry();
+        }
+        self.add_after(key, delay);
     }
 
     /// Queue `key` after `delay` (immediately when zero). Dropped if the queue
@@ -98,7 +156,15 @@ impl WorkQueue {
                 }
                 if let Some(key) = s.queue.pop_front() {
                     s.dirty.remove(&key);
-                    s.processing.insert(key.clone());
+                    let now = Instant::now();
+                    s.last_taken = now;
+                    let added = s.added_at.remove(&key).unwrap_or(now);
+                    let guard = self.inner.metrics.as_ref().map(|m| {
+                        m.set_depth(s.queue.len());
+                        m.queued_for(now.saturating_duration_since(added));
+                        m.start_processing()
+                    });
+                    s.processing.insert(key.clone(), guard);
                     let more = !s.queue.is_empty();
                     drop(s);
                     if more {
@@ -117,7 +183,7 @@ impl WorkQueue {
         let mut s = self.state();
         s.processing.remove(key);
         if s.dirty.contains(key) && !s.shutting_down {
-            s.queue.push_back(key.to_string());
+            self.push(&mut s, key);
             drop(s);
             self.inner.notify.notify_one();
         }
@@ -137,6 +203,18 @@ impl WorkQueue {
     /// Whether no key is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How long keys have been waiting without any worker taking one: zero
+    /// when no key waits (an idle queue is not stalled), else the time since
+    /// the later of the last take and the oldest waiting key's add. A growing
+    /// value means every worker is stuck on its current key.
+    pub fn stalled_for(&self) -> Duration {
+        let s = self.state();
+        let Some(oldest) = s.queue.front().and_then(|k| s.added_at.get(k)) else {
+            return Duration::ZERO;
+        };
+        Instant::now().saturating_duration_since((*oldest).max(s.last_taken))
     }
 }
 
@@ -190,6 +268,38 @@ mod tests {
         q.add("ignored");
         assert!(q.is_empty());
         assert_eq!(q.get().await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalled_for_grows_only_while_keys_wait_untaken_and_metrics_follow() {
+        let registry = prometheus::Registry::new();
+        let q = WorkQueue::with_metrics(WorkQueueMetrics::register(&registry, "claims"));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(q.stalled_for(), Duration::ZERO, "idle is not stalled");
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(q.stalled_for(), Duration::from_secs(5));
+        let a = q.get().await.unwrap();
+        assert_eq!(q.stalled_for(), Duration::ZERO, "a worker just took a key");
+        tokio::time::advance(Duration::from_secs(7)).await;
+        assert_eq!(q.stalled_for(), Duration::from_secs(7), "b waits untaken");
+        q.done(&a);
+        q.add_rate_limited("a", Duration::ZERO);
+        let text = crate::service::metrics::render(&registry);
+        let value = |family: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{family}{{name=\"claims\"}} ")))
+                .unwrap_or_else(|| panic!("{family} in\n{text}"))
+                .to_string()
+        };
+        assert_eq!(value("workqueue_adds_total"), "3", "a, b, then a again");
+        assert_eq!(value("workqueue_retries_total"), "1");
+        assert_eq!(value("workqueue_depth"), "2");
+        assert_eq!(value("workqueue_queue_duration_seconds_sum"), "5");
+        assert_eq!(value("workqueue_work_duration_seconds_sum"), "7");
+        assert_eq!(value("workqueue_longest_running_processor_seconds"), "0");
     }
 
     #[tokio::test]

@@ -293,6 +293,13 @@ pub struct CommonArgs {
     /// `terminationGracePeriodSeconds`.
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_grace_period: Duration,
+
+    /// `/healthz` fails once the running work loop has made no progress for
+    /// this long (keys waiting and no worker taking one; an idle loop is
+    /// healthy). Keep above the longest legitimate backend call
+    /// (`--provision-timeout`) so a busy replica is not restarted.
+    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub healthz_stall_timeout: Duration,
 }
 
 /// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with

@@ -1,5 +1,6 @@
 //! The per-service HTTP server: Prometheus `/metrics` (path configurable),
-//! `/healthz` (process alive) and `/readyz` (ready to serve its role).
+//! `/healthz` (the work loop makes progress and a leader can renew its Lease:
+//! [`crate::service::health`]) and `/readyz` (ready to serve its role).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +14,8 @@ use axum::Router;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+use crate::service::health::Liveness;
 
 /// Readiness as `/readyz` reports it. A replica is ready while it stands by as
 /// a non-leader, and, as leader, once its work loop says so (caches synced,
@@ -59,19 +62,39 @@ impl Readiness {
 struct AppState {
     registry: Registry,
     readiness: Readiness,
+    liveness: Liveness,
 }
 
-/// The router: `metrics_path` → text exposition, `/healthz` → 200 `ok`,
-/// `/readyz` → 200 `ok` or 503 `not ready`.
+/// [`router_with_liveness`] with a [`Liveness`] no work loop reports to
+/// (`/healthz` always 200).
 pub fn router(registry: Registry, readiness: Readiness, metrics_path: &str) -> Router {
+    router_with_liveness(registry, readiness, Liveness::default(), metrics_path)
+}
+
+/// The router: `metrics_path` → text exposition, `/healthz` → 200 `ok` or 503
+/// with the reason ([`Liveness::check`]), `/readyz` → 200 `ok` or 503 `not ready`.
+pub fn router_with_liveness(
+    registry: Registry,
+    readiness: Readiness,
+    liveness: Liveness,
+    metrics_path: &str,
+) -> Router {
     Router::new()
         .route(metrics_path, get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(AppState {
             registry,
             readiness,
+            liveness,
         })
+}
+
+async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
+    match state.liveness.check() {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+    }
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
@@ -171,6 +194,50 @@ mod tests {
             "losing the lead resets work readiness"
         );
 
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn healthz_turns_503_when_the_work_loop_stops_beating() {
+        use crate::service::health::Heartbeat;
+        use std::time::Duration;
+        let liveness = Liveness::new(
+            Heartbeat::default(),
+            Duration::from_millis(200),
+            Duration::from_secs(60),
+        );
+        let stop = CancellationToken::new();
+        let (addr, task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            router_with_liveness(
+                Registry::new(),
+                Readiness::default(),
+                liveness.clone(),
+                "/metrics",
+            ),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        liveness.set_working(true);
+        // A loop that beats (busy or idle) stays healthy past the stall timeout.
+        for _ in 0..4 {
+            liveness.heartbeat().beat();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(get_text(addr, "/healthz").await.0, 200);
+        }
+        // The loop pauses: no beat for longer than the stall timeout.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (code, body) = get_text(addr, "/healthz").await;
+        assert_eq!(code, 503);
+        assert!(body.contains("work loop stalled"), "{body}");
+        liveness.heartbeat().beat();
+        assert_eq!(
+            get_text(addr, "/healthz").await.0,
+            200,
+            "beats again: healthy"
+        );
         stop.cancel();
         task.await.unwrap();
     }

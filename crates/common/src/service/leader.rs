@@ -160,6 +160,9 @@ impl std::fmt::Display for LeadLost {
     }
 }
 
+/// Called each time the watchdog sees this leader's own `renewTime` advance.
+type OnRenewed = Box<dyn Fn() + Send + Sync>;
+
 /// One candidate in one Lease's election.
 pub struct LeaderElector {
     manager: LeaseManager,
@@ -167,6 +170,7 @@ pub struct LeaderElector {
     lease_name: String,
     identity: String,
     timing: LeaseTiming,
+    on_renewed: Option<OnRenewed>,
 }
 
 impl LeaderElector {
@@ -196,7 +200,15 @@ impl LeaderElector {
             lease_name: lease_name.to_string(),
             identity: identity.to_string(),
             timing,
+            on_renewed: None,
         })
+    }
+
+    /// Call `f` each time [`hold`](Self::hold)'s watchdog confirms a renewal
+    /// of ours on the Lease (feeds `/healthz`: [`crate::service::health::Liveness::renewed`]).
+    pub fn on_renewed(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_renewed = Some(Box::new(f));
+        self
     }
 
     /// This candidate's identity (`holderIdentity` when leading).
@@ -282,6 +294,9 @@ impl LeaderElector {
                         if renew != last_renew_time {
                             last_renew_time = renew;
                             confirmed_at = Instant::now();
+                            if let Some(f) = &self.on_renewed {
+                                f();
+                            }
                         }
                     }
                 }

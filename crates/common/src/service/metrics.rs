@@ -86,6 +86,23 @@ pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
     )
 }
 
+/// Register the standard `process_*` families (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+/// `process_open_fds`, `process_max_fds`, `process_start_time_seconds`,
+/// `process_threads`) of this process into `registry`, read from `/proc` at
+/// each scrape by the `prometheus` crate's collector (Linux only; elsewhere
+/// nothing is registered). Called once per registry by the service runtime.
+pub fn register_process_collector(registry: &Registry) {
+    #[cfg(target_os = "linux")]
+    registry
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("process collector registered twice");
+    #[cfg(not(target_os = "linux"))]
+    let _ = registry;
+}
+
 /// A plain gauge registered into `registry`.
 pub fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     register(registry, IntGauge::new(name, help).expect("valid metric"))
@@ -135,5 +152,37 @@ mod tests {
         assert!(text.contains(
             "# TYPE controller_persistentvolumeclaim_provision_duration_seconds histogram"
         ));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn process_families_are_exported() {
+        let registry = Registry::new();
+        register_process_collector(&registry);
+        let text = render(&registry);
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            let value: f64 = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{family} ")))
+                .unwrap_or_else(|| panic!("no {family} in\n{text}"))
+                .parse()
+                .unwrap();
+            assert!(value >= 0.0, "{family} {value}");
+        }
+        let rss: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            rss > 1e6,
+            "a test process has more than 1 MB resident: {rss}"
+        );
     }
 }

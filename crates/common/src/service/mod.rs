@@ -6,9 +6,11 @@
 //! * [`http`], [`metrics`] — `/metrics`, `/healthz`, `/readyz` and the seed's metric families;
 //! * [`telemetry`] — tracing subscriber set-up (`--log-format`, `--log-level`);
 //! * [`shutdown`] — SIGTERM/SIGINT to a cancellation token;
+//! * [`health`] — the work-loop heartbeat and Lease-renewal checks behind `/healthz`;
 //! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown.
 
 pub mod config;
+pub mod health;
 pub mod http;
 pub mod kube_client;
 pub mod leader;

@@ -51,6 +51,7 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::service::config::{CommonArgs, ServiceKind};
+use crate::service::health::{self, Heartbeat, Liveness};
 use crate::service::http::{self, Readiness};
 use crate::service::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
@@ -73,6 +74,9 @@ pub struct ServiceContext {
     pub kind: ServiceKind,
     /// Address the HTTP server is bound to.
     pub http_addr: SocketAddr,
+    /// Beat it while the work loop makes progress or is idle; `/healthz` fails
+    /// once it has not beaten for `--healthz-stall-timeout` ([`crate::service::health`]).
+    pub heartbeat: Heartbeat,
 }
 
 /// Run a service: see the module docs. `work` is called each time this replica
@@ -131,11 +135,22 @@ where
 {
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
+    let liveness = Liveness::new(
+        Heartbeat::default(),
+        args.healthz_stall_timeout,
+        health::renew_tolerance(args.renew_deadline, args.retry_period),
+    );
     let leader_gauge = crate::service::metrics::leader_gauge(&registry);
+    crate::service::metrics::register_process_collector(&registry);
     let addr = args.http_socket_addr(kind);
     let (http_addr, server) = http::serve(
         addr,
-        http::router(registry.clone(), readiness.clone(), &args.metrics_path),
+        http::router_with_liveness(
+            registry.clone(),
+            readiness.clone(),
+            liveness.clone(),
+            &args.metrics_path,
+        ),
         server_stop.clone(),
     )
     .await
@@ -153,6 +168,7 @@ where
         identity: identity.clone(),
         kind,
         http_addr,
+        heartbeat: liveness.heartbeat().clone(),
     };
 
     let result = if args.leader_election {
@@ -192,6 +208,10 @@ where
             let Some(elector) = campaign.elector(&readiness).await else {
                 break Ok(());
             };
+            let elector = elector.on_renewed({
+                let liveness = liveness.clone();
+                move || liveness.renewed()
+            });
             tracing::info!(lease = %lease, namespace, identity, "standing by for the lease");
             if !elector.acquire(&shutdown).await {
                 break Ok(());
@@ -200,7 +220,11 @@ where
             leader_gauge.with_label_values(&[&lease]).set(1);
             readiness.set_leading(true);
             readiness.set_lost(false);
+            liveness.set_leading(true);
+            liveness.set_working(true);
             let term = lead(&elector, ctx.clone(), &work).await;
+            liveness.set_working(false);
+            liveness.set_leading(false);
             leader_gauge.with_label_values(&[&lease]).set(0);
             readiness.set_leading(false);
             match term {
@@ -218,9 +242,12 @@ where
     } else {
         tracing::info!("leader election disabled: working as the only replica");
         readiness.set_leading(true);
+        liveness.set_working(true);
         let grace = args.shutdown_grace_period;
         let mut handle = tokio::spawn(work(ctx));
-        finish_work(&mut handle, &shutdown, grace).await
+        let result = finish_work(&mut handle, &shutdown, grace).await;
+        liveness.set_working(false);
+        result
     };
 
     server_stop.cancel();

@@ -1070,6 +1070,7 @@ mod tests {
             },
             class: "fast".into(),
             enqueued_at_ms: 1_000,
+            first_attempt_at_ms: None,
             mac: None,
         }
     }

@@ -197,6 +197,7 @@ mod tests {
             },
             class: "fast".into(),
             enqueued_at_ms: 1,
+            first_attempt_at_ms: None,
             mac: None,
         }
     }

@@ -1,0 +1,277 @@
+//! client-go's work-queue metrics (`k8s.io/client-go/util/workqueue`'s
+//! Prometheus provider), for any queue of keys: the hand-written
+//! [`WorkQueue`](crate::controller::workqueue::WorkQueue) reports through it, and so can a
+//! kube-runtime `Controller`'s reconcile wrapper (call [`WorkQueueMetrics::add`]
+//! when a request is scheduled, [`WorkQueueMetrics::queued_for`] when it is
+//! picked up, hold a [`WorkQueueMetrics::start_processing`] guard while
+//! reconciling and [`WorkQueueMetrics::retry`] when requeueing on error).
+//!
+//! Families, all with the const label `name` (the queue's name, e.g. `claims`):
+//!
+//! | family | type | meaning |
+//! |---|---|---|
+//! | `workqueue_depth` | gauge | keys waiting (not counting those being processed) |
+//! | `workqueue_adds_total` | counter | keys added (a duplicate add that is collapsed is not counted) |
+//! | `workqueue_retries_total` | counter | keys re-added with backoff after a failure |
+//! | `workqueue_queue_duration_seconds` | histogram | seconds a key waited before a worker took it |
+//! | `workqueue_work_duration_seconds` | histogram | seconds a worker spent on one key |
+//! | `workqueue_unfinished_work_seconds` | gauge | sum of the ages of the work in progress |
+//! | `workqueue_longest_running_processor_seconds` | gauge | age of the oldest work in progress |
+//!
+//! The two "unfinished" gauges are computed when the registry is scraped, so
+//! they are exact at scrape time (client-go refreshes them every 500 ms).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntGauge, Opts, Registry};
+use tokio::time::Instant;
+
+struct Inner {
+    depth: IntGauge,
+    adds: IntCounter,
+    retries: IntCounter,
+    queue_duration: Histogram,
+    work_duration: Histogram,
+    unfinished: Gauge,
+    longest: Gauge,
+    running: Mutex<HashMap<u64, Instant>>,
+    next_id: AtomicU64,
+}
+
+/// The metrics of one named queue; cheap to clone (clones share the series).
+#[derive(Clone)]
+pub struct WorkQueueMetrics {
+    inner: Arc<Inner>,
+}
+
+/// client-go's histogram buckets for the queue and work durations:
+/// 10 ns · 10^i for i in 0..12 (10 ns to about 17 minutes).
+fn duration_buckets() -> Vec<f64> {
+    prometheus::exponential_buckets(1e-8, 10.0, 12).expect("valid buckets")
+}
+
+impl WorkQueueMetrics {
+    /// Series for the queue `name`, not registered anywhere (tests; a queue
+    /// nobody scrapes). See [`register`](Self::register).
+    pub fn new(name: &str) -> Self {
+        let opts = |n: &str, help: &str| Opts::new(n, help).const_label("name", name);
+        let hist = |n: &str, help: &str| {
+            Histogram::with_opts(
+                HistogramOpts::new(n, help)
+                    .const_label("name", name)
+                    .buckets(duration_buckets()),
+            )
+            .expect("valid metric")
+        };
+        Self {
+            inner: Arc::new(Inner {
+                depth: IntGauge::with_opts(opts("workqueue_depth", "Current depth of workqueue")).expect("valid metric"),
+                adds: IntCounter::with_opts(opts("workqueue_adds_total", "Total number of adds handled by workqueue")).expect("valid metric"),
+                retries: IntCounter::with_opts(opts("workqueue_retries_total", "Total number of retries handled by workqueue")).expect("valid metric"),
+                queue_duration: hist("workqueue_queue_duration_seconds", "How long in seconds an item stays in workqueue before being requested."),
+                work_duration: hist("workqueue_work_duration_seconds", "How long in seconds processing an item from workqueue takes."),
+                unfinished: Gauge::with_opts(opts("workqueue_unfinished_work_seconds", "How many seconds of work has done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases.")).expect("valid metric"),
+                longest: Gauge::with_opts(opts("workqueue_longest_running_processor_seconds", "How many seconds has the longest running processor for workqueue been running.")).expect("valid metric"),
+                running: Mutex::default(),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// [`new`](Self::new) and register the series into `registry`.
+    ///
+    /// Panics if a queue of the same `name` is already registered there (a
+    /// programming error caught by every test that builds the service).
+    pub fn register(registry: &Registry, name: &str) -> Self {
+        let metrics = Self::new(name);
+        registry
+            .register(Box::new(metrics.clone()))
+            .expect("work-queue metrics registered twice");
+        metrics
+    }
+
+    /// A key was added to the queue (not a collapsed duplicate).
+    pub fn add(&self) {
+        self.inner.adds.inc();
+    }
+
+    /// A failed key was re-added with backoff (client-go `AddRateLimited`).
+    pub fn retry(&self) {
+        self.inner.retries.inc();
+    }
+
+    /// The queue now holds `depth` waiting keys.
+    pub fn set_depth(&self, depth: usize) {
+        self.inner.depth.set(depth as i64);
+    }
+
+    /// A worker took a key that had waited `waited`.
+    pub fn queued_for(&self, waited: Duration) {
+        self.inner.queue_duration.observe(waited.as_secs_f64());
+    }
+
+    /// A worker starts on a key: the returned guard counts it as work in
+    /// progress until dropped, then observes `workqueue_work_duration_seconds`.
+    pub fn start_processing(&self) -> Processing {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        self.running().insert(id, started);
+        Processing {
+            metrics: self.clone(),
+            id,
+            started,
+        }
+    }
+
+    /// For a loop with `slots` concurrent workers that cannot see its own
+    /// queue (kube-runtime's `Controller`): how long every slot has been busy,
+    /// i.e. the age of the youngest running item when all `slots` run, else
+    /// zero (a free slot means nothing waits for one).
+    pub fn stalled_when_busy(&self, slots: usize) -> Duration {
+        let running = self.running();
+        if slots == 0 || running.len() < slots {
+            return Duration::ZERO;
+        }
+        let now = Instant::now();
+        running
+            .values()
+            .map(|s| now.saturating_duration_since(*s))
+            .min()
+            .unwrap_or_default()
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+        self.inner
+            .running
+            .lock()
+            .expect("work-queue metrics poisoned")
+    }
+
+    /// Refresh the unfinished-work gauges from the work in progress.
+    fn update_unfinished(&self) {
+        let now = Instant::now();
+        let (sum, longest) = self
+            .running()
+            .values()
+            .map(|s| now.saturating_duration_since(*s).as_secs_f64())
+            .fold((0.0, 0.0_f64), |(sum, max), age| (sum + age, max.max(age)));
+        self.inner.unfinished.set(sum);
+        self.inner.longest.set(longest);
+    }
+}
+
+/// One key being processed; see [`WorkQueueMetrics::start_processing`].
+pub struct Processing {
+    metrics: WorkQueueMetrics,
+    id: u64,
+    started: Instant,
+}
+
+impl Drop for Processing {
+    fn drop(&mut self) {
+        self.metrics.running().remove(&self.id);
+        self.metrics
+            .inner
+            .work_duration
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+impl Collector for WorkQueueMetrics {
+    fn desc(&self) -> Vec<&Desc> {
+        let i = &*self.inner;
+        [
+            i.depth.desc(),
+            i.adds.desc(),
+            i.retries.desc(),
+            i.queue_duration.desc(),
+            i.work_duration.desc(),
+            i.unfinished.desc(),
+            i.longest.desc(),
+        ]
+        .concat()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.update_unfinished();
+        let i = &*self.inner;
+        [
+            i.depth.collect(),
+            i.adds.collect(),
+            i.retries.collect(),
+            i.queue_duration.collect(),
+            i.work_duration.collect(),
+            i.unfinished.collect(),
+            i.longest.collect(),
+        ]
+        .concat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::metrics::render;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn client_go_names_with_the_queue_name_label() {
+        let registry = Registry::new();
+        let m = WorkQueueMetrics::register(&registry, "claims");
+        m.add();
+        m.add();
+        m.retry();
+        m.set_depth(2);
+        m.queued_for(Duration::from_millis(250));
+        let first = m.start_processing();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let _second = m.start_processing();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let text = render(&registry);
+        assert_eq!(
+            line(&text, "workqueue_depth{"),
+            r#"workqueue_depth{name="claims"} 2"#
+        );
+        assert_eq!(
+            line(&text, "workqueue_adds_total{"),
+            r#"workqueue_adds_total{name="claims"} 2"#
+        );
+        assert_eq!(
+            line(&text, "workqueue_retries_total{"),
+            r#"workqueue_retries_total{name="claims"} 1"#
+        );
+        assert_eq!(
+            line(&text, "workqueue_queue_duration_seconds_sum{"),
+            r#"workqueue_queue_duration_seconds_sum{name="claims"} 0.25"#
+        );
+        // 4 s + 1 s of work in progress, the oldest running for 4 s.
+        assert_eq!(
+            line(&text, "workqueue_unfinished_work_seconds{"),
+            r#"workqueue_unfinished_work_seconds{name="claims"} 5"#
+        );
+        assert_eq!(
+            line(&text, "workqueue_longest_running_processor_seconds{"),
+            r#"workqueue_longest_running_processor_seconds{name="claims"} 4"#
+        );
+        drop(first);
+        let text = render(&registry);
+        assert_eq!(
+            line(&text, "workqueue_work_duration_seconds_sum{"),
+            r#"workqueue_work_duration_seconds_sum{name="claims"} 4"#
+        );
+        assert_eq!(
+            line(&text, "workqueue_longest_running_processor_seconds{"),
+            r#"workqueue_longest_running_processor_seconds{name="claims"} 1"#
+        );
+    }
+}

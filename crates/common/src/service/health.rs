@@ -1,0 +1,268 @@
+//! What `/healthz` checks: that the process is still doing its job, so the
+//! kubelet's liveness probe restarts a replica that a restart would help, and
+//! only such a replica.
+//!
+//! * **Work-loop heartbeat.** While the work loop runs (this replica leads, or
+//!   leader election is off), it must [`Heartbeat::beat`] at least once per
+//!   `--healthz-stall-timeout`. A loop beats while it makes progress *or has
+//!   nothing to do* (an idle loop is healthy); it stops beating only when it is
+//!   stuck, e.g. every worker hung on one call while keys wait
+//!   ([`crate::controller::workqueue::WorkQueue::stalled_for`], [`beat_while_progressing`]).
+//! * **Lease renewal.** A leader whose own `renewTime` has not been confirmed
+//!   for longer than the renew deadline plus three retry periods is
+//!   unhealthy. The renew-deadline watchdog ([`crate::service::leader`]) normally ends
+//!   the term well before that and the replica goes back to campaigning, which
+//!   is healthy (not ready, see [`crate::service::http::Readiness`]); this check catches
+//!   a runtime that believes it leads but can no longer act on a lost Lease.
+//!
+//! A standby, a replica campaigning after a lost Lease, and a leader whose
+//! Redis is down are *healthy*: restarting them would not help, and `/readyz`
+//! reports them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The last sign of life of a work loop; cheap to clone (clones share it).
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    last: Arc<Mutex<Instant>>,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Self {
+            last: Arc::new(Mutex::new(Instant::now())),
+        }
+    }
+}
+
+impl Heartbeat {
+    /// Record that the loop is alive now.
+    pub fn beat(&self) {
+        *self.last.lock().expect("heartbeat poisoned") = Instant::now();
+    }
+
+    /// Time since the last beat.
+    pub fn age(&self) -> Duration {
+        self.last.lock().expect("heartbeat poisoned").elapsed()
+    }
+}
+
+/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop
+/// has been stuck, zero when idle or progressing) stays below `stall_timeout`,
+/// until `shutdown` fires. Spawn it in the work loop's own `JoinSet`, so it
+/// stops with the loop.
+pub async fn beat_while_progressing(
+    heartbeat: Heartbeat,
+    period: Duration,
+    stall_timeout: Duration,
+    stalled_for: impl Fn() -> Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if stalled_for() < stall_timeout {
+            heartbeat.beat();
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// The beat period for a stall timeout: often enough that a healthy loop is
+/// never reported stalled between two beats.
+pub fn beat_period(stall_timeout: Duration) -> Duration {
+    (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
+}
+
+/// When a leader counts as unable to renew: its renewal not confirmed for
+/// `renew_deadline + 3 × retry_period` (the watchdog reads the Lease every
+/// retry period, each read bounded by one retry period, so it ends the term
+/// within `renew_deadline + 2 × retry_period` while the runtime works).
+pub fn renew_tolerance(renew_deadline: Duration, retry_period: Duration) -> Duration {
+    renew_deadline + 3 * retry_period
+}
+
+#[derive(Debug)]
+struct LivenessState {
+    working: AtomicBool,
+    leading: AtomicBool,
+    /// Last time the leader's own renewal was confirmed on the Lease.
+    renewed: Mutex<Instant>,
+}
+
+/// The state `/healthz` answers from; cheap to clone (clones share it).
+#[derive(Clone, Debug)]
+pub struct Liveness {
+    heartbeat: Heartbeat,
+    stall_timeout: Duration,
+    renew_tolerance: Duration,
+    state: Arc<LivenessState>,
+}
+
+impl Liveness {
+    /// Liveness for a work loop that must beat `heartbeat` within
+    /// `stall_timeout`, and a leader that must renew within `renew_tolerance`
+    /// (see [`renew_tolerance`]).
+    pub fn new(heartbeat: Heartbeat, stall_timeout: Duration, renew_tolerance: Duration) -> Self {
+        Self {
+            heartbeat,
+            stall_timeout,
+            renew_tolerance,
+            state: Arc::new(LivenessState {
+                working: AtomicBool::new(false),
+                leading: AtomicBool::new(false),
+                renewed: Mutex::new(Instant::now()),
+            }),
+        }
+    }
+
+    /// The heartbeat the work loop beats.
+    pub fn heartbeat(&self) -> &Heartbeat {
+        &self.heartbeat
+    }
+
+    /// The runtime started (`true`) or stopped (`false`) the work loop. Starting
+    /// counts as a beat, so a fresh loop has a whole stall timeout to start.
+    pub fn set_working(&self, working: bool) {
+        if working {
+            self.heartbeat.beat();
+        }
+        self.state.working.store(working, Ordering::SeqCst);
+    }
+
+    /// The runtime holds (`true`) or no longer holds (`false`) the Lease.
+    /// Taking the Lease counts as a confirmed renewal.
+    pub fn set_leading(&self, leading: bool) {
+        if leading {
+            self.renewed();
+        }
+        self.state.leading.store(leading, Ordering::SeqCst);
+    }
+
+    /// The leader's own renewal was just confirmed on the Lease.
+    pub fn renewed(&self) {
+        *self.state.renewed.lock().expect("liveness poisoned") = Instant::now();
+    }
+
+    /// `Ok` when healthy, else why not (the `/healthz` body).
+    pub fn check(&self) -> Result<(), String> {
+        if self.state.working.load(Ordering::SeqCst) {
+            let age = self.heartbeat.age();
+            if age > self.stall_timeout {
+                return Err(format!(
+                    "work loop stalled: no progress for {:.0?} (limit {:?})",
+                    age, self.stall_timeout
+                ));
+            }
+        }
+        if self.state.leading.load(Ordering::SeqCst) {
+            let age = self
+                .state
+                .renewed
+                .lock()
+                .expect("liveness poisoned")
+                .elapsed();
+            if age > self.renew_tolerance {
+                return Err(format!(
+                    "leader cannot renew its Lease: last renewal confirmed {:.0?} ago (limit {:?})",
+                    age, self.renew_tolerance
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Liveness {
+    /// Never unhealthy until the runtime starts a work loop; five-minute stall
+    /// timeout, 16 s renew tolerance (client-go's default 10 s deadline, 2 s period).
+    fn default() -> Self {
+        Self::new(
+            Heartbeat::default(),
+            Duration::from_secs(300),
+            renew_tolerance(Duration::from_secs(10), Duration::from_secs(2)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_loop_is_unhealthy_an_idle_or_stopped_one_is_not() {
+        let live = Liveness::new(
+            Heartbeat::default(),
+            Duration::from_secs(10),
+            Duration::from_secs(16),
+        );
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(
+            live.check(),
+            Ok(()),
+            "no work loop running: nothing to check"
+        );
+        live.set_working(true);
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(live.check(), Ok(()));
+        live.heartbeat().beat();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let err = live.check().unwrap_err();
+        assert!(err.contains("work loop stalled"), "{err}");
+        live.set_working(false);
+        assert_eq!(live.check(), Ok(()), "a stopped loop (standby) is healthy");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_cannot_renew_is_unhealthy_a_campaigning_one_is_not() {
+        let live = Liveness::new(
+            Heartbeat::default(),
+            Duration::from_secs(300),
+            Duration::from_secs(16),
+        );
+        live.set_leading(true);
+        tokio::time::advance(Duration::from_secs(15)).await;
+        assert_eq!(live.check(), Ok(()));
+        live.renewed();
+        tokio::time::advance(Duration::from_secs(17)).await;
+        let err = live.check().unwrap_err();
+        assert!(err.contains("cannot renew"), "{err}");
+        live.set_leading(false);
+        assert_eq!(live.check(), Ok(()), "lost the Lease, campaigning: healthy");
+        live.set_leading(true);
+        assert_eq!(live.check(), Ok(()), "taking the Lease counts as a renewal");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_beater_stops_beating_when_the_loop_stalls() {
+        let heartbeat = Heartbeat::default();
+        let stalled = Arc::new(Mutex::new(Duration::ZERO));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(beat_while_progressing(
+            heartbeat.clone(),
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+            {
+                let stalled = stalled.clone();
+                move || *stalled.lock().unwrap()
+            },
+            stop.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(heartbeat.age() <= Duration::from_secs(1), "idle: beats");
+        *stalled.lock().unwrap() = Duration::from_secs(11);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            heartbeat.age() >= Duration::from_secs(29),
+            "stalled: no beat"
+        );
+        stop.cancel();
+        task.await.unwrap();
+    }
+}

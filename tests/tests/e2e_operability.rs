@@ -1,0 +1,165 @@
+//! What an operator's probes and logs show, with the real binaries, a real
+//! `redis-server` and a control plane (each scenario on the simulator and on a
+//! real kube-apiserver + kube-controller-manager v1.19):
+//!
+//! * Redis stopped: `/readyz` of provision-svc and pv-writer (whose work needs
+//!   Redis) turns 503 and back to 200 once Redis returns, while `/healthz`
+//!   stays 200 (a restart would not bring Redis back); claims made meanwhile
+//!   are provisioned afterwards;
+//! * `--log-format json`: the lines of one claim carry its `claim_uid` in both
+//!   provision-svc's and pv-writer's output, so one claim can be followed
+//!   across the services.
+
+use std::time::Duration;
+
+use e2e::harness::metrics::http_get;
+use e2e::harness::{wait_until, ControlPlane, Service, ServiceSettings, System, SystemOptions};
+use e2e::on_both_planes;
+use serde_json::Value;
+
+fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
+    r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
+}
+
+async fn system(plane: ControlPlane, configure: Option<fn(&mut ServiceSettings)>) -> System {
+    let mut sys = System::start(SystemOptions {
+        replicas: 1,
+        control_plane: plane,
+        configure,
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    sys.wait_leaders(Duration::from_secs(30))
+        .await
+        .expect("every service elects a leader");
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
+    sys
+}
+
+/// The status code of `path` on `service`'s replica 0 (0 when it does not answer).
+async fn status(sys: &mut System, service: Service, path: &str) -> u16 {
+    let addr = sys.service(service, 0).http_addr;
+    http_get(addr, path).await.map(|(c, _)| c).unwrap_or(0)
+}
+
+async fn wait_status(sys: &mut System, service: Service, path: &str, want: u16) {
+    let addr = sys.service(service, 0).http_addr;
+    let r = wait_until(
+        Duration::from_secs(20),
+        &format!("{path} of {service:?} answers {want}"),
+        || async move { http_get(addr, path).await.map(|(c, _)| c).unwrap_or(0) == want },
+    )
+    .await;
+    check(sys, r);
+}
+
+async fn redis_outage_turns_readyz_false_and_back(plane: ControlPlane) {
+    let mut sys = system(plane, None).await;
+    sys.create_claims("before", 2, "hostpath").await.unwrap();
+    check(&sys, sys.wait_provisioned(2, Duration::from_secs(60)).await);
+    for s in [Service::Provision, Service::PvWriter, Service::Reclaim] {
+        assert_eq!(status(&mut sys, s, "/readyz").await, 200, "{s:?} ready");
+    }
+
+    sys.redis.stop(false);
+    for s in [Service::Provision, Service::PvWriter] {
+        wait_status(&mut sys, s, "/readyz", 503).await;
+    }
+    // Not a stall: nothing for the kubelet to restart.
+    for s in [Service::Provision, Service::PvWriter, Service::Reclaim] {
+        assert_eq!(status(&mut sys, s, "/healthz").await, 200, "{s:?} healthy");
+    }
+    // Claims made while Redis is down wait for it.
+    sys.create_claims("during", 2, "hostpath").await.unwrap();
+
+    let restarted = sys.redis.restart(false).await;
+    check(&sys, restarted);
+    for s in [Service::Provision, Service::PvWriter] {
+        wait_status(&mut sys, s, "/readyz", 200).await;
+    }
+    check(&sys, sys.wait_provisioned(4, Duration::from_secs(60)).await);
+    sys.shutdown();
+}
+
+fn json_logs(settings: &mut ServiceSettings) {
+    for s in [Service::Provision, Service::PvWriter] {
+        settings
+            .extra_args
+            .push((s, vec!["--log-format".into(), "json".into()]));
+    }
+}
+
+/// Whether `v` (an event line: its fields, its span and span list) has
+/// `key` = `want` anywhere.
+fn has_field(v: &Value, key: &str, want: &str) -> bool {
+    match v {
+        Value::Object(map) => map
+            .iter()
+            .any(|(k, x)| (k == key && x.as_str() == Some(want)) || has_field(x, key, want)),
+        Value::Array(items) => items.iter().any(|x| has_field(x, key, want)),
+        _ => false,
+    }
+}
+
+/// The JSON lines of `service`'s log whose message is `message`.
+fn lines_with_message(sys: &mut System, service: Service, message: &str) -> Vec<Value> {
+    let text = sys.service(service, 0).process.log_text();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"].as_str() == Some(message))
+        .collect()
+}
+
+async fn json_logs_carry_the_claim_uid_in_both_services(plane: ControlPlane) {
+    let mut sys = system(plane, Some(json_logs)).await;
+    let uid = check(&sys, sys.create_claim("traced", "hostpath", &[]).await);
+    let pv = check(
+        &sys,
+        sys.wait_pv_for_claim("traced", Duration::from_secs(60))
+            .await,
+    );
+    let pv_name = pv.metadata.name.unwrap();
+    let claim = format!("{}/traced", sys.namespace);
+
+    // provision-svc: every line of the claim operation carries the claim's
+    // fields (from its `claim` span).
+    let started = lines_with_message(&mut sys, Service::Provision, "provision operation started");
+    let ours: Vec<_> = started
+        .iter()
+        .filter(|v| has_field(v, "claim_uid", &uid))
+        .collect();
+    assert_eq!(ours.len(), 1, "{started:#?}\n{}", sys.log_tails(40));
+    assert!(has_field(ours[0], "claim", &claim), "{:#}", ours[0]);
+    assert!(has_field(ours[0], "class", "hostpath"), "{:#}", ours[0]);
+    let queued = lines_with_message(
+        &mut sys,
+        Service::Provision,
+        "provision operation succeeded; queueing the PV for pv-writer",
+    );
+    assert!(
+        queued
+            .iter()
+            .any(|v| has_field(v, "claim_uid", &uid) && has_field(v, "pv", &pv_name)),
+        "{queued:#?}"
+    );
+
+    // pv-writer: the write of the same claim's PV carries the same uid.
+    let written = lines_with_message(&mut sys, Service::PvWriter, "PV written");
+    let ours: Vec<_> = written
+        .iter()
+        .filter(|v| has_field(v, "claim_uid", &uid))
+        .collect();
+    assert_eq!(ours.len(), 1, "{written:#?}\n{}", sys.log_tails(40));
+    assert!(has_field(ours[0], "pv", &pv_name), "{:#}", ours[0]);
+    assert!(has_field(ours[0], "claim", &claim), "{:#}", ours[0]);
+    assert!(has_field(ours[0], "class", "hostpath"), "{:#}", ours[0]);
+    sys.shutdown();
+}
+
+on_both_planes!(
+    redis_outage_turns_readyz_false_and_back,
+    json_logs_carry_the_claim_uid_in_both_services,
+);
