@@ -28,6 +28,7 @@ pub mod kube_client;
 pub mod leader;
 pub mod metrics;
 pub mod provisioner;
+pub mod quantity;
 pub mod queue;
 pub mod queue_auth;
 pub mod redis_store;
