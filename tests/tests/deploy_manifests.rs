@@ -775,8 +775,13 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
             spec.name, pod.service_account_name
         ));
     }
-    if r.find_in::<Value>("ServiceAccount", &ns, spec.name).is_none() {
-        problems.push(format!("{}: no ServiceAccount in namespace {ns}", spec.name));
+    if r.find_in::<Value>("ServiceAccount", &ns, spec.name)
+        .is_none()
+    {
+        problems.push(format!(
+            "{}: no ServiceAccount in namespace {ns}",
+            spec.name
+        ));
     }
     let [c] = pod.containers.as_slice() else {
         return (
@@ -1285,7 +1290,11 @@ const RESTRICTED_VOLUMES: &[&str] = &[
 
 /// The baseline Pod Security Standard's rules (Kubernetes "Pod Security Standards",
 /// the PodSecurity admission's `baseline` level) for `pod`, as problems prefixed `who`.
-fn baseline_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String, String>) -> Vec<String> {
+fn baseline_violations(
+    who: &str,
+    pod: &PodSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut p = Vec::new();
     for (what, on) in [
         ("hostNetwork", pod.host_network),
@@ -1307,8 +1316,14 @@ fn baseline_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String, 
             o.user.is_none()
                 && o.role.is_none()
                 && o.type_.as_deref().is_none_or(|t| {
-                    ["", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"]
-                        .contains(&t)
+                    [
+                        "",
+                        "container_t",
+                        "container_init_t",
+                        "container_kvm_t",
+                        "container_engine_t",
+                    ]
+                    .contains(&t)
                 })
         })
     };
@@ -1346,28 +1361,45 @@ fn baseline_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String, 
         if csc.privileged == Some(true) {
             p.push(format!("{who}/{}: privileged (baseline)", c.name));
         }
-        for cap in csc.capabilities.as_ref().and_then(|k| k.add.clone()).unwrap_or_default() {
+        for cap in csc
+            .capabilities
+            .as_ref()
+            .and_then(|k| k.add.clone())
+            .unwrap_or_default()
+        {
             if !BASELINE_CAPABILITIES.contains(&cap.as_str()) {
-                p.push(format!("{who}/{}: adds capability {cap} (baseline)", c.name));
+                p.push(format!(
+                    "{who}/{}: adds capability {cap} (baseline)",
+                    c.name
+                ));
             }
         }
         for port in c.ports.iter().flatten() {
             if port.host_port.is_some_and(|h| h != 0) {
-                p.push(format!("{who}/{}: hostPort {:?} (baseline)", c.name, port.host_port));
+                p.push(format!(
+                    "{who}/{}: hostPort {:?} (baseline)",
+                    c.name, port.host_port
+                ));
             }
         }
         if !selinux_ok(&csc.se_linux_options) {
             p.push(format!("{who}/{}: seLinuxOptions (baseline)", c.name));
         }
         if csc.proc_mount.as_deref().is_some_and(|m| m != "Default") {
-            p.push(format!("{who}/{}: procMount {:?} (baseline)", c.name, csc.proc_mount));
+            p.push(format!(
+                "{who}/{}: procMount {:?} (baseline)",
+                c.name, csc.proc_mount
+            ));
         }
         if csc
             .seccomp_profile
             .as_ref()
             .is_some_and(|s| s.type_ == "Unconfined")
         {
-            p.push(format!("{who}/{}: seccompProfile Unconfined (baseline)", c.name));
+            p.push(format!(
+                "{who}/{}: seccompProfile Unconfined (baseline)",
+                c.name
+            ));
         }
     }
     p
@@ -1376,7 +1408,11 @@ fn baseline_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String, 
 /// The restricted Pod Security Standard's rules (baseline plus: only the restricted volume
 /// types, `allowPrivilegeEscalation: false`, non-root, seccomp `RuntimeDefault`/`Localhost`,
 /// `drop: [ALL]` and at most `NET_BIND_SERVICE` added) for `pod`, as problems.
-fn restricted_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String, String>) -> Vec<String> {
+fn restricted_violations(
+    who: &str,
+    pod: &PodSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut p = baseline_violations(who, pod, annotations);
     for v in pod.volumes.iter().flatten() {
         let raw = serde_json::to_value(v).unwrap();
@@ -1386,8 +1422,14 @@ fn restricted_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String
             .keys()
             .filter(|k| *k != "name")
             .collect();
-        if types.iter().any(|t| !RESTRICTED_VOLUMES.contains(&t.as_str())) {
-            p.push(format!("{who}: volume {} of type {types:?} (restricted)", v.name));
+        if types
+            .iter()
+            .any(|t| !RESTRICTED_VOLUMES.contains(&t.as_str()))
+        {
+            p.push(format!(
+                "{who}: volume {} of type {types:?} (restricted)",
+                v.name
+            ));
         }
     }
     let psc = pod.security_context.clone().unwrap_or_default();
@@ -1401,10 +1443,16 @@ fn restricted_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String
     for c in all_containers(pod) {
         let csc = c.security_context.clone().unwrap_or_default();
         if csc.allow_privilege_escalation != Some(false) {
-            p.push(format!("{who}/{}: allowPrivilegeEscalation is not false (restricted)", c.name));
+            p.push(format!(
+                "{who}/{}: allowPrivilegeEscalation is not false (restricted)",
+                c.name
+            ));
         }
         if csc.run_as_non_root.or(psc.run_as_non_root) != Some(true) {
-            p.push(format!("{who}/{}: runAsNonRoot is not true (restricted)", c.name));
+            p.push(format!(
+                "{who}/{}: runAsNonRoot is not true (restricted)",
+                c.name
+            ));
         }
         if csc.run_as_user == Some(0) {
             p.push(format!("{who}/{}: runAsUser 0 (restricted)", c.name));
@@ -1412,15 +1460,24 @@ fn restricted_violations(who: &str, pod: &PodSpec, annotations: &BTreeMap<String
         if !(seccomp_ok(&csc.seccomp_profile)
             || (csc.seccomp_profile.is_none() && seccomp_ok(&psc.seccomp_profile)))
         {
-            p.push(format!("{who}/{}: seccompProfile not RuntimeDefault/Localhost (restricted)", c.name));
+            p.push(format!(
+                "{who}/{}: seccompProfile not RuntimeDefault/Localhost (restricted)",
+                c.name
+            ));
         }
         let caps = csc.capabilities.clone().unwrap_or_default();
         if !caps.drop.iter().flatten().any(|d| d == "ALL") {
-            p.push(format!("{who}/{}: capabilities.drop lacks ALL (restricted)", c.name));
+            p.push(format!(
+                "{who}/{}: capabilities.drop lacks ALL (restricted)",
+                c.name
+            ));
         }
         for cap in caps.add.iter().flatten() {
             if cap != "NET_BIND_SERVICE" {
-                p.push(format!("{who}/{}: adds capability {cap} (restricted)", c.name));
+                p.push(format!(
+                    "{who}/{}: adds capability {cap} (restricted)",
+                    c.name
+                ));
             }
         }
     }
@@ -1439,12 +1496,22 @@ fn check_pod_security(r: &Rendered) -> Vec<String> {
     for (o, d) in r.all::<Deployment>("Deployment") {
         let t = d.spec.unwrap().template;
         let ann = t.metadata.and_then(|m| m.annotations).unwrap_or_default();
-        workloads.push((o.name, o.namespace.unwrap_or_default(), t.spec.unwrap(), ann));
+        workloads.push((
+            o.name,
+            o.namespace.unwrap_or_default(),
+            t.spec.unwrap(),
+            ann,
+        ));
     }
     for (o, s) in r.all::<StatefulSet>("StatefulSet") {
         let t = s.spec.unwrap().template;
         let ann = t.metadata.and_then(|m| m.annotations).unwrap_or_default();
-        workloads.push((o.name, o.namespace.unwrap_or_default(), t.spec.unwrap(), ann));
+        workloads.push((
+            o.name,
+            o.namespace.unwrap_or_default(),
+            t.spec.unwrap(),
+            ann,
+        ));
     }
     for (name, ns, pod, ann) in &workloads {
         let level = namespaces.get(ns).cloned().flatten();
@@ -1486,8 +1553,7 @@ fn check_add_finalizer(r: &Rendered) -> Vec<String> {
         };
         let ns = o.namespace.clone().unwrap_or_default();
         let c = d.spec.unwrap().template.spec.unwrap().containers[0].clone();
-        if c
-            .args
+        if c.args
             .iter()
             .flatten()
             .chain(c.command.iter().flatten())
@@ -1510,7 +1576,12 @@ fn check_add_finalizer(r: &Rendered) -> Vec<String> {
                 ));
             }
         }
-        let vars: Vec<&EnvVar> = c.env.iter().flatten().filter(|v| v.name == "ADD_FINALIZER").collect();
+        let vars: Vec<&EnvVar> = c
+            .env
+            .iter()
+            .flatten()
+            .filter(|v| v.name == "ADD_FINALIZER")
+            .collect();
         let key = match vars.as_slice() {
             [v] => v
                 .value_from
@@ -1548,7 +1619,11 @@ fn check_add_finalizer(r: &Rendered) -> Vec<String> {
 /// A generated name without kustomize's content-hash suffix (`-` and 10 characters).
 fn generator_name(name: &str) -> &str {
     match name.rsplit_once('-') {
-        Some((base, hash)) if hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric()) => base,
+        Some((base, hash))
+            if hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric()) =>
+        {
+            base
+        }
         _ => name,
     }
 }
@@ -2097,13 +2172,20 @@ fn workloads_land_in_their_pod_security_namespace() {
     if !kubectl_available("workloads_land_in_their_pod_security_namespace") {
         return;
     }
-    for (overlay, volumes_level) in [("dev", "privileged"), ("ha", "privileged"), ("nfs", "baseline")] {
+    for (overlay, volumes_level) in [
+        ("dev", "privileged"),
+        ("ha", "privileged"),
+        ("nfs", "baseline"),
+    ] {
         let r = render_overlay(overlay);
         assert_eq!(
             r.namespaces(),
             BTreeMap::from([
                 (QUEUE_NAMESPACE.to_string(), Some("restricted".to_string())),
-                (VOLUMES_NAMESPACE.to_string(), Some(volumes_level.to_string())),
+                (
+                    VOLUMES_NAMESPACE.to_string(),
+                    Some(volumes_level.to_string())
+                ),
             ]),
             "{overlay}"
         );
@@ -2122,7 +2204,11 @@ fn workloads_land_in_their_pod_security_namespace() {
             ("Deployment", "reclaim-svc", VOLUMES_NAMESPACE),
             ("Role", "reclaim-svc-leader-election", VOLUMES_NAMESPACE),
         ] {
-            assert_eq!(ns_of(kind, name).as_deref(), Some(ns), "{overlay}: {kind} {name}");
+            assert_eq!(
+                ns_of(kind, name).as_deref(),
+                Some(ns),
+                "{overlay}: {kind} {name}"
+            );
         }
         assert_no_problems(&r, &check_pod_security(&r));
     }

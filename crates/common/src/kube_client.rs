@@ -176,7 +176,10 @@ mod tests {
     }
 
     /// Time for `n` requests through `svc`, one after the other.
-    async fn time_requests<S: Service<(), Error = std::convert::Infallible>>(svc: &mut S, n: usize) -> Duration {
+    async fn time_requests<S: Service<(), Error = std::convert::Infallible>>(
+        svc: &mut S,
+        n: usize,
+    ) -> Duration {
         let start = Instant::now();
         for _ in 0..n {
             svc.ready().await.unwrap().call(()).await.ok();
@@ -204,7 +207,10 @@ mod tests {
         assert!(t < Duration::from_millis(100), "burst took {t:?}");
         // 20 more need 20 tokens at 50/s: 400 ms (not faster, whatever the load).
         let t = time_requests(&mut svc, 20).await;
-        assert!(t >= Duration::from_millis(380), "20 beyond the burst took {t:?}");
+        assert!(
+            t >= Duration::from_millis(380),
+            "20 beyond the burst took {t:?}"
+        );
         assert!(t < Duration::from_secs(3), "20 beyond the burst took {t:?}");
     }
 

@@ -1,9 +1,12 @@
 //! Kubernetes resource quantities (`1Gi`, `500M`, `1e3`, `100m`), parsed by the
 //! maintained `kube_quantity` crate (which works on k8s-openapi's `Quantity`).
 //!
-//! One rule is added on top: `kube_quantity` reads a bare suffix (`Gi`) as zero,
-//! while the API server's grammar (`^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$`)
-//! requires a number, so a quantity without one is refused here.
+//! Two rules are added on top, where `kube_quantity` 0.9 departs from the API server:
+//! * it reads a bare suffix (`Gi`) as zero, while the API server's grammar
+//!   (`^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$`) requires a number: refused here;
+//! * its number parser takes the `E` of the exa suffixes (`2E`, `1Ei`) for an exponent
+//!   without digits and fails: those are parsed as the same amount one suffix lower
+//!   (`2E` = 2000 × `P`, `1Ei` = 1024 × `Pi`).
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube_quantity::ParsedQuantity;
@@ -15,6 +18,21 @@ pub fn parse(s: &str) -> Option<ParsedQuantity> {
     let number = s.strip_prefix(['+', '-']).unwrap_or(s);
     if !number.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
         return None;
+    }
+    let exa = |mantissa: &str, lower: &str, factor: i64| {
+        // Only a plain decimal before the suffix ("1e3E" is not a quantity).
+        mantissa
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | '+' | '-'))
+            .then(|| ParsedQuantity::try_from(format!("{mantissa}{lower}").as_str()).ok())
+            .flatten()
+            .map(|q| q * Decimal::from(factor))
+    };
+    if let Some(mantissa) = s.strip_suffix("Ei") {
+        return exa(mantissa, "Pi", 1024);
+    }
+    if let Some(mantissa) = s.strip_suffix('E') {
+        return exa(mantissa, "P", 1000);
     }
     ParsedQuantity::try_from(s).ok()
 }
@@ -38,8 +56,7 @@ mod tests {
             assert!(is_positive(&Quantity(ok.into())), "{ok}");
         }
         for bad in [
-            "0", "0.0", "-5", "-1Gi", "Gi", ".", "1.2.3", "1e", "5 Gi", "1GiB", "", "inf",
-            "nan",
+            "0", "0.0", "-5", "-1Gi", "Gi", ".", "1.2.3", "1e", "5 Gi", "1GiB", "", "inf", "nan",
         ] {
             assert!(!is_positive(&Quantity(bad.into())), "{bad}");
         }
@@ -56,5 +73,12 @@ mod tests {
             "binary suffix"
         );
         assert_eq!(parse("1k").and_then(|q| q.to_bytes_i64()), Some(1000));
+        assert_eq!(
+            parse("2E").and_then(|q| q.to_bytes_i64()),
+            Some(2_000_000_000_000_000_000)
+        );
+        assert_eq!(parse("1Ei").and_then(|q| q.to_bytes_i64()), Some(1 << 60));
+        assert!(parse("1e3E").is_none());
+        assert!(parse("E").is_none());
     }
 }

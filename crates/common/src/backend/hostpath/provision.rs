@@ -34,7 +34,6 @@ use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::HostPath;
@@ -303,6 +302,7 @@ mod tests {
         Node, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
     };
     use k8s_openapi::api::storage::v1::StorageClass;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn backend(base: &Path, node: Option<&str>) -> HostPath {
         HostPath {
