@@ -7,7 +7,7 @@
 //!
 //! * **RBAC** — the rules bound to its ServiceAccount cover every entry of the
 //!   service's `api_calls::API_CALLS` (cluster-wide calls by a ClusterRole,
-//!   namespaced ones — its Lease — by a Role in the deploy namespace), and grant
+//!   namespaced ones — its Lease — by a Role in the service's own namespace), and grant
 //!   nothing else: no `*`, no extra verb, resource or group, no cluster-wide
 //!   grant of a namespaced call, Lease rules limited to the service's Lease name;
 //! * **flags** — the container's args, plus its env and `envFrom` ConfigMap
@@ -17,6 +17,14 @@
 //! * **ports and probes** — the parsed HTTP port is the container's `http` port,
 //!   liveness probes `/healthz`, readiness `/readyz`, the metrics Service and its
 //!   `prometheus.io/*` annotations point at that port and the metrics path;
+//! * **namespaces and Pod Security** — Redis and pv-writer in `split-provisioner`
+//!   (restricted enforced), provision-svc and reclaim-svc in
+//!   `split-provisioner-volumes` (privileged for the hostPath; baseline with
+//!   nfs-subdir); every pod spec is checked against its namespace's standard here,
+//!   statically, because the Kubernetes 1.19 the dry-run test uses has no PodSecurity
+//!   admission;
+//! * **one `--add-finalizer`** — provision-svc and reclaim-svc read `ADD_FINALIZER`
+//!   from the same ConfigMap key, never from a flag or literal of their own;
 //! * **runtime** — termination grace above `--shutdown-grace-period`, security
 //!   context (no privilege escalation, read-only root, `drop: [ALL]` and exactly
 //!   the capabilities the service needs), the hostpath base dir mounted at the
@@ -70,7 +78,18 @@ struct ServiceSpec {
     /// dir, reclaim-svc must find it (on a node that never held volumes every
     /// directory would look "already deleted").
     host_path_type: Option<&'static str>,
+    /// Namespace of its Deployment, ServiceAccount, Lease Role and metrics
+    /// Service: the node-touching services in [`VOLUMES_NAMESPACE`] (privileged
+    /// Pod Security), pv-writer beside Redis in [`QUEUE_NAMESPACE`] (restricted).
+    namespace: &'static str,
 }
+
+/// Namespace of Redis and pv-writer, where the restricted Pod Security Standard is enforced.
+const QUEUE_NAMESPACE: &str = "split-provisioner";
+/// Namespace of provision-svc and reclaim-svc (hostPath: privileged; baseline with nfs).
+const VOLUMES_NAMESPACE: &str = "split-provisioner-volumes";
+/// The Pod Security label a namespace's enforced standard is read from.
+const PSS_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
 fn services() -> Vec<ServiceSpec> {
     vec![
@@ -83,6 +102,7 @@ fn services() -> Vec<ServiceSpec> {
             // uid 0 owns the base dir: creating volume directories needs no capability.
             added_capabilities: &[],
             host_path_type: Some("DirectoryOrCreate"),
+            namespace: VOLUMES_NAMESPACE,
         },
         ServiceSpec {
             name: "pv-writer",
@@ -92,6 +112,7 @@ fn services() -> Vec<ServiceSpec> {
             backend: false,
             added_capabilities: &[],
             host_path_type: None,
+            namespace: QUEUE_NAMESPACE,
         },
         ServiceSpec {
             name: "reclaim-svc",
@@ -102,6 +123,7 @@ fn services() -> Vec<ServiceSpec> {
             // Removing files the consumers' uids wrote (FOWNER: sticky directories).
             added_capabilities: &["DAC_OVERRIDE", "FOWNER"],
             host_path_type: Some("Directory"),
+            namespace: VOLUMES_NAMESPACE,
         },
     ]
 }
@@ -229,11 +251,28 @@ impl Rendered {
             .map(Object::parse)
     }
 
-    /// The namespace the services are deployed to (the Namespace object).
-    fn namespace(&self) -> String {
-        let ns: Vec<(Object, Namespace)> = self.all("Namespace");
-        assert_eq!(ns.len(), 1, "{}: expected one Namespace", self.label);
-        ns[0].0.name.clone()
+    /// The object `kind`/`name` in namespace `ns`.
+    fn find_in<T: DeserializeOwned>(&self, kind: &str, ns: &str, name: &str) -> Option<T> {
+        self.objects
+            .iter()
+            .find(|o| o.kind == kind && o.name == name && o.namespace.as_deref() == Some(ns))
+            .map(Object::parse)
+    }
+
+    /// The rendered Namespaces, name → enforced Pod Security Standard (`None`: unlabelled).
+    fn namespaces(&self) -> BTreeMap<String, Option<String>> {
+        self.all::<Namespace>("Namespace")
+            .into_iter()
+            .map(|(o, ns)| {
+                let level = ns
+                    .metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get(PSS_ENFORCE)
+                    .cloned();
+                (o.name, level)
+            })
+            .collect()
     }
 }
 
@@ -401,7 +440,7 @@ fn check_rbac(
     calls: &[ApiCall],
     provisioner_name: &str,
 ) -> Vec<String> {
-    let ns = r.namespace();
+    let ns = spec.namespace.to_string();
     let mut problems = Vec::new();
     let grants = grants_of(r, spec.name, &ns, &mut problems);
     let lease = lease_name(provisioner_name, spec.kind.lease_suffix());
@@ -546,7 +585,7 @@ fn resolve_env(r: &Rendered, ns: &str, container: &str, var: &EnvVar) -> Result<
         return Ok(SECRET_REDIS_URL_PLACEHOLDER.to_string());
     }
     if let Some(c) = &from.config_map_key_ref {
-        let cm: Option<ConfigMap> = r.find("ConfigMap", &c.name);
+        let cm: Option<ConfigMap> = r.find_in("ConfigMap", ns, &c.name);
         return cm
             .and_then(|cm| cm.data.and_then(|d| d.get(&c.key).cloned()))
             .ok_or_else(|| {
@@ -574,7 +613,7 @@ fn effective_env(
     let mut env = BTreeMap::new();
     for source in c.env_from.iter().flatten() {
         match (&source.config_map_ref, &source.secret_ref) {
-            (Some(cm_ref), None) => match r.find::<ConfigMap>("ConfigMap", &cm_ref.name) {
+            (Some(cm_ref), None) => match r.find_in::<ConfigMap>("ConfigMap", ns, &cm_ref.name) {
                 Some(cm) => env.extend(cm.data.unwrap_or_default()),
                 None => problems.push(format!(
                     "{}: envFrom ConfigMap {} is not rendered",
@@ -707,10 +746,13 @@ fn int_or_string_is(port: &IntOrString, name: &str, number: i32) -> bool {
 /// Everything about one service's Deployment and metrics Service except RBAC.
 /// Returns the problems found and, when it parsed, the container's flags.
 fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<ParsedContainer>) {
-    let ns = r.namespace();
+    let ns = spec.namespace.to_string();
     let mut problems = Vec::new();
-    let Some(dep) = r.find::<Deployment>("Deployment", spec.name) else {
-        return (vec![format!("{}: no Deployment", spec.name)], None);
+    let Some(dep) = r.find_in::<Deployment>("Deployment", &ns, spec.name) else {
+        return (
+            vec![format!("{}: no Deployment in namespace {ns}", spec.name)],
+            None,
+        );
     };
     let dspec = dep.spec.expect("Deployment spec");
     let pod_labels = dspec
@@ -734,8 +776,13 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
             spec.name, pod.service_account_name
         ));
     }
-    if r.find::<Value>("ServiceAccount", spec.name).is_none() {
-        problems.push(format!("{}: no ServiceAccount", spec.name));
+    if r.find_in::<Value>("ServiceAccount", &ns, spec.name)
+        .is_none()
+    {
+        problems.push(format!(
+            "{}: no ServiceAccount in namespace {ns}",
+            spec.name
+        ));
     }
     let [c] = pod.containers.as_slice() else {
         return (
@@ -801,8 +848,11 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
 
     // Metrics Service.
     let svc_name = format!("{}-metrics", spec.name);
-    match r.find::<Service>("Service", &svc_name) {
-        None => problems.push(format!("{}: no Service {svc_name}", spec.name)),
+    match r.find_in::<Service>("Service", &ns, &svc_name) {
+        None => problems.push(format!(
+            "{}: no Service {svc_name} in namespace {ns}",
+            spec.name
+        )),
         Some(svc) => {
             let s = svc.spec.unwrap_or_default();
             for (k, v) in s.selector.unwrap_or_default() {
@@ -981,8 +1031,8 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
 
 /// The Redis the services use: the in-namespace StatefulSet (AOF on a PVC,
 /// reachable at the URL) or, when it is absent, a Secret.
-fn check_redis(r: &Rendered, urls: &[String]) -> Vec<String> {
-    let ns = r.namespace();
+fn check_redis(r: &Rendered, consumers: &[(String, String)]) -> Vec<String> {
+    let urls: Vec<String> = consumers.iter().map(|(_, u)| u.clone()).collect();
     let mut problems = Vec::new();
     let distinct: BTreeSet<&String> = urls.iter().collect();
     if distinct.len() != 1 {
@@ -990,7 +1040,11 @@ fn check_redis(r: &Rendered, urls: &[String]) -> Vec<String> {
             "the services use different Redis URLs: {distinct:?}"
         ));
     }
-    match r.find::<StatefulSet>("StatefulSet", "redis") {
+    let redis = r
+        .all::<StatefulSet>("StatefulSet")
+        .into_iter()
+        .find(|(o, _)| o.name == "redis");
+    match redis {
         None => {
             if urls.iter().any(|u| u != SECRET_REDIS_URL_PLACEHOLDER) {
                 problems.push(format!(
@@ -998,7 +1052,8 @@ fn check_redis(r: &Rendered, urls: &[String]) -> Vec<String> {
                 ));
             }
         }
-        Some(sts) => {
+        Some((sts_object, sts)) => {
+            let ns = sts_object.namespace.clone().unwrap_or_default();
             let spec = sts.spec.expect("StatefulSet spec");
             let pod = spec.template.spec.expect("pod spec");
             let c = &pod.containers[0];
@@ -1044,24 +1099,27 @@ fn check_redis(r: &Rendered, urls: &[String]) -> Vec<String> {
                     "redis: --dir {dir} is not on a volumeClaimTemplate ({claims:?})"
                 ));
             }
-            let svc: Option<Service> = r.find("Service", "redis");
+            let svc: Option<Service> = r.find_in("Service", &ns, "redis");
             let port = svc
                 .and_then(|s| s.spec)
                 .and_then(|s| s.ports)
                 .and_then(|p| p.first().map(|p| p.port));
-            let ok_hosts = [
-                format!("redis://redis:{}/", port.unwrap_or(-1)),
-                format!("redis://redis.{ns}:{}/", port.unwrap_or(-1)),
-                format!("redis://redis.{ns}.svc:{}/", port.unwrap_or(-1)),
-                format!(
-                    "redis://redis.{ns}.svc.cluster.local:{}/",
-                    port.unwrap_or(-1)
-                ),
-            ];
-            for u in urls {
+            for (consumer_ns, u) in consumers {
+                // The short name resolves only from Redis' own namespace.
+                let mut ok_hosts = vec![
+                    format!("redis://redis.{ns}:{}/", port.unwrap_or(-1)),
+                    format!("redis://redis.{ns}.svc:{}/", port.unwrap_or(-1)),
+                    format!(
+                        "redis://redis.{ns}.svc.cluster.local:{}/",
+                        port.unwrap_or(-1)
+                    ),
+                ];
+                if *consumer_ns == ns {
+                    ok_hosts.push(format!("redis://redis:{}/", port.unwrap_or(-1)));
+                }
                 if !ok_hosts.iter().any(|h| u.starts_with(h.as_str())) {
                     problems.push(format!(
-                        "REDIS_URL {u} does not point at the redis Service (port {port:?})"
+                        "REDIS_URL {u} (from namespace {consumer_ns}) does not point at the redis Service in {ns} (port {port:?})"
                     ));
                 }
             }
@@ -1101,7 +1159,7 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
                 &declared_calls(&spec),
                 &parsed.common.provisioner_name,
             ));
-            urls.push(parsed.common.redis_url.clone());
+            urls.push((spec.namespace.to_string(), parsed.common.redis_url.clone()));
             names.insert(parsed.common.provisioner_name.clone());
         }
     }
@@ -1143,6 +1201,455 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
         ));
     }
     problems.extend(check_redis(r, &urls));
+    problems.extend(check_namespaces(r));
+    problems.extend(check_pod_security(r));
+    problems.extend(check_add_finalizer(r));
+    problems.extend(check_copies_agree(r));
+    problems
+}
+
+// ---------------------------------------------------------------------------
+// Namespaces and Pod Security.
+// ---------------------------------------------------------------------------
+
+/// Kinds that have no namespace.
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "StorageClass",
+    "CustomResourceDefinition",
+];
+
+/// Every object of the install (label `app.kubernetes.io/part-of: split-provisioner`)
+/// that has a namespace names one the rendering creates, and the two namespaces exist
+/// (an object without one would land in whatever namespace `kubectl` defaults to).
+fn check_namespaces(r: &Rendered) -> Vec<String> {
+    let namespaces = r.namespaces();
+    let mut problems = Vec::new();
+    for ns in [QUEUE_NAMESPACE, VOLUMES_NAMESPACE] {
+        if !namespaces.contains_key(ns) {
+            problems.push(format!("no Namespace {ns}"));
+        }
+    }
+    for o in &r.objects {
+        let ours = o.raw["metadata"]["labels"]["app.kubernetes.io/part-of"] == "split-provisioner";
+        if !ours || CLUSTER_SCOPED.contains(&o.kind.as_str()) {
+            continue;
+        }
+        match &o.namespace {
+            Some(ns) if namespaces.contains_key(ns) => {}
+            other => problems.push(format!(
+                "{} {}: namespace {other:?} is not one of the install's {:?}",
+                o.kind,
+                o.name,
+                namespaces.keys().collect::<Vec<_>>()
+            )),
+        }
+    }
+    problems
+}
+
+/// Every container of a pod spec (init, regular and ephemeral).
+fn all_containers(pod: &PodSpec) -> Vec<Container> {
+    let mut out: Vec<Container> = pod.init_containers.clone().unwrap_or_default();
+    out.extend(pod.containers.iter().cloned());
+    for e in pod.ephemeral_containers.iter().flatten() {
+        out.push(serde_json::from_value(serde_json::to_value(e).unwrap()).unwrap());
+    }
+    out
+}
+
+/// Capabilities the baseline Pod Security Standard lets a container add.
+const BASELINE_CAPABILITIES: &[&str] = &[
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+];
+
+/// Volume types the restricted Pod Security Standard allows (JSON field names).
+const RESTRICTED_VOLUMES: &[&str] = &[
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+];
+
+/// The baseline Pod Security Standard's rules (Kubernetes "Pod Security Standards",
+/// the PodSecurity admission's `baseline` level) for `pod`, as problems prefixed `who`.
+fn baseline_violations(
+    who: &str,
+    pod: &PodSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut p = Vec::new();
+    for (what, on) in [
+        ("hostNetwork", pod.host_network),
+        ("hostPID", pod.host_pid),
+        ("hostIPC", pod.host_ipc),
+    ] {
+        if on == Some(true) {
+            p.push(format!("{who}: {what} (baseline)"));
+        }
+    }
+    for v in pod.volumes.iter().flatten() {
+        if v.host_path.is_some() {
+            p.push(format!("{who}: hostPath volume {} (baseline)", v.name));
+        }
+    }
+    let psc = pod.security_context.clone().unwrap_or_default();
+    let selinux_ok = |o: &Option<k8s_openapi::api::core::v1::SELinuxOptions>| {
+        o.as_ref().is_none_or(|o| {
+            o.user.is_none()
+                && o.role.is_none()
+                && o.type_.as_deref().is_none_or(|t| {
+                    [
+                        "",
+                        "container_t",
+                        "container_init_t",
+                        "container_kvm_t",
+                        "container_engine_t",
+                    ]
+                    .contains(&t)
+                })
+        })
+    };
+    if !selinux_ok(&psc.se_linux_options) {
+        p.push(format!("{who}: pod seLinuxOptions (baseline)"));
+    }
+    if psc
+        .seccomp_profile
+        .as_ref()
+        .is_some_and(|s| s.type_ == "Unconfined")
+    {
+        p.push(format!("{who}: pod seccompProfile Unconfined (baseline)"));
+    }
+    const SAFE_SYSCTLS: &[&str] = &[
+        "kernel.shm_rmid_forced",
+        "net.ipv4.ip_local_port_range",
+        "net.ipv4.ip_unprivileged_port_start",
+        "net.ipv4.tcp_syncookies",
+        "net.ipv4.ping_group_range",
+    ];
+    for s in psc.sysctls.iter().flatten() {
+        if !SAFE_SYSCTLS.contains(&s.name.as_str()) {
+            p.push(format!("{who}: sysctl {} (baseline)", s.name));
+        }
+    }
+    for (k, v) in annotations {
+        if k.starts_with("container.apparmor.security.beta.kubernetes.io/")
+            && !(v == "runtime/default" || v.starts_with("localhost/"))
+        {
+            p.push(format!("{who}: AppArmor {k}={v} (baseline)"));
+        }
+    }
+    for c in all_containers(pod) {
+        let csc = c.security_context.clone().unwrap_or_default();
+        if csc.privileged == Some(true) {
+            p.push(format!("{who}/{}: privileged (baseline)", c.name));
+        }
+        for cap in csc
+            .capabilities
+            .as_ref()
+            .and_then(|k| k.add.clone())
+            .unwrap_or_default()
+        {
+            if !BASELINE_CAPABILITIES.contains(&cap.as_str()) {
+                p.push(format!(
+                    "{who}/{}: adds capability {cap} (baseline)",
+                    c.name
+                ));
+            }
+        }
+        for port in c.ports.iter().flatten() {
+            if port.host_port.is_some_and(|h| h != 0) {
+                p.push(format!(
+                    "{who}/{}: hostPort {:?} (baseline)",
+                    c.name, port.host_port
+                ));
+            }
+        }
+        if !selinux_ok(&csc.se_linux_options) {
+            p.push(format!("{who}/{}: seLinuxOptions (baseline)", c.name));
+        }
+        if csc.proc_mount.as_deref().is_some_and(|m| m != "Default") {
+            p.push(format!(
+                "{who}/{}: procMount {:?} (baseline)",
+                c.name, csc.proc_mount
+            ));
+        }
+        if csc
+            .seccomp_profile
+            .as_ref()
+            .is_some_and(|s| s.type_ == "Unconfined")
+        {
+            p.push(format!(
+                "{who}/{}: seccompProfile Unconfined (baseline)",
+                c.name
+            ));
+        }
+    }
+    p
+}
+
+/// The restricted Pod Security Standard's rules (baseline plus: only the restricted volume
+/// types, `allowPrivilegeEscalation: false`, non-root, seccomp `RuntimeDefault`/`Localhost`,
+/// `drop: [ALL]` and at most `NET_BIND_SERVICE` added) for `pod`, as problems.
+fn restricted_violations(
+    who: &str,
+    pod: &PodSpec,
+    annotations: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut p = baseline_violations(who, pod, annotations);
+    for v in pod.volumes.iter().flatten() {
+        let raw = serde_json::to_value(v).unwrap();
+        let types: Vec<&String> = raw
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "name")
+            .collect();
+        if types
+            .iter()
+            .any(|t| !RESTRICTED_VOLUMES.contains(&t.as_str()))
+        {
+            p.push(format!(
+                "{who}: volume {} of type {types:?} (restricted)",
+                v.name
+            ));
+        }
+    }
+    let psc = pod.security_context.clone().unwrap_or_default();
+    let seccomp_ok = |s: &Option<k8s_openapi::api::core::v1::SeccompProfile>| {
+        s.as_ref()
+            .is_some_and(|s| s.type_ == "RuntimeDefault" || s.type_ == "Localhost")
+    };
+    if psc.run_as_user == Some(0) {
+        p.push(format!("{who}: pod runAsUser 0 (restricted)"));
+    }
+    for c in all_containers(pod) {
+        let csc = c.security_context.clone().unwrap_or_default();
+        if csc.allow_privilege_escalation != Some(false) {
+            p.push(format!(
+                "{who}/{}: allowPrivilegeEscalation is not false (restricted)",
+                c.name
+            ));
+        }
+        if csc.run_as_non_root.or(psc.run_as_non_root) != Some(true) {
+            p.push(format!(
+                "{who}/{}: runAsNonRoot is not true (restricted)",
+                c.name
+            ));
+        }
+        if csc.run_as_user == Some(0) {
+            p.push(format!("{who}/{}: runAsUser 0 (restricted)", c.name));
+        }
+        if !(seccomp_ok(&csc.seccomp_profile)
+            || (csc.seccomp_profile.is_none() && seccomp_ok(&psc.seccomp_profile)))
+        {
+            p.push(format!(
+                "{who}/{}: seccompProfile not RuntimeDefault/Localhost (restricted)",
+                c.name
+            ));
+        }
+        let caps = csc.capabilities.clone().unwrap_or_default();
+        if !caps.drop.iter().flatten().any(|d| d == "ALL") {
+            p.push(format!(
+                "{who}/{}: capabilities.drop lacks ALL (restricted)",
+                c.name
+            ));
+        }
+        for cap in caps.add.iter().flatten() {
+            if cap != "NET_BIND_SERVICE" {
+                p.push(format!(
+                    "{who}/{}: adds capability {cap} (restricted)",
+                    c.name
+                ));
+            }
+        }
+    }
+    p
+}
+
+/// Pod Security, statically (Kubernetes 1.19 has no PodSecurity admission, and the dry-run
+/// test runs on 1.19): every workload's pod spec satisfies the standard its namespace's
+/// `pod-security.kubernetes.io/enforce` label names; Redis and pv-writer run where
+/// `restricted` is enforced; a namespace is `privileged` only if every pod in it mounts a
+/// hostPath (only what needs it runs there).
+fn check_pod_security(r: &Rendered) -> Vec<String> {
+    let namespaces = r.namespaces();
+    let mut problems = Vec::new();
+    let mut workloads: Vec<(String, String, PodSpec, BTreeMap<String, String>)> = Vec::new();
+    for (o, d) in r.all::<Deployment>("Deployment") {
+        let t = d.spec.unwrap().template;
+        let ann = t.metadata.and_then(|m| m.annotations).unwrap_or_default();
+        workloads.push((
+            o.name,
+            o.namespace.unwrap_or_default(),
+            t.spec.unwrap(),
+            ann,
+        ));
+    }
+    for (o, s) in r.all::<StatefulSet>("StatefulSet") {
+        let t = s.spec.unwrap().template;
+        let ann = t.metadata.and_then(|m| m.annotations).unwrap_or_default();
+        workloads.push((
+            o.name,
+            o.namespace.unwrap_or_default(),
+            t.spec.unwrap(),
+            ann,
+        ));
+    }
+    for (name, ns, pod, ann) in &workloads {
+        let level = namespaces.get(ns).cloned().flatten();
+        let needs_host_path = pod.volumes.iter().flatten().any(|v| v.host_path.is_some());
+        match level.as_deref() {
+            Some("restricted") => problems.extend(restricted_violations(name, pod, ann)),
+            Some("baseline") => problems.extend(baseline_violations(name, pod, ann)),
+            Some("privileged") if needs_host_path => {}
+            Some("privileged") => problems.push(format!(
+                "{name}: runs in {ns}, where privileged is enforced, but mounts no hostPath; it belongs in a baseline or restricted namespace"
+            )),
+            other => problems.push(format!(
+                "{name}: namespace {ns} enforces {other:?}, not a Pod Security Standard"
+            )),
+        }
+        if (name == "redis" || name == "pv-writer") && level.as_deref() != Some("restricted") {
+            problems.push(format!(
+                "{name}: must run where restricted is enforced, runs in {ns} ({level:?})"
+            ));
+        }
+    }
+    problems
+}
+
+/// `--add-finalizer` is one setting: provision-svc and reclaim-svc take `ADD_FINALIZER`
+/// from the same key of the same ConfigMap (`configMapKeyRef`, one namespace), never as a
+/// literal, a flag or through `envFrom`, and it resolves to one boolean for both. If they
+/// differed, reclaim-svc would strip the finalizer provision-svc adds.
+fn check_add_finalizer(r: &Rendered) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut sources = BTreeMap::new();
+    for name in ["provision-svc", "reclaim-svc"] {
+        let Some((o, d)) = r
+            .all::<Deployment>("Deployment")
+            .into_iter()
+            .find(|(o, _)| o.name == name)
+        else {
+            continue;
+        };
+        let ns = o.namespace.clone().unwrap_or_default();
+        let c = d.spec.unwrap().template.spec.unwrap().containers[0].clone();
+        if c.args
+            .iter()
+            .flatten()
+            .chain(c.command.iter().flatten())
+            .any(|a| a.starts_with("--add-finalizer"))
+        {
+            problems.push(format!(
+                "{name}: --add-finalizer given as an argument; it must come from the shared ConfigMap key"
+            ));
+        }
+        for source in c.env_from.iter().flatten() {
+            let from_cm = source
+                .config_map_ref
+                .as_ref()
+                .and_then(|c| r.find_in::<ConfigMap>("ConfigMap", &ns, &c.name))
+                .and_then(|c| c.data)
+                .is_some_and(|d| d.contains_key("ADD_FINALIZER"));
+            if from_cm {
+                problems.push(format!(
+                    "{name}: ADD_FINALIZER also arrives through envFrom; one source only"
+                ));
+            }
+        }
+        let vars: Vec<&EnvVar> = c
+            .env
+            .iter()
+            .flatten()
+            .filter(|v| v.name == "ADD_FINALIZER")
+            .collect();
+        let key = match vars.as_slice() {
+            [v] => v
+                .value_from
+                .as_ref()
+                .and_then(|f| f.config_map_key_ref.as_ref())
+                .map(|k| (ns.clone(), k.name.clone(), k.key.clone())),
+            _ => None,
+        };
+        let Some(key) = key else {
+            problems.push(format!(
+                "{name}: ADD_FINALIZER must be exactly one env entry from a configMapKeyRef: {vars:?}"
+            ));
+            continue;
+        };
+        let value = r
+            .find_in::<ConfigMap>("ConfigMap", &key.0, &key.1)
+            .and_then(|c| c.data)
+            .and_then(|d| d.get(&key.2).cloned());
+        match value.as_deref() {
+            Some("true" | "false") => {}
+            other => problems.push(format!(
+                "{name}: ADD_FINALIZER from {key:?} is {other:?}, not true or false"
+            )),
+        }
+        sources.insert(name, key);
+    }
+    if sources.len() == 2 && sources["provision-svc"] != sources["reclaim-svc"] {
+        problems.push(format!(
+            "provision-svc and reclaim-svc read ADD_FINALIZER from different places: {sources:?}"
+        ));
+    }
+    problems
+}
+
+/// A generated name without kustomize's content-hash suffix (`-` and 10 characters).
+fn generator_name(name: &str) -> &str {
+    match name.rsplit_once('-') {
+        Some((base, hash))
+            if hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric()) =>
+        {
+            base
+        }
+        _ => name,
+    }
+}
+
+/// ConfigMaps and Secrets generated under one name in several namespaces (the shared
+/// settings, the NFS settings, the queue key) hold the same data in each.
+fn check_copies_agree(r: &Rendered) -> Vec<String> {
+    let mut problems = Vec::new();
+    for kind in ["ConfigMap", "Secret"] {
+        let mut by_name: BTreeMap<String, Vec<(Option<String>, Value)>> = BTreeMap::new();
+        for o in r.objects.iter().filter(|o| o.kind == kind) {
+            by_name
+                .entry(generator_name(&o.name).to_string())
+                .or_default()
+                .push((o.namespace.clone(), o.raw["data"].clone()));
+        }
+        for (name, copies) in by_name {
+            if copies.windows(2).any(|w| w[0].1 != w[1].1) {
+                problems.push(format!(
+                    "{kind} {name}: the copies in {:?} differ",
+                    copies.iter().map(|c| c.0.clone()).collect::<Vec<_>>()
+                ));
+            }
+        }
+    }
     problems
 }
 
@@ -1269,6 +1776,11 @@ fn base_with_external_redis_and_servicemonitor_renders_and_matches_the_services(
             ]
             .map(String::from)
         )
+    );
+    assert_eq!(
+        sm["spec"]["namespaceSelector"]["matchNames"],
+        serde_json::json!([QUEUE_NAMESPACE, VOLUMES_NAMESPACE]),
+        "the metrics Services live in both namespaces"
     );
     assert_eq!(sm["spec"]["endpoints"][0]["port"], "metrics");
     assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
@@ -1492,7 +2004,7 @@ fn the_checks_catch_broken_manifests() {
         mutate("Role", "reclaim-svc-leader-election", &|v| {
             v["rules"][1].as_object_mut().unwrap().remove("resourceNames");
         }),
-        "reclaim-svc: Role split-provisioner/reclaim-svc-leader-election grants update on Leases [\"<all>\"]",
+        "reclaim-svc: Role split-provisioner-volumes/reclaim-svc-leader-election grants update on Leases [\"<all>\"]",
     );
     // The Lease granted cluster-wide instead of by a Role.
     has(
@@ -1554,6 +2066,153 @@ fn the_checks_catch_broken_manifests() {
         }),
         "pv-writer: must run as a non-root uid",
     );
+
+    // --add-finalizer set on one service only: as a flag, as a literal, or from another key.
+    has(
+        mutate("Deployment", "provision-svc", &|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array_mut()
+                .unwrap()
+                .push("--add-finalizer=true".into())
+        }),
+        "provision-svc: --add-finalizer given as an argument",
+    );
+    let set_env = |value: Value| {
+        move |v: &mut Value| {
+            for e in v["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .unwrap()
+            {
+                if e["name"] == "ADD_FINALIZER" {
+                    *e = value.clone();
+                }
+            }
+        }
+    };
+    has(
+        mutate(
+            "Deployment",
+            "reclaim-svc",
+            &set_env(serde_json::json!({"name": "ADD_FINALIZER", "value": "true"})),
+        ),
+        "reclaim-svc: ADD_FINALIZER must be exactly one env entry from a configMapKeyRef",
+    );
+    let other_key = serde_json::json!({"name": "ADD_FINALIZER", "valueFrom": {"configMapKeyRef": {
+        "name": "split-provisioner-volumes-config-other", "key": "ADD_FINALIZER"}}});
+    has(
+        mutate("Deployment", "reclaim-svc", &set_env(other_key)),
+        "provision-svc and reclaim-svc read ADD_FINALIZER from different places",
+    );
+
+    // Pod Security: a hostPath in pv-writer, Redis without allowPrivilegeEscalation: false,
+    // the queue namespace no longer restricted, a privileged namespace without hostPath.
+    has(
+        mutate("Deployment", "pv-writer", &|v| {
+            v["spec"]["template"]["spec"]["volumes"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({"name": "host", "hostPath": {"path": "/"}}))
+        }),
+        "pv-writer: hostPath volume host (baseline)",
+    );
+    has(
+        mutate("StatefulSet", "redis", &|v| {
+            v["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+                .as_object_mut()
+                .unwrap()
+                .remove("allowPrivilegeEscalation");
+        }),
+        "redis/redis: allowPrivilegeEscalation is not false (restricted)",
+    );
+    has(
+        mutate("StatefulSet", "redis", &|v| {
+            v["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] = false.into()
+        }),
+        "redis/redis: runAsNonRoot is not true (restricted)",
+    );
+    has(
+        mutate("Namespace", "split-provisioner", &|v| {
+            v["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = "privileged".into()
+        }),
+        "pv-writer: must run where restricted is enforced",
+    );
+    has(
+        mutate("Deployment", "reclaim-svc", &|v| {
+            v["spec"]["template"]["spec"]["volumes"][0] =
+                serde_json::json!({"name": "hostpath-base-dir", "emptyDir": {}})
+        }),
+        "reclaim-svc: runs in split-provisioner-volumes, where privileged is enforced, but mounts no hostPath",
+    );
+    // A copy of the shared settings that differs between the namespaces.
+    let mut r = Rendered {
+        label: "ha with one split-provisioner-config copy changed".into(),
+        objects: base.objects.clone(),
+    };
+    r.objects
+        .iter_mut()
+        .find(|o| {
+            o.kind == "ConfigMap"
+                && o.name.starts_with("split-provisioner-config-")
+                && o.namespace.as_deref() == Some(QUEUE_NAMESPACE)
+        })
+        .expect("settings in the queue namespace")
+        .raw["data"]["LOG_LEVEL"] = "debug".into();
+    let problems = check_rendered(&r, 2).join("\n");
+    assert!(
+        problems.contains("ConfigMap split-provisioner-config: the copies in"),
+        "{problems}"
+    );
+}
+
+/// The namespaces of every overlay: Redis and pv-writer in `split-provisioner`
+/// (restricted), provision-svc and reclaim-svc in `split-provisioner-volumes`
+/// (privileged with hostPath, baseline with nfs-subdir), each service's Lease Role in its
+/// own namespace.
+#[test]
+fn workloads_land_in_their_pod_security_namespace() {
+    if !kubectl_available("workloads_land_in_their_pod_security_namespace") {
+        return;
+    }
+    for (overlay, volumes_level) in [
+        ("dev", "privileged"),
+        ("ha", "privileged"),
+        ("nfs", "baseline"),
+    ] {
+        let r = render_overlay(overlay);
+        assert_eq!(
+            r.namespaces(),
+            BTreeMap::from([
+                (QUEUE_NAMESPACE.to_string(), Some("restricted".to_string())),
+                (
+                    VOLUMES_NAMESPACE.to_string(),
+                    Some(volumes_level.to_string())
+                ),
+            ]),
+            "{overlay}"
+        );
+        let ns_of = |kind: &str, name: &str| {
+            r.objects
+                .iter()
+                .find(|o| o.kind == kind && o.name == name)
+                .and_then(|o| o.namespace.clone())
+        };
+        for (kind, name, ns) in [
+            ("StatefulSet", "redis", QUEUE_NAMESPACE),
+            ("Deployment", "pv-writer", QUEUE_NAMESPACE),
+            ("Role", "pv-writer-leader-election", QUEUE_NAMESPACE),
+            ("Deployment", "provision-svc", VOLUMES_NAMESPACE),
+            ("Role", "provision-svc-leader-election", VOLUMES_NAMESPACE),
+            ("Deployment", "reclaim-svc", VOLUMES_NAMESPACE),
+            ("Role", "reclaim-svc-leader-election", VOLUMES_NAMESPACE),
+        ] {
+            assert_eq!(
+                ns_of(kind, name).as_deref(),
+                Some(ns),
+                "{overlay}: {kind} {name}"
+            );
+        }
+        assert_no_problems(&r, &check_pod_security(&r));
+    }
 }
 
 /// The Dockerfile builds the binaries the Deployments run and exposes their ports.

@@ -4,7 +4,7 @@
 //! on a real kube-apiserver v1.19 (`KUBEBUILDER_ASSETS`; skipped with one line without it,
 //! a failure in CI): the real server is the reference the simulator must agree with.
 
-use common::controller::events::{reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
+use common::controller::events::{once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
 use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
@@ -95,6 +95,64 @@ async fn sink_events_are_accepted_and_seen_once_through_each_api(client: Client)
     assert_eq!(pv_event.series.as_ref().map(|s| s.count), Some(2));
 }
 
+/// `publish_once` twice, from two sinks (a deposed leader and its successor), for the same
+/// claim: one Event, with the deterministic name, accepted by the server; the second publish
+/// reports it existed. A different reason on the same claim is its own Event.
+async fn publish_once_creates_one_named_event(client: Client) {
+    let first = EventSink::new(client.clone(), "pv-writer", "pv-writer-0");
+    let second = EventSink::new(client.clone(), "pv-writer", "pv-writer-1");
+    let claim = ObjectReference {
+        uid: Some("6a1e0a51-0000-4000-8000-000000000003".into()),
+        name: Some("once".into()),
+        ..claim_ref()
+    };
+    let publish = |sink: &EventSink| {
+        let sink = sink.clone();
+        let claim = claim.clone();
+        async move {
+            sink.try_publish_once(
+                &claim,
+                false,
+                reason::PROVISIONING_SUCCEEDED,
+                "Provision",
+                "Successfully provisioned volume pvc-6a1e0a51-0000-4000-8000-000000000003".into(),
+            )
+            .await
+        }
+    };
+    assert!(publish(&first).await.expect("accepted"), "created");
+    assert!(!publish(&second).await.expect("AlreadyExists is success"));
+    assert!(!publish(&first).await.expect("AlreadyExists is success"));
+    let v1: Api<K8sEvent> = Api::namespaced(client.clone(), "default");
+    let ours: Vec<K8sEvent> = v1
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason::PROVISIONING_SUCCEEDED)
+                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == claim.uid.as_deref()
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(
+        ours[0].metadata.name,
+        once_event_name(&claim, reason::PROVISIONING_SUCCEEDED)
+    );
+    assert_eq!(ours[0].reporting_instance.as_deref(), Some("pv-writer-0"));
+    assert!(second
+        .try_publish_once(
+            &claim,
+            true,
+            reason::PROVISIONING_FAILED,
+            "Provision",
+            "a failure is another Event".into()
+        )
+        .await
+        .unwrap());
+}
+
 /// What kube-runtime's Recorder does for a cluster-scoped object (an events.k8s.io/v1 Event
 /// in `default`) is rejected by v1.19 with exactly this error.
 async fn pv_event_in_default_is_rejected(client: Client) {
@@ -127,6 +185,12 @@ async fn sim_sink_events_are_accepted_and_seen_once_through_each_api() {
 }
 
 #[tokio::test]
+async fn sim_publish_once_creates_one_named_event() {
+    let sim = Simulator::start(SimConfig::default()).await.unwrap();
+    publish_once_creates_one_named_event(sim.client().unwrap()).await;
+}
+
+#[tokio::test]
 async fn sim_pv_event_in_default_is_rejected() {
     let sim = Simulator::start(SimConfig::default()).await.unwrap();
     pv_event_in_default_is_rejected(sim.client().unwrap()).await;
@@ -149,4 +213,5 @@ async fn real_events_are_accepted_and_rejected_like_the_simulator() {
     .unwrap();
     sink_events_are_accepted_and_seen_once_through_each_api(cluster.client()).await;
     pv_event_in_default_is_rejected(cluster.client()).await;
+    publish_once_creates_one_named_event(cluster.client()).await;
 }

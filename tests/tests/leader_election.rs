@@ -39,7 +39,7 @@ async fn elector(plane: &Plane, id: &str) -> LeaderElector {
     let client = plane.service_client(Service::Provision).await.unwrap();
     LeaderElector::new(
         client,
-        &plane.lease_namespace(),
+        &plane.lease_namespace(Service::Provision),
         &lease_name(plane),
         id,
         timing(),
@@ -52,7 +52,7 @@ async fn elector(plane: &Plane, id: &str) -> LeaderElector {
 async fn leases(plane: &Plane) -> Api<Lease> {
     Api::namespaced(
         plane.admin_client().await.unwrap(),
-        &plane.lease_namespace(),
+        &plane.lease_namespace(Service::Provision),
     )
 }
 

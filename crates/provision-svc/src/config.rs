@@ -33,6 +33,9 @@ pub struct ProvisionArgs {
 
     /// Add the provisioner's finalizer
     /// (`external-provisioner.volume.kubernetes.io/finalizer`) to provisioned PVs.
+    /// One setting with reclaim-svc's `--add-finalizer` (seed `AddFinalizer`): set
+    /// both alike (the deploy reads one ConfigMap key for both), or reclaim-svc
+    /// removes the finalizer again.
     #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
     pub add_finalizer: bool,
 

@@ -10,6 +10,7 @@
 //! * [`deadline`] — the per-operation deadline a backend call sees (the seed's
 //!   context timeout);
 //! * [`claim`] — claim checks shared by filesystem backends;
+//! * [`quantity`] — Kubernetes resource quantities (`kube_quantity` plus the API server's rules);
 //! * `testing` (feature `testing`) — [`FakeProvisioner`](testing::FakeProvisioner),
 //!   the one scriptable fake backend of the services' tests.
 
@@ -18,6 +19,7 @@ pub mod deadline;
 pub mod errors;
 pub mod provisioner;
 pub mod provisioning;
+pub mod quantity;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -54,8 +54,11 @@
 //! (the process exits and restarts as a standby). Before announcing a written
 //! PV (`ProvisioningSucceeded`) a worker asks Redis whether its term still holds
 //! the entry ([`PvQueue::holds`]), so a replica that wakes up superseded
-//! announces nothing; only one stopped in the few milliseconds between that
-//! check and the event reaching the API server can add a second event.
+//! announces nothing. The event itself is idempotent
+//! ([`EventSink::publish_once`]: one Event named `<claim uid>.provisioningsucceeded`),
+//! so a replica stopped between that check and the event reaching the API
+//! server, or a write retried after a crash, finds the Event already there and
+//! adds none: exactly one `ProvisioningSucceeded` per claim.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -311,8 +314,9 @@ impl Writer {
                 // superseded writer (paused past its Lease) announces nothing;
                 // the new leader re-takes the entry, finds the PV and announces.
                 // The event goes out before the completion, so a writer killed
-                // in between announces again on the retried write (at least once,
-                // like the write itself). Bounded by EVENT_PUBLISH_TIMEOUT so the
+                // in between announces again on the retried write; the Event's
+                // name is fixed by the claim uid (publish_once), so the repeat
+                // finds it and the claim keeps one. Bounded by EVENT_PUBLISH_TIMEOUT so the
                 // entry is completed well within its visibility timeout.
                 let epoch = self.epoch.load(Ordering::SeqCst);
                 match self
@@ -330,7 +334,7 @@ impl Writer {
                 publish_bounded(
                     EVENT_PUBLISH_TIMEOUT,
                     &pv_name,
-                    self.events.publish(
+                    self.events.publish_once(
                         &claim_reference(&entry.claim),
                         false,
                         reason::PROVISIONING_SUCCEEDED,

@@ -14,7 +14,10 @@ use common::service::config::{parse_duration, CommonArgs, RetryArgs};
 pub struct ReclaimArgs {
     /// Add the provisioner finalizer to our PVs with reclaim policy `Delete`, so
     /// a PV object outlives its asset's deletion; when off, the finalizer is
-    /// removed from our PVs (seed `AddFinalizer`).
+    /// removed from our PVs (seed `AddFinalizer`, whose rollback path this is:
+    /// no guard keeps it). One setting with provision-svc's `--add-finalizer`:
+    /// set both alike (the deploy reads one ConfigMap key for both), or this
+    /// service strips the finalizer provision-svc adds.
     #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
     pub add_finalizer: bool,
 

@@ -104,7 +104,7 @@ impl RealPlane {
         let mut kubeconfigs = BTreeMap::new();
         for s in Service::ALL {
             let kc = cluster
-                .service_account_kubeconfig(&rbac.namespace, s.binary_name())
+                .service_account_kubeconfig(rbac.namespace(s), s.binary_name())
                 .await
                 .with_context(|| format!("kubeconfig of ServiceAccount {}", s.binary_name()))?;
             kubeconfigs.insert(s, kc);
@@ -280,11 +280,11 @@ impl Plane {
         common::service::kube_client::build_client(config, 0.0, 0)
     }
 
-    /// Namespace of the Leases: the deploy's namespace on a real cluster
-    /// (its Lease Roles are namespaced there), else [`SIM_NAMESPACE`].
-    pub fn lease_namespace(&self) -> String {
+    /// Namespace of `service`'s Lease: the service's namespace in the deploy on a real
+    /// cluster (its Lease Role is namespaced there), else [`SIM_NAMESPACE`].
+    pub fn lease_namespace(&self, service: Service) -> String {
         match self {
-            Plane::Real(r) => r.rbac.namespace.clone(),
+            Plane::Real(r) => r.rbac.namespace(service).to_string(),
             _ => SIM_NAMESPACE.into(),
         }
     }

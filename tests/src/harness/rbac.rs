@@ -38,8 +38,10 @@ pub const RBAC_KINDS: [&str; 6] = [
 /// What the rendered `deploy/base` says the services run as.
 #[derive(Debug, Clone)]
 pub struct DeployRbac {
-    /// The deploy's namespace (`split-provisioner`): ServiceAccounts and Leases live there.
-    pub namespace: String,
+    /// Each service's namespace (its ServiceAccount's; its Lease Role and Lease live
+    /// there too): `split-provisioner` for pv-writer, `split-provisioner-volumes` for
+    /// provision-svc and reclaim-svc (see deploy/README.md, "Pod Security").
+    pub namespaces: BTreeMap<Service, String>,
     /// `PROVISIONER_NAME` of the shared ConfigMap (the Lease Roles' `resourceNames` follow it).
     pub provisioner_name: String,
     /// Every rendered RBAC object (kinds in [`RBAC_KINDS`]) as JSON, in stream order.
@@ -73,7 +75,7 @@ impl DeployRbac {
     pub fn parse(yaml: &str) -> anyhow::Result<Self> {
         use serde::Deserialize;
         let mut objects = Vec::new();
-        let mut namespace = None;
+        let mut namespaces = BTreeMap::new();
         let mut provisioner_name = None;
         for doc in serde_yaml::Deserializer::from_str(yaml) {
             let v = Value::deserialize(doc).context("a rendered document is not YAML")?;
@@ -84,22 +86,28 @@ impl DeployRbac {
                 }
             }
             if kind == "ServiceAccount" {
-                namespace = v["metadata"]["namespace"].as_str().map(str::to_string);
+                let name = v["metadata"]["name"].as_str().unwrap_or_default();
+                if let (Some(s), Some(ns)) = (
+                    Service::ALL.into_iter().find(|s| s.binary_name() == name),
+                    v["metadata"]["namespace"].as_str(),
+                ) {
+                    namespaces.insert(s, ns.to_string());
+                }
             }
             if RBAC_KINDS.contains(&kind) {
                 objects.push(v);
             }
         }
         let rbac = Self {
-            namespace: namespace.context("no ServiceAccount in the rendered deploy")?,
+            namespaces,
             provisioner_name: provisioner_name
                 .context("no PROVISIONER_NAME in the rendered deploy's ConfigMaps")?,
             objects,
         };
         for s in Service::ALL {
             anyhow::ensure!(
-                rbac.service_account(s).is_some(),
-                "the rendered deploy has no ServiceAccount {}",
+                rbac.service_account(s).is_some() && rbac.namespaces.contains_key(&s),
+                "the rendered deploy has no ServiceAccount {} with a namespace",
                 s.binary_name()
             );
         }
@@ -113,12 +121,20 @@ impl DeployRbac {
         })
     }
 
+    /// Namespace of `service` (its ServiceAccount, Lease Role and Lease).
+    pub fn namespace(&self, service: Service) -> &str {
+        self.namespaces
+            .get(&service)
+            .map(String::as_str)
+            .unwrap_or_default()
+    }
+
     /// The API-server user name of `service`'s ServiceAccount:
     /// `system:serviceaccount:<namespace>:<binary>`.
     pub fn user(&self, service: Service) -> String {
         format!(
             "system:serviceaccount:{}:{}",
-            self.namespace,
+            self.namespace(service),
             service.binary_name()
         )
     }
@@ -267,7 +283,7 @@ pub fn calls_of(records: &[AuditRecord], user: &str) -> BTreeMap<Call, BTreeSet<
 
 /// Check what `service` really did (`records`, filtered to its identity in
 /// `rbac`) against its declaration `declared` (`api_calls::API_CALLS`): every
-/// call made must be declared, a namespaced declaration only in the deploy's
+/// call made must be declared, a namespaced declaration only in the service's
 /// namespace, and no request may have been refused (403). Returns the calls
 /// made, for [`record_exercised`].
 ///
@@ -304,7 +320,7 @@ pub fn check_audit(
                 "{}: made {verb} on {group}/{resource} (namespaces {namespaces:?}), which its api_calls::API_CALLS does not declare",
                 service.binary_name()
             )),
-            Some(d) if d.namespaced && namespaces.iter().any(|n| n.as_deref() != Some(rbac.namespace.as_str())) => {
+            Some(d) if d.namespaced && namespaces.iter().any(|n| n.as_deref() != Some(rbac.namespace(service))) => {
                 problems.push(format!(
                     "{}: {verb} on {group}/{resource} is declared namespaced but was made in {namespaces:?}",
                     service.binary_name()
@@ -394,7 +410,7 @@ data: {PROVISIONER_NAME: example.com/hostpath}
 ---
 apiVersion: v1
 kind: ServiceAccount
-metadata: {name: provision-svc, namespace: sp}
+metadata: {name: provision-svc, namespace: sp-volumes}
 ---
 apiVersion: v1
 kind: ServiceAccount
@@ -441,7 +457,12 @@ subjects: [{kind: ServiceAccount, name: pv-writer, namespace: sp}]
     #[test]
     fn parses_namespace_provisioner_and_grants() {
         let r = DeployRbac::parse(STREAM).unwrap();
-        assert_eq!(r.namespace, "sp");
+        assert_eq!(r.namespace(Service::PvWriter), "sp");
+        assert_eq!(r.namespace(Service::Provision), "sp-volumes");
+        assert_eq!(
+            r.user(Service::Provision),
+            "system:serviceaccount:sp-volumes:provision-svc"
+        );
         assert_eq!(r.provisioner_name, "example.com/hostpath");
         assert_eq!(r.objects.len(), 6, "Namespace, 3 SAs, ClusterRole, binding");
         assert_eq!(

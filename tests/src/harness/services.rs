@@ -88,8 +88,12 @@ pub struct ServiceSettings {
     pub node_name: String,
     /// Run leader election (needed with more than one replica).
     pub leader_election: bool,
-    /// Namespace of the Leases.
+    /// Namespace of the Leases (of every service without an entry in
+    /// [`lease_namespaces`](Self::lease_namespaces)).
     pub lease_namespace: String,
+    /// Per-service Lease namespace (the real plane: each service's namespace in the
+    /// deploy, where its Lease Role grants it the Lease).
+    pub lease_namespaces: std::collections::BTreeMap<Service, String>,
     /// `--lease-duration`.
     pub lease_duration: Duration,
     /// `--renew-deadline`.
@@ -116,6 +120,14 @@ pub struct ServiceSettings {
 }
 
 impl ServiceSettings {
+    /// The Lease namespace of `service`: its [`lease_namespaces`](Self::lease_namespaces)
+    /// entry, else [`lease_namespace`](Self::lease_namespace).
+    pub fn lease_namespace_of(&self, service: Service) -> &str {
+        self.lease_namespaces
+            .get(&service)
+            .unwrap_or(&self.lease_namespace)
+    }
+
     /// Test-friendly defaults: leader election on with short timings (lease 4 s,
     /// renew deadline 3 s, retry period 1 s), client rate limit off, retries
     /// from 500 ms capped at 5 s, provisioner `example.com/hostpath`, node `node-1`,
@@ -132,6 +144,7 @@ impl ServiceSettings {
             node_name: "node-1".into(),
             leader_election: true,
             lease_namespace: "default".into(),
+            lease_namespaces: Default::default(),
             lease_duration: Duration::from_secs(4),
             renew_deadline: Duration::from_secs(3),
             retry_period: Duration::from_secs(1),
@@ -185,7 +198,7 @@ impl ServiceSettings {
             http_port.to_string(),
             format!("--leader-election={}", self.leader_election),
             "--leader-election-namespace".into(),
-            self.lease_namespace.clone(),
+            self.lease_namespace_of(service).to_string(),
             "--leader-election-identity".into(),
             identity(service, replica),
             "--leader-election-lease-duration".into(),

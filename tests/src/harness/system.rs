@@ -128,7 +128,7 @@ impl System {
                     .service_kubeconfigs
                     .insert(s, real.kubeconfig(s).to_path_buf());
             }
-            settings.lease_namespace = real.rbac.namespace.clone();
+            settings.lease_namespaces = real.rbac.namespaces.clone();
             settings.provisioner_name = real.rbac.provisioner_name.clone();
         }
         if let Some(f) = opts.configure {
@@ -314,7 +314,7 @@ impl System {
     /// Holder identity of `service`'s Lease, if any.
     pub async fn lease_holder(&self, service: Service) -> Option<String> {
         let name = service.lease_name(&self.settings.provisioner_name);
-        let lease: Lease = self.read_lease(&name).await?;
+        let lease: Lease = self.read_lease(service, &name).await?;
         lease.spec?.holder_identity
     }
 
@@ -516,10 +516,10 @@ impl System {
         }
     }
 
-    /// The Lease `name` in the Lease namespace (simulator: read from its store,
+    /// The Lease `name` in `service`'s Lease namespace (simulator: read from its store,
     /// bypassing injected faults; else a GET), `None` when absent or unreadable.
-    async fn read_lease(&self, name: &str) -> Option<Lease> {
-        let ns = &self.settings.lease_namespace;
+    async fn read_lease(&self, service: Service, name: &str) -> Option<Lease> {
+        let ns = self.settings.lease_namespace_of(service);
         match &self.sim {
             Some(sim) => {
                 serde_json::from_value(sim.object("leases.coordination.k8s.io", ns, name)?).ok()

@@ -146,39 +146,9 @@ fn access_modes(spec: &Value, errs: &mut Vec<FieldError>, required_detail: &str)
     }
 }
 
+/// The API server's quantity grammar, through the product's parser (`kube_quantity`).
 fn is_quantity(s: &str) -> bool {
-    // [+-]?(digits[.digits]|.digits)(suffix)?
-    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let num_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(num_end);
-    if num.is_empty() || num == "." || num.matches('.').count() > 1 {
-        return false;
-    }
-    matches!(
-        suffix,
-        "" | "Ki"
-            | "Mi"
-            | "Gi"
-            | "Ti"
-            | "Pi"
-            | "Ei"
-            | "n"
-            | "u"
-            | "m"
-            | "k"
-            | "M"
-            | "G"
-            | "T"
-            | "P"
-            | "E"
-    ) || (suffix.starts_with(['e', 'E'])
-        && suffix[1..]
-            .trim_start_matches(['+', '-'])
-            .chars()
-            .all(|c| c.is_ascii_digit())
-        && suffix.len() > 1)
+    provisioner_api::quantity::parse(s).is_some()
 }
 
 fn quantity(v: Option<&Value>, field: &str, errs: &mut Vec<FieldError>) {

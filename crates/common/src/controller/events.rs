@@ -13,6 +13,14 @@
 //! 0.72), with `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
 //! This is a small hand-written copy of the Recorder's create-then-patch-series logic,
 //! because the Recorder cannot be told to use another namespace than the object's.
+//!
+//! Events that must exist once per object, whoever publishes them and how often
+//! ([`EventSink::publish_once`]: pv-writer's `ProvisioningSucceeded`, which a deposed
+//! leader and its successor may both announce for the same PV write), get a deterministic
+//! name, `<object uid>.<reason in lower case>` ([`once_event_name`]): the first create
+//! wins and every later one answers `409 AlreadyExists`, which is the success of "already
+//! announced". The Recorder cannot do this either: it names every Event
+//! `<object name>.<timestamp>` and keeps its series only in one process's memory.
 
 use api_types::queue::ClaimKey;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
@@ -125,6 +133,99 @@ impl EventSink {
             .await
     }
 
+    /// Publish a Normal (`warning = false`) or Warning event about `object` at most once per
+    /// (`object.uid`, `reason`), across replicas and restarts: the Event is created under
+    /// [`once_event_name`], in the object's namespace (or [`CLUSTER_SCOPED_NAMESPACE`] for a
+    /// cluster-scoped object), and an `AlreadyExists` answer means another publish (this
+    /// process, a deposed leader, a retried queue entry) announced it first. Without a uid
+    /// it falls back to [`EventSink::publish`]. Failures are logged, never returned.
+    pub async fn publish_once(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if let Err(err) = self
+            .try_publish_once(object, warning, reason, action, note)
+            .await
+        {
+            tracing::warn!(reason, object = ?object.name, error = %err, "publishing event failed");
+        }
+    }
+
+    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call
+    /// created the Event, `Ok(false)` when it already existed.
+    ///
+    /// Errors: the API server rejected (other than `409 AlreadyExists`) or did not answer
+    /// the create.
+    pub async fn try_publish_once(
+        &self,
+        object: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> Result<bool, kube::Error> {
+        let Some(name) = once_event_name(object, reason) else {
+            self.try_publish(object, warning, reason, action, note)
+                .await?;
+            return Ok(true);
+        };
+        let namespace = object
+            .namespace
+            .clone()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| CLUSTER_SCOPED_NAMESPACE.to_string());
+        let regarding = ObjectReference {
+            namespace: object.namespace.clone().filter(|ns| !ns.is_empty()),
+            ..object.clone()
+        };
+        let event = self.new_event(&namespace, name, &regarding, warning, reason, action, note);
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        match api.create(&PostParams::default(), &event).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// An events.k8s.io/v1 Event in `namespace` named `name`, reported by this sink.
+    #[allow(clippy::too_many_arguments)]
+    fn new_event(
+        &self,
+        namespace: &str,
+        name: String,
+        regarding: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) -> K8sEvent {
+        K8sEvent {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.to_string()),
+                name: Some(name),
+                ..Default::default()
+            },
+            action: Some(action.to_string()),
+            reason: Some(reason.to_string()),
+            note: Some(note),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+            event_time: Some(MicroTime(Timestamp::now())),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        }
+    }
+
     /// An event about a cluster-scoped object, in [`CLUSTER_SCOPED_NAMESPACE`]: created the
     /// first time, then its `series` (count, lastObservedTime) patched on repeats within
     /// [`SERIES_TTL`], as the Recorder does for namespaced objects.
@@ -177,38 +278,51 @@ impl EventSink {
             cache.insert(key, event);
             return Ok(());
         }
-        let event = K8sEvent {
-            metadata: ObjectMeta {
-                namespace: Some(CLUSTER_SCOPED_NAMESPACE.to_string()),
-                name: Some(format!(
-                    "{}.{:x}",
-                    regarding
-                        .name
-                        .as_deref()
-                        .unwrap_or(&self.reporter.controller),
-                    now.as_nanosecond()
-                )),
-                ..Default::default()
-            },
-            action: Some(action.to_string()),
-            reason: Some(reason.to_string()),
-            note: Some(note),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
-            event_time: Some(MicroTime(now)),
-            regarding: Some(regarding),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            ..Default::default()
-        };
+        let name = format!(
+            "{}.{:x}",
+            regarding
+                .name
+                .as_deref()
+                .unwrap_or(&self.reporter.controller),
+            now.as_nanosecond()
+        );
+        let mut event = self.new_event(
+            CLUSTER_SCOPED_NAMESPACE,
+            name,
+            &regarding,
+            warning,
+            reason,
+            action,
+            note,
+        );
+        event.event_time = Some(MicroTime(now));
         let created = api.create(&PostParams::default(), &event).await?;
         cache.insert(key, created);
         Ok(())
     }
+}
+
+/// Name of the one Event [`EventSink::publish_once`] writes for `object` and `reason`:
+/// `<object uid>.<reason in lower case>` (e.g.
+/// `6a1e0a51-0000-4000-8000-000000000002.provisioningsucceeded`), a valid DNS subdomain
+/// (Event names must be one) for a Kubernetes uid and a CamelCase reason. `None` when the
+/// object has no uid, or the result would not be a DNS subdomain (at most 253 characters of
+/// lower-case letters, digits, `-` and `.`, alphanumeric at both ends).
+pub fn once_event_name(object: &ObjectReference, reason: &str) -> Option<String> {
+    let uid = object.uid.as_deref().filter(|u| !u.is_empty())?;
+    let name = format!(
+        "{}.{}",
+        uid.to_ascii_lowercase(),
+        reason.to_ascii_lowercase()
+    );
+    let valid = name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .split('.')
+            .all(|label| !label.is_empty() && !label.starts_with('-') && !label.ends_with('-'));
+    valid.then_some(name)
 }
 
 /// An [`ObjectReference`] to any typed object (kind, apiVersion, namespace, name, uid).
@@ -243,6 +357,33 @@ pub fn claim_ref_of(claim: &PersistentVolumeClaim) -> ObjectReference {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[test]
+    fn once_event_names_are_deterministic_dns_subdomains() {
+        let object = ObjectReference {
+            uid: Some("6A1E0A51-0000-4000-8000-000000000002".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            once_event_name(&object, reason::PROVISIONING_SUCCEEDED).as_deref(),
+            Some("6a1e0a51-0000-4000-8000-000000000002.provisioningsucceeded")
+        );
+        assert_eq!(
+            once_event_name(&object, reason::PROVISIONING_SUCCEEDED),
+            once_event_name(&object, reason::PROVISIONING_SUCCEEDED)
+        );
+        assert_ne!(
+            once_event_name(&object, reason::PROVISIONING_SUCCEEDED),
+            once_event_name(&object, reason::PROVISIONING_FAILED)
+        );
+        assert_eq!(once_event_name(&ObjectReference::default(), "X"), None);
+        let odd = ObjectReference {
+            uid: Some("a/b".into()),
+            ..Default::default()
+        };
+        assert_eq!(once_event_name(&odd, "X"), None);
+        assert_eq!(once_event_name(&object, "Not Valid"), None);
+    }
 
     #[test]
     fn claim_reference_from_a_key_and_from_a_claim() {

@@ -1,29 +1,117 @@
 //! Kubernetes client construction: kubeconfig or in-cluster config, with a
 //! client-side request rate limit applied as a tower layer.
+//!
+//! The limit is a token bucket (client-go's `flowcontrol` limiter: `--kube-api-qps`
+//! tokens per second, at most `--kube-api-burst` saved up), implemented by `governor`'s
+//! GCRA limiter. tower's own `RateLimit` is a fixed window that lets `2 × burst`
+//! requests through around a window edge; governor has no tower layer of its own, so
+//! [`TokenBucketLayer`] is the few lines that put its limiter in front of a service.
 
+use std::future::Future;
+use std::num::NonZeroU32;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::Context;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use tower::limit::RateLimitLayer;
+use tower::{Layer, Service};
 
 use crate::service::config::CommonArgs;
 
-/// The window of the client-side limit: at most `burst` requests per
-/// `burst / qps` seconds, which averages `qps` requests per second and lets
-/// `burst` requests through at once (client-go's token bucket allows the same
-/// long-run rate and burst). `None` when `qps <= 0` (limit disabled).
+/// The token bucket of `--kube-api-qps`/`--kube-api-burst`: one token every `1 / qps`
+/// seconds, at most `burst` (at least 1) held, so `burst` requests may go at once and
+/// the long-run rate is `qps` per second (client-go's semantics). `None` when
+/// `qps <= 0` or not finite (limit disabled), or the period rounds to zero
+/// (`qps` above 10⁹).
 ///
 /// The default 200 qps / 400 burst lets one service sustain 100 volumes/s at
 /// ~2 requests per volume; client-go's 5 / 10 is what caps the seed at ~4 volumes/s.
-pub fn rate_limit_window(qps: f64, burst: u32) -> Option<(u64, Duration)> {
+pub fn token_bucket_quota(qps: f64, burst: u32) -> Option<Quota> {
     if qps <= 0.0 || !qps.is_finite() {
         return None;
     }
-    let burst = u64::from(burst.max(1));
-    Some((burst, Duration::from_secs_f64(burst as f64 / qps)))
+    let burst = NonZeroU32::new(burst.max(1))?;
+    Some(Quota::with_period(Duration::from_secs_f64(1.0 / qps))?.allow_burst(burst))
+}
+
+/// Tower layer putting a [`TokenBucket`] (governor's direct rate limiter, shared by
+/// every service the layer wraps) in front of a service.
+#[derive(Clone)]
+pub struct TokenBucketLayer {
+    limiter: Arc<DefaultDirectRateLimiter>,
+}
+
+impl TokenBucketLayer {
+    /// A layer enforcing `quota` (see [`token_bucket_quota`]).
+    pub fn new(quota: Quota) -> Self {
+        Self {
+            limiter: Arc::new(RateLimiter::direct(quota)),
+        }
+    }
+}
+
+impl<S> Layer<S> for TokenBucketLayer {
+    type Service = TokenBucket<S>;
+
+    fn layer(&self, inner: S) -> TokenBucket<S> {
+        TokenBucket {
+            inner,
+            limiter: self.limiter.clone(),
+            wait: None,
+            permitted: false,
+        }
+    }
+}
+
+/// A service that is ready only once the token bucket granted a token (one per request)
+/// and the inner service is ready. Waiting is a tokio timer until governor's earliest
+/// conforming instant, so no task spins.
+pub struct TokenBucket<S> {
+    inner: S,
+    limiter: Arc<DefaultDirectRateLimiter>,
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A token was taken for the next `call`.
+    permitted: bool,
+}
+
+impl<S, R> Service<R> for TokenBucket<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
+        while !self.permitted {
+            if let Some(sleep) = self.wait.as_mut() {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.wait = None;
+            }
+            match self.limiter.check() {
+                Ok(()) => self.permitted = true,
+                Err(not_until) => {
+                    let wait = not_until.wait_time_from(DefaultClock::default().now());
+                    self.wait = Some(Box::pin(tokio::time::sleep(wait)));
+                }
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        debug_assert!(self.permitted, "call without poll_ready");
+        self.permitted = false;
+        self.inner.call(request)
+    }
 }
 
 /// Load the client configuration: `--kubeconfig` if given, else the usual
@@ -46,7 +134,8 @@ pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
 }
 
 /// Build a client from `config` with the `--kube-api-qps`/`--kube-api-burst`
-/// limit (see [`rate_limit_window`]) as a [`RateLimitLayer`].
+/// token bucket (see [`token_bucket_quota`]) as a [`TokenBucketLayer`]; `qps <= 0`
+/// builds it without a limit.
 ///
 /// Errors: TLS or connector setup failures from kube.
 ///
@@ -58,8 +147,8 @@ pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
 pub fn build_client(mut config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
     config.default_retry = false;
     let builder = ClientBuilder::try_from(config).context("building Kubernetes client")?;
-    Ok(match rate_limit_window(qps, burst) {
-        Some((num, per)) => builder.with_layer(&RateLimitLayer::new(num, per)).build(),
+    Ok(match token_bucket_quota(qps, burst) {
+        Some(quota) => builder.with_layer(&TokenBucketLayer::new(quota)).build(),
         None => builder.build(),
     })
 }
@@ -73,34 +162,73 @@ pub async fn client_from_args(args: &CommonArgs) -> anyhow::Result<Client> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+    use tower::ServiceExt;
 
-    #[test]
-    fn window_averages_qps_and_allows_burst() {
-        assert_eq!(
-            rate_limit_window(200.0, 400),
-            Some((400, Duration::from_secs(2)))
-        );
-        assert_eq!(
-            rate_limit_window(5.0, 10),
-            Some((10, Duration::from_secs(2)))
-        );
-        assert_eq!(rate_limit_window(0.0, 400), None);
-        assert_eq!(rate_limit_window(-1.0, 400), None);
+    fn limited(
+        qps: f64,
+        burst: u32,
+    ) -> impl Service<(), Response = (), Error = std::convert::Infallible> {
+        let quota = token_bucket_quota(qps, burst).expect("limit on");
+        TokenBucketLayer::new(quota).layer(tower::service_fn(|_: ()| async {
+            Ok::<_, std::convert::Infallible>(())
+        }))
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn layer_holds_requests_beyond_the_burst() {
-        use tower::{Service, ServiceExt};
-        let (num, per) = rate_limit_window(2.0, 2).unwrap();
-        let mut svc = tower::ServiceBuilder::new()
-            .layer(RateLimitLayer::new(num, per))
-            .service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) });
-        let start = tokio::time::Instant::now();
-        for _ in 0..2 {
-            svc.ready().await.unwrap().call(()).await.unwrap();
+    /// Time for `n` requests through `svc`, one after the other.
+    async fn time_requests<S: Service<(), Error = std::convert::Infallible>>(
+        svc: &mut S,
+        n: usize,
+    ) -> Duration {
+        let start = Instant::now();
+        for _ in 0..n {
+            svc.ready().await.unwrap().call(()).await.ok();
         }
-        assert_eq!(start.elapsed(), Duration::ZERO);
-        svc.ready().await.unwrap().call(()).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        start.elapsed()
+    }
+
+    #[test]
+    fn quota_is_qps_with_burst_and_off_at_zero() {
+        let q = token_bucket_quota(200.0, 400).unwrap();
+        assert_eq!(q.replenish_interval(), Duration::from_millis(5));
+        assert_eq!(q.burst_size().get(), 400);
+        assert_eq!(token_bucket_quota(5.0, 0).unwrap().burst_size().get(), 1);
+        assert!(token_bucket_quota(0.0, 400).is_none());
+        assert!(token_bucket_quota(-1.0, 400).is_none());
+        assert!(token_bucket_quota(f64::NAN, 400).is_none());
+    }
+
+    /// A full bucket lets `burst` through at once, then the steady rate is `qps`.
+    #[tokio::test]
+    async fn burst_then_steady_rate() {
+        let (qps, burst) = (50.0, 10);
+        let mut svc = limited(qps, burst);
+        let t = time_requests(&mut svc, burst as usize).await;
+        assert!(t < Duration::from_millis(100), "burst took {t:?}");
+        // 20 more need 20 tokens at 50/s: 400 ms (not faster, whatever the load).
+        let t = time_requests(&mut svc, 20).await;
+        assert!(
+            t >= Duration::from_millis(380),
+            "20 beyond the burst took {t:?}"
+        );
+        assert!(t < Duration::from_secs(3), "20 beyond the burst took {t:?}");
+    }
+
+    /// The fixed-window defect this replaces: waiting until just before a window edge and
+    /// then sending `2 × burst` got all of them through within moments (one window's quota
+    /// at its end, the next one's at its start). A token bucket holds at most `burst`, so
+    /// the second half waits `burst / qps`.
+    #[tokio::test]
+    async fn never_more_than_burst_at_a_window_edge() {
+        let (qps, burst) = (50.0, 10);
+        let period = Duration::from_secs_f64(f64::from(burst) / qps); // 200 ms
+        let mut svc = limited(qps, burst);
+        tokio::time::sleep(period.mul_f64(0.9)).await;
+        let t = time_requests(&mut svc, 2 * burst as usize).await;
+        assert!(
+            t >= period.mul_f64(0.95),
+            "{} requests after an idle period took {t:?}: more than the burst of {burst} went at once",
+            2 * burst
+        );
     }
 }
