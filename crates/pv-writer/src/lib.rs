@@ -51,7 +51,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.writer.validate()?;
     match &cli.command {
         Some(Command::Queue { action }) => {
-            let queue = PvQueue::connect(&cli.common.redis_url, &cli.common.provisioner_name)
+            let queue = PvQueue::connect(cli.common.redis(), &cli.common.provisioner_name)
                 .await
                 .context("connecting to the queue")?;
             let text = queue_cmd::run_queue_command(&queue, action).await?;
@@ -106,7 +106,7 @@ pub async fn serve_with_metrics(
 ) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let queue = loop {
-        match PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name).await {
+        match PvQueue::connect(ctx.args.redis(), &ctx.args.provisioner_name).await {
             Ok(q) => break q,
             Err(err) => {
                 tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");

@@ -251,7 +251,7 @@ pub async fn run_with_archiver(
                 // runtime aborts the work future on a lost Lease).
                 let archiver = archiver.filter(|_| reclaim.sweep_orphans);
                 let job = sweep::SweepJob {
-                    redis_url: ctx.args.redis_url.clone(),
+                    redis: ctx.args.redis(),
                     provisioner_name: ctx.args.provisioner_name.clone(),
                     pvs: api.clone(),
                     backend,
