@@ -113,6 +113,12 @@ pub struct ServiceSettings {
     /// The queue HMAC key file given to provision-svc and pv-writer
     /// (`--queue-hmac-key-file`); [`new`](Self::new) writes a fresh random key.
     pub queue_key_file: PathBuf,
+    /// With an ACL'd Redis: the directory of per-user password files; each
+    /// service then runs with `--redis-username <binary name>` and
+    /// `--redis-password-file <dir>/<binary name>` (the deploy's users).
+    pub redis_password_dir: Option<PathBuf>,
+    /// With a TLS Redis: `--redis-ca-file` of every service.
+    pub redis_ca_file: Option<PathBuf>,
 }
 
 impl ServiceSettings {
@@ -142,6 +148,8 @@ impl ServiceSettings {
             log_level: "info".into(),
             log_dir: log_dir.to_path_buf(),
             extra_args: Vec::new(),
+            redis_password_dir: None,
+            redis_ca_file: None,
         }
     }
 
@@ -201,6 +209,17 @@ impl ServiceSettings {
             "--shutdown-grace-period".into(),
             "5s".into(),
         ];
+        if let Some(dir) = &self.redis_password_dir {
+            a.extend([
+                "--redis-username".into(),
+                service.binary_name().into(),
+                "--redis-password-file".into(),
+                dir.join(service.binary_name()).display().to_string(),
+            ]);
+        }
+        if let Some(ca) = &self.redis_ca_file {
+            a.extend(["--redis-ca-file".into(), ca.display().to_string()]);
+        }
         if matches!(service, Service::Provision | Service::PvWriter) {
             a.extend([
                 "--queue-hmac-key-file".into(),
