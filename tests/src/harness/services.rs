@@ -374,6 +374,11 @@ impl ServiceProcess {
         r
     }
 
+    /// Whether `/readyz` answers 200 now.
+    pub async fn is_ready(&self) -> bool {
+        matches!(http_get(self.http_addr, "/readyz").await, Ok((200, _)))
+    }
+
     /// Whether this replica reports holding its Lease
     /// (`leader_election_master_status` = 1).
     pub async fn is_leader(&self) -> bool {
