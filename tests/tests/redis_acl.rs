@@ -103,10 +103,17 @@ async fn assert_no_admin_and_no_foreign_keys(redis: &RedisServer, user: &str) {
         raw(&c, &["CONFIG", "SET", "appendonly", "no"]).await,
     );
     denied(&format!("{user}: KEYS"), raw(&c, &["KEYS", "*"]).await);
-    denied(&format!("{user}: ACL LIST"), raw(&c, &["ACL", "LIST"]).await);
+    denied(
+        &format!("{user}: ACL LIST"),
+        raw(&c, &["ACL", "LIST"]).await,
+    );
     denied(
         &format!("{user}: another provisioner's payloads"),
-        raw(&c, &["HEXISTS", "provisioner:{other.io/x}:pv-queue:payloads", "a"]).await,
+        raw(
+            &c,
+            &["HEXISTS", "provisioner:{other.io/x}:pv-queue:payloads", "a"],
+        )
+        .await,
     );
     denied(
         &format!("{user}: a key outside any prefix"),
@@ -136,8 +143,12 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
 
     // provision-svc: intents, enqueue (script + WAITAOF where known), lookups.
     let ps = redis.config_as(Some("provision-svc"));
-    let ps_queue = PvQueue::connect(&ps, NAME).await.expect("provision-svc queue");
-    let ps_intents = IntentStore::connect(&ps, NAME).await.expect("provision-svc intents");
+    let ps_queue = PvQueue::connect(&ps, NAME)
+        .await
+        .expect("provision-svc queue");
+    let ps_intents = IntentStore::connect(&ps, NAME)
+        .await
+        .expect("provision-svc intents");
     for pv in ["pvc-a", "pvc-b", "pvc-c"] {
         assert!(ps_intents.record(&intent(pv)).await.unwrap());
     }
@@ -158,8 +169,12 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
 
     // reclaim-svc: the orphan sweep's read-only lookups.
     let rs = redis.config_as(Some("reclaim-svc"));
-    let rs_queue = PvQueue::connect(&rs, NAME).await.expect("reclaim-svc queue");
-    let rs_intents = IntentStore::connect(&rs, NAME).await.expect("reclaim-svc intents");
+    let rs_queue = PvQueue::connect(&rs, NAME)
+        .await
+        .expect("reclaim-svc queue");
+    let rs_intents = IntentStore::connect(&rs, NAME)
+        .await
+        .expect("reclaim-svc intents");
     assert!(rs_queue.is_pending("pvc-a").await.unwrap());
     assert!(!rs_intents.contains("pvc-a").await.unwrap());
 
@@ -178,9 +193,15 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
         .expect("current term");
     assert_eq!(taken.len(), 3);
     assert_eq!(writer.holds(epoch, "pvc-a").await.unwrap(), Settled::Done);
-    assert_eq!(writer.complete(old, "pvc-a").await.unwrap(), Settled::Fenced);
+    assert_eq!(
+        writer.complete(old, "pvc-a").await.unwrap(),
+        Settled::Fenced
+    );
     assert_eq!(writer.fenced_operations().await.unwrap(), 1);
-    assert_eq!(writer.complete(epoch, "pvc-a").await.unwrap(), Settled::Done);
+    assert_eq!(
+        writer.complete(epoch, "pvc-a").await.unwrap(),
+        Settled::Done
+    );
     assert_eq!(
         writer
             .schedule_retry(epoch, "pvc-b", Duration::from_secs(600), 1)
@@ -196,7 +217,10 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
         attempts: 1,
         claim: None,
     };
-    assert_eq!(writer.dead_letter(epoch, &letter).await.unwrap(), Settled::Done);
+    assert_eq!(
+        writer.dead_letter(epoch, &letter).await.unwrap(),
+        Settled::Done
+    );
     assert_eq!(writer.list_dead().await.unwrap().len(), 1);
     assert!(writer.requeue_dead("pvc-c").await.unwrap());
     let taken = writer
@@ -208,7 +232,7 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
     let next = writer.begin_term().await.unwrap();
     assert_eq!(writer.recover_inflight(next).await.unwrap(), 2);
     let stats = writer.stats().await.unwrap();
-    assert_eq!((stats.due, stats.inflight, stats.dead), (2, 0, 0));
+    assert_eq!((stats.depth, stats.dead), (2, 0));
     assert_eq!(writer.list_pending().await.unwrap().len(), 2);
     assert!(writer.payload("pvc-b").await.unwrap().is_some());
     assert!(writer.redis_time_ms().await.unwrap() > 0);
@@ -217,7 +241,7 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
     let op = PvQueue::connect(&redis.config_as(Some("operator")), NAME)
         .await
         .expect("operator queue");
-    assert_eq!(op.stats().await.unwrap().due, 2);
+    assert_eq!(op.stats().await.unwrap().depth, 2);
     assert_eq!(op.list_pending().await.unwrap().len(), 2);
     assert!(op.list_dead().await.unwrap().is_empty());
 
@@ -235,29 +259,61 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
         "provision-svc: overwrite a payload",
         raw(
             &ps,
-            &["HSET", "provisioner:{example.com/hostpath}:pv-queue:payloads", "pvc-b", "x"],
+            &[
+                "HSET",
+                "provisioner:{example.com/hostpath}:pv-queue:payloads",
+                "pvc-b",
+                "x",
+            ],
+        )
+        .await,
+    );
+    denied(
+        "provision-svc: delete a payload",
+        raw(
+            &ps,
+            &[
+                "HDEL",
+                "provisioner:{example.com/hostpath}:pv-queue:payloads",
+                "pvc-b",
+            ],
         )
         .await,
     );
     // pv-writer cannot touch the provisioning intents.
     let pw_intents = IntentStore::connect(&pw, NAME).await.unwrap();
-    denied("pv-writer: record an intent", pw_intents.record(&intent("pvc-x")).await);
+    denied(
+        "pv-writer: record an intent",
+        pw_intents.record(&intent("pvc-x")).await,
+    );
     denied("pv-writer: read intents", pw_intents.count().await);
     // reclaim-svc and operator write nothing.
-    denied("reclaim-svc: enqueue", rs_queue.enqueue(&entry("pvc-x")).await);
-    denied("reclaim-svc: record an intent", rs_intents.record(&intent("pvc-x")).await);
+    denied(
+        "reclaim-svc: enqueue",
+        rs_queue.enqueue(&entry("pvc-x")).await,
+    );
+    denied(
+        "reclaim-svc: record an intent",
+        rs_intents.record(&intent("pvc-x")).await,
+    );
     denied("operator: requeue", op.requeue_dead("pvc-b").await);
     denied("operator: begin a term", op.begin_term().await);
-    assert_eq!(writer.stats().await.unwrap().due, 2, "nothing changed");
+    assert_eq!(writer.stats().await.unwrap().depth, 2, "nothing changed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_or_missing_credentials_fail_at_connect_naming_the_cause() {
     let (dir, redis) = acl_redis().await;
     // No credentials: the default user is off.
-    let err = PvQueue::connect(redis.url(), NAME).await.err().expect("refused");
+    let err = PvQueue::connect(redis.url(), NAME)
+        .await
+        .err()
+        .expect("refused");
     let text = err.to_string();
-    assert!(text.contains("NOAUTH") || text.contains("WRONGPASS"), "{text}");
+    assert!(
+        text.contains("NOAUTH") || text.contains("WRONGPASS"),
+        "{text}"
+    );
     assert!(text.contains("--redis-password-file"), "{text}");
 
     // A wrong password: WRONGPASS, the user named, the password never shown.
@@ -268,23 +324,39 @@ async fn wrong_or_missing_credentials_fail_at_connect_naming_the_cause() {
         ..redis.config_as(Some("pv-writer"))
     };
     let err = redis_store::connect(&config).await.err().expect("refused");
-    assert!(matches!(err, ConnectError::Auth { ref code, .. } if code == "WRONGPASS"), "{err:?}");
+    assert!(
+        matches!(err, ConnectError::Auth { ref code, .. } if code == "WRONGPASS"),
+        "{err:?}"
+    );
     let text = err.to_string();
-    assert!(text.contains("\"pv-writer\"") && text.contains("WRONGPASS"), "{text}");
-    assert!(!text.contains("4711") && !format!("{err:?}").contains("4711"), "{text}");
+    assert!(
+        text.contains("\"pv-writer\"") && text.contains("WRONGPASS"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("4711") && !format!("{err:?}").contains("4711"),
+        "{text}"
+    );
     // Same through the intent store.
-    let err = IntentStore::connect(&config, NAME).await.err().expect("refused");
+    let err = IntentStore::connect(&config, NAME)
+        .await
+        .err()
+        .expect("refused");
     assert!(err.to_string().contains("WRONGPASS"), "{err}");
 
     // The password file is read at every attempt: fixing it needs no restart.
     std::fs::copy(redis.password_file("pv-writer").unwrap(), &wrong).unwrap();
-    redis_store::connect(&config).await.expect("fixed password connects");
+    redis_store::connect(&config)
+        .await
+        .expect("fixed password connects");
 }
 
 /// `kubectl kustomize <repo>/<dir>`, or `None` (skip) without kubectl unless
 /// `CI=true`.
 fn kustomize(dir: &str) -> Option<Vec<serde_yaml::Value>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
     let out = match std::process::Command::new("kubectl")
         .arg("kustomize")
         .arg(root.join(dir))
@@ -297,7 +369,11 @@ fn kustomize(dir: &str) -> Option<Vec<serde_yaml::Value>> {
         }
         Err(e) => panic!("kubectl: {e}"),
     };
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     Some(
         serde_yaml::Deserializer::from_str(&text)
@@ -358,7 +434,9 @@ fn dev_overlay_gives_each_service_its_own_redis_user_and_secret_key() {
             .find(|v| v["name"] == mount["name"])
             .unwrap();
         assert_eq!(volume["secret"]["secretName"].as_str(), Some(secret_name));
-        let items = volume["secret"]["items"].as_sequence().expect("only its own key");
+        let items = volume["secret"]["items"]
+            .as_sequence()
+            .expect("only its own key");
         assert_eq!(items.len(), 1, "{service} mounts only its own password");
         assert_eq!(items[0]["key"].as_str(), Some(service));
         let path = format!(
@@ -368,7 +446,11 @@ fn dev_overlay_gives_each_service_its_own_redis_user_and_secret_key() {
         );
         assert_eq!(path, file, "{service}");
         assert!(
-            c["env"].as_sequence().unwrap().iter().all(|e| e["name"] != "REDIS_PASSWORD"),
+            c["env"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .all(|e| e["name"] != "REDIS_PASSWORD"),
             "{service}: the password comes from a file, not env"
         );
     }
@@ -390,5 +472,8 @@ fn dev_overlay_gives_each_service_its_own_redis_user_and_secret_key() {
     assert!(opt("aclfile").is_some(), "{args:?}");
     let acl_cm = find(&objs, "ConfigMap", "redis-acl");
     let template = std::fs::read_to_string(e2e::harness::redis::deploy_acl_template()).unwrap();
-    assert_eq!(acl_cm["data"]["users.acl"].as_str(), Some(template.as_str()));
+    assert_eq!(
+        acl_cm["data"]["users.acl"].as_str(),
+        Some(template.as_str())
+    );
 }

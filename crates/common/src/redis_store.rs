@@ -195,7 +195,8 @@ pub enum ConnectError {
         url: String,
         /// The user the client authenticated as (`default` without one).
         user: String,
-        /// `WRONGPASS`, `NOAUTH`, `NOPERM` or `AUTH`.
+        /// `WRONGPASS` (unknown user or wrong password), `NOAUTH` (no
+        /// credentials given), or `NOPERM` (the user may not run `PING`).
         code: String,
         /// The client error.
         #[source]
@@ -354,11 +355,12 @@ impl RedisConfig {
     /// Map a failed connection attempt or first command to the cause.
     pub fn classify(&self, err: redis::RedisError) -> ConnectError {
         let url = self.redacted_url();
+        // redis-rs reports a refused `AUTH` at connect as AuthenticationFailed
+        // without the server's code; Redis >= 6 answers it with WRONGPASS.
         let code = err.code().map(str::to_string).or_else(|| {
-            (err.kind() == redis::ErrorKind::AuthenticationFailed).then(|| "AUTH".to_string())
+            (err.kind() == redis::ErrorKind::AuthenticationFailed).then(|| "WRONGPASS".to_string())
         });
-        if let Some(code) =
-            code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM" | "AUTH"))
+        if let Some(code) = code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM"))
         {
             return ConnectError::Auth {
                 url,

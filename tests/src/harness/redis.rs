@@ -39,6 +39,8 @@ pub struct RedisAcl {
     /// Rules of the deploy ACL this redis-server does not know (commands newer
     /// than it, e.g. `+waitaof` and `+client|setinfo` on Redis 7.0), left out
     /// so the file loads; every other rule is loaded exactly as rendered.
+    /// Only top-level `+<command>` tokens are probed; a selector's tokens
+    /// (`(+hset … ~key)`, commands first) are kept as they are.
     pub dropped_rules: Vec<String>,
 }
 
@@ -221,10 +223,14 @@ impl RedisServer {
             acl.dropped_rules = dropped;
         }
         let admin = s.admin_config();
-        wait_until(Duration::from_secs(10), "redis-server answers PING as operator", || {
-            let admin = admin.clone();
-            async move { ping(&admin).await }
-        })
+        wait_until(
+            Duration::from_secs(10),
+            "redis-server answers PING as operator",
+            || {
+                let admin = admin.clone();
+                async move { ping(&admin).await }
+            },
+        )
         .await?;
         Ok(s)
     }
@@ -331,7 +337,11 @@ impl RedisServer {
 
     /// `redis://127.0.0.1:<port>/0`, or `rediss://…` with TLS.
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
