@@ -109,7 +109,7 @@ pub async fn serve_with_metrics(
         match PvQueue::connect(ctx.args.redis(), &ctx.args.provisioner_name).await {
             Ok(q) => break q,
             Err(err) => {
-                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                tracing::warn!(error = %err, "cannot connect to Redis; not ready, retrying");
                 tokio::select! {
                     _ = ctx.shutdown.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(writer::REDIS_RETRY_INTERVAL) => {}

@@ -184,7 +184,7 @@ impl RedisServer {
             dropped_rules: Vec::new(),
         });
         s.spawn_with(false).await?;
-        let mut conn = common::redis_store::connect(s.url()).await?;
+        let mut conn = common::redis_store::connect(s.config_as(None)).await?;
         let text = std::fs::read_to_string(&rendered)?;
         let mut dropped = Vec::new();
         let mut kept_lines = Vec::new();
