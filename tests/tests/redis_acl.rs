@@ -323,7 +323,7 @@ async fn wrong_or_missing_credentials_fail_at_connect_naming_the_cause() {
         password_file: Some(wrong.clone()),
         ..redis.config_as(Some("pv-writer"))
     };
-    let err = redis_store::connect(&config).await.err().expect("refused");
+    let err = redis_store::connect(&config).await.expect_err("refused");
     assert!(
         matches!(err, ConnectError::Auth { ref code, .. } if code == "WRONGPASS"),
         "{err:?}"
