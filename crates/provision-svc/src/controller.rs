@@ -276,17 +276,17 @@ pub async fn work(
         ));
     }
     let name = args.common.provisioner_name.clone();
-    let url = args.common.redis_url.clone();
+    let redis = args.common.redis();
     let period = args.common.redis_reconnect();
     let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || {
-        PvQueue::connect(&url, &name)
+        PvQueue::connect(&redis, &name)
     })
     .await
     else {
         return Ok(());
     };
     let Some(intents) = connect_with_retry("provisioning intents", &shutdown, period, || {
-        IntentStore::connect(&url, &name)
+        IntentStore::connect(&redis, &name)
     })
     .await
     else {

@@ -56,7 +56,7 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
     cli.validate()?;
     match &cli.command {
         Some(Command::Queue { action }) => {
-            let queue = PvQueue::connect(&cli.common.redis_url, &cli.common.provisioner_name)
+            let queue = PvQueue::connect(cli.common.redis(), &cli.common.provisioner_name)
                 .await
                 .context("connecting to the queue")?;
             let text = queue_cmd::run_queue_command(&queue, action).await?;
@@ -126,9 +126,9 @@ pub async fn serve_with_metrics(
             || {
                 // Waiting for Redis is not a stall (/readyz reports it).
                 ctx.heartbeat.beat();
-                PvQueue::connect(&ctx.args.redis_url, &ctx.args.provisioner_name)
+                PvQueue::connect(ctx.args.redis(), &ctx.args.provisioner_name)
             },
-            |err, _, _| tracing::warn!(error = %err, "Redis unreachable; not ready, retrying"),
+            |err, _, _| tracing::warn!(error = %err, "cannot connect to Redis; not ready, retrying"),
         )
         .await
     else {

@@ -127,7 +127,7 @@ pub async fn run(
                 // stops on shutdown, and is dropped with the loop (or when the
                 // runtime aborts the work future on a lost Lease).
                 let job = sweep::SweepJob {
-                    redis_url: ctx.args.redis_url.clone(),
+                    redis: ctx.args.redis(),
                     provisioner_name: ctx.args.provisioner_name.clone(),
                     pvs: api.clone(),
                     backend,

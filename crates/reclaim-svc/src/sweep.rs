@@ -192,8 +192,9 @@ pub async fn sweep(
 
 /// Everything one leader-start sweep needs besides the PV cache.
 pub struct SweepJob {
-    /// Redis URL of the queue and intents (`--redis-url`).
-    pub redis_url: String,
+    /// Redis connection of the queue and intents (`--redis-url` and the
+    /// `--redis-*` credential/TLS flags).
+    pub redis: common::store::redis_store::RedisConfig,
     /// Our provisioner name (Redis key prefix).
     pub provisioner_name: String,
     /// PV API, for the live existence check.
@@ -217,7 +218,7 @@ pub struct SweepJob {
 /// a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
     let SweepJob {
-        redis_url,
+        redis,
         provisioner_name,
         pvs,
         backend,
@@ -226,15 +227,15 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         shutdown,
         metrics,
     } = job;
-    let (redis_url, provisioner_name) = (redis_url.as_str(), provisioner_name.as_str());
-    let intents = match IntentStore::connect(redis_url, provisioner_name).await {
+    let provisioner_name = provisioner_name.as_str();
+    let intents = match IntentStore::connect(&redis, provisioner_name).await {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "orphan sweep skipped: provisioning intents unreachable");
             return;
         }
     };
-    let queue = match PvQueue::connect(redis_url, provisioner_name).await {
+    let queue = match PvQueue::connect(&redis, provisioner_name).await {
         Ok(q) => q,
         Err(e) => {
             tracing::warn!(error = %e, "orphan sweep skipped: PV-write queue unreachable");

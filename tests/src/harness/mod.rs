@@ -32,7 +32,7 @@ pub use binaries::{Binaries, Profile};
 pub use metrics::MetricsPage;
 pub use plane::{ControlPlane, Outage, Plane, RealPlane};
 pub use process::ManagedProcess;
-pub use redis::RedisServer;
+pub use redis::{RedisSecurity, RedisServer};
 pub use services::{Service, ServiceProcess, ServiceSettings, NFS_TEST_EXPORT, NFS_TEST_SERVER};
 pub use system::{count_dirs, System, SystemOptions};
 pub use wait::{wait_eq, wait_for, wait_until};

@@ -117,6 +117,12 @@ pub struct ServiceSettings {
     /// The queue HMAC key file given to provision-svc and pv-writer
     /// (`--queue-hmac-key-file`); [`new`](Self::new) writes a fresh random key.
     pub queue_key_file: PathBuf,
+    /// With an ACL'd Redis: the directory of per-user password files; each
+    /// service then runs with `--redis-username <binary name>` and
+    /// `--redis-password-file <dir>/<binary name>` (the deploy's users).
+    pub redis_password_dir: Option<PathBuf>,
+    /// With a TLS Redis: `--redis-ca-file` of every service.
+    pub redis_ca_file: Option<PathBuf>,
 }
 
 impl ServiceSettings {
@@ -155,6 +161,8 @@ impl ServiceSettings {
             log_level: "info".into(),
             log_dir: log_dir.to_path_buf(),
             extra_args: Vec::new(),
+            redis_password_dir: None,
+            redis_ca_file: None,
         }
     }
 
@@ -214,6 +222,17 @@ impl ServiceSettings {
             "--shutdown-grace-period".into(),
             "5s".into(),
         ];
+        if let Some(dir) = &self.redis_password_dir {
+            a.extend([
+                "--redis-username".into(),
+                service.binary_name().into(),
+                "--redis-password-file".into(),
+                dir.join(service.binary_name()).display().to_string(),
+            ]);
+        }
+        if let Some(ca) = &self.redis_ca_file {
+            a.extend(["--redis-ca-file".into(), ca.display().to_string()]);
+        }
         if matches!(service, Service::Provision | Service::PvWriter) {
             a.extend([
                 "--queue-hmac-key-file".into(),
@@ -359,6 +378,11 @@ impl ServiceProcess {
             );
         }
         r
+    }
+
+    /// Whether `/readyz` answers 200 now.
+    pub async fn is_ready(&self) -> bool {
+        matches!(http_get(self.http_addr, "/readyz").await, Ok((200, _)))
     }
 
     /// Whether this replica reports holding its Lease

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::binaries::{Binaries, Profile};
 use super::plane::{ControlPlane, Outage, Plane, RealPlane};
-use super::redis::RedisServer;
+use super::redis::{RedisSecurity, RedisServer};
 use super::services::{Service, ServiceProcess, ServiceSettings};
 use super::wait::{wait_eq, wait_for};
 use crate::sim::SimHandle;
@@ -47,6 +47,10 @@ pub struct SystemOptions {
     pub configure: Option<fn(&mut ServiceSettings)>,
     /// Do not start the services (the caller starts them with [`System::start_service`]).
     pub no_services: bool,
+    /// What the private Redis requires (default: open). With an ACL each
+    /// service authenticates as its deploy user (`--redis-username`,
+    /// `--redis-password-file`); with TLS each gets `--redis-ca-file`.
+    pub redis_security: RedisSecurity,
 }
 
 impl Default for SystemOptions {
@@ -61,6 +65,7 @@ impl Default for SystemOptions {
             keep_dir: false,
             configure: None,
             no_services: false,
+            redis_security: RedisSecurity::default(),
         }
     }
 }
@@ -113,14 +118,26 @@ impl System {
         let (base_dir, log_dir) = (root.join("base"), root.join("logs"));
         std::fs::create_dir_all(&base_dir)?;
         std::fs::create_dir_all(&log_dir)?;
-        let redis = RedisServer::start(&root.join("redis"), &log_dir.join("redis.log")).await?;
         let plane = match &opts.external_kubeconfig {
             Some(path) => Plane::External(path.clone()),
             None => Plane::start(opts.control_plane).await?,
         };
+        let acl_provisioner = plane
+            .real()
+            .map(|real| real.rbac.provisioner_name.clone())
+            .unwrap_or_else(|| "example.com/hostpath".into());
+        let redis = RedisServer::start_secured(
+            &root.join("redis"),
+            &log_dir.join("redis.log"),
+            opts.redis_security,
+            &acl_provisioner,
+        )
+        .await?;
         let client = plane.admin_client().await?;
         let kubeconfig = plane.kubeconfig(Service::Provision, &root)?;
         let mut settings = ServiceSettings::new(&kubeconfig, &redis.url(), &base_dir, &log_dir);
+        settings.redis_password_dir = redis.acl().map(|a| a.password_dir.clone());
+        settings.redis_ca_file = redis.tls().map(|t| t.ca_file.clone());
         settings.lease_namespace = opts.namespace.clone();
         if let Some(real) = plane.real() {
             for s in Service::ALL {

@@ -162,6 +162,13 @@ pub struct CommonArgs {
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/0")]
     pub redis_url: String,
 
+    /// Redis ACL user, password file and TLS files (`--redis-username`,
+    /// `--redis-password-file`, `--redis-ca-file`, ...): see
+    /// [`crate::store::redis_store`]. Combine with `redis_url` through
+    /// [`CommonArgs::redis`].
+    #[command(flatten)]
+    pub redis_auth: crate::store::redis_store::RedisAuthArgs,
+
     /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
     /// works. Disable only when exactly one replica runs.
     #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
@@ -317,6 +324,13 @@ pub struct RetryArgs {
 }
 
 impl CommonArgs {
+    /// The Redis connection of `--redis-url` and the `--redis-*` credential and
+    /// TLS flags (plus env `REDIS_PASSWORD`), for [`crate::store::queue::PvQueue::connect`]
+    /// and [`crate::store::intents::IntentStore::connect`].
+    pub fn redis(&self) -> crate::store::redis_store::RedisConfig {
+        crate::store::redis_store::RedisConfig::from_args(&self.redis_url, &self.redis_auth)
+    }
+
     /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
     /// service's default.
     pub fn http_port_for(&self, kind: ServiceKind) -> u16 {
@@ -549,5 +563,34 @@ mod tests {
         );
         tick.tick().await;
         assert_eq!(start.elapsed(), Duration::from_secs(120));
+    }
+
+    #[test]
+    fn redis_credential_and_tls_flags_reach_the_connection() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--redis-url",
+            "rediss://redis:6380/0",
+            "--redis-username",
+            "pv-writer",
+            "--redis-password-file",
+            "/etc/redis-password/pv-writer",
+            "--redis-ca-file",
+            "/etc/redis-tls/ca.crt",
+        ])
+        .unwrap();
+        let redis = cli.common.redis();
+        assert_eq!(redis.url, "rediss://redis:6380/0");
+        assert_eq!(redis.username.as_deref(), Some("pv-writer"));
+        assert_eq!(
+            redis.password_file.as_deref(),
+            Some(std::path::Path::new("/etc/redis-password/pv-writer"))
+        );
+        assert_eq!(
+            redis.ca_file.as_deref(),
+            Some(std::path::Path::new("/etc/redis-tls/ca.crt"))
+        );
+        // A client certificate without its key is refused by the parser.
+        assert!(Cli::try_parse_from(["x", "--redis-client-cert-file", "c.pem"]).is_err());
     }
 }

@@ -58,6 +58,9 @@ pub enum IntentError {
     /// Redis unreachable or the command failed; callers retry.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// No connection (configuration, credentials, TLS, unreachable).
+    #[error(transparent)]
+    Connect(#[from] redis_store::ConnectError),
     /// A stored record could not be decoded (garbled, or from a newer release).
     #[error("provisioning intent record of PV {pv_name:?}: {source}")]
     Decode {
@@ -88,11 +91,17 @@ pub struct IntentStore {
 }
 
 impl IntentStore {
-    /// Connect to `redis_url` for the intents of `provisioner_name`.
+    /// Connect as `redis` describes (a URL, or a
+    /// [`RedisConfig`](redis_store::RedisConfig) with credentials and TLS) for
+    /// the intents of `provisioner_name`.
     ///
-    /// Errors: an invalid URL or Redis unreachable at the first connection.
-    pub async fn connect(redis_url: &str, provisioner_name: &str) -> Result<Self, IntentError> {
-        let conn = redis_store::connect(redis_url).await?;
+    /// Errors: [`IntentError::Connect`] naming the cause (configuration,
+    /// credentials, TLS, unreachable).
+    pub async fn connect(
+        redis: impl Into<redis_store::RedisConfig>,
+        provisioner_name: &str,
+    ) -> Result<Self, IntentError> {
+        let conn = redis_store::connect(redis).await?;
         Ok(Self::with_connection(conn, provisioner_name))
     }
 

@@ -85,21 +85,17 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
-use crate::store::redis_store;
+use crate::store::redis_store::{self, RedisConfig};
 
 /// Failure of a queue operation. Every variant is transient from the caller's
 /// point of view: retry later (and report not-ready while it lasts).
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
-    /// Redis could not be reached at the first connection, or the URL is invalid.
-    #[error("cannot connect to Redis at {url}: {source}")]
-    Connect {
-        /// The Redis URL, without credentials.
-        url: String,
-        /// The client error.
-        #[source]
-        source: redis::RedisError,
-    },
+    /// No connection: bad configuration, refused credentials, failed TLS, or
+    /// Redis unreachable at the first connection ([`redis_store::ConnectError`]
+    /// names which).
+    #[error(transparent)]
+    Connect(#[from] redis_store::ConnectError),
     /// A command or script failed (Redis down, timeout, wrong key type, ...).
     #[error("Redis command {operation} failed: {source}")]
     Command {
@@ -498,20 +494,23 @@ return #names
 });
 
 impl PvQueue {
-    /// Connect to `redis_url` ([`redis_store::connect`]) and use the keys of
-    /// `provisioner_name` (see the module docs for the layout).
+    /// Connect as `redis` describes (a URL, or [`RedisConfig`] with
+    /// credentials and TLS; [`redis_store::connect`]) and use the keys of
+    /// `provisioner_name` (see the module docs for the layout). The wake-up
+    /// connection of [`wait_for_work`](Self::wait_for_work) uses the same
+    /// credentials and TLS.
     ///
-    /// Errors: [`QueueError::Connect`] for a bad URL or Redis unreachable now.
-    pub async fn connect(redis_url: &str, provisioner_name: &str) -> Result<Self, QueueError> {
-        let conn = redis_store::connect(redis_url)
-            .await
-            .map_err(|source| QueueError::Connect {
-                url: redact(redis_url),
-                source,
-            })?;
+    /// Errors: [`QueueError::Connect`] naming the cause (configuration,
+    /// credentials, TLS, unreachable).
+    pub async fn connect(
+        redis: impl Into<RedisConfig>,
+        provisioner_name: &str,
+    ) -> Result<Self, QueueError> {
+        let redis = redis.into();
+        let conn = redis_store::connect(&redis).await?;
         let mut queue = Self::with_connection(conn, provisioner_name);
-        queue.waker = redis::Client::open(redis_url).ok().map(|client| Waker {
-            client,
+        queue.waker = Some(Waker {
+            client: redis.client()?,
             conn: Default::default(),
         });
         Ok(queue)
@@ -1023,25 +1022,6 @@ type PendingScan = (
 
 fn cmd(operation: &'static str) -> impl Fn(redis::RedisError) -> QueueError {
     move |source| QueueError::Command { operation, source }
-}
-
-/// `url` with any password replaced by `***`, for error messages and logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,45 @@
-//! Redis connection shared by the durable queue and the provisioning intents.
+//! Redis connection shared by the durable queue and the provisioning intents:
+//! the one place that turns the `--redis-*` flags into a client, with
+//! authentication (ACL user + password) and TLS.
 //!
 //! All keys of one provisioner live under one prefix, `provisioner:{<name>}:`,
 //! where `<name>` is the provisioner name. The braces make it a Redis Cluster
 //! hash tag, so multi-key transactions (MULTI/EXEC, Lua) on one provisioner's
-//! keys stay on one shard.
+//! keys stay on one shard. The deploy's ACL users are limited to this prefix
+//! (`deploy/base/redis/users.acl`).
+//!
+//! # Credentials and TLS
+//!
+//! * user: `--redis-username` (env `REDIS_USERNAME`), or the URL's user part;
+//!   without either the connection authenticates as Redis' `default` user;
+//! * password: the first line of `--redis-password-file` (env
+//!   `REDIS_PASSWORD_FILE`, e.g. a mounted Secret key), or env
+//!   `REDIS_PASSWORD`, or the URL's password part: at most one of the three.
+//!   The file is read at every connection attempt, so a corrected or rotated
+//!   Secret is picked up by the next retry without a restart;
+//! * TLS: a `rediss://` URL. `--redis-ca-file` (PEM bundle) replaces the
+//!   system roots as the only trusted CAs; `--redis-client-cert-file` and
+//!   `--redis-client-key-file` (PEM) add a client certificate (mutual TLS).
+//!   TLS is redis-rs' own (`tokio-rustls-comp`, rustls with the ring
+//!   provider kube already uses), not hand-written.
+//!
+//! Passwords never appear in logs or errors: URLs pass through [`redact_url`]
+//! and [`RedisConfig`]'s `Debug` hides the password.
+//!
+//! # Errors
+//!
+//! [`connect`] checks the connection with `PING` before returning, so wrong
+//! credentials (`WRONGPASS`, `NOAUTH`, `NOPERM`) or an untrusted server
+//! certificate fail there with a [`ConnectError`] naming the cause and the
+//! flag to fix, instead of surfacing later as a failed queue operation.
+//! Callers retry (and report not ready meanwhile).
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use clap::Args;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ConnectionInfo, IntoConnectionInfo};
 
 /// Key prefix of everything stored for `provisioner_name`, e.g.
 /// `provisioner:{example.com/hostpath}:`.
@@ -14,27 +47,490 @@ pub fn key_prefix(provisioner_name: &str) -> String {
     format!("provisioner:{{{provisioner_name}}}:")
 }
 
-/// A reconnecting connection to `url` (`redis://host:port/db`, `rediss://` for TLS).
-/// Commands fail fast while Redis is down (the manager reconnects in the
-/// background); callers retry.
+/// `url` with any password replaced by `***`, for errors and logs, e.g.
+/// `redis://user:***@host:6379/0`. A URL without a password is returned as is.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Authentication and TLS flags of the Redis connection, flattened into
+/// [`crate::service::config::CommonArgs`] next to `--redis-url` (see the module docs).
+#[derive(Debug, Clone, Default, Args)]
+pub struct RedisAuthArgs {
+    /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
+    /// the URL's user, else Redis' `default` user.
+    #[arg(long, env = "REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+
+    /// File whose first line is the Redis password (e.g. a key of a mounted
+    /// Secret); read at every connection attempt. Env `REDIS_PASSWORD` (the
+    /// password itself) is accepted instead; never pass it as a flag.
+    #[arg(long, env = "REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// PEM bundle of the CA(s) that sign the Redis server certificate; only
+    /// these are trusted. Needs a `rediss://` URL. Default: the system roots.
+    #[arg(long, env = "REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate (chain) for mutual TLS; needs
+    /// `--redis-client-key-file` and a `rediss://` URL.
+    #[arg(
+        long,
+        env = "REDIS_CLIENT_CERT_FILE",
+        requires = "redis_client_key_file"
+    )]
+    pub redis_client_cert_file: Option<PathBuf>,
+
+    /// PEM private key of `--redis-client-cert-file`.
+    #[arg(
+        long,
+        env = "REDIS_CLIENT_KEY_FILE",
+        requires = "redis_client_cert_file"
+    )]
+    pub redis_client_key_file: Option<PathBuf>,
+}
+
+/// A password kept out of `Debug` output and logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    /// Wrap a password.
+    pub fn new(password: impl Into<String>) -> Self {
+        Password(password.into())
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Everything needed to open a Redis connection: URL, credentials, TLS
+/// files. Built from the flags with [`RedisConfig::from_args`]; a bare URL
+/// converts into one (`"redis://…".into()`), which is how tests and embedders
+/// without credentials call [`connect`]. Cheap to clone; `Debug` hides the
+/// password.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user[:password]@]host:port[/db]` or `rediss://…` for TLS.
+    pub url: String,
+    /// ACL user (overrides none: conflicts with a different URL user).
+    pub username: Option<String>,
+    /// File holding the password (first line), read at each connection.
+    pub password_file: Option<PathBuf>,
+    /// The password itself (env `REDIS_PASSWORD`).
+    pub password: Option<Password>,
+    /// PEM CA bundle for `rediss://`.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (mutual TLS).
+    pub client_cert_file: Option<PathBuf>,
+    /// PEM client key (mutual TLS).
+    pub client_key_file: Option<PathBuf>,
+}
+
+impl From<&str> for RedisConfig {
+    fn from(url: &str) -> Self {
+        RedisConfig {
+            url: url.to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&String> for RedisConfig {
+    fn from(url: &String) -> Self {
+        url.as_str().into()
+    }
+}
+
+impl From<String> for RedisConfig {
+    fn from(url: String) -> Self {
+        RedisConfig {
+            url,
+            ..Default::default()
+        }
+    }
+}
+
+impl From<&RedisConfig> for RedisConfig {
+    fn from(config: &RedisConfig) -> Self {
+        config.clone()
+    }
+}
+
+/// Why a Redis connection could not be made. Every variant names the cause
+/// and what to check; none contains a password.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The flags, URL or a credential/certificate file are unusable.
+    #[error("Redis connection to {url} misconfigured: {detail}")]
+    Config {
+        /// The URL, redacted.
+        url: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Redis refused the credentials (`WRONGPASS`, `NOAUTH`) or the user may
+    /// not run `PING` (`NOPERM`).
+    #[error("Redis at {url} refused authentication as user {user:?} ({code}): check --redis-username and --redis-password-file (and the server's ACL): {source}")]
+    Auth {
+        /// The URL, redacted.
+        url: String,
+        /// The user the client authenticated as (`default` without one).
+        user: String,
+        /// `WRONGPASS` (unknown user or wrong password), `NOAUTH` (no
+        /// credentials given), or `NOPERM` (the user may not run `PING`).
+        code: String,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The TLS handshake failed, typically an untrusted or mismatched server
+    /// certificate.
+    #[error("TLS with Redis at {url} failed (server certificate not trusted by --redis-ca-file, wrong host name, or a non-TLS port): {source}")]
+    Tls {
+        /// The URL, redacted.
+        url: String,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis could not be reached or did not answer.
+    #[error("cannot connect to Redis at {url}: {source}")]
+    Unreachable {
+        /// The URL, redacted.
+        url: String,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+impl RedisConfig {
+    /// The connection the flags describe: `url` plus `auth`, and the password
+    /// from env `REDIS_PASSWORD` when set (read here, once).
+    pub fn from_args(url: &str, auth: &RedisAuthArgs) -> Self {
+        RedisConfig {
+            url: url.to_string(),
+            username: auth.redis_username.clone().filter(|u| !u.is_empty()),
+            password_file: auth.redis_password_file.clone(),
+            password: std::env::var("REDIS_PASSWORD")
+                .ok()
+                .filter(|p| !p.is_empty())
+                .map(Password::new),
+            ca_file: auth.redis_ca_file.clone(),
+            client_cert_file: auth.redis_client_cert_file.clone(),
+            client_key_file: auth.redis_client_key_file.clone(),
+        }
+    }
+
+    /// The URL with any password replaced by `***`.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    fn config_error(&self, detail: impl Into<String>) -> ConnectError {
+        ConnectError::Config {
+            url: self.redacted_url(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The user this configuration authenticates as (`default` without one).
+    pub fn effective_username(&self) -> String {
+        self.username
+            .clone()
+            .or_else(|| {
+                self.url
+                    .as_str()
+                    .into_connection_info()
+                    .ok()
+                    .and_then(|i| i.redis_settings().username().map(str::to_string))
+            })
+            .unwrap_or_else(|| "default".to_string())
+    }
+
+    /// Build a redis-rs client: parse the URL, apply user and password (the
+    /// password file is read now), and for `rediss://` the CA and client
+    /// certificate files.
+    ///
+    /// Errors: [`ConnectError::Config`] for a bad URL, two password sources,
+    /// conflicting users, unreadable or empty files, TLS files with a
+    /// non-TLS URL, or unparsable PEM.
+    pub fn client(&self) -> Result<redis::Client, ConnectError> {
+        let info: ConnectionInfo = self
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(user) = &self.username {
+            match settings.username() {
+                Some(url_user) if url_user != user => {
+                    return Err(self.config_error(format!(
+                        "--redis-username {user:?} differs from the URL's user {url_user:?}"
+                    )))
+                }
+                _ => settings = settings.set_username(user),
+            }
+        }
+        let url_has_password = settings.password().is_some();
+        let password = match (&self.password_file, &self.password) {
+            (Some(_), Some(_)) => {
+                return Err(self.config_error(
+                    "both --redis-password-file and REDIS_PASSWORD are set; use one",
+                ))
+            }
+            (Some(file), None) => Some(read_password_file(file).map_err(|e| self.config_error(e))?),
+            (None, Some(p)) => Some(p.0.clone()),
+            (None, None) => None,
+        };
+        if let Some(password) = password {
+            if url_has_password {
+                return Err(self.config_error(
+                    "the URL carries a password and --redis-password-file/REDIS_PASSWORD gives another; use one",
+                ));
+            }
+            settings = settings.set_password(password);
+        }
+        let tls_url = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let info = info.set_redis_settings(settings);
+        let wants_tls_files = self.ca_file.is_some() || self.client_cert_file.is_some();
+        if !wants_tls_files {
+            return redis::Client::open(info).map_err(|e| self.config_error(e.to_string()));
+        }
+        if !tls_url {
+            return Err(
+                self.config_error("--redis-ca-file/--redis-client-cert-file need a rediss:// URL")
+            );
+        }
+        let read = |what: &str, path: &Path| {
+            std::fs::read(path)
+                .map_err(|e| self.config_error(format!("reading {what} {}: {e}", path.display())))
+        };
+        let root_cert = self
+            .ca_file
+            .as_deref()
+            .map(|p| read("CA file", p))
+            .transpose()?;
+        let client_tls = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("client certificate", cert)?,
+                client_key: read("client key", key)?,
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(self.config_error(
+                    "--redis-client-cert-file and --redis-client-key-file go together",
+                ))
+            }
+        };
+        redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        )
+        .map_err(|e| self.config_error(format!("TLS files: {e}")))
+    }
+
+    /// Map a failed connection attempt or first command to the cause.
+    pub fn classify(&self, err: redis::RedisError) -> ConnectError {
+        let url = self.redacted_url();
+        // redis-rs reports a refused `AUTH` at connect as AuthenticationFailed
+        // without the server's code; Redis >= 6 answers it with WRONGPASS.
+        let code = err.code().map(str::to_string).or_else(|| {
+            (err.kind() == redis::ErrorKind::AuthenticationFailed).then(|| "WRONGPASS".to_string())
+        });
+        if let Some(code) = code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM"))
+        {
+            return ConnectError::Auth {
+                url,
+                user: self.effective_username(),
+                code,
+                source: err,
+            };
+        }
+        let text = format!("{err} {err:?}").to_ascii_lowercase();
+        if ["certificate", "tls", "handshake", "unknownissuer"]
+            .iter()
+            .any(|w| text.contains(w))
+        {
+            return ConnectError::Tls { url, source: err };
+        }
+        ConnectError::Unreachable { url, source: err }
+    }
+}
+
+/// The first line of `path`, without its line ending.
+fn read_password_file(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("reading --redis-password-file {}: {e}", path.display()))?;
+    let first = text.lines().next().unwrap_or("");
+    if first.is_empty() {
+        return Err(format!("--redis-password-file {} is empty", path.display()));
+    }
+    Ok(first.to_string())
+}
+
+/// A reconnecting connection described by `config` (a URL converts: see
+/// [`RedisConfig`]), checked with `PING`. Commands fail fast while Redis is
+/// down (the manager reconnects in the background); callers retry.
 ///
-/// Errors: an invalid URL, or Redis unreachable at the first connection.
-pub async fn connect(url: &str) -> redis::RedisResult<ConnectionManager> {
-    let client = redis::Client::open(url)?;
-    let config = ConnectionManagerConfig::new()
+/// Errors: [`ConnectError`] naming the cause: bad configuration, refused
+/// credentials, failed TLS, or Redis unreachable at the first connection.
+pub async fn connect(config: impl Into<RedisConfig>) -> Result<ConnectionManager, ConnectError> {
+    let config = config.into();
+    let client = config.client()?;
+    let manager_config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(Some(Duration::from_secs(5)))
         .set_number_of_retries(2);
-    ConnectionManager::new_with_config(client, config).await
+    let mut conn = ConnectionManager::new_with_config(client, manager_config)
+        .await
+        .map_err(|e| config.classify(e))?;
+    // Authentication errors surface on the first command, not at connect.
+    redis::cmd("PING")
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(|e| config.classify(e))?;
+    Ok(conn)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn prefix_is_a_cluster_hash_tag_per_provisioner() {
         assert_eq!(
             super::key_prefix("example.com/hostpath"),
             "provisioner:{example.com/hostpath}:"
         );
+    }
+
+    #[test]
+    fn redaction_hides_only_the_password() {
+        assert_eq!(
+            redact_url("rediss://pv-writer:s3cret@redis:6380/0"),
+            "rediss://pv-writer:***@redis:6380/0"
+        );
+        assert_eq!(
+            redact_url("redis://:s3cret@redis:6379"),
+            "redis://:***@redis:6379"
+        );
+        assert_eq!(redact_url("redis://redis:6379/0"), "redis://redis:6379/0");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_password() {
+        let config = RedisConfig {
+            password: Some(Password::new("s3cret")),
+            ..RedisConfig::from("redis://u:urlpass@h:1/0")
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(config.redacted_url().ends_with("u:***@h:1/0"));
+    }
+
+    #[test]
+    fn password_comes_from_the_first_line_of_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "p4ss\n").unwrap();
+        let config = RedisConfig {
+            username: Some("pv-writer".into()),
+            password_file: Some(file.clone()),
+            ..RedisConfig::from("redis://127.0.0.1:1/0")
+        };
+        let client = config.client().unwrap();
+        let settings = client.get_connection_info().redis_settings();
+        assert_eq!(settings.username(), Some("pv-writer"));
+        assert_eq!(settings.password(), Some("p4ss"));
+
+        std::fs::write(&file, "\n").unwrap();
+        let err = config.client().unwrap_err().to_string();
+        assert!(err.contains("is empty"), "{err}");
+        let missing = RedisConfig {
+            password_file: Some(dir.path().join("absent")),
+            ..RedisConfig::from("redis://127.0.0.1:1/0")
+        };
+        assert!(missing
+            .client()
+            .unwrap_err()
+            .to_string()
+            .contains("reading --redis-password-file"));
+    }
+
+    #[test]
+    fn conflicting_sources_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "a").unwrap();
+        let two_passwords = RedisConfig {
+            password_file: Some(file.clone()),
+            password: Some(Password::new("b")),
+            ..RedisConfig::from("redis://127.0.0.1:1/0")
+        };
+        assert!(two_passwords.client().is_err());
+        let url_and_file = RedisConfig {
+            password_file: Some(file),
+            ..RedisConfig::from("redis://u:c@127.0.0.1:1/0")
+        };
+        let err = url_and_file.client().unwrap_err().to_string();
+        assert!(err.contains("use one") && !err.contains(":c@"), "{err}");
+        let two_users = RedisConfig {
+            username: Some("x".into()),
+            ..RedisConfig::from("redis://y@127.0.0.1:1/0")
+        };
+        assert!(two_users.client().is_err());
+    }
+
+    #[test]
+    fn tls_files_need_a_rediss_url_and_valid_pem() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        let plain = RedisConfig {
+            ca_file: Some(ca.clone()),
+            ..RedisConfig::from("redis://127.0.0.1:1/0")
+        };
+        assert!(plain
+            .client()
+            .unwrap_err()
+            .to_string()
+            .contains("rediss://"));
+        let missing = RedisConfig {
+            ca_file: Some(dir.path().join("absent.pem")),
+            ..RedisConfig::from("rediss://127.0.0.1:1/0")
+        };
+        assert!(missing
+            .client()
+            .unwrap_err()
+            .to_string()
+            .contains("CA file"));
+        let half = RedisConfig {
+            client_cert_file: Some(ca),
+            ..RedisConfig::from("rediss://127.0.0.1:1/0")
+        };
+        assert!(half.client().is_err());
     }
 }
