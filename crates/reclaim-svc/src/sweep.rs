@@ -2,7 +2,8 @@
 //! PV reflector has synced, list the backend's volumes and find those that
 //! nothing accounts for — no provisioning intent, no pending PV write in the
 //! durable queue, and no PV (checked live on the API server, not in the
-//! possibly lagging cache). They are reported (log + gauge `reclaim_orphan_volumes`).
+//! possibly lagging cache). They are reported (log, gauge `reclaim_orphan_volumes`,
+//! and the Redis report of [`common::orphan_report`] that `pv-writer status` shows).
 //!
 //! The checks run in the reverse order of a volume's life (intent → queue
 //! entry → PV), so a volume moving along that path while the sweep runs is
@@ -34,6 +35,7 @@ use std::time::Duration;
 use common::backend::hostpath::delete::{archive_orphan, OrphanOutcome};
 use common::intents::IntentStore;
 use common::metrics;
+use common::orphan_report::{self, OrphanReport};
 use common::queue::PvQueue;
 use common::Provisioner;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -273,6 +275,8 @@ pub struct SweepJob {
     pub shutdown: CancellationToken,
     /// Gauges to set.
     pub metrics: SweepMetrics,
+    /// This replica's identity, recorded as the report's `reporter`.
+    pub reporter: String,
 }
 
 /// Connect to Redis and run [`sweep`] once; every failure is logged (the
@@ -289,6 +293,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         min_age,
         shutdown,
         metrics,
+        reporter,
     } = job;
     let (redis_url, provisioner_name) = (redis_url.as_str(), provisioner_name.as_str());
     let intents = match IntentStore::connect(redis_url, provisioner_name).await {
@@ -315,8 +320,30 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         min_age,
         shutdown: &shutdown,
     };
-    if let Err(e) = sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await {
-        tracing::warn!(error = %e, "orphan sweep abandoned");
+    let mut orphans =
+        match sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await {
+            Ok(orphans) => orphans,
+            Err(e) => {
+                tracing::warn!(error = %e, "orphan sweep abandoned");
+                return;
+            }
+        };
+    orphans.sort();
+    let report = OrphanReport {
+        version: orphan_report::REPORT_VERSION,
+        swept_at_ms: common::time::now_ms(),
+        reporter,
+        orphans,
+        archived: metrics.archived.get().max(0) as u64,
+    };
+    let stored = match common::redis_store::connect(redis_url).await {
+        Ok(mut conn) => orphan_report::write(&mut conn, provisioner_name, &report)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = stored {
+        tracing::warn!(error = %e, "orphan sweep: storing the report for `pv-writer status` failed (the gauges are set)");
     }
 }
 
