@@ -97,10 +97,7 @@ async fn install_monitoring_crd(client: kube::Client, kind: &str, plural: &str) 
     crds.create(&PostParams::default(), &crd).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let c = crds
-            .get(&crd_name)
-            .await
-            .unwrap();
+        let c = crds.get(&crd_name).await.unwrap();
         let established = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
             cs.iter()
                 .any(|c| c.type_ == "Established" && c.status == "True")

@@ -32,7 +32,7 @@ use common::queue::PvQueue;
 use e2e::harness::{ControlPlane, Service, System, SystemOptions};
 use e2e::on_both_planes;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- PromQL scan
@@ -46,9 +46,31 @@ const LABEL_LIST_KEYWORDS: &[&str] = &[
     "group_left",
     "group_right",
 ];
-/// Other PromQL keywords and literals that are not metric names.
+/// Other PromQL keywords, aggregation operators (which may be followed by
+/// `by (...)` instead of their argument) and literals: not metric names.
 const KEYWORDS: &[&str] = &[
-    "bool", "and", "or", "unless", "offset", "inf", "nan", "atan2",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+    "atan2",
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+    "limitk",
+    "limit_ratio",
 ];
 
 /// Every metric name `expr` selects.
@@ -62,7 +84,7 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
         while *i < chars.len() {
             let c = chars[*i];
             match quote {
-                Some(q) if c == '\\' => *i += 1,
+                Some(_) if c == '\\' => *i += 1,
                 Some(q) if c == q => quote = None,
                 Some(_) => {}
                 None if c == '"' || c == '\'' || c == '`' => quote = Some(c),
@@ -109,7 +131,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
                     i += 1;
                 }
             }
-        } else if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) {
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
             while i < chars.len() && (is_ident(chars[i]) || chars[i] == '.') {
                 i += 1;
             }
@@ -266,7 +290,10 @@ fn monitoring() -> Monitoring {
     let vars = dashboard["templating"]["list"].as_array().unwrap();
     let var_names: Vec<&str> = vars.iter().filter_map(|v| v["name"].as_str()).collect();
     for want in ["datasource", "namespace", "job"] {
-        assert!(var_names.contains(&want), "template variable {want}: {var_names:?}");
+        assert!(
+            var_names.contains(&want),
+            "template variable {want}: {var_names:?}"
+        );
     }
     for v in vars {
         if let Some(q) = v["query"]["query"].as_str() {
@@ -289,10 +316,15 @@ fn monitoring() -> Monitoring {
     let mut alerts = Vec::new();
     for group in rule["spec"]["groups"].as_array().unwrap() {
         for r in group["rules"].as_array().unwrap() {
-            let name = r["alert"].as_str().expect("alerting rules only").to_string();
+            let name = r["alert"]
+                .as_str()
+                .expect("alerting rules only")
+                .to_string();
             for key in ["summary", "description", "runbook"] {
                 assert!(
-                    r["annotations"][key].as_str().is_some_and(|s| !s.is_empty()),
+                    r["annotations"][key]
+                        .as_str()
+                        .is_some_and(|s| !s.is_empty()),
                     "alert {name} lacks annotation {key}"
                 );
             }
@@ -324,7 +356,11 @@ fn every_alert_has_a_runbook_section() {
         "SplitProvisionerOrphanVolumes",
         "SplitProvisionerRedisUnreachable",
     ] {
-        assert!(m.alerts.iter().any(|a| a == want), "alert {want} missing: {:?}", m.alerts);
+        assert!(
+            m.alerts.iter().any(|a| a == want),
+            "alert {want} missing: {:?}",
+            m.alerts
+        );
     }
     let readme = std::fs::read_to_string(repo_root().join("deploy/README.md")).unwrap();
     let runbook = readme
@@ -332,7 +368,10 @@ fn every_alert_has_a_runbook_section() {
         .expect("deploy/README.md has a Runbook section")
         .1;
     for a in &m.alerts {
-        assert!(runbook.contains(&format!("### {a}")), "no runbook entry ### {a}");
+        assert!(
+            runbook.contains(&format!("### {a}")),
+            "no runbook entry ### {a}"
+        );
     }
 }
 
@@ -403,7 +442,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     while !f().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -419,33 +461,42 @@ async fn dashboard_alerts_and_status_match_the_running_services(plane: ControlPl
     })
     .await
     .expect("system starts");
-    check(&sys, sys.wait_leaders(Duration::from_secs(30)).await);
+    let r = sys.wait_leaders(Duration::from_secs(30)).await;
+    check(&sys, r);
     let queue = PvQueue::connect(&sys.redis.url(), &sys.settings.provisioner_name)
         .await
         .unwrap();
-    sys.create_storage_class("hostpath", "Immediate", &[]).await.unwrap();
+    let queue = &queue;
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
     sys.create_storage_class("bad", "Immediate", &[("path", "/etc")])
         .await
         .unwrap();
 
     // pv-writer down: a provisioned claim and a garbled entry stay pending.
     sys.kill(Service::PvWriter, 0);
-    let claim = sys.create_claim("data", "hostpath", &[]).await.unwrap();
-    wait_until("the claim's PV queued", Duration::from_secs(30), || async {
-        queue.stats().await.is_ok_and(|s| s.depth == 1)
-    })
+    sys.create_claim("data", "hostpath", &[]).await.unwrap();
+    wait_until(
+        "the claim's PV queued",
+        Duration::from_secs(30),
+        move || async move { queue.stats().await.is_ok_and(|s| s.depth == 1) },
+    )
     .await;
     queue
         .enqueue_raw("pvc-garbled", b"{ not a queue entry")
         .await
         .unwrap();
-    let bad = sys.create_claim("broken", "bad", &[]).await.unwrap();
+    sys.create_claim("broken", "bad", &[]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let (ok, s) = status_json(&sys);
     assert!(ok, "status reports no error: {s:#}");
     let p = &s["provisioners"][0];
-    assert_eq!(p["provisioner_name"], sys.settings.provisioner_name.as_str());
+    assert_eq!(
+        p["provisioner_name"],
+        sys.settings.provisioner_name.as_str()
+    );
     assert_eq!(p["queue"]["depth"], 2, "{s:#}");
     assert!(
         p["queue"]["oldest_pending_age_seconds"].as_f64().unwrap() >= 1.0,
@@ -455,24 +506,43 @@ async fn dashboard_alerts_and_status_match_the_running_services(plane: ControlPl
     assert!(p["queue"]["current_term"].as_u64().unwrap() >= 1, "{s:#}");
 
     // pv-writer back: the claim's PV is written, the garbled entry dead-lettered.
-    check(&sys, sys.restart(Service::PvWriter, 0).await);
-    check(&sys, sys.wait_leader(Service::PvWriter, Duration::from_secs(30)).await);
+    let r = sys.restart(Service::PvWriter, 0).await;
+    check(&sys, r);
+    let r = sys
+        .wait_leader(Service::PvWriter, Duration::from_secs(30))
+        .await;
+    check(&sys, r);
     check(&sys, sys.wait_provisioned(1, Duration::from_secs(30)).await);
-    wait_until("the garbled entry dead-lettered", Duration::from_secs(30), || async {
-        queue.stats().await.is_ok_and(|s| s.depth == 0 && s.dead == 1)
-    })
+    wait_until(
+        "the garbled entry dead-lettered",
+        Duration::from_secs(30),
+        move || async move {
+            queue
+                .stats()
+                .await
+                .is_ok_and(|s| s.depth == 0 && s.dead == 1)
+        },
+    )
     .await;
 
     // An orphaned volume, found by the sweep of a new reclaim-svc leader.
     std::fs::create_dir(sys.base_dir().join("pvc-orphaned-by-test")).unwrap();
-    check(&sys, sys.restart(Service::Reclaim, 0).await);
-    check(&sys, sys.wait_leader(Service::Reclaim, Duration::from_secs(30)).await);
+    let r = sys.restart(Service::Reclaim, 0).await;
+    check(&sys, r);
+    let r = sys
+        .wait_leader(Service::Reclaim, Duration::from_secs(30))
+        .await;
+    check(&sys, r);
     let reclaim_addr = sys.service(Service::Reclaim, 0).http_addr;
-    wait_until("the orphan sweep", Duration::from_secs(30), || async {
-        e2e::harness::MetricsPage::scrape(reclaim_addr)
-            .await
-            .is_ok_and(|m| m.value("reclaim_orphan_volumes", &[]) == Some(1.0))
-    })
+    wait_until(
+        "the orphan sweep",
+        Duration::from_secs(30),
+        move || async move {
+            e2e::harness::MetricsPage::scrape(reclaim_addr)
+                .await
+                .is_ok_and(|m| m.value("reclaim_orphan_volumes", &[]) == Some(1.0))
+        },
+    )
     .await;
 
     let (ok, s) = status_json(&sys);
@@ -518,19 +588,39 @@ async fn dashboard_alerts_and_status_match_the_running_services(plane: ControlPl
         }
     }))
     .unwrap();
-    Api::<PersistentVolume>::all(sys.client.clone())
-        .create(&PostParams::default(), &foreign)
+    let pvs = Api::<PersistentVolume>::all(sys.client.clone());
+    pvs.create(&PostParams::default(), &foreign).await.unwrap();
+    // Its claim never existed: Released, as the PV controller would find it.
+    pvs.patch_status(
+        "pvc-foreign",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Released"}})),
+    )
+    .await
+    .unwrap();
+    sys.delete_claims(&["data".into(), "broken".into()])
         .await
         .unwrap();
-    sys.delete_claims(&[claim, bad]).await.unwrap();
     let reclaim_addr = sys.service(Service::Reclaim, 0).http_addr;
-    wait_until("a reclaim and a failed delete", Duration::from_secs(60), || async {
-        e2e::harness::MetricsPage::scrape(reclaim_addr).await.is_ok_and(|m| {
-            m.sum("controller_persistentvolume_delete_total") >= 1.0
-                && m.sum("controller_persistentvolume_delete_failed_total") >= 1.0
-        })
-    })
-    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = check(&sys, e2e::harness::MetricsPage::scrape(reclaim_addr).await);
+        let (ok, failed) = (
+            m.sum("controller_persistentvolume_delete_total"),
+            m.sum("controller_persistentvolume_delete_failed_total"),
+        );
+        if ok >= 1.0 && failed >= 1.0 {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let foreign = pvs.get_opt("pvc-foreign").await;
+            panic!(
+                "no reclaim and failed delete: deleted {ok}, failed {failed}; foreign PV {foreign:?}\n{}",
+                sys.log_tails(30)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     // Let each service's periodic gauges tick once more.
     tokio::time::sleep(Duration::from_secs(6)).await;
 

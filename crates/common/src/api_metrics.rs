@@ -63,9 +63,7 @@ impl ApiMetrics {
     }
 
     fn observe(&self, method: &str, code: &str, seconds: f64) {
-        self.requests_total
-            .with_label_values(&[code, method])
-            .inc();
+        self.requests_total.with_label_values(&[code, method]).inc();
         self.duration_seconds
             .with_label_values(&[method])
             .observe(seconds);
@@ -140,7 +138,12 @@ mod tests {
             };
             Ok(http::Response::builder().status(status).body(()).unwrap())
         }));
-        for (method, path) in [("GET", "/a"), ("GET", "/b"), ("POST", "/c"), ("GET", "/fail")] {
+        for (method, path) in [
+            ("GET", "/a"),
+            ("GET", "/b"),
+            ("POST", "/c"),
+            ("GET", "/fail"),
+        ] {
             let req = http::Request::builder()
                 .method(method)
                 .uri(path)

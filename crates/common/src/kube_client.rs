@@ -97,7 +97,12 @@ pub async fn client_from_args_with_metrics(
 ) -> anyhow::Result<Client> {
     let config = load_config(args).await?;
     let metrics = ApiMetrics::register(registry);
-    build_client_with_metrics(config, args.kube_api_qps, args.kube_api_burst, Some(&metrics))
+    build_client_with_metrics(
+        config,
+        args.kube_api_qps,
+        args.kube_api_burst,
+        Some(&metrics),
+    )
 }
 
 #[cfg(test)]

@@ -57,19 +57,25 @@ pub async fn watch_reachability(
     const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
     let mut conn: Option<ConnectionManager> = None;
     loop {
-        if conn.is_none() {
-            conn = tokio::time::timeout(PROBE_TIMEOUT, connect(&url))
-                .await
-                .ok()
-                .and_then(Result::ok);
-        }
-        let up = match conn.as_mut() {
-            Some(c) => {
-                let cmd = redis::cmd("PING");
-                let ping = cmd.query_async::<String>(c);
-                matches!(tokio::time::timeout(PROBE_TIMEOUT, ping).await, Ok(Ok(p)) if p == "PONG")
+        let probe = async {
+            if conn.is_none() {
+                conn = tokio::time::timeout(PROBE_TIMEOUT, connect(&url))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
             }
-            None => false,
+            match conn.as_mut() {
+                Some(c) => {
+                    let cmd = redis::cmd("PING");
+                    let ping = cmd.query_async::<String>(c);
+                    matches!(tokio::time::timeout(PROBE_TIMEOUT, ping).await, Ok(Ok(p)) if p == "PONG")
+                }
+                None => false,
+            }
+        };
+        let up = tokio::select! {
+            _ = stop.cancelled() => return,
+            up = probe => up,
         };
         gauge.set(i64::from(up));
         tokio::select! {
@@ -81,6 +87,63 @@ pub async fn watch_reachability(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::test_redis::TestRedis;
+
+    async fn wait_gauge(gauge: &prometheus::IntGauge, want: i64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while gauge.get() != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "gauge stays {}",
+                gauge.get()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn reachability_follows_redis_up_and_down() {
+        let redis = TestRedis::start().await;
+        let registry = prometheus::Registry::new();
+        let gauge = reachable_gauge(&registry);
+        assert_eq!(gauge.get(), 0, "unknown until the first probe");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let probe = tokio::spawn(watch_reachability(
+            redis.url(),
+            gauge.clone(),
+            Duration::from_millis(50),
+            stop.clone(),
+        ));
+        wait_gauge(&gauge, 1).await;
+        drop(redis);
+        wait_gauge(&gauge, 0).await;
+        stop.cancel();
+        probe.await.unwrap();
+        assert!(crate::metrics::render(&registry).contains("redis_reachable 0\n"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_or_invalid_url_reads_zero() {
+        let gauge = reachable_gauge(&prometheus::Registry::new());
+        for url in ["not a url", "redis://127.0.0.1:1/0"] {
+            gauge.set(1);
+            let stop = tokio_util::sync::CancellationToken::new();
+            let probe = tokio::spawn(watch_reachability(
+                url.into(),
+                gauge.clone(),
+                Duration::from_secs(60),
+                stop.clone(),
+            ));
+            wait_gauge(&gauge, 0).await;
+            stop.cancel();
+            // Stops promptly while sleeping between probes.
+            tokio::time::timeout(Duration::from_secs(1), probe)
+                .await
+                .expect("probe stops on cancel")
+                .unwrap();
+        }
+    }
     #[test]
     fn prefix_is_a_cluster_hash_tag_per_provisioner() {
         assert_eq!(

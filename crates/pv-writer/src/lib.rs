@@ -158,7 +158,10 @@ pub async fn serve_with_metrics(
 /// is reported as an error of the Lease part.
 ///
 /// Errors: after printing, when any part could not be read (exit status 1).
-async fn run_status(common_args: &common::config::CommonArgs, args: &StatusArgs) -> anyhow::Result<()> {
+async fn run_status(
+    common_args: &common::config::CommonArgs,
+    args: &StatusArgs,
+) -> anyhow::Result<()> {
     let names = if args.provisioner_names.is_empty() {
         vec![common_args.provisioner_name.clone()]
     } else {
@@ -201,6 +204,10 @@ async fn run_status(common_args: &common::config::CommonArgs, args: &StatusArgs)
         ),
     }
     let errors = status.errors();
-    anyhow::ensure!(errors.is_empty(), "some parts could not be read: {}", errors.join("; "));
+    anyhow::ensure!(
+        errors.is_empty(),
+        "some parts could not be read: {}",
+        errors.join("; ")
+    );
     Ok(())
 }

@@ -61,6 +61,8 @@ pub struct ProvisionerStatus {
     /// The last completed orphan sweep; `None` before the first one (or when
     /// unreadable, then see `errors`).
     pub orphan_report: Option<OrphanReport>,
+    /// Seconds since that sweep finished.
+    pub orphan_report_age_seconds: Option<f64>,
     /// The three services' Leases: provision-svc, pv-writer, reclaim-svc.
     pub leases: Vec<LeaseStatus>,
     /// Parts that could not be read.
@@ -185,6 +187,7 @@ async fn gather_one(
         queue: None,
         intents: Vec::new(),
         orphan_report: None,
+        orphan_report_age_seconds: None,
         leases: Vec::new(),
         errors: Vec::new(),
     };
@@ -215,7 +218,11 @@ async fn gather_one(
                 Err(e) => status.errors.push(format!("intents: {e}")),
             }
             match orphan_report::read(&mut conn.clone(), name).await {
-                Ok(report) => status.orphan_report = report,
+                Ok(report) => {
+                    status.orphan_report_age_seconds =
+                        report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
+                    status.orphan_report = report;
+                }
                 Err(e) => status.errors.push(format!("orphan report: {e}")),
             }
         }
@@ -271,7 +278,10 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::queue::Que
         .await?
         .into_iter()
         .map(|d| DeadLetterStatus {
-            claim: d.claim.as_ref().map(|c| format!("{}/{}", c.namespace, c.name)),
+            claim: d
+                .claim
+                .as_ref()
+                .map(|c| format!("{}/{}", c.namespace, c.name)),
             dead_for_seconds: age_seconds(now, d.dead_at_ms),
             pv_name: d.pv_name,
             reason: d.reason,
@@ -431,11 +441,11 @@ pub fn render_table(status: &Status) -> String {
             Some(r) => {
                 let _ = writeln!(
                     out,
-                    "  orphan sweep: {} orphan(s), {} archived, by {} at {} ms since the epoch",
+                    "  orphan sweep: {} orphan(s), {} archived, by {} {} ago",
                     r.orphans.len(),
                     r.archived,
                     r.reporter,
-                    r.swept_at_ms
+                    secs(p.orphan_report_age_seconds.unwrap_or_default())
                 );
                 for o in &r.orphans {
                     let _ = writeln!(out, "    {o}");
@@ -519,6 +529,7 @@ mod tests {
                 }),
                 intents: vec![],
                 orphan_report: None,
+                orphan_report_age_seconds: None,
                 leases: vec![LeaseStatus {
                     service: "pv-writer".into(),
                     name: "example.com-hostpath-pv-writer".into(),
@@ -538,18 +549,28 @@ mod tests {
     #[test]
     fn table_shows_every_part_aligned() {
         let text = render_table(&sample());
-        assert!(text.contains("PROVISIONER example.com/hostpath\n"), "{text}");
         assert!(
-            text.contains("queue: depth 2, oldest pending 12s, in flight 1, dead letters 1, pv-writer term 3"),
+            text.contains("PROVISIONER example.com/hostpath\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "queue: depth 2, oldest pending 12s, in flight 1, dead letters 1, pv-writer term 3"
+            ),
             "{text}"
         );
         assert!(text.contains("pvc-a  default/a  2 (stale)"), "{text}");
         assert!(text.contains("refused: bad signature"), "{text}");
         assert!(
-            text.contains("split-provisioner/example.com-hostpath-pv-writer  pv-writer-0  1s ago   held"),
+            text.contains(
+                "split-provisioner/example.com-hostpath-pv-writer  pv-writer-0  1s ago   held"
+            ),
             "{text}"
         );
-        assert!(text.contains("intents (volumes being made): none"), "{text}");
+        assert!(
+            text.contains("intents (volumes being made): none"),
+            "{text}"
+        );
         assert!(text.contains("orphan sweep: no report yet"), "{text}");
         assert!(text.contains("ERROR intents: redis: boom"), "{text}");
     }

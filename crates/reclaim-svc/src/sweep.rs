@@ -320,14 +320,14 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         min_age,
         shutdown: &shutdown,
     };
-    let mut orphans =
-        match sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await {
-            Ok(orphans) => orphans,
-            Err(e) => {
-                tracing::warn!(error = %e, "orphan sweep abandoned");
-                return;
-            }
-        };
+    let mut orphans = match sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await
+    {
+        Ok(orphans) => orphans,
+        Err(e) => {
+            tracing::warn!(error = %e, "orphan sweep abandoned");
+            return;
+        }
+    };
     orphans.sort();
     let report = OrphanReport {
         version: orphan_report::REPORT_VERSION,
