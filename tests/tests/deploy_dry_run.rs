@@ -6,9 +6,10 @@
 //!
 //! * The namespaces a rendering declares are created for real first: a server dry run of a
 //!   Namespace does not create it, so every namespaced object after it would get `404`.
-//! * The ServiceMonitor (Prometheus Operator) needs its CRD: a minimal
-//!   `servicemonitors.monitoring.coreos.com` CRD (schema: any fields) is installed first, so
-//!   the object is checked for kind, scope and metadata, not for the operator's schema.
+//! * The ServiceMonitor and PrometheusRule (Prometheus Operator) need their CRDs: minimal
+//!   `servicemonitors`/`prometheusrules.monitoring.coreos.com` CRDs (schema: any fields) are
+//!   installed first, so the objects are checked for kind, scope and metadata, not for the
+//!   operator's schema.
 //!   The v1.19.2 build in `../shared/realkube` rejects *every* custom resource create
 //!   (`metadata.name: Required value` even for a minimal object with a name, and a handler
 //!   panic under `fieldValidation=Strict`): a server bug, not ours. A probe creates a minimal
@@ -75,16 +76,18 @@ fn render(dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Install a minimal ServiceMonitor CRD (any fields) and wait until it is Established.
-async fn install_servicemonitor_crd(client: kube::Client) {
+/// Install a minimal `monitoring.coreos.com/v1` CRD for `kind` (plural `plural`, any
+/// fields) and wait until it is Established.
+async fn install_monitoring_crd(client: kube::Client, kind: &str, plural: &str) {
+    let crd_name = format!("{plural}.monitoring.coreos.com");
     let crds: Api<CustomResourceDefinition> = Api::all(client);
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "metadata": {"name": crd_name},
         "spec": {
             "group": "monitoring.coreos.com",
             "scope": "Namespaced",
-            "names": {"plural": "servicemonitors", "singular": "servicemonitor",
-                      "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+            "names": {"plural": plural, "singular": kind.to_lowercase(),
+                      "kind": kind, "listKind": format!("{kind}List")},
             "versions": [{"name": "v1", "served": true, "storage": true,
                           "schema": {"openAPIV3Schema": {"type": "object",
                                      "x-kubernetes-preserve-unknown-fields": true}}}]
@@ -94,10 +97,7 @@ async fn install_servicemonitor_crd(client: kube::Client) {
     crds.create(&PostParams::default(), &crd).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let c = crds
-            .get("servicemonitors.monitoring.coreos.com")
-            .await
-            .unwrap();
+        let c = crds.get(&crd_name).await.unwrap();
         let established = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
             cs.iter()
                 .any(|c| c.type_ == "Established" && c.status == "True")
@@ -185,7 +185,8 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server() {
     .await
     .unwrap();
     let client = cluster.client();
-    install_servicemonitor_crd(client.clone()).await;
+    install_monitoring_crd(client.clone(), "ServiceMonitor", "servicemonitors").await;
+    install_monitoring_crd(client.clone(), "PrometheusRule", "prometheusrules").await;
     let serves_policy_v1 = client
         .request_text(
             http::Request::get("/apis/policy/v1")
@@ -214,7 +215,7 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server() {
         if *dir == servicemonitor {
             if let Err(why) = custom_resources_work(client.clone()).await {
                 eprintln!(
-                    "skipped components/servicemonitor (ServiceMonitor split-provisioner): this \
+                    "skipped components/servicemonitor (ServiceMonitor, PrometheusRule, dashboard ConfigMap): this \
                      API server rejects every custom resource, even a minimal one: {why}"
                 );
                 continue;

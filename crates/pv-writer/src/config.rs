@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use common::service::config::{parse_duration, CommonArgs, ServiceKind};
 use common::store::queue_auth::QueueKeyArgs;
 
-/// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV>]`,
+/// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV> | status [-o json] [NAMES]]`,
 /// without the backend's flags: the binary adds `--backend` and the built-in
 /// backends' flags (same as provision-svc's: the backend whose own check a
 /// queued PV's volume source must pass; see the `backends` crate).
@@ -76,6 +76,35 @@ pub enum Command {
         #[command(subcommand)]
         action: QueueCommand,
     },
+    /// Operator's overview per provisioner name: queue depth and oldest
+    /// pending age, in-flight entries and their owner term, dead letters and
+    /// reasons, provisioning intents, the last orphan sweep's report and the
+    /// three Leases' holders (read-only; Redis, and the API server with
+    /// `--kubeconfig` for the Leases in `--leader-election-namespace`).
+    Status(StatusArgs),
+}
+
+/// `pv-writer status` flags.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// `table` (for a terminal) or `json` (for scripts; the shape of
+    /// `pv_writer::status::Status`).
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Skip the Leases (no API-server access needed).
+    #[arg(long)]
+    pub no_leases: bool,
+    /// Provisioner names to report on; default: `--provisioner-name`.
+    pub provisioner_names: Vec<String>,
+}
+
+/// Output format of `pv-writer status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned tables.
+    Table,
+    /// One JSON document.
+    Json,
 }
 
 /// `pv-writer queue ...` operations.
@@ -184,6 +213,18 @@ mod tests {
         ));
         assert!(Cli::try_parse_from(["pv-writer", "--workers", "0"]).is_err());
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
+        match Cli::try_parse_from(["pv-writer", "status", "-o", "json", "a.io/x", "b.io/y"])
+            .unwrap()
+            .command
+        {
+            Some(Command::Status(args)) => {
+                assert_eq!(args.output, OutputFormat::Json);
+                assert_eq!(args.provisioner_names, ["a.io/x", "b.io/y"]);
+                assert!(!args.no_leases);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["pv-writer", "status", "--output", "yaml"]).is_err());
     }
 
     #[test]

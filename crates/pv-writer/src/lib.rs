@@ -11,7 +11,9 @@
 //! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
 //! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
 //! 9102); `pv-writer queue list|dead|requeue <PV>` inspects and repairs the
-//! queue with Redis access only. Flags: [`config::Cli`].
+//! queue with Redis access only; `pv-writer status [-o json]` is the operator's
+//! overview of a provisioner name across the three services ([`status`]).
+//! Flags: [`config::Cli`].
 //!
 //! Metrics ([`metrics::WriterMetrics`]): `pv_writer_queue_depth`,
 //! `pv_writer_queue_oldest_pending_age_seconds`, `pv_writer_queue_dead_letters`,
@@ -33,6 +35,7 @@ pub mod decision;
 pub mod metrics;
 pub mod operation;
 pub mod queue_cmd;
+pub mod status;
 
 use std::sync::Arc;
 
@@ -45,7 +48,7 @@ use prometheus::Registry;
 use provisioner_api::Provisioner;
 
 pub use api_calls::API_CALLS;
-pub use config::{Cli, Command, QueueCommand, WriterArgs};
+pub use config::{Cli, Command, OutputFormat, QueueCommand, StatusArgs, WriterArgs};
 
 /// Run what `cli` asks: the service (default), writing only PVs that pass
 /// `backend`'s own check, or a `queue` subcommand.
@@ -63,6 +66,7 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
             print!("{text}");
             Ok(())
         }
+        Some(Command::Status(args)) => run_status(&cli.common, args).await,
         None | Some(Command::Run) => {
             let key = cli.writer.queue_key.load()?;
             let registry = Registry::new();
@@ -164,4 +168,65 @@ pub async fn serve_with_metrics(
             ctx.args.healthz_stall_timeout,
         )
         .await
+}
+
+/// `pv-writer status`: gather ([`status::gather`]) and print as a table or
+/// JSON. The Leases are read with `--kubeconfig` (or the inferred config) in
+/// `--leader-election-namespace` (else `POD_NAMESPACE`, the service-account
+/// namespace, `default`), unless `--no-leases`; a client that cannot be built
+/// is reported as an error of the Lease part.
+///
+/// Errors: after printing, when any part could not be read (exit status 1).
+async fn run_status(
+    common_args: &common::service::config::CommonArgs,
+    args: &StatusArgs,
+) -> anyhow::Result<()> {
+    let names = if args.provisioner_names.is_empty() {
+        vec![common_args.provisioner_name.clone()]
+    } else {
+        args.provisioner_names.clone()
+    };
+    let namespace = common::service::leader::discover_namespace(
+        common_args.leader_election_namespace.as_deref(),
+        std::env::var("POD_NAMESPACE").ok().as_deref(),
+        std::path::Path::new(common::service::leader::SERVICE_ACCOUNT_NAMESPACE_FILE),
+    );
+    let mut client_error = None;
+    let client = if args.no_leases {
+        None
+    } else {
+        match common::service::kube_client::client_from_args(common_args).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                client_error = Some(format!("leases: {e:#}"));
+                None
+            }
+        }
+    };
+    let mut status = status::gather(
+        &names,
+        &common_args.redis_url,
+        client.as_ref().map(|c| (c, namespace.as_str())),
+        common::controller::time::now_ms(),
+    )
+    .await;
+    if let Some(e) = client_error {
+        for p in &mut status.provisioners {
+            p.errors.push(e.clone());
+        }
+    }
+    match args.output {
+        OutputFormat::Table => print!("{}", status::render_table(&status)),
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&status).expect("status always serializes")
+        ),
+    }
+    let errors = status.errors();
+    anyhow::ensure!(
+        errors.is_empty(),
+        "some parts could not be read: {}",
+        errors.join("; ")
+    );
+    Ok(())
 }

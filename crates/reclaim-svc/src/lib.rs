@@ -135,6 +135,7 @@ pub async fn run(
                     min_age: reclaim.sweep_min_age,
                     shutdown: ctx.shutdown.clone(),
                     metrics: sweep_metrics,
+                    reporter: ctx.identity.clone(),
                 };
                 let sweep_shutdown = ctx.shutdown.clone();
                 let sweep_task = async move {

@@ -2,7 +2,8 @@
 //! PV reflector has synced, list the backend's volumes and find those that
 //! nothing accounts for — no provisioning intent, no pending PV write in the
 //! durable queue, and no PV (checked live on the API server, not in the
-//! possibly lagging cache). They are reported (log + gauge `reclaim_orphan_volumes`).
+//! possibly lagging cache). They are reported (log, gauge `reclaim_orphan_volumes`,
+//! and the Redis report of [`common::store::orphan_report`] that `pv-writer status` shows).
 //!
 //! The checks run in the reverse order of a volume's life (intent → queue
 //! entry → PV), so a volume moving along that path while the sweep runs is
@@ -32,6 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::store::intents::IntentStore;
+use common::store::orphan_report::{self, OrphanReport};
 use common::store::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::Api;
@@ -210,6 +212,8 @@ pub struct SweepJob {
     pub shutdown: CancellationToken,
     /// Gauges to set.
     pub metrics: SweepMetrics,
+    /// This replica's identity, recorded as the report's `reporter`.
+    pub reporter: String,
 }
 
 /// Connect to Redis and run [`sweep`] once; every failure is logged (the
@@ -226,6 +230,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         min_age,
         shutdown,
         metrics,
+        reporter,
     } = job;
     let provisioner_name = provisioner_name.as_str();
     let intents = match IntentStore::connect(&redis, provisioner_name).await {
@@ -252,8 +257,30 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         min_age,
         shutdown: &shutdown,
     };
-    if let Err(e) = sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await {
-        tracing::warn!(error = %e, "orphan sweep abandoned");
+    let mut orphans = match sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await
+    {
+        Ok(orphans) => orphans,
+        Err(e) => {
+            tracing::warn!(error = %e, "orphan sweep abandoned");
+            return;
+        }
+    };
+    orphans.sort();
+    let report = OrphanReport {
+        version: orphan_report::REPORT_VERSION,
+        swept_at_ms: common::controller::time::now_ms(),
+        reporter,
+        orphans,
+        archived: metrics.archived.get().max(0) as u64,
+    };
+    let stored = match common::store::redis_store::connect(&redis).await {
+        Ok(mut conn) => orphan_report::write(&mut conn, provisioner_name, &report)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = stored {
+        tracing::warn!(error = %e, "orphan sweep: storing the report for `pv-writer status` failed (the gauges are set)");
     }
 }
 

@@ -20,8 +20,10 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::util::option_layer;
 use tower::{Layer, Service};
 
+use crate::service::api_metrics::ApiMetrics;
 use crate::service::config::CommonArgs;
 
 /// The token bucket of `--kube-api-qps`/`--kube-api-burst`: one token every `1 / qps`
@@ -144,19 +146,53 @@ pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
 /// here has its own retry policy (work-queue backoff, pv-writer's per-entry
 /// backoff, the Lease retry period), and a request hidden in minutes of retries
 /// would blind the leader's renew-deadline watchdog.
-pub fn build_client(mut config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
+pub fn build_client(config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
+    build_client_with_metrics(config, qps, burst, None)
+}
+
+/// [`build_client`] that also records every request in `metrics`
+/// (`rest_client_requests_total`, `rest_client_request_duration_seconds`,
+/// see [`crate::service::api_metrics`]), measured inside the rate limit as
+/// client-go does.
+///
+/// Errors: as [`build_client`].
+pub fn build_client_with_metrics(
+    mut config: Config,
+    qps: f64,
+    burst: u32,
+    metrics: Option<&ApiMetrics>,
+) -> anyhow::Result<Client> {
     config.default_retry = false;
     let builder = ClientBuilder::try_from(config).context("building Kubernetes client")?;
-    Ok(match token_bucket_quota(qps, burst) {
-        Some(quota) => builder.with_layer(&TokenBucketLayer::new(quota)).build(),
-        None => builder.build(),
-    })
+    let rate_limit = token_bucket_quota(qps, burst).map(TokenBucketLayer::new);
+    Ok(builder
+        .with_layer(&option_layer(metrics.cloned()))
+        .with_layer(&option_layer(rate_limit))
+        .build())
 }
 
 /// [`load_config`] then [`build_client`] with the flags' limits.
 pub async fn client_from_args(args: &CommonArgs) -> anyhow::Result<Client> {
     let config = load_config(args).await?;
     build_client(config, args.kube_api_qps, args.kube_api_burst)
+}
+
+/// [`client_from_args`] with the API request metrics registered into `registry`
+/// (what [`crate::service::runtime::run_service`] uses).
+///
+/// Errors: as [`client_from_args`].
+pub async fn client_from_args_with_metrics(
+    args: &CommonArgs,
+    registry: &prometheus::Registry,
+) -> anyhow::Result<Client> {
+    let config = load_config(args).await?;
+    let metrics = ApiMetrics::register(registry);
+    build_client_with_metrics(
+        config,
+        args.kube_api_qps,
+        args.kube_api_burst,
+        Some(&metrics),
+    )
 }
 
 #[cfg(test)]

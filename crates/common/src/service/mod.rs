@@ -1,6 +1,7 @@
 //! The service runtime every service binary is built on.
 //!
 //! * [`config`] — flags shared by all services, with environment twins;
+//! * [`api_metrics`] — client-go's `rest_client_*` API request metrics (tower layer);
 //! * [`kube_client`] — client from kubeconfig/in-cluster with a client-side rate limit;
 //! * [`leader`] — Lease leader election with a renew-deadline watchdog;
 //! * [`http`], [`metrics`] — `/metrics`, `/healthz`, `/readyz` and the seed's metric families;
@@ -9,6 +10,7 @@
 //! * [`health`] — the work-loop heartbeat and Lease-renewal checks behind `/healthz`;
 //! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown.
 
+pub mod api_metrics;
 pub mod config;
 pub mod health;
 pub mod http;

@@ -95,7 +95,8 @@ where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let client = crate::service::kube_client::client_from_args(&args).await?;
+    let client =
+        crate::service::kube_client::client_from_args_with_metrics(&args, &registry).await?;
     run_service_with_client(kind, args, registry, client, work).await
 }
 
@@ -156,9 +157,18 @@ where
     .await
     .with_context(|| format!("binding HTTP server to {addr}"))?;
     tracing::info!(service = kind.component(), %http_addr, provisioner = %args.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
+    let redis_probe = tokio::spawn(crate::store::redis_store::watch_reachability(
+        args.redis(),
+        crate::store::redis_store::reachable_gauge(&registry),
+        std::time::Duration::from_secs(5),
+        server_stop.clone(),
+    ));
 
     let identity = leader::identity(args.leader_election_identity.as_deref());
     let lease = lease_name(&args.provisioner_name, kind.lease_suffix());
+    // Exported from the start (0 = standing by), so a service with replicas
+    // up but no leader shows as 0 rather than as no series at all.
+    leader_gauge.with_label_values(&[&lease]).set(0);
     let ctx = ServiceContext {
         client: client.clone(),
         args: args.clone(),
@@ -241,6 +251,8 @@ where
         }
     } else {
         tracing::info!("leader election disabled: working as the only replica");
+        // The only replica works as leader: report it so (no Lease is held).
+        leader_gauge.with_label_values(&[&lease]).set(1);
         readiness.set_leading(true);
         liveness.set_working(true);
         let grace = args.shutdown_grace_period;
@@ -252,6 +264,7 @@ where
 
     server_stop.cancel();
     let _ = server.await;
+    let _ = redis_probe.await;
     result
 }
 

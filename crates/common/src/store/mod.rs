@@ -4,9 +4,11 @@
 //! * [`queue`] — the durable PV-write queue shared by provision-svc and pv-writer;
 //! * [`intents`] — durable provisioning intents;
 //! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
+//! * [`orphan_report`] — the last orphan sweep's report (for `pv-writer status`);
 //! * [`redis_store`] — the Redis connection and the per-provisioner key prefix.
 
 pub mod intents;
+pub mod orphan_report;
 pub mod queue;
 pub mod queue_auth;
 pub mod redis_store;

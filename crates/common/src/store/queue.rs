@@ -76,6 +76,7 @@
 //! (dead-lettered as `unsigned`) by a pv-writer with a key: drain the queue
 //! (`pv-writer queue list` empty) before upgrading.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -996,6 +997,18 @@ impl PvQueue {
             .collect::<Result<Vec<_>, _>>()?;
         out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
         Ok(out)
+    }
+
+    /// Owner of every in-flight entry: PV name → epoch of the pv-writer term
+    /// that took it (`pv-queue:owners`), for operators (`pv-writer status`).
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn inflight_owners(&self) -> Result<HashMap<String, u64>, QueueError> {
+        self.conn
+            .clone()
+            .hgetall(&self.keys.owners)
+            .await
+            .map_err(cmd("inflight_owners"))
     }
 
     /// The stored payload of `pv_name` (pending or dead), if any.

@@ -1,0 +1,165 @@
+//! Kubernetes API request metrics under client-go's names, as a tower layer
+//! on the kube client's service stack:
+//!
+//! * `rest_client_requests_total{code, method}` — finished requests by HTTP
+//!   status code (`"<error>"` when no response arrived: connect error,
+//!   timeout) and HTTP method (`GET`, `POST`, `PATCH`, ...);
+//! * `rest_client_request_duration_seconds{verb}` — seconds from sending the
+//!   request to the response head (a watch counts until its stream opens),
+//!   by HTTP method.
+//!
+//! client-go also labels them with `host`; each service here talks to one API
+//! server, so the label is left out. The layer sits *inside* the client-side
+//! rate limit ([`crate::service::kube_client::build_client_with_metrics`]), so, as in
+//! client-go, the time a request waits for the limiter is not in the latency.
+//!
+//! Hand-written because kube-rs ships no metrics layer; it is a plain
+//! [`tower::Layer`] around the stack kube builds.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+/// The two request families; cheap to clone (shared counters). Use it as a
+/// [`tower::Layer`].
+#[derive(Clone)]
+pub struct ApiMetrics {
+    requests_total: IntCounterVec,
+    duration_seconds: HistogramVec,
+}
+
+impl ApiMetrics {
+    /// Create both families and register them into `registry`.
+    ///
+    /// Panics when they are already registered there (a programming error).
+    pub fn register(registry: &Registry) -> Self {
+        Self {
+            requests_total: crate::service::metrics::register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "rest_client_requests_total",
+                        "Number of HTTP requests to the Kubernetes API server, partitioned by status code and method.",
+                    ),
+                    &["code", "method"],
+                )
+                .expect("valid metric"),
+            ),
+            duration_seconds: crate::service::metrics::register(
+                registry,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "rest_client_request_duration_seconds",
+                        "Request latency in seconds to the Kubernetes API server (to the response head), by verb.",
+                    ),
+                    &["verb"],
+                )
+                .expect("valid metric"),
+            ),
+        }
+    }
+
+    fn observe(&self, method: &str, code: &str, seconds: f64) {
+        self.requests_total.with_label_values(&[code, method]).inc();
+        self.duration_seconds
+            .with_label_values(&[method])
+            .observe(seconds);
+    }
+}
+
+impl<S> tower::Layer<S> for ApiMetrics {
+    type Service = ApiMetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ApiMetricsService {
+            inner,
+            metrics: self.clone(),
+        }
+    }
+}
+
+/// The service [`ApiMetrics`] wraps around the kube client's stack.
+#[derive(Clone)]
+pub struct ApiMetricsService<S> {
+    inner: S,
+    metrics: ApiMetrics,
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for ApiMetricsService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
+        let method = req.method().as_str().to_owned();
+        let metrics = self.metrics.clone();
+        let start = Instant::now();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let result = fut.await;
+            let code = match &result {
+                Ok(resp) => resp.status().as_str().to_owned(),
+                Err(_) => "<error>".to_owned(),
+            };
+            metrics.observe(&method, &code, start.elapsed().as_secs_f64());
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::{Layer, Service, ServiceExt};
+
+    #[tokio::test]
+    async fn counts_by_code_and_method_and_times_by_verb() {
+        let registry = Registry::new();
+        let metrics = ApiMetrics::register(&registry);
+        let mut svc = metrics.layer(tower::service_fn(|req: http::Request<()>| async move {
+            if req.uri().path() == "/fail" {
+                return Err("connection refused");
+            }
+            let status = if req.method() == http::Method::POST {
+                409
+            } else {
+                200
+            };
+            Ok(http::Response::builder().status(status).body(()).unwrap())
+        }));
+        for (method, path) in [
+            ("GET", "/a"),
+            ("GET", "/b"),
+            ("POST", "/c"),
+            ("GET", "/fail"),
+        ] {
+            let req = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(())
+                .unwrap();
+            let _ = svc.ready().await.unwrap().call(req).await;
+        }
+        let text = crate::service::metrics::render(&registry);
+        for line in [
+            "rest_client_requests_total{code=\"200\",method=\"GET\"} 2\n",
+            "rest_client_requests_total{code=\"409\",method=\"POST\"} 1\n",
+            "rest_client_requests_total{code=\"<error>\",method=\"GET\"} 1\n",
+            "rest_client_request_duration_seconds_count{verb=\"GET\"} 3\n",
+            "rest_client_request_duration_seconds_count{verb=\"POST\"} 1\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,585 @@
+//! `pv-writer status`: one operator's view of a provisioner name across the
+//! three services — the PV-write queue (depth, oldest pending age, dead
+//! letters with their reasons, in-flight entries with the pv-writer term that
+//! owns them), provisioning intents (volumes being made), the last orphan
+//! sweep's report ([`common::store::orphan_report`]) and the three Leases (holder,
+//! time since the last renewal).
+//!
+//! It lives in pv-writer, next to `pv-writer queue`, because the queue is the
+//! heart of it, the binary is already in the image with the same flags
+//! (`--redis-url`, `--provisioner-name`, `--kubeconfig`), and everything else it
+//! reads goes through `common` (intents, report, Lease names); a separate
+//! binary would duplicate that flag handling and the image layout.
+//!
+//! Read-only: Redis reads and `get` of three Leases with the caller's
+//! kubeconfig. Each part is read on its own; a part that fails is reported in
+//! `errors` and the rest is still shown.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use api_types::lease_name;
+use common::service::config::ServiceKind;
+use common::store::intents::IntentStore;
+use common::store::orphan_report::{self, OrphanReport};
+use common::store::queue::{PendingState, PvQueue};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use serde::Serialize;
+
+/// The status of every requested provisioner name.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// One entry per provisioner name, in the order asked.
+    pub provisioners: Vec<ProvisionerStatus>,
+}
+
+impl Status {
+    /// Every part that could not be read, as `"<provisioner>: <error>"`.
+    pub fn errors(&self) -> Vec<String> {
+        self.provisioners
+            .iter()
+            .flat_map(|p| {
+                p.errors
+                    .iter()
+                    .map(move |e| format!("{}: {e}", p.provisioner_name))
+            })
+            .collect()
+    }
+}
+
+/// Everything about one provisioner name.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProvisionerStatus {
+    /// The provisioner name (StorageClass `provisioner`).
+    pub provisioner_name: String,
+    /// The PV-write queue; `None` when Redis could not be read.
+    pub queue: Option<QueueStatus>,
+    /// Provisioning intents: volumes provision-svc is making whose PV is not
+    /// queued yet, sorted by PV name.
+    pub intents: Vec<IntentStatus>,
+    /// The last completed orphan sweep; `None` before the first one (or when
+    /// unreadable, then see `errors`).
+    pub orphan_report: Option<OrphanReport>,
+    /// Seconds since that sweep finished.
+    pub orphan_report_age_seconds: Option<f64>,
+    /// The three services' Leases: provision-svc, pv-writer, reclaim-svc.
+    pub leases: Vec<LeaseStatus>,
+    /// Parts that could not be read.
+    pub errors: Vec<String>,
+}
+
+/// The durable PV-write queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueStatus {
+    /// Pending entries (due + in flight), dead letters excluded.
+    pub depth: u64,
+    /// Seconds since the oldest pending entry was enqueued (0 when empty), by Redis' clock.
+    pub oldest_pending_age_seconds: f64,
+    /// The current pv-writer leader term (fencing token; 0 before the first leader).
+    pub current_term: u64,
+    /// Entries a writer has taken.
+    pub in_flight: Vec<InFlightStatus>,
+    /// Dead letters, waiting for an operator (`pv-writer queue requeue <PV>`).
+    pub dead_letters: Vec<DeadLetterStatus>,
+}
+
+/// One in-flight entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct InFlightStatus {
+    /// PV name.
+    pub pv_name: String,
+    /// `namespace/name` of the claim (`None` when the payload is unreadable).
+    pub claim: Option<String>,
+    /// The pv-writer term that took it (`pv-queue:owners`).
+    pub owner_term: Option<u64>,
+    /// True when the owner is an earlier term than the current one: the next
+    /// leader's recovery (or the visibility timeout) gives it back to the queue.
+    pub stale_owner: bool,
+    /// Seconds until the visibility timeout returns it to the queue.
+    pub visible_again_in_seconds: f64,
+    /// Failed write attempts so far.
+    pub attempts: u32,
+}
+
+/// One dead letter.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadLetterStatus {
+    /// PV name.
+    pub pv_name: String,
+    /// `namespace/name` of the claim, when known.
+    pub claim: Option<String>,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// Failed attempts before it was dead-lettered.
+    pub attempts: u32,
+    /// Seconds since it was dead-lettered.
+    pub dead_for_seconds: f64,
+}
+
+/// One provisioning intent.
+#[derive(Debug, Clone, Serialize)]
+pub struct IntentStatus {
+    /// PV name the backend was asked for.
+    pub pv_name: String,
+    /// `namespace/name` of the claim.
+    pub claim: String,
+    /// StorageClass name.
+    pub class: String,
+    /// Seconds since the intent was recorded.
+    pub age_seconds: f64,
+    /// The backend answered `InBackground` (the seed's "claims in progress").
+    pub in_background: bool,
+}
+
+/// One service's Lease as the API server has it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseStatus {
+    /// `provision-svc`, `pv-writer` or `reclaim-svc`.
+    pub service: String,
+    /// Lease name (`<provisioner name with / → ->-<suffix>`).
+    pub name: String,
+    /// Lease namespace.
+    pub namespace: String,
+    /// `spec.holderIdentity`; `None` when the Lease does not exist, is
+    /// released, or could not be read (see `error`).
+    pub holder: Option<String>,
+    /// Seconds since `spec.renewTime` (the holder's last renewal).
+    pub renewed_seconds_ago: Option<f64>,
+    /// `spec.leaseDurationSeconds`.
+    pub lease_duration_seconds: Option<i32>,
+    /// The holder has not renewed within the lease duration (expired Lease).
+    pub expired: bool,
+    /// `spec.leaseTransitions`.
+    pub transitions: Option<i32>,
+    /// Why the Lease could not be read, if so.
+    pub error: Option<String>,
+}
+
+/// Gather the status of `names` from Redis at `redis_url` and, when `leases`
+/// is given (a client and the Leases' namespace), from the API server.
+/// `now_ms` is the caller's clock (ms since the Unix epoch), used for the
+/// ages of intents and Leases; queue ages use Redis' clock.
+///
+/// Never fails as a whole: unreadable parts are listed in each
+/// [`ProvisionerStatus::errors`].
+pub async fn gather(
+    names: &[String],
+    redis_url: &str,
+    leases: Option<(&Client, &str)>,
+    now_ms: u64,
+) -> Status {
+    let mut provisioners = Vec::with_capacity(names.len());
+    for name in names {
+        provisioners.push(gather_one(name, redis_url, leases, now_ms).await);
+    }
+    Status { provisioners }
+}
+
+async fn gather_one(
+    name: &str,
+    redis_url: &str,
+    leases: Option<(&Client, &str)>,
+    now_ms: u64,
+) -> ProvisionerStatus {
+    let mut status = ProvisionerStatus {
+        provisioner_name: name.to_string(),
+        queue: None,
+        intents: Vec::new(),
+        orphan_report: None,
+        orphan_report_age_seconds: None,
+        leases: Vec::new(),
+        errors: Vec::new(),
+    };
+    match common::store::redis_store::connect(redis_url).await {
+        Ok(conn) => {
+            let queue = PvQueue::with_connection(conn.clone(), name);
+            match queue_status(&queue).await {
+                Ok(q) => status.queue = Some(q),
+                Err(e) => status.errors.push(format!("queue: {e}")),
+            }
+            match IntentStore::with_connection(conn.clone(), name)
+                .list_with_claims()
+                .await
+            {
+                Ok(entries) => {
+                    status.intents = entries
+                        .into_iter()
+                        .map(|e| IntentStatus {
+                            claim: format!("{}/{}", e.intent.claim.namespace, e.intent.claim.name),
+                            pv_name: e.intent.pv_name,
+                            class: e.intent.class,
+                            age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
+                            in_background: e.claim.is_some_and(|c| c.in_background),
+                        })
+                        .collect();
+                    status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+                }
+                Err(e) => status.errors.push(format!("intents: {e}")),
+            }
+            match orphan_report::read(&mut conn.clone(), name).await {
+                Ok(report) => {
+                    status.orphan_report_age_seconds =
+                        report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
+                    status.orphan_report = report;
+                }
+                Err(e) => status.errors.push(format!("orphan report: {e}")),
+            }
+        }
+        Err(e) => status.errors.push(format!("redis {redis_url}: {e}")),
+    }
+    if let Some((client, namespace)) = leases {
+        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+        for kind in [
+            ServiceKind::Provision,
+            ServiceKind::PvWriter,
+            ServiceKind::Reclaim,
+        ] {
+            let lease = lease_status(&api, kind, name, namespace, now_ms).await;
+            if let Some(e) = &lease.error {
+                status.errors.push(format!("lease {}: {e}", lease.name));
+            }
+            status.leases.push(lease);
+        }
+    }
+    status
+}
+
+async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::store::queue::QueueError> {
+    let stats = queue.stats().await?;
+    let now = stats.redis_now_ms;
+    let current_term = queue.current_term().await?;
+    let owners: HashMap<String, u64> = queue.inflight_owners().await?;
+    let in_flight = queue
+        .list_pending()
+        .await?
+        .into_iter()
+        .filter_map(|e| match e.state {
+            PendingState::InFlight(until) => {
+                let owner_term = owners.get(&e.pv_name).copied();
+                Some(InFlightStatus {
+                    claim: e
+                        .entry
+                        .as_ref()
+                        .ok()
+                        .map(|w| format!("{}/{}", w.claim.namespace, w.claim.name)),
+                    stale_owner: owner_term.is_some_and(|t| t < current_term),
+                    owner_term,
+                    visible_again_in_seconds: age_seconds(until, now),
+                    attempts: e.attempts,
+                    pv_name: e.pv_name,
+                })
+            }
+            PendingState::Due(_) => None,
+        })
+        .collect();
+    let dead_letters = queue
+        .list_dead()
+        .await?
+        .into_iter()
+        .map(|d| DeadLetterStatus {
+            claim: d
+                .claim
+                .as_ref()
+                .map(|c| format!("{}/{}", c.namespace, c.name)),
+            dead_for_seconds: age_seconds(now, d.dead_at_ms),
+            pv_name: d.pv_name,
+            reason: d.reason,
+            attempts: d.attempts,
+        })
+        .collect();
+    Ok(QueueStatus {
+        depth: stats.depth,
+        oldest_pending_age_seconds: stats.oldest_age_seconds(now),
+        current_term,
+        in_flight,
+        dead_letters,
+    })
+}
+
+async fn lease_status(
+    api: &Api<Lease>,
+    kind: ServiceKind,
+    provisioner_name: &str,
+    namespace: &str,
+    now_ms: u64,
+) -> LeaseStatus {
+    let name = lease_name(provisioner_name, kind.lease_suffix());
+    let mut status = LeaseStatus {
+        service: kind.component().to_string(),
+        name: name.clone(),
+        namespace: namespace.to_string(),
+        holder: None,
+        renewed_seconds_ago: None,
+        lease_duration_seconds: None,
+        expired: false,
+        transitions: None,
+        error: None,
+    };
+    match api.get_opt(&name).await {
+        Ok(Some(lease)) => {
+            let spec = lease.spec.unwrap_or_default();
+            status.holder = spec.holder_identity.filter(|h| !h.is_empty());
+            status.renewed_seconds_ago = spec
+                .renew_time
+                .map(|t| age_seconds(now_ms, t.0.as_millisecond().max(0) as u64));
+            status.lease_duration_seconds = spec.lease_duration_seconds;
+            status.transitions = spec.lease_transitions;
+            status.expired = match (status.renewed_seconds_ago, spec.lease_duration_seconds) {
+                (Some(ago), Some(d)) => ago > f64::from(d),
+                _ => status.holder.is_some(),
+            };
+        }
+        Ok(None) => {}
+        Err(e) => status.error = Some(e.to_string()),
+    }
+    status
+}
+
+/// `later - earlier` in seconds, 0 when `earlier` is later.
+fn age_seconds(later_ms: u64, earlier_ms: u64) -> f64 {
+    later_ms.saturating_sub(earlier_ms) as f64 / 1000.0
+}
+
+/// The terminal rendering: per provisioner name a summary line, then the
+/// Leases, in-flight entries, dead letters, intents and orphans as aligned
+/// tables (a section with nothing in it says so in one line).
+pub fn render_table(status: &Status) -> String {
+    let mut out = String::new();
+    for p in &status.provisioners {
+        let _ = writeln!(out, "PROVISIONER {}", p.provisioner_name);
+        match &p.queue {
+            Some(q) => {
+                let _ = writeln!(
+                    out,
+                    "  queue: depth {}, oldest pending {}, in flight {}, dead letters {}, pv-writer term {}",
+                    q.depth,
+                    secs(q.oldest_pending_age_seconds),
+                    q.in_flight.len(),
+                    q.dead_letters.len(),
+                    q.current_term
+                );
+            }
+            None => out.push_str("  queue: unavailable\n"),
+        }
+        if !p.leases.is_empty() {
+            section(
+                &mut out,
+                "leases",
+                &["SERVICE", "LEASE", "HOLDER", "RENEWED", "STATE"],
+                p.leases.iter().map(|l| {
+                    let state = if l.error.is_some() {
+                        "unreadable"
+                    } else if l.holder.is_none() {
+                        "no holder"
+                    } else if l.expired {
+                        "expired"
+                    } else {
+                        "held"
+                    };
+                    vec![
+                        l.service.clone(),
+                        format!("{}/{}", l.namespace, l.name),
+                        l.holder.clone().unwrap_or_else(|| "-".into()),
+                        l.renewed_seconds_ago
+                            .map(|s| format!("{} ago", secs(s)))
+                            .unwrap_or_else(|| "-".into()),
+                        state.to_string(),
+                    ]
+                }),
+            );
+        }
+        if let Some(q) = &p.queue {
+            section(
+                &mut out,
+                "in flight",
+                &["PV", "CLAIM", "OWNER TERM", "VISIBLE AGAIN IN", "ATTEMPTS"],
+                q.in_flight.iter().map(|e| {
+                    vec![
+                        e.pv_name.clone(),
+                        e.claim.clone().unwrap_or_else(|| "<unreadable>".into()),
+                        match e.owner_term {
+                            Some(t) if e.stale_owner => format!("{t} (stale)"),
+                            Some(t) => t.to_string(),
+                            None => "-".into(),
+                        },
+                        secs(e.visible_again_in_seconds),
+                        e.attempts.to_string(),
+                    ]
+                }),
+            );
+            section(
+                &mut out,
+                "dead letters",
+                &["PV", "CLAIM", "ATTEMPTS", "DEAD FOR", "REASON"],
+                q.dead_letters.iter().map(|d| {
+                    vec![
+                        d.pv_name.clone(),
+                        d.claim.clone().unwrap_or_else(|| "-".into()),
+                        d.attempts.to_string(),
+                        secs(d.dead_for_seconds),
+                        d.reason.clone(),
+                    ]
+                }),
+            );
+        }
+        section(
+            &mut out,
+            "intents (volumes being made)",
+            &["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"],
+            p.intents.iter().map(|i| {
+                vec![
+                    i.pv_name.clone(),
+                    i.claim.clone(),
+                    i.class.clone(),
+                    secs(i.age_seconds),
+                    i.in_background.to_string(),
+                ]
+            }),
+        );
+        match &p.orphan_report {
+            Some(r) => {
+                let _ = writeln!(
+                    out,
+                    "  orphan sweep: {} orphan(s), {} archived, by {} {} ago",
+                    r.orphans.len(),
+                    r.archived,
+                    r.reporter,
+                    secs(p.orphan_report_age_seconds.unwrap_or_default())
+                );
+                for o in &r.orphans {
+                    let _ = writeln!(out, "    {o}");
+                }
+            }
+            None => out.push_str("  orphan sweep: no report yet\n"),
+        }
+        for e in &p.errors {
+            let _ = writeln!(out, "  ERROR {e}");
+        }
+    }
+    out
+}
+
+fn secs(s: f64) -> String {
+    format!("{s:.0}s")
+}
+
+/// Append `title` and an aligned table (two-space indent, columns padded to
+/// their widest cell), or `title: none` when there are no rows.
+fn section(
+    out: &mut String,
+    title: &str,
+    header: &[&str],
+    rows: impl Iterator<Item = Vec<String>>,
+) {
+    let rows: Vec<Vec<String>> = rows.collect();
+    if rows.is_empty() {
+        let _ = writeln!(out, "  {title}: none");
+        return;
+    }
+    let _ = writeln!(out, "  {title}:");
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::from("   ");
+        for (i, cell) in row.iter().enumerate() {
+            line.push(' ');
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<w$} ", w = widths[i]);
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Status {
+        Status {
+            provisioners: vec![ProvisionerStatus {
+                provisioner_name: "example.com/hostpath".into(),
+                queue: Some(QueueStatus {
+                    depth: 2,
+                    oldest_pending_age_seconds: 12.4,
+                    current_term: 3,
+                    in_flight: vec![InFlightStatus {
+                        pv_name: "pvc-a".into(),
+                        claim: Some("default/a".into()),
+                        owner_term: Some(2),
+                        stale_owner: true,
+                        visible_again_in_seconds: 30.0,
+                        attempts: 1,
+                    }],
+                    dead_letters: vec![DeadLetterStatus {
+                        pv_name: "pvc-b".into(),
+                        claim: None,
+                        reason: "refused: bad signature".into(),
+                        attempts: 0,
+                        dead_for_seconds: 5.0,
+                    }],
+                }),
+                intents: vec![],
+                orphan_report: None,
+                orphan_report_age_seconds: None,
+                leases: vec![LeaseStatus {
+                    service: "pv-writer".into(),
+                    name: "example.com-hostpath-pv-writer".into(),
+                    namespace: "split-provisioner".into(),
+                    holder: Some("pv-writer-0".into()),
+                    renewed_seconds_ago: Some(1.0),
+                    lease_duration_seconds: Some(15),
+                    expired: false,
+                    transitions: Some(0),
+                    error: None,
+                }],
+                errors: vec!["intents: redis: boom".into()],
+            }],
+        }
+    }
+
+    #[test]
+    fn table_shows_every_part_aligned() {
+        let text = render_table(&sample());
+        assert!(
+            text.contains("PROVISIONER example.com/hostpath\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "queue: depth 2, oldest pending 12s, in flight 1, dead letters 1, pv-writer term 3"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("pvc-a  default/a  2 (stale)"), "{text}");
+        assert!(text.contains("refused: bad signature"), "{text}");
+        assert!(
+            text.contains(
+                "split-provisioner/example.com-hostpath-pv-writer  pv-writer-0  1s ago   held"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("intents (volumes being made): none"),
+            "{text}"
+        );
+        assert!(text.contains("orphan sweep: no report yet"), "{text}");
+        assert!(text.contains("ERROR intents: redis: boom"), "{text}");
+    }
+
+    #[test]
+    fn errors_name_their_provisioner() {
+        assert_eq!(
+            sample().errors(),
+            ["example.com/hostpath: intents: redis: boom"]
+        );
+    }
+}
