@@ -219,7 +219,10 @@ mod tests {
             *counts.entry(k.clone()).or_insert(0usize) += 1;
         }
         let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "keys handed out more than once: {twice:?}");
+        assert!(
+            twice.is_empty(),
+            "keys handed out more than once: {twice:?}"
+        );
         assert_eq!(counts.len(), 200, "every key handed out");
         assert_eq!(seen.len(), 200, "exactly one hand-out per key");
     }
