@@ -117,7 +117,8 @@ pub fn start(
                 WatchFrom::Rv(r) => r,
                 WatchFrom::Now => 0,
             };
-            let line = error_line(&ApiError::expired(requested, oldest));
+            let err = ApiError::expired(requested, oldest);
+            let line = error_line(&err);
             let _ = tx.try_send(line);
         }
         Ok(start) => {
