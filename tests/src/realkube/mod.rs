@@ -285,6 +285,36 @@ async fn probe_ok(client: &kube::Client, path: &str) -> bool {
     )
 }
 
+/// Whether the API server's RBAC authorizer answers from synced informers: a
+/// SubjectAccessReview for a plain authenticated user creating a
+/// SelfSubjectAccessReview (granted only by the bootstrap ClusterRoleBinding
+/// `system:basic-user`) comes back allowed.
+async fn rbac_authorizes(client: &kube::Client) -> bool {
+    let review = serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "realkube-rbac-probe",
+            "groups": ["system:authenticated"],
+            "resourceAttributes": {
+                "group": "authorization.k8s.io",
+                "resource": "selfsubjectaccessreviews",
+                "verb": "create"
+            }
+        }
+    });
+    let Ok(req) = http::Request::post("/apis/authorization.k8s.io/v1/subjectaccessreviews")
+        .header("content-type", "application/json")
+        .body(review.to_string().into_bytes())
+    else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), client.request::<serde_json::Value>(req)).await,
+        Ok(Ok(answer)) if answer["status"]["allowed"] == true
+    )
+}
+
 /// Whether the namespaces the API server's bootstrap controller creates
 /// (`default`, `kube-system`) exist yet.
 async fn system_namespaces_exist(client: &kube::Client) -> bool {
@@ -821,6 +851,17 @@ impl RealCluster {
             &self.root,
             APISERVER_READY_TIMEOUT,
             || probe_ok(&client, "/readyz"),
+        )
+        .await?;
+        // `/readyz` answers before the RBAC authorizer's informers have
+        // synced: until then a restarted v1.19 server refuses (403) requests
+        // that only RBAC allows, which a client would see as a missing grant.
+        wait_ready(
+            "kube-apiserver RBAC authorizer",
+            &mut p,
+            &self.root,
+            APISERVER_READY_TIMEOUT,
+            || rbac_authorizes(&client),
         )
         .await?;
         self.apiserver = Some(p);
