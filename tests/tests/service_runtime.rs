@@ -1,7 +1,14 @@
-//! The service frame (`common::service::runtime`) against the simulator: work starts only
-//! once the Lease is held, `/readyz` follows the work loop's readiness, and a
-//! lost Lease aborts the work at once; the replica then stays up, reports not
-//! ready, campaigns again and restarts its work when it leads again.
+//! The service frame (`common::service::runtime`): work starts only once the Lease is
+//! held, `/readyz` follows the work loop's readiness, and a lost Lease aborts
+//! the work at once; the replica then stays up, reports not ready, campaigns
+//! again and restarts its work when it leads again.
+//!
+//! The Lease-loss scenario runs on both control planes (`on_both_planes!`):
+//! on the simulator the API outage is 503 to every request with dropped
+//! watches, on the real one kube-apiserver is stopped and started again, and
+//! the service runs as reclaim-svc's ServiceAccount with the deploy's RBAC.
+//! The scenarios that need a fault only a simulator can inject (503 on Lease
+//! calls alone while SIGTERM is pending) stay simulator-only.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -10,7 +17,10 @@ use std::time::Duration;
 use clap::Parser;
 use common::service::config::{CommonArgs, ServiceKind};
 use common::service::runtime::{run_service_with_client, run_service_with_shutdown};
+use e2e::harness::{ControlPlane, Plane, Service};
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -20,6 +30,11 @@ struct Cli {
 }
 
 fn args(identity: &str) -> CommonArgs {
+    args_in(identity, "default", "example.com/hostpath")
+}
+
+/// [`args`] with the Lease namespace and provisioner name of a plane.
+fn args_in(identity: &str, namespace: &str, provisioner: &str) -> CommonArgs {
     Cli::parse_from([
         "test",
         "--http-address",
@@ -27,7 +42,9 @@ fn args(identity: &str) -> CommonArgs {
         "--http-port",
         "0",
         "--leader-election-namespace",
-        "default",
+        namespace,
+        "--provisioner-name",
+        provisioner,
         "--leader-election-identity",
         identity,
         "--lease-duration",
@@ -58,22 +75,46 @@ async fn readyz(addr: std::net::SocketAddr) -> u16 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
-    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+e2e::on_both_planes!(lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again);
+
+/// The holder of the Lease `name` in `namespace`, read with the admin client.
+async fn holder(plane: &Plane, namespace: &str, name: &str) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(plane.admin_client().await.unwrap(), namespace);
+    leases
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again(choice: ControlPlane) {
+    let mut plane = Plane::start(choice.with_sim_config(SimConfig::bare()))
+        .await
+        .unwrap();
+    let namespace = plane.lease_namespace(Service::Reclaim);
+    let provisioner = plane.provisioner_name();
+    let lease_name = Service::Reclaim.lease_name(&provisioner);
+    let client = plane.service_client(Service::Reclaim).await.unwrap();
+    // a real API server restart takes seconds; the simulator's outage is instant
+    let comeback = if plane.is_real() {
+        Duration::from_secs(90)
+    } else {
+        Duration::from_secs(10)
+    };
     let shutdown = CancellationToken::new();
     let ticks = Arc::new(AtomicU32::new(0));
     let terms = Arc::new(AtomicU32::new(0));
     let addr = Arc::new(std::sync::Mutex::new(None));
     let (t, n, ad) = (ticks.clone(), terms.clone(), addr.clone());
-    let mut a = args("replica-a");
+    let mut a = args_in("replica-a", &namespace, &provisioner);
     // The work below ignores shutdown: SIGTERM ends it after the grace period.
     a.shutdown_grace_period = Duration::from_millis(300);
     let run = tokio::spawn(run_service_with_shutdown(
         ServiceKind::Reclaim,
         a,
         prometheus::Registry::new(),
-        client(&sim),
+        client,
         shutdown.clone(),
         move |ctx| {
             let (t, n, ad) = (t.clone(), n.clone(), ad.clone());
@@ -90,20 +131,21 @@ async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
     ));
 
     // Work starts once the Lease named after the provisioner and service is held.
-    wait_for(Duration::from_secs(5), "first term", || {
+    wait_for(Duration::from_secs(15), "first term", || {
         terms.load(Ordering::SeqCst) == 1
     })
     .await;
     let addr = addr.lock().unwrap().expect("work saw its HTTP address");
-    let lease = sim
-        .object("leases", "default", "example.com-hostpath-reclaim")
-        .expect("lease created");
-    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+    assert_eq!(
+        holder(&plane, &namespace, &lease_name).await.as_deref(),
+        Some("replica-a")
+    );
     assert_eq!(readyz(addr).await, 200);
 
-    // The API server refuses every Lease call: the leader must stop working
-    // at once, stay up, and report not ready.
-    sim.inject_fault(FaultSpec::error(503, &[], &["leases"]));
+    // The API server is gone (simulator: 503 to everything; real:
+    // kube-apiserver stopped): the leader cannot renew, must stop working at
+    // once, stay up, and report not ready.
+    let outage = plane.begin_outage().await.unwrap();
     let mut stopped_at = ticks.load(Ordering::SeqCst);
     tokio::time::timeout(Duration::from_secs(8), async {
         loop {
@@ -125,8 +167,8 @@ async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
 
     // The API server answers again: the replica campaigns, wins, and the work
     // is started again from scratch (a second call of the work function).
-    sim.clear_faults();
-    wait_for(Duration::from_secs(10), "second term", || {
+    plane.end_outage(outage).await.unwrap();
+    wait_for(comeback, "second term", || {
         terms.load(Ordering::SeqCst) == 2
     })
     .await;
@@ -136,10 +178,10 @@ async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again() {
     })
     .await;
     assert_eq!(readyz(addr).await, 200, "ready again as leader");
-    let lease = sim
-        .object("leases", "default", "example.com-hostpath-reclaim")
-        .unwrap();
-    assert_eq!(lease["spec"]["holderIdentity"], "replica-a");
+    assert_eq!(
+        holder(&plane, &namespace, &lease_name).await.as_deref(),
+        Some("replica-a")
+    );
 
     // SIGTERM still drains and ends the run cleanly.
     shutdown.cancel();

@@ -1,5 +1,11 @@
 //! Fault injection, request counters and the control endpoints, through the library API
 //! and through the `k8s-sim` binary.
+//!
+//! Simulator-only, every test: injected 5xx/429 answers, hanging requests, added
+//! latency, dropped watches, request statistics and the `/_sim/*` endpoints are
+//! the simulator's own features, with no counterpart on a real kube-apiserver
+//! (its API behaviour is compared with the real server's in `sim_conformance.rs`,
+//! `sim_watch.rs`, `sim_controller.rs` and `sim_clients.rs`).
 
 use e2e::sim::raw;
 use e2e::sim::{FaultSpec, SimConfig, Simulator};

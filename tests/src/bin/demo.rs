@@ -118,7 +118,10 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         "split-provisioner demo: {} claims against the {target}, backend {:?}",
         args.claims, args.backend
     );
-    println!("building/locating the service binaries (cargo build --release -p provision-svc -p pv-writer -p reclaim-svc) ...");
+    println!(
+        "building/locating the service binaries (cargo build --release {}) ...",
+        e2e::harness::binaries::build_args().join(" ")
+    );
     let t0 = Instant::now();
     let mut sys = System::start(SystemOptions {
         profile: Profile::current(),

@@ -1,9 +1,11 @@
 //! Locating the three service binaries (and building them with cargo when
 //! missing or stale). Integration tests of the `e2e` package cannot use
 //! `env!("CARGO_BIN_EXE_...")` for binaries of other packages, so the harness
-//! runs `cargo build [--release] -p provision-svc -p pv-writer -p reclaim-svc`
-//! once per process; cargo itself decides what is stale and is a no-op
-//! (about a second) when everything is fresh.
+//! runs `cargo build [--release] -p e2e -p provision-svc -p pv-writer -p reclaim-svc
+//! --bin provision-svc --bin pv-writer --bin reclaim-svc` once per process, in
+//! the same target directory and profile as the program that asks; cargo
+//! itself decides what is stale and is a no-op (about a second) when
+//! everything is fresh.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -92,13 +94,18 @@ impl Binaries {
 
     /// Binaries of `profile`, built first with cargo (once per process).
     ///
-    /// Release binaries (demo, benchmarks) are built in their own target
-    /// directory, `<target>/services`: building only the three services
-    /// unifies dependency features differently from `cargo run -p e2e`, and in
-    /// one directory each build would throw the other's artifacts away, so
-    /// every demo run would rebuild half the dependency tree twice. Debug
-    /// binaries (tests) share `<target>/debug` with `cargo test`, which has
-    /// already built them.
+    /// The build runs in the workspace's target directory ([`target_dir`]),
+    /// in `target/<profile>`, and names `e2e` among its packages although it
+    /// builds only the three service binaries: cargo unifies dependency
+    /// features over the selected packages, so with `e2e` selected every
+    /// dependency resolves to the same features, hence the same artefacts, as
+    /// in `cargo run --release -p e2e --bin demo` (without it `fastrand`, and
+    /// what depends on it, would resolve differently and build twice). On a
+    /// fresh clone the demo's first run therefore compiles the dependency tree
+    /// once and then only the three service binaries
+    /// (`cargo build --unit-graph`: 3 extra units instead of 355 with the
+    /// former separate target directory). Debug binaries (tests) share
+    /// `target/debug` with `cargo test` the same way.
     ///
     /// `E2E_BIN_DIR` overrides: the binaries are taken from that directory and
     /// nothing is built. If cargo is not available but the binaries exist, they
@@ -123,18 +130,13 @@ impl Binaries {
         let bins = Self::in_dir(&root.join(profile.dir_name()));
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(&cargo);
-        cmd.current_dir(workspace_root()).args([
-            "build",
-            "--quiet",
-            "-p",
-            "provision-svc",
-            "-p",
-            "pv-writer",
-            "-p",
-            "reclaim-svc",
-        ]);
+        cmd.current_dir(workspace_root())
+            .args(["build", "--quiet"])
+            .args(build_args())
+            .arg("--target-dir")
+            .arg(&root);
         if profile == Profile::Release {
-            cmd.arg("--release").arg("--target-dir").arg(&root);
+            cmd.arg("--release");
         }
         match cmd.status() {
             Ok(status) if status.success() => {}
@@ -156,11 +158,30 @@ impl Binaries {
     }
 }
 
-/// Target directory the service binaries of `profile` are built in (see
-/// [`Binaries::ensure_built`]).
-pub fn build_root(profile: Profile) -> PathBuf {
-    match profile {
-        Profile::Release => target_dir().join("services"),
-        Profile::Debug => target_dir(),
-    }
+/// Target directory the service binaries of `profile` are built in: the
+/// workspace's [`target_dir`] for both profiles (see [`Binaries::ensure_built`]).
+pub fn build_root(_profile: Profile) -> PathBuf {
+    target_dir()
+}
+
+/// The package and target selection of the service build (after `cargo build`):
+/// `e2e` and the three services selected, so features unify as in a build of
+/// `e2e`, and only the three service binaries built.
+pub fn build_args() -> [&'static str; 14] {
+    [
+        "-p",
+        "e2e",
+        "-p",
+        "provision-svc",
+        "-p",
+        "pv-writer",
+        "-p",
+        "reclaim-svc",
+        "--bin",
+        "provision-svc",
+        "--bin",
+        "pv-writer",
+        "--bin",
+        "reclaim-svc",
+    ]
 }

@@ -17,6 +17,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod api_plane;
 pub mod binaries;
 pub mod metrics;
 pub mod plane;
@@ -28,6 +29,7 @@ pub mod services;
 pub mod system;
 pub mod wait;
 
+pub use api_plane::ApiPlane;
 pub use binaries::{Binaries, Profile};
 pub use metrics::MetricsPage;
 pub use plane::{ControlPlane, Outage, Plane, RealPlane};

@@ -45,6 +45,7 @@
 pub mod assets;
 pub mod audit;
 pub mod pki;
+pub mod shared;
 
 pub use assets::{assets_or_skip, Assets};
 pub use audit::AuditRecord;
@@ -284,6 +285,36 @@ async fn probe_ok(client: &kube::Client, path: &str) -> bool {
     )
 }
 
+/// Whether the API server's RBAC authorizer answers from synced informers: a
+/// SubjectAccessReview for a plain authenticated user creating a
+/// SelfSubjectAccessReview (granted only by the bootstrap ClusterRoleBinding
+/// `system:basic-user`) comes back allowed.
+async fn rbac_authorizes(client: &kube::Client) -> bool {
+    let review = serde_json::json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "realkube-rbac-probe",
+            "groups": ["system:authenticated"],
+            "resourceAttributes": {
+                "group": "authorization.k8s.io",
+                "resource": "selfsubjectaccessreviews",
+                "verb": "create"
+            }
+        }
+    });
+    let Ok(req) = http::Request::post("/apis/authorization.k8s.io/v1/subjectaccessreviews")
+        .header("content-type", "application/json")
+        .body(review.to_string().into_bytes())
+    else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), client.request::<serde_json::Value>(req)).await,
+        Ok(Ok(answer)) if answer["status"]["allowed"] == true
+    )
+}
+
 /// Whether the namespaces the API server's bootstrap controller creates
 /// (`default`, `kube-system`) exist yet.
 async fn system_namespaces_exist(client: &kube::Client) -> bool {
@@ -294,6 +325,65 @@ async fn system_namespaces_exist(client: &kube::Client) -> bool {
         }
     }
     true
+}
+
+/// Compact the etcd listening on 127.0.0.1:`port` to its current revision
+/// (see [`RealCluster::compact_etcd`]); returns that revision.
+///
+/// Errors: etcd does not answer, or answers with an error.
+pub async fn compact_etcd(port: u16) -> anyhow::Result<u64> {
+    let range = etcd_post(
+        port,
+        "/v3/kv/range",
+        // key "\0", one key, keys only: cheap, and the header carries the revision.
+        &serde_json::json!({"key": "AA==", "limit": 1, "keys_only": true}),
+    )
+    .await?;
+    let revision: u64 = range["header"]["revision"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .with_context(|| format!("no header.revision in etcd's answer {range}"))?;
+    let answer = etcd_post(
+        port,
+        "/v3/kv/compaction",
+        &serde_json::json!({"revision": revision.to_string(), "physical": true}),
+    )
+    .await?;
+    anyhow::ensure!(
+        answer.get("error").is_none(),
+        "etcd refused the compaction: {answer}"
+    );
+    Ok(revision)
+}
+
+/// POST `body` as JSON to etcd's v3 gateway at `path` on the client port
+/// (HTTP/1.0, one request per connection) and parse the JSON answer.
+async fn etcd_post(
+    port: u16,
+    path: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.to_string();
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let head = format!(
+            "POST {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await?;
+        s.write_all(body.as_bytes()).await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .context("etcd did not answer in 10 s")??;
+    let (_, json) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no HTTP body in etcd's answer {text:?}"))?;
+    serde_json::from_str(json).with_context(|| format!("etcd's answer to {path}: {json:?}"))
 }
 
 /// etcd's `/health` over plain HTTP/1.0 on the client port.
@@ -763,6 +853,17 @@ impl RealCluster {
             || probe_ok(&client, "/readyz"),
         )
         .await?;
+        // `/readyz` answers before the RBAC authorizer's informers have
+        // synced: until then a restarted v1.19 server refuses (403) requests
+        // that only RBAC allows, which a client would see as a missing grant.
+        wait_ready(
+            "kube-apiserver RBAC authorizer",
+            &mut p,
+            &self.root,
+            APISERVER_READY_TIMEOUT,
+            || rbac_authorizes(&client),
+        )
+        .await?;
         self.apiserver = Some(p);
         Ok(())
     }
@@ -775,6 +876,27 @@ impl RealCluster {
     /// Errors: the log cannot be read or holds a line that is not an audit event.
     pub fn audit_records(&self) -> anyhow::Result<Vec<AuditRecord>> {
         audit::read(&self.audit_log)
+    }
+
+    /// etcd's client port on 127.0.0.1 (plain HTTP, loopback only).
+    pub fn etcd_port(&self) -> u16 {
+        self.ports.etcd_client
+    }
+
+    /// Compact etcd's history up to its current revision (physically, as
+    /// `etcdctl compact --physical` does), through etcd's v3 JSON gateway
+    /// (`POST /v3/kv/range` for the revision, `POST /v3/kv/compaction`). Every
+    /// resourceVersion below the returned revision is then gone from etcd: a
+    /// list at such a resourceVersion that the API server delegates to etcd
+    /// (one with `limit`) and a `continue` token taken before the compaction
+    /// answer `410 Gone` (reason `Expired`). kube-apiserver does the same on
+    /// its own every `--etcd-compaction-interval` (5 min by default).
+    ///
+    /// Returns the revision compacted to.
+    ///
+    /// Errors: etcd does not answer, or answers with an error.
+    pub async fn compact_etcd(&self) -> anyhow::Result<u64> {
+        compact_etcd(self.ports.etcd_client).await
     }
 
     /// The cluster's root directory (see the module docs for its layout).

@@ -68,6 +68,14 @@ impl FieldError {
             detail: format!("supported values: {}", list.join(", ")),
         }
     }
+    /// "Unsupported value: v: supported values: ..." with `value` already
+    /// rendered as Go prints a non-string value (e.g. `core.ResourceList(nil)`).
+    pub fn not_supported_rendered(field: &str, value: &str, supported: &[&str]) -> Self {
+        Self {
+            value: Some(value.to_string()),
+            ..Self::not_supported(field, "", supported)
+        }
+    }
     fn reason(&self) -> &'static str {
         match self.kind {
             FieldErrorType::Required => "FieldValueRequired",
@@ -216,6 +224,23 @@ impl ApiError {
         )
     }
 
+    /// 409 `Conflict` for a delete precondition (uid or resourceVersion) that
+    /// does not match: kube-apiserver's `rest.BeforeDelete` names the kind, not
+    /// the resource (`Operation cannot be fulfilled on Lease.coordination.k8s.io "x": <msg>`).
+    pub fn precondition_conflict(r: &ResourceInfo, name: &str, msg: &str) -> Self {
+        let kind = if r.group.is_empty() {
+            r.kind.to_string()
+        } else {
+            format!("{}.{}", r.kind, r.group)
+        };
+        Self::new(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {kind} \"{name}\": {msg}"),
+            Some(details(r, name, r.kind)),
+        )
+    }
+
     /// 422 `Invalid` with field causes: `Kind "name" is invalid: <errs>`.
     pub fn invalid(r: &ResourceInfo, name: &str, errs: &[FieldError]) -> Self {
         let msg = if errs.len() == 1 {
@@ -298,6 +323,28 @@ impl ApiError {
     /// 503 `ServiceUnavailable`.
     pub fn service_unavailable(msg: &str) -> Self {
         Self::new(503, "ServiceUnavailable", msg.into(), None)
+    }
+
+    /// 410 `Expired` for a list at an exact resourceVersion that is no longer
+    /// in the history (kube-apiserver v1.19 on etcd's `ErrCompacted`).
+    pub fn expired_list() -> Self {
+        Self::new(
+            410,
+            "Expired",
+            "The resourceVersion for the provided list is too old.".into(),
+            None,
+        )
+    }
+
+    /// 410 `Expired` for a `continue` token whose snapshot is no longer in the
+    /// history (kube-apiserver v1.19 on etcd's `ErrCompacted` while paging).
+    pub fn expired_continue() -> Self {
+        Self::new(
+            410,
+            "Expired",
+            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retry with the inconsistent list.".into(),
+            None,
+        )
     }
 
     /// 410 `Expired` (`too old resource version: <requested> (<oldest available>)`).

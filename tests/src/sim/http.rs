@@ -328,6 +328,14 @@ fn list(
         if rv > cur {
             return Err(ApiError::too_large_rv(rv, cur));
         }
+        // With `limit` (and no `continue`) the real server reads this exact
+        // resourceVersion from etcd: once compacted, 410 Expired.
+        let exact = q.contains_key("limit")
+            && !q.contains_key("continue")
+            && q.get("resourceVersionMatch").is_none_or(|m| m == "Exact");
+        if exact && rv < store.oldest_watchable_rv() {
+            return Err(ApiError::expired_list());
+        }
     }
     let limit = q
         .get("limit")
@@ -342,12 +350,18 @@ fn list(
                 if parts.len() != 3 {
                     return Err(bad());
                 }
+                let token_rv: u64 = parts[0].parse().map_err(|_| bad())?;
+                // the token's snapshot is gone from the history: 410, as
+                // etcd's compaction makes the real server answer
+                if token_rv < store.oldest_watchable_rv() {
+                    return Err(ApiError::expired_continue());
+                }
                 (
                     Some((
                         unhex(parts[1]).ok_or_else(bad)?,
                         unhex(parts[2]).ok_or_else(bad)?,
                     )),
-                    Some(parts[0].parse().map_err(|_| bad())?),
+                    Some(token_rv),
                 )
             }
             None => (None, None),

@@ -1,8 +1,10 @@
 //! Patch types other than server-side apply: JSON merge patch (RFC 7386), JSON patch
 //! (RFC 6902) and strategic merge patch (the subset of Kubernetes' strategic merge that
 //! the served kinds need: merge-keyed lists `metadata.ownerReferences` (uid),
-//! `status.conditions` / `status.addresses` (type), `spec.taints` (key); every other
-//! list — including `metadata.finalizers`, which has no patch strategy — is replaced;
+//! `status.conditions` / `status.addresses` (type), `spec.taints` (key); the merge-strategy
+//! primitive list `metadata.finalizers` (`patchStrategy:"merge"` in ObjectMeta) is a
+//! union, patch items first, then the server's items not in the patch, as kube-apiserver
+//! v1.19 answers; every other list is replaced;
 //! `$patch: replace|delete`, `$deleteFromPrimitiveList/<field>`, `$setElementOrder/<field>`
 //! and `$retainKeys` directives).
 
@@ -208,6 +210,9 @@ pub fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// Primitive lists with `patchStrategy:"merge"` among the served kinds' fields.
+const MERGE_PRIMITIVE_LISTS: &[&str] = &["metadata.finalizers"];
+
 fn merge_key(path: &str) -> Option<&'static str> {
     match path {
         "metadata.ownerReferences" => Some("uid"),
@@ -266,6 +271,19 @@ fn smp(target: &mut Value, patch: &Value, path: &str) -> Result<(), String> {
             continue;
         }
         match (v, merge_key(&child)) {
+            (Value::Array(items), None) if MERGE_PRIMITIVE_LISTS.contains(&child.as_str()) => {
+                let server = match t.get(k) {
+                    Some(Value::Array(cur)) => cur.clone(),
+                    _ => Vec::new(),
+                };
+                let mut merged: Vec<Value> = Vec::new();
+                for x in items.iter().chain(server.iter()) {
+                    if !merged.contains(x) {
+                        merged.push(x.clone());
+                    }
+                }
+                t.insert(k.clone(), Value::Array(merged));
+            }
             (Value::Array(items), Some(key)) => {
                 let cur = t.entry(k.clone()).or_insert_with(|| Value::Array(vec![]));
                 if !cur.is_array() {

@@ -598,7 +598,8 @@ impl Registry {
 
     /// `DELETE`. Objects with finalizers get `deletionTimestamp` + `deletionGracePeriodSeconds: 0`
     /// and stay; an object already being deleted is returned unchanged; preconditions that do
-    /// not match give `409 Conflict` (`Precondition failed: ...`).
+    /// not match give `409 Conflict` as kube-apiserver's `rest.BeforeDelete` words it
+    /// (`Operation cannot be fulfilled on <Kind>[.<group>] "<name>": the UID in the precondition ...`).
     pub fn delete(
         &self,
         res: usize,
@@ -613,20 +614,20 @@ impl Registry {
             if let Some(uid) = &pre.uid {
                 let cur = meta_str(&old.obj, "uid");
                 if cur != uid {
-                    return Err(ApiError::conflict_msg(
+                    return Err(ApiError::precondition_conflict(
                         ri,
                         name,
-                        &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {cur}"),
+                        &format!("the UID in the precondition ({uid}) does not match the UID in record ({cur}). The object might have been deleted and then recreated"),
                     ));
                 }
             }
             if let Some(rv) = &pre.resource_version {
                 if rv.parse::<u64>().ok() != Some(old.rv) {
-                    return Err(ApiError::conflict_msg(
+                    return Err(ApiError::precondition_conflict(
                         ri,
                         name,
                         &format!(
-                            "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                            "the ResourceVersion in the precondition ({rv}) does not match the ResourceVersion in record ({}). The object might have been modified",
                             old.rv
                         ),
                     ));

@@ -140,9 +140,25 @@ fn allowed(res: usize, field: &str) -> bool {
     }
 }
 
+/// kube-apiserver's message for an unsupported field selector `field`:
+/// kinds with their own field-label conversion (core Events, Namespaces,
+/// Nodes) say `field label not supported: <field>`; the others go through
+/// `runtime.DefaultMetaV1FieldSelectorConversion` (as PersistentVolumes do
+/// on v1.19), which names the two metadata fields.
+fn unsupported_field_message(res: usize, field: &str) -> String {
+    match res {
+        resources::CORE_EVENT | resources::EVENTS_EVENT | resources::NAMESPACE | resources::NODE => {
+            format!("field label not supported: {field}")
+        }
+        _ => format!(
+            "\"{field}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+        ),
+    }
+}
+
 impl FieldSelector {
     /// Parse for resource `res`; `400 BadRequest` for unsupported fields, with the real
-    /// message `field label not supported: <field>`.
+    /// server's message (see `unsupported_field_message`).
     pub fn parse(res: usize, s: &str) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -159,9 +175,7 @@ impl FieldSelector {
             };
             let k = k.trim();
             if !allowed(res, k) {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {k}"
-                )));
+                return Err(ApiError::bad_request(unsupported_field_message(res, k)));
             }
             let path = if k == "source" {
                 vec!["source".to_string(), "component".to_string()]

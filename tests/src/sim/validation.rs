@@ -182,8 +182,24 @@ pub fn validate(res: usize, obj: &Value, old: Option<&Value>) -> Vec<FieldError>
     match res {
         resources::PV => {
             match spec.get("capacity").and_then(|v| v.as_object()) {
-                None => errs.push(FieldError::required("spec.capacity", "")),
-                Some(c) if c.is_empty() => errs.push(FieldError::required("spec.capacity", "")),
+                // as the real validation: a missing capacity is both Required and
+                // (no `storage` key) NotSupported
+                None => {
+                    errs.push(FieldError::required("spec.capacity", ""));
+                    errs.push(FieldError::not_supported_rendered(
+                        "spec.capacity",
+                        "core.ResourceList(nil)",
+                        &["storage"],
+                    ));
+                }
+                Some(c) if c.is_empty() => {
+                    errs.push(FieldError::required("spec.capacity", ""));
+                    errs.push(FieldError::not_supported_rendered(
+                        "spec.capacity",
+                        "core.ResourceList{}",
+                        &["storage"],
+                    ));
+                }
                 Some(c) => {
                     if !c.contains_key("storage") || c.len() > 1 {
                         let keys: Vec<&str> = c.keys().map(|s| s.as_str()).collect();

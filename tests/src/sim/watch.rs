@@ -48,6 +48,9 @@ fn error_line(e: &ApiError) -> Bytes {
     Bytes::from(v)
 }
 
+/// How long before a watch's deadline the last bookmark is sent (v1.19's cacher).
+pub const PRE_DEADLINE_BOOKMARK: Duration = Duration::from_secs(2);
+
 fn bookmark_line(res: usize, rv: u64, initial_end: bool) -> Bytes {
     let ri = &RESOURCES[res];
     let mut meta = json!({"resourceVersion": rv.to_string(), "creationTimestamp": null});
@@ -114,7 +117,8 @@ pub fn start(
                 WatchFrom::Rv(r) => r,
                 WatchFrom::Now => 0,
             };
-            let line = error_line(&ApiError::expired(requested, oldest));
+            let err = ApiError::expired(requested, oldest);
+            let line = error_line(&err);
             let _ = tx.try_send(line);
         }
         Ok(start) => {
@@ -166,6 +170,14 @@ async fn run(
     }
     let deadline = tokio::time::sleep(p.timeout);
     tokio::pin!(deadline);
+    // kube-apiserver v1.19 sends a bookmark 2 s before the watch's deadline
+    // (cacheWatcher.nextBookmarkTime; later versions also about once a
+    // minute, which `bookmark_interval` models): a client that asked for
+    // bookmarks gets one even on a quiet watch that times out.
+    let before_deadline = p.timeout.checked_sub(PRE_DEADLINE_BOOKMARK);
+    let last_bookmark = tokio::time::sleep(before_deadline.unwrap_or(p.timeout));
+    tokio::pin!(last_bookmark);
+    let mut last_bookmark_due = p.bookmarks && before_deadline.is_some();
     let mut tick = tokio::time::interval_at(
         tokio::time::Instant::now() + p.bookmark_interval,
         p.bookmark_interval.max(Duration::from_millis(10)),
@@ -193,6 +205,13 @@ async fn run(
                     }
                 }
                 if !buf.is_empty() && tx.send(buf.freeze()).await.is_err() {
+                    return;
+                }
+            }
+            _ = &mut last_bookmark, if last_bookmark_due => {
+                last_bookmark_due = false;
+                let rv = store.rv_if_drained(&rx).unwrap_or(filter.min_rv);
+                if tx.send(bookmark_line(p.res, rv.max(filter.min_rv), false)).await.is_err() {
                     return;
                 }
             }

@@ -325,9 +325,19 @@ mod tests {
         for w in workers {
             w.await.unwrap();
         }
-        let mut seen = seen.lock().unwrap().clone();
-        seen.sort();
-        seen.dedup();
-        assert_eq!(seen.len(), 200);
+        // Count every hand-out: a key handed to two workers (or twice to one)
+        // must fail here, so nothing is deduplicated before counting.
+        let seen = seen.lock().unwrap().clone();
+        let mut counts = std::collections::BTreeMap::new();
+        for k in &seen {
+            *counts.entry(k.clone()).or_insert(0usize) += 1;
+        }
+        let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(
+            twice.is_empty(),
+            "keys handed out more than once: {twice:?}"
+        );
+        assert_eq!(counts.len(), 200, "every key handed out");
+        assert_eq!(seen.len(), 200, "exactly one hand-out per key");
     }
 }
