@@ -251,11 +251,16 @@ async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing(plan
         failed.iter().all(|m| m.contains("path")),
         "the event names the bad parameter: {failed:?}"
     );
-    assert_eq!(
-        sys.objects_with_event("ProvisioningSucceeded")
-            .await
-            .unwrap(),
-        2
+    // pv-writer announces a PV after creating it: the event may trail the PV.
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(10),
+            "claims with a ProvisioningSucceeded event",
+            2,
+            || sys.objects_with_event("ProvisioningSucceeded"),
+        )
+        .await,
     );
     assert!(!sys.base_dir().join("etc").exists());
 

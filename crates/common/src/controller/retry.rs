@@ -52,9 +52,10 @@ impl Backoff {
     /// Run `op` until it returns `Ok`, waiting [`delay`](Self::delay)`(n)`
     /// after its `n`-th failure; `on_error(&error, n, delay)` sees each
     /// failure first (log it, report not-ready). Returns `Some(value)`, or
-    /// `None` as soon as `shutdown` fires (between attempts; an attempt in
-    /// progress is not interrupted). Outcomes that must not be retried belong
-    /// in `T`.
+    /// `None` once an attempt failed after `shutdown` fired (or it fires while
+    /// waiting). The first attempt is always made, even after shutdown: a
+    /// PV write finishing during a graceful shutdown still settles its entry.
+    /// Outcomes that must not be retried belong in `T`.
     pub async fn retry<T, E, F, Fut>(
         &self,
         shutdown: &CancellationToken,
@@ -67,9 +68,6 @@ impl Backoff {
     {
         let mut failures = 0u32;
         loop {
-            if shutdown.is_cancelled() {
-                return None;
-            }
             match op().await {
                 Ok(v) => return Some(v),
                 Err(e) => {
@@ -328,20 +326,29 @@ mod tests {
         assert_eq!(got, None);
         assert_eq!(start.elapsed(), Duration::from_secs(10));
         canceller.await.unwrap();
-        // Already shut down: no attempt at all.
-        let mut called = false;
+        // Already shut down: one attempt is still made (a graceful shutdown
+        // settles in-flight work), but a failure is not retried.
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            policy
+                .retry(&stop, || async { Ok::<_, ()>("settled") }, |_, _, _| {})
+                .await,
+            Some("settled")
+        );
+        let mut calls = 0;
         let got: Option<()> = policy
             .retry(
                 &stop,
                 || {
-                    called = true;
-                    async { Ok::<(), ()>(()) }
+                    calls += 1;
+                    async { Err::<(), _>("down") }
                 },
                 |_, _, _| {},
             )
             .await;
         assert_eq!(got, None);
-        assert!(!called);
+        assert_eq!(calls, 1);
+        assert_eq!(start.elapsed(), Duration::ZERO, "no wait after shutdown");
     }
 
     #[test]
