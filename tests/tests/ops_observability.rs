@@ -419,8 +419,9 @@ fn status_json(sys: &System) -> (bool, Value) {
         .arg(&sys.settings.provisioner_name)
         .arg("--kubeconfig")
         .arg(operator_kubeconfig(sys))
-        .arg("--leader-election-namespace")
-        .arg(&sys.settings.lease_namespace)
+        // No --leader-election-namespace: as an operator runs it, the command
+        // finds each service's Lease by name (the deploy keeps them in two
+        // namespaces).
         .args(["status", "--output", "json"])
         .env_remove("POD_NAMESPACE")
         .output()

@@ -171,10 +171,11 @@ pub async fn serve_with_metrics(
 }
 
 /// `pv-writer status`: gather ([`status::gather`]) and print as a table or
-/// JSON. The Leases are read with `--kubeconfig` (or the inferred config) in
-/// `--leader-election-namespace` (else `POD_NAMESPACE`, the service-account
-/// namespace, `default`), unless `--no-leases`; a client that cannot be built
-/// is reported as an error of the Lease part.
+/// JSON. Redis is read with the `--redis-*` flags (the deploy's read-only
+/// `operator` ACL user); the Leases with `--kubeconfig` (or the inferred
+/// config) in `--leader-election-namespace`, else found by name in every
+/// namespace (the deploy splits the services over two), unless `--no-leases`;
+/// a client that cannot be built is reported as an error of the Lease part.
 ///
 /// Errors: after printing, when any part could not be read (exit status 1).
 async fn run_status(
@@ -186,11 +187,7 @@ async fn run_status(
     } else {
         args.provisioner_names.clone()
     };
-    let namespace = common::service::leader::discover_namespace(
-        common_args.leader_election_namespace.as_deref(),
-        std::env::var("POD_NAMESPACE").ok().as_deref(),
-        std::path::Path::new(common::service::leader::SERVICE_ACCOUNT_NAMESPACE_FILE),
-    );
+    let namespace = common_args.leader_election_namespace.as_deref();
     let mut client_error = None;
     let client = if args.no_leases {
         None
@@ -205,8 +202,8 @@ async fn run_status(
     };
     let mut status = status::gather(
         &names,
-        &common_args.redis_url,
-        client.as_ref().map(|c| (c, namespace.as_str())),
+        &common_args.redis(),
+        client.as_ref().map(|c| (c, namespace)),
         common::controller::time::now_ms(),
     )
     .await;

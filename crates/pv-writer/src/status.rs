@@ -23,6 +23,7 @@ use common::service::config::ServiceKind;
 use common::store::intents::IntentStore;
 use common::store::orphan_report::{self, OrphanReport};
 use common::store::queue::{PendingState, PvQueue};
+use common::store::redis_store::RedisConfig;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use serde::Serialize;
@@ -156,8 +157,11 @@ pub struct LeaseStatus {
     pub error: Option<String>,
 }
 
-/// Gather the status of `names` from Redis at `redis_url` and, when `leases`
-/// is given (a client and the Leases' namespace), from the API server.
+/// Gather the status of `names` from Redis at `redis` (URL, ACL user, password,
+/// TLS: the operator's `--redis-*` flags) and, when `leases` is given (a client
+/// and the Leases' namespace, or `None` to find each Lease by name in every
+/// namespace: the deploy keeps pv-writer's Lease in `split-provisioner` and the
+/// other two in `split-provisioner-volumes`), from the API server.
 /// `now_ms` is the caller's clock (ms since the Unix epoch), used for the
 /// ages of intents and Leases; queue ages use Redis' clock.
 ///
@@ -165,21 +169,21 @@ pub struct LeaseStatus {
 /// [`ProvisionerStatus::errors`].
 pub async fn gather(
     names: &[String],
-    redis_url: &str,
-    leases: Option<(&Client, &str)>,
+    redis: &RedisConfig,
+    leases: Option<(&Client, Option<&str>)>,
     now_ms: u64,
 ) -> Status {
     let mut provisioners = Vec::with_capacity(names.len());
     for name in names {
-        provisioners.push(gather_one(name, redis_url, leases, now_ms).await);
+        provisioners.push(gather_one(name, redis, leases, now_ms).await);
     }
     Status { provisioners }
 }
 
 async fn gather_one(
     name: &str,
-    redis_url: &str,
-    leases: Option<(&Client, &str)>,
+    redis: &RedisConfig,
+    leases: Option<(&Client, Option<&str>)>,
     now_ms: u64,
 ) -> ProvisionerStatus {
     let mut status = ProvisionerStatus {
@@ -191,7 +195,7 @@ async fn gather_one(
         leases: Vec::new(),
         errors: Vec::new(),
     };
-    match common::store::redis_store::connect(redis_url).await {
+    match common::store::redis_store::connect(redis).await {
         Ok(conn) => {
             let queue = PvQueue::with_connection(conn.clone(), name);
             match queue_status(&queue).await {
@@ -226,16 +230,17 @@ async fn gather_one(
                 Err(e) => status.errors.push(format!("orphan report: {e}")),
             }
         }
-        Err(e) => status.errors.push(format!("redis {redis_url}: {e}")),
+        Err(e) => status
+            .errors
+            .push(format!("redis {}: {e}", redis.redacted_url())),
     }
     if let Some((client, namespace)) = leases {
-        let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
         for kind in [
             ServiceKind::Provision,
             ServiceKind::PvWriter,
             ServiceKind::Reclaim,
         ] {
-            let lease = lease_status(&api, kind, name, namespace, now_ms).await;
+            let lease = lease_status(client, kind, name, namespace, now_ms).await;
             if let Some(e) = &lease.error {
                 status.errors.push(format!("lease {}: {e}", lease.name));
             }
@@ -297,18 +302,51 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::store::que
     })
 }
 
+/// The Lease `name` in `namespace`, or (without one) found by name in every
+/// namespace: `Ok(None)` when there is none.
+///
+/// Errors: the API call failed, or the name exists in several namespaces
+/// (give `--leader-election-namespace`).
+async fn find_lease(
+    client: &Client,
+    name: &str,
+    namespace: Option<&str>,
+) -> Result<Option<Lease>, String> {
+    if let Some(ns) = namespace {
+        let api: Api<Lease> = Api::namespaced(client.clone(), ns);
+        return api.get_opt(name).await.map_err(|e| e.to_string());
+    }
+    let api: Api<Lease> = Api::all(client.clone());
+    let found = api
+        .list(&kube::api::ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .map_err(|e| e.to_string())?
+        .items;
+    match found.len() {
+        0 | 1 => Ok(found.into_iter().next()),
+        _ => Err(format!(
+            "a Lease {name} exists in several namespaces ({}); give --leader-election-namespace",
+            found
+                .iter()
+                .filter_map(|l| l.metadata.namespace.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 async fn lease_status(
-    api: &Api<Lease>,
+    client: &Client,
     kind: ServiceKind,
     provisioner_name: &str,
-    namespace: &str,
+    namespace: Option<&str>,
     now_ms: u64,
 ) -> LeaseStatus {
     let name = lease_name(provisioner_name, kind.lease_suffix());
     let mut status = LeaseStatus {
         service: kind.component().to_string(),
         name: name.clone(),
-        namespace: namespace.to_string(),
+        namespace: namespace.unwrap_or_default().to_string(),
         holder: None,
         renewed_seconds_ago: None,
         lease_duration_seconds: None,
@@ -316,8 +354,11 @@ async fn lease_status(
         transitions: None,
         error: None,
     };
-    match api.get_opt(&name).await {
+    match find_lease(client, &name, namespace).await {
         Ok(Some(lease)) => {
+            if let Some(ns) = lease.metadata.namespace.clone() {
+                status.namespace = ns;
+            }
             let spec = lease.spec.unwrap_or_default();
             status.holder = spec.holder_identity.filter(|h| !h.is_empty());
             status.renewed_seconds_ago = spec
@@ -331,7 +372,7 @@ async fn lease_status(
             };
         }
         Ok(None) => {}
-        Err(e) => status.error = Some(e.to_string()),
+        Err(e) => status.error = Some(e),
     }
     status
 }

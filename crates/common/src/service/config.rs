@@ -323,6 +323,44 @@ pub struct RetryArgs {
     pub retry_burst: u32,
 }
 
+/// Environment variables that earlier releases read for flags now named as in
+/// kubernetes-csi/external-provisioner, each with the variable that replaces
+/// it. The old flag names still parse (clap aliases), but clap reads one
+/// variable per flag, so an old variable would be ignored silently:
+/// [`check_renamed_env`] refuses to start instead.
+pub const RENAMED_ENV_VARS: &[(&str, &str)] = &[
+    ("LEASE_DURATION", "LEADER_ELECTION_LEASE_DURATION"),
+    ("RENEW_DEADLINE", "LEADER_ELECTION_RENEW_DEADLINE"),
+    ("RETRY_PERIOD", "LEADER_ELECTION_RETRY_PERIOD"),
+    ("RETRY_INITIAL_DELAY", "RETRY_INTERVAL_START"),
+    ("RETRY_INITIAL", "RETRY_INTERVAL_START"),
+    ("RETRY_MAX_DELAY", "RETRY_INTERVAL_MAX"),
+    ("RETRY_MAX", "RETRY_INTERVAL_MAX"),
+    ("WORKERS", "WORKER_THREADS"),
+];
+
+/// Refuse a renamed environment variable ([`RENAMED_ENV_VARS`]) that `lookup`
+/// (e.g. `|k| std::env::var(k).ok()`) finds set.
+///
+/// Errors: names every old variable set and its replacement, so an upgrade
+/// that kept e.g. `LEASE_DURATION=60s` fails at start instead of running
+/// with the 15 s default.
+pub fn check_renamed_env(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+    let found: Vec<String> = RENAMED_ENV_VARS
+        .iter()
+        .filter(|(old, _)| lookup(old).is_some())
+        .map(|(old, new)| format!("{old} (now {new})"))
+        .collect();
+    if found.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "environment variables of renamed flags are no longer read: {}; rename them",
+            found.join(", ")
+        )
+    }
+}
+
 impl CommonArgs {
     /// The Redis connection of `--redis-url` and the `--redis-*` credential and
     /// TLS flags (plus env `REDIS_PASSWORD`), for [`crate::store::queue::PvQueue::connect`]
@@ -592,5 +630,20 @@ mod tests {
         );
         // A client certificate without its key is refused by the parser.
         assert!(Cli::try_parse_from(["x", "--redis-client-cert-file", "c.pem"]).is_err());
+    }
+
+    #[test]
+    fn renamed_environment_variables_are_refused_by_name() {
+        assert!(check_renamed_env(|_| None).is_ok());
+        let err =
+            check_renamed_env(|k| (k == "LEASE_DURATION" || k == "WORKERS").then(|| "1".into()))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("LEASE_DURATION (now LEADER_ELECTION_LEASE_DURATION)"),
+            "{err}"
+        );
+        assert!(err.contains("WORKERS (now WORKER_THREADS)"), "{err}");
+        assert!(!err.contains("RENEW_DEADLINE"), "{err}");
     }
 }

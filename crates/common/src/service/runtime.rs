@@ -95,6 +95,7 @@ where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
+    crate::service::config::check_renamed_env(|k| std::env::var(k).ok())?;
     let client =
         crate::service::kube_client::client_from_args_with_metrics(&args, &registry).await?;
     run_service_with_client(kind, args, registry, client, work).await
