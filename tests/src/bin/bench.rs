@@ -377,12 +377,15 @@ fn print_rss(sys: &mut System) {
     println!("peak RSS, three together: {total:.1} MiB");
 }
 
-/// The real plane's audit/RBAC checks, reported rather than panicking on drop.
+/// The real plane's audit/RBAC checks, reported rather than panicking on
+/// drop; then a graceful stop of the services (SIGTERM, so a heap profiler
+/// wrapping them via `E2E_BIN_DIR` writes its data) and of Redis.
 fn finish(sys: &mut System) {
     match sys.finish_checks() {
         Ok(report) => print!("{report}"),
         Err(problems) => eprintln!("RBAC/audit check of the run failed:\n{problems}"),
     }
+    sys.shutdown();
 }
 
 fn loadavg() -> String {
