@@ -1,7 +1,7 @@
 //! Kubernetes events (events.k8s.io/v1), de-duplicated into series.
 //!
-//! Events about namespaced objects (claims) go through kube-runtime's events [`Recorder`],
-//! into the object's namespace.
+//! Events about namespaced objects (claims) go into the object's namespace, as
+//! kube-runtime's events `Recorder` would put them.
 //!
 //! Events about cluster-scoped objects (PersistentVolumes) need a namespace of their own, and
 //! the Recorder picks `default`, which kube-apiserver before 1.23 rejects for an Event with
@@ -11,8 +11,9 @@
 //! accept `default` or `kube-system`. So these are written here, in [`CLUSTER_SCOPED_NAMESPACE`]
 //! (`kube-system`, where client-go's events recorder put them until 1.19 and kube-rs's did in
 //! 0.72), with `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
-//! This is a small hand-written copy of the Recorder's create-then-patch-series logic,
-//! because the Recorder cannot be told to use another namespace than the object's.
+//! [`EventSink`] is a small hand-written copy of the Recorder's create-then-patch-series
+//! logic, because the Recorder cannot be told to use another namespace than the object's,
+//! and because it remembers a whole Event per series (see [`EventSink`]).
 
 use api_types::queue::ClaimKey;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
@@ -20,7 +21,7 @@ use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,31 +49,51 @@ pub mod reason {
     pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 }
 
-/// Identity of a cluster-scoped event series: type, reason, action, note and the object.
-type SeriesKey = (bool, String, String, String, String);
+/// Identity of an event series (type, reason, action, note, object), hashed:
+/// the cache keeps 8 bytes per series instead of its strings.
+type SeriesKey = u64;
+
+/// What the series cache remembers of a published Event: enough to patch its
+/// `series` on a repeat, nothing else.
+#[derive(Debug, Clone)]
+struct SeriesEntry {
+    namespace: String,
+    name: String,
+    count: i32,
+    last: Timestamp,
+}
 
 /// Publishes events for one service; cheap to clone.
+///
+/// A small hand-written version of kube-runtime's events `Recorder`
+/// (create the Event, then on a repeat within [`SERIES_TTL`] patch its
+/// `series` count and `lastObservedTime`), for two reasons: the Recorder
+/// cannot put Events about cluster-scoped objects anywhere but `default`
+/// (see the module docs), and it keeps a clone of every Event it published
+/// for the whole series window — at 5,000 claims that cache was the largest
+/// item of pv-writer's heap profile (18 MB of 20 MB) and 14 MB of
+/// provision-svc's (BENCHMARKS.md). This cache keeps a hash of the series
+/// identity, the Event's name and namespace, the count and the last time.
 #[derive(Clone)]
 pub struct EventSink {
-    recorder: Recorder,
     client: Client,
     reporter: Reporter,
-    /// Cluster-scoped events published in the last [`SERIES_TTL`], by series identity.
-    series: Arc<Mutex<HashMap<SeriesKey, K8sEvent>>>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Events published in the last [`SERIES_TTL`], by series identity.
+    series: Arc<Mutex<HashMap<SeriesKey, SeriesEntry>>>,
 }
 
 impl EventSink {
     /// A sink reporting as `component` (e.g. `provision-svc`) from `instance`
     /// (the replica identity).
     pub fn new(client: Client, component: &str, instance: &str) -> Self {
-        let reporter = Reporter {
-            controller: component.to_string(),
-            instance: Some(instance.to_string()),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter.clone()),
             client,
-            reporter,
+            reporter: Reporter {
+                controller: component.to_string(),
+                instance: Some(instance.to_string()),
+            },
+            hasher: Default::default(),
             series: Arc::default(),
         }
     }
@@ -98,7 +119,10 @@ impl EventSink {
     }
 
     /// [`EventSink::publish`] returning the API error (for tests and callers that count
-    /// failures). Errors: the API server rejected or did not answer the create/patch.
+    /// failures). The Event is created the first time, then its `series` (count,
+    /// lastObservedTime) patched on repeats within [`SERIES_TTL`], as the Recorder does.
+    ///
+    /// Errors: the API server rejected or did not answer the create/patch.
     pub async fn try_publish(
         &self,
         object: &ObjectReference,
@@ -107,87 +131,72 @@ impl EventSink {
         action: &str,
         note: String,
     ) -> Result<(), kube::Error> {
-        if object.namespace.as_deref().is_some_and(|ns| !ns.is_empty()) {
-            let event = Event {
-                type_: if warning {
-                    EventType::Warning
-                } else {
-                    EventType::Normal
-                },
-                reason: reason.to_string(),
-                note: Some(note),
-                action: action.to_string(),
-                secondary: None,
-            };
-            return self.recorder.publish(&event, object).await;
-        }
-        self.publish_cluster_scoped(object, warning, reason, action, note)
-            .await
-    }
-
-    /// An event about a cluster-scoped object, in [`CLUSTER_SCOPED_NAMESPACE`]: created the
-    /// first time, then its `series` (count, lastObservedTime) patched on repeats within
-    /// [`SERIES_TTL`], as the Recorder does for namespaced objects.
-    async fn publish_cluster_scoped(
-        &self,
-        object: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) -> Result<(), kube::Error> {
+        use std::hash::BuildHasher;
         let now = Timestamp::now();
-        let regarding = ObjectReference {
-            namespace: None,
-            ..object.clone()
+        let namespaced = object.namespace.as_deref().is_some_and(|ns| !ns.is_empty());
+        let (namespace, regarding) = if namespaced {
+            (object.namespace.clone().unwrap_or_default(), object.clone())
+        } else {
+            (
+                CLUSTER_SCOPED_NAMESPACE.to_string(),
+                ObjectReference {
+                    namespace: None,
+                    ..object.clone()
+                },
+            )
         };
-        let key: SeriesKey = (
+        let key: SeriesKey = self.hasher.hash_one((
             warning,
-            reason.to_string(),
-            action.to_string(),
-            note.clone(),
-            format!(
-                "{}/{}/{}",
-                regarding.kind.as_deref().unwrap_or(""),
-                regarding.name.as_deref().unwrap_or(""),
-                regarding.uid.as_deref().unwrap_or("")
-            ),
-        );
-        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), CLUSTER_SCOPED_NAMESPACE);
-        let mut cache = self.series.lock().await;
+            reason,
+            action,
+            &note,
+            regarding.kind.as_deref(),
+            regarding.namespace.as_deref(),
+            regarding.name.as_deref(),
+            regarding.uid.as_deref(),
+        ));
         let ttl = k8s_openapi::jiff::SignedDuration::try_from(SERIES_TTL).unwrap_or_default();
-        cache.retain(|_, e| {
-            let last = e
-                .series
-                .as_ref()
-                .map(|s| s.last_observed_time.0)
-                .or(e.event_time.as_ref().map(|t| t.0));
-            last.is_some_and(|t| t + ttl > now)
-        });
-        if let Some(previous) = cache.get(&key) {
-            let mut event = previous.clone();
-            event.series = Some(EventSeries {
-                count: previous.series.as_ref().map_or(2, |s| s.count + 1),
+        // The lock is never held across an API call: publishes run concurrently.
+        let previous = {
+            let mut cache = self.series.lock().await;
+            cache.retain(|_, e| e.last + ttl > now);
+            cache.get(&key).cloned()
+        };
+        if let Some(previous) = previous {
+            let series = EventSeries {
+                count: previous.count + 1,
                 last_observed_time: MicroTime(now),
-            });
-            let name = event.metadata.name.clone().unwrap_or_default();
-            let patch = serde_json::json!({ "series": event.series });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            };
+            let patch = serde_json::json!({ "series": series });
+            Api::<K8sEvent>::namespaced(self.client.clone(), &previous.namespace)
+                .patch(
+                    &previous.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
                 .await?;
-            cache.insert(key, event);
+            self.series.lock().await.insert(
+                key,
+                SeriesEntry {
+                    count: series.count,
+                    last: now,
+                    ..previous
+                },
+            );
             return Ok(());
         }
+        let name = format!(
+            "{}.{:x}",
+            regarding
+                .name
+                .as_deref()
+                .unwrap_or(&self.reporter.controller),
+            now.as_nanosecond()
+        );
         let event = K8sEvent {
             metadata: ObjectMeta {
-                namespace: Some(CLUSTER_SCOPED_NAMESPACE.to_string()),
-                name: Some(format!(
-                    "{}.{:x}",
-                    regarding
-                        .name
-                        .as_deref()
-                        .unwrap_or(&self.reporter.controller),
-                    now.as_nanosecond()
-                )),
+                namespace: Some(namespace.clone()),
+                name: Some(name.clone()),
                 ..Default::default()
             },
             action: Some(action.to_string()),
@@ -205,8 +214,18 @@ impl EventSink {
             ),
             ..Default::default()
         };
-        let created = api.create(&PostParams::default(), &event).await?;
-        cache.insert(key, created);
+        Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
+            .create(&PostParams::default(), &event)
+            .await?;
+        self.series.lock().await.insert(
+            key,
+            SeriesEntry {
+                namespace,
+                name,
+                count: 1,
+                last: now,
+            },
+        );
         Ok(())
     }
 }
