@@ -32,6 +32,7 @@ use common::service::runtime::ServiceContext;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
@@ -296,7 +297,7 @@ pub async fn work(
     let client = ctx.client.clone();
     let claim_writer = Writer::<PersistentVolumeClaim>::default();
     let class_writer = Writer::<StorageClass>::default();
-    let volume_writer = Writer::<PersistentVolume>::default();
+    let volume_writer = Writer::<PartialObjectMeta<PersistentVolume>>::default();
     let caches = Caches {
         claims: claim_writer.as_reader(),
         classes: class_writer.as_reader(),
@@ -357,8 +358,14 @@ pub async fn work(
         "PersistentVolume",
         reflector::reflector(
             volume_writer,
-            watcher(Api::<PersistentVolume>::all(client.clone()), watch_cfg)
-                .modify(strip_for_cache),
+            // Metadata only (an `Api<PartialObjectMeta<_>>` lists and watches
+            // with the metadata-only media type): the claim logic asks whether
+            // `pvc-<uid>` exists.
+            watcher(
+                Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone()),
+                watch_cfg,
+            )
+            .modify(strip_for_cache),
         )
         .default_backoff(),
         |_| {},
