@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::controller::cache::strip_for_cache;
+use common::controller::cache::{strip_for_cache, watch_backoff};
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
@@ -337,7 +337,7 @@ pub async fn work(
             )
             .modify(strip_for_cache),
         )
-        .default_backoff();
+        .backoff(watch_backoff());
         tasks.spawn(drive("PersistentVolumeClaim", stream, move |ev| match ev {
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => claims.claim_seen(c),
             // Seed: nothing on delete; a claim in background is still retried.
@@ -351,7 +351,7 @@ pub async fn work(
             watcher(Api::<StorageClass>::all(client.clone()), watch_cfg.clone())
                 .modify(strip_for_cache),
         )
-        .default_backoff(),
+        .backoff(watch_backoff()),
         |_| {},
     ));
     tasks.spawn(drive(
@@ -367,7 +367,7 @@ pub async fn work(
             )
             .modify(strip_for_cache),
         )
-        .default_backoff(),
+        .backoff(watch_backoff()),
         |_| {},
     ));
 
