@@ -34,19 +34,21 @@ fn claim_ref() -> ObjectReference {
     }
 }
 
-/// Publish one claim event and a PV warning twice (a series), then check both APIs show
-/// each Event exactly once with the same content.
+/// Publish a claim event three times and a PV warning twice (two series), then check both
+/// APIs show each Event exactly once with the same content and its series count.
 async fn sink_events_are_accepted_and_seen_once_through_each_api(client: Client) {
     let sink = EventSink::new(client.clone(), "reclaim-svc", "reclaim-svc-0");
-    sink.try_publish(
-        &claim_ref(),
-        false,
-        reason::PROVISIONING,
-        "Provision",
-        "External provisioner is provisioning volume for claim \"default/data\"".into(),
-    )
-    .await
-    .expect("claim event accepted");
+    for _ in 0..3 {
+        sink.try_publish(
+            &claim_ref(),
+            false,
+            reason::PROVISIONING,
+            "Provision",
+            "External provisioner is provisioning volume for claim \"default/data\"".into(),
+        )
+        .await
+        .expect("claim event (and its series patches) accepted");
+    }
     for _ in 0..2 {
         sink.try_publish(
             &pv_ref(),
@@ -93,6 +95,12 @@ async fn sink_events_are_accepted_and_seen_once_through_each_api(client: Client)
     );
     assert_eq!(pv_event.regarding.as_ref().unwrap().namespace, None);
     assert_eq!(pv_event.series.as_ref().map(|s| s.count), Some(2));
+    let claim_event = v1
+        .iter()
+        .find(|e| e.reason.as_deref() == Some(reason::PROVISIONING))
+        .unwrap();
+    assert_eq!(claim_event.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(claim_event.series.as_ref().map(|s| s.count), Some(3));
 }
 
 /// `publish_once` twice, from two sinks (a deposed leader and its successor), for the same

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use prometheus::Registry;
@@ -179,7 +180,7 @@ struct World {
     handoff: Arc<FakeHandoff>,
     intents: Arc<FakeIntents>,
     claims: Writer<PersistentVolumeClaim>,
-    volumes: Writer<PersistentVolume>,
+    volumes: Writer<PartialObjectMeta<PersistentVolume>>,
     registry: Registry,
 }
 
@@ -250,7 +251,7 @@ impl Setup {
     fn build(self) -> World {
         let mut claims = Writer::<PersistentVolumeClaim>::default();
         let mut classes = Writer::<StorageClass>::default();
-        let volumes = Writer::<PersistentVolume>::default();
+        let volumes = Writer::<PartialObjectMeta<PersistentVolume>>::default();
         claims.apply_watcher_event(&watcher::Event::InitDone);
         for c in self.classes {
             classes.apply_watcher_event(&watcher::Event::Apply(c));
@@ -525,8 +526,9 @@ async fn no_finalizer_without_the_flag() {
 #[tokio::test]
 async fn existing_or_pending_pv_stops_without_calling_the_backend() {
     let mut w = Setup::default().build();
-    w.volumes
-        .apply_watcher_event(&watcher::Event::Apply(pv("pvc-u1")));
+    w.volumes.apply_watcher_event(&watcher::Event::Apply(
+        pv("pvc-u1").metadata.into_response_partial(),
+    ));
     w.handoff.pending.lock().unwrap().insert("pvc-u2".into());
     for uid in ["u1", "u2"] {
         let (state, result) = w.op.provision_claim_operation(&ours(uid)).await;

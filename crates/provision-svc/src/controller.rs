@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::controller::cache::strip_for_cache;
+use common::controller::cache::{strip_for_cache, watch_backoff};
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
@@ -32,6 +32,7 @@ use common::service::runtime::ServiceContext;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
@@ -296,7 +297,7 @@ pub async fn work(
     let client = ctx.client.clone();
     let claim_writer = Writer::<PersistentVolumeClaim>::default();
     let class_writer = Writer::<StorageClass>::default();
-    let volume_writer = Writer::<PersistentVolume>::default();
+    let volume_writer = Writer::<PartialObjectMeta<PersistentVolume>>::default();
     let caches = Caches {
         claims: claim_writer.as_reader(),
         classes: class_writer.as_reader(),
@@ -336,7 +337,7 @@ pub async fn work(
             )
             .modify(strip_for_cache),
         )
-        .default_backoff();
+        .backoff(watch_backoff());
         tasks.spawn(drive("PersistentVolumeClaim", stream, move |ev| match ev {
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => claims.claim_seen(c),
             // Seed: nothing on delete; a claim in background is still retried.
@@ -350,17 +351,23 @@ pub async fn work(
             watcher(Api::<StorageClass>::all(client.clone()), watch_cfg.clone())
                 .modify(strip_for_cache),
         )
-        .default_backoff(),
+        .backoff(watch_backoff()),
         |_| {},
     ));
     tasks.spawn(drive(
         "PersistentVolume",
         reflector::reflector(
             volume_writer,
-            watcher(Api::<PersistentVolume>::all(client.clone()), watch_cfg)
-                .modify(strip_for_cache),
+            // Metadata only (an `Api<PartialObjectMeta<_>>` lists and watches
+            // with the metadata-only media type): the claim logic asks whether
+            // `pvc-<uid>` exists.
+            watcher(
+                Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone()),
+                watch_cfg,
+            )
+            .modify(strip_for_cache),
         )
-        .default_backoff(),
+        .backoff(watch_backoff()),
         |_| {},
     ));
 

@@ -33,6 +33,7 @@ use common::controller::retry::FailureThreshold;
 use common::controller::time::now_ms;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus::IntGauge;
 use provisioner_api::deadline::{self, Deadline};
@@ -85,8 +86,11 @@ pub struct Caches {
     pub claims: Store<PersistentVolumeClaim>,
     /// StorageClasses.
     pub classes: Store<StorageClass>,
-    /// PVs.
-    pub volumes: Store<PersistentVolume>,
+    /// PVs, metadata only (`metadata_watcher`): the claim logic only asks
+    /// whether `pvc-<uid>` exists, and a whole `PersistentVolume` in the
+    /// cache costs kilobytes each (k8s-openapi's spec holds every volume
+    /// source inline), the largest item of a 5,000-volume heap profile.
+    pub volumes: Store<PartialObjectMeta<PersistentVolume>>,
 }
 
 /// The side effects the operation works through.

@@ -27,7 +27,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::controller::cache::strip_for_cache;
+use common::controller::cache::{strip_for_cache, watch_backoff};
 use common::controller::retry::{FailureThreshold, RetryPolicy};
 use common::service::config::resync_interval;
 use futures::StreamExt;
@@ -234,7 +234,7 @@ async fn run_loop_in(
         writer,
         watcher(api, watcher::Config::default()).modify(strip_for_cache),
     )
-    .default_backoff()
+    .backoff(watch_backoff())
     .inspect(move |event| match event {
         Ok(event) => {
             hook_ctx.observe(event, &hook_store);

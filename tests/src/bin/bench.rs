@@ -1,24 +1,47 @@
-//! Benchmark (not a test): the three release service binaries against the
-//! in-process API-server simulator and a private `redis-server`, client-side
-//! API limits off. Prints, for N claims (default 1,000, `--claims`):
-//! provisioning throughput (claims/s from creation to PV created and to claim
-//! Bound), p50/p99 claim-created → PV-created latency for the burst and at a
-//! fixed offered load (default 20 claims/s), reclaim throughput, peak RSS of
-//! each service (`VmHWM`) and API requests (and writes) per provisioned volume
-//! from the simulator's counters.
+//! Benchmark (not a test): the three release service binaries against a
+//! control plane — the in-process API-server simulator (`--control-plane
+//! sim`, default), a real kube-apiserver + kube-controller-manager v1.19
+//! started from `KUBEBUILDER_ASSETS` (`--control-plane real`, each service as
+//! its own ServiceAccount under the deploy's RBAC), or an existing cluster
+//! (`--kubeconfig`) — and a private `redis-server`. Prints, in one run:
 //!
-//! `cargo run --release -p e2e --bin bench -- --claims 1000`
+//! 1. the controller manager alone (real plane; nothing of ours running):
+//!    claims annotated per second, the annotation delay at the offered rate,
+//!    PVs marked `Released` per second;
+//! 2. a burst of N claims (`--claims`): claims/s to PV created and to claim
+//!    Bound, p50/p99 claim created → PV created, API requests and writes per
+//!    volume (real plane: the API server's audit log; simulator: its counters);
+//! 3. reclaim of the burst: PVs deleted per second, API cost per volume;
+//! 4. an offered load (`--rate`, `--rate-claims`): p50/p99 claim created → PV created;
+//! 5. peak RSS of each service (`VmHWM`), and the ratios to the controller
+//!    manager's rates.
+//!
+//! With `--outage 30s` it runs the API-server outage measurement instead
+//! (see `e2e::bench::outage`).
+//!
+//! `cargo run --release -p e2e --bin bench -- --control-plane real --claims 1000`
 
-use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use clap::Parser;
-use e2e::harness::{Profile, System, SystemOptions};
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::runtime::watcher::{self, Event};
-use kube::Api;
+use clap::{Parser, ValueEnum};
+use e2e::bench::cost::{self, ApiCost};
+use e2e::bench::kcm::{self, KcmLoad, KcmRates};
+use e2e::bench::load;
+use e2e::bench::observe::{self, pct, per_sec, wait_seen, Seen, SharedSeen};
+use e2e::bench::outage;
+use e2e::harness::{ControlPlane, Profile, Service, System, SystemOptions};
+use e2e::realkube::Assets;
+
+/// Which control plane the benchmark starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PlaneChoice {
+    /// The in-process simulator (PV-controller emulation on).
+    Sim,
+    /// kube-apiserver + kube-controller-manager v1.19 from `KUBEBUILDER_ASSETS`.
+    Real,
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,7 +49,15 @@ use kube::Api;
     about = "Provisioning/reclaim benchmark of the three services"
 )]
 struct Args {
-    /// Claims in the burst (created as fast as the client can, 16 in flight).
+    /// Control plane to start (ignored with `--kubeconfig`).
+    #[arg(long, value_enum, default_value_t = PlaneChoice::Sim)]
+    control_plane: PlaneChoice,
+    /// Run against this existing cluster instead (every service uses this
+    /// kubeconfig; no request counts, no controller-manager-alone phase).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Claims in the burst (created as fast as 16 requests in flight allow);
+    /// also the size of the controller-manager-alone bursts.
     #[arg(long, default_value_t = 1000)]
     claims: usize,
     /// Offered load of the latency phase, claims per second.
@@ -38,66 +69,159 @@ struct Args {
     /// Run with the provisioner finalizer (`--add-finalizer`).
     #[arg(long)]
     add_finalizer: bool,
+    /// `--kube-api-qps` of the services: 0 (default) switches the client-side
+    /// limit off (the "tuned" runs); `shipped` uses the services' own default.
+    #[arg(long, default_value = "0")]
+    kube_api_qps: String,
+    /// Extra service flag, `SERVICE=FLAG` (`provision-svc=--workers=32`); repeatable.
+    #[arg(long = "service-arg", value_name = "SERVICE=FLAG")]
+    service_args: Vec<String>,
+    /// Skip the controller-manager-alone phase.
+    #[arg(long)]
+    no_kcm_phase: bool,
+    /// Instead of the phases above: an API-server outage of this length
+    /// (`30s`, `2m`) in the middle of a `--claims` batch.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    outage: Option<Duration>,
     /// Upper bound of each phase, seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
 }
 
-/// First-seen times of PVs (by name, added and deleted) and Bound claims (by name).
-#[derive(Default)]
-struct Seen {
-    pv_added: HashMap<String, Instant>,
-    pv_deleted: HashMap<String, Instant>,
-    claim_bound: HashMap<String, Instant>,
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
+const CLASS: &str = "bench";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let timeout = Duration::from_secs(args.timeout_secs);
+    let control_plane = match (args.kubeconfig.is_some(), args.control_plane) {
+        (true, _) | (false, PlaneChoice::Sim) => ControlPlane::default(),
+        (false, PlaneChoice::Real) => {
+            let assets = Assets::locate().map_err(anyhow::Error::msg)?;
+            println!(
+                "control plane: real (kube-apiserver, kube-controller-manager, etcd from {})",
+                assets.dir.display()
+            );
+            ControlPlane::Real(assets)
+        }
+    };
+    if let Some(kc) = &args.kubeconfig {
+        println!("control plane: existing cluster ({})", kc.display());
+    } else if !control_plane.is_real() {
+        println!("control plane: simulator");
+    }
     let mut sys = System::start(SystemOptions {
         profile: Profile::current(),
-        configure: Some(if args.add_finalizer {
-            |s| {
-                s.log_level = "warn".into();
-                s.add_finalizer = true;
-            }
-        } else {
-            |s| s.log_level = "warn".into()
-        }),
+        control_plane,
+        external_kubeconfig: args.kubeconfig.clone(),
+        no_services: true,
         ..Default::default()
     })
     .await?;
-    sys.wait_leaders(Duration::from_secs(30)).await?;
-    sys.create_storage_class("bench", "Immediate", &[]).await?;
-
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    spawn_watchers(&sys, seen.clone());
+    configure(&mut sys, &args)?;
+    println!(
+        "machine: {} cores, {}; load average {}",
+        nproc(),
+        cpu_model(),
+        loadavg()
+    );
+    println!(
+        "service flags: {}",
+        sys.settings.args(Service::Provision, 0, 0).join(" ")
+    );
+    sys.create_storage_class(CLASS, "Immediate", &[]).await?;
+    let seen: SharedSeen = Arc::new(Mutex::new(Seen::default()));
+    observe::spawn_watchers(&sys.client, &sys.namespace, seen.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // ---- burst: N claims as fast as possible --------------------------------
-    sys.sim().reset_stats();
-    let (created, names) = create_timed(&sys, "burst", args.claims, None).await?;
-    sys.wait_provisioned(args.claims, timeout).await?;
-    let stats = sys.sim().stats();
-    let first = created.values().min().copied().unwrap();
-    let (lat, last_pv, last_bound) = latencies(&seen, &created);
-    let n = args.claims as f64;
-    println!("machine: {} cores, {}", nproc(), cpu_model());
-    println!("claims: {}", args.claims);
+    let kcm = if args.no_kcm_phase || args.outage.is_some() {
+        None
+    } else if args.kubeconfig.is_some() {
+        println!("controller manager alone: skipped on an existing cluster");
+        None
+    } else {
+        let provisioner = sys.settings.provisioner_name.clone();
+        let r = kcm::measure(
+            &KcmLoad {
+                client: &sys.client,
+                namespace: &sys.namespace,
+                class: CLASS,
+                provisioner: &provisioner,
+                claims: args.claims,
+                rate: args.rate,
+                rate_claims: args.rate_claims,
+                timeout,
+            },
+            &seen,
+        )
+        .await?;
+        print_kcm(&r);
+        Some(r)
+    };
+
+    for service in Service::ALL {
+        sys.start_service(service, 0).await?;
+    }
+    sys.wait_leaders(Duration::from_secs(60)).await?;
+
+    if let Some(d) = args.outage {
+        let r = outage::run(&mut sys, &seen, args.claims, CLASS, d, timeout).await?;
+        println!(
+            "API outage {:.1?} (requested {d:?}) in a batch of {} claims ({} PVs before it): every claim Bound {:.2?} after the API's return (target <= 10 s)",
+            r.api_down, r.claims, r.pvs_before, r.all_bound_after_return
+        );
+        if r.exited.is_empty() {
+            println!("service processes exited: none");
+        } else {
+            for (s, replica, at) in &r.exited {
+                println!(
+                    "service process exited: {} replica {replica}, {at:.1?} into the outage",
+                    s.binary_name()
+                );
+            }
+            println!(
+                "restarted by the benchmark after the API's return: {}",
+                r.restarted
+            );
+        }
+        print_rss(&mut sys);
+        finish(&mut sys);
+        return Ok(());
+    }
+
+    // ---- burst ----------------------------------------------------------------
+    let n = args.claims;
+    let burst = load::names("burst", n);
+    let mark = cost::mark(&sys)?;
+    let ns = sys.namespace.clone();
+    load::create_claims(&sys.client, &ns, &burst, CLASS, None, &seen).await?;
+    wait_seen(&seen, timeout, "burst claims Bound", n, |s| {
+        Seen::count(&s.claim_bound, &burst)
+    })
+    .await?;
+    wait_seen(&seen, timeout, "burst PVs", n, |s| {
+        Seen::count(&s.pv_added, &burst)
+    })
+    .await?;
+    // Let the last events and writes land before reading the request counts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let provision_cost = cost::since(&sys, mark)?;
+    let (first, last_pv, last_bound, lat) = {
+        let s = seen.lock().unwrap();
+        (
+            Seen::first(&s.claim_created, &burst).expect("created"),
+            Seen::last(&s.pv_added, &burst).expect("PVs"),
+            Seen::last(&s.claim_bound, &burst).expect("Bound"),
+            Seen::delays(&s.claim_created, &s.pv_added, &burst),
+        )
+    };
+    let created_per_sec = per_sec(n, last_pv - first);
+    println!("claims: {n}");
     println!(
         "provisioning throughput: {:.0} claims/s to PV created ({:.2?}), {:.0} claims/s to claim Bound ({:.2?})",
-        n / (last_pv - first).as_secs_f64(),
+        created_per_sec,
         last_pv - first,
-        n / (last_bound - first).as_secs_f64(),
+        per_sec(n, last_bound - first),
         last_bound - first
     );
     println!(
@@ -106,174 +230,168 @@ async fn main() -> anyhow::Result<()> {
         pct(&lat, 0.99),
         lat.last().copied().unwrap_or_default()
     );
-    // Service requests: everything except the benchmark's own claim creates
-    // and its two list+watch pairs; leases shown apart.
-    let own = stats.count("create", "persistentvolumeclaims") + 4;
-    let leases: u64 = stats
-        .by_resource
-        .iter()
-        .filter(|(r, _)| r.starts_with("leases"))
-        .flat_map(|(_, v)| v.values())
-        .sum();
-    let writes: u64 = stats
-        .by_resource
-        .iter()
-        .filter(|(r, _)| !r.starts_with("leases"))
-        .flat_map(|(r, v)| v.iter().map(move |(verb, c)| (r, verb, c)))
-        .filter(|(r, verb, _)| {
-            matches!(verb.as_str(), "create" | "update" | "patch" | "delete")
-                && !(r.as_str() == "persistentvolumeclaims" && verb.as_str() == "create")
-        })
-        .map(|(_, _, c)| *c)
-        .sum();
-    println!(
-        "API requests per provisioned volume: {:.2} (writes {:.2}; Lease requests excluded: {leases})",
-        (stats.total.saturating_sub(own + leases)) as f64 / n,
-        writes as f64 / n
-    );
-    println!("  by resource: {:?}", stats.by_resource);
+    print_cost("provisioning", provision_cost.as_ref(), n);
 
-    // ---- reclaim ------------------------------------------------------------
-    let t = Instant::now();
-    sys.delete_claims(&names).await?;
-    sys.wait_reclaimed(timeout).await?;
-    let last_del = seen
-        .lock()
-        .unwrap()
-        .pv_deleted
-        .values()
-        .max()
-        .copied()
-        .unwrap_or(t);
+    // ---- reclaim --------------------------------------------------------------
+    let mark = cost::mark(&sys)?;
+    load::delete_claims(&sys.client, &ns, &burst, &seen).await?;
+    wait_seen(&seen, timeout, "burst PVs deleted", n, |s| {
+        Seen::count(&s.pv_deleted, &burst)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let reclaim_cost = cost::since(&sys, mark)?;
+    let (first_del, last_del) = {
+        let s = seen.lock().unwrap();
+        (
+            Seen::first(&s.claim_delete_sent, &burst).expect("deleted"),
+            Seen::last(&s.pv_deleted, &burst).expect("PVs deleted"),
+        )
+    };
+    let deleted_per_sec = per_sec(n, last_del - first_del);
     println!(
         "reclaim throughput: {:.0} volumes/s ({:.2?} from first claim deletion to last PV deleted)",
-        n / (last_del - t).as_secs_f64(),
-        last_del - t
+        deleted_per_sec,
+        last_del - first_del
     );
-
-    // ---- offered load -------------------------------------------------------
-    let (created, names) = create_timed(&sys, "paced", args.rate_claims, Some(args.rate)).await?;
-    sys.wait_provisioned(args.rate_claims, timeout).await?;
-    let (lat, _, _) = latencies(&seen, &created);
-    println!(
-        "at {:.0} claims/s offered ({} claims): claim created -> PV created p50 {:.1?}, p99 {:.1?}",
-        args.rate,
-        args.rate_claims,
-        pct(&lat, 0.5),
-        pct(&lat, 0.99)
-    );
-    sys.delete_claims(&names).await?;
-    sys.wait_reclaimed(timeout).await?;
-
-    for p in sys.services.iter_mut() {
-        let rss = p.process.peak_rss_kib().unwrap_or(0);
+    print_cost("reclaim", reclaim_cost.as_ref(), n);
+    if let (Some(p), Some(r)) = (&provision_cost, &reclaim_cost) {
         println!(
-            "peak RSS {}: {:.1} MiB",
-            p.service.binary_name(),
-            rss as f64 / 1024.0
+            "API writes per volume, provisioning + reclaim: {:.2}",
+            p.per(n).1 + r.per(n).1
         );
     }
-    sys.shutdown();
+
+    // ---- offered load ---------------------------------------------------------
+    let paced = load::names("paced", args.rate_claims);
+    load::create_claims(&sys.client, &ns, &paced, CLASS, Some(args.rate), &seen).await?;
+    wait_seen(&seen, timeout, "paced PVs", paced.len(), |s| {
+        Seen::count(&s.pv_added, &paced)
+    })
+    .await?;
+    let (lat, ann) = {
+        let s = seen.lock().unwrap();
+        (
+            Seen::delays(&s.claim_created, &s.pv_added, &paced),
+            Seen::delays(&s.claim_created, &s.claim_annotated, &paced),
+        )
+    };
+    println!(
+        "at {:.0} claims/s offered ({} claims): claim created -> PV created p50 {:.1?}, p99 {:.1?}; of which annotation (same claims) p50 {:.1?}, p99 {:.1?}",
+        args.rate,
+        paced.len(),
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        pct(&ann, 0.5),
+        pct(&ann, 0.99),
+    );
+    load::delete_claims(&sys.client, &ns, &paced, &seen).await?;
+    wait_seen(&seen, timeout, "paced PVs deleted", paced.len(), |s| {
+        Seen::count(&s.pv_deleted, &paced)
+    })
+    .await?;
+
+    print_rss(&mut sys);
+    if let Some(k) = &kcm {
+        println!(
+            "ratios: PV created/s / annotation ceiling = {:.0}/{:.0} = {:.2} (target >= 0.95); PV deleted/s / Released rate = {:.0}/{:.0} = {:.2} (target >= 0.90); p99 at {:.0}/s {:.1?} (target <= 50 ms), annotation delay alone p99 {:.1?}",
+            created_per_sec,
+            k.annotated_per_sec,
+            created_per_sec / k.annotated_per_sec.max(f64::MIN_POSITIVE),
+            deleted_per_sec,
+            k.released_per_sec,
+            deleted_per_sec / k.released_per_sec.max(f64::MIN_POSITIVE),
+            args.rate,
+            pct(&lat, 0.99),
+            k.annotation_delay.1,
+        );
+    }
+    println!("load average at the end: {}", loadavg());
+    finish(&mut sys);
     Ok(())
 }
 
-async fn create_timed(
-    sys: &System,
-    prefix: &str,
-    n: usize,
-    rate: Option<f64>,
-) -> anyhow::Result<(HashMap<String, Instant>, Vec<String>)> {
-    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:05}")).collect();
-    let created = Arc::new(Mutex::new(HashMap::new()));
-    let start = Instant::now();
-    let stream = futures::stream::iter(names.clone().into_iter().enumerate()).map(|(i, name)| {
-        let created = created.clone();
-        async move {
-            if let Some(r) = rate {
-                let at = start + Duration::from_secs_f64(i as f64 / r);
-                tokio::time::sleep_until(at.into()).await;
-            }
-            let t = Instant::now();
-            sys.create_claim(&name, "bench", &[]).await?;
-            created.lock().unwrap().insert(name, t);
-            anyhow::Ok(())
-        }
-    });
-    let results: Vec<_> = stream
-        .buffer_unordered(if rate.is_some() { 64 } else { 16 })
-        .collect()
-        .await;
-    for r in results {
-        r?;
+/// Apply `--kube-api-qps`, `--add-finalizer`, `--service-arg` and a quiet log level.
+fn configure(sys: &mut System, args: &Args) -> anyhow::Result<()> {
+    let s = &mut sys.settings;
+    s.log_level = "warn".into();
+    s.add_finalizer = args.add_finalizer;
+    let qps = if args.kube_api_qps == "shipped" {
+        shipped_kube_api_qps()?
+    } else {
+        args.kube_api_qps.clone()
+    };
+    s.kube_api_qps = qps
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kube-api-qps {qps}: {e}"))?;
+    for a in &args.service_args {
+        let (name, flag) = a
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--service-arg {a}: expected SERVICE=FLAG"))?;
+        let service = Service::ALL
+            .into_iter()
+            .find(|s| s.binary_name() == name)
+            .ok_or_else(|| anyhow::anyhow!("--service-arg {a}: unknown service {name}"))?;
+        s.extra_args.push((service, vec![flag.to_string()]));
     }
-    let created = std::mem::take(&mut *created.lock().unwrap());
-    Ok((created, names))
+    Ok(())
 }
 
-/// Sorted claim-created → PV-added latencies, the last PV-added and last
-/// claim-Bound instants of the claims in `created`.
-fn latencies(
-    seen: &Mutex<Seen>,
-    created: &HashMap<String, Instant>,
-) -> (Vec<Duration>, Instant, Instant) {
-    let s = seen.lock().unwrap();
-    let mut lat = Vec::new();
-    let mut last_pv = None::<Instant>;
-    let mut last_bound = None::<Instant>;
-    for (name, t) in created {
-        // PV names are pvc-<uid>; the watcher records the claim name for them.
-        if let Some(a) = s.pv_added.get(name) {
-            lat.push(a.saturating_duration_since(*t));
-            last_pv = Some(last_pv.map_or(*a, |l| l.max(*a)));
-        }
-        if let Some(b) = s.claim_bound.get(name) {
-            last_bound = Some(last_bound.map_or(*b, |l| l.max(*b)));
-        }
-    }
-    lat.sort();
-    let now = Instant::now();
-    (lat, last_pv.unwrap_or(now), last_bound.unwrap_or(now))
+fn print_kcm(r: &KcmRates) {
+    println!(
+        "controller manager alone: {} claims annotated in {:.2?} = {:.0} claims/s; annotation delay at {:.0} claims/s ({} claims) p50 {:.1?}, p99 {:.1?}; {} PVs marked Released in {:.2?} = {:.0} PVs/s",
+        r.claims,
+        r.annotation_span,
+        r.annotated_per_sec,
+        r.offered.0,
+        r.offered.1,
+        r.annotation_delay.0,
+        r.annotation_delay.1,
+        r.claims,
+        r.released_span,
+        r.released_per_sec
+    );
 }
 
-fn spawn_watchers(sys: &System, seen: Arc<Mutex<Seen>>) {
-    let pvs: Api<PersistentVolume> = Api::all(sys.client.clone());
-    let s = seen.clone();
-    tokio::spawn(async move {
-        let mut w = watcher::watcher(pvs, Default::default()).boxed();
-        while let Some(ev) = w.next().await {
-            let now = Instant::now();
-            let mut g = s.lock().unwrap();
-            match ev {
-                Ok(Event::Apply(pv)) | Ok(Event::InitApply(pv)) => {
-                    if let Some(claim) = pv.spec.and_then(|s| s.claim_ref).and_then(|r| r.name) {
-                        g.pv_added.entry(claim).or_insert(now);
-                    }
-                }
-                Ok(Event::Delete(pv)) => {
-                    g.pv_deleted
-                        .entry(pv.metadata.name.unwrap_or_default())
-                        .or_insert(now);
-                }
-                _ => {}
-            }
+fn print_cost(phase: &str, cost: Option<&ApiCost>, n: usize) {
+    match cost {
+        Some(c) => {
+            let (req, w) = c.per(n);
+            println!(
+                "API requests per volume, {phase}: {req:.2} (writes {w:.2}; from the {}; Lease requests apart: {})",
+                c.source, c.lease_requests
+            );
+            println!("  by call: {:?}", c.by_call);
         }
-    });
-    let claims: Api<PersistentVolumeClaim> = sys.claims_api();
-    tokio::spawn(async move {
-        let mut w = watcher::watcher(claims, Default::default()).boxed();
-        while let Some(ev) = w.next().await {
-            let now = Instant::now();
-            if let Ok(Event::Apply(c)) | Ok(Event::InitApply(c)) = ev {
-                if c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
-                    seen.lock()
-                        .unwrap()
-                        .claim_bound
-                        .entry(c.metadata.name.unwrap_or_default())
-                        .or_insert(now);
-                }
-            }
-        }
-    });
+        None => println!("API requests per volume, {phase}: not available on an existing cluster"),
+    }
+}
+
+fn print_rss(sys: &mut System) {
+    let mut total = 0.0;
+    for p in sys.services.iter_mut() {
+        let mib = p.process.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+        total += mib;
+        println!("peak RSS {}: {mib:.1} MiB", p.service.binary_name());
+    }
+    println!("peak RSS, three together: {total:.1} MiB");
+}
+
+/// The real plane's audit/RBAC checks, reported rather than panicking on
+/// drop; then a graceful stop of the services (SIGTERM, so a heap profiler
+/// wrapping them via `E2E_BIN_DIR` writes its data) and of Redis.
+fn finish(sys: &mut System) {
+    match sys.finish_checks() {
+        Ok(report) => print!("{report}"),
+        Err(problems) => eprintln!("RBAC/audit check of the run failed:\n{problems}"),
+    }
+    sys.shutdown();
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|t| t.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn nproc() -> usize {
@@ -290,4 +408,18 @@ fn cpu_model() -> String {
                 .map(|(_, m)| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// The services' own `--kube-api-qps` default, read from their flag definition
+/// (`common::service::config::CommonArgs`), so "shipped" follows the code.
+fn shipped_kube_api_qps() -> anyhow::Result<String> {
+    use clap::Args as _;
+    let cmd = common::service::config::CommonArgs::augment_args(clap::Command::new("service"));
+    let default = cmd
+        .get_arguments()
+        .find(|a| a.get_id() == "kube_api_qps")
+        .and_then(|a| a.get_default_values().first())
+        .map(|v| v.to_string_lossy().into_owned());
+    default
+        .ok_or_else(|| anyhow::anyhow!("no --kube-api-qps default in common::service::config::CommonArgs"))
 }

@@ -30,7 +30,10 @@ async fn run() {
         .unwrap();
     let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
     for (run, (label, extra)) in [
-        ("default flags (--kube-api-qps 200, --workers 16)", vec![]),
+        (
+            "default flags (--kube-api-qps 1000 --kube-api-burst 2000, --workers 16)",
+            vec![],
+        ),
         (
             "--kube-api-qps 0 --workers 32",
             vec!["--kube-api-qps", "0", "--workers", "32"],

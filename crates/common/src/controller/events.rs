@@ -1,7 +1,7 @@
 //! Kubernetes events (events.k8s.io/v1), de-duplicated into series.
 //!
-//! Events about namespaced objects (claims) go through kube-runtime's events [`Recorder`],
-//! into the object's namespace.
+//! Events about namespaced objects (claims) go into the object's namespace, as
+//! kube-runtime's events `Recorder` would put them.
 //!
 //! Events about cluster-scoped objects (PersistentVolumes) need a namespace of their own, and
 //! the Recorder picks `default`, which kube-apiserver before 1.23 rejects for an Event with
@@ -11,8 +11,9 @@
 //! accept `default` or `kube-system`. So these are written here, in [`CLUSTER_SCOPED_NAMESPACE`]
 //! (`kube-system`, where client-go's events recorder put them until 1.19 and kube-rs's did in
 //! 0.72), with `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
-//! This is a small hand-written copy of the Recorder's create-then-patch-series logic,
-//! because the Recorder cannot be told to use another namespace than the object's.
+//! [`EventSink`] is a small hand-written copy of the Recorder's create-then-patch-series
+//! logic, because the Recorder cannot be told to use another namespace than the object's,
+//! and because it remembers a whole Event per series (see [`EventSink`]).
 //!
 //! Events that must exist once per object, whoever publishes them and how often
 //! ([`EventSink::publish_once`]: pv-writer's `ProvisioningSucceeded`, which a deposed
@@ -28,7 +29,7 @@ use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,31 +57,51 @@ pub mod reason {
     pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 }
 
-/// Identity of a cluster-scoped event series: type, reason, action, note and the object.
-type SeriesKey = (bool, String, String, String, String);
+/// Identity of an event series (type, reason, action, note, object), hashed:
+/// the cache keeps 8 bytes per series instead of its strings.
+type SeriesKey = u64;
+
+/// What the series cache remembers of a published Event: enough to patch its
+/// `series` on a repeat, nothing else.
+#[derive(Debug, Clone)]
+struct SeriesEntry {
+    namespace: String,
+    name: String,
+    count: i32,
+    last: Timestamp,
+}
 
 /// Publishes events for one service; cheap to clone.
+///
+/// A small hand-written version of kube-runtime's events `Recorder`
+/// (create the Event, then on a repeat within [`SERIES_TTL`] patch its
+/// `series` count and `lastObservedTime`), for two reasons: the Recorder
+/// cannot put Events about cluster-scoped objects anywhere but `default`
+/// (see the module docs), and it keeps a clone of every Event it published
+/// for the whole series window — at 5,000 claims that cache was the largest
+/// item of pv-writer's heap profile (18 MB of 20 MB) and 14 MB of
+/// provision-svc's (BENCHMARKS.md). This cache keeps a hash of the series
+/// identity, the Event's name and namespace, the count and the last time.
 #[derive(Clone)]
 pub struct EventSink {
-    recorder: Recorder,
     client: Client,
     reporter: Reporter,
-    /// Cluster-scoped events published in the last [`SERIES_TTL`], by series identity.
-    series: Arc<Mutex<HashMap<SeriesKey, K8sEvent>>>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Events published in the last [`SERIES_TTL`], by series identity.
+    series: Arc<Mutex<HashMap<SeriesKey, SeriesEntry>>>,
 }
 
 impl EventSink {
     /// A sink reporting as `component` (e.g. `provision-svc`) from `instance`
     /// (the replica identity).
     pub fn new(client: Client, component: &str, instance: &str) -> Self {
-        let reporter = Reporter {
-            controller: component.to_string(),
-            instance: Some(instance.to_string()),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter.clone()),
             client,
-            reporter,
+            reporter: Reporter {
+                controller: component.to_string(),
+                instance: Some(instance.to_string()),
+            },
+            hasher: Default::default(),
             series: Arc::default(),
         }
     }
@@ -106,7 +127,10 @@ impl EventSink {
     }
 
     /// [`EventSink::publish`] returning the API error (for tests and callers that count
-    /// failures). Errors: the API server rejected or did not answer the create/patch.
+    /// failures). The Event is created the first time, then its `series` (count,
+    /// lastObservedTime) patched on repeats within [`SERIES_TTL`], as the Recorder does.
+    ///
+    /// Errors: the API server rejected or did not answer the create/patch.
     pub async fn try_publish(
         &self,
         object: &ObjectReference,
@@ -115,22 +139,102 @@ impl EventSink {
         action: &str,
         note: String,
     ) -> Result<(), kube::Error> {
-        if object.namespace.as_deref().is_some_and(|ns| !ns.is_empty()) {
-            let event = Event {
-                type_: if warning {
-                    EventType::Warning
-                } else {
-                    EventType::Normal
+        use std::hash::BuildHasher;
+        let now = Timestamp::now();
+        let namespaced = object.namespace.as_deref().is_some_and(|ns| !ns.is_empty());
+        let (namespace, regarding) = if namespaced {
+            (object.namespace.clone().unwrap_or_default(), object.clone())
+        } else {
+            (
+                CLUSTER_SCOPED_NAMESPACE.to_string(),
+                ObjectReference {
+                    namespace: None,
+                    ..object.clone()
                 },
-                reason: reason.to_string(),
-                note: Some(note),
-                action: action.to_string(),
-                secondary: None,
+            )
+        };
+        let key: SeriesKey = self.hasher.hash_one((
+            warning,
+            reason,
+            action,
+            &note,
+            regarding.kind.as_deref(),
+            regarding.namespace.as_deref(),
+            regarding.name.as_deref(),
+            regarding.uid.as_deref(),
+        ));
+        let ttl = k8s_openapi::jiff::SignedDuration::try_from(SERIES_TTL).unwrap_or_default();
+        // The lock is never held across an API call: publishes run concurrently.
+        let previous = {
+            let mut cache = self.series.lock().await;
+            cache.retain(|_, e| e.last + ttl > now);
+            cache.get(&key).cloned()
+        };
+        if let Some(previous) = previous {
+            let series = EventSeries {
+                count: previous.count + 1,
+                last_observed_time: MicroTime(now),
             };
-            return self.recorder.publish(&event, object).await;
+            let patch = serde_json::json!({ "series": series });
+            Api::<K8sEvent>::namespaced(self.client.clone(), &previous.namespace)
+                .patch(
+                    &previous.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+            self.series.lock().await.insert(
+                key,
+                SeriesEntry {
+                    count: series.count,
+                    last: now,
+                    ..previous
+                },
+            );
+            return Ok(());
         }
-        self.publish_cluster_scoped(object, warning, reason, action, note)
-            .await
+        let name = format!(
+            "{}.{:x}",
+            regarding
+                .name
+                .as_deref()
+                .unwrap_or(&self.reporter.controller),
+            now.as_nanosecond()
+        );
+        let event = K8sEvent {
+            metadata: ObjectMeta {
+                namespace: Some(namespace.clone()),
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            action: Some(action.to_string()),
+            reason: Some(reason.to_string()),
+            note: Some(note),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
+            .create(&PostParams::default(), &event)
+            .await?;
+        self.series.lock().await.insert(
+            key,
+            SeriesEntry {
+                namespace,
+                name,
+                count: 1,
+                last: now,
+            },
+        );
+        Ok(())
     }
 
     /// Publish a Normal (`warning = false`) or Warning event about `object` at most once per
@@ -224,81 +328,6 @@ impl EventSink {
             ),
             ..Default::default()
         }
-    }
-
-    /// An event about a cluster-scoped object, in [`CLUSTER_SCOPED_NAMESPACE`]: created the
-    /// first time, then its `series` (count, lastObservedTime) patched on repeats within
-    /// [`SERIES_TTL`], as the Recorder does for namespaced objects.
-    async fn publish_cluster_scoped(
-        &self,
-        object: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) -> Result<(), kube::Error> {
-        let now = Timestamp::now();
-        let regarding = ObjectReference {
-            namespace: None,
-            ..object.clone()
-        };
-        let key: SeriesKey = (
-            warning,
-            reason.to_string(),
-            action.to_string(),
-            note.clone(),
-            format!(
-                "{}/{}/{}",
-                regarding.kind.as_deref().unwrap_or(""),
-                regarding.name.as_deref().unwrap_or(""),
-                regarding.uid.as_deref().unwrap_or("")
-            ),
-        );
-        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), CLUSTER_SCOPED_NAMESPACE);
-        let mut cache = self.series.lock().await;
-        let ttl = k8s_openapi::jiff::SignedDuration::try_from(SERIES_TTL).unwrap_or_default();
-        cache.retain(|_, e| {
-            let last = e
-                .series
-                .as_ref()
-                .map(|s| s.last_observed_time.0)
-                .or(e.event_time.as_ref().map(|t| t.0));
-            last.is_some_and(|t| t + ttl > now)
-        });
-        if let Some(previous) = cache.get(&key) {
-            let mut event = previous.clone();
-            event.series = Some(EventSeries {
-                count: previous.series.as_ref().map_or(2, |s| s.count + 1),
-                last_observed_time: MicroTime(now),
-            });
-            let name = event.metadata.name.clone().unwrap_or_default();
-            let patch = serde_json::json!({ "series": event.series });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            cache.insert(key, event);
-            return Ok(());
-        }
-        let name = format!(
-            "{}.{:x}",
-            regarding
-                .name
-                .as_deref()
-                .unwrap_or(&self.reporter.controller),
-            now.as_nanosecond()
-        );
-        let mut event = self.new_event(
-            CLUSTER_SCOPED_NAMESPACE,
-            name,
-            &regarding,
-            warning,
-            reason,
-            action,
-            note,
-        );
-        event.event_time = Some(MicroTime(now));
-        let created = api.create(&PostParams::default(), &event).await?;
-        cache.insert(key, created);
-        Ok(())
     }
 }
 

@@ -149,12 +149,22 @@ pub struct CommonArgs {
 
     /// Client-side limit on API requests per second (token bucket refill rate).
     /// 0 disables the limit.
-    #[arg(long, env = "KUBE_API_QPS", default_value_t = 200.0)]
+    ///
+    /// Default 1000: a backstop against a runaway loop, sized so it never binds
+    /// below what the control plane itself allows. kube-controller-manager
+    /// annotates claims for an external provisioner at about 150–310 claims/s
+    /// on a two-core machine (`bench --control-plane real`, BENCHMARKS.md), and
+    /// a volume costs pv-writer two requests (PV create, `ProvisioningSucceeded`)
+    /// and provision-svc one (`Provisioning`): at most about 650 requests/s per
+    /// process, where the former default of 200 capped pv-writer near 100 PVs/s.
+    /// The API server's own protection (priority and fairness, 429s) is what
+    /// should bound a healthy provisioner.
+    #[arg(long, env = "KUBE_API_QPS", default_value_t = 1000.0)]
     pub kube_api_qps: f64,
 
     /// Client-side burst of API requests above `--kube-api-qps`. Ignored when the
     /// QPS limit is disabled.
-    #[arg(long, env = "KUBE_API_BURST", default_value_t = 400)]
+    #[arg(long, env = "KUBE_API_BURST", default_value_t = 2000)]
     pub kube_api_burst: u32,
 
     /// Redis URL of the durable queue and provisioning intents, e.g.
@@ -434,8 +444,8 @@ mod tests {
             cli.common.redis_reconnect_period,
             Duration::from_millis(500)
         );
-        assert_eq!(cli.common.kube_api_qps, 200.0);
-        assert_eq!(cli.common.kube_api_burst, 400);
+        assert_eq!(cli.common.kube_api_qps, 1000.0);
+        assert_eq!(cli.common.kube_api_burst, 2000);
         assert!(cli.common.leader_election);
         let seed = crate::controller::retry::Backoff::exponential(
             Duration::from_secs(15),
