@@ -74,7 +74,7 @@ pub fn since(sys: &System, mark: CostMark) -> anyhow::Result<Option<ApiCost>> {
                 .map(|s| {
                     format!(
                         "system:serviceaccount:{}:{}",
-                        real.rbac.namespace,
+                        real.rbac.namespace(*s),
                         s.binary_name()
                     )
                 })

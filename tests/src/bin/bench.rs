@@ -420,6 +420,7 @@ fn shipped_kube_api_qps() -> anyhow::Result<String> {
         .find(|a| a.get_id() == "kube_api_qps")
         .and_then(|a| a.get_default_values().first())
         .map(|v| v.to_string_lossy().into_owned());
-    default
-        .ok_or_else(|| anyhow::anyhow!("no --kube-api-qps default in common::service::config::CommonArgs"))
+    default.ok_or_else(|| {
+        anyhow::anyhow!("no --kube-api-qps default in common::service::config::CommonArgs")
+    })
 }
