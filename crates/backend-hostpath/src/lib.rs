@@ -103,7 +103,7 @@ impl Provisioner for HostPath {
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
         let volume = delete::volume_for_directory(self, pv_name);
-        Some(delete::archive_orphan(&volume, min_age).await)
+        Some(delete::archive_orphan(self, &volume, min_age).await)
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {
