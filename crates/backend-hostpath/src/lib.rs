@@ -4,6 +4,23 @@
 //!
 //! * [`provision`] — creating the directory and the PV object;
 //! * [`delete`] — safe removal (or retention/archival) of the directory.
+//!
+//! # Filesystem access: cap-std
+//!
+//! Every operation opens the configured `--base-dir` once as a
+//! [`cap_std::fs::Dir`] ([`provisioner_api::safe_fs::open_root`], the only
+//! ambient-authority call; only the base directory itself is created by path
+//! when missing) and does every check and action relative to that handle:
+//! creating the volume directory (`mkdirat`) and setting its mode (`fchmod` on
+//! a handle opened with `O_NOFOLLOW`), classifying `<name>` without following
+//! it, reading its age (`fstat`), removing it (`Dir::remove_dir_all`, which
+//! unlinks symlinks as links), archiving it (`Dir::rename`) and listing the
+//! volumes. cap-std confines every path to the handle, so a symlink or `..`
+//! planted in the base directory — even one swapped in between a check and the
+//! action — cannot redirect an action outside it. A volume is always addressed
+//! as `<--base-dir>/<PV name>` from the configured base directory, never from
+//! the PV's own path: a PV whose `spec.hostPath.path` differs is refused. The
+//! helpers are shared with nfs-subdir in [`provisioner_api::safe_fs`].
 
 pub mod delete;
 pub mod provision;
