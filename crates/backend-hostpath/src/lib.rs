@@ -15,7 +15,9 @@
 //! a handle opened with `O_NOFOLLOW`), classifying `<name>` without following
 //! it, reading its age (`fstat`), removing it (`Dir::remove_dir_all`, which
 //! unlinks symlinks as links), archiving it (`Dir::rename`) and listing the
-//! volumes. cap-std confines every path to the handle, so a symlink or `..`
+//! volumes. The handle is opened per operation rather than kept from start-up,
+//! so a base directory mounted (or re-mounted) after start is the one acted on
+//! and [`HostPath`] stays a plain value. cap-std confines every path to the handle, so a symlink or `..`
 //! planted in the base directory — even one swapped in between a check and the
 //! action — cannot redirect an action outside it. A volume is always addressed
 //! as `<--base-dir>/<PV name>` from the configured base directory, never from
