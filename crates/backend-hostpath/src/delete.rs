@@ -5,7 +5,8 @@
 //! # Which directory may be touched
 //!
 //! For a PV named `<name>` the only directory ever touched is
-//! `<base-dir>/<name>`, and only when all of these hold (otherwise
+//! `<base-dir>/<name>`, where `<base-dir>` is the configured `--base-dir`
+//! (never derived from the PV), and only when all of these hold (otherwise
 //! [`DeleteError::Refused`] names the failed rule and nothing is changed):
 //!
 //! 0. when the backend has a `--node-name` (`NODE_NAME`), the PV's
@@ -16,16 +17,22 @@
 //! 2. the PV has `spec.hostPath`, and its `path` equals `<base-dir>/<name>`
 //!    component-wise (so `/base//pvc-1/` matches, `/base/x/../pvc-1` does not),
 //!    with `<base-dir>` as configured or with symlinks in it resolved;
-//! 3. `<base-dir>/<name>`, with every symlink resolved, is exactly
-//!    `<resolved base-dir>/<name>` — strictly inside the base directory and not
-//!    itself a symlink (a link to another PV's directory or to `/etc` is refused);
+//! 3. the entry `<name>` in the base directory is not itself a symlink (a link
+//!    to another PV's directory or to `/etc` is refused);
 //! 4. it is a directory.
 //!
-//! Once these top-level checks pass, the tree is removed with
-//! [`std::fs::remove_dir_all`], which never follows a symlink inside the volume
-//! (links are unlinked as links, their targets survive) and is race-safe
-//! against a consuming pod swapping a subdirectory for a symlink mid-walk
-//! (`openat`/`unlinkat` with `O_NOFOLLOW`, Rust >= 1.58.1).
+//! # How: cap-std, relative to one handle on the base directory
+//!
+//! Each operation opens `--base-dir` once as a [`cap_std::fs::Dir`]
+//! ([`safe_fs::open_root`], the only ambient-authority call) and does every
+//! check and action relative to that handle: `lstat` of `<name>`, `fstat` of
+//! the opened volume directory for its age, `Dir::remove_dir_all` and
+//! `Dir::rename`, the listing. cap-std resolves every path inside the handle's
+//! sandbox, so a symlink or `..` planted in the base directory — even one
+//! swapped in between the check and the action — cannot redirect an action
+//! outside it: removal unlinks a symlink as a link (its target survives) and
+//! walks the tree with `openat`/`unlinkat` and `O_NOFOLLOW`, so links inside
+//! the volume are never followed either; a rename moves the link itself.
 //!
 //! A directory that is already absent counts as deleted (idempotent), but a
 //! missing *base* directory is a [`DeleteError::Failed`] (an unmounted disk must
@@ -34,7 +41,9 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use provisioner_api::safe_fs::{self, Entry};
 use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions};
 
 use super::{HostPath, OnDelete};
@@ -98,9 +107,10 @@ pub async fn delete_unprovisioned(
 
 /// PV names whose directories exist under the base directory: the names of the
 /// real directories (not symlinks) starting with `pvc-`, sorted. Archived
-/// directories (`archived-*`) and anything else are not listed.
+/// directories (`archived-*`) and anything else are not listed. The listing
+/// reads the base directory through its cap-std handle.
 ///
-/// Errors: the base directory cannot be read (message names it).
+/// Errors: the base directory cannot be opened or read (message names it).
 pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
     let base = backend.base_dir.clone();
     tokio::task::spawn_blocking(move || list_blocking(&base))
@@ -133,22 +143,31 @@ pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolu
     }
 }
 
-/// Archive the orphaned volume directory addressed by `volume` (as built by
-/// [`volume_for_directory`]: `spec.hostPath.path` = `<base-dir>/<name>`) —
-/// for reclaim-svc's orphan sweep, which never removes data. The directory is
+/// Archive the orphaned volume directory `<base-dir>/<name>` of `volume` (as
+/// built by [`volume_for_directory`]) — for reclaim-svc's orphan sweep, which
+/// never removes data. `<base-dir>` is the backend's configured `--base-dir`;
+/// a `volume` whose `spec.hostPath.path` is not exactly `<base-dir>/<name>`
+/// (rule 2 of the module docs) is refused, never acted on. The directory is
 /// only touched when its age (now minus the newer of its mtime and ctime, so a
 /// directory still being filled counts as young) is at least `min_age`; it is
 /// then renamed to `<base-dir>/archived-<name>` with every check of the module
 /// docs (rules 1–4), whatever `--on-delete` says.
 ///
+/// Returns [`OrphanOutcome::Archived`] with the archive's path (base directory
+/// with symlinks resolved), [`OrphanOutcome::TooYoung`] with the age, or
+/// [`OrphanOutcome::Absent`].
+///
 /// Errors: [`DeleteError::Refused`] when a rule fails or the archive
-/// destination exists; [`DeleteError::Failed`] on filesystem errors.
+/// destination exists; [`DeleteError::Failed`] on filesystem errors (including
+/// a missing base directory).
 pub async fn archive_orphan(
+    backend: &HostPath,
     volume: &PersistentVolume,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
+    let base = backend.base_dir.clone();
     let volume = volume.clone();
-    tokio::task::spawn_blocking(move || archive_orphan_blocking(&volume, min_age))
+    tokio::task::spawn_blocking(move || archive_orphan_blocking(&base, &volume, min_age))
         .await
         .map_err(|e| DeleteError::Failed {
             reason: format!("hostpath orphan archive task failed: {e}"),
@@ -156,59 +175,51 @@ pub async fn archive_orphan(
 }
 
 fn archive_orphan_blocking(
+    base: &Path,
     volume: &PersistentVolume,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
-    use std::os::unix::fs::MetadataExt;
-    let path = volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_path.as_ref())
-        .map(|h| PathBuf::from(&h.path))
-        .ok_or_else(|| refused("orphan has no spec.hostPath; cannot address it".into()))?;
-    let Some(base) = path.parent().map(Path::to_path_buf) else {
-        return Err(refused(format!(
-            "orphan path {} has no parent directory",
-            path.display()
-        )));
-    };
-    let name = checked_name(&base, volume)?;
+    let name = checked_name(base, volume)?;
+    let root = open_base(base)?;
     let dir = base.join(name);
-    let meta = match std::fs::symlink_metadata(&dir) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(OrphanOutcome::Absent),
-        Err(e) => return Err(failed("cannot inspect volume directory", &dir, e)),
+    if !checked_entry(&root, &dir, name)? {
+        return Ok(OrphanOutcome::Absent);
+    }
+    let age = match safe_fs::open_path(&root, &[name.to_string()]) {
+        Ok(handle) => {
+            safe_fs::age(&handle).map_err(|e| failed("cannot inspect volume directory", &dir, e))?
+        }
+        Err(safe_fs::WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
+        Err(e) => {
+            return Err(refused(format!(
+                "volume path {} changed while inspecting it: {e}",
+                dir.display()
+            )))
+        }
     };
-    let changed = meta.mtime().max(meta.ctime());
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let age = std::time::Duration::from_secs(now.saturating_sub(changed).max(0) as u64);
     if age < min_age {
         return Ok(OrphanOutcome::TooYoung(age));
     }
-    delete_blocking(&base, None, OnDelete::Archive, volume)?;
-    let real_base = std::fs::canonicalize(&base).unwrap_or(base);
+    act(&root, base, name, OnDelete::Archive)?;
+    let real_base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
     Ok(OrphanOutcome::Archived(
         real_base.join(format!("{ARCHIVE_PREFIX}{name}")),
     ))
 }
 
 fn list_blocking(base: &Path) -> Result<Vec<String>, String> {
-    let entries = std::fs::read_dir(base)
-        .map_err(|e| format!("cannot list base directory {}: {e}", base.display()))?;
+    let shown = |e: io::Error| format!("cannot list base directory {}: {e}", base.display());
+    let root = safe_fs::open_root(base).map_err(shown)?;
     let mut names = Vec::new();
-    for entry in entries {
-        let entry =
-            entry.map_err(|e| format!("cannot list base directory {}: {e}", base.display()))?;
+    for entry in root.entries().map_err(shown)? {
+        let entry = entry.map_err(shown)?;
         let Ok(name) = entry.file_name().into_string() else {
             continue;
         };
         if !name.starts_with(VOLUME_PREFIX) {
             continue;
         }
-        // DirEntry::file_type does not follow symlinks.
+        // cap-std's DirEntry::file_type does not follow symlinks.
         if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
             names.push(name);
         }
@@ -268,7 +279,8 @@ fn check_node(
     )))
 }
 
-/// Rules 1 and 2 of the module docs; returns the PV name.
+/// Rules 1 and 2 of the module docs, against the configured base directory
+/// `base`; returns the PV name.
 pub(crate) fn checked_name<'a>(
     base: &Path,
     volume: &'a PersistentVolume,
@@ -298,12 +310,79 @@ pub(crate) fn checked_name<'a>(
     let resolved_expected = std::fs::canonicalize(base).ok().map(|b| b.join(name));
     if path != expected && Some(&path) != resolved_expected.as_ref() {
         return Err(refused(format!(
-            "PV {name} has spec.hostPath.path {} but its directory must be {}",
+            "PV {name} has spec.hostPath.path {} but its directory must be {} (<--base-dir>/<PV name>); refusing to touch it",
             path.display(),
             expected.display()
         )));
     }
     Ok(name)
+}
+
+/// Open the configured base directory (the one ambient-authority call).
+fn open_base(base: &Path) -> Result<Dir, DeleteError> {
+    safe_fs::open_root(base).map_err(|e| failed("cannot open base directory", base, e))
+}
+
+/// Rules 3 and 4 on the entry `name` of `root` (no following): `Ok(true)` for
+/// a real directory, `Ok(false)` when absent. `dir` is only for messages.
+fn checked_entry(root: &Dir, dir: &Path, name: &str) -> Result<bool, DeleteError> {
+    match safe_fs::entry(root, name)
+        .map_err(|e| failed("cannot inspect volume directory", dir, e))?
+    {
+        Entry::Absent => Ok(false),
+        Entry::Directory => Ok(true),
+        Entry::Symlink => {
+            let target = root
+                .read_link_contents(name)
+                .map(|t| t.display().to_string())
+                .unwrap_or_else(|_| "?".into());
+            Err(refused(format!(
+                "volume path {} is a symlink (to {target}); refusing to follow it",
+                dir.display()
+            )))
+        }
+        Entry::Other => Err(refused(format!(
+            "volume path {} is not a directory",
+            dir.display()
+        ))),
+    }
+}
+
+/// Remove or archive `name` relative to `root` (checked by the caller). Both
+/// are handle-relative: whatever `name` is by now, nothing outside `root` is
+/// reached.
+fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), DeleteError> {
+    let dir = base.join(name);
+    match on_delete {
+        OnDelete::Retain => Ok(()),
+        OnDelete::Archive => {
+            let archive_name = format!("{ARCHIVE_PREFIX}{name}");
+            let archive = base.join(&archive_name);
+            if safe_fs::entry(root, &archive_name)
+                .map_err(|e| failed("cannot inspect archive destination", &archive, e))?
+                != Entry::Absent
+            {
+                return Err(refused(format!(
+                    "archive destination {} already exists; not overwriting it",
+                    archive.display()
+                )));
+            }
+            root.rename(name, root, &archive_name)
+                .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
+            tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
+            Ok(())
+        }
+        OnDelete::Delete => {
+            match root.remove_dir_all(name) {
+                Ok(()) => {}
+                // Removed concurrently: the result is the same.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(failed("cannot remove volume directory", &dir, e)),
+            }
+            tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
+            Ok(())
+        }
+    }
 }
 
 fn delete_blocking(
@@ -318,88 +397,13 @@ fn delete_blocking(
         tracing::info!(pv = name, path = %base.join(name).display(), "on-delete retain: leaving hostpath volume directory in place");
         return Ok(());
     }
-    let real_base = match std::fs::canonicalize(base) {
-        Ok(b) => b,
-        Err(e) => return Err(failed("cannot resolve base directory", base, e)),
-    };
-    let dir = real_base.join(name);
-    let archive = real_base.join(format!("{ARCHIVE_PREFIX}{name}"));
-
-    // Rule 3 and 4, on the entry itself first (no following).
-    let meta = match std::fs::symlink_metadata(&dir) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
-            return Ok(());
-        }
-        Err(e) => return Err(failed("cannot inspect volume directory", &dir, e)),
-    };
-    if meta.file_type().is_symlink() {
-        let target = std::fs::read_link(&dir)
-            .map(|t| t.display().to_string())
-            .unwrap_or_else(|_| "?".into());
-        return Err(refused(format!(
-            "volume path {} is a symlink (to {target}); refusing to follow it",
-            dir.display()
-        )));
+    let root = open_base(base)?;
+    let dir = base.join(name);
+    if !checked_entry(&root, &dir, name)? {
+        tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
+        return Ok(());
     }
-    if !meta.is_dir() {
-        return Err(refused(format!(
-            "volume path {} is not a directory",
-            dir.display()
-        )));
-    }
-    match std::fs::canonicalize(&dir) {
-        Ok(resolved) if resolved == dir => {}
-        Ok(resolved) => {
-            return Err(refused(format!(
-                "volume path {} resolves to {}, outside {}",
-                dir.display(),
-                resolved.display(),
-                real_base.display()
-            )))
-        }
-        Err(e) => return Err(failed("cannot resolve volume directory", &dir, e)),
-    }
-
-    match on_delete {
-        OnDelete::Retain => Ok(()),
-        OnDelete::Archive => {
-            match std::fs::symlink_metadata(&archive) {
-                Ok(_) => {
-                    return Err(refused(format!(
-                        "archive destination {} already exists; not overwriting it",
-                        archive.display()
-                    )))
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(failed("cannot inspect archive destination", &archive, e)),
-            }
-            std::fs::rename(&dir, &archive)
-                .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
-            tracing::info!(pv = name, from = %dir.display(), to = %archive.display(), "archived hostpath volume directory");
-            Ok(())
-        }
-        OnDelete::Delete => {
-            remove_tree(&dir)?;
-            tracing::info!(pv = name, path = %dir.display(), "removed hostpath volume directory");
-            Ok(())
-        }
-    }
-}
-
-/// Remove `dir` (a real directory, checked by the caller) and everything in
-/// it with [`std::fs::remove_dir_all`], which never follows a symlink and is
-/// safe against a symlink swapped in while it runs (it walks with
-/// `openat`/`unlinkat` and `O_NOFOLLOW` on Unix since Rust 1.58.1,
-/// CVE-2022-21658): a pod that still has the volume mounted cannot redirect
-/// the removal outside the volume. An already-absent directory is success.
-fn remove_tree(dir: &Path) -> Result<(), DeleteError> {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(failed("cannot remove volume directory", dir, e)),
-    }
+    act(&root, base, name, on_delete)
 }
 
 #[cfg(test)]
@@ -678,7 +682,7 @@ mod tests {
         let b = backend(&base, OnDelete::Delete);
         let orphan = volume_for_directory(&b, "pvc-1");
         // Just created: too young for a one-hour minimum age, left in place.
-        match archive_orphan(&orphan, std::time::Duration::from_secs(3600))
+        match archive_orphan(&b, &orphan, std::time::Duration::from_secs(3600))
             .await
             .unwrap()
         {
@@ -687,7 +691,7 @@ mod tests {
         }
         assert!(base.join("pvc-1/data/file").exists());
         // Old enough: archived (never removed), even though --on-delete is delete.
-        let outcome = archive_orphan(&orphan, std::time::Duration::ZERO)
+        let outcome = archive_orphan(&b, &orphan, std::time::Duration::ZERO)
             .await
             .unwrap();
         let archived = std::fs::canonicalize(&base).unwrap().join("archived-pvc-1");
@@ -699,7 +703,7 @@ mod tests {
         );
         // Gone now.
         assert_eq!(
-            archive_orphan(&orphan, std::time::Duration::ZERO)
+            archive_orphan(&b, &orphan, std::time::Duration::ZERO)
                 .await
                 .unwrap(),
             OrphanOutcome::Absent
@@ -707,12 +711,121 @@ mod tests {
         // A symlinked orphan is refused and its target kept.
         symlink(base.join("archived-pvc-1"), base.join("pvc-2")).unwrap();
         let r = archive_orphan(
+            &b,
             &volume_for_directory(&b, "pvc-2"),
             std::time::Duration::ZERO,
         )
         .await;
         assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
         assert!(base.join("archived-pvc-1/data/file").exists());
+    }
+
+    /// archive_orphan addresses `<--base-dir>/<name>`, never the PV path's own
+    /// parent: an old directory of the same name elsewhere is refused and left
+    /// alone (the old code archived `/elsewhere/pvc-1` to `/elsewhere/archived-pvc-1`).
+    #[tokio::test]
+    async fn archive_orphan_refuses_a_path_whose_parent_is_not_the_base_dir() {
+        let (tmp, base) = setup();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("pvc-1")).unwrap();
+        std::fs::write(elsewhere.join("pvc-1/keep"), b"keep").unwrap();
+        let b = backend(&base, OnDelete::Delete);
+        for path in [
+            elsewhere.join("pvc-1").to_string_lossy().into_owned(),
+            format!("{}/x/../pvc-1", base.display()),
+            "/pvc-1".to_string(),
+        ] {
+            let r = archive_orphan(&b, &pv("pvc-1", &path), std::time::Duration::ZERO).await;
+            match r {
+                Err(DeleteError::Refused { reason }) => {
+                    assert!(reason.contains("must be"), "{path}: {reason}")
+                }
+                other => panic!("{path}: expected Refused, got {other:?}"),
+            }
+        }
+        assert!(elsewhere.join("pvc-1/keep").exists());
+        assert!(!elsewhere.join("archived-pvc-1").exists());
+        assert!(base.join("pvc-1/data/file").exists());
+        assert!(!base.join("archived-pvc-1").exists());
+    }
+
+    /// A symlink named like the volume, pointing out of the base directory:
+    /// delete and archive_orphan refuse it and leave its target alone.
+    #[tokio::test]
+    async fn a_planted_volume_symlink_is_refused_by_delete_archive_and_orphan_archive() {
+        let (tmp, base) = setup();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"keep").unwrap();
+        symlink(&outside, base.join("pvc-7")).unwrap();
+        for on_delete in [OnDelete::Delete, OnDelete::Archive] {
+            let reason =
+                is_refused(delete(&backend(&base, on_delete), &pv_at(&base, "pvc-7")).await);
+            assert!(reason.contains("is a symlink"), "{reason}");
+        }
+        let b = backend(&base, OnDelete::Delete);
+        let r = archive_orphan(&b, &pv_at(&base, "pvc-7"), std::time::Duration::ZERO).await;
+        assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
+        assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
+        assert!(base
+            .join("pvc-7")
+            .symlink_metadata()
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(!base.join("archived-pvc-7").exists());
+    }
+
+    /// The race: the checks passed on a real directory, then a symlink out of
+    /// the base directory was swapped in before the action. The action is
+    /// relative to the base directory's handle and never follows it: delete
+    /// unlinks the link, archive renames the link; the target is untouched.
+    #[test]
+    fn a_symlink_swapped_in_after_the_check_never_redirects_the_action() {
+        let (tmp, base) = setup();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(outside.join("sub")).unwrap();
+        std::fs::write(outside.join("sub/keep"), b"keep").unwrap();
+        let root = open_base(&base).unwrap();
+        assert!(checked_entry(&root, &base.join("pvc-1"), "pvc-1").unwrap());
+        // Swap: the checked directory is replaced by a symlink to `outside`.
+        std::fs::rename(base.join("pvc-1"), tmp.path().join("moved")).unwrap();
+        symlink(&outside, base.join("pvc-1")).unwrap();
+        act(&root, &base, "pvc-1", OnDelete::Delete).unwrap();
+        assert!(
+            base.join("pvc-1").symlink_metadata().is_err(),
+            "link removed"
+        );
+        assert_eq!(std::fs::read(outside.join("sub/keep")).unwrap(), b"keep");
+
+        symlink(&outside, base.join("pvc-1")).unwrap();
+        act(&root, &base, "pvc-1", OnDelete::Archive).unwrap();
+        let archived = base.join("archived-pvc-1").symlink_metadata().unwrap();
+        assert!(
+            archived.file_type().is_symlink(),
+            "the link itself was renamed"
+        );
+        assert_eq!(std::fs::read(outside.join("sub/keep")).unwrap(), b"keep");
+        assert!(!outside.join("archived-pvc-1").exists());
+    }
+
+    /// A symlinked base directory swapped for another directory after the
+    /// backend opened its handle: the action still happens in the directory
+    /// that was opened, not in whatever the path names now.
+    #[test]
+    fn actions_stay_in_the_opened_base_directory_when_its_path_is_swapped() {
+        let (tmp, base) = setup();
+        let alias = tmp.path().join("alias");
+        symlink(&base, &alias).unwrap();
+        let root = open_base(&alias).unwrap();
+        let decoy = tmp.path().join("decoy");
+        std::fs::create_dir_all(decoy.join("pvc-1")).unwrap();
+        std::fs::write(decoy.join("pvc-1/keep"), b"keep").unwrap();
+        std::fs::remove_file(&alias).unwrap();
+        symlink(&decoy, &alias).unwrap();
+        act(&root, &alias, "pvc-1", OnDelete::Delete).unwrap();
+        assert!(!base.join("pvc-1").exists());
+        assert!(decoy.join("pvc-1/keep").exists());
     }
 
     fn unprovisioned(name: &str, node: Option<&str>) -> ProvisionOptions {

@@ -4,6 +4,25 @@
 //!
 //! * [`provision`] — creating the directory and the PV object;
 //! * [`delete`] — safe removal (or retention/archival) of the directory.
+//!
+//! # Filesystem access: cap-std
+//!
+//! Every operation opens the configured `--base-dir` once as a
+//! [`cap_std::fs::Dir`] ([`provisioner_api::safe_fs::open_root`], the only
+//! ambient-authority call; only the base directory itself is created by path
+//! when missing) and does every check and action relative to that handle:
+//! creating the volume directory (`mkdirat`) and setting its mode (`fchmod` on
+//! a handle opened with `O_NOFOLLOW`), classifying `<name>` without following
+//! it, reading its age (`fstat`), removing it (`Dir::remove_dir_all`, which
+//! unlinks symlinks as links), archiving it (`Dir::rename`) and listing the
+//! volumes. The handle is opened per operation rather than kept from start-up,
+//! so a base directory mounted (or re-mounted) after start is the one acted on
+//! and [`HostPath`] stays a plain value. cap-std confines every path to the handle, so a symlink or `..`
+//! planted in the base directory — even one swapped in between a check and the
+//! action — cannot redirect an action outside it. A volume is always addressed
+//! as `<--base-dir>/<PV name>` from the configured base directory, never from
+//! the PV's own path: a PV whose `spec.hostPath.path` differs is refused. The
+//! helpers are shared with nfs-subdir in [`provisioner_api::safe_fs`].
 
 pub mod delete;
 pub mod provision;
@@ -103,7 +122,7 @@ impl Provisioner for HostPath {
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
         let volume = delete::volume_for_directory(self, pv_name);
-        Some(delete::archive_orphan(&volume, min_age).await)
+        Some(delete::archive_orphan(self, &volume, min_age).await)
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {

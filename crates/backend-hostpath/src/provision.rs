@@ -27,13 +27,14 @@
 //! Idempotent per PV name: an existing directory is reused.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provisioner_api::safe_fs::{self, WalkError};
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::HostPath;
@@ -104,7 +105,7 @@ pub async fn provision(
         })?;
 
     let path = backend.base_dir.join(&options.pv_name);
-    create_volume_dir(&backend.base_dir, &path).await?;
+    create_volume_dir(&backend.base_dir, &options.pv_name).await?;
 
     Ok(PersistentVolume {
         metadata: ObjectMeta {
@@ -260,37 +261,48 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     }
 }
 
-async fn create_volume_dir(base: &Path, path: &PathBuf) -> Result<(), ProvisionError> {
+/// Create `<base>/<name>` with [`VOLUME_DIR_MODE`], or reuse it when it is
+/// already a real directory. The base directory is created if missing (by
+/// path: it is the operator's configured `--base-dir`), then opened once as a
+/// cap-std handle; the volume directory is created, checked and chmod-ed
+/// relative to that handle (`mkdirat`, `O_NOFOLLOW` open, `fchmod`), so a
+/// symlink planted under the volume's name is refused, never followed.
+async fn create_volume_dir(base: &Path, name: &str) -> Result<(), ProvisionError> {
+    let base = base.to_path_buf();
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || create_volume_dir_blocking(&base, &name))
+        .await
+        .map_err(|e| ProvisionError::finished(format!("hostpath provision task failed: {e}")))?
+}
+
+fn create_volume_dir_blocking(base: &Path, name: &str) -> Result<(), ProvisionError> {
     let io = |what: &str, p: &Path, e: std::io::Error| {
         ProvisionError::finished(format!("{what} {}: {e}", p.display()))
     };
-    tokio::fs::create_dir_all(base)
-        .await
-        .map_err(|e| io("cannot create base directory", base, e))?;
-    match tokio::fs::create_dir(path).await {
-        Ok(()) => {
-            use std::os::unix::fs::PermissionsExt;
-            tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(VOLUME_DIR_MODE))
-                .await
-                .map_err(|e| io("cannot set permissions of volume directory", path, e))?;
+    std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", base, e))?;
+    let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
+    let path = base.join(name);
+    match safe_fs::create_path(&root, &[name.to_string()], VOLUME_DIR_MODE) {
+        Ok((_, true)) => {
             tracing::info!(path = %path.display(), "created hostpath volume directory");
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let meta = tokio::fs::symlink_metadata(path)
-                .await
-                .map_err(|e| io("cannot inspect volume directory", path, e))?;
-            if meta.is_dir() {
-                tracing::info!(path = %path.display(), "hostpath volume directory already exists; reusing it");
-                Ok(())
-            } else {
-                Err(ProvisionError::finished(format!(
-                    "{} exists and is not a directory",
-                    path.display()
-                )))
-            }
+        Ok((_, false)) => {
+            tracing::info!(path = %path.display(), "hostpath volume directory already exists; reusing it");
+            Ok(())
         }
-        Err(e) => Err(io("cannot create volume directory", path, e)),
+        Err(WalkError::NotADirectory(_)) => Err(ProvisionError::finished(format!(
+            "{} exists and is not a directory",
+            path.display()
+        ))),
+        Err(WalkError::Symlink(_)) => Err(ProvisionError::finished(format!(
+            "{} is a symlink; refusing to follow it",
+            path.display()
+        ))),
+        Err(e) => Err(ProvisionError::finished(format!(
+            "cannot create volume directory {}: {e}",
+            path.display()
+        ))),
     }
 }
 
@@ -607,6 +619,32 @@ mod tests {
                 tmp.path().join("pvc-123").display()
             )
         );
+    }
+
+    /// A symlink planted under the volume's name, pointing out of the base
+    /// directory, is refused: nothing is created or chmod-ed through it.
+    #[tokio::test]
+    async fn a_symlink_in_the_way_is_refused_and_its_target_untouched() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("base");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&outside, base.join("pvc-123")).unwrap();
+        let e = provision(&backend(&base, Some("n")), &options(Some("1Gi")))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            reason(e),
+            format!(
+                "{} is a symlink; refusing to follow it",
+                base.join("pvc-123").display()
+            )
+        );
+        let mode = std::fs::metadata(&outside).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "target's permissions unchanged");
     }
 
     #[test]

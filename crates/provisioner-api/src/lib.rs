@@ -11,6 +11,8 @@
 //!   context timeout);
 //! * [`claim`] — claim checks shared by filesystem backends;
 //! * [`quantity`] — Kubernetes resource quantities (`kube_quantity` plus the API server's rules);
+//! * [`safe_fs`] — cap-std directory-handle-relative operations below a
+//!   backend's root directory (hostpath's base dir, nfs-subdir's mount);
 //! * `testing` (feature `testing`) — [`FakeProvisioner`](testing::FakeProvisioner),
 //!   the one scriptable fake backend of the services' tests.
 
@@ -20,6 +22,7 @@ pub mod errors;
 pub mod provisioner;
 pub mod provisioning;
 pub mod quantity;
+pub mod safe_fs;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -1,0 +1,182 @@
+//! Directory-handle-relative filesystem operations below one trusted root
+//! directory, built on `cap-std` (openat-style access), shared by the
+//! filesystem backends: hostpath (root = `--base-dir`) and nfs-subdir (root =
+//! `--nfs-mount`).
+//!
+//! Every operation starts from a handle on the root, opened once with
+//! [`open_root`] (the only ambient-authority call), and walks a relative path
+//! one component at a time with `open_dir_nofollow` (`O_DIRECTORY|O_NOFOLLOW`
+//! under the hood): a component that is a symlink is refused
+//! ([`WalkError::Symlink`]) instead of followed, and because each step is
+//! relative to the handle of its parent, nothing an attacker swaps into the
+//! tree while we walk (a symlink, a `..`) can send an operation outside the
+//! root. Removal with cap-std's handle-relative `Dir::remove_dir_all` unlinks
+//! symlinks inside the volume as links and never follows them; renames with
+//! `Dir::rename` stay inside the handles given.
+//!
+//! Components are plain names (no `/`, not `.` or `..`); callers validate
+//! them before walking.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use cap_fs_ext::DirExt;
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+
+/// Why a walk below the mount failed.
+#[derive(Debug)]
+pub enum WalkError {
+    /// The component at this prefix of the path is a symlink (never crossed).
+    Symlink(String),
+    /// The component at this prefix exists and is not a directory.
+    NotADirectory(String),
+    /// The component at this prefix does not exist (only when not creating).
+    Missing(String),
+    /// Any other I/O error, with the prefix it happened at.
+    Io(String, io::Error),
+}
+
+impl std::fmt::Display for WalkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalkError::Symlink(p) => write!(f, "{p:?} is a symlink; refusing to cross it"),
+            WalkError::NotADirectory(p) => write!(f, "{p:?} exists and is not a directory"),
+            WalkError::Missing(p) => write!(f, "{p:?} does not exist"),
+            WalkError::Io(p, e) => write!(f, "{p:?}: {e}"),
+        }
+    }
+}
+
+/// Open the root directory itself (`--base-dir`, `--nfs-mount`): the only
+/// ambient-authority call of a backend. A symlink in the configured path is
+/// followed here (the operator chose it); nothing below it is.
+///
+/// Errors: the root cannot be opened as a directory (missing, not a directory,
+/// no permission).
+pub fn open_root(root: &Path) -> io::Result<Dir> {
+    Dir::open_ambient_dir(root, ambient_authority())
+}
+
+/// Open the sub-directory `name` of `dir` without following a symlink,
+/// classifying failures.
+fn step(dir: &Dir, name: &str, shown: &str) -> Result<Dir, WalkError> {
+    match dir.open_dir_nofollow(name) {
+        Ok(d) => Ok(d),
+        Err(e) => match dir.symlink_metadata(name) {
+            Ok(m) if m.file_type().is_symlink() => Err(WalkError::Symlink(shown.to_string())),
+            Ok(m) if !m.is_dir() => Err(WalkError::NotADirectory(shown.to_string())),
+            Err(m) if m.kind() == io::ErrorKind::NotFound => {
+                Err(WalkError::Missing(shown.to_string()))
+            }
+            _ => Err(WalkError::Io(shown.to_string(), e)),
+        },
+    }
+}
+
+/// Open the directory at `components` below `root` (every component a real
+/// directory, none a symlink). An empty slice opens `root` again.
+///
+/// Errors: [`WalkError`] naming the first offending prefix.
+pub fn open_path(root: &Dir, components: &[String]) -> Result<Dir, WalkError> {
+    let mut dir = root
+        .try_clone()
+        .map_err(|e| WalkError::Io(String::new(), e))?;
+    for (i, name) in components.iter().enumerate() {
+        dir = step(&dir, name, &components[..=i].join("/"))?;
+    }
+    Ok(dir)
+}
+
+/// Open the directory at `components` below `root`, creating missing ones with
+/// permissions `mode` (applied explicitly, so the umask does not narrow it).
+/// Existing components are kept as they are. Returns the handle and whether
+/// the last component was created by this call.
+///
+/// Errors: [`WalkError`] naming the first offending prefix (a symlink or a
+/// file in the way is never replaced).
+pub fn create_path(root: &Dir, components: &[String], mode: u32) -> Result<(Dir, bool), WalkError> {
+    let mut dir = root
+        .try_clone()
+        .map_err(|e| WalkError::Io(String::new(), e))?;
+    let mut created_last = false;
+    for (i, name) in components.iter().enumerate() {
+        let shown = components[..=i].join("/");
+        created_last = match dir.create_dir(name) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(WalkError::Io(shown, e)),
+        };
+        let next = step(&dir, name, &shown)?;
+        if created_last {
+            set_mode(&next, mode).map_err(|e| WalkError::Io(shown.clone(), e))?;
+        }
+        dir = next;
+    }
+    Ok((dir, created_last))
+}
+
+/// Set the permission bits of the directory behind `dir` (`fchmod`).
+///
+/// Errors: the underlying `fchmod` failed.
+pub fn set_mode(dir: &Dir, mode: u32) -> io::Result<()> {
+    as_file(dir)?.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
+/// A readable descriptor of the directory behind `dir` (handles from
+/// `open_dir_nofollow` are `O_PATH`, on which `fchmod`/`fchown` fail).
+fn as_file(dir: &Dir) -> io::Result<std::fs::File> {
+    Ok(dir.open(".")?.into_std())
+}
+
+/// Time since the directory behind `dir` last changed: now minus the newer of
+/// its mtime and ctime, in whole seconds (zero if in the future).
+///
+/// Errors: `fstat` failed.
+pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = as_file(dir)?.metadata()?;
+    let changed = meta.mtime().max(meta.ctime());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    Ok(std::time::Duration::from_secs(
+        now.saturating_sub(changed).max(0) as u64,
+    ))
+}
+
+/// Change the owner and/or group of the directory behind `dir` (`fchown`);
+/// `None` keeps the current value.
+///
+/// Errors: the underlying `fchown` failed (e.g. not permitted).
+pub fn set_owner(dir: &Dir, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
+    std::os::unix::fs::fchown(as_file(dir)?, uid, gid)
+}
+
+/// What is at `name` inside `dir`, without following a symlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// Nothing.
+    Absent,
+    /// A real directory.
+    Directory,
+    /// A symlink (to anything).
+    Symlink,
+    /// A file or anything else.
+    Other,
+}
+
+/// Classify `name` inside `dir` (`lstat`-style).
+///
+/// Errors: the lookup failed for another reason than "not found".
+pub fn entry(dir: &Dir, name: &str) -> io::Result<Entry> {
+    match dir.symlink_metadata(name) {
+        Ok(m) if m.file_type().is_symlink() => Ok(Entry::Symlink),
+        Ok(m) if m.is_dir() => Ok(Entry::Directory),
+        Ok(_) => Ok(Entry::Other),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Entry::Absent),
+        Err(e) => Err(e),
+    }
+}
