@@ -284,9 +284,7 @@ async fn redis_sigkilled_in_the_fsync_window_strands_no_claim(plane: ControlPlan
     );
 }
 
-async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over(
-    plane: ControlPlane,
-) {
+async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over(plane: ControlPlane) {
     let mut sys = System::start(SystemOptions {
         control_plane: plane,
         no_services: true,
