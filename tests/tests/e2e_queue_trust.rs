@@ -1,5 +1,9 @@
 //! End-to-end trust in the PV-write queue with the real binaries and a real
 //! `redis-server` (AOF, `appendfsync everysec`):
+//! * entries written into Redis behind provision-svc's back (unsigned, or
+//!   signed with a guessed key) are refused: dead-lettered with their payload
+//!   kept, a Warning `ProvisioningFailed` event on the claim they name,
+//!   `pv_writer_refused_entries_total{reason}`, and no PV;
 //! * Redis SIGKILLed inside its fsync window during a burst of claims and
 //!   restarted on the same data directory: every claim still ends Bound with
 //!   exactly one volume, nothing is stranded in the queue or the intents;
@@ -8,24 +12,46 @@
 //!   its PV once and exactly one `ProvisioningSucceeded` (the Event is named
 //!   after the claim uid and reason, so a repeated announcement is refused).
 //!
-//! Both scenarios only use the API through the harness's client (the
-//! simulator is touched only to slow requests down, and only when present).
+//! Each scenario runs twice (`<scenario>::sim`, `<scenario>::real`): on the
+//! API-server simulator and on a real kube-apiserver + kube-controller-manager
+//! v1.19 with the deploy's RBAC (skipped with one line without the binaries,
+//! a failure under `CI=true`: see `e2e::realkube::assets_or_skip`).
+//!
+//! The faults must land mid-burst. On the simulator every API request is
+//! slowed down (`SimHandle::set_latency`, simulator-only); a real API server
+//! cannot be slowed, so on the real plane the service under test gets a
+//! client-side rate limit instead (`--kube-api-qps` with `--kube-api-burst=1`,
+//! client-go's token bucket), which stretches the burst the same way.
 
 use std::time::Duration;
 
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
-use e2e::harness::{wait_eq, Service, System, SystemOptions};
+use common::store::queue_auth::QueueKey;
+use e2e::harness::{pv_writer, wait_eq, ControlPlane, Service, System, SystemOptions};
+use e2e::on_both_planes;
 
 fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
     r.unwrap_or_else(|e| panic!("{e:#}\n{}", sys.log_tails(40)))
 }
 
 /// Slow every API request down when running on the simulator, so a burst is
-/// still in progress when the fault lands.
+/// still in progress when the fault lands (the real plane uses [`throttle`]).
 fn slow_api(sys: &System, d: Duration) {
     if let Some(sim) = &sys.sim {
         sim.set_latency(d);
+    }
+}
+
+/// On a real plane, limit `service` to `qps` API requests per second with a
+/// burst of one: the real-plane stand-in for [`slow_api`], set before the
+/// service starts. No change on the simulator.
+fn throttle(sys: &mut System, service: Service, qps: f64) {
+    if sys.is_real() {
+        sys.settings.kube_api_qps_of.insert(service, qps);
+        sys.settings
+            .extra_args
+            .push((service, vec!["--kube-api-burst=1".into()]));
     }
 }
 
@@ -78,9 +104,128 @@ async fn assert_each_claim_once(sys: &System, n: usize) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_sigkilled_in_the_fsync_window_strands_no_claim() {
+async fn forged_queue_entries_are_refused_and_dead_lettered(plane: ControlPlane) {
     let mut sys = System::start(SystemOptions {
+        control_plane: plane,
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    let leaders = sys.wait_leaders(Duration::from_secs(30)).await;
+    check(&sys, leaders);
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
+    let provisioner = sys.settings.provisioner_name.clone();
+    let (queue, _) = queue_and_intents(&sys).await;
+
+    // What anyone holding Redis credentials can write, bypassing provision-svc:
+    // a hostPath of / bound to a claim of their choosing, once unsigned and once
+    // signed with a key they made up.
+    let forge = |uid: &str| {
+        let mut e = pv_writer::entry(uid);
+        let spec = e.pv.spec.as_mut().unwrap();
+        spec.host_path.as_mut().unwrap().path = "/".into();
+        spec.storage_class_name = Some("hostpath".into());
+        e.class = "hostpath".into();
+        e
+    };
+    let unsigned = forge("forged-unsigned");
+    let mut guessed = forge("forged-guessed");
+    QueueKey::from_bytes(&[b'x'; 32])
+        .unwrap()
+        .sign(&provisioner, &mut guessed);
+    for e in [&unsigned, &guessed] {
+        queue.enqueue_raw(e.pv_name(), &e.encode()).await.unwrap();
+    }
+    // A genuine claim next to them is provisioned as usual.
+    sys.create_claims("genuine", 1, "hostpath").await.unwrap();
+    check(&sys, sys.wait_provisioned(1, Duration::from_secs(60)).await);
+
+    check(
+        &sys,
+        wait_eq(Duration::from_secs(30), "dead letters", 2, || async {
+            Ok(queue.list_dead().await?.len())
+        })
+        .await,
+    );
+    let mut dead = queue.list_dead().await.unwrap();
+    dead.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+    let got: Vec<_> = dead
+        .iter()
+        .map(|d| (d.pv_name.as_str(), d.reason.as_str()))
+        .collect();
+    assert!(
+        got[0].0 == "pvc-forged-guessed" && got[0].1.contains("signature does not match"),
+        "{got:?}"
+    );
+    assert!(
+        got[1].0 == "pvc-forged-unsigned" && got[1].1.contains("not signed"),
+        "{got:?}"
+    );
+    for (name, _) in &got {
+        assert!(
+            queue.payload(name).await.unwrap().is_some(),
+            "{name}: a refused entry is kept for the operator"
+        );
+    }
+    let stats = queue.stats().await.unwrap();
+    assert_eq!((stats.depth, stats.dead), (0, 2), "{stats:?}");
+
+    // No PV for either, only the genuine one.
+    let pvs = sys.pvs().await.unwrap();
+    assert_eq!(pvs.len(), 1);
+    assert!(pvs[0]
+        .metadata
+        .name
+        .as_deref()
+        .is_some_and(|n| !n.starts_with("pvc-forged")));
+
+    // A Warning ProvisioningFailed on each claim the forged entries name.
+    let warned = || async {
+        let mut names: Vec<String> = sys
+            .event_values()
+            .await?
+            .iter()
+            .filter(|e| e["reason"] == "ProvisioningFailed" && e["type"] == "Warning")
+            .filter_map(|e| e["regarding"]["name"].as_str().map(String::from))
+            .collect();
+        names.sort();
+        Ok(names)
+    };
+    check(
+        &sys,
+        wait_eq(
+            Duration::from_secs(20),
+            "claims warned about",
+            vec![
+                "claim-forged-guessed".to_string(),
+                "claim-forged-unsigned".to_string(),
+            ],
+            warned,
+        )
+        .await,
+    );
+
+    // The refusals are counted by reason on the leader that refused them.
+    let leader = sys
+        .wait_leader(Service::PvWriter, Duration::from_secs(20))
+        .await;
+    let leader = check(&sys, leader);
+    let metrics = sys.service(Service::PvWriter, leader).metrics().await;
+    let metrics = check(&sys, metrics);
+    for reason in ["unsigned", "bad_signature"] {
+        assert_eq!(
+            metrics.value("pv_writer_refused_entries_total", &[("reason", reason)]),
+            Some(1.0),
+            "{reason}"
+        );
+    }
+}
+
+async fn redis_sigkilled_in_the_fsync_window_strands_no_claim(plane: ControlPlane) {
+    let mut sys = System::start(SystemOptions {
+        control_plane: plane,
         // A short resync brings back a claim whose acknowledged enqueue the
         // crash lost (the seed's informer resync, here 2 s instead of 15 min).
         configure: Some(|s| {
@@ -89,11 +234,19 @@ async fn redis_sigkilled_in_the_fsync_window_strands_no_claim() {
                 vec!["--resync-period".into(), "2s".into()],
             ))
         }),
+        no_services: true,
         ..Default::default()
     })
     .await
     .expect("system starts");
-    let leaders = sys.wait_leaders(Duration::from_secs(20)).await;
+    // Real plane: provision-svc at 20 requests/s keeps the burst going for
+    // seconds, as the simulator's 10 ms per request does.
+    throttle(&mut sys, Service::Provision, 20.0);
+    for service in Service::ALL {
+        let started = sys.start_service(service, 0).await;
+        check(&sys, started);
+    }
+    let leaders = sys.wait_leaders(Duration::from_secs(30)).await;
     check(&sys, leaders);
     sys.create_storage_class("hostpath", "Immediate", &[])
         .await
@@ -131,9 +284,9 @@ async fn redis_sigkilled_in_the_fsync_window_strands_no_claim() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over() {
+async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over(plane: ControlPlane) {
     let mut sys = System::start(SystemOptions {
+        control_plane: plane,
         no_services: true,
         ..Default::default()
     })
@@ -142,9 +295,13 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over() 
     // Two writer workers and a slow API keep the drain long enough (seconds)
     // for the SIGSTOP to land mid-drain on a loaded machine; with the default
     // 16 workers the whole batch was sometimes written before the signal.
+    // The simulator slows every request by 100 ms; on the real plane both
+    // pv-writer replicas are limited to 10 requests/s instead (a PV create and
+    // its Event per claim: about 5 claims/s, 60 claims in ~12 s).
     sys.settings
         .extra_args
         .push((Service::PvWriter, vec!["--workers=2".into()]));
+    throttle(&mut sys, Service::PvWriter, 10.0);
     for (service, replica) in [
         (Service::Provision, 0),
         (Service::Reclaim, 0),
@@ -154,7 +311,7 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over() 
         let started = sys.start_service(service, replica).await;
         check(&sys, started);
     }
-    let leaders = sys.wait_leaders(Duration::from_secs(20)).await;
+    let leaders = sys.wait_leaders(Duration::from_secs(30)).await;
     check(&sys, leaders);
     let leader = sys
         .wait_leader(Service::PvWriter, Duration::from_secs(20))
@@ -233,3 +390,9 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over() 
         queue.fenced_operations().await.unwrap()
     );
 }
+
+on_both_planes!(
+    forged_queue_entries_are_refused_and_dead_lettered,
+    redis_sigkilled_in_the_fsync_window_strands_no_claim,
+    a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over,
+);

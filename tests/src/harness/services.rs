@@ -102,6 +102,11 @@ pub struct ServiceSettings {
     pub retry_period: Duration,
     /// `--kube-api-qps` (0 = no client-side limit).
     pub kube_api_qps: f64,
+    /// Per-service `--kube-api-qps` replacing [`kube_api_qps`](Self::kube_api_qps)
+    /// for that service (e.g. a throttled pv-writer, the real-plane stand-in for
+    /// the simulator's API latency). Pair it with `--kube-api-burst` in
+    /// [`extra_args`](Self::extra_args), or the default burst of 400 absorbs it.
+    pub kube_api_qps_of: std::collections::BTreeMap<Service, f64>,
     /// provision-svc/reclaim-svc `--add-finalizer`.
     pub add_finalizer: bool,
     /// First per-item retry delay (claims, volumes and queued PV writes).
@@ -155,6 +160,7 @@ impl ServiceSettings {
             renew_deadline: Duration::from_secs(3),
             retry_period: Duration::from_secs(1),
             kube_api_qps: 0.0,
+            kube_api_qps_of: Default::default(),
             add_finalizer: false,
             retry_initial: Duration::from_millis(500),
             retry_max: Duration::from_secs(5),
@@ -216,7 +222,10 @@ impl ServiceSettings {
             "--leader-election-retry-period".into(),
             secs(self.retry_period),
             "--kube-api-qps".into(),
-            self.kube_api_qps.to_string(),
+            self.kube_api_qps_of
+                .get(&service)
+                .unwrap_or(&self.kube_api_qps)
+                .to_string(),
             "--log-level".into(),
             self.log_level.clone(),
             "--shutdown-grace-period".into(),
