@@ -55,11 +55,17 @@ async fn assert_provisioned(sys: &System, n: usize) {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(sys.pvs().await.unwrap().len(), n);
     assert_eq!(sys.dir_count(), n, "one directory per claim");
-    let succeeded = sys
-        .objects_with_event("ProvisioningSucceeded")
-        .await
-        .unwrap();
-    assert_eq!(succeeded, n, "claims with a ProvisioningSucceeded event");
+    // pv-writer announces a PV after creating it: the last events may trail the PVs.
+    check(
+        sys,
+        wait_eq(
+            Duration::from_secs(10),
+            "claims with a ProvisioningSucceeded event",
+            n,
+            || sys.objects_with_event("ProvisioningSucceeded"),
+        )
+        .await,
+    );
 }
 
 async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing(plane: ControlPlane) {

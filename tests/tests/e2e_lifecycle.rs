@@ -75,14 +75,19 @@ async fn hundred_claims_are_provisioned_bound_and_reclaimed(plane: ControlPlane)
         );
     }
     // One Provisioning and one ProvisioningSucceeded event per claim, no failure.
+    // pv-writer announces a PV after creating it: the last events may trail the PVs.
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(10),
+            "claims with a ProvisioningSucceeded event",
+            100,
+            || sys.objects_with_event("ProvisioningSucceeded"),
+        )
+        .await,
+    );
     let events = sys.events_by_reason().await.unwrap();
     assert_eq!(sys.objects_with_event("Provisioning").await.unwrap(), 100);
-    assert_eq!(
-        sys.objects_with_event("ProvisioningSucceeded")
-            .await
-            .unwrap(),
-        100
-    );
     assert_eq!(
         events.get("ProvisioningSucceeded"),
         Some(&100),
@@ -143,11 +148,16 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(plane: ControlPlane
             "{affinity}"
         );
     }
-    assert_eq!(
-        sys.objects_with_event("ProvisioningSucceeded")
-            .await
-            .unwrap(),
-        5
+    // pv-writer announces a PV after creating it: the event may trail the PV.
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(10),
+            "claims with a ProvisioningSucceeded event",
+            5,
+            || sys.objects_with_event("ProvisioningSucceeded"),
+        )
+        .await,
     );
 
     sys.delete_claims(&claims).await.unwrap();
