@@ -15,7 +15,7 @@ use kube::runtime::watcher::ExponentialBackoff;
 use kube::ResourceExt;
 
 /// Longest pause between two watch attempts of a reflector ([`watch_backoff`]).
-pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(3);
+pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// The backoff of every reflector's watch (`.backoff(watch_backoff())`):
 /// kube-runtime's default (client-go's reflector policy: 800 ms doubling with
@@ -23,7 +23,7 @@ pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(3);
 /// [`WATCH_BACKOFF_MAX`] instead of 30 s. After an API-server outage the
 /// default left a reflector up to 30 s behind the API server's return (claims
 /// waited that long to be provisioned); a few services retrying one watch
-/// every 3–6 s (jitter adds up to one delay) cost a recovering API server
+/// every 2–4 s (jitter adds up to one delay) cost a recovering API server
 /// nothing worth that delay.
 pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let builder = backon::ExponentialBuilder::default()
