@@ -201,27 +201,16 @@ impl EventSink {
                 .unwrap_or(&self.reporter.controller),
             now.as_nanosecond()
         );
-        let event = K8sEvent {
-            metadata: ObjectMeta {
-                namespace: Some(namespace.clone()),
-                name: Some(name.clone()),
-                ..Default::default()
-            },
-            action: Some(action.to_string()),
-            reason: Some(reason.to_string()),
-            note: Some(note),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
-            event_time: Some(MicroTime(now)),
-            regarding: Some(regarding),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
-            ..Default::default()
-        };
+        let event = self.new_event(
+            &namespace,
+            name.clone(),
+            &regarding,
+            warning,
+            reason,
+            action,
+            note,
+            now,
+        );
         Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
             .create(&PostParams::default(), &event)
             .await?;
@@ -286,7 +275,16 @@ impl EventSink {
             namespace: object.namespace.clone().filter(|ns| !ns.is_empty()),
             ..object.clone()
         };
-        let event = self.new_event(&namespace, name, &regarding, warning, reason, action, note);
+        let event = self.new_event(
+            &namespace,
+            name,
+            &regarding,
+            warning,
+            reason,
+            action,
+            note,
+            Timestamp::now(),
+        );
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
         match api.create(&PostParams::default(), &event).await {
             Ok(_) => Ok(true),
@@ -295,7 +293,8 @@ impl EventSink {
         }
     }
 
-    /// An events.k8s.io/v1 Event in `namespace` named `name`, reported by this sink.
+    /// An events.k8s.io/v1 Event in `namespace` named `name` about `regarding`,
+    /// observed at `now`, reported by this sink.
     #[allow(clippy::too_many_arguments)]
     fn new_event(
         &self,
@@ -306,6 +305,7 @@ impl EventSink {
         reason: &str,
         action: &str,
         note: String,
+        now: Timestamp,
     ) -> K8sEvent {
         K8sEvent {
             metadata: ObjectMeta {
@@ -317,7 +317,7 @@ impl EventSink {
             reason: Some(reason.to_string()),
             note: Some(note),
             type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
-            event_time: Some(MicroTime(Timestamp::now())),
+            event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
             reporting_controller: Some(self.reporter.controller.clone()),
             reporting_instance: Some(
