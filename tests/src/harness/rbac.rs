@@ -281,10 +281,79 @@ pub fn calls_of(records: &[AuditRecord], user: &str) -> BTreeMap<Call, BTreeSet<
     out
 }
 
+/// Whether the refused request `records[idx]` (a 403) was transient: the same
+/// user made the same call (verb, group, resource, subresource, namespace,
+/// name) later and it was not refused. A restarted v1.19 kube-apiserver
+/// answers `/readyz` before its RBAC authorizer has synced and refuses, for a
+/// moment, calls that RBAC allows; a grant that really is missing is refused
+/// every time.
+pub fn is_transient_403(records: &[AuditRecord], idx: usize) -> bool {
+    let r = &records[idx];
+    records[idx + 1..].iter().any(|later| {
+        later.user == r.user
+            && later.verb == r.verb
+            && later.api_group == r.api_group
+            && later.resource == r.resource
+            && later.subresource == r.subresource
+            && later.namespace == r.namespace
+            && later.name == r.name
+            && later.code.is_some_and(|c| c != 403)
+    })
+}
+
+/// The call a kube "forbidden" message names: `(user, verb, resource, group,
+/// namespace)` from `User "<user>" cannot <verb> resource "<resource>" in API
+/// group "<group>"[ in the namespace "<ns>"]`; `None` for any other line.
+pub fn forbidden_call(line: &str) -> Option<(String, String, String, String, Option<String>)> {
+    fn quoted_after<'a>(s: &'a str, key: &str) -> Option<(&'a str, &'a str)> {
+        let rest = &s[s.find(key)? + key.len()..];
+        let end = rest.find('"')?;
+        Some((&rest[..end], &rest[end + 1..]))
+    }
+    let (user, rest) = quoted_after(line, "User \"").or_else(|| quoted_after(line, "User \\\""))?;
+    let rest = rest.trim_start_matches('\\');
+    let rest = rest.strip_prefix(" cannot ")?;
+    let (verb, rest) = rest.split_once(' ')?;
+    let (resource, rest) = quoted_after(rest, "resource \"")?;
+    let (group, rest) = quoted_after(rest, "API group \"")?;
+    let namespace = quoted_after(rest, "the namespace \"").map(|(ns, _)| ns.to_string());
+    Some((
+        user.to_string(),
+        verb.to_string(),
+        resource.to_string(),
+        group.to_string(),
+        namespace,
+    ))
+}
+
+/// Whether a service log line reporting a refused call names a call that the
+/// audit log shows refused only transiently ([`is_transient_403`]) — the
+/// API-server restart window — and never refused for good.
+pub fn is_transient_forbidden_line(line: &str, records: &[AuditRecord]) -> bool {
+    let Some((user, verb, resource, group, namespace)) = forbidden_call(line) else {
+        return false;
+    };
+    let mut refused = records.iter().enumerate().filter(|(_, r)| {
+        r.code == Some(403)
+            && r.user == user
+            && r.verb == verb
+            && r.resource == resource
+            && r.api_group == group
+            && r.namespace == namespace
+    });
+    let mut any = false;
+    let all_transient = refused.all(|(i, _)| {
+        any = true;
+        is_transient_403(records, i)
+    });
+    any && all_transient
+}
+
 /// Check what `service` really did (`records`, filtered to its identity in
 /// `rbac`) against its declaration `declared` (`api_calls::API_CALLS`): every
 /// call made must be declared, a namespaced declaration only in the service's
-/// namespace, and no request may have been refused (403). Returns the calls
+/// namespace, and no request may have been refused (403) — except transiently,
+/// while a restarted API server's RBAC authorizer syncs ([`is_transient_403`]). Returns the calls
 /// made, for [`record_exercised`].
 ///
 /// Errors: one line per undeclared or refused call.
@@ -296,9 +365,10 @@ pub fn check_audit(
 ) -> Result<BTreeSet<Call>, String> {
     let user = rbac.user(service);
     let mut problems = Vec::new();
-    for r in records
+    for (_, r) in records
         .iter()
-        .filter(|r| r.user == user && r.code == Some(403))
+        .enumerate()
+        .filter(|(i, r)| r.user == user && r.code == Some(403) && !is_transient_403(records, *i))
     {
         problems.push(format!(
             "{}: {} {}/{} {:?} in {:?} was refused (403)",
@@ -445,6 +515,56 @@ subjects: [{kind: ServiceAccount, name: pv-writer, namespace: sp}]
             code: Some(code),
             request_uri: format!("/api/v1/{resource}"),
         }
+    }
+
+    #[test]
+    fn a_403_later_answered_is_transient_one_never_answered_is_not() {
+        let u = "system:serviceaccount:ns:pv-writer";
+        let records = vec![
+            record(u, "get", "leases", 403),
+            record(u, "get", "leases", 404),
+            record(u, "get", "persistentvolumes", 403),
+            record(u, "list", "persistentvolumes", 200),
+        ];
+        assert!(is_transient_403(&records, 0), "a later get answered");
+        assert!(
+            !is_transient_403(&records, 2),
+            "only a list was answered later"
+        );
+    }
+
+    #[test]
+    fn forbidden_log_lines_name_their_call() {
+        let line = r#"WARN cannot prepare leader election error=ApiError: leases.coordination.k8s.io "l" is forbidden: User "system:serviceaccount:ns:pv-writer" cannot get resource "leases" in API group "coordination.k8s.io" in the namespace "ns": Forbidden"#;
+        assert_eq!(
+            forbidden_call(line),
+            Some((
+                "system:serviceaccount:ns:pv-writer".into(),
+                "get".into(),
+                "leases".into(),
+                "coordination.k8s.io".into(),
+                Some("ns".into())
+            ))
+        );
+        let u = "system:serviceaccount:ns:pv-writer";
+        let lease = |code| AuditRecord {
+            api_group: "coordination.k8s.io".into(),
+            namespace: Some("ns".into()),
+            ..record(u, "get", "leases", code)
+        };
+        assert!(is_transient_forbidden_line(line, &[lease(403), lease(200)]));
+        assert!(!is_transient_forbidden_line(
+            line,
+            &[lease(200), lease(403)]
+        ));
+        assert!(
+            !is_transient_forbidden_line(line, &[]),
+            "no audit record: not excused"
+        );
+        assert!(!is_transient_forbidden_line(
+            "Forbidden",
+            &[lease(403), lease(200)]
+        ));
     }
 
     const DECLARED: &[ApiCall] = &[ApiCall {
