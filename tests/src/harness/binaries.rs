@@ -130,6 +130,16 @@ impl Binaries {
         let bins = Self::in_dir(&root.join(profile.dir_name()));
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut cmd = Command::new(&cargo);
+        // Not the variables cargo sets for the running binary (`cargo run`,
+        // `cargo test`): build scripts such as ring's track CARGO_MANIFEST_DIR,
+        // so inheriting it made this build see a changed environment and
+        // rebuild ring and everything above it, and the caller's next cargo
+        // run rebuild it all again (the demo compiled the tree twice).
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(inherited_from_cargo_run) {
+                cmd.env_remove(&key);
+            }
+        }
         cmd.current_dir(workspace_root())
             .args(["build", "--quiet"])
             .args(build_args())
@@ -184,4 +194,54 @@ pub fn build_args() -> [&'static str; 14] {
         "--bin",
         "reclaim-svc",
     ]
+}
+
+/// Whether `name` is an environment variable cargo sets for the binary it
+/// runs (`cargo run`, `cargo test`), which a nested cargo must not inherit.
+/// `CARGO` (cargo's own path) and the user's configuration (`CARGO_HOME`,
+/// `CARGO_TARGET_DIR`, `CARGO_PROFILE_*`, ...) are kept.
+pub fn inherited_from_cargo_run(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inherited_from_cargo_run;
+
+    #[test]
+    fn only_the_running_binarys_cargo_variables_are_dropped() {
+        for dropped in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "OUT_DIR",
+        ] {
+            assert!(inherited_from_cargo_run(dropped), "{dropped}");
+        }
+        for kept in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_PROFILE_RELEASE_LTO",
+            "CARGO_BUILD_JOBS",
+            "PATH",
+        ] {
+            assert!(!inherited_from_cargo_run(kept), "{kept}");
+        }
+    }
 }
