@@ -120,13 +120,7 @@ pub async fn provision(
             capacity: Some(BTreeMap::from([("storage".to_string(), request)])),
             access_modes: Some(access_modes),
             volume_mode: claim_spec.volume_mode.clone(),
-            persistent_volume_reclaim_policy: Some(
-                options
-                    .storage_class
-                    .reclaim_policy
-                    .clone()
-                    .unwrap_or_else(|| "Delete".to_string()),
-            ),
+            persistent_volume_reclaim_policy: Some(options.reclaim_policy()),
             mount_options: options.storage_class.mount_options.clone(),
             node_affinity: Some(node_affinity(&node)),
             ..Default::default()

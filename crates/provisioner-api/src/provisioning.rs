@@ -49,3 +49,14 @@ pub struct ProvisionOptions {
     /// The node the scheduler selected (`WaitForFirstConsumer`), if any.
     pub selected_node: Option<Node>,
 }
+
+impl ProvisionOptions {
+    /// The reclaim policy the PV gets: the StorageClass's `reclaimPolicy`,
+    /// `Delete` when unset (the API server's default for a StorageClass).
+    pub fn reclaim_policy(&self) -> String {
+        self.storage_class
+            .reclaim_policy
+            .clone()
+            .unwrap_or_else(|| "Delete".to_string())
+    }
+}
