@@ -1,5 +1,7 @@
 //! The real `pv-writer` binary against a control plane and a private
-//! `redis-server`: SIGKILL mid-drain loses nothing and writes nothing twice.
+//! `redis-server`: SIGKILL mid-drain loses nothing and writes nothing twice;
+//! a take whose reply was lost to a Redis restart is written at once, not
+//! after the visibility timeout.
 //! Runs on the simulator (`…::sim`) and on a real kube-apiserver v1.19
 //! (`…::real`, pv-writer as its own ServiceAccount under the deploy's RBAC).
 //! (The drain-rate benchmark is a program: `cargo run --release -p e2e --bin pv-writer-bench`.)
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use common::store::queue::PvQueue;
 use e2e::harness::pv_writer::{
-    enqueue_all, pv_writer_binary, queue_key, spawn_writer, PROVISIONER,
+    enqueue_all, pv_writer_binary, queue_key, signed_entry, spawn_writer, PROVISIONER,
 };
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
@@ -151,3 +153,84 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once(plane: ControlPlane) {
 }
 
 on_both_planes!(sigkill_mid_drain_writes_every_pv_exactly_once);
+
+/// Redis stopping (SIGTERM) right after it ran a writer's take but before the
+/// reply left: the entry is in flight under the live term with no worker on it.
+/// Reproduced deterministically: the writer is paused (SIGSTOP), the test runs
+/// the take under the writer's term itself and drops the answer, Redis restarts,
+/// the writer resumes. Its dispatcher sees its connection fail and hands the
+/// entry back at its next turn: the PV exists within seconds, not after the
+/// 120 s visibility timeout (this waited the full timeout before the fix; it
+/// made `e2e_failures::redis_restart_loses_no_queued_pv_write` flaky).
+async fn a_take_reply_lost_to_a_redis_restart_is_written_without_waiting_out_the_visibility_timeout(
+    plane: ControlPlane,
+) {
+    let bin = pv_writer_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let plane = Plane::start(plane.with_sim_config(SimConfig::bare()))
+        .await
+        .unwrap();
+    let kubeconfig = plane.kubeconfig(Service::PvWriter, dir.path()).unwrap();
+    let mut redis = RedisServer::start(&dir.path().join("redis"), &dir.path().join("redis.log"))
+        .await
+        .unwrap();
+    let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
+    let p = spawn_writer(&bin, dir.path(), &kubeconfig, &redis.url(), &[], 0);
+    let q = queue.clone();
+    wait_until(Duration::from_secs(30), "pv-writer began its term", || {
+        let q = q.clone();
+        async move { q.current_term().await.unwrap_or(0) > 0 }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
+    let term = queue.current_term().await.unwrap();
+
+    p.signal(libc::SIGSTOP);
+    queue
+        .enqueue(&signed_entry("lost0", &queue_key(dir.path())))
+        .await
+        .unwrap();
+    let taken = queue
+        .take_due(term, 10, Duration::from_secs(120))
+        .await
+        .unwrap()
+        .expect("the writer's term is current");
+    assert_eq!(
+        taken.len(),
+        1,
+        "the entry is in flight under the writer's term"
+    );
+    redis.restart(false).await.unwrap();
+    p.signal(libc::SIGCONT);
+
+    let plane = &plane;
+    wait_until(
+        Duration::from_secs(20),
+        "PV pvc-lost0 written",
+        || async move {
+            pvs(plane)
+                .await
+                .iter()
+                .any(|pv| pv["metadata"]["name"] == "pvc-lost0")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
+    let q = queue.clone();
+    wait_until(Duration::from_secs(10), "queue drained", || {
+        let q = q.clone();
+        async move { q.stats().await.map(|s| s.depth == 0).unwrap_or(false) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
+    assert!(
+        p.log_text()
+            .contains("requeued PV writes taken under this term"),
+        "{}",
+        p.log_text()
+    );
+}
+
+on_both_planes!(
+    a_take_reply_lost_to_a_redis_restart_is_written_without_waiting_out_the_visibility_timeout
+);

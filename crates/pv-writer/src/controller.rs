@@ -137,7 +137,12 @@ impl Writer {
 
         let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
+        let held = Held::default();
         let mut redis_down = false;
+        // Next look for entries of this term that no worker holds: soon after
+        // any failed Redis call of the dispatcher (its take may have run without
+        // its reply arriving), else every ORPHAN_CHECK_PERIOD.
+        let mut orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
         while !shutdown.is_cancelled() && !self.superseded.load(Ordering::SeqCst) {
             self.dispatched.beat();
             while tasks.try_join_next().is_some() {}
@@ -145,8 +150,36 @@ impl Writer {
                 p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
                 _ = shutdown.cancelled() => break,
             };
-            let limit = permits.available_permits() + 1;
             let epoch = self.epoch.load(Ordering::SeqCst);
+            if tokio::time::Instant::now() >= orphan_check_at {
+                match self.queue.requeue_unheld(epoch, &held.names()).await {
+                    Ok(None) => {
+                        drop(permit);
+                        self.fenced("requeue_unheld");
+                        break;
+                    }
+                    Ok(Some(n)) => {
+                        if n > 0 {
+                            tracing::warn!(
+                                entries = n,
+                                "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
+                            );
+                        }
+                        orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
+                    }
+                    Err(err) => {
+                        if !redis_down {
+                            tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                        }
+                        redis_down = true;
+                        readiness.set_ready(false);
+                        drop(permit);
+                        sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
+                        continue;
+                    }
+                }
+            }
+            let limit = permits.available_permits() + 1;
             let batch = match self
                 .queue
                 .take_due(epoch, limit, self.config.visibility_timeout)
@@ -171,6 +204,7 @@ impl Writer {
                     }
                     redis_down = true;
                     readiness.set_ready(false);
+                    orphan_check_at = tokio::time::Instant::now();
                     drop(permit);
                     sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
                     continue;
@@ -182,6 +216,7 @@ impl Writer {
                     _ = shutdown.cancelled() => {}
                     woken = self.queue.wait_for_work(POLL_INTERVAL) => {
                         if woken.is_err() {
+                            orphan_check_at = tokio::time::Instant::now();
                             sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
                         }
                     }
@@ -198,8 +233,10 @@ impl Writer {
                 });
                 let writer = self.clone();
                 let shutdown = shutdown.clone();
+                let hold = held.hold(&taken.pv_name);
                 tasks.spawn(async move {
                     writer.process(taken, &shutdown).await;
+                    drop(hold);
                     drop(permit);
                 });
             }
@@ -232,6 +269,55 @@ impl Writer {
             if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
                 return;
             }
+        }
+    }
+}
+
+/// How often the dispatcher hands back entries of its own term that no worker
+/// holds ([`common::store::queue::PvQueue::requeue_unheld`]) when none of its
+/// Redis calls failed; after a failure it does so at its next turn.
+pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
+
+/// The PV names this replica's workers are writing: a name is held from the
+/// take that returned it until its worker finished (settled the entry, or gave
+/// up because the term ended). Shared by the dispatcher and the workers.
+#[derive(Clone, Default)]
+struct Held(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+impl Held {
+    /// Hold `pv_name` until the returned guard is dropped.
+    fn hold(&self, pv_name: &str) -> HeldName {
+        self.0
+            .lock()
+            .expect("held names poisoned")
+            .insert(pv_name.to_string());
+        HeldName {
+            held: self.clone(),
+            pv_name: pv_name.to_string(),
+        }
+    }
+
+    /// The names held now.
+    fn names(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .expect("held names poisoned")
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Releases its name from [`Held`] when dropped (also when the worker task is aborted).
+struct HeldName {
+    held: Held,
+    pv_name: String,
+}
+
+impl Drop for HeldName {
+    fn drop(&mut self) {
+        if let Ok(mut names) = self.held.0.lock() {
+            names.remove(&self.pv_name);
         }
     }
 }

@@ -43,6 +43,10 @@
 //! takes it again ([`PvQueue::recover_inflight`] on start, or the visibility
 //! timeout), and the repeated create answers `AlreadyExists` for the same claim
 //! uid, which the writer treats as success — so no PV is ever written twice.
+//! A take whose reply is lost (Redis shut down after running the script) leaves
+//! entries in flight under the live term with no worker on them; the writer
+//! hands them back with [`PvQueue::requeue_unheld`] once its connection to
+//! Redis has failed, and every 30 s, instead of waiting out the visibility timeout.
 //!
 //! # Fencing
 //!
@@ -393,6 +397,30 @@ for _, name in ipairs(names) do
     redis.call('ZREM', KEYS[2], name)
     redis.call('HDEL', KEYS[3], name)
     redis.call('ZADD', KEYS[1], now, name)
+    n = n + 1
+  end
+end
+return n
+"#,
+    )
+});
+
+// KEYS: epoch, fenced, due, inflight, owners. ARGV: epoch, then the PV names
+// this term's workers hold. Returns -1 when `epoch` is stale, else how many
+// entries in flight under `epoch` but not held were made due now.
+static REQUEUE_UNHELD: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        &[NOW_LUA, TERM_LUA],
+        r#"
+if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
+local held = {}
+for i = 2, #ARGV do held[ARGV[i]] = true end
+local n = 0
+for _, name in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  if not held[name] and redis.call('HGET', KEYS[5], name) == ARGV[1] then
+    redis.call('ZREM', KEYS[4], name)
+    redis.call('HDEL', KEYS[5], name)
+    redis.call('ZADD', KEYS[3], now, name)
     n = n + 1
   end
 end
@@ -763,6 +791,37 @@ impl PvQueue {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd("recover_inflight"))
+    }
+
+    /// Make every entry in flight under the current term `epoch` that none of
+    /// this term's workers holds (`held`: the PV names they are working on) due
+    /// now. Such an entry was taken by a [`take_due`](Self::take_due) whose
+    /// reply never arrived: Redis ran the script, then the connection broke
+    /// (Redis shutting down answers nothing more). Without this it would wait
+    /// out its whole visibility timeout. The writer calls it from its
+    /// dispatcher, never while a take is outstanding.
+    ///
+    /// Returns `None` when `epoch` is stale (counted as fenced), else how many
+    /// entries were made due.
+    ///
+    /// Errors: [`QueueError::Command`]; nothing changed then.
+    pub async fn requeue_unheld(
+        &self,
+        epoch: u64,
+        held: &[String],
+    ) -> Result<Option<u64>, QueueError> {
+        let n: i64 = REQUEUE_UNHELD
+            .key(&self.keys.epoch)
+            .key(&self.keys.fenced)
+            .key(&self.keys.due)
+            .key(&self.keys.inflight)
+            .key(&self.keys.owners)
+            .arg(epoch)
+            .arg(held)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("requeue_unheld"))?;
+        Ok(u64::try_from(n).ok())
     }
 
     /// Whether `pv_name` is still in flight under the current term `epoch`
@@ -1351,6 +1410,51 @@ mod tests {
         assert_eq!(q.recover_inflight(second).await.unwrap(), 0);
         for name in ["pvc-legacy", "pvc-mine", "pvc-old"] {
             assert_eq!(q.complete(second, name).await.unwrap(), Settled::Done);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_take_whose_reply_was_lost_is_requeued_unless_a_worker_holds_it() {
+        let redis = Redis::start().await;
+        let q = queue(&redis, "p").await;
+        let old = q.begin_term().await.unwrap();
+        q.enqueue(&entry("pvc-old-term")).await.unwrap();
+        assert_eq!(
+            names(q.take_due(old, 10, VIS).await.unwrap()),
+            ["pvc-old-term"]
+        );
+        let term = q.begin_term().await.unwrap();
+        for name in ["pvc-held", "pvc-lost"] {
+            q.enqueue(&entry(name)).await.unwrap();
+        }
+        let mut taken = names(q.take_due(term, 10, VIS).await.unwrap());
+        taken.sort();
+        assert_eq!(taken, ["pvc-held", "pvc-lost"]);
+        // A worker holds pvc-held; pvc-lost's take reply never reached anyone.
+        assert_eq!(
+            q.requeue_unheld(term, &["pvc-held".into()]).await.unwrap(),
+            Some(1)
+        );
+        // pvc-lost is due again at once (not after the 60 s visibility timeout);
+        // the held entry and the earlier term's entry are left alone.
+        assert_eq!(
+            names(q.take_due(term, 10, VIS).await.unwrap()),
+            ["pvc-lost"]
+        );
+        assert_eq!(q.inflight_owners().await.unwrap().len(), 3);
+        assert_eq!(
+            q.requeue_unheld(term, &["pvc-held".into(), "pvc-lost".into()])
+                .await
+                .unwrap(),
+            Some(0)
+        );
+        // A stale term changes nothing and is counted as fenced.
+        let fenced = q.fenced_operations().await.unwrap();
+        assert_eq!(q.requeue_unheld(old, &[]).await.unwrap(), None);
+        assert_eq!(q.fenced_operations().await.unwrap(), fenced + 1);
+        assert_eq!(q.inflight_owners().await.unwrap().len(), 3);
+        for name in ["pvc-held", "pvc-lost"] {
+            assert_eq!(q.complete(term, name).await.unwrap(), Settled::Done);
         }
     }
 
