@@ -32,8 +32,9 @@ use crate::service::config::CommonArgs;
 /// `qps <= 0` or not finite (limit disabled), or the period rounds to zero
 /// (`qps` above 10⁹).
 ///
-/// The default 200 qps / 400 burst lets one service sustain 100 volumes/s at
-/// ~2 requests per volume; client-go's 5 / 10 is what caps the seed at ~4 volumes/s.
+/// The shipped 1000 qps / 2000 burst (see `--kube-api-qps`) keeps the limit a
+/// guard against runaway loops, not the pace of a burst of claims; client-go's
+/// 5 / 10 is what caps the seed at ~4 volumes/s.
 pub fn token_bucket_quota(qps: f64, burst: u32) -> Option<Quota> {
     if qps <= 0.0 || !qps.is_finite() {
         return None;
