@@ -230,6 +230,23 @@ async fn main() -> anyhow::Result<()> {
         pct(&lat, 0.99),
         lat.last().copied().unwrap_or_default()
     );
+    {
+        // The controller manager shares the control plane with the provisioner's
+        // own writes: how fast it annotated this burst, and how long each PV
+        // followed its claim's annotation, tell whether the services or the
+        // annotations set the pace.
+        let s = seen.lock().unwrap();
+        if let Some(last_annotated) = Seen::last(&s.claim_annotated, &burst) {
+            let follow = Seen::delays(&s.claim_annotated, &s.pv_added, &burst);
+            println!(
+                "  same run: claims annotated at {:.0} claims/s ({:.2?}); annotation -> PV created p50 {:.1?}, p99 {:.1?}",
+                per_sec(Seen::count(&s.claim_annotated, &burst), last_annotated - first),
+                last_annotated - first,
+                pct(&follow, 0.5),
+                pct(&follow, 0.99)
+            );
+        }
+    }
     print_cost("provisioning", provision_cost.as_ref(), n);
 
     // ---- reclaim --------------------------------------------------------------
@@ -254,6 +271,20 @@ async fn main() -> anyhow::Result<()> {
         deleted_per_sec,
         last_del - first_del
     );
+    {
+        let s = seen.lock().unwrap();
+        if let Some(last_released) = Seen::last(&s.pv_released, &burst) {
+            let follow = Seen::delays(&s.pv_released, &s.pv_deleted, &burst);
+            println!(
+                "  same run: PVs marked Released at {:.0} PVs/s ({:.2?}, {} seen Released); Released -> PV deleted p50 {:.1?}, p99 {:.1?}",
+                per_sec(Seen::count(&s.pv_released, &burst), last_released - first_del),
+                last_released - first_del,
+                Seen::count(&s.pv_released, &burst),
+                pct(&follow, 0.5),
+                pct(&follow, 0.99)
+            );
+        }
+    }
     print_cost("reclaim", reclaim_cost.as_ref(), n);
     if let (Some(p), Some(r)) = (&provision_cost, &reclaim_cost) {
         println!(
