@@ -151,40 +151,25 @@ impl Writer {
                 _ = shutdown.cancelled() => break,
             };
             let epoch = self.epoch.load(Ordering::SeqCst);
-            if tokio::time::Instant::now() >= orphan_check_at {
-                match self.queue.requeue_unheld(epoch, &held.names()).await {
-                    Ok(None) => {
-                        drop(permit);
-                        self.fenced("requeue_unheld");
-                        break;
-                    }
-                    Ok(Some(n)) => {
-                        if n > 0 {
-                            tracing::warn!(
-                                entries = n,
-                                "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
-                            );
-                        }
-                        orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
-                    }
-                    Err(err) => {
-                        if !redis_down {
-                            tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                        }
-                        redis_down = true;
-                        readiness.set_ready(false);
-                        drop(permit);
-                        sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
-                        continue;
-                    }
-                }
-            }
             let limit = permits.available_permits() + 1;
-            let batch = match self
-                .queue
-                .take_due(epoch, limit, self.config.visibility_timeout)
-                .await
-            {
+            let taken = async {
+                if tokio::time::Instant::now() >= orphan_check_at {
+                    match self.queue.requeue_unheld(epoch, &held.names()).await? {
+                        None => return Ok(None),
+                        Some(0) => {}
+                        Some(n) => tracing::warn!(
+                            entries = n,
+                            "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
+                        ),
+                    }
+                    orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
+                }
+                self.queue
+                    .take_due(epoch, limit, self.config.visibility_timeout)
+                    .await
+            }
+            .await;
+            let batch = match taken {
                 Ok(None) => {
                     drop(permit);
                     self.fenced("take_due");
