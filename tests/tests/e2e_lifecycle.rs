@@ -113,14 +113,24 @@ async fn hundred_claims_are_provisioned_bound_and_reclaimed(plane: ControlPlane)
         .iter()
         .find(|p| p.service == Service::Reclaim)
         .unwrap();
-    let m = reclaim.metrics().await.unwrap();
-    assert_eq!(
-        m.value(
-            "controller_persistentvolume_delete_total",
-            &[("class", "hostpath")]
-        ),
-        Some(100.0)
+    // reclaim-svc counts a deletion once the API server's answer is back,
+    // which may trail the PV's disappearance from the test's list.
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(10),
+            "controller_persistentvolume_delete_total{class=hostpath}",
+            Some(100.0),
+            || async {
+                Ok(reclaim.metrics().await?.value(
+                    "controller_persistentvolume_delete_total",
+                    &[("class", "hostpath")],
+                ))
+            },
+        )
+        .await,
     );
+    let m = reclaim.metrics().await.unwrap();
     assert_eq!(
         m.sum("controller_persistentvolume_delete_failed_total"),
         0.0
