@@ -82,14 +82,15 @@ pub struct Settings {
 /// The reflector caches the claim logic reads.
 #[derive(Clone)]
 pub struct Caches {
-    /// Claims, all namespaces.
-    pub claims: Store<PersistentVolumeClaim>,
+    /// Claims, all namespaces, compact ([`crate::controller::CachedClaim`]).
+    pub claims: Store<crate::controller::CachedClaim>,
     /// StorageClasses.
     pub classes: Store<StorageClass>,
-    /// PVs, metadata only (`metadata_watcher`): the claim logic only asks
-    /// whether `pvc-<uid>` exists, and a whole `PersistentVolume` in the
-    /// cache costs kilobytes each (k8s-openapi's spec holds every volume
-    /// source inline), the largest item of a 5,000-volume heap profile.
+    /// PVs, metadata only (`metadata_watcher`) and of that only the identity
+    /// (`strip_to_identity`): the claim logic only asks whether `pvc-<uid>`
+    /// exists, and a whole `PersistentVolume` in the cache costs kilobytes
+    /// each (k8s-openapi's spec holds every volume source inline), the
+    /// largest item of a 5,000-volume heap profile.
     pub volumes: Store<PartialObjectMeta<PersistentVolume>>,
 }
 
