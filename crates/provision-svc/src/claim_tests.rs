@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
+use kube::core::PartialObjectMetaExt;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use prometheus::Registry;
@@ -32,6 +32,7 @@ use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
 use crate::recovery::{self, CleanupOutcome, Recovery};
+use common::controller::cache::NameSet;
 
 const NAME: &str = "example.com/hostpath";
 
@@ -183,7 +184,7 @@ struct World {
     handoff: Arc<FakeHandoff>,
     intents: Arc<FakeIntents>,
     claims: Writer<CachedClaim>,
-    volumes: Writer<PartialObjectMeta<PersistentVolume>>,
+    volumes: NameSet,
     registry: Registry,
 }
 
@@ -254,7 +255,7 @@ impl Setup {
     fn build(self) -> World {
         let mut claims = Writer::<CachedClaim>::default();
         let mut classes = Writer::<StorageClass>::default();
-        let volumes = Writer::<PartialObjectMeta<PersistentVolume>>::default();
+        let volumes = NameSet::default();
         claims.apply_watcher_event(&watcher::Event::InitDone);
         for c in self.classes {
             classes.apply_watcher_event(&watcher::Event::Apply(c));
@@ -262,7 +263,7 @@ impl Setup {
         let caches = Caches {
             claims: claims.as_reader(),
             classes: classes.as_reader(),
-            volumes: volumes.as_reader(),
+            volumes: volumes.clone(),
         };
         let registry = Registry::new();
         let backend = Arc::new(self.backend);
@@ -603,9 +604,11 @@ async fn no_finalizer_without_the_flag() {
 
 #[tokio::test]
 async fn existing_or_pending_pv_stops_without_calling_the_backend() {
-    let mut w = Setup::default().build();
+    let w = Setup::default().build();
     w.volumes.apply_watcher_event(&watcher::Event::Apply(
-        pv("pvc-u1").metadata.into_response_partial(),
+        pv("pvc-u1")
+            .metadata
+            .into_response_partial::<PersistentVolume>(),
     ));
     w.handoff.pending.lock().unwrap().insert("pvc-u2".into());
     for uid in ["u1", "u2"] {

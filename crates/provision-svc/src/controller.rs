@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::controller::cache::{strip_for_cache, strip_to_identity, watch_backoff, Compact};
+use common::controller::cache::{strip_for_cache, watch_backoff, Compact, NameSet};
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
@@ -306,11 +306,11 @@ pub async fn work(
     let client = ctx.client.clone();
     let claim_writer = Writer::<CachedClaim>::default();
     let class_writer = Writer::<StorageClass>::default();
-    let volume_writer = Writer::<PartialObjectMeta<PersistentVolume>>::default();
+    let volume_names = NameSet::default();
     let caches = Caches {
         claims: claim_writer.as_reader(),
         classes: class_writer.as_reader(),
-        volumes: volume_writer.as_reader(),
+        volumes: volume_names.clone(),
     };
     let (cluster, event_publisher) =
         KubeCluster::new(client.clone(), ctx.kind.component(), &ctx.identity);
@@ -363,25 +363,22 @@ pub async fn work(
     ));
     tasks.spawn(drive(
         "PersistentVolume",
-        reflector::reflector(
-            volume_writer,
-            // Metadata only (an `Api<PartialObjectMeta<_>>` lists and watches
-            // with the metadata-only media type), and of that only the
-            // identity: the claim logic asks whether `pvc-<uid>` exists.
-            watcher(
-                Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone()),
-                watch_cfg,
-            )
-            .modify(strip_to_identity),
+        // Metadata only (an `Api<PartialObjectMeta<_>>` lists and watches
+        // with the metadata-only media type), and of that only the names: the
+        // claim logic asks whether `pvc-<uid>` exists.
+        watcher(
+            Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone()),
+            watch_cfg,
         )
         .backoff(watch_backoff()),
-        |_| {},
+        move |ev| volume_names.apply_watcher_event(ev),
     ));
 
     let synced = async {
         caches.claims.wait_until_ready().await?;
         caches.classes.wait_until_ready().await?;
-        caches.volumes.wait_until_ready().await
+        caches.volumes.wait_until_ready().await;
+        Ok::<(), reflector::store::WriterDropped>(())
     };
     tokio::select! {
         _ = shutdown.cancelled() => { tasks.abort_all(); return Ok(()); }

@@ -9,16 +9,17 @@
 //! they are dropped on the way in (`watcher(..).modify(strip_for_cache)`), as
 //! kube-rs recommends for memory-bound controllers. Caches of many objects
 //! (provision-svc's claims, reclaim-svc's PVs) hold [`Compact`] objects, and
-//! a cache that only answers "does this name exist?" keeps identities only
-//! ([`strip_to_identity`]).
+//! a cache that only answers "does this name exist?" is a [`NameSet`].
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::utils::ResetTimerBackoff;
-use kube::runtime::watcher::ExponentialBackoff;
+use kube::runtime::watcher::{Event, ExponentialBackoff};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -72,9 +73,9 @@ pub fn identity_only(meta: &mut ObjectMeta) {
     };
 }
 
-/// [`identity_only`] for a whole object: a `.modify()` step for a
-/// metadata-only reflector whose readers only ask whether a name exists
-/// (provision-svc's PV cache: "does `pvc-<claim uid>` exist?").
+/// [`identity_only`] for a whole object: a `.modify()` step for a reflector
+/// store whose readers need objects' identities only (a reader that only
+/// asks whether a name exists is better served by a [`NameSet`]).
 pub fn strip_to_identity<K: Resource>(obj: &mut K) {
     identity_only(obj.meta_mut());
 }
@@ -204,6 +205,98 @@ impl<K: Resource> Resource for Compact<K> {
 impl<'de, K: Resource + Serialize + DeserializeOwned> Deserialize<'de> for Compact<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         K::deserialize(deserializer).map(Self::new)
+    }
+}
+
+/// The names of every object of one cluster-scoped kind, kept from a
+/// kube-runtime watcher's events: the cache of a reader that only asks
+/// whether a name exists (provision-svc: "does PV `pvc-<claim uid>`
+/// exist?"). The same semantics as a reflector store — a (re-)list replaces
+/// the set at `InitDone`, so names deleted while the watch was down go — at
+/// one string per object instead of a store entry (an `ObjectRef` key with
+/// four strings and an `Arc` of `ObjectMeta`, about 0.8 KB per PV even with
+/// [`strip_to_identity`]). Clones share the set.
+#[derive(Clone)]
+pub struct NameSet {
+    state: Arc<Mutex<NameSetState>>,
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct NameSetState {
+    names: HashSet<Box<str>>,
+    /// Names of a (re-)list in progress (`Init` .. `InitDone`).
+    relist: Option<HashSet<Box<str>>>,
+}
+
+impl Default for NameSet {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            ready: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl NameSet {
+    fn state(&self) -> std::sync::MutexGuard<'_, NameSetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Apply one watcher event (as `reflector::store::Writer::apply_watcher_event`):
+    /// `Apply` adds the object's name, `Delete` removes it, `Init` starts a
+    /// list, `InitApply` adds to it, `InitDone` makes it the set and marks
+    /// the set ready. Objects without a name are ignored.
+    pub fn apply_watcher_event<K: Resource>(&self, event: &Event<K>) {
+        let name = |obj: &K| obj.meta().name.as_deref().map(Box::<str>::from);
+        let mut state = self.state();
+        match event {
+            Event::Apply(obj) => {
+                if let Some(n) = name(obj) {
+                    state.names.insert(n);
+                }
+            }
+            Event::Delete(obj) => {
+                if let Some(n) = obj.meta().name.as_deref() {
+                    state.names.remove(n);
+                }
+            }
+            Event::Init => state.relist = Some(HashSet::new()),
+            Event::InitApply(obj) => {
+                if let (Some(list), Some(n)) = (state.relist.as_mut(), name(obj)) {
+                    list.insert(n);
+                }
+            }
+            Event::InitDone => {
+                if let Some(list) = state.relist.take() {
+                    state.names = list;
+                }
+                drop(state);
+                self.ready.send_replace(true);
+            }
+        }
+    }
+
+    /// Whether an object named `name` exists (as of the last event applied).
+    pub fn contains(&self, name: &str) -> bool {
+        self.state().names.contains(name)
+    }
+
+    /// Names in the set.
+    pub fn len(&self) -> usize {
+        self.state().names.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves once the first list is complete (the first `InitDone`).
+    pub async fn wait_until_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        // The sender lives in `self`, so the channel cannot close here.
+        let _ = ready.wait_for(|r| *r).await;
     }
 }
 
@@ -441,5 +534,56 @@ mod compact_tests {
                 ..Default::default()
             }
         );
+    }
+}
+
+#[cfg(test)]
+mod name_set_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube::core::PartialObjectMeta;
+
+    fn pv(name: &str) -> PartialObjectMeta<PersistentVolume> {
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            _phantom: PhantomData,
+        }
+    }
+
+    #[tokio::test]
+    async fn follows_applies_deletes_and_relists() {
+        let set = NameSet::default();
+        let ready = {
+            let set = set.clone();
+            tokio::spawn(async move { set.wait_until_ready().await })
+        };
+        type Ev = Event<PartialObjectMeta<PersistentVolume>>;
+        set.apply_watcher_event(&Ev::Init);
+        set.apply_watcher_event(&Event::InitApply(pv("a")));
+        set.apply_watcher_event(&Event::InitApply(pv("b")));
+        assert!(!set.contains("a"), "a list in progress is not the set yet");
+        assert!(!ready.is_finished());
+        set.apply_watcher_event(&Ev::InitDone);
+        ready.await.unwrap();
+        assert!(set.contains("a") && set.contains("b"));
+        set.apply_watcher_event(&Event::Apply(pv("c")));
+        set.apply_watcher_event(&Event::Delete(pv("a")));
+        assert!(!set.contains("a"));
+        assert_eq!(set.len(), 2);
+        // A re-list replaces the set: "b", deleted while the watch was down, goes.
+        set.apply_watcher_event(&Ev::Init);
+        set.apply_watcher_event(&Event::InitApply(pv("c")));
+        assert!(
+            set.contains("b"),
+            "the old set answers until the list is done"
+        );
+        set.apply_watcher_event(&Ev::InitDone);
+        assert!(!set.contains("b"));
+        assert!(set.contains("c"));
+        set.wait_until_ready().await;
     }
 }
