@@ -19,19 +19,20 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
+use kube::core::PartialObjectMetaExt;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use prometheus::Registry;
 use provisioner_api::testing::FakeProvisioner as FakeBackend;
 use provisioner_api::{ProvisionError, ProvisioningState};
 
-use crate::controller::{process, ClaimQueue};
+use crate::controller::{process, CachedClaim, ClaimQueue};
 use crate::decision::ProvisionerNames;
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
 use crate::ports::{ClusterApi, IntentLog, PvHandoff};
 use crate::recovery::{self, CleanupOutcome, Recovery};
+use common::controller::cache::NameSet;
 
 const NAME: &str = "example.com/hostpath";
 
@@ -145,6 +146,8 @@ struct FakeIntents {
     /// pv name → (intent, in_background)
     map: Mutex<HashMap<String, (ProvisionIntent, bool)>>,
     log: Mutex<Vec<String>>,
+    /// The claim snapshot of every `record`, in order.
+    snapshots: Mutex<Vec<PersistentVolumeClaim>>,
 }
 
 #[async_trait]
@@ -152,9 +155,10 @@ impl IntentLog for FakeIntents {
     async fn record(
         &self,
         intent: &ProvisionIntent,
-        _claim: &PersistentVolumeClaim,
+        claim: &PersistentVolumeClaim,
         in_background: bool,
     ) -> Result<bool, String> {
+        self.snapshots.lock().unwrap().push(claim.clone());
         self.log
             .lock()
             .unwrap()
@@ -179,8 +183,8 @@ struct World {
     cluster: Arc<FakeCluster>,
     handoff: Arc<FakeHandoff>,
     intents: Arc<FakeIntents>,
-    claims: Writer<PersistentVolumeClaim>,
-    volumes: Writer<PartialObjectMeta<PersistentVolume>>,
+    claims: Writer<CachedClaim>,
+    volumes: NameSet,
     registry: Registry,
 }
 
@@ -249,9 +253,9 @@ fn ours(uid: &str) -> PersistentVolumeClaim {
 
 impl Setup {
     fn build(self) -> World {
-        let mut claims = Writer::<PersistentVolumeClaim>::default();
+        let mut claims = Writer::<CachedClaim>::default();
         let mut classes = Writer::<StorageClass>::default();
-        let volumes = Writer::<PartialObjectMeta<PersistentVolume>>::default();
+        let volumes = NameSet::default();
         claims.apply_watcher_event(&watcher::Event::InitDone);
         for c in self.classes {
             classes.apply_watcher_event(&watcher::Event::Apply(c));
@@ -259,7 +263,7 @@ impl Setup {
         let caches = Caches {
             claims: claims.as_reader(),
             classes: classes.as_reader(),
-            volumes: volumes.as_reader(),
+            volumes: volumes.clone(),
         };
         let registry = Registry::new();
         let backend = Arc::new(self.backend);
@@ -307,13 +311,14 @@ impl Setup {
 
 impl World {
     fn add_claim(&mut self, c: &PersistentVolumeClaim) {
+        let cached = CachedClaim::new(c.clone());
         self.claims
-            .apply_watcher_event(&watcher::Event::Apply(c.clone()));
-        self.queue.claim_seen(c);
+            .apply_watcher_event(&watcher::Event::Apply(cached.clone()));
+        self.queue.claim_seen(&cached);
     }
     fn delete_claim(&mut self, c: &PersistentVolumeClaim) {
         self.claims
-            .apply_watcher_event(&watcher::Event::Delete(c.clone()));
+            .apply_watcher_event(&watcher::Event::Delete(CachedClaim::new(c.clone())));
     }
     fn metric(&self, needle: &str) -> String {
         common::service::metrics::render(&self.registry)
@@ -333,6 +338,80 @@ impl World {
         self.queue.queue().done(&k);
         Some(k)
     }
+}
+
+// ---------------------------------------------------------------- claims cache
+
+/// A claim with every field the claim logic or a backend may read, and the
+/// bookkeeping the cache drops.
+fn full_claim(uid: &str) -> PersistentVolumeClaim {
+    let mut c: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "labels": {"app": "db"},
+            "finalizers": ["kubernetes.io/pvc-protection"],
+            "creationTimestamp": "2026-12-01T10:00:00Z",
+            "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {}}]
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "volumeMode": "Filesystem",
+            "selector": {"matchLabels": {"tier": "a"}},
+            "dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}
+        },
+        "status": {"phase": "Pending"}
+    }))
+    .unwrap();
+    let base = claim(
+        uid,
+        &[
+            (ANN_STORAGE_PROVISIONER, NAME),
+            ("nfs.io/storage-path", "db/data"),
+            (
+                common::controller::cache::LAST_APPLIED_ANNOTATION,
+                "{\"big\":true}",
+            ),
+        ],
+    );
+    c.metadata.namespace = base.metadata.namespace;
+    c.metadata.name = base.metadata.name;
+    c.metadata.uid = base.metadata.uid;
+    c.metadata.resource_version = base.metadata.resource_version;
+    c.metadata.annotations = base.metadata.annotations;
+    c.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
+    c
+}
+
+/// The claims cache holds compact claims (`CachedClaim`); a claim worked on
+/// from it is the whole claim as watched, minus `managedFields` and the
+/// last-applied annotation: the same `shouldProvision` verdict, the same claim
+/// in the intent snapshot and the backend's `ProvisionOptions` (both are the
+/// claim being synced), the same queued PV as a claim never cached.
+#[tokio::test]
+async fn a_claim_from_the_compact_cache_is_the_whole_claim() {
+    let full = full_claim("u1");
+    let mut stripped = full.clone();
+    common::controller::cache::strip_for_cache(&mut stripped);
+    assert_ne!(stripped, full, "the fixture carries bookkeeping to drop");
+
+    let mut cached = Setup::default().build();
+    cached.add_claim(&full);
+    let from_cache = cached.queue.claim_by_uid("u1").unwrap();
+    assert_eq!(from_cache, stripped);
+    assert_eq!(
+        cached.op.should_provision(&from_cache),
+        cached.op.should_provision(&full)
+    );
+    assert_eq!(cached.op.should_provision(&from_cache), Ok(true));
+    assert_eq!(cached.drain_one().await.as_deref(), Some("u1"));
+    process(&cached.op, &cached.queue, "u1").await;
+
+    let direct = Setup::default().build();
+    direct.op.sync_claim(&stripped).await.unwrap();
+    assert_eq!(*cached.intents.snapshots.lock().unwrap(), vec![stripped]);
+    assert_eq!(cached.enqueued().len(), 1);
+    assert_eq!(cached.enqueued()[0].pv, direct.enqueued()[0].pv);
+    assert_eq!(cached.backend.calls(), direct.backend.calls());
 }
 
 // ---------------------------------------------------------------- shouldProvision
@@ -525,9 +604,11 @@ async fn no_finalizer_without_the_flag() {
 
 #[tokio::test]
 async fn existing_or_pending_pv_stops_without_calling_the_backend() {
-    let mut w = Setup::default().build();
+    let w = Setup::default().build();
     w.volumes.apply_watcher_event(&watcher::Event::Apply(
-        pv("pvc-u1").metadata.into_response_partial(),
+        pv("pvc-u1")
+            .metadata
+            .into_response_partial::<PersistentVolume>(),
     ));
     w.handoff.pending.lock().unwrap().insert("pvc-u2".into());
     for uid in ["u1", "u2"] {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::controller::cache::{strip_for_cache, watch_backoff};
+use common::controller::cache::{strip_for_cache, watch_backoff, Compact, NameSet};
 use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
@@ -35,7 +35,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::Api;
+use kube::{Api, Resource};
 use provisioner_api::Provisioner;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -49,23 +49,23 @@ use crate::ports::KubeCluster;
 use crate::recovery::{self, Recovery};
 use common::controller::workqueue::WorkQueue;
 
+/// A claim as the claims cache holds it: its identity typed, the rest as
+/// compact JSON ([`Compact`]); [`ClaimQueue::claim_by_uid`] decodes it.
+pub type CachedClaim = Compact<PersistentVolumeClaim>;
+
 /// The claim work queue (keyed by claim uid) with its per-claim retry state
 /// and the uid → claim index the claim watch keeps.
 pub struct ClaimQueue {
     queue: WorkQueue,
     retry: RetryPolicy<String>,
-    claims: Store<PersistentVolumeClaim>,
-    uid_index: Mutex<HashMap<String, ObjectRef<PersistentVolumeClaim>>>,
+    claims: Store<CachedClaim>,
+    uid_index: Mutex<HashMap<String, ObjectRef<CachedClaim>>>,
 }
 
 impl ClaimQueue {
     /// A queue over the claims cache `claims`, retrying under `retry`; `queue`
     /// is the work queue of claim uids (with its `workqueue_*` metrics).
-    pub fn new(
-        claims: Store<PersistentVolumeClaim>,
-        retry: RetryPolicy<String>,
-        queue: WorkQueue,
-    ) -> Self {
+    pub fn new(claims: Store<CachedClaim>, retry: RetryPolicy<String>, queue: WorkQueue) -> Self {
         Self {
             queue,
             retry,
@@ -79,35 +79,32 @@ impl ClaimQueue {
         &self.queue
     }
 
-    fn index(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, ObjectRef<PersistentVolumeClaim>>> {
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, ObjectRef<CachedClaim>>> {
         self.uid_index.lock().expect("uid index poisoned")
     }
 
     /// Note a claim seen by the claim watch and queue it (seed `enqueueClaim`).
-    pub fn claim_seen(&self, claim: &PersistentVolumeClaim) {
-        let Some(uid) = claim.metadata.uid.clone() else {
+    pub fn claim_seen(&self, claim: &CachedClaim) {
+        let Some(uid) = claim.meta().uid.clone() else {
             return;
         };
-        self.index().insert(uid.clone(), ObjectRef::from_obj(claim));
+        self.index().insert(uid.clone(), claim_ref(claim));
         self.queue.add(&uid);
     }
 
-    /// The claim with `uid` in the claims cache.
-    pub fn claim_by_uid(&self, uid: &str) -> Option<Arc<PersistentVolumeClaim>> {
+    /// The claim with `uid` in the claims cache, decoded (a copy the caller owns).
+    pub fn claim_by_uid(&self, uid: &str) -> Option<PersistentVolumeClaim> {
         let indexed = self.index().get(uid).cloned();
         let by_ref = indexed
             .and_then(|r| self.claims.get(&r))
-            .filter(|c| c.metadata.uid.as_deref() == Some(uid));
-        by_ref.or_else(|| {
-            let found = self
-                .claims
-                .find(|c| c.metadata.uid.as_deref() == Some(uid))?;
+            .filter(|c| c.meta().uid.as_deref() == Some(uid));
+        let cached = by_ref.or_else(|| {
+            let found = self.claims.find(|c| c.meta().uid.as_deref() == Some(uid))?;
             self.index()
-                .insert(uid.to_string(), ObjectRef::from_obj(found.as_ref()));
+                .insert(uid.to_string(), claim_ref(found.as_ref()));
             Some(found)
-        })
+        })?;
+        Some(cached.object())
     }
 
     /// Remember `claim` as provisioning in background in `op` and queue it
@@ -120,13 +117,25 @@ impl ClaimQueue {
     }
 }
 
+/// The store key of a cached claim: namespace and name only (the index maps a
+/// uid to it and checks the uid on lookup, so the reference needs no copy of
+/// the uid or resourceVersion).
+fn claim_ref(claim: &CachedClaim) -> ObjectRef<CachedClaim> {
+    let meta = claim.meta();
+    let r = ObjectRef::new(meta.name.as_deref().unwrap_or_default());
+    match meta.namespace.as_deref() {
+        Some(ns) => r.within(ns),
+        None => r,
+    }
+}
+
 /// Seed `processNextClaimWorkItem` + `syncClaimHandler` for one claim uid:
 /// sync the cached claim (or its in-background snapshot) through `op`, then
 /// forget it on success, or requeue it with backoff while the failure
 /// threshold allows.
 pub async fn process(op: &Operation, claims: &ClaimQueue, uid: &str) {
     let claim = match claims.claim_by_uid(uid) {
-        Some(c) => c.as_ref().clone(),
+        Some(c) => c,
         None => match op.in_background.get(uid) {
             Some(c) => c,
             None => {
@@ -295,13 +304,13 @@ pub async fn work(
     };
 
     let client = ctx.client.clone();
-    let claim_writer = Writer::<PersistentVolumeClaim>::default();
+    let claim_writer = Writer::<CachedClaim>::default();
     let class_writer = Writer::<StorageClass>::default();
-    let volume_writer = Writer::<PartialObjectMeta<PersistentVolume>>::default();
+    let volume_names = NameSet::default();
     let caches = Caches {
         claims: claim_writer.as_reader(),
         classes: class_writer.as_reader(),
-        volumes: volume_writer.as_reader(),
+        volumes: volume_names.clone(),
     };
     let (cluster, event_publisher) =
         KubeCluster::new(client.clone(), ctx.kind.component(), &ctx.identity);
@@ -331,11 +340,9 @@ pub async fn work(
         let claims = claims.clone();
         let stream = reflector::reflector(
             claim_writer,
-            watcher(
-                Api::<PersistentVolumeClaim>::all(client.clone()),
-                watch_cfg.clone(),
-            )
-            .modify(strip_for_cache),
+            // Compact claims (the whole claim as JSON, decoded when worked on):
+            // a k8s-openapi claim is several times its JSON size.
+            watcher(Api::<CachedClaim>::all(client.clone()), watch_cfg.clone()),
         )
         .backoff(watch_backoff());
         tasks.spawn(drive("PersistentVolumeClaim", stream, move |ev| match ev {
@@ -356,25 +363,22 @@ pub async fn work(
     ));
     tasks.spawn(drive(
         "PersistentVolume",
-        reflector::reflector(
-            volume_writer,
-            // Metadata only (an `Api<PartialObjectMeta<_>>` lists and watches
-            // with the metadata-only media type): the claim logic asks whether
-            // `pvc-<uid>` exists.
-            watcher(
-                Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone()),
-                watch_cfg,
-            )
-            .modify(strip_for_cache),
+        // Metadata only (an `Api<PartialObjectMeta<_>>` lists and watches
+        // with the metadata-only media type), and of that only the names: the
+        // claim logic asks whether `pvc-<uid>` exists.
+        watcher(
+            Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone()),
+            watch_cfg,
         )
         .backoff(watch_backoff()),
-        |_| {},
+        move |ev| volume_names.apply_watcher_event(ev),
     ));
 
     let synced = async {
         caches.claims.wait_until_ready().await?;
         caches.classes.wait_until_ready().await?;
-        caches.volumes.wait_until_ready().await
+        caches.volumes.wait_until_ready().await;
+        Ok::<(), reflector::store::WriterDropped>(())
     };
     tokio::select! {
         _ = shutdown.cancelled() => { tasks.abort_all(); return Ok(()); }

@@ -4,13 +4,14 @@
 
 use provision_svc::config::Cli;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let (cli, backend) = backends::parse::<Cli>();
-    common::service::telemetry::init(
-        cli.provision.common.log_format,
-        &cli.provision.common.log_level,
-    );
-    let backend = backend.build().map_err(anyhow::Error::msg)?;
-    provision_svc::run(cli.provision, backend).await
+fn main() -> anyhow::Result<()> {
+    common::service::alloc::block_on_service(async {
+        let (cli, backend) = backends::parse::<Cli>();
+        common::service::telemetry::init(
+            cli.provision.common.log_format,
+            &cli.provision.common.log_level,
+        );
+        let backend = backend.build().map_err(anyhow::Error::msg)?;
+        provision_svc::run(cli.provision, backend).await
+    })
 }

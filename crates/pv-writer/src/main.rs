@@ -3,8 +3,11 @@
 //! adds `--backend` and the built-in backends' flags (the backend whose own
 //! check every queued PV must pass).
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    common::service::alloc::block_on_service(async_main())
+}
+
+async fn async_main() -> std::process::ExitCode {
     let (cli, backend) = backends::parse::<pv_writer::Cli>();
     common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
     let result = match backend.build() {

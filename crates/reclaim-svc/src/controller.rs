@@ -1,6 +1,7 @@
 //! The PV control loop on kube-runtime's [`Controller`] (as kube-rs'
-//! `controller-rs` example): a reflector over all PVs (trimmed by
-//! [`strip_for_cache`]) triggers [`reconcile`] per PV name, at most
+//! `controller-rs` example): a reflector over all PVs (kept as [`CachedPv`]:
+//! identity typed, the whole PV as compact JSON) triggers [`reconcile`] per
+//! PV name, at most
 //! `--worker-threads` at a time and never twice at once for one PV; failures go
 //! through [`error_policy`] with the seed's `processNextVolumeWorkItem` retry
 //! semantics (per-PV exponential backoff `--retry-interval-start` doubling to
@@ -27,7 +28,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::controller::cache::{strip_for_cache, watch_backoff};
+use common::controller::cache::{watch_backoff, Compact};
 use common::controller::retry::{FailureThreshold, RetryPolicy};
 use common::service::config::resync_interval;
 use futures::StreamExt;
@@ -36,13 +37,21 @@ use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use provisioner_api::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
 use common::controller::workqueue_metrics::WorkQueueMetrics;
 use common::service::health::Heartbeat;
+
+/// A PV as the PV cache holds it: its identity (name, uid, resourceVersion)
+/// typed, the whole PV (minus `managedFields` and the last-applied
+/// annotation) as compact JSON, decoded by [`reconcile`] for each sync
+/// ([`Compact`]). A k8s-openapi `PersistentVolume` is a few KB as a Rust
+/// value (its spec holds every volume source inline); 5,000 of them were the
+/// largest item of reclaim-svc's heap.
+pub type CachedPv = Compact<PersistentVolume>;
 
 /// What the loop reports to, besides logs: [`run_loop_observed`].
 #[derive(Clone)]
@@ -87,15 +96,11 @@ impl Context {
     /// Bookkeeping on a watch event before `Controller` sees it: a deleted PV's
     /// retry state and remembered uid are forgotten (seed `forgetVolume`); after
     /// a (re-)list, uids of PVs no longer present are dropped.
-    pub fn observe(
-        &self,
-        event: &watcher::Event<PersistentVolume>,
-        store: &Store<PersistentVolume>,
-    ) {
+    pub fn observe(&self, event: &watcher::Event<CachedPv>, store: &Store<CachedPv>) {
         match event {
             watcher::Event::Delete(pv) => {
                 self.retry.forget(&pv.name_any());
-                if let Some(uid) = pv.metadata.uid.as_deref() {
+                if let Some(uid) = pv.meta().uid.as_deref() {
                     self.reclaimer.forget_uid(uid);
                 }
             }
@@ -103,7 +108,7 @@ impl Context {
                 let alive: HashSet<String> = store
                     .state()
                     .iter()
-                    .filter_map(|pv| pv.metadata.uid.clone())
+                    .filter_map(|pv| pv.meta().uid.clone())
                     .collect();
                 self.reclaimer.retain_uids(|uid| alive.contains(uid));
             }
@@ -112,12 +117,14 @@ impl Context {
     }
 }
 
-/// Sync one PV (seed `syncVolume` under `--deletion-timeout`). Success forgets
-/// the PV's failures and waits for its next change (or the resync).
+/// Sync one PV (seed `syncVolume` under `--deletion-timeout`) on the whole
+/// PV decoded from the cache. Success forgets the PV's failures and waits for
+/// its next change (or the resync).
 ///
 /// Errors: [`SyncError`], handed to [`error_policy`].
-pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, SyncError> {
+pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Action, SyncError> {
     let _processing = ctx.queue_metrics.as_ref().map(|m| m.start_processing());
+    let pv = cached.object();
     if ctx.config.deletion_timeout.is_zero() {
         ctx.reclaimer.sync_volume(&pv).await?;
     } else {
@@ -132,7 +139,7 @@ pub async fn reconcile(pv: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<A
 /// while the threshold allows (failures before this one < threshold), else give
 /// up until the PV changes; the failures are kept — "Done but do not Forget" —
 /// until the PV is deleted, so later updates get one try each.
-pub fn error_policy(pv: Arc<PersistentVolume>, err: &SyncError, ctx: Arc<Context>) -> Action {
+pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Action {
     let key = pv.name_any();
     let requeues = ctx.retry.requeues(&key);
     let threshold = ctx.config.threshold;
@@ -163,7 +170,7 @@ pub async fn run_loop(
     retry: Arc<RetryPolicy<String>>,
     config: LoopConfig,
     shutdown: CancellationToken,
-    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
+    on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
 ) -> anyhow::Result<()> {
     run_loop_in(None, api, reclaimer, retry, config, shutdown, on_synced).await
 }
@@ -178,7 +185,7 @@ pub async fn run_loop_observed(
     retry: Arc<RetryPolicy<String>>,
     config: LoopConfig,
     shutdown: CancellationToken,
-    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
+    on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
 ) -> anyhow::Result<()> {
     run_loop_in(
         Some(observers),
@@ -200,9 +207,12 @@ async fn run_loop_in(
     retry: Arc<RetryPolicy<String>>,
     config: LoopConfig,
     shutdown: CancellationToken,
-    on_synced: impl FnOnce(&Store<PersistentVolume>) + Send + 'static,
+    on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (store, writer) = reflector::store::<PersistentVolume>();
+    let (store, writer) = reflector::store::<CachedPv>();
+    // The same PVs through the compact type (`api` is cluster-wide: PVs have
+    // no namespace).
+    let cached_api = Api::<CachedPv>::all(api.into_client());
     let workers = u16::try_from(config.workers.max(1)).unwrap_or(u16::MAX);
     let resync = resync_interval(config.resync_period);
     let queue_metrics = observers.as_ref().map(|o| o.queue_metrics.clone());
@@ -230,34 +240,31 @@ async fn run_loop_in(
 
     let mut on_synced = Some(on_synced);
     let (hook_ctx, hook_store) = (Arc::clone(&ctx), store.clone());
-    let trigger = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).modify(strip_for_cache),
-    )
-    .backoff(watch_backoff())
-    .inspect(move |event| match event {
-        Ok(event) => {
-            hook_ctx.observe(event, &hook_store);
-            if matches!(event, watcher::Event::InitDone) {
-                if let Some(f) = on_synced.take() {
-                    tracing::info!(
-                        pvs = hook_store.state().len(),
-                        "PV reflector synced; reconciling"
-                    );
-                    f(&hook_store);
+    let trigger = reflector::reflector(writer, watcher(cached_api, watcher::Config::default()))
+        .backoff(watch_backoff())
+        .inspect(move |event| match event {
+            Ok(event) => {
+                hook_ctx.observe(event, &hook_store);
+                if matches!(event, watcher::Event::InitDone) {
+                    if let Some(f) = on_synced.take() {
+                        tracing::info!(
+                            pvs = hook_store.state().len(),
+                            "PV reflector synced; reconciling"
+                        );
+                        f(&hook_store);
+                    }
                 }
             }
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff")
-        }
-    })
-    .applied_objects()
-    .inspect(move |pv| {
-        if let (Ok(_), Some(m)) = (pv, &queue_metrics) {
-            m.add();
-        }
-    });
+            Err(err) => {
+                tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff")
+            }
+        })
+        .applied_objects()
+        .inspect(move |pv| {
+            if let (Ok(_), Some(m)) = (pv, &queue_metrics) {
+                m.add();
+            }
+        });
 
     let mut controller = Controller::for_stream(trigger, store)
         .with_config(controller::Config::default().concurrency(workers))

@@ -118,8 +118,8 @@ pub async fn run(
                 let readiness = ctx.readiness.clone();
                 // Once the reflector has synced: ready, and hand the PV cache to the sweep.
                 let (synced_tx, synced_rx) =
-                    tokio::sync::oneshot::channel::<Store<PersistentVolume>>();
-                let on_synced = move |store: &Store<PersistentVolume>| {
+                    tokio::sync::oneshot::channel::<Store<controller::CachedPv>>();
+                let on_synced = move |store: &Store<controller::CachedPv>| {
                     readiness.set_ready(true);
                     let _ = synced_tx.send(store.clone());
                 };

@@ -2,10 +2,11 @@
 //! provisioner finalizer on its PVs in line. See the library for the behaviour;
 //! this binary adds `--backend` and the built-in backends' flags.
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let (cli, backend) = backends::parse::<reclaim_svc::Cli>();
-    common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
-    let backend = backend.build().map_err(anyhow::Error::msg)?;
-    reclaim_svc::run(cli.common, cli.retry, cli.reclaim, backend).await
+fn main() -> anyhow::Result<()> {
+    common::service::alloc::block_on_service(async {
+        let (cli, backend) = backends::parse::<reclaim_svc::Cli>();
+        common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
+        let backend = backend.build().map_err(anyhow::Error::msg)?;
+        reclaim_svc::run(cli.common, cli.retry, cli.reclaim, backend).await
+    })
 }

@@ -19,7 +19,7 @@ use kube::{Api, Client};
 use prometheus::Registry;
 use provisioner_api::testing::FakeProvisioner;
 use provisioner_api::DeleteError;
-use reclaim_svc::controller::{error_policy, reconcile, Context, LoopConfig};
+use reclaim_svc::controller::{error_policy, reconcile, CachedPv, Context, LoopConfig};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
 
 const ME: &str = "example.com/hostpath";
@@ -234,6 +234,11 @@ fn stored(h: &Harness, name: &str) -> PersistentVolume {
     h.api.get(name).expect("PV present")
 }
 
+/// The PV `name` as the PV cache holds it.
+fn cached(h: &Harness, name: &str) -> CachedPv {
+    CachedPv::new(stored(h, name))
+}
+
 // ---------------------------------------------------------------- tests
 
 #[tokio::test]
@@ -446,8 +451,8 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     );
     let pv = released("pvc-1", &[]);
     h.api.put(pv.clone());
-    let (store, mut writer) = reflector::store::<PersistentVolume>();
-    writer.apply_watcher_event(&watcher::Event::Apply(stored(&h, "pvc-1")));
+    let (store, mut writer) = reflector::store::<CachedPv>();
+    writer.apply_watcher_event(&watcher::Event::Apply(cached(&h, "pvc-1")));
     let ctx = Arc::new(Context {
         reclaimer: h.reclaimer.clone(),
         retry: Arc::new(RetryPolicy::<String>::new(
@@ -466,7 +471,7 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     });
     let key = "pvc-1".to_string();
     for attempt in 1..=4u32 {
-        let pv = Arc::new(stored(&h, "pvc-1"));
+        let pv = Arc::new(cached(&h, "pvc-1"));
         let err = reconcile(pv.clone(), ctx.clone()).await.unwrap_err();
         let action = error_policy(pv, &err, ctx.clone());
         // Requeued with the per-PV backoff (15s doubling) while the failures
@@ -489,7 +494,7 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     assert_eq!(h.events.0.lock().unwrap().len(), 4);
 
     // A deleted PV is forgotten: its failures are dropped (seed forgetVolume).
-    let gone = stored(&h, "pvc-1");
+    let gone = cached(&h, "pvc-1");
     writer.apply_watcher_event(&watcher::Event::Delete(gone.clone()));
     ctx.observe(&watcher::Event::Delete(gone), &store);
     assert_eq!(ctx.retry.requeues(&key), 0);
@@ -519,12 +524,55 @@ async fn a_successful_sync_forgets_earlier_failures() {
     ctx.retry.next_delay(&key);
     ctx.retry.next_delay(&key);
     assert_eq!(ctx.retry.requeues(&key), 2);
-    let action = reconcile(Arc::new(stored(&h, "pvc-1")), ctx.clone())
+    let action = reconcile(Arc::new(cached(&h, "pvc-1")), ctx.clone())
         .await
         .unwrap();
     assert_eq!(action, Action::await_change());
     assert_eq!(ctx.retry.requeues(&key), 0);
     assert_eq!(h.backend.deleted().len(), 1);
+}
+
+/// The PV cache holds `CachedPv`s (identity typed, the rest as JSON):
+/// `reconcile` syncs the whole PV decoded from it, finalizers, annotations and
+/// spec included, as `sync_volume` on the PV itself does
+/// (`with_finalizer_the_pv_outlives_the_asset_and_only_our_finalizer_is_removed`).
+#[tokio::test]
+async fn reconcile_syncs_the_whole_pv_from_its_compact_cache_entry() {
+    let h = harness(Ok(()), true);
+    let mut pv = released("pvc-1", &[FINALIZER_PV_PROTECTION, FINALIZER_PV]);
+    pv.metadata.managed_fields = Some(vec![Default::default()]);
+    h.api.put(pv);
+    let entry = cached(&h, "pvc-1");
+    assert!(
+        kube::ResourceExt::finalizers(&entry).is_empty(),
+        "the typed part is the identity only"
+    );
+    let ctx = Arc::new(Context {
+        reclaimer: h.reclaimer.clone(),
+        retry: Arc::new(RetryPolicy::<String>::new(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0.0,
+            1,
+        )),
+        config: LoopConfig {
+            workers: 1,
+            threshold: FailureThreshold(15),
+            deletion_timeout: Duration::ZERO,
+            resync_period: Duration::ZERO,
+        },
+        queue_metrics: None,
+    });
+    let action = reconcile(Arc::new(entry), ctx).await.unwrap();
+    assert_eq!(action, Action::await_change());
+    assert_eq!(h.backend.deleted(), vec!["pvc-1".to_string()]);
+    let pv = stored(&h, "pvc-1");
+    assert!(pv.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        pv.metadata.finalizers,
+        Some(vec![FINALIZER_PV_PROTECTION.to_string()])
+    );
+    assert_eq!(h.api.log(), vec!["DELETE pvc-1", "PATCH pvc-1"]);
 }
 
 /// `--deletion-timeout` runs `process_item` against `backend`; returns the
@@ -561,7 +609,7 @@ async fn sync_with_deletion_timeout(
         queue_metrics: None,
     });
     let start = tokio::time::Instant::now();
-    let err = reconcile(Arc::new(api.get("pvc-1").unwrap()), ctx)
+    let err = reconcile(Arc::new(CachedPv::new(api.get("pvc-1").unwrap())), ctx)
         .await
         .unwrap_err();
     let took = start.elapsed();

@@ -1,18 +1,28 @@
 //! Reflector helpers: trimming objects before they enter a reflector cache,
-//! and the watch backoff every reflector of the services uses.
+//! keeping them compact there ([`Compact`]), and the watch backoff every
+//! reflector of the services uses.
 //!
 //! The services keep every claim and PV of the cluster in kube-runtime
 //! reflector stores. `metadata.managedFields` (server-side apply bookkeeping)
 //! and the `kubectl.kubernetes.io/last-applied-configuration` annotation are
 //! often larger than the rest of the object and nothing here reads them, so
 //! they are dropped on the way in (`watcher(..).modify(strip_for_cache)`), as
-//! kube-rs recommends for memory-bound controllers.
+//! kube-rs recommends for memory-bound controllers. Caches of many objects
+//! (provision-svc's claims, reclaim-svc's PVs) hold [`Compact`] objects, and
+//! a cache that only answers "does this name exist?" is a [`NameSet`].
 
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::utils::ResetTimerBackoff;
-use kube::runtime::watcher::ExponentialBackoff;
-use kube::ResourceExt;
+use kube::runtime::watcher::{Event, ExponentialBackoff};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Longest pause between two watch attempts of a reflector ([`watch_backoff`]).
 pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -42,8 +52,252 @@ pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-co
 /// Everything the services read (spec, status, annotations, finalizers,
 /// resourceVersion, uid) is kept.
 pub fn strip_for_cache<K: ResourceExt>(obj: &mut K) {
-    obj.managed_fields_mut().clear();
-    obj.annotations_mut().remove(LAST_APPLIED_ANNOTATION);
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+    }
+}
+
+/// Keep only the identity of `meta`: `name`, `namespace`, `uid` and
+/// `resourceVersion` (what a reflector store keys and tracks objects by and
+/// what kube-runtime's `ObjectRef` carries). Labels, annotations, finalizers,
+/// owner references, timestamps and `managedFields` are dropped.
+pub fn identity_only(meta: &mut ObjectMeta) {
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+/// [`identity_only`] for a whole object: a `.modify()` step for a reflector
+/// store whose readers need objects' identities only (a reader that only
+/// asks whether a name exists is better served by a [`NameSet`]).
+pub fn strip_to_identity<K: Resource>(obj: &mut K) {
+    identity_only(obj.meta_mut());
+}
+
+/// An object of kind `K` as a reflector cache keeps it when memory matters:
+/// its identity (`metadata.name`, `namespace`, `uid`, `resourceVersion`, see
+/// [`identity_only`]) as typed metadata, which is all a reflector store and
+/// kube-runtime's `Controller` read, and the whole object (after
+/// [`strip_for_cache`]) as compact JSON, decoded into a fresh `K` by
+/// [`Compact::object`] when a worker needs it.
+///
+/// Why: a k8s-openapi value is several times the size of its JSON. Each
+/// optional field is held inline (a `PersistentVolume`'s spec holds every
+/// volume source, so a hostPath PV is a few KB as a Rust value) and each
+/// non-empty map (annotations, `resources.requests`, `status.capacity`) is a
+/// B-tree node of about 0.5 KB however few entries it holds. A claim or PV
+/// of the benchmark is 0.7–1 KB as JSON. Nothing is lost: [`Compact::object`]
+/// returns the object as the API server sent it, minus what
+/// [`strip_for_cache`] drops.
+///
+/// Used as the resource type of a watcher/reflector
+/// (`watcher(Api::<Compact<PersistentVolume>>::all(client), cfg)`): it
+/// lists and watches `K`'s URL (same kind, group, version, plural and scope)
+/// and decodes each object as `K`, then compacts it, so the typed value only
+/// lives while one event is decoded.
+pub struct Compact<K> {
+    metadata: ObjectMeta,
+    json: Box<[u8]>,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K: Resource + Serialize> Compact<K> {
+    /// Compact `object`: [`strip_for_cache`], then keep its identity and its
+    /// JSON encoding.
+    pub fn new(mut object: K) -> Self {
+        strip_for_cache(&mut object);
+        let mut metadata = object.meta().clone();
+        identity_only(&mut metadata);
+        // A k8s-openapi object always serializes (string-keyed maps only).
+        let json = serde_json::to_vec(&object)
+            .expect("a Kubernetes object serializes to JSON")
+            .into_boxed_slice();
+        Self {
+            metadata,
+            json,
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K: DeserializeOwned> Compact<K> {
+    /// The whole object, decoded from the cached JSON (a new value each call;
+    /// microseconds for a claim or PV).
+    ///
+    /// Panics: only if `K` cannot decode its own serialization, which would
+    /// be a bug in `K`'s serde code (the round trip is tested for claims and
+    /// PVs with every field the services or backends read).
+    pub fn object(&self) -> K {
+        serde_json::from_slice(&self.json)
+            .expect("a cached object decodes from the JSON it was encoded to")
+    }
+}
+
+impl<K> Compact<K> {
+    /// Bytes of the cached JSON (for tests and size reports).
+    pub fn encoded_len(&self) -> usize {
+        self.json.len()
+    }
+}
+
+impl<K> Clone for Compact<K> {
+    fn clone(&self) -> Self {
+        Self {
+            metadata: self.metadata.clone(),
+            json: self.json.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Compact<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compact")
+            .field("metadata", &self.metadata)
+            .field("json_bytes", &self.json.len())
+            .finish()
+    }
+}
+
+/// Same API resource as `K`; `meta` is the identity only (see [`Compact`]).
+/// Changing it through `meta_mut` does not change the cached object.
+impl<K: Resource> Resource for Compact<K> {
+    type DynamicType = K::DynamicType;
+    type Scope = K::Scope;
+
+    fn kind(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::version(dt)
+    }
+    fn api_version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::api_version(dt)
+    }
+    fn plural(dt: &Self::DynamicType) -> Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn metadata_api() -> bool {
+        K::metadata_api()
+    }
+    fn url_path(dt: &Self::DynamicType, namespace: Option<&str>) -> String {
+        K::url_path(dt, namespace)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Decodes a `K` (a list item or watch event object) and compacts it
+/// ([`Compact::new`]); errors are `K`'s decoding errors.
+impl<'de, K: Resource + Serialize + DeserializeOwned> Deserialize<'de> for Compact<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        K::deserialize(deserializer).map(Self::new)
+    }
+}
+
+/// The names of every object of one cluster-scoped kind, kept from a
+/// kube-runtime watcher's events: the cache of a reader that only asks
+/// whether a name exists (provision-svc: "does PV `pvc-<claim uid>`
+/// exist?"). The same semantics as a reflector store — a (re-)list replaces
+/// the set at `InitDone`, so names deleted while the watch was down go — at
+/// one string per object instead of a store entry (an `ObjectRef` key with
+/// four strings and an `Arc` of `ObjectMeta`, about 0.8 KB per PV even with
+/// [`strip_to_identity`]). Clones share the set.
+#[derive(Clone)]
+pub struct NameSet {
+    state: Arc<Mutex<NameSetState>>,
+    ready: tokio::sync::watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct NameSetState {
+    names: HashSet<Box<str>>,
+    /// Names of a (re-)list in progress (`Init` .. `InitDone`).
+    relist: Option<HashSet<Box<str>>>,
+}
+
+impl Default for NameSet {
+    fn default() -> Self {
+        Self {
+            state: Arc::default(),
+            ready: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl NameSet {
+    fn state(&self) -> std::sync::MutexGuard<'_, NameSetState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Apply one watcher event (as `reflector::store::Writer::apply_watcher_event`):
+    /// `Apply` adds the object's name, `Delete` removes it, `Init` starts a
+    /// list, `InitApply` adds to it, `InitDone` makes it the set and marks
+    /// the set ready. Objects without a name are ignored.
+    pub fn apply_watcher_event<K: Resource>(&self, event: &Event<K>) {
+        let name = |obj: &K| obj.meta().name.as_deref().map(Box::<str>::from);
+        let mut state = self.state();
+        match event {
+            Event::Apply(obj) => {
+                if let Some(n) = name(obj) {
+                    state.names.insert(n);
+                }
+            }
+            Event::Delete(obj) => {
+                if let Some(n) = obj.meta().name.as_deref() {
+                    state.names.remove(n);
+                }
+            }
+            Event::Init => state.relist = Some(HashSet::new()),
+            Event::InitApply(obj) => {
+                if let (Some(list), Some(n)) = (state.relist.as_mut(), name(obj)) {
+                    list.insert(n);
+                }
+            }
+            Event::InitDone => {
+                if let Some(list) = state.relist.take() {
+                    state.names = list;
+                }
+                drop(state);
+                self.ready.send_replace(true);
+            }
+        }
+    }
+
+    /// Whether an object named `name` exists (as of the last event applied).
+    pub fn contains(&self, name: &str) -> bool {
+        self.state().names.contains(name)
+    }
+
+    /// Names in the set.
+    pub fn len(&self) -> usize {
+        self.state().names.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves once the first list is complete (the first `InitDone`).
+    pub async fn wait_until_ready(&self) {
+        let mut ready = self.ready.subscribe();
+        // The sender lives in `self`, so the channel cannot close here.
+        let _ = ready.wait_for(|r| *r).await;
+    }
 }
 
 #[cfg(test)]
@@ -94,5 +348,242 @@ mod tests {
         );
         assert_eq!(pv.metadata.resource_version.as_deref(), Some("7"));
         assert_eq!(pv.finalizers(), ["kubernetes.io/pv-protection"]);
+    }
+}
+
+#[cfg(test)]
+mod compact_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use kube::core::{ObjectList, PartialObjectMeta};
+    use serde_json::json;
+
+    /// A claim with every field the services and the built-in backends read,
+    /// and more (selector, dataSource, status), plus the bookkeeping that
+    /// [`strip_for_cache`] drops.
+    fn full_claim() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": "data", "namespace": "apps", "uid": "u-1", "resourceVersion": "42",
+                "generation": 3,
+                "creationTimestamp": "2026-12-01T10:00:00Z",
+                "labels": {"app": "db"},
+                "annotations": {
+                    "volume.kubernetes.io/storage-provisioner": "example.com/hostpath",
+                    "volume.beta.kubernetes.io/storage-provisioner": "example.com/hostpath",
+                    "volume.beta.kubernetes.io/storage-class": "old",
+                    "volume.kubernetes.io/selected-node": "n1",
+                    "nfs.io/storage-path": "db/data",
+                    LAST_APPLIED_ANNOTATION: "{\"big\":true}"
+                },
+                "finalizers": ["kubernetes.io/pvc-protection"],
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s-1"}],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsType": "FieldsV1", "fieldsV1": {}}]
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
+                "resources": {"requests": {"storage": "1Gi"}, "limits": {"storage": "2Gi"}},
+                "storageClassName": "fast",
+                "volumeMode": "Filesystem",
+                "selector": {"matchLabels": {"tier": "a"}},
+                "dataSource": {"kind": "PersistentVolumeClaim", "name": "src"}
+            },
+            "status": {
+                "phase": "Pending",
+                "conditions": [{"type": "Resizing", "status": "True", "lastTransitionTime": "2026-12-01T10:00:01Z"}]
+            }
+        })
+    }
+
+    fn full_pv() -> serde_json::Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": "pvc-u-1", "uid": "v-1", "resourceVersion": "43",
+                "creationTimestamp": "2026-12-01T10:00:02Z",
+                "deletionTimestamp": "2026-12-01T11:00:00Z",
+                "annotations": {"pv.kubernetes.io/provisioned-by": "example.com/hostpath"},
+                "finalizers": ["kubernetes.io/pv-protection", "external-provisioner.volume.kubernetes.io/finalizer"],
+                "managedFields": [{"manager": "kcm", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {}}]
+            },
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "fast",
+                "volumeMode": "Filesystem",
+                "mountOptions": ["noatime"],
+                "hostPath": {"path": "/var/lib/hostpath/pvc-u-1", "type": "DirectoryOrCreate"},
+                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "apps",
+                             "name": "data", "uid": "u-1", "resourceVersion": "42"},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}}
+            },
+            "status": {"phase": "Released", "message": "claim gone", "lastPhaseTransitionTime": "2026-12-01T10:30:00Z"}
+        })
+    }
+
+    /// What the API server sent, after `strip_for_cache` (the old cache content).
+    fn stripped<K: Resource + DeserializeOwned>(value: serde_json::Value) -> K {
+        let mut obj: K = serde_json::from_value(value).unwrap();
+        strip_for_cache(&mut obj);
+        obj
+    }
+
+    #[test]
+    fn a_compact_claim_decodes_to_the_whole_claim_minus_bookkeeping() {
+        let cached: Compact<PersistentVolumeClaim> = serde_json::from_value(full_claim()).unwrap();
+        let expected: PersistentVolumeClaim = stripped(full_claim());
+        assert_eq!(cached.object(), expected);
+        assert!(cached.object().metadata.managed_fields.is_none());
+        assert!(!cached
+            .object()
+            .annotations()
+            .contains_key(LAST_APPLIED_ANNOTATION));
+        // The typed metadata is the identity only.
+        assert_eq!(
+            cached.meta(),
+            &ObjectMeta {
+                name: Some("data".into()),
+                namespace: Some("apps".into()),
+                uid: Some("u-1".into()),
+                resource_version: Some("42".into()),
+                ..Default::default()
+            }
+        );
+        assert!(cached.encoded_len() < 1500, "{}", cached.encoded_len());
+    }
+
+    #[test]
+    fn a_compact_pv_decodes_to_the_whole_pv_minus_bookkeeping() {
+        let cached: Compact<PersistentVolume> = serde_json::from_value(full_pv()).unwrap();
+        let expected: PersistentVolume = stripped(full_pv());
+        assert_eq!(cached.object(), expected);
+        assert_eq!(cached.name_any(), "pvc-u-1");
+        assert_eq!(cached.uid().as_deref(), Some("v-1"));
+        assert!(cached.finalizers().is_empty(), "identity only");
+        // Clones are equal objects.
+        assert_eq!(cached.clone().object(), expected);
+    }
+
+    #[test]
+    fn compact_is_the_same_api_resource() {
+        assert_eq!(
+            Compact::<PersistentVolume>::url_path(&(), None),
+            PersistentVolume::url_path(&(), None)
+        );
+        assert_eq!(
+            Compact::<PersistentVolumeClaim>::url_path(&(), Some("ns")),
+            PersistentVolumeClaim::url_path(&(), Some("ns"))
+        );
+        assert_eq!(Compact::<PersistentVolume>::kind(&()), "PersistentVolume");
+        assert_eq!(Compact::<PersistentVolume>::api_version(&()), "v1");
+        assert!(!Compact::<PersistentVolume>::metadata_api());
+    }
+
+    #[test]
+    fn list_items_without_kind_decode() {
+        // A list response's items carry neither apiVersion nor kind.
+        let mut item = full_claim();
+        item.as_object_mut().unwrap().remove("apiVersion");
+        item.as_object_mut().unwrap().remove("kind");
+        let list: ObjectList<Compact<PersistentVolumeClaim>> = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+            "metadata": {"resourceVersion": "50"},
+            "items": [item]
+        }))
+        .unwrap();
+        assert_eq!(list.items.len(), 1);
+        assert_eq!(
+            list.items[0].object(),
+            stripped::<PersistentVolumeClaim>(full_claim())
+        );
+    }
+
+    #[test]
+    fn a_watch_event_decodes() {
+        let ev: kube::core::WatchEvent<Compact<PersistentVolume>> =
+            serde_json::from_value(json!({"type": "MODIFIED", "object": full_pv()})).unwrap();
+        let kube::core::WatchEvent::Modified(pv) = ev else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(pv.object(), stripped::<PersistentVolume>(full_pv()));
+        // Object before type (the adjacently tagged enum buffers the object).
+        let ev: kube::core::WatchEvent<Compact<PersistentVolume>> =
+            serde_json::from_str(&format!(r#"{{"object":{},"type":"ADDED"}}"#, full_pv())).unwrap();
+        assert!(matches!(ev, kube::core::WatchEvent::Added(_)));
+    }
+
+    #[test]
+    fn identity_only_keeps_name_namespace_uid_and_version() {
+        let mut pv: PartialObjectMeta<PersistentVolume> = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": full_pv()["metadata"].clone()
+        }))
+        .unwrap();
+        strip_to_identity(&mut pv);
+        assert_eq!(
+            pv.metadata,
+            ObjectMeta {
+                name: Some("pvc-u-1".into()),
+                uid: Some("v-1".into()),
+                resource_version: Some("43".into()),
+                ..Default::default()
+            }
+        );
+    }
+}
+
+#[cfg(test)]
+mod name_set_tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube::core::PartialObjectMeta;
+
+    fn pv(name: &str) -> PartialObjectMeta<PersistentVolume> {
+        PartialObjectMeta {
+            types: None,
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            _phantom: PhantomData,
+        }
+    }
+
+    #[tokio::test]
+    async fn follows_applies_deletes_and_relists() {
+        let set = NameSet::default();
+        let ready = {
+            let set = set.clone();
+            tokio::spawn(async move { set.wait_until_ready().await })
+        };
+        type Ev = Event<PartialObjectMeta<PersistentVolume>>;
+        set.apply_watcher_event(&Ev::Init);
+        set.apply_watcher_event(&Event::InitApply(pv("a")));
+        set.apply_watcher_event(&Event::InitApply(pv("b")));
+        assert!(!set.contains("a"), "a list in progress is not the set yet");
+        assert!(!ready.is_finished());
+        set.apply_watcher_event(&Ev::InitDone);
+        ready.await.unwrap();
+        assert!(set.contains("a") && set.contains("b"));
+        set.apply_watcher_event(&Event::Apply(pv("c")));
+        set.apply_watcher_event(&Event::Delete(pv("a")));
+        assert!(!set.contains("a"));
+        assert_eq!(set.len(), 2);
+        // A re-list replaces the set: "b", deleted while the watch was down, goes.
+        set.apply_watcher_event(&Ev::Init);
+        set.apply_watcher_event(&Event::InitApply(pv("c")));
+        assert!(
+            set.contains("b"),
+            "the old set answers until the list is done"
+        );
+        set.apply_watcher_event(&Ev::InitDone);
+        assert!(!set.contains("b"));
+        assert!(set.contains("c"));
+        set.wait_until_ready().await;
     }
 }

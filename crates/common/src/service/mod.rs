@@ -8,8 +8,10 @@
 //! * [`telemetry`] — tracing subscriber set-up (`--log-format`, `--log-level`);
 //! * [`shutdown`] — SIGTERM/SIGINT to a cancellation token;
 //! * [`health`] — the work-loop heartbeat and Lease-renewal checks behind `/healthz`;
-//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown.
+//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
+//! * [`alloc`] — process start-up: glibc malloc arenas capped, then the tokio runtime.
 
+pub mod alloc;
 pub mod api_metrics;
 pub mod config;
 pub mod health;
