@@ -73,13 +73,6 @@ pub fn identity_only(meta: &mut ObjectMeta) {
     };
 }
 
-/// [`identity_only`] for a whole object: a `.modify()` step for a reflector
-/// store whose readers need objects' identities only (a reader that only
-/// asks whether a name exists is better served by a [`NameSet`]).
-pub fn strip_to_identity<K: Resource>(obj: &mut K) {
-    identity_only(obj.meta_mut());
-}
-
 /// An object of kind `K` as a reflector cache keeps it when memory matters:
 /// its identity (`metadata.name`, `namespace`, `uid`, `resourceVersion`, see
 /// [`identity_only`]) as typed metadata, which is all a reflector store and
@@ -215,7 +208,7 @@ impl<'de, K: Resource + Serialize + DeserializeOwned> Deserialize<'de> for Compa
 /// the set at `InitDone`, so names deleted while the watch was down go — at
 /// one string per object instead of a store entry (an `ObjectRef` key with
 /// four strings and an `Arc` of `ObjectMeta`, about 0.8 KB per PV even with
-/// [`strip_to_identity`]). Clones share the set.
+/// [`identity_only`] metadata). Clones share the set.
 #[derive(Clone)]
 pub struct NameSet {
     state: Arc<Mutex<NameSetState>>,
@@ -524,7 +517,7 @@ mod compact_tests {
             "metadata": full_pv()["metadata"].clone()
         }))
         .unwrap();
-        strip_to_identity(&mut pv);
+        identity_only(&mut pv.metadata);
         assert_eq!(
             pv.metadata,
             ObjectMeta {
