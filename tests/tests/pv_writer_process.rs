@@ -185,7 +185,7 @@ async fn a_take_reply_lost_to_a_redis_restart_is_written_without_waiting_out_the
     .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
     let term = queue.current_term().await.unwrap();
 
-    p.signal(libc::SIGSTOP);
+    p.pause().await.unwrap();
     queue
         .enqueue(&signed_entry("lost0", &queue_key(dir.path())))
         .await

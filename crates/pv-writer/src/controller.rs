@@ -152,10 +152,11 @@ impl Writer {
             };
             let epoch = self.epoch.load(Ordering::SeqCst);
             let limit = permits.available_permits() + 1;
+            // Ok(Err(operation)): this term is stale, refused at `operation`.
             let taken = async {
                 if tokio::time::Instant::now() >= orphan_check_at {
                     match self.queue.requeue_unheld(epoch, &held.names()).await? {
-                        None => return Ok(None),
+                        None => return Ok(Err("requeue_unheld")),
                         Some(0) => {}
                         Some(n) => tracing::warn!(
                             entries = n,
@@ -164,18 +165,20 @@ impl Writer {
                     }
                     orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
                 }
-                self.queue
+                let taken = self
+                    .queue
                     .take_due(epoch, limit, self.config.visibility_timeout)
-                    .await
+                    .await?;
+                Ok::<_, QueueError>(taken.ok_or("take_due"))
             }
             .await;
             let batch = match taken {
-                Ok(None) => {
+                Ok(Err(fenced_at)) => {
                     drop(permit);
-                    self.fenced("take_due");
+                    self.fenced(fenced_at);
                     break;
                 }
-                Ok(Some(batch)) => {
+                Ok(Ok(batch)) => {
                     if redis_down {
                         tracing::info!("Redis reachable again; draining");
                         redis_down = false;
@@ -265,17 +268,21 @@ pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
 
 /// The PV names this replica's workers are writing: a name is held from the
 /// take that returned it until its worker finished (settled the entry, or gave
-/// up because the term ended). Shared by the dispatcher and the workers.
+/// up because the term ended). Counted, since one term can take a name again
+/// while a first worker still holds it (its visibility timeout passed while
+/// that worker waited for Redis). Shared by the dispatcher and the workers.
 #[derive(Clone, Default)]
-struct Held(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+struct Held(Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>);
 
 impl Held {
     /// Hold `pv_name` until the returned guard is dropped.
     fn hold(&self, pv_name: &str) -> HeldName {
-        self.0
+        *self
+            .0
             .lock()
             .expect("held names poisoned")
-            .insert(pv_name.to_string());
+            .entry(pv_name.to_string())
+            .or_default() += 1;
         HeldName {
             held: self.clone(),
             pv_name: pv_name.to_string(),
@@ -287,7 +294,7 @@ impl Held {
         self.0
             .lock()
             .expect("held names poisoned")
-            .iter()
+            .keys()
             .cloned()
             .collect()
     }
@@ -302,7 +309,12 @@ struct HeldName {
 impl Drop for HeldName {
     fn drop(&mut self) {
         if let Ok(mut names) = self.held.0.lock() {
-            names.remove(&self.pv_name);
+            if let Some(n) = names.get_mut(&self.pv_name) {
+                *n -= 1;
+                if *n == 0 {
+                    names.remove(&self.pv_name);
+                }
+            }
         }
     }
 }
@@ -312,5 +324,26 @@ async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
         _ = token.cancelled() => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_held_twice_stays_held_until_both_holders_are_done() {
+        let held = Held::default();
+        let first = held.hold("pvc-1");
+        let second = held.hold("pvc-1");
+        let other = held.hold("pvc-2");
+        drop(first);
+        let mut names = held.names();
+        names.sort();
+        assert_eq!(names, ["pvc-1", "pvc-2"]);
+        drop(second);
+        assert_eq!(held.names(), ["pvc-2"]);
+        drop(other);
+        assert!(held.names().is_empty());
     }
 }

@@ -120,6 +120,37 @@ impl ManagedProcess {
         }
     }
 
+    /// SIGSTOP the process group and wait (up to 5 s) until every thread of
+    /// the process is stopped (`/proc/<pid>/task/*/stat` state `T`): `kill`
+    /// returns before the threads stop, and a request one of them is sending
+    /// can still go out in between.
+    ///
+    /// Errors: some thread still runs after 5 s.
+    pub async fn pause(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGSTOP);
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.pid()));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let all_stopped = std::fs::read_dir(&tasks)?.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|stat| {
+                        // `pid (comm) S ...`: the state follows the last ')'.
+                        let rest = &stat[stat.rfind(')')? + 1..];
+                        rest.split_whitespace().next().map(|st| st == "T")
+                    })
+                    .unwrap_or(true)
+            });
+            if all_stopped {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!("{} not stopped 5 s after SIGSTOP", self.name);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// SIGKILL the process group and reap the process: a crash, as a node
     /// failure or OOM kill looks to the rest of the system.
     pub fn kill(&mut self) {

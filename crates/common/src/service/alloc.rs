@@ -15,12 +15,16 @@
 pub const MALLOC_ARENAS: i32 = 1;
 
 /// Cap glibc's malloc at [`MALLOC_ARENAS`] arenas (`mallopt(M_ARENA_MAX)`),
-/// unless the operator set `MALLOC_ARENA_MAX` in the environment (glibc
-/// applied that already, and it wins). Call it first in `main`, before any
-/// thread starts. Does nothing on other C libraries (musl has no arenas).
+/// unless the operator set the arena count in the environment
+/// (`MALLOC_ARENA_MAX`, or `glibc.malloc.arena_max` in `GLIBC_TUNABLES`:
+/// glibc applied that already, and it wins). Call it first in `main`, before
+/// any thread starts. Does nothing on other C libraries (musl has no arenas).
 pub fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+    if !operator_set_arenas(
+        std::env::var_os("MALLOC_ARENA_MAX").is_some(),
+        std::env::var("GLIBC_TUNABLES").ok().as_deref(),
+    ) {
         // SAFETY: mallopt only changes a malloc tunable; M_ARENA_MAX is a
         // valid parameter on every glibc since 2.10. A zero return (refused)
         // leaves glibc's default, which is harmless.
@@ -28,6 +32,18 @@ pub fn limit_malloc_arenas() {
             libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS);
         }
     }
+}
+
+/// Whether the operator chose the arena count: `MALLOC_ARENA_MAX` set, or
+/// `GLIBC_TUNABLES` (colon-separated `name=value` pairs) naming
+/// `glibc.malloc.arena_max`.
+#[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
+fn operator_set_arenas(malloc_arena_max_set: bool, glibc_tunables: Option<&str>) -> bool {
+    malloc_arena_max_set
+        || glibc_tunables.is_some_and(|t| {
+            t.split(':')
+                .any(|pair| pair.split('=').next() == Some("glibc.malloc.arena_max"))
+        })
 }
 
 /// A service binary's `main`: [`limit_malloc_arenas`], then a multi-thread
@@ -48,6 +64,20 @@ pub fn block_on_service<T>(main: impl std::future::Future<Output = T>) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_operators_arena_setting_in_either_variable_wins() {
+        assert!(!operator_set_arenas(false, None));
+        assert!(operator_set_arenas(true, None));
+        assert!(operator_set_arenas(
+            false,
+            Some("glibc.malloc.trim_threshold=1:glibc.malloc.arena_max=4")
+        ));
+        assert!(!operator_set_arenas(
+            false,
+            Some("glibc.malloc.trim_threshold=1")
+        ));
+    }
 
     #[test]
     fn block_on_service_runs_the_future_on_a_runtime_with_timers_and_io() {
