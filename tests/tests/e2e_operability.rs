@@ -146,8 +146,19 @@ async fn json_logs_carry_the_claim_uid_in_both_services(plane: ControlPlane) {
         "{queued:#?}"
     );
 
-    // pv-writer: the write of the same claim's PV carries the same uid.
-    let written = lines_with_message(&mut sys, Service::PvWriter, "PV written");
+    // pv-writer: the write of the same claim's PV carries the same uid. The
+    // line follows the PV's creation (after the event and the queue entry's
+    // completion), so it may not be in the log yet when the PV is seen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let written = loop {
+        let written = lines_with_message(&mut sys, Service::PvWriter, "PV written");
+        if written.iter().any(|v| has_field(v, "claim_uid", &uid))
+            || std::time::Instant::now() >= deadline
+        {
+            break written;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let ours: Vec<_> = written
         .iter()
         .filter(|v| has_field(v, "claim_uid", &uid))
