@@ -207,6 +207,30 @@ struct Harness {
     reclaimer: Arc<Reclaimer>,
 }
 
+/// A reconcile [`Context`] over `reclaimer`: one worker, no resync, a retry
+/// backoff from `retry_start` to `retry_max` without jitter, the failure
+/// threshold `threshold` and the seed's `--deletion-timeout` `deletion_timeout`
+/// (zero: none).
+fn context(
+    reclaimer: Arc<Reclaimer>,
+    retry_start: Duration,
+    retry_max: Duration,
+    threshold: u32,
+    deletion_timeout: Duration,
+) -> Arc<Context> {
+    Arc::new(Context {
+        reclaimer,
+        retry: Arc::new(RetryPolicy::<String>::new(retry_start, retry_max, 0.0, 1)),
+        config: LoopConfig {
+            workers: 1,
+            threshold: FailureThreshold(threshold),
+            deletion_timeout,
+            resync_period: Duration::ZERO,
+        },
+        queue_metrics: None,
+    })
+}
+
 fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
     let api = FakeApi::default();
     let backend = Arc::new(FakeProvisioner::deleting(answer));
@@ -453,22 +477,13 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     h.api.put(pv.clone());
     let (store, mut writer) = reflector::store::<CachedPv>();
     writer.apply_watcher_event(&watcher::Event::Apply(cached(&h, "pvc-1")));
-    let ctx = Arc::new(Context {
-        reclaimer: h.reclaimer.clone(),
-        retry: Arc::new(RetryPolicy::<String>::new(
-            Duration::from_secs(15),
-            Duration::from_secs(1000),
-            0.0,
-            1,
-        )),
-        config: LoopConfig {
-            workers: 1,
-            threshold: FailureThreshold(3),
-            deletion_timeout: Duration::ZERO,
-            resync_period: Duration::ZERO,
-        },
-        queue_metrics: None,
-    });
+    let ctx = context(
+        h.reclaimer.clone(),
+        Duration::from_secs(15),
+        Duration::from_secs(1000),
+        3,
+        Duration::ZERO,
+    );
     let key = "pvc-1".to_string();
     for attempt in 1..=4u32 {
         let pv = Arc::new(cached(&h, "pvc-1"));
@@ -504,22 +519,13 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
 async fn a_successful_sync_forgets_earlier_failures() {
     let h = harness(Ok(()), false);
     h.api.put(released("pvc-1", &[]));
-    let ctx = Arc::new(Context {
-        reclaimer: h.reclaimer.clone(),
-        retry: Arc::new(RetryPolicy::<String>::new(
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            0.0,
-            1,
-        )),
-        config: LoopConfig {
-            workers: 1,
-            threshold: FailureThreshold(15),
-            deletion_timeout: Duration::ZERO,
-            resync_period: Duration::ZERO,
-        },
-        queue_metrics: None,
-    });
+    let ctx = context(
+        h.reclaimer.clone(),
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        15,
+        Duration::ZERO,
+    );
     let key = "pvc-1".to_string();
     ctx.retry.next_delay(&key);
     ctx.retry.next_delay(&key);
@@ -547,22 +553,13 @@ async fn reconcile_syncs_the_whole_pv_from_its_compact_cache_entry() {
         kube::ResourceExt::finalizers(&entry).is_empty(),
         "the typed part is the identity only"
     );
-    let ctx = Arc::new(Context {
-        reclaimer: h.reclaimer.clone(),
-        retry: Arc::new(RetryPolicy::<String>::new(
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            0.0,
-            1,
-        )),
-        config: LoopConfig {
-            workers: 1,
-            threshold: FailureThreshold(15),
-            deletion_timeout: Duration::ZERO,
-            resync_period: Duration::ZERO,
-        },
-        queue_metrics: None,
-    });
+    let ctx = context(
+        h.reclaimer.clone(),
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        15,
+        Duration::ZERO,
+    );
     let action = reconcile(Arc::new(entry), ctx).await.unwrap();
     assert_eq!(action, Action::await_change());
     assert_eq!(h.backend.deleted(), vec!["pvc-1".to_string()]);
@@ -592,22 +589,13 @@ async fn sync_with_deletion_timeout(
         ME.into(),
         false,
     ));
-    let ctx = Arc::new(Context {
+    let ctx = context(
         reclaimer,
-        retry: Arc::new(RetryPolicy::<String>::new(
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            0.0,
-            1,
-        )),
-        config: LoopConfig {
-            workers: 1,
-            threshold: FailureThreshold(15),
-            deletion_timeout: Duration::from_secs(5),
-            resync_period: Duration::ZERO,
-        },
-        queue_metrics: None,
-    });
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        15,
+        Duration::from_secs(5),
+    );
     let start = tokio::time::Instant::now();
     let err = reconcile(Arc::new(CachedPv::new(api.get("pvc-1").unwrap())), ctx)
         .await
