@@ -207,6 +207,18 @@ struct Harness {
     reclaimer: Arc<Reclaimer>,
 }
 
+/// PV `pvc-1` was deleted (it now carries a deletion timestamp) and then
+/// patched to drop our finalizer, keeping `kubernetes.io/pv-protection`.
+fn assert_deleted_with_only_our_finalizer_removed(h: &Harness) {
+    let pv = stored(h, "pvc-1");
+    assert!(pv.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        pv.metadata.finalizers,
+        Some(vec![FINALIZER_PV_PROTECTION.to_string()])
+    );
+    assert_eq!(h.api.log(), vec!["DELETE pvc-1", "PATCH pvc-1"]);
+}
+
 /// A reconcile [`Context`] over `reclaimer`: one worker, no resync, a retry
 /// backoff from `retry_start` to `retry_max` without jitter, the failure
 /// threshold `threshold` and the seed's `--deletion-timeout` `deletion_timeout`
@@ -297,13 +309,7 @@ async fn with_finalizer_the_pv_outlives_the_asset_and_only_our_finalizer_is_remo
         .put(released("pvc-1", &[FINALIZER_PV_PROTECTION, FINALIZER_PV]));
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
     assert_eq!(h.backend.deleted().len(), 1);
-    let pv = stored(&h, "pvc-1");
-    assert!(pv.metadata.deletion_timestamp.is_some());
-    assert_eq!(
-        pv.metadata.finalizers,
-        Some(vec![FINALIZER_PV_PROTECTION.to_string()])
-    );
-    assert_eq!(h.api.log(), vec!["DELETE pvc-1", "PATCH pvc-1"]);
+    assert_deleted_with_only_our_finalizer_removed(&h);
 }
 
 #[tokio::test]
@@ -563,13 +569,7 @@ async fn reconcile_syncs_the_whole_pv_from_its_compact_cache_entry() {
     let action = reconcile(Arc::new(entry), ctx).await.unwrap();
     assert_eq!(action, Action::await_change());
     assert_eq!(h.backend.deleted(), vec!["pvc-1".to_string()]);
-    let pv = stored(&h, "pvc-1");
-    assert!(pv.metadata.deletion_timestamp.is_some());
-    assert_eq!(
-        pv.metadata.finalizers,
-        Some(vec![FINALIZER_PV_PROTECTION.to_string()])
-    );
-    assert_eq!(h.api.log(), vec!["DELETE pvc-1", "PATCH pvc-1"]);
+    assert_deleted_with_only_our_finalizer_removed(&h);
 }
 
 /// `--deletion-timeout` runs `process_item` against `backend`; returns the
