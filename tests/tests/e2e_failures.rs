@@ -58,13 +58,8 @@ async fn assert_provisioned(sys: &System, n: usize) {
     // pv-writer announces a PV after creating it: the last events may trail the PVs.
     check(
         sys,
-        wait_eq(
-            Duration::from_secs(10),
-            "claims with a ProvisioningSucceeded event",
-            n,
-            || sys.objects_with_event("ProvisioningSucceeded"),
-        )
-        .await,
+        sys.wait_objects_with_event("ProvisioningSucceeded", n, Duration::from_secs(10))
+            .await,
     );
 }
 

@@ -78,24 +78,14 @@ async fn hundred_claims_are_provisioned_bound_and_reclaimed(plane: ControlPlane)
     // pv-writer announces a PV after creating it: the last events may trail the PVs.
     check(
         &sys,
-        e2e::harness::wait_eq(
-            Duration::from_secs(10),
-            "claims with a ProvisioningSucceeded event",
-            100,
-            || sys.objects_with_event("ProvisioningSucceeded"),
-        )
-        .await,
+        sys.wait_objects_with_event("ProvisioningSucceeded", 100, Duration::from_secs(10))
+            .await,
     );
     // provision-svc's Provisioning events are published off the claim's path.
     check(
         &sys,
-        e2e::harness::wait_eq(
-            Duration::from_secs(10),
-            "claims with a Provisioning event",
-            100,
-            || sys.objects_with_event("Provisioning"),
-        )
-        .await,
+        sys.wait_objects_with_event("Provisioning", 100, Duration::from_secs(10))
+            .await,
     );
     let events = sys.events_by_reason().await.unwrap();
     assert_eq!(
@@ -171,13 +161,8 @@ async fn wait_for_first_consumer_waits_for_the_selected_node(plane: ControlPlane
     // pv-writer announces a PV after creating it: the event may trail the PV.
     check(
         &sys,
-        e2e::harness::wait_eq(
-            Duration::from_secs(10),
-            "claims with a ProvisioningSucceeded event",
-            5,
-            || sys.objects_with_event("ProvisioningSucceeded"),
-        )
-        .await,
+        sys.wait_objects_with_event("ProvisioningSucceeded", 5, Duration::from_secs(10))
+            .await,
     );
 
     sys.delete_claims(&claims).await.unwrap();
@@ -221,13 +206,9 @@ async fn missing_selected_node_reschedules_the_claim(plane: ControlPlane) {
     assert_eq!(sys.claims().await.unwrap().len(), 3);
     // The Warning is published after the claim update that drops the
     // annotation: it may trail it (seen on the real API server).
-    let r = e2e::harness::wait_eq(
-        Duration::from_secs(10),
-        "claims with a ProvisioningFailed event",
-        3,
-        || sys.objects_with_event("ProvisioningFailed"),
-    )
-    .await;
+    let r = sys
+        .wait_objects_with_event("ProvisioningFailed", 3, Duration::from_secs(10))
+        .await;
     check(&sys, r);
     // Nothing was provisioned and nothing is in flight.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -250,13 +231,8 @@ async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing(plan
 
     check(
         &sys,
-        e2e::harness::wait_eq(
-            Duration::from_secs(30),
-            "claims with a ProvisioningFailed event",
-            3,
-            || sys.objects_with_event("ProvisioningFailed"),
-        )
-        .await,
+        sys.wait_objects_with_event("ProvisioningFailed", 3, Duration::from_secs(30))
+            .await,
     );
     // The good class is unaffected: exactly its 2 claims are provisioned.
     check(
@@ -290,13 +266,8 @@ async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing(plan
     // pv-writer announces a PV after creating it: the event may trail the PV.
     check(
         &sys,
-        e2e::harness::wait_eq(
-            Duration::from_secs(10),
-            "claims with a ProvisioningSucceeded event",
-            2,
-            || sys.objects_with_event("ProvisioningSucceeded"),
-        )
-        .await,
+        sys.wait_objects_with_event("ProvisioningSucceeded", 2, Duration::from_secs(10))
+            .await,
     );
     assert!(!sys.base_dir().join("etc").exists());
 

@@ -230,13 +230,9 @@ async fn dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched(
     )
     .await;
     claim(&sys, "through-link", "by-namespace", &[], &[]).await;
-    let failed = wait_eq(
-        Duration::from_secs(30),
-        "claims with a ProvisioningFailed event",
-        2,
-        || async { sys.objects_with_event("ProvisioningFailed").await },
-    )
-    .await;
+    let failed = sys
+        .wait_objects_with_event("ProvisioningFailed", 2, Duration::from_secs(30))
+        .await;
     check(&sys, failed);
     // Give a retry the chance to do damage, then look.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -94,13 +94,8 @@ async fn assert_each_claim_once(sys: &System, n: usize) {
     assert_eq!(sys.dir_count(), n, "one directory per claim");
     check(
         sys,
-        wait_eq(
-            Duration::from_secs(10),
-            "claims with a ProvisioningSucceeded event",
-            n,
-            || sys.objects_with_event("ProvisioningSucceeded"),
-        )
-        .await,
+        sys.wait_objects_with_event("ProvisioningSucceeded", n, Duration::from_secs(10))
+            .await,
     );
 }
 

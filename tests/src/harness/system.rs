@@ -639,6 +639,26 @@ impl System {
         })
     }
 
+    /// Wait up to `timeout` until exactly `n` objects have an event with
+    /// `reason` ([`System::objects_with_event`]). Events are published after
+    /// (or beside) the change they announce, so a count read right after that
+    /// change may still trail it.
+    ///
+    /// Errors: the count is not `n` by then (naming the last count), or the
+    /// events cannot be listed.
+    pub async fn wait_objects_with_event(
+        &self,
+        reason: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        super::wait_eq(timeout, &format!("claims with a {reason} event"), n, || {
+            self.objects_with_event(reason)
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Number of distinct objects (claims) that have at least one event with
     /// `reason` (`regarding` of events.k8s.io/v1, `involvedObject` of core/v1).
     /// Unlike [`System::events`], a retried emission after a crash does not
