@@ -26,11 +26,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use e2e::bench::burst::{self, Burst, Reclaim};
 use e2e::bench::cost::{self, ApiCost};
+use e2e::bench::cpu::{self, CpuSample};
 use e2e::bench::kcm::{self, KcmLoad, KcmRates};
 use e2e::bench::load;
-use e2e::bench::observe::{self, pct, per_sec, wait_seen, Seen, SharedSeen};
+use e2e::bench::observe::{self, pct, wait_seen, Seen, SharedSeen};
 use e2e::bench::outage;
+use e2e::bench::reference;
 use e2e::harness::{ControlPlane, Profile, Service, System, SystemOptions};
 use e2e::realkube::Assets;
 
@@ -79,6 +82,11 @@ struct Args {
     /// Skip the controller-manager-alone phase.
     #[arg(long)]
     no_kcm_phase: bool,
+    /// Skip the reference-provisioner phase (a burst of `--claims` and its
+    /// reclaim served by a minimal provisioner inside the benchmark, before
+    /// the services start: see `e2e::bench::reference`).
+    #[arg(long)]
+    no_reference: bool,
     /// Instead of the phases above: an API-server outage of this length
     /// (`30s`, `2m`) in the middle of a `--claims` batch.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -159,6 +167,12 @@ async fn main() -> anyhow::Result<()> {
         Some(r)
     };
 
+    let reference = if args.no_reference || args.outage.is_some() {
+        None
+    } else {
+        Some(measure_reference(&mut sys, &args, &seen, timeout).await?)
+    };
+
     for service in Service::ALL {
         sys.start_service(service, 0).await?;
     }
@@ -191,100 +205,35 @@ async fn main() -> anyhow::Result<()> {
 
     // ---- burst ----------------------------------------------------------------
     let n = args.claims;
-    let burst = load::names("burst", n);
+    let names = load::names("burst", n);
     let mark = cost::mark(&sys)?;
     let ns = sys.namespace.clone();
-    load::create_claims(&sys.client, &ns, &burst, CLASS, None, &seen).await?;
-    wait_seen(&seen, timeout, "burst claims Bound", n, |s| {
-        Seen::count(&s.claim_bound, &burst)
-    })
-    .await?;
-    wait_seen(&seen, timeout, "burst PVs", n, |s| {
-        Seen::count(&s.pv_added, &burst)
-    })
-    .await?;
+    let cpu_mark = CpuSample::take(&process_ids(&mut sys));
+    let ours = burst::provision(&sys.client, &ns, &names, CLASS, &seen, timeout).await?;
+    let cpu_burst = cpu_mark.since();
     // Let the last events and writes land before reading the request counts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let provision_cost = cost::since(&sys, mark)?;
-    let (first, last_pv, last_bound, lat) = {
-        let s = seen.lock().unwrap();
-        (
-            Seen::first(&s.claim_created, &burst).expect("created"),
-            Seen::last(&s.pv_added, &burst).expect("PVs"),
-            Seen::last(&s.claim_bound, &burst).expect("Bound"),
-            Seen::delays(&s.claim_created, &s.pv_added, &burst),
-        )
-    };
-    let created_per_sec = per_sec(n, last_pv - first);
     println!("claims: {n}");
+    ours.print();
     println!(
-        "provisioning throughput: {:.0} claims/s to PV created ({:.2?}), {:.0} claims/s to claim Bound ({:.2?})",
-        created_per_sec,
-        last_pv - first,
-        per_sec(n, last_bound - first),
-        last_bound - first
+        "  CPU during the burst: {}",
+        cpu::format(cpu_burst.0, &cpu_burst.1, nproc())
     );
-    println!(
-        "burst latency claim created -> PV created: p50 {:.1?}, p99 {:.1?}, max {:.1?}",
-        pct(&lat, 0.5),
-        pct(&lat, 0.99),
-        lat.last().copied().unwrap_or_default()
-    );
-    {
-        // The controller manager shares the control plane with the provisioner's
-        // own writes: how fast it annotated this burst, and how long each PV
-        // followed its claim's annotation, tell whether the services or the
-        // annotations set the pace.
-        let s = seen.lock().unwrap();
-        if let Some(last_annotated) = Seen::last(&s.claim_annotated, &burst) {
-            let follow = Seen::delays(&s.claim_annotated, &s.pv_added, &burst);
-            println!(
-                "  same run: claims annotated at {:.0} claims/s ({:.2?}); annotation -> PV created p50 {:.1?}, p99 {:.1?}",
-                per_sec(Seen::count(&s.claim_annotated, &burst), last_annotated - first),
-                last_annotated - first,
-                pct(&follow, 0.5),
-                pct(&follow, 0.99)
-            );
-        }
-    }
     print_cost("provisioning", provision_cost.as_ref(), n);
 
     // ---- reclaim --------------------------------------------------------------
     let mark = cost::mark(&sys)?;
-    load::delete_claims(&sys.client, &ns, &burst, &seen).await?;
-    wait_seen(&seen, timeout, "burst PVs deleted", n, |s| {
-        Seen::count(&s.pv_deleted, &burst)
-    })
-    .await?;
+    let cpu_mark = CpuSample::take(&process_ids(&mut sys));
+    let ours_reclaim = burst::reclaim(&sys.client, &ns, &names, &seen, timeout).await?;
+    let cpu_reclaim = cpu_mark.since();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let reclaim_cost = cost::since(&sys, mark)?;
-    let (first_del, last_del) = {
-        let s = seen.lock().unwrap();
-        (
-            Seen::first(&s.claim_delete_sent, &burst).expect("deleted"),
-            Seen::last(&s.pv_deleted, &burst).expect("PVs deleted"),
-        )
-    };
-    let deleted_per_sec = per_sec(n, last_del - first_del);
+    ours_reclaim.print();
     println!(
-        "reclaim throughput: {:.0} volumes/s ({:.2?} from first claim deletion to last PV deleted)",
-        deleted_per_sec,
-        last_del - first_del
+        "  CPU during the reclaim: {}",
+        cpu::format(cpu_reclaim.0, &cpu_reclaim.1, nproc())
     );
-    {
-        let s = seen.lock().unwrap();
-        if let Some(last_released) = Seen::last(&s.pv_released, &burst) {
-            let follow = Seen::delays(&s.pv_released, &s.pv_deleted, &burst);
-            println!(
-                "  same run: PVs marked Released at {:.0} PVs/s ({:.2?}, {} seen Released); Released -> PV deleted p50 {:.1?}, p99 {:.1?}",
-                per_sec(Seen::count(&s.pv_released, &burst), last_released - first_del),
-                last_released - first_del,
-                Seen::count(&s.pv_released, &burst),
-                pct(&follow, 0.5),
-                pct(&follow, 0.99)
-            );
-        }
-    }
     print_cost("reclaim", reclaim_cost.as_ref(), n);
     if let (Some(p), Some(r)) = (&provision_cost, &reclaim_cost) {
         println!(
@@ -323,23 +272,138 @@ async fn main() -> anyhow::Result<()> {
     .await?;
 
     print_rss(&mut sys);
-    if let Some(k) = &kcm {
-        println!(
-            "ratios: PV created/s / annotation ceiling = {:.0}/{:.0} = {:.2} (target >= 0.95); PV deleted/s / Released rate = {:.0}/{:.0} = {:.2} (target >= 0.90); p99 at {:.0}/s {:.1?} (target <= 50 ms), annotation delay alone p99 {:.1?}",
-            created_per_sec,
-            k.annotated_per_sec,
-            created_per_sec / k.annotated_per_sec.max(f64::MIN_POSITIVE),
-            deleted_per_sec,
-            k.released_per_sec,
-            deleted_per_sec / k.released_per_sec.max(f64::MIN_POSITIVE),
-            args.rate,
-            pct(&lat, 0.99),
-            k.annotation_delay.1,
-        );
-    }
+    print_ratios(
+        &args,
+        &ours,
+        &ours_reclaim,
+        kcm.as_ref(),
+        reference.as_ref(),
+        &lat,
+    );
     println!("load average at the end: {}", loadavg());
     finish(&mut sys);
     Ok(())
+}
+
+/// The reference provisioner's burst and reclaim of `--claims` claims
+/// (nothing of ours running), with the CPU each process used.
+async fn measure_reference(
+    sys: &mut System,
+    args: &Args,
+    seen: &SharedSeen,
+    timeout: Duration,
+) -> anyhow::Result<(Burst, Reclaim)> {
+    let provisioner = sys.settings.provisioner_name.clone();
+    let ns = sys.namespace.clone();
+    let names = load::names("reference", args.claims);
+    let running = reference::spawn(&sys.client, &ns, &provisioner);
+    let cpu_mark = CpuSample::take(&process_ids(sys));
+    let b = burst::provision(&sys.client, &ns, &names, CLASS, seen, timeout).await?;
+    let cpu_burst = cpu_mark.since();
+    let cpu_mark = CpuSample::take(&process_ids(sys));
+    let r = burst::reclaim(&sys.client, &ns, &names, seen, timeout).await?;
+    let cpu_reclaim = cpu_mark.since();
+    drop(running);
+    wait_seen(seen, timeout, "reference claims gone", names.len(), |s| {
+        Seen::count(&s.claim_gone, &names)
+    })
+    .await?;
+    println!(
+        "reference provisioner (inside the benchmark: PV on annotation, delete on Released, nothing else), {} claims:",
+        args.claims
+    );
+    print_indented(&b, &r);
+    println!(
+        "    CPU during its burst: {}",
+        cpu::format(cpu_burst.0, &cpu_burst.1, nproc())
+    );
+    println!(
+        "    CPU during its reclaim: {}",
+        cpu::format(cpu_reclaim.0, &cpu_reclaim.1, nproc())
+    );
+    Ok((b, r))
+}
+
+fn print_indented(b: &Burst, r: &Reclaim) {
+    println!(
+        "    {:.0} PVs created/s ({:.2?}); same run: annotated at {} claims/s; annotation -> PV p50 {:.1?}, p99 {:.1?}",
+        b.created_per_sec(),
+        b.to_pv,
+        b.annotated_per_sec().map_or("?".into(), |a| format!("{a:.0}")),
+        pct(&b.follow, 0.5),
+        pct(&b.follow, 0.99)
+    );
+    println!(
+        "    {:.0} PVs deleted/s ({:.2?}); same run: Released at {} PVs/s",
+        r.deleted_per_sec(),
+        r.to_deleted,
+        r.to_released.map_or("?".into(), |(d, k)| format!(
+            "{:.0}",
+            e2e::bench::observe::per_sec(k, d)
+        ))
+    );
+}
+
+/// Every process sharing the machine that the benchmark can name: the real
+/// control plane's, Redis, the running services and the benchmark itself.
+fn process_ids(sys: &mut System) -> Vec<(String, u32)> {
+    let mut ids: Vec<(String, u32)> = sys
+        .real()
+        .map(|r| {
+            r.cluster
+                .process_ids()
+                .into_iter()
+                .map(|(n, p)| (n.to_string(), p))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(p) = sys.redis.process_mut() {
+        ids.push(("redis".into(), p.pid()));
+    }
+    for s in &sys.services {
+        ids.push((s.service.binary_name().to_string(), s.process.pid()));
+    }
+    ids.push(("bench".into(), std::process::id()));
+    ids
+}
+
+/// The ratios issue 15 asks for, against the controller manager alone and
+/// against the reference provisioner of the same run.
+fn print_ratios(
+    args: &Args,
+    ours: &Burst,
+    ours_reclaim: &Reclaim,
+    kcm: Option<&KcmRates>,
+    reference: Option<&(Burst, Reclaim)>,
+    lat: &[Duration],
+) {
+    let ratio = |a: f64, b: f64| a / b.max(f64::MIN_POSITIVE);
+    let (created, deleted) = (ours.created_per_sec(), ours_reclaim.deleted_per_sec());
+    if let Some(k) = kcm {
+        println!(
+            "ratios: PV created/s / annotation ceiling = {:.0}/{:.0} = {:.2} (target >= 0.95); PV deleted/s / Released rate = {:.0}/{:.0} = {:.2} (target >= 0.90); p99 at {:.0}/s {:.1?} (target <= 50 ms), annotation delay alone p99 {:.1?}",
+            created,
+            k.annotated_per_sec,
+            ratio(created, k.annotated_per_sec),
+            deleted,
+            k.released_per_sec,
+            ratio(deleted, k.released_per_sec),
+            args.rate,
+            pct(lat, 0.99),
+            k.annotation_delay.1,
+        );
+    }
+    if let Some((b, r)) = reference {
+        println!(
+            "ratios to the reference provisioner: PV created/s {:.0}/{:.0} = {:.2}; PV deleted/s {:.0}/{:.0} = {:.2}",
+            created,
+            b.created_per_sec(),
+            ratio(created, b.created_per_sec()),
+            deleted,
+            r.deleted_per_sec(),
+            ratio(deleted, r.deleted_per_sec()),
+        );
+    }
 }
 
 /// Apply `--kube-api-qps`, `--add-finalizer`, `--service-arg` and a quiet log level.

@@ -744,6 +744,20 @@ impl RealCluster {
         &self.admin_kubeconfig
     }
 
+    /// Process ids of the running control-plane processes, named `etcd`,
+    /// `kube-apiserver`, `kube-controller-manager` (a stopped one is left
+    /// out): the benchmark's CPU accounting reads them.
+    pub fn process_ids(&self) -> Vec<(&'static str, u32)> {
+        let mut ids = vec![("etcd", self.etcd.pid())];
+        if let Some(p) = &self.apiserver {
+            ids.push(("kube-apiserver", p.pid()));
+        }
+        if let Some(p) = &self.controller_manager {
+            ids.push(("kube-controller-manager", p.pid()));
+        }
+        ids
+    }
+
     /// The API server's URL, `https://127.0.0.1:<port>`.
     pub fn server_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.ports.apiserver)
