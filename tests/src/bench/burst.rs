@@ -36,6 +36,11 @@ impl Burst {
         per_sec(self.claims, self.to_pv)
     }
 
+    /// Claims `Bound` per second (first create to last `Bound`).
+    pub fn bound_per_sec(&self) -> f64 {
+        per_sec(self.claims, self.to_bound)
+    }
+
     /// Claims annotated per second in the same burst.
     pub fn annotated_per_sec(&self) -> Option<f64> {
         self.to_annotated.map(|d| per_sec(self.annotated, d))
@@ -47,7 +52,7 @@ impl Burst {
             "provisioning throughput: {:.0} claims/s to PV created ({:.2?}), {:.0} claims/s to claim Bound ({:.2?})",
             self.created_per_sec(),
             self.to_pv,
-            per_sec(self.claims, self.to_bound),
+            self.bound_per_sec(),
             self.to_bound
         );
         println!(

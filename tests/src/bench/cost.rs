@@ -65,7 +65,6 @@ pub fn mark(sys: &System) -> anyhow::Result<CostMark> {
 ///
 /// Errors: the audit log cannot be read.
 pub fn since(sys: &System, mark: CostMark) -> anyhow::Result<Option<ApiCost>> {
-    let mut cost = ApiCost::default();
     match mark {
         CostMark::Audit(from) => {
             let real = sys.real().expect("an audit mark comes from a real plane");
@@ -79,54 +78,85 @@ pub fn since(sys: &System, mark: CostMark) -> anyhow::Result<Option<ApiCost>> {
                     )
                 })
                 .collect();
-            cost.source = "kube-apiserver audit log";
-            for r in real.cluster.audit_records()?.iter().skip(from) {
-                if !users.contains(&r.user) {
-                    continue;
-                }
-                if r.resource == "leases" {
-                    cost.lease_requests += 1;
-                    continue;
-                }
-                let what = match &r.subresource {
-                    Some(sub) => format!("{} {}/{}", r.verb, r.resource, sub),
-                    None if r.resource.is_empty() => format!("{} {}", r.verb, r.request_uri),
-                    None => format!("{} {}", r.verb, r.resource),
-                };
-                cost.requests += 1;
-                if WRITE_VERBS.contains(&r.verb.as_str()) {
-                    cost.writes += 1;
-                }
-                *cost.by_call.entry(what).or_default() += 1;
-            }
+            Ok(Some(audited(sys, from, &users)?))
         }
-        CostMark::Sim => {
-            let stats = sys.sim().stats();
-            cost.source = "simulator counters";
-            for (resource, verbs) in &stats.by_resource {
-                for (verb, c) in verbs {
-                    if resource.starts_with("leases") {
-                        cost.lease_requests += c;
-                        continue;
-                    }
-                    // The benchmark's own claim creates and deletes.
-                    if resource == "persistentvolumeclaims"
-                        && (verb == "create" || verb == "delete")
-                    {
-                        continue;
-                    }
-                    cost.requests += c;
-                    if WRITE_VERBS.contains(&verb.as_str()) {
-                        cost.writes += c;
-                    }
-                    *cost
-                        .by_call
-                        .entry(format!("{verb} {resource}"))
-                        .or_default() += c;
-                }
-            }
-        }
-        CostMark::Unavailable => return Ok(None),
+        CostMark::Sim => Ok(Some(simulated(sys))),
+        CostMark::Unavailable => Ok(None),
     }
-    Ok(Some(cost))
+}
+
+/// kube-controller-manager's requests since `mark` (user
+/// [`KCM_USER`](crate::realkube::KCM_USER); all its controllers share it and
+/// its client-side `--kube-api-qps`): `None` unless the plane is the real one
+/// the harness started.
+///
+/// Errors: the audit log cannot be read.
+pub fn controller_manager_since(sys: &System, mark: CostMark) -> anyhow::Result<Option<ApiCost>> {
+    match mark {
+        CostMark::Audit(from) => Ok(Some(audited(
+            sys,
+            from,
+            &[crate::realkube::KCM_USER.to_string()],
+        )?)),
+        _ => Ok(None),
+    }
+}
+
+/// Requests by `users` in the audit log after its first `from` records.
+fn audited(sys: &System, from: usize, users: &[String]) -> anyhow::Result<ApiCost> {
+    let real = sys.real().expect("an audit mark comes from a real plane");
+    let mut cost = ApiCost {
+        source: "kube-apiserver audit log",
+        ..Default::default()
+    };
+    for r in real.cluster.audit_records()?.iter().skip(from) {
+        if !users.contains(&r.user) {
+            continue;
+        }
+        if r.resource == "leases" {
+            cost.lease_requests += 1;
+            continue;
+        }
+        let what = match &r.subresource {
+            Some(sub) => format!("{} {}/{}", r.verb, r.resource, sub),
+            None if r.resource.is_empty() => format!("{} {}", r.verb, r.request_uri),
+            None => format!("{} {}", r.verb, r.resource),
+        };
+        cost.requests += 1;
+        if WRITE_VERBS.contains(&r.verb.as_str()) {
+            cost.writes += 1;
+        }
+        *cost.by_call.entry(what).or_default() += 1;
+    }
+    Ok(cost)
+}
+
+/// The simulator's counters since the last reset, less the benchmark's own
+/// claim creates and deletes.
+fn simulated(sys: &System) -> ApiCost {
+    let mut cost = ApiCost {
+        source: "simulator counters",
+        ..Default::default()
+    };
+    for (resource, verbs) in &sys.sim().stats().by_resource {
+        for (verb, c) in verbs {
+            if resource.starts_with("leases") {
+                cost.lease_requests += c;
+                continue;
+            }
+            // The benchmark's own claim creates and deletes.
+            if resource == "persistentvolumeclaims" && (verb == "create" || verb == "delete") {
+                continue;
+            }
+            cost.requests += c;
+            if WRITE_VERBS.contains(&verb.as_str()) {
+                cost.writes += c;
+            }
+            *cost
+                .by_call
+                .entry(format!("{verb} {resource}"))
+                .or_default() += c;
+        }
+    }
+    cost
 }

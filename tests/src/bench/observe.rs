@@ -211,3 +211,59 @@ pub fn per_sec(n: usize, d: Duration) -> f64 {
         n as f64 / d.as_secs_f64()
     }
 }
+
+/// Watchers the API server closed because they did not keep up
+/// (`apiserver_terminated_watchers_total`, by resource) since its start,
+/// read from its `/metrics`. A watcher that blocks the API server's watch
+/// cache delays every other watcher of the same resource (the controller
+/// manager's included) until it is closed. Empty when the server does not
+/// export the metric (the simulator).
+///
+/// Errors: the request failed.
+pub async fn terminated_watchers(client: &Client) -> anyhow::Result<Vec<(String, f64)>> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = match client.request_text(req).await {
+        Ok(t) => t,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(parse_terminated_watchers(&text))
+}
+
+/// The `apiserver_terminated_watchers_total` samples of a Prometheus text
+/// exposition, as `(resource, count)`.
+pub fn parse_terminated_watchers(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_terminated_watchers_total{"))
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once(' ')?;
+            let resource = labels
+                .split(['{', ',', '}'])
+                .find_map(|kv| kv.strip_prefix("resource=\""))?
+                .trim_end_matches('"');
+            Some((resource.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminated_watchers_are_read_by_resource() {
+        let text = "# HELP apiserver_terminated_watchers_total x\n\
+                    # TYPE apiserver_terminated_watchers_total counter\n\
+                    apiserver_terminated_watchers_total{resource=\"persistentvolumeclaims\"} 2\n\
+                    apiserver_terminated_watchers_total{resource=\"events\"} 1\n\
+                    apiserver_watch_events_total{kind=\"Pod\"} 9\n";
+        assert_eq!(
+            parse_terminated_watchers(text),
+            vec![
+                ("persistentvolumeclaims".to_string(), 2.0),
+                ("events".to_string(), 1.0)
+            ]
+        );
+        assert!(parse_terminated_watchers("").is_empty());
+    }
+}

@@ -91,6 +91,12 @@ struct Args {
     /// (`30s`, `2m`) in the middle of a `--claims` batch.
     #[arg(long, value_parser = humantime::parse_duration)]
     outage: Option<Duration>,
+    /// kube-controller-manager's `--kube-api-qps/--kube-api-burst` on the
+    /// real plane, `QPS/BURST` (default: the harness's 200/400). Every
+    /// claim the controller manager annotates and binds costs its PV
+    /// controller's client about five requests.
+    #[arg(long, value_parser = parse_qps_burst)]
+    kcm_api_qps: Option<(u32, u32)>,
     /// Upper bound of each phase, seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -123,6 +129,10 @@ async fn main() -> anyhow::Result<()> {
         control_plane,
         external_kubeconfig: args.kubeconfig.clone(),
         no_services: true,
+        real_cluster: e2e::realkube::RealClusterOptions {
+            controller_manager_qps: kcm_qps(&args),
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await?;
@@ -137,6 +147,10 @@ async fn main() -> anyhow::Result<()> {
         "service flags: {}",
         sys.settings.args(Service::Provision, 0, 0).join(" ")
     );
+    if sys.is_real() {
+        let (q, b) = kcm_qps(&args);
+        println!("controller manager: --kube-api-qps {q} --kube-api-burst {b}");
+    }
     sys.create_storage_class(CLASS, "Immediate", &[]).await?;
     let seen: SharedSeen = Arc::new(Mutex::new(Seen::default()));
     observe::spawn_watchers(&sys.client, &sys.namespace, seen.clone());
@@ -214,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
     // Let the last events and writes land before reading the request counts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let provision_cost = cost::since(&sys, mark)?;
+    let kcm_cost = cost::controller_manager_since(&sys, mark)?;
     println!("claims: {n}");
     ours.print();
     println!(
@@ -221,6 +236,8 @@ async fn main() -> anyhow::Result<()> {
         cpu::format(cpu_burst.0, &cpu_burst.1, nproc())
     );
     print_cost("provisioning", provision_cost.as_ref(), n);
+    print_kcm_requests(kcm_cost.as_ref(), kcm_qps(&args), cpu_burst.0);
+    print_terminated_watchers(&sys.client).await;
 
     // ---- reclaim --------------------------------------------------------------
     let mark = cost::mark(&sys)?;
@@ -297,9 +314,11 @@ async fn measure_reference(
     let ns = sys.namespace.clone();
     let names = load::names("reference", args.claims);
     let running = reference::spawn(&sys.client, &ns, &provisioner);
+    let mark = cost::mark(sys)?;
     let cpu_mark = CpuSample::take(&process_ids(sys));
     let b = burst::provision(&sys.client, &ns, &names, CLASS, seen, timeout).await?;
     let cpu_burst = cpu_mark.since();
+    let kcm = cost::controller_manager_since(sys, mark)?;
     let cpu_mark = CpuSample::take(&process_ids(sys));
     let r = burst::reclaim(&sys.client, &ns, &names, seen, timeout).await?;
     let cpu_reclaim = cpu_mark.since();
@@ -317,18 +336,22 @@ async fn measure_reference(
         "    CPU during its burst: {}",
         cpu::format(cpu_burst.0, &cpu_burst.1, nproc())
     );
+    print_kcm_requests(kcm.as_ref(), kcm_qps(args), cpu_burst.0);
     println!(
         "    CPU during its reclaim: {}",
         cpu::format(cpu_reclaim.0, &cpu_reclaim.1, nproc())
     );
+    print_terminated_watchers(&sys.client).await;
     Ok((b, r))
 }
 
 fn print_indented(b: &Burst, r: &Reclaim) {
     println!(
-        "    {:.0} PVs created/s ({:.2?}); same run: annotated at {} claims/s; annotation -> PV p50 {:.1?}, p99 {:.1?}",
+        "    {:.0} PVs created/s ({:.2?}), {:.0} claims/s to claim Bound ({:.2?}); same run: annotated at {} claims/s; annotation -> PV p50 {:.1?}, p99 {:.1?}",
         b.created_per_sec(),
         b.to_pv,
+        b.bound_per_sec(),
+        b.to_bound,
         b.annotated_per_sec().map_or("?".into(), |a| format!("{a:.0}")),
         pct(&b.follow, 0.5),
         pct(&b.follow, 0.99)
@@ -342,6 +365,34 @@ fn print_indented(b: &Burst, r: &Reclaim) {
             e2e::bench::observe::per_sec(k, d)
         ))
     );
+}
+
+/// kube-controller-manager's requests `kcm` over `wall`, beside its
+/// client-side limit: at the limit, the controller manager (not the
+/// provisioner) sets the pace of annotation and binding.
+fn print_kcm_requests(kcm: Option<&ApiCost>, qps: (u32, u32), wall: Duration) {
+    if let Some(c) = kcm {
+        let (qps, burst) = qps;
+        let mut calls: Vec<_> = c.by_call.iter().collect();
+        calls.sort_by(|a, b| b.1.cmp(a.1));
+        calls.truncate(8);
+        println!(
+            "  controller manager's requests meanwhile: {} in {:.1?} = {:.0}/s (its --kube-api-qps {qps}, --kube-api-burst {burst}); most: {calls:?}",
+            c.requests,
+            wall,
+            observe::per_sec(c.requests as usize, wall)
+        );
+    }
+}
+
+/// The API server's count of watchers it closed for not keeping up, since
+/// it started (see `observe::terminated_watchers`).
+async fn print_terminated_watchers(client: &kube::Client) {
+    match observe::terminated_watchers(client).await {
+        Ok(t) if t.is_empty() => {}
+        Ok(t) => println!("  watchers the API server closed for not keeping up, so far: {t:?}"),
+        Err(e) => println!("  watchers closed for not keeping up: unknown ({e})"),
+    }
 }
 
 /// Every process sharing the machine that the benchmark can name: the real
@@ -395,10 +446,13 @@ fn print_ratios(
     }
     if let Some((b, r)) = reference {
         println!(
-            "ratios to the reference provisioner: PV created/s {:.0}/{:.0} = {:.2}; PV deleted/s {:.0}/{:.0} = {:.2}",
+            "ratios to the reference provisioner: PV created/s {:.0}/{:.0} = {:.2}; claims Bound/s {:.0}/{:.0} = {:.2}; PV deleted/s {:.0}/{:.0} = {:.2}",
             created,
             b.created_per_sec(),
             ratio(created, b.created_per_sec()),
+            ours.bound_per_sec(),
+            b.bound_per_sec(),
+            ratio(ours.bound_per_sec(), b.bound_per_sec()),
             deleted,
             r.deleted_per_sec(),
             ratio(deleted, r.deleted_per_sec()),
@@ -481,6 +535,21 @@ fn finish(sys: &mut System) {
         Err(problems) => eprintln!("RBAC/audit check of the run failed:\n{problems}"),
     }
     sys.shutdown();
+}
+
+/// The controller manager's client-side limit of this run.
+fn kcm_qps(args: &Args) -> (u32, u32) {
+    args.kcm_api_qps
+        .unwrap_or(e2e::realkube::CONTROLLER_MANAGER_QPS)
+}
+
+/// `QPS/BURST`, e.g. `2000/4000`.
+fn parse_qps_burst(s: &str) -> Result<(u32, u32), String> {
+    let (q, b) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?}: expected QPS/BURST, e.g. 2000/4000"))?;
+    let n = |v: &str| v.trim().parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
+    Ok((n(q)?, n(b)?))
 }
 
 fn loadavg() -> String {

@@ -90,12 +90,20 @@ impl RealPlane {
     /// Errors: the cluster does not start, kubectl kustomize fails, the API
     /// rejects an RBAC object, or a ServiceAccount token does not appear.
     pub async fn start(assets: &Assets) -> anyhow::Result<Self> {
+        Self::start_with(assets, RealClusterOptions::default()).await
+    }
+
+    /// [`start`](Self::start) with these cluster options (the controller
+    /// manager is started whatever `opts.controller_manager` says).
+    ///
+    /// Errors: as [`start`](Self::start).
+    pub async fn start_with(assets: &Assets, opts: RealClusterOptions) -> anyhow::Result<Self> {
         let rbac = DeployRbac::render()?;
         let cluster = RealCluster::start(
             assets,
             RealClusterOptions {
                 controller_manager: true,
-                ..Default::default()
+                ..opts
             },
         )
         .await
@@ -200,9 +208,18 @@ impl Plane {
     ///
     /// Errors: the simulator or the real cluster fails to start.
     pub async fn start(choice: ControlPlane) -> anyhow::Result<Self> {
+        Self::start_with(choice, RealClusterOptions::default()).await
+    }
+
+    /// [`start`](Self::start); a real cluster with `real` options.
+    ///
+    /// Errors: as [`start`](Self::start).
+    pub async fn start_with(choice: ControlPlane, real: RealClusterOptions) -> anyhow::Result<Self> {
         Ok(match choice {
             ControlPlane::Sim(config) => Plane::Sim(Arc::new(Simulator::start(config).await?)),
-            ControlPlane::Real(assets) => Plane::Real(Box::new(RealPlane::start(&assets).await?)),
+            ControlPlane::Real(assets) => {
+                Plane::Real(Box::new(RealPlane::start_with(&assets, real).await?))
+            }
         })
     }
 

@@ -51,6 +51,9 @@ pub struct SystemOptions {
     /// service authenticates as its deploy user (`--redis-username`,
     /// `--redis-password-file`); with TLS each gets `--redis-ca-file`.
     pub redis_security: RedisSecurity,
+    /// Options of a real control plane (ignored otherwise), e.g. the
+    /// controller manager's client-side limit for the benchmark.
+    pub real_cluster: crate::realkube::RealClusterOptions,
 }
 
 impl Default for SystemOptions {
@@ -66,6 +69,7 @@ impl Default for SystemOptions {
             configure: None,
             no_services: false,
             redis_security: RedisSecurity::default(),
+            real_cluster: Default::default(),
         }
     }
 }
@@ -120,7 +124,7 @@ impl System {
         std::fs::create_dir_all(&log_dir)?;
         let plane = match &opts.external_kubeconfig {
             Some(path) => Plane::External(path.clone()),
-            None => Plane::start(opts.control_plane).await?,
+            None => Plane::start_with(opts.control_plane, opts.real_cluster.clone()).await?,
         };
         let acl_provisioner = plane
             .real()

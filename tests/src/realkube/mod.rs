@@ -75,7 +75,14 @@ pub const APISERVER_STOP_GRACE: Duration = Duration::from_secs(3);
 
 const START_ATTEMPTS: usize = 3;
 const ADMIN_USER: &str = "admin";
-const KCM_USER: &str = "system:kube-controller-manager";
+/// kube-controller-manager's client-side `--kube-api-qps` and
+/// `--kube-api-burst` in the harness (its own defaults are 20 and 30): each
+/// controller's client has such a token bucket, and the PV controller's
+/// annotations, bindings and events share one.
+pub const CONTROLLER_MANAGER_QPS: (u32, u32) = (200, 400);
+/// The user kube-controller-manager authenticates as (one user for all its
+/// controllers: `--use-service-account-credentials=false`).
+pub const KCM_USER: &str = "system:kube-controller-manager";
 const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// Options of [`RealCluster::start`]. `Default`: temp dir removed on drop,
@@ -93,6 +100,9 @@ pub struct RealClusterOptions {
     /// claims, no protection finalizers are removed, namespaces never finish
     /// terminating and ServiceAccounts get no token Secret.
     pub controller_manager: bool,
+    /// kube-controller-manager's `--kube-api-qps` and `--kube-api-burst`
+    /// (default [`CONTROLLER_MANAGER_QPS`]).
+    pub controller_manager_qps: (u32, u32),
 }
 
 impl Default for RealClusterOptions {
@@ -101,6 +111,7 @@ impl Default for RealClusterOptions {
             keep_dir: false,
             apiserver_extra_flags: Vec::new(),
             controller_manager: true,
+            controller_manager_qps: CONTROLLER_MANAGER_QPS,
         }
     }
 }
@@ -650,9 +661,9 @@ impl RealCluster {
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
                 "--kube-api-qps",
-                "200",
+                &opts.controller_manager_qps.0.to_string(),
                 "--kube-api-burst",
-                "400",
+                &opts.controller_manager_qps.1.to_string(),
                 "--service-account-private-key-file",
                 &p(&pki.sa_key),
                 "--root-ca-file",
