@@ -214,7 +214,10 @@ impl Plane {
     /// [`start`](Self::start); a real cluster with `real` options.
     ///
     /// Errors: as [`start`](Self::start).
-    pub async fn start_with(choice: ControlPlane, real: RealClusterOptions) -> anyhow::Result<Self> {
+    pub async fn start_with(
+        choice: ControlPlane,
+        real: RealClusterOptions,
+    ) -> anyhow::Result<Self> {
         Ok(match choice {
             ControlPlane::Sim(config) => Plane::Sim(Arc::new(Simulator::start(config).await?)),
             ControlPlane::Real(assets) => {
