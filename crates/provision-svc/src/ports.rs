@@ -17,7 +17,7 @@ use common::store::intents::IntentStore;
 use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::mpsc;
@@ -139,8 +139,11 @@ impl IntentLog for IntentStore {
 /// How many events are published concurrently by [`KubeCluster`].
 pub const EVENT_PUBLISHERS: usize = 16;
 
+/// An event waiting for the publisher: the claim's reference (five short
+/// strings), not a copy of the whole claim, so a backlog in a burst stays
+/// small.
 struct PendingEvent {
-    claim: PersistentVolumeClaim,
+    claim: ObjectReference,
     warning: bool,
     reason: String,
     note: String,
@@ -172,13 +175,12 @@ impl KubeCluster {
         let publisher = tokio::spawn(stream.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
             let sink = sink.clone();
             async move {
-                let object = common::controller::events::reference(&e.claim);
                 let action = if e.reason == reason::PROVISIONING {
                     "Provision"
                 } else {
                     "ProvisionFailed"
                 };
-                sink.publish(&object, e.warning, &e.reason, action, e.note)
+                sink.publish(&e.claim, e.warning, &e.reason, action, e.note)
                     .await;
             }
         }));
@@ -240,7 +242,7 @@ impl ClusterApi for KubeCluster {
         note: String,
     ) {
         let _ = self.events.send(PendingEvent {
-            claim: claim.clone(),
+            claim: common::controller::events::reference(claim),
             warning,
             reason: reason.to_string(),
             note,

@@ -120,6 +120,40 @@ pub async fn delete_claims(
     Ok(())
 }
 
+/// A `1Mi`, `ReadWriteOnce` PV `name` with reclaim policy `Delete`, class
+/// `class`, hostPath `/nonexistent/<claim>` (no volume behind it),
+/// `pv.kubernetes.io/provisioned-by: <provisioner>` and `claimRef` to claim
+/// `namespace/claim` (with `uid` when given): pre-bound, so the controller
+/// manager binds it to that claim.
+pub fn prebound_pv(
+    name: &str,
+    namespace: &str,
+    claim: &str,
+    uid: Option<&str>,
+    class: &str,
+    provisioner: &str,
+) -> PersistentVolume {
+    let ann: BTreeMap<&str, &str> = [(api_types::ANN_DYNAMICALLY_PROVISIONED, provisioner)].into();
+    let mut claim_ref = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                               "namespace": namespace, "name": claim});
+    if let Some(uid) = uid {
+        claim_ref["uid"] = json!(uid);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "annotations": ann},
+        "spec": {
+            "capacity": {"storage": "1Mi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": class,
+            "hostPath": {"path": format!("/nonexistent/{claim}")},
+            "claimRef": claim_ref,
+        },
+    }))
+    .expect("valid PV manifest")
+}
+
 /// PV name of the pre-bound pair of claim `claim`.
 pub fn paired_pv_name(claim: &str) -> String {
     format!("{claim}-pv")
@@ -147,21 +181,7 @@ pub async fn create_bound_pairs(
             let (pvs, claims) = (pvs.clone(), claims.clone());
             async move {
                 let pv_name = paired_pv_name(name);
-                let ann: BTreeMap<&str, &str> =
-                    [(api_types::ANN_DYNAMICALLY_PROVISIONED, provisioner)].into();
-                let pv: PersistentVolume = serde_json::from_value(json!({
-                    "apiVersion": "v1", "kind": "PersistentVolume",
-                    "metadata": {"name": pv_name, "annotations": ann},
-                    "spec": {
-                        "capacity": {"storage": "1Mi"},
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Delete",
-                        "storageClassName": class,
-                        "hostPath": {"path": format!("/nonexistent/{name}")},
-                        "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-                                     "namespace": namespace, "name": name},
-                    },
-                }))?;
+                let pv = prebound_pv(&pv_name, namespace, name, None, class, provisioner);
                 pvs.create(&PostParams::default(), &pv)
                     .await
                     .with_context(|| format!("creating PV {pv_name}"))?;

@@ -216,24 +216,30 @@ pub fn per_sec(n: usize, d: Duration) -> f64 {
 /// (`apiserver_terminated_watchers_total`, by resource) since its start,
 /// read from its `/metrics`. A watcher that blocks the API server's watch
 /// cache delays every other watcher of the same resource (the controller
-/// manager's included) until it is closed. Empty when the server does not
-/// export the metric (the simulator).
+/// manager's included) until it is closed. `None` when the server does not
+/// export the metric (the simulator); `Some(empty)` when none was closed.
 ///
 /// Errors: the request failed.
-pub async fn terminated_watchers(client: &Client) -> anyhow::Result<Vec<(String, f64)>> {
+pub async fn terminated_watchers(client: &Client) -> anyhow::Result<Option<Vec<(String, f64)>>> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = match client.request_text(req).await {
         Ok(t) => t,
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Vec::new()),
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     Ok(parse_terminated_watchers(&text))
 }
 
 /// The `apiserver_terminated_watchers_total` samples of a Prometheus text
-/// exposition, as `(resource, count)`.
-pub fn parse_terminated_watchers(text: &str) -> Vec<(String, f64)> {
-    text.lines()
+/// exposition, as `(resource, count)`; `None` when the metric is not
+/// declared at all (a counter without samples is declared by its `# TYPE`
+/// line only).
+pub fn parse_terminated_watchers(text: &str) -> Option<Vec<(String, f64)>> {
+    if !text.contains("# TYPE apiserver_terminated_watchers_total") {
+        return None;
+    }
+    let samples = text
+        .lines()
         .filter(|l| l.starts_with("apiserver_terminated_watchers_total{"))
         .filter_map(|l| {
             let (labels, value) = l.rsplit_once(' ')?;
@@ -243,7 +249,8 @@ pub fn parse_terminated_watchers(text: &str) -> Vec<(String, f64)> {
                 .trim_end_matches('"');
             Some((resource.to_string(), value.parse().ok()?))
         })
-        .collect()
+        .collect();
+    Some(samples)
 }
 
 #[cfg(test)]
@@ -259,11 +266,13 @@ mod tests {
                     apiserver_watch_events_total{kind=\"Pod\"} 9\n";
         assert_eq!(
             parse_terminated_watchers(text),
-            vec![
+            Some(vec![
                 ("persistentvolumeclaims".to_string(), 2.0),
                 ("events".to_string(), 1.0)
-            ]
+            ])
         );
-        assert!(parse_terminated_watchers("").is_empty());
+        let declared_only = "# TYPE apiserver_terminated_watchers_total counter\n";
+        assert_eq!(parse_terminated_watchers(declared_only), Some(vec![]));
+        assert_eq!(parse_terminated_watchers("up 1\n"), None);
     }
 }

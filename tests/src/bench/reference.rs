@@ -12,7 +12,7 @@
 //! alone leaves out the binding work and the PV writes that any provisioner's
 //! PVs cause, on the same cores.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -20,11 +20,10 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::Client;
-use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::load::BURST_IN_FLIGHT;
+use super::load::{self, BURST_IN_FLIGHT};
 use super::observe::{ANN_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER_BETA};
 
 /// The running reference provisioner; dropping it stops it.
@@ -54,8 +53,8 @@ pub fn wants_volume(claim: &PersistentVolumeClaim, provisioner: &str) -> bool {
 }
 
 /// The PV the reference provisioner creates for `claim`: `pvc-<uid>`, the
-/// claim's class and first access mode, `1Mi`, reclaim policy `Delete`,
-/// `provisioned-by: <provisioner>`, `claimRef` with the claim's uid.
+/// claim's class, pre-bound to the claim by name and uid
+/// ([`load::prebound_pv`]).
 ///
 /// Errors: the claim has no name, namespace or uid.
 pub fn volume_for(
@@ -71,20 +70,14 @@ pub fn volume_for(
         .as_ref()
         .and_then(|s| s.storage_class_name.clone())
         .unwrap_or_default();
-    let ann: BTreeMap<&str, &str> = [(api_types::ANN_DYNAMICALLY_PROVISIONED, provisioner)].into();
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": format!("pvc-{uid}"), "annotations": ann},
-        "spec": {
-            "capacity": {"storage": "1Mi"},
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": class,
-            "hostPath": {"path": format!("/nonexistent/{name}")},
-            "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-                         "namespace": ns, "name": name, "uid": uid},
-        },
-    }))?)
+    Ok(load::prebound_pv(
+        &format!("pvc-{uid}"),
+        ns,
+        name,
+        Some(uid),
+        &class,
+        provisioner,
+    ))
 }
 
 /// Start the reference provisioner for claims in `namespace` annotated with
@@ -99,6 +92,8 @@ pub fn spawn(client: &Client, namespace: &str, provisioner: &str) -> Reference {
     let (p, l, api) = (provisioner.to_string(), limit.clone(), pvs.clone());
     tasks.spawn(async move {
         let mut started = HashSet::new();
+        // Requests in flight belong to this task: aborted with it.
+        let mut inflight = JoinSet::new();
         let mut w = watcher::watcher(claims, Default::default()).boxed();
         while let Some(ev) = w.next().await {
             let (Ok(Event::Apply(c)) | Ok(Event::InitApply(c))) = ev else {
@@ -115,7 +110,8 @@ pub fn spawn(client: &Client, namespace: &str, provisioner: &str) -> Reference {
                 }
             };
             let (api, permit) = (api.clone(), l.clone().acquire_owned().await);
-            tokio::spawn(async move {
+            while inflight.try_join_next().is_some() {}
+            inflight.spawn(async move {
                 let _permit = permit;
                 if let Err(e) = api.create(&PostParams::default(), &pv).await {
                     eprintln!("reference provisioner: creating a PV: {e}");
@@ -128,6 +124,7 @@ pub fn spawn(client: &Client, namespace: &str, provisioner: &str) -> Reference {
     let mut deleting = HashSet::new();
     let watched = pvs.clone();
     tasks.spawn(async move {
+        let mut inflight = JoinSet::new();
         let mut w = watcher::watcher(watched, Default::default()).boxed();
         while let Some(ev) = w.next().await {
             let (Ok(Event::Apply(pv)) | Ok(Event::InitApply(pv))) = ev else {
@@ -145,7 +142,8 @@ pub fn spawn(client: &Client, namespace: &str, provisioner: &str) -> Reference {
                 continue;
             }
             let (api, permit) = (pvs.clone(), limit.clone().acquire_owned().await);
-            tokio::spawn(async move {
+            while inflight.try_join_next().is_some() {}
+            inflight.spawn(async move {
                 let _permit = permit;
                 match api.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => {}
@@ -161,6 +159,7 @@ pub fn spawn(client: &Client, namespace: &str, provisioner: &str) -> Reference {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn claim(annotations: serde_json::Value, volume_name: Option<&str>) -> PersistentVolumeClaim {
         serde_json::from_value(json!({

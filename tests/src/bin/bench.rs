@@ -8,13 +8,21 @@
 //! 1. the controller manager alone (real plane; nothing of ours running):
 //!    claims annotated per second, the annotation delay at the offered rate,
 //!    PVs marked `Released` per second;
-//! 2. a burst of N claims (`--claims`): claims/s to PV created and to claim
-//!    Bound, p50/p99 claim created → PV created, API requests and writes per
-//!    volume (real plane: the API server's audit log; simulator: its counters);
-//! 3. reclaim of the burst: PVs deleted per second, API cost per volume;
-//! 4. an offered load (`--rate`, `--rate-claims`): p50/p99 claim created → PV created;
-//! 5. peak RSS of each service (`VmHWM`), and the ratios to the controller
-//!    manager's rates.
+//! 2. a reference provisioner inside the benchmark (`e2e::bench::reference`,
+//!    before the services start; `--no-reference` skips it): a burst of N
+//!    claims and its reclaim, timed like the services';
+//! 3. a burst of N claims (`--claims`) served by the services: claims/s to
+//!    PV created and to claim Bound, p50/p99 claim created → PV created, API
+//!    requests and writes per volume (real plane: the API server's audit log;
+//!    simulator: its counters), the controller manager's requests meanwhile
+//!    beside its limit (`--kcm-api-qps`);
+//! 4. reclaim of the burst: PVs deleted per second, API cost per volume;
+//! 5. an offered load (`--rate`, `--rate-claims`): p50/p99 claim created → PV created;
+//! 6. peak RSS of each service (`VmHWM`), and the ratios to the controller
+//!    manager's rates and to the reference provisioner's.
+//!
+//! Every burst and reclaim also prints the CPU time each process used
+//! (control plane, Redis, services, benchmark: `e2e::bench::cpu`).
 //!
 //! With `--outage 30s` it runs the API-server outage measurement instead
 //! (see `e2e::bench::outage`).
@@ -225,10 +233,11 @@ async fn main() -> anyhow::Result<()> {
     let cpu_mark = CpuSample::take(&process_ids(&mut sys));
     let ours = burst::provision(&sys.client, &ns, &names, CLASS, &seen, timeout).await?;
     let cpu_burst = cpu_mark.since();
-    // Let the last events and writes land before reading the request counts.
+    // The controller manager's requests over the burst's own window (the
+    // same as `cpu_burst`'s), the services' after their last writes landed.
+    let kcm_cost = cost::controller_manager_since(&sys, mark)?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let provision_cost = cost::since(&sys, mark)?;
-    let kcm_cost = cost::controller_manager_since(&sys, mark)?;
     println!("claims: {n}");
     ours.print();
     println!(
@@ -389,8 +398,13 @@ fn print_kcm_requests(kcm: Option<&ApiCost>, qps: (u32, u32), wall: Duration) {
 /// it started (see `observe::terminated_watchers`).
 async fn print_terminated_watchers(client: &kube::Client) {
     match observe::terminated_watchers(client).await {
-        Ok(t) if t.is_empty() => {}
-        Ok(t) => println!("  watchers the API server closed for not keeping up, so far: {t:?}"),
+        Ok(None) => {}
+        Ok(Some(t)) if t.is_empty() => {
+            println!("  watchers the API server closed for not keeping up, so far: none")
+        }
+        Ok(Some(t)) => {
+            println!("  watchers the API server closed for not keeping up, so far: {t:?}")
+        }
         Err(e) => println!("  watchers closed for not keeping up: unknown ({e})"),
     }
 }
