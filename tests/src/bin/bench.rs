@@ -171,6 +171,8 @@ async fn main() -> anyhow::Result<()> {
         None
     } else {
         let provisioner = sys.settings.provisioner_name.clone();
+        let mark = cost::mark(&sys)?;
+        let started = std::time::Instant::now();
         let r = kcm::measure(
             &KcmLoad {
                 client: &sys.client,
@@ -186,6 +188,11 @@ async fn main() -> anyhow::Result<()> {
         )
         .await?;
         print_kcm(&r);
+        print_kcm_requests(
+            cost::controller_manager_since(&sys, mark)?.as_ref(),
+            kcm_qps(&args),
+            started.elapsed(),
+        );
         Some(r)
     };
 
