@@ -152,8 +152,10 @@ pub struct CommonArgs {
     ///
     /// Default 1000: a backstop against a runaway loop, sized so it never binds
     /// below what the control plane itself allows. kube-controller-manager
-    /// annotates claims for an external provisioner at about 150–310 claims/s
-    /// on a two-core machine (`bench --control-plane real`, BENCHMARKS.md), and
+    /// annotates claims for an external provisioner at most as fast as its own
+    /// client-side limit allows (about 150–310 claims/s on a two-core machine
+    /// with its `--kube-api-qps 200`, 4 claims/s bound with its default 20:
+    /// `bench --control-plane real`, BENCHMARKS.md), and
     /// a volume costs pv-writer two requests (PV create, `ProvisioningSucceeded`)
     /// and provision-svc one (`Provisioning`): at most about 650 requests/s per
     /// process, where the former default of 200 capped pv-writer near 100 PVs/s.
