@@ -15,13 +15,6 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
-/// The storage-provisioner annotation kube-controller-manager v1.19 sets on a
-/// pending claim of a class with an external provisioner (the newer,
-/// non-beta key is accepted too).
-pub const ANN_STORAGE_PROVISIONER_BETA: &str = "volume.beta.kubernetes.io/storage-provisioner";
-/// The GA spelling of [`ANN_STORAGE_PROVISIONER_BETA`] (Kubernetes ≥ 1.23).
-pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-
 /// First-seen instants, by claim name.
 #[derive(Default, Debug)]
 pub struct Seen {
@@ -157,11 +150,9 @@ pub fn spawn_watchers(client: &Client, namespace: &str, seen: SharedSeen) {
                 g.claim_gone.entry(name).or_insert(now);
                 continue;
             }
-            let annotated = c.metadata.annotations.as_ref().is_some_and(|a| {
-                a.contains_key(ANN_STORAGE_PROVISIONER_BETA)
-                    || a.contains_key(ANN_STORAGE_PROVISIONER)
-            });
-            if annotated {
+            // The storage-provisioner annotation (beta key on v1.19, GA on
+            // 1.23+), read as provision-svc reads it.
+            if provision_svc::decision::expected_provisioner(&c).is_some() {
                 g.claim_annotated.entry(name.clone()).or_insert(now);
             }
             if c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {

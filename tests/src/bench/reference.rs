@@ -24,7 +24,6 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::load::{self, BURST_IN_FLIGHT};
-use super::observe::{ANN_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER_BETA};
 
 /// The running reference provisioner; dropping it stops it.
 pub struct Reference {
@@ -38,13 +37,10 @@ impl Drop for Reference {
 }
 
 /// Whether `claim` asks provisioner `provisioner` for a volume now: annotated
-/// with its name (beta or GA key) and not yet bound to a volume.
+/// with its name (GA key, else beta: provision-svc's
+/// `decision::expected_provisioner`) and not yet bound to a volume.
 pub fn wants_volume(claim: &PersistentVolumeClaim, provisioner: &str) -> bool {
-    let annotated = claim.metadata.annotations.as_ref().is_some_and(|a| {
-        [ANN_STORAGE_PROVISIONER_BETA, ANN_STORAGE_PROVISIONER]
-            .iter()
-            .any(|k| a.get(*k).map(String::as_str) == Some(provisioner))
-    });
+    let annotated = provision_svc::decision::expected_provisioner(claim) == Some(provisioner);
     let unbound = claim
         .spec
         .as_ref()
@@ -71,7 +67,7 @@ pub fn volume_for(
         .and_then(|s| s.storage_class_name.clone())
         .unwrap_or_default();
     Ok(load::prebound_pv(
-        &format!("pvc-{uid}"),
+        &api_types::pv_name_for_claim_uid(uid),
         ns,
         name,
         Some(uid),
@@ -159,6 +155,7 @@ pub fn spawn(client: &Client, namespace: &str, provisioner: &str) -> Reference {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use api_types::{ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER};
     use serde_json::json;
 
     fn claim(annotations: serde_json::Value, volume_name: Option<&str>) -> PersistentVolumeClaim {
@@ -174,7 +171,7 @@ mod tests {
     fn only_a_pending_claim_annotated_with_our_name_wants_a_volume() {
         let ours = "example.com/hostpath";
         assert!(wants_volume(
-            &claim(json!({ANN_STORAGE_PROVISIONER_BETA: ours}), None),
+            &claim(json!({ANN_BETA_STORAGE_PROVISIONER: ours}), None),
             ours
         ));
         assert!(wants_volume(
@@ -187,14 +184,14 @@ mod tests {
         );
         assert!(
             !wants_volume(
-                &claim(json!({ANN_STORAGE_PROVISIONER_BETA: "other.io/x"}), None),
+                &claim(json!({ANN_BETA_STORAGE_PROVISIONER: "other.io/x"}), None),
                 ours
             ),
             "another provisioner's claim"
         );
         assert!(
             !wants_volume(
-                &claim(json!({ANN_STORAGE_PROVISIONER_BETA: ours}), Some("pv-1")),
+                &claim(json!({ANN_BETA_STORAGE_PROVISIONER: ours}), Some("pv-1")),
                 ours
             ),
             "already bound to a volume"
