@@ -537,7 +537,7 @@ fn check_rbac(
 /// Flags of a container as its service parses them, plus what was resolved.
 struct ParsedContainer {
     common: CommonArgs,
-    backend: Option<BackendArgs>,
+    backend: BackendArgs,
 }
 
 /// Env twin → long flag, from the service's clap command.
@@ -675,9 +675,9 @@ fn parse_container(
     match cmd.try_get_matches_from(&argv) {
         Ok(m) => {
             let common = CommonArgs::from_arg_matches(&m).expect("CommonArgs from matches");
-            let backend = spec
-                .backend
-                .then(|| BackendArgs::from_arg_matches(&m).expect("BackendArgs from matches"));
+            // Every binary takes the backend flags: pv-writer checks each queued PV
+            // against the backend provision-svc runs.
+            let backend = BackendArgs::from_arg_matches(&m).expect("BackendArgs from matches");
             Some(ParsedContainer { common, backend })
         }
         Err(e) => {
@@ -983,14 +983,12 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
                 .map(|h| (v.name.clone(), h.path.clone(), h.type_.clone()))
         })
         .collect();
-    let hostpath = parsed
-        .backend
-        .as_ref()
+    // Only the services that run the backend mount its storage.
+    let runs = Some(&parsed.backend).filter(|_| spec.backend);
+    let hostpath = runs
         .filter(|b| b.kind == BackendKind::Hostpath)
         .map(|b| &b.hostpath);
-    let nfs = parsed
-        .backend
-        .as_ref()
+    let nfs = runs
         .filter(|b| b.kind == BackendKind::NfsSubdir)
         .map(|b| &b.nfs);
     problems.extend(check_nfs_volume(spec.name, &pod, c, nfs));
@@ -1129,11 +1127,24 @@ fn check_redis(r: &Rendered, consumers: &[(String, String)]) -> Vec<String> {
 }
 
 /// All checks of one rendered overlay; `replicas` is the expected count per service.
+/// What a PV's volume source is checked against: the backend and its node path
+/// (hostpath `--base-dir`) or NFS server and export path.
+fn backend_identity(b: &BackendArgs) -> String {
+    match b.kind {
+        BackendKind::Hostpath => format!("hostpath --base-dir={}", b.hostpath.base_dir.display()),
+        BackendKind::NfsSubdir => format!(
+            "nfs-subdir --nfs-server={:?} --nfs-path={:?}",
+            b.nfs.nfs_server, b.nfs.nfs_path
+        ),
+    }
+}
+
 fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
     let mut problems = Vec::new();
     let mut images = BTreeSet::new();
     let mut urls = Vec::new();
     let mut names = BTreeSet::new();
+    let mut backends = BTreeMap::new();
     for spec in services() {
         let (p, parsed) = check_deployment(r, &spec);
         problems.extend(p);
@@ -1161,7 +1172,15 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
             ));
             urls.push((spec.namespace.to_string(), parsed.common.redis_url.clone()));
             names.insert(parsed.common.provisioner_name.clone());
+            backends.insert(spec.name, backend_identity(&parsed.backend));
         }
+    }
+    // provision-svc makes the volumes, pv-writer checks each queued PV against
+    // the same backend, reclaim-svc deletes them: one backend, one setting.
+    if backends.values().collect::<BTreeSet<_>>().len() > 1 {
+        problems.push(format!(
+            "the services are configured for different backends: {backends:?}"
+        ));
     }
     if images.len() != 1
         || images.iter().any(|i| {
@@ -1718,7 +1737,7 @@ fn every_overlay_renders_and_matches_the_services() {
     overlays.sort();
     assert_eq!(
         overlays,
-        ["dev", "ha", "nfs"],
+        ["dev", "ha", "ha-1.19", "nfs"],
         "update expected_replicas for new overlays"
     );
     for name in &overlays {
@@ -1880,6 +1899,170 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
     }
 }
 
+/// overlays/ha-1.19 is overlays/ha with its PodDisruptionBudgets as
+/// `policy/v1beta1` (Kubernetes 1.19/1.20), and nothing else changed.
+#[test]
+fn ha_1_19_overlay_is_ha_with_policy_v1beta1_budgets() {
+    if !kubectl_available("ha_1_19_overlay_is_ha_with_policy_v1beta1_budgets") {
+        return;
+    }
+    let ha = render_overlay("ha");
+    let old = render_overlay("ha-1.19");
+    assert_eq!(ha.objects.len(), old.objects.len());
+    let mut budgets = 0;
+    for (a, b) in ha.objects.iter().zip(&old.objects) {
+        let mut a = a.raw.clone();
+        if a["kind"] == "PodDisruptionBudget" {
+            assert_eq!(a["apiVersion"], "policy/v1");
+            assert_eq!(b.raw["apiVersion"], "policy/v1beta1");
+            a["apiVersion"] = "policy/v1beta1".into();
+            budgets += 1;
+        }
+        assert_eq!(a, b.raw, "ha-1.19 differs from ha beyond the PDB apiVersion");
+    }
+    assert_eq!(budgets, 3, "one PodDisruptionBudget per service");
+}
+
+/// Copy the directory tree `from` to `to` (files and folders only).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// Every place of a rendering that names the hostpath base dir says `dir`: the
+/// three services' `--base-dir` (pv-writer's too), and provision-svc's and
+/// reclaim-svc's hostPath volume and its mount. Returns the differences.
+fn base_dir_everywhere(r: &Rendered, text: &str, dir: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for spec in services() {
+        let (_, parsed) = check_deployment(r, &spec);
+        let got = parsed.map(|p| p.backend.hostpath.base_dir);
+        if got.as_deref() != Some(Path::new(dir)) {
+            problems.push(format!("{}: --base-dir {got:?}, expected {dir}", spec.name));
+        }
+        if !spec.backend {
+            continue;
+        }
+        let d: Deployment = r.find("Deployment", spec.name).unwrap();
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        let host = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "hostpath-base-dir")
+            .and_then(|v| v.host_path.clone())
+            .map(|h| h.path);
+        let mount = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == "hostpath-base-dir")
+            .map(|m| m.mount_path.clone());
+        if host.as_deref() != Some(dir) || mount.as_deref() != Some(dir) {
+            problems.push(format!(
+                "{}: hostPath {host:?}, mountPath {mount:?}, expected {dir}",
+                spec.name
+            ));
+        }
+    }
+    for stale in ["/var/lib/hostpath-provisioner", "set-by-replacement"] {
+        if text.contains(stale) {
+            problems.push(format!("{stale} is still in the rendering"));
+        }
+    }
+    problems
+}
+
+/// The hostpath base directory is one setting: changing the one line
+/// `HOSTPATH_BASE_DIR` of `base/config.env`, or setting it in an overlay that
+/// lists `components/hostpath-base-dir`, moves every place that names it; an
+/// overlay that sets it without the component is reported.
+#[test]
+fn the_hostpath_base_dir_is_one_setting() {
+    if !kubectl_available("the_hostpath_base_dir_is_one_setting") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let deploy = tmp.path().join("deploy");
+    copy_tree(&repo_root().join("deploy"), &deploy);
+
+    // The shipped value, for reference.
+    let r = render_overlay("ha");
+    let text = kustomize(&repo_root().join("deploy/overlays/ha"));
+    let shipped = base_dir_everywhere(&r, &text, "/var/lib/hostpath-provisioner");
+    assert_eq!(
+        shipped,
+        ["/var/lib/hostpath-provisioner is still in the rendering"],
+        "the default base dir everywhere"
+    );
+
+    // An operator edits one line of base/config.env.
+    let env_file = deploy.join("base/config.env");
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    let lines: Vec<&str> = env
+        .lines()
+        .filter(|l| l.starts_with("HOSTPATH_BASE_DIR="))
+        .collect();
+    assert_eq!(lines, ["HOSTPATH_BASE_DIR=/var/lib/hostpath-provisioner"]);
+    let edited = env.replace(lines[0], "HOSTPATH_BASE_DIR=/srv/volumes");
+    std::fs::write(&env_file, edited).unwrap();
+    for overlay in ["dev", "ha", "ha-1.19"] {
+        let text = kustomize(&deploy.join("overlays").join(overlay));
+        let r = Rendered {
+            label: format!("overlays/{overlay} with base/config.env edited"),
+            objects: parse_stream(&text),
+        };
+        assert_no_problems(&r, &check_rendered(&r, expected_replicas(overlay)));
+        assert_no_problems(&r, &base_dir_everywhere(&r, &text, "/srv/volumes"));
+    }
+
+    // An own overlay sets it in its config.env, with and without the component.
+    for with_component in [true, false] {
+        let dir = tmp.path().join(format!("my-overlay-{with_component}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.env"), "HOSTPATH_BASE_DIR=/data/volumes\n").unwrap();
+        let mut k = String::from(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [../deploy/overlays/ha]\nconfigMapGenerator:\n",
+        );
+        for ns in [QUEUE_NAMESPACE, VOLUMES_NAMESPACE] {
+            k.push_str(&format!(
+                "  - {{name: split-provisioner-config, namespace: {ns}, behavior: merge, envs: [config.env]}}\n"
+            ));
+        }
+        if with_component {
+            k.push_str("components: [../deploy/components/hostpath-base-dir]\n");
+        }
+        std::fs::write(dir.join("kustomization.yaml"), k).unwrap();
+        let text = kustomize(&dir);
+        let r = Rendered {
+            label: format!("own overlay, component listed: {with_component}"),
+            objects: parse_stream(&text),
+        };
+        let problems = check_rendered(&r, 2);
+        if with_component {
+            assert_no_problems(&r, &problems);
+            assert_no_problems(&r, &base_dir_everywhere(&r, &text, "/data/volumes"));
+        } else {
+            let all = problems.join("\n");
+            for svc in ["provision-svc", "reclaim-svc"] {
+                assert!(
+                    all.contains(&format!("{svc}: the hostPath /data/volumes (--base-dir) must be mounted")),
+                    "{all}"
+                );
+            }
+        }
+    }
+}
+
 /// overlays/nfs: the nfs-subdir backend as a drop-in for
 /// nfs-subdir-external-provisioner: provision-svc and reclaim-svc parse to
 /// `--backend nfs-subdir` with the ConfigMap's server, path and mount (which
@@ -1898,10 +2081,8 @@ fn nfs_overlay_is_a_drop_in_for_nfs_subdir() {
         assert!(problems.is_empty(), "{problems:?}");
         let parsed = parsed.expect("parsed container");
         provisioner_names.insert(parsed.common.provisioner_name.clone());
-        let Some(backend) = parsed.backend else {
-            assert_eq!(spec.name, "pv-writer");
-            continue;
-        };
+        // pv-writer too: it checks every queued PV against the same backend.
+        let backend = parsed.backend;
         assert_eq!(backend.kind, BackendKind::NfsSubdir, "{}", spec.name);
         assert_eq!(backend.nfs.nfs_server.as_deref(), Some("nfs.example.com"));
         assert_eq!(backend.nfs.nfs_path.as_deref(), Some("/exports/kubernetes"));
@@ -2176,6 +2357,7 @@ fn workloads_land_in_their_pod_security_namespace() {
     for (overlay, volumes_level) in [
         ("dev", "privileged"),
         ("ha", "privileged"),
+        ("ha-1.19", "privileged"),
         ("nfs", "baseline"),
     ] {
         let r = render_overlay(overlay);
