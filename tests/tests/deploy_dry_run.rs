@@ -16,9 +16,14 @@
 //!   ServiceMonitor first; when that fails this way, exactly the ServiceMonitor object is
 //!   skipped with that reason printed, and it is dry-run normally on a server that works.
 //! * `policy/v1` PodDisruptionBudgets (the `ha` overlay) are not served before Kubernetes
-//!   1.21, while 1.25+ serves only `policy/v1`: on a server without `policy/v1` the test
-//!   asserts that exactly the rendered PodDisruptionBudgets, and nothing else, are rejected
-//!   (the README's version promise for the `ha` overlay is 1.21+; see deploy/README.md).
+//!   1.21, while 1.25+ serves only `policy/v1` (`overlays/ha-1.19` has `policy/v1beta1`):
+//!   the test asserts that exactly the rendered PodDisruptionBudgets of a version the
+//!   server does not serve, and nothing else, are rejected (see deploy/README.md).
+//!
+//! * `deploy/README.md`'s "Production install" block (after the `production-install`
+//!   marker) runs verbatim with `bash -eu`, `KUBECONFIG` the cluster's admin kubeconfig:
+//!   namespaces, Secrets, overlay, check; then the Secrets, workloads and everything
+//!   their pod templates name are checked on the server.
 //!
 //! Skipped with one line without the binaries or `kubectl` (a failure when `CI=true`).
 
@@ -187,14 +192,22 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server() {
     let client = cluster.client();
     install_monitoring_crd(client.clone(), "ServiceMonitor", "servicemonitors").await;
     install_monitoring_crd(client.clone(), "PrometheusRule", "prometheusrules").await;
-    let serves_policy_v1 = client
-        .request_text(
-            http::Request::get("/apis/policy/v1")
-                .body(Vec::new())
-                .unwrap(),
-        )
-        .await
-        .is_ok();
+    // PodDisruptionBudget apiVersions this server serves (policy/v1 from 1.21,
+    // policy/v1beta1 up to 1.24).
+    let mut served_pdb_versions = BTreeSet::new();
+    for version in ["policy/v1", "policy/v1beta1"] {
+        let served = client
+            .request_text(
+                http::Request::get(format!("/apis/{version}"))
+                    .body(Vec::new())
+                    .unwrap(),
+            )
+            .await
+            .is_ok();
+        if served {
+            served_pdb_versions.insert(version.to_string());
+        }
+    }
 
     let root = repo_root().join("deploy");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("overlays"))
@@ -230,30 +243,27 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server() {
                 Err(e) => panic!("create namespace: {e}"),
             }
         }
-        // policy/v1 PodDisruptionBudgets: the one documented exception on servers < 1.21.
-        let expected: BTreeSet<String> = if serves_policy_v1 {
-            BTreeSet::new()
-        } else {
-            objects
-                .iter()
-                .filter(|o| o["kind"] == "PodDisruptionBudget" && o["apiVersion"] == "policy/v1")
-                .map(|o| o["metadata"]["name"].as_str().unwrap_or("").to_string())
-                .collect()
-        };
+        // PodDisruptionBudgets of a version the server does not serve: the one documented
+        // exception (overlays/ha before 1.21, overlays/ha-1.19 from 1.25).
+        let expected: BTreeSet<String> = objects
+            .iter()
+            .filter(|o| {
+                o["kind"] == "PodDisruptionBudget"
+                    && !served_pdb_versions.contains(o["apiVersion"].as_str().unwrap_or(""))
+            })
+            .map(|o| o["metadata"]["name"].as_str().unwrap_or("").to_string())
+            .collect();
         let r = dry_run(cluster.admin_kubeconfig(), dir);
+        let unserved_pdb = |l: &str| {
+            l.contains("no matches for kind \"PodDisruptionBudget\" in version \"policy/v1")
+        };
         let pdb_rejected: BTreeSet<String> = r
             .rejections
             .iter()
-            .filter(|l| {
-                l.contains("no matches for kind \"PodDisruptionBudget\" in version \"policy/v1\"")
-            })
+            .filter(|l| unserved_pdb(l))
             .filter_map(|l| l.split('"').nth(1).map(str::to_string))
             .collect();
-        let other: Vec<&String> = r
-            .rejections
-            .iter()
-            .filter(|l| !l.contains("kind \"PodDisruptionBudget\" in version \"policy/v1\""))
-            .collect();
+        let other: Vec<&String> = r.rejections.iter().filter(|l| !unserved_pdb(l)).collect();
         let name = dir.strip_prefix(&root).unwrap().display().to_string();
         if !other.is_empty() || pdb_rejected != expected || (expected.is_empty() && !r.success) {
             problems.push(format!(
@@ -267,9 +277,229 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server() {
             if expected.is_empty() {
                 String::new()
             } else {
-                format!(" except the policy/v1 PodDisruptionBudgets {expected:?} (server < 1.21)")
+                format!(" except the PodDisruptionBudgets {expected:?} (a version this server does not serve)")
             }
         );
     }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
+}
+
+/// The shell block of `deploy/README.md` that follows the `<!-- production-install` marker.
+fn production_install_block() -> String {
+    let readme = std::fs::read_to_string(repo_root().join("deploy/README.md")).unwrap();
+    let after = readme
+        .split_once("<!-- production-install")
+        .expect("deploy/README.md has the production-install marker")
+        .1;
+    let body = after
+        .split_once("```sh\n")
+        .expect("a ```sh block after the marker")
+        .1;
+    body.split_once("\n```")
+        .expect("the block is closed")
+        .0
+        .to_string()
+}
+
+/// Runs the production install block with `bash -eu` from the repository root, kubectl
+/// pointed at `kubeconfig` through `KUBECONFIG` only. Returns success and the output.
+fn run_install(kubeconfig: &Path, block: &str) -> (bool, String) {
+    let out = Command::new("bash")
+        .args(["-eu", "-c", block])
+        .current_dir(repo_root())
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run bash");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Every Secret and ConfigMap (and key) a pod template names exists in `ns`.
+async fn missing_references(
+    client: &kube::Client,
+    ns: &str,
+    owner: &str,
+    pod: &k8s_openapi::api::core::v1::PodSpec,
+) -> Vec<String> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    // (kind, name, keys the pod reads)
+    let mut refs: Vec<(&str, String, Vec<String>)> = Vec::new();
+    for v in pod.volumes.iter().flatten() {
+        if let Some(s) = &v.secret {
+            let keys = s.items.iter().flatten().map(|i| i.key.clone()).collect();
+            refs.push(("Secret", s.secret_name.clone().unwrap_or_default(), keys));
+        }
+        if let Some(c) = &v.config_map {
+            let keys = c.items.iter().flatten().map(|i| i.key.clone()).collect();
+            refs.push(("ConfigMap", c.name.clone(), keys));
+        }
+    }
+    for c in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+        for f in c.env_from.iter().flatten() {
+            if let Some(r) = &f.config_map_ref {
+                refs.push(("ConfigMap", r.name.clone(), vec![]));
+            }
+            if let Some(r) = &f.secret_ref {
+                refs.push(("Secret", r.name.clone(), vec![]));
+            }
+        }
+        for e in c.env.iter().flatten() {
+            let from = e.value_from.as_ref();
+            if let Some(r) = from.and_then(|f| f.config_map_key_ref.as_ref()) {
+                refs.push(("ConfigMap", r.name.clone(), vec![r.key.clone()]));
+            }
+            if let Some(r) = from.and_then(|f| f.secret_key_ref.as_ref()) {
+                refs.push(("Secret", r.name.clone(), vec![r.key.clone()]));
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for (kind, name, keys) in refs {
+        let present: Option<BTreeSet<String>> = if kind == "Secret" {
+            secrets
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .map(|s| s.data.unwrap_or_default().into_keys().collect())
+        } else {
+            maps.get_opt(&name)
+                .await
+                .unwrap()
+                .map(|c| c.data.unwrap_or_default().into_keys().collect())
+        };
+        match present {
+            None => missing.push(format!("{owner}: {kind} {ns}/{name} does not exist")),
+            Some(have) => {
+                for k in keys.iter().filter(|k| !have.contains(*k)) {
+                    missing.push(format!("{owner}: {kind} {ns}/{name} has no key {k}"));
+                }
+            }
+        }
+    }
+    missing
+}
+
+/// `deploy/README.md`'s "Production install" block, run verbatim against a real API
+/// server: it succeeds, leaves the namespaces, the same Secrets in both namespaces, the
+/// workloads and their PodDisruptionBudgets, and everything a pod template names exists
+/// (no node here: nothing runs). A second run fails without touching the Secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_production_install_in_the_deploy_readme_runs_on_the_real_server() {
+    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+    use k8s_openapi::api::core::v1::Secret;
+    let test = "the_production_install_in_the_deploy_readme_runs_on_the_real_server";
+    let Some(assets) = assets_or_skip(test) else {
+        return;
+    };
+    if !kubectl_or_skip(test) {
+        return;
+    }
+    let cluster = RealCluster::start(
+        &assets,
+        RealClusterOptions {
+            controller_manager: false,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let block = production_install_block();
+    let (ok, output) = run_install(cluster.admin_kubeconfig(), &block);
+    assert!(ok, "the production install failed:\n{output}");
+    eprintln!("production install output:\n{output}");
+
+    // The same Secrets in both namespaces, with real values.
+    let secret = |ns: &str, name: &str| {
+        let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let name = name.to_string();
+        async move {
+            let s = api.get(&name).await.unwrap();
+            s.data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+                .collect::<std::collections::BTreeMap<String, String>>()
+        }
+    };
+    let key = secret("split-provisioner", "split-provisioner-queue-key").await;
+    assert_eq!(
+        key,
+        secret("split-provisioner-volumes", "split-provisioner-queue-key").await
+    );
+    let hmac = &key["hmac-key"];
+    assert!(
+        hmac.len() >= 32 && hmac.chars().all(|c| c.is_ascii_hexdigit()),
+        "queue key {} bytes",
+        hmac.len()
+    );
+    let users = secret("split-provisioner", "split-provisioner-redis-users").await;
+    assert_eq!(
+        users,
+        secret("split-provisioner-volumes", "split-provisioner-redis-users").await
+    );
+    assert_eq!(
+        users.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["operator", "provision-svc", "pv-writer", "reclaim-svc"]
+    );
+    let distinct: BTreeSet<&String> = users.values().collect();
+    assert!(
+        distinct.len() == 4 && distinct.iter().all(|p| p.len() >= 32),
+        "four distinct passwords of at least 32 characters"
+    );
+
+    // The workloads, and everything their pods name.
+    let mut missing = Vec::new();
+    for (ns, name) in [
+        ("split-provisioner", "pv-writer"),
+        ("split-provisioner-volumes", "provision-svc"),
+        ("split-provisioner-volumes", "reclaim-svc"),
+    ] {
+        let d = Api::<Deployment>::namespaced(client.clone(), ns)
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("Deployment {ns}/{name}: {e}"));
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        missing.extend(missing_references(&client, ns, name, &pod).await);
+    }
+    let redis = Api::<StatefulSet>::namespaced(client.clone(), "split-provisioner")
+        .get("redis")
+        .await
+        .unwrap();
+    let pod = redis.spec.unwrap().template.spec.unwrap();
+    missing.extend(missing_references(&client, "split-provisioner", "redis", &pod).await);
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
+    let pdbs = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cluster.admin_kubeconfig())
+        .args(["get", "poddisruptionbudgets", "--all-namespaces", "-o", "name"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&pdbs.stdout).lines().count(),
+        3,
+        "one PodDisruptionBudget per service: {}",
+        String::from_utf8_lossy(&pdbs.stderr)
+    );
+
+    // Once per install: a second run stops at the Secrets and changes none.
+    let (again, output) = run_install(cluster.admin_kubeconfig(), &block);
+    assert!(!again, "a second run must not succeed:\n{output}");
+    assert!(output.contains("already exists"), "{output}");
+    assert_eq!(
+        key,
+        secret("split-provisioner-volumes", "split-provisioner-queue-key").await
+    );
+    assert_eq!(
+        users,
+        secret("split-provisioner-volumes", "split-provisioner-redis-users").await
+    );
 }
