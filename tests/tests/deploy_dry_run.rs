@@ -342,7 +342,11 @@ async fn missing_references(
             refs.push(("ConfigMap", c.name.clone(), keys));
         }
     }
-    for c in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
         for f in c.env_from.iter().flatten() {
             if let Some(r) = &f.config_map_ref {
                 refs.push(("ConfigMap", r.name.clone(), vec![]));
@@ -480,7 +484,13 @@ async fn the_production_install_in_the_deploy_readme_runs_on_the_real_server() {
     let pdbs = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(cluster.admin_kubeconfig())
-        .args(["get", "poddisruptionbudgets", "--all-namespaces", "-o", "name"])
+        .args([
+            "get",
+            "poddisruptionbudgets",
+            "--all-namespaces",
+            "-o",
+            "name",
+        ])
         .output()
         .unwrap();
     assert_eq!(

@@ -1918,7 +1918,10 @@ fn ha_1_19_overlay_is_ha_with_policy_v1beta1_budgets() {
             a["apiVersion"] = "policy/v1beta1".into();
             budgets += 1;
         }
-        assert_eq!(a, b.raw, "ha-1.19 differs from ha beyond the PDB apiVersion");
+        assert_eq!(
+            a, b.raw,
+            "ha-1.19 differs from ha beyond the PDB apiVersion"
+        );
     }
     assert_eq!(budgets, 3, "one PodDisruptionBudget per service");
 }
@@ -2055,7 +2058,9 @@ fn the_hostpath_base_dir_is_one_setting() {
             let all = problems.join("\n");
             for svc in ["provision-svc", "reclaim-svc"] {
                 assert!(
-                    all.contains(&format!("{svc}: the hostPath /data/volumes (--base-dir) must be mounted")),
+                    all.contains(&format!(
+                        "{svc}: the hostPath /data/volumes (--base-dir) must be mounted"
+                    )),
                     "{all}"
                 );
             }

@@ -54,7 +54,9 @@ fn history_references(text: &str) -> Vec<String> {
             let lower = w.to_lowercase();
             let hit = (matches!(lower.as_str(), "issue" | "issues" | "session" | "sessions")
                 && numbered)
-                || (w.starts_with('#') && w.len() > 1 && w[1..].chars().all(|c| c.is_ascii_digit()))
+                || (w.starts_with('#')
+                    && w.len() > 1
+                    && w[1..].chars().all(|c| c.is_ascii_digit()))
                 || (w.len() >= 2
                     && w.len() <= 3
                     && w.starts_with('R')
@@ -160,7 +162,8 @@ fn readme_installs_kubectl_into_a_virtual_environment() {
     assert!(!pip_lines.is_empty(), "the README says how to get kubectl");
     for l in &pip_lines {
         assert!(
-            l.trim_start().starts_with("~/.local/kubectl-venv/bin/pip install"),
+            l.trim_start()
+                .starts_with("~/.local/kubectl-venv/bin/pip install"),
             "pip outside the virtual environment: {l}"
         );
     }
