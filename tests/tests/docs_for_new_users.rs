@@ -1,6 +1,7 @@
 //! What a new user reads first stays true and readable: the README starts with the
 //! two commands, names the services `--backend` goes to as the deploy sets it, installs
-//! `kubectl` in a way that works on a fresh Debian 12, and no document a user reads
+//! `kubectl` in a way that works on a fresh Debian 12, gives each `kubectl` command the
+//! namespace of the service it names, and no document a user reads
 //! (README.md, BENCHMARKS.md, deploy/README.md, docs/) cites issue or session numbers or
 //! benchmark run labels.
 
@@ -174,4 +175,47 @@ fn readme_installs_kubectl_into_a_virtual_environment() {
     ] {
         assert!(readme.contains(line), "missing: {line}");
     }
+}
+
+/// The `kubectl` commands of README.md and deploy/README.md (inline code and fenced
+/// lines), whitespace collapsed.
+fn kubectl_commands(text: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    for (i, part) in text.split("```").enumerate() {
+        let pieces: Vec<String> = if i % 2 == 1 {
+            part.lines().map(str::to_string).collect()
+        } else {
+            part.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect()
+        };
+        commands.extend(pieces.into_iter().filter(|c| c.contains("kubectl")));
+    }
+    commands
+}
+
+/// provision-svc and reclaim-svc run in `split-provisioner-volumes`: no documented
+/// command looks for them (or for "<user>"/"<job>", which may be either) in
+/// `split-provisioner`.
+#[test]
+fn documented_commands_use_the_namespace_of_their_service() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for doc in ["README.md", "deploy/README.md"] {
+        let commands = kubectl_commands(&read(doc));
+        seen += commands.len();
+        for c in commands {
+            let wrong = c.contains("-n split-provisioner ")
+                && ["provision-svc", "reclaim-svc", "<user>", "<job>"]
+                    .iter()
+                    .any(|s| c.contains(s));
+            if wrong {
+                problems.push(format!("{doc}: {c}"));
+            }
+        }
+    }
+    assert!(seen > 20, "only {seen} kubectl commands found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
