@@ -252,6 +252,10 @@ where
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => on_event(&ev),
+            // An unreachable API server is logged once by the client.
+            Err(e) if common::service::api_reachability::unreachable_cause(&e).is_some() => {
+                tracing::debug!(kind, error = %e, "watch failed; the reflector retries")
+            }
             Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
         }
     }
