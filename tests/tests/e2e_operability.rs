@@ -8,8 +8,13 @@
 //!   are provisioned afterwards;
 //! * `--log-format json`: the lines of one claim carry its `claim_uid` in both
 //!   provision-svc's and pv-writer's output, so one claim can be followed
-//!   across the services.
+//!   across the services;
+//! * provision-svc's workers wedged in a backend call that never returns (a
+//!   FIFO as the nfs-subdir backend's volume record, blocking its read as a
+//!   hung NFS mount would): `/healthz` turns 503 while claims wait, and 200
+//!   again once the call returns.
 
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::Duration;
 
 use e2e::harness::metrics::http_get;
@@ -170,7 +175,73 @@ async fn json_logs_carry_the_claim_uid_in_both_services(plane: ControlPlane) {
     sys.shutdown();
 }
 
+/// provision-svc on the nfs-subdir backend with one worker and a 2 s stall timeout.
+fn one_worker_short_stall_timeout(settings: &mut ServiceSettings) {
+    settings.use_nfs_subdir();
+    settings.extra_args.push((
+        Service::Provision,
+        vec![
+            "--worker-threads=1".into(),
+            "--healthz-stall-timeout=2s".into(),
+        ],
+    ));
+}
+
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+async fn wedged_provision_workers_turn_healthz_503_and_back(plane: ControlPlane) {
+    let mut sys = system(plane, Some(one_worker_short_stall_timeout)).await;
+    sys.create_node("node-1").await.unwrap();
+    sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
+        .await
+        .unwrap();
+    // A claim that waits for its node, so its volume record can be made a
+    // FIFO before provisioning starts: the backend's read of it blocks until
+    // a writer opens it.
+    let uid = check(&sys, sys.create_claim("wedged", "wffc", &[]).await);
+    let records = sys
+        .base_dir()
+        .join(backend_nfs_subdir::registry::REGISTRY_DIR)
+        .join(backend_nfs_subdir::registry::VOLUMES_DIR);
+    std::fs::create_dir_all(&records).unwrap();
+    let fifo = records.join(format!("pvc-{uid}"));
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: plain syscall with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    let patch = serde_json::json!({"metadata": {"annotations": {SELECTED_NODE: "node-1"}}});
+    sys.claims_api()
+        .patch(
+            "wedged",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    // The only worker hangs in the backend; another claim waits untaken.
+    sys.create_claim("waiting", "hostpath", &[]).await.unwrap();
+    wait_status(&mut sys, Service::Provision, "/healthz", 503).await;
+    let (_, body) = http_get(sys.service(Service::Provision, 0).http_addr, "/healthz")
+        .await
+        .unwrap();
+    assert!(body.contains("work loop stalled"), "{body}");
+    assert_eq!(status(&mut sys, Service::PvWriter, "/healthz").await, 200);
+
+    // The call returns (end of file: a corrupt record, so that attempt
+    // fails and is retried without the FIFO); the worker takes the next claim.
+    let writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("the backend holds the FIFO open for reading");
+    std::fs::remove_file(&fifo).unwrap();
+    drop(writer);
+    wait_status(&mut sys, Service::Provision, "/healthz", 200).await;
+    check(&sys, sys.wait_provisioned(2, Duration::from_secs(60)).await);
+    sys.shutdown();
+}
+
 on_both_planes!(
     redis_outage_turns_readyz_false_and_back,
     json_logs_carry_the_claim_uid_in_both_services,
+    wedged_provision_workers_turn_healthz_503_and_back,
 );

@@ -54,9 +54,21 @@ impl BackendArgs {
 }
 
 /// The command line of a service binary: the service library's `C` plus
-/// [`BackendArgs`] (so `--help` lists both).
+/// [`BackendArgs`] (so `--help` lists both), with `C`'s description.
 pub fn command<C: CommandFactory>() -> clap::Command {
-    BackendArgs::augment_args(C::command())
+    let cmd = C::command();
+    let about = cmd.get_about().cloned();
+    let long_about = cmd.get_long_about().cloned();
+    // Flattening `BackendArgs` sets its doc comment as the description.
+    let cmd = BackendArgs::augment_args(cmd);
+    let cmd = match about {
+        Some(about) => cmd.about(about),
+        None => cmd.about(None::<&str>),
+    };
+    match long_about {
+        Some(long_about) => cmd.long_about(long_about),
+        None => cmd.long_about(None::<&str>),
+    }
 }
 
 /// Parse `args` (program name first) as [`command`]`::<C>()`.

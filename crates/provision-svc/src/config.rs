@@ -8,6 +8,7 @@ use common::store::queue_auth::QueueKeyArgs;
 
 /// Flags of the provisioning controller (without the backend's).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Provisioning")]
 pub struct ProvisionArgs {
     /// Flags shared by every service.
     #[command(flatten)]
@@ -19,7 +20,7 @@ pub struct ProvisionArgs {
     pub retry: RetryArgs,
 
     /// The key that signs PV-write queue entries (`--queue-hmac-key-file`).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Provisioning")]
     pub queue_key: QueueKeyArgs,
 
     /// Further provisioner names to provision for, besides `--provisioner-name`

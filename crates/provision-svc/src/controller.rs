@@ -252,6 +252,10 @@ where
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => on_event(&ev),
+            // An unreachable API server is logged once by the client.
+            Err(e) if common::service::api_reachability::unreachable_cause(&e).is_some() => {
+                tracing::debug!(kind, error = %e, "watch failed; the reflector retries")
+            }
             Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
         }
     }
@@ -270,18 +274,36 @@ pub async fn work(
     queue_key: Option<QueueKey>,
 ) -> anyhow::Result<()> {
     let shutdown = ctx.shutdown.clone();
-    // The heartbeat runs from the start (waiting for Redis or the first lists
-    // is not a stall), owned by this future like every task below.
-    let queue = WorkQueue::with_metrics(metrics.queue.clone());
+    let claim_writer = Writer::<CachedClaim>::default();
+    // The one claim queue: the workers take from it and the stall detector
+    // below watches it.
+    let claims = Arc::new(ClaimQueue::new(
+        claim_writer.as_reader(),
+        RetryPolicy::from_args(
+            args.common.retry_backoff(ServiceKind::Provision),
+            &args.retry,
+        ),
+        WorkQueue::with_metrics(metrics.queue.clone()),
+    ));
+    // The heartbeat runs from the start (waiting for Redis, the first lists or
+    // the start-up walk is not a stall: keys wait then, but no worker runs
+    // yet), owned by this future like every task below.
+    let workers_started = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut beater = tokio::task::JoinSet::new();
     {
         let stall = args.common.healthz_stall_timeout;
-        let queue = queue.clone();
+        let (claims, started) = (claims.clone(), workers_started.clone());
         beater.spawn(common::service::health::beat_while_progressing(
             ctx.heartbeat.clone(),
             common::service::health::beat_period(stall),
             stall,
-            move || queue.stalled_for(),
+            move || {
+                if started.load(std::sync::atomic::Ordering::SeqCst) {
+                    claims.queue().stalled_for()
+                } else {
+                    Duration::ZERO
+                }
+            },
             shutdown.clone(),
         ));
     }
@@ -304,7 +326,6 @@ pub async fn work(
     };
 
     let client = ctx.client.clone();
-    let claim_writer = Writer::<CachedClaim>::default();
     let class_writer = Writer::<StorageClass>::default();
     let volume_names = NameSet::default();
     let caches = Caches {
@@ -324,14 +345,6 @@ pub async fn work(
             intents: Arc::new(intents.clone()),
         },
         metrics.clone(),
-    ));
-    let claims = Arc::new(ClaimQueue::new(
-        caches.claims.clone(),
-        RetryPolicy::from_args(
-            args.common.retry_backoff(ServiceKind::Provision),
-            &args.retry,
-        ),
-        WorkQueue::with_metrics(metrics.queue.clone()),
     ));
 
     let watch_cfg = watcher::Config::default();
@@ -444,6 +457,7 @@ pub async fn work(
     }
 
     let mut workers = tokio::task::JoinSet::new();
+    workers_started.store(true, std::sync::atomic::Ordering::SeqCst);
     for _ in 0..args.worker_threads() {
         let (op, claims) = (op.clone(), claims.clone());
         workers.spawn(async move {

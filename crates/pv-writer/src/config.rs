@@ -22,7 +22,11 @@ use common::store::queue_auth::QueueKeyArgs;
 #[command(
     name = "pv-writer",
     version,
-    about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes"
+    about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes",
+    long_about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes.\n\n\
+        Without a command (or with `run`) it runs the service. `queue` and `status` are \
+        the operator's commands: give them the flags before the command \
+        (`pv-writer --redis-url URL queue list`)."
 )]
 pub struct Cli {
     /// Flags shared by every service.
@@ -38,6 +42,7 @@ pub struct Cli {
 
 /// pv-writer's own flags.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "PV writes")]
 pub struct WriterArgs {
     /// Time limit of one PV create (and the `get` after `AlreadyExists`); a write
     /// taking longer counts as a transient failure.

@@ -10,6 +10,7 @@ fn main() -> std::process::ExitCode {
 async fn async_main() -> std::process::ExitCode {
     let (cli, backend) = backends::parse::<pv_writer::Cli>();
     common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
+    let service = matches!(cli.command, None | Some(pv_writer::Command::Run));
     let result = match backend.build() {
         Ok(backend) => pv_writer::run(cli, backend).await,
         Err(err) => Err(anyhow::Error::msg(err)),
@@ -17,8 +18,13 @@ async fn async_main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "pv-writer failed");
-            eprintln!("pv-writer: {err:#}");
+            let error = common::service::telemetry::error_chain(err.as_ref());
+            // Once: a log line for the service, a plain line for an operator's command.
+            if service {
+                tracing::error!(error, "pv-writer failed");
+            } else {
+                eprintln!("pv-writer: {error}");
+            }
             std::process::ExitCode::FAILURE
         }
     }

@@ -140,8 +140,11 @@ pub struct LeaseStatus {
     pub service: String,
     /// Lease name (`<provisioner name with / → ->-<suffix>`).
     pub name: String,
-    /// Lease namespace.
-    pub namespace: String,
+    /// Lease namespace: where it was found, else the namespace asked for;
+    /// `None` when none was asked for and no namespace has it.
+    pub namespace: Option<String>,
+    /// Whether the Lease exists (false before the service's first start).
+    pub found: bool,
     /// `spec.holderIdentity`; `None` when the Lease does not exist, is
     /// released, or could not be read (see `error`).
     pub holder: Option<String>,
@@ -230,9 +233,8 @@ async fn gather_one(
                 Err(e) => status.errors.push(format!("orphan report: {e}")),
             }
         }
-        Err(e) => status
-            .errors
-            .push(format!("redis {}: {e}", redis.redacted_url())),
+        // The error names the (redacted) URL.
+        Err(e) => status.errors.push(format!("redis: {e}")),
     }
     if let Some((client, namespace)) = leases {
         for kind in [
@@ -346,7 +348,8 @@ async fn lease_status(
     let mut status = LeaseStatus {
         service: kind.component().to_string(),
         name: name.clone(),
-        namespace: namespace.unwrap_or_default().to_string(),
+        namespace: namespace.map(str::to_string),
+        found: false,
         holder: None,
         renewed_seconds_ago: None,
         lease_duration_seconds: None,
@@ -356,8 +359,9 @@ async fn lease_status(
     };
     match find_lease(client, &name, namespace).await {
         Ok(Some(lease)) => {
+            status.found = true;
             if let Some(ns) = lease.metadata.namespace.clone() {
-                status.namespace = ns;
+                status.namespace = Some(ns);
             }
             let spec = lease.spec.unwrap_or_default();
             status.holder = spec.holder_identity.filter(|h| !h.is_empty());
@@ -411,6 +415,8 @@ pub fn render_table(status: &Status) -> String {
                 p.leases.iter().map(|l| {
                     let state = if l.error.is_some() {
                         "unreadable"
+                    } else if !l.found {
+                        "not found"
                     } else if l.holder.is_none() {
                         "no holder"
                     } else if l.expired {
@@ -420,7 +426,10 @@ pub fn render_table(status: &Status) -> String {
                     };
                     vec![
                         l.service.clone(),
-                        format!("{}/{}", l.namespace, l.name),
+                        match &l.namespace {
+                            Some(ns) => format!("{ns}/{}", l.name),
+                            None => l.name.clone(),
+                        },
                         l.holder.clone().unwrap_or_else(|| "-".into()),
                         l.renewed_seconds_ago
                             .map(|s| format!("{} ago", secs(s)))
@@ -574,7 +583,8 @@ mod tests {
                 leases: vec![LeaseStatus {
                     service: "pv-writer".into(),
                     name: "example.com-hostpath-pv-writer".into(),
-                    namespace: "split-provisioner".into(),
+                    namespace: Some("split-provisioner".into()),
+                    found: true,
                     holder: Some("pv-writer-0".into()),
                     renewed_seconds_ago: Some(1.0),
                     lease_duration_seconds: Some(15),
@@ -614,6 +624,35 @@ mod tests {
         );
         assert!(text.contains("orphan sweep: no report yet"), "{text}");
         assert!(text.contains("ERROR intents: redis: boom"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_lease_shows_its_name_alone_and_not_found() {
+        let mut status = sample();
+        status.provisioners[0].leases.push(LeaseStatus {
+            service: "reclaim-svc".into(),
+            name: "example.com-hostpath-reclaim".into(),
+            namespace: None,
+            found: false,
+            holder: None,
+            renewed_seconds_ago: None,
+            lease_duration_seconds: None,
+            expired: false,
+            transitions: None,
+            error: None,
+        });
+        let text = render_table(&status);
+        let line = text
+            .lines()
+            .find(|l| l.contains("reclaim-svc"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(!line.contains("/example.com-hostpath-reclaim"), "{line}");
+        assert!(line.contains(" example.com-hostpath-reclaim "), "{line}");
+        assert!(line.trim_end().ends_with("not found"), "{line}");
+        let json = serde_json::to_value(&status).unwrap();
+        let lease = &json["provisioners"][0]["leases"][1];
+        assert_eq!(lease["namespace"], serde_json::Value::Null, "{lease}");
+        assert_eq!(lease["found"], false, "{lease}");
     }
 
     #[test]

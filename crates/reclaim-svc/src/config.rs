@@ -11,6 +11,7 @@ use common::service::config::{parse_duration, CommonArgs, RetryArgs};
 
 /// Flags of reclaim-svc itself (each with an environment twin).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Reclaiming")]
 pub struct ReclaimArgs {
     /// Add the provisioner finalizer to our PVs with reclaim policy `Delete`, so
     /// a PV object outlives its asset's deletion; when off, the finalizer is

@@ -44,6 +44,64 @@ pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
+/// Check a Redis URL as redis-rs will read it: scheme `redis://`, `rediss://`
+/// (TLS), `redis+unix://` or `unix://` (or their `valkey` twins), host and a
+/// numeric port.
+///
+/// Errors: a message naming the URL (password redacted) and what is wrong.
+pub fn check_redis_url(url: &str) -> Result<(), String> {
+    use redis::IntoConnectionInfo as _;
+    let shown = crate::store::redis_store::redact_url(url);
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    let known = [
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "valkey",
+        "valkeys",
+        "valkey+unix",
+    ];
+    if !scheme.is_some_and(|s| known.contains(&s)) {
+        return Err(format!(
+            "{shown:?} is not a Redis URL: want redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or redis+unix:///PATH"
+        ));
+    }
+    // redis-rs' own message ("Redis URL did not parse") adds nothing.
+    url.into_connection_info().map(|_| ()).map_err(|_| {
+        format!("{shown:?} is not a valid Redis URL: check the host, the port (a number up to 65535) and the database number")
+    })
+}
+
+/// clap parser of `--redis-url` ([`check_redis_url`]). Unlike a plain
+/// function parser, its error does not echo the raw value, which may carry a
+/// password.
+#[derive(Clone, Debug)]
+pub struct RedisUrlParser;
+
+impl clap::builder::TypedValueParser for RedisUrlParser {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        let flag = arg.map_or_else(|| "--redis-url".to_string(), ToString::to_string);
+        let bad = |msg: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for '{flag}': {msg}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let url = value.to_str().ok_or_else(|| bad("not UTF-8".to_string()))?;
+        check_redis_url(url).map_err(bad)?;
+        Ok(url.to_string())
+    }
+}
+
 /// Whether a `--resync-period` is on, and its ticker: `None` for `0s`
 /// ("off", as the seed's informer with resync period 0), else a
 /// [`tokio::time::Interval`] whose first tick comes one `period` from now and
@@ -139,12 +197,17 @@ impl ServiceKind {
 pub struct CommonArgs {
     /// Provisioner name: matched against StorageClass `provisioner` and written to
     /// `pv.kubernetes.io/provisioned-by`.
-    #[arg(long, env = "PROVISIONER_NAME", default_value = "example.com/hostpath")]
+    #[arg(
+        long,
+        env = "PROVISIONER_NAME",
+        default_value = "example.com/hostpath",
+        help_heading = "Kubernetes"
+    )]
     pub provisioner_name: String,
 
     /// Path to a kubeconfig. Without it: `KUBECONFIG`/`~/.kube/config`, then the
     /// in-cluster service account.
-    #[arg(long, env = "KUBECONFIG")]
+    #[arg(long, env = "KUBECONFIG", help_heading = "Kubernetes")]
     pub kubeconfig: Option<PathBuf>,
 
     /// Client-side limit on API requests per second (token bucket refill rate).
@@ -161,39 +224,63 @@ pub struct CommonArgs {
     /// process, where the former default of 200 capped pv-writer near 100 PVs/s.
     /// The API server's own protection (priority and fairness, 429s) is what
     /// should bound a healthy provisioner.
-    #[arg(long, env = "KUBE_API_QPS", default_value_t = 1000.0)]
+    #[arg(
+        long,
+        env = "KUBE_API_QPS",
+        default_value_t = 1000.0,
+        help_heading = "Kubernetes"
+    )]
     pub kube_api_qps: f64,
 
     /// Client-side burst of API requests above `--kube-api-qps`. Ignored when the
     /// QPS limit is disabled.
-    #[arg(long, env = "KUBE_API_BURST", default_value_t = 2000)]
+    #[arg(
+        long,
+        env = "KUBE_API_BURST",
+        default_value_t = 2000,
+        help_heading = "Kubernetes"
+    )]
     pub kube_api_burst: u32,
 
     /// Redis URL of the durable queue and provisioning intents, e.g.
     /// `redis://127.0.0.1:6379/0` or `rediss://user:pass@host:6380`.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/0")]
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/0",
+        value_parser = RedisUrlParser,
+        help_heading = "Redis"
+    )]
     pub redis_url: String,
 
     /// Redis ACL user, password file and TLS files (`--redis-username`,
     /// `--redis-password-file`, `--redis-ca-file`, ...): see
     /// [`crate::store::redis_store`]. Combine with `redis_url` through
     /// [`CommonArgs::redis`].
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Redis")]
     pub redis_auth: crate::store::redis_store::RedisAuthArgs,
 
     /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
     /// works. Disable only when exactly one replica runs.
-    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, help_heading = "Leader election")]
     pub leader_election: bool,
 
     /// Namespace of the Lease. Default: `POD_NAMESPACE`, else the service
     /// account's namespace file, else `default`.
-    #[arg(long, env = "LEADER_ELECTION_NAMESPACE")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_NAMESPACE",
+        help_heading = "Leader election"
+    )]
     pub leader_election_namespace: Option<String>,
 
     /// This replica's identity in the Lease (`holderIdentity`). Default:
     /// `POD_NAME`, else the host name, plus a random suffix.
-    #[arg(long, env = "LEADER_ELECTION_IDENTITY")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_IDENTITY",
+        help_heading = "Leader election"
+    )]
     pub leader_election_identity: Option<String>,
 
     /// How long a Lease is valid without renewal; a standby takes over after it
@@ -203,7 +290,8 @@ pub struct CommonArgs {
         alias = "lease-duration",
         env = "LEADER_ELECTION_LEASE_DURATION",
         default_value = "15s",
-        value_parser = parse_duration
+        value_parser = parse_duration,
+        help_heading = "Leader election"
     )]
     pub lease_duration: Duration,
 
@@ -214,7 +302,8 @@ pub struct CommonArgs {
         alias = "renew-deadline",
         env = "LEADER_ELECTION_RENEW_DEADLINE",
         default_value = "10s",
-        value_parser = parse_duration
+        value_parser = parse_duration,
+        help_heading = "Leader election"
     )]
     pub renew_deadline: Duration,
 
@@ -226,7 +315,8 @@ pub struct CommonArgs {
         alias = "retry-period",
         env = "LEADER_ELECTION_RETRY_PERIOD",
         default_value = "2s",
-        value_parser = parse_duration
+        value_parser = parse_duration,
+        help_heading = "Leader election"
     )]
     pub retry_period: Duration,
 
@@ -234,7 +324,7 @@ pub struct CommonArgs {
     /// Redis call that failed for want of a connection.
     /// Default 500ms (pv-writer's fixed interval before this flag; provision-svc
     /// used to wait `--retry-period`).
-    #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration, help_heading = "Redis")]
     pub redis_reconnect_period: Duration,
 
     /// `HOST:PORT` (or `:PORT`, all interfaces) the HTTP server (metrics,
@@ -246,18 +336,24 @@ pub struct CommonArgs {
         long,
         env = "HTTP_ENDPOINT",
         value_parser = parse_http_endpoint,
-        conflicts_with_all = ["http_address", "http_port"]
+        conflicts_with_all = ["http_address", "http_port"],
+        help_heading = "HTTP"
     )]
     pub http_endpoint: Option<SocketAddr>,
 
     /// Address the HTTP server listens on when `--http-endpoint` is not given.
-    #[arg(long, env = "HTTP_ADDRESS", default_value = "0.0.0.0")]
+    #[arg(
+        long,
+        env = "HTTP_ADDRESS",
+        default_value = "0.0.0.0",
+        help_heading = "HTTP"
+    )]
     pub http_address: IpAddr,
 
     /// Port of the HTTP server when `--http-endpoint` is not given. Default:
     /// 9101 provision-svc, 9102 pv-writer, 9103 reclaim-svc. 0 picks a free
     /// port (logged).
-    #[arg(long, env = "HTTP_PORT")]
+    #[arg(long, env = "HTTP_PORT", help_heading = "HTTP")]
     pub http_port: Option<u16>,
 
     /// First retry delay of a failed work item (claim, PV-write queue entry,
@@ -269,7 +365,8 @@ pub struct CommonArgs {
         long = "retry-interval-start",
         aliases = ["retry-initial-delay", "retry-initial"],
         env = "RETRY_INTERVAL_START",
-        value_parser = parse_duration
+        value_parser = parse_duration,
+        help_heading = "Workers and retries"
     )]
     pub retry_interval_start: Option<Duration>,
 
@@ -280,7 +377,8 @@ pub struct CommonArgs {
         long = "retry-interval-max",
         aliases = ["retry-max-delay", "retry-max"],
         env = "RETRY_INTERVAL_MAX",
-        value_parser = parse_duration
+        value_parser = parse_duration,
+        help_heading = "Workers and retries"
     )]
     pub retry_interval_max: Option<Duration>,
 
@@ -291,33 +389,44 @@ pub struct CommonArgs {
         long = "worker-threads",
         alias = "workers",
         env = "WORKER_THREADS",
-        value_parser = clap::value_parser!(u32).range(1..=1024)
+        value_parser = clap::value_parser!(u32).range(1..=1024),
+        help_heading = "Workers and retries"
     )]
     pub worker_threads: Option<u32>,
 
     /// Path of the Prometheus metrics endpoint.
-    #[arg(long, env = "METRICS_PATH", default_value = "/metrics")]
+    #[arg(
+        long,
+        env = "METRICS_PATH",
+        default_value = "/metrics",
+        help_heading = "HTTP"
+    )]
     pub metrics_path: String,
 
     /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = "Logging")]
     pub log_format: LogFormat,
 
     /// Log filter in `tracing` EnvFilter syntax (e.g. `info`, `debug,kube=info`).
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    #[arg(
+        long,
+        env = "LOG_LEVEL",
+        default_value = "info",
+        help_heading = "Logging"
+    )]
     pub log_level: String,
 
     /// On SIGTERM/SIGINT, how long in-flight work may take to finish before it is
     /// abandoned and the Lease released. Keep below the pod's
     /// `terminationGracePeriodSeconds`.
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration)]
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration, help_heading = "Workers and retries")]
     pub shutdown_grace_period: Duration,
 
     /// `/healthz` fails once the running work loop has made no progress for
     /// this long (keys waiting and no worker taking one; an idle loop is
     /// healthy). Keep above the longest legitimate backend call
     /// (`--provision-timeout`) so a busy replica is not restarted.
-    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration, help_heading = "HTTP")]
     pub healthz_stall_timeout: Duration,
 }
 
@@ -327,11 +436,21 @@ pub struct CommonArgs {
 #[derive(Debug, Clone, Args)]
 pub struct RetryArgs {
     /// Overall retries per second across all items (token bucket refill). 0 disables.
-    #[arg(long, env = "RETRY_QPS", default_value_t = 10.0)]
+    #[arg(
+        long,
+        env = "RETRY_QPS",
+        default_value_t = 10.0,
+        help_heading = "Workers and retries"
+    )]
     pub retry_qps: f64,
 
     /// Overall retry burst (token bucket size).
-    #[arg(long, env = "RETRY_BURST", default_value_t = 100)]
+    #[arg(
+        long,
+        env = "RETRY_BURST",
+        default_value_t = 100,
+        help_heading = "Workers and retries"
+    )]
     pub retry_burst: u32,
 }
 
@@ -583,6 +702,37 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--http-endpoint=:1", "--http-port=2"]).is_err());
         assert!(Cli::try_parse_from(["x", "--http-endpoint=localhost"]).is_err());
         assert!(Cli::try_parse_from(["x", "--http-endpoint=:99999"]).is_err());
+    }
+
+    #[test]
+    fn bad_redis_urls_are_refused_at_parse_time_without_the_password() {
+        for ok in [
+            "redis://127.0.0.1:6379/0",
+            "rediss://user:pass@redis.example:6380",
+            "redis+unix:///run/redis.sock",
+        ] {
+            let cli = Cli::try_parse_from(["x", "--redis-url", ok]).unwrap();
+            assert_eq!(cli.common.redis_url, ok);
+        }
+        for (bad, why) in [
+            ("http://nowhere", "is not a Redis URL"),
+            ("redis://127.0.0.1:notaport/0", "is not a valid Redis URL"),
+            ("127.0.0.1:6379", "is not a Redis URL"),
+            (
+                "redis://u:hunter2@127.0.0.1:99999/0",
+                "is not a valid Redis URL",
+            ),
+        ] {
+            let err = match Cli::try_parse_from(["x", "--redis-url", bad]) {
+                Ok(_) => panic!("{bad} accepted"),
+                Err(e) => e,
+            };
+            assert_eq!(err.exit_code(), 2, "{bad}");
+            let text = err.to_string();
+            assert!(text.contains("--redis-url"), "{text}");
+            assert!(text.contains(why), "{text}");
+            assert!(!text.contains("hunter2"), "password echoed: {text}");
+        }
     }
 
     #[test]

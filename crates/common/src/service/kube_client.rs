@@ -24,6 +24,7 @@ use tower::util::option_layer;
 use tower::{Layer, Service};
 
 use crate::service::api_metrics::ApiMetrics;
+use crate::service::api_reachability::{ApiReachability, ReachabilityLayer};
 use crate::service::config::CommonArgs;
 
 /// The token bucket of `--kube-api-qps`/`--kube-api-burst`: one token every `1 / qps`
@@ -158,15 +159,27 @@ pub fn build_client(config: Config, qps: f64, burst: u32) -> anyhow::Result<Clie
 ///
 /// Errors: as [`build_client`].
 pub fn build_client_with_metrics(
+    config: Config,
+    qps: f64,
+    burst: u32,
+    metrics: Option<&ApiMetrics>,
+) -> anyhow::Result<Client> {
+    build_layered(config, qps, burst, metrics, None)
+}
+
+/// [`build_client_with_metrics`] plus, innermost, `reach`.
+fn build_layered(
     mut config: Config,
     qps: f64,
     burst: u32,
     metrics: Option<&ApiMetrics>,
+    reach: Option<ReachabilityLayer>,
 ) -> anyhow::Result<Client> {
     config.default_retry = false;
     let builder = ClientBuilder::try_from(config).context("building Kubernetes client")?;
     let rate_limit = token_bucket_quota(qps, burst).map(TokenBucketLayer::new);
     Ok(builder
+        .with_layer(&option_layer(reach))
         .with_layer(&option_layer(metrics.cloned()))
         .with_layer(&option_layer(rate_limit))
         .build())
@@ -179,7 +192,8 @@ pub async fn client_from_args(args: &CommonArgs) -> anyhow::Result<Client> {
 }
 
 /// [`client_from_args`] with the API request metrics registered into `registry`
-/// (what [`crate::service::runtime::run_service`] uses).
+/// and the API server's reachability logged once per change
+/// ([`crate::service::api_reachability`]); what [`crate::service::runtime::run_service`] uses.
 ///
 /// Errors: as [`client_from_args`].
 pub async fn client_from_args_with_metrics(
@@ -188,11 +202,13 @@ pub async fn client_from_args_with_metrics(
 ) -> anyhow::Result<Client> {
     let config = load_config(args).await?;
     let metrics = ApiMetrics::register(registry);
-    build_client_with_metrics(
+    let reach = ReachabilityLayer(ApiReachability::new(config.cluster_url.to_string()));
+    build_layered(
         config,
         args.kube_api_qps,
         args.kube_api_burst,
         Some(&metrics),
+        Some(reach),
     )
 }
 

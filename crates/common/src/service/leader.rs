@@ -50,6 +50,8 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::service::api_reachability::unreachable_cause;
+
 /// Path of the namespace file of the pod's service account.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -226,7 +228,11 @@ impl LeaderElector {
                     Ok(true) => return true,
                     Ok(false) => {}
                     Err(err) => {
-                        tracing::warn!(lease = %self.lease_name, error = %err, "lease acquisition attempt failed");
+                        if unreachable_cause(&err).is_some() {
+                            tracing::debug!(lease = %self.lease_name, error = %err, "lease acquisition attempt failed");
+                        } else {
+                            tracing::warn!(lease = %self.lease_name, error = %err, "lease acquisition attempt failed");
+                        }
                         tokio::time::sleep(self.timing.retry_period).await;
                     }
                 },
@@ -243,7 +249,11 @@ impl LeaderElector {
                     Ok(false) => return self.why_lost().await,
                     Ok(true) => {}
                     Err(err) => {
-                        tracing::warn!(lease = %self.lease_name, error = %err, "lease renewal failed");
+                        if unreachable_cause(&err).is_some() {
+                            tracing::debug!(lease = %self.lease_name, error = %err, "lease renewal failed");
+                        } else {
+                            tracing::warn!(lease = %self.lease_name, error = %err, "lease renewal failed");
+                        }
                         tokio::time::sleep(self.timing.retry_period).await;
                     }
                 }
@@ -301,7 +311,11 @@ impl LeaderElector {
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(lease = %self.lease_name, error = %err, "reading lease failed")
+                    if unreachable_cause(&err).is_some() {
+                        tracing::debug!(lease = %self.lease_name, error = %err, "reading lease failed")
+                    } else {
+                        tracing::warn!(lease = %self.lease_name, error = %err, "reading lease failed")
+                    }
                 }
             }
             if confirmed_at.elapsed() > self.timing.renew_deadline {

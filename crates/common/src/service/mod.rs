@@ -2,6 +2,7 @@
 //!
 //! * [`config`] — flags shared by all services, with environment twins;
 //! * [`api_metrics`] — client-go's `rest_client_*` API request metrics (tower layer);
+//! * [`api_reachability`] — the API server unreachable / reachable again, logged once per change;
 //! * [`kube_client`] — client from kubeconfig/in-cluster with a client-side rate limit;
 //! * [`leader`] — Lease leader election with a renew-deadline watchdog;
 //! * [`http`], [`metrics`] — `/metrics`, `/healthz`, `/readyz` and the seed's metric families;
@@ -13,6 +14,7 @@
 
 pub mod alloc;
 pub mod api_metrics;
+pub mod api_reachability;
 pub mod config;
 pub mod health;
 pub mod http;

@@ -50,6 +50,7 @@ use kube::Client;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::service::api_reachability::unreachable_cause;
 use crate::service::config::{CommonArgs, ServiceKind};
 use crate::service::health::{self, Heartbeat, Liveness};
 use crate::service::http::{self, Readiness};
@@ -309,7 +310,12 @@ impl Campaign<'_> {
                     return Some(e);
                 }
                 Err(err) => {
-                    tracing::warn!(lease = %self.lease, namespace = self.namespace, error = %err, "cannot prepare leader election, retrying");
+                    // An unreachable server is logged once by the client.
+                    if unreachable_cause(err.as_ref()).is_some() {
+                        tracing::debug!(lease = %self.lease, namespace = self.namespace, error = %err, "cannot prepare leader election, retrying");
+                    } else {
+                        tracing::warn!(lease = %self.lease, namespace = self.namespace, error = %err, "cannot prepare leader election, retrying");
+                    }
                     tokio::select! {
                         _ = self.shutdown.cancelled() => return None,
                         _ = tokio::time::sleep(self.timing.retry_period) => {}

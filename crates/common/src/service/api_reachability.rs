@@ -1,0 +1,325 @@
+//! Whether the API server answers, logged once per change: the first failure
+//! to reach it (with its address and the cause: connection refused, timed
+//! out, DNS, TLS, connection closed), a change of cause, and its return.
+//! A tower layer on the service's client ([`ReachabilityLayer`]) sees every
+//! request, so the retry loops (Lease, reflectors) need not log each attempt
+//! that fails for the same reason ([`unreachable_cause`] tells them apart).
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// Why the API server could not be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Nothing listens at the address (`ECONNREFUSED`).
+    Refused,
+    /// Connecting or answering took too long.
+    TimedOut,
+    /// The host name does not resolve.
+    Dns,
+    /// The TLS handshake failed (certificate not trusted, not a TLS port, ...).
+    Tls,
+    /// The connection was reset or closed before an answer.
+    Closed,
+    /// Another connection-level failure.
+    Other,
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Cause::Refused => "connection refused",
+            Cause::TimedOut => "timed out",
+            Cause::Dns => "DNS lookup failed",
+            Cause::Tls => "TLS handshake failed",
+            Cause::Closed => "connection closed",
+            Cause::Other => "cannot connect",
+        })
+    }
+}
+
+/// The cause when `err` (walked through its `source()` chain) is a failure to
+/// reach the API server; `None` when the server answered (an API status such
+/// as 403 or 409) or the error is of another kind.
+pub fn unreachable_cause(err: &(dyn StdError + 'static)) -> Option<Cause> {
+    let mut chain = Vec::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(kube::Error::Api(_)) = e.downcast_ref::<kube::Error>() {
+            return None;
+        }
+        chain.push(e);
+        next = e.source();
+    }
+    let texts: Vec<String> = chain.iter().map(|e| e.to_string().to_lowercase()).collect();
+    let any = |words: &[&str]| texts.iter().any(|t| words.iter().any(|w| t.contains(w)));
+    if any(&[
+        "dns error",
+        "failed to lookup address",
+        "name or service not known",
+    ]) {
+        return Some(Cause::Dns);
+    }
+    if any(&["certificate", "tls", "handshake"]) {
+        return Some(Cause::Tls);
+    }
+    // The innermost I/O error's kind; an io::Error wrapping another (as
+    // hyper-rustls does) hides it from `source()`, so look inside too.
+    let io_kind = chain.iter().rev().find_map(|e| {
+        let mut io = e.downcast_ref::<std::io::Error>()?;
+        while let Some(inner) = io
+            .get_ref()
+            .and_then(|i| i.downcast_ref::<std::io::Error>())
+        {
+            io = inner;
+        }
+        Some(io.kind())
+    });
+    use std::io::ErrorKind as K;
+    match io_kind {
+        Some(K::ConnectionRefused) => return Some(Cause::Refused),
+        Some(K::TimedOut) => return Some(Cause::TimedOut),
+        // rustls' alerts and garbled records reach us as InvalidData.
+        Some(K::InvalidData) => return Some(Cause::Tls),
+        Some(
+            K::ConnectionReset
+            | K::ConnectionAborted
+            | K::BrokenPipe
+            | K::UnexpectedEof
+            | K::NotConnected,
+        ) => return Some(Cause::Closed),
+        Some(_) => return Some(Cause::Other),
+        None => {}
+    }
+    if any(&["connection closed", "connection reset"]) {
+        return Some(Cause::Closed);
+    }
+    if any(&["client error (connect)", "tcp connect error"]) {
+        return Some(Cause::Other);
+    }
+    None
+}
+
+/// A change [`ApiReachability`] logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Reachable (or not known yet) → unreachable with this cause.
+    Unreachable(Cause),
+    /// Still unreachable, now for another cause.
+    CauseChanged(Cause),
+    /// Unreachable → answering again.
+    Reachable,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Unknown,
+    Reachable,
+    Unreachable(Cause),
+}
+
+/// The API server's reachability as the client last saw it; cheap to clone
+/// (clones share it).
+#[derive(Clone, Debug)]
+pub struct ApiReachability {
+    server: Arc<str>,
+    state: Arc<Mutex<State>>,
+}
+
+impl ApiReachability {
+    /// Track the API server at `server` (its URL, for the log lines).
+    pub fn new(server: impl Into<String>) -> Self {
+        Self {
+            server: server.into().into(),
+            state: Arc::new(Mutex::new(State::Unknown)),
+        }
+    }
+
+    /// The server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The server answered a request (any HTTP status). Logs and returns
+    /// [`Change::Reachable`] when it was unreachable.
+    pub fn answered(&self) -> Option<Change> {
+        let change = self.set(State::Reachable);
+        if change.is_some() {
+            tracing::info!(api_server = %self.server, "API server reachable again");
+        }
+        change
+    }
+
+    /// A request failed with `err`. When that is a failure to reach the
+    /// server ([`unreachable_cause`]), logs the first one and each change of
+    /// cause (with the address and the error), and returns the change.
+    pub fn failed(&self, err: &(dyn StdError + 'static)) -> Option<Change> {
+        let cause = unreachable_cause(err)?;
+        let change = self.set(State::Unreachable(cause));
+        if change.is_some() {
+            tracing::warn!(
+                api_server = %self.server,
+                cause = %cause,
+                error = %crate::service::telemetry::error_chain(err),
+                "API server unreachable: {cause}; retrying (logged again when the cause changes or it answers)"
+            );
+        }
+        change
+    }
+
+    fn set(&self, new: State) -> Option<Change> {
+        let mut state = self.state.lock().expect("reachability poisoned");
+        let change = match (*state, new) {
+            (State::Unreachable(_), State::Reachable) => Some(Change::Reachable),
+            (State::Unreachable(old), State::Unreachable(c)) if old != c => {
+                Some(Change::CauseChanged(c))
+            }
+            (State::Unknown | State::Reachable, State::Unreachable(c)) => {
+                Some(Change::Unreachable(c))
+            }
+            _ => None,
+        };
+        *state = new;
+        change
+    }
+}
+
+/// Tower layer reporting every request's outcome to an [`ApiReachability`].
+#[derive(Clone)]
+pub struct ReachabilityLayer(pub ApiReachability);
+
+impl<S> tower::Layer<S> for ReachabilityLayer {
+    type Service = ReachabilityService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ReachabilityService {
+            inner,
+            reach: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`ReachabilityLayer`].
+#[derive(Clone)]
+pub struct ReachabilityService<S> {
+    inner: S,
+    reach: ApiReachability,
+}
+
+impl<S, Req, Res> tower::Service<Req> for ReachabilityService<S>
+where
+    S: tower::Service<Req, Response = Res>,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Res;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Res, tower::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let reach = self.reach.clone();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            match fut.await {
+                Ok(res) => {
+                    reach.answered();
+                    Ok(res)
+                }
+                Err(e) => {
+                    let e: tower::BoxError = e.into();
+                    reach.failed(&*e);
+                    Err(e)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A client of `url` without retries, as the services build it.
+    fn client(url: &str) -> kube::Client {
+        let mut config = kube::Config::new(url.parse().unwrap());
+        config.connect_timeout = Some(Duration::from_secs(5));
+        crate::service::kube_client::build_client(config, 0.0, 0).unwrap()
+    }
+
+    async fn cause_of(url: &str) -> Option<Cause> {
+        let err = client(url).apiserver_version().await.unwrap_err();
+        unreachable_cause(&err)
+    }
+
+    #[tokio::test]
+    async fn causes_of_real_connection_failures() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        assert_eq!(
+            cause_of(&format!("https://127.0.0.1:{port}")).await,
+            Some(Cause::Refused)
+        );
+        assert_eq!(
+            cause_of("https://no-such-host.invalid:6443").await,
+            Some(Cause::Dns)
+        );
+        // A plain-TCP peer where TLS is expected.
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = plain.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while let Ok((mut s, _)) = plain.accept().await {
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+            }
+        });
+        assert_eq!(cause_of(&format!("https://{addr}")).await, Some(Cause::Tls));
+    }
+
+    #[test]
+    fn an_api_status_is_an_answer_not_an_outage() {
+        let status = kube::core::Status::failure("forbidden", "Forbidden").with_code(403);
+        let err = kube::Error::Api(Box::new(status));
+        assert_eq!(unreachable_cause(&err), None);
+        let own_timeout = kube::Error::Service("lease read timed out".into());
+        assert_eq!(unreachable_cause(&own_timeout), None);
+    }
+
+    #[test]
+    fn logs_once_per_change_not_per_retry() {
+        let reach = ApiReachability::new("https://10.0.0.1:6443");
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let timeout = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        assert_eq!(reach.answered(), None, "first answer: nothing to report");
+        assert_eq!(
+            reach.failed(&refused),
+            Some(Change::Unreachable(Cause::Refused))
+        );
+        assert_eq!(reach.failed(&refused), None, "same cause: quiet");
+        assert_eq!(
+            reach.failed(&timeout),
+            Some(Change::CauseChanged(Cause::TimedOut))
+        );
+        assert_eq!(reach.failed(&timeout), None);
+        assert_eq!(reach.answered(), Some(Change::Reachable));
+        assert_eq!(reach.answered(), None);
+        let other = std::io::Error::other("not a connection problem");
+        let not_io = kube::Error::Service("boom".into());
+        assert_eq!(reach.failed(&not_io), None, "not an outage");
+        assert_eq!(
+            reach.failed(&other),
+            Some(Change::Unreachable(Cause::Other))
+        );
+    }
+}
