@@ -502,7 +502,8 @@ async fn a_pv_provisioned_by_upstream_follows_its_class_at_delete_time() {
         pv.metadata.annotations = None;
         pv
     };
-    let cases: [(&[(&str, &str)], &[&str]); 6] = [
+    type Params = &'static [(&'static str, &'static str)];
+    let cases: [(Params, &[&str]); 6] = [
         (&[("onDelete", "delete")], &[]),
         (&[("archiveOnDelete", "false")], &[]),
         (&[("onDelete", "delete"), ("archiveOnDelete", "true")], &[]),
