@@ -195,6 +195,8 @@ impl Reclaimer {
                     .observe(start.elapsed().as_secs_f64());
                 self.metrics.total.with_label_values(&[&class]).inc();
             }
+            // Not a failed delete: this replica no longer leads.
+            Err(SyncError::NotLeader { .. }) => {}
             Err(_) => self.metrics.failed_total.with_label_values(&[&class]).inc(),
         }
         result
@@ -245,7 +247,12 @@ impl Reclaimer {
     ///
     /// Beyond the seed: after the backend's delete succeeded for a PV uid, a
     /// second delivery of that PV (e.g. after the PV delete failed) skips the
-    /// backend and goes straight to deleting the PV.
+    /// backend and goes straight to deleting the PV. Right before the
+    /// backend's delete the PV is read again (quorum GET) and the delete goes
+    /// ahead only if it is the same object, bound to the same claim, and
+    /// still to be deleted (else `Ok`, nothing done), the StorageClass is read
+    /// for a backend that needs it, and the leader term must be current
+    /// ([`SyncError::NotLeader`] otherwise).
     pub async fn delete_volume_operation(
         &self,
         volume: &PersistentVolume,

@@ -724,11 +724,12 @@ async fn a_leader_past_its_term_deletes_nothing() {
     let backend = Arc::new(FakeProvisioner::default());
     let live = common::service::health::Liveness::default();
     live.set_leading(true);
+    let registry = Registry::new();
     let reclaimer = Reclaimer::new(
         Api::all(api.client()),
         backend.clone(),
         Arc::new(Events::default()),
-        DeleteMetrics::register(&Registry::new()),
+        DeleteMetrics::register(&registry),
         ME.to_string(),
         false,
     )
@@ -742,6 +743,10 @@ async fn a_leader_past_its_term_deletes_nothing() {
     assert!(matches!(err, SyncError::NotLeader { .. }), "{err}");
     assert!(backend.deleted().is_empty());
     assert!(api.get("pvc-1").is_some());
+    assert!(
+        !render(&registry).contains("controller_persistentvolume_delete_failed_total{"),
+        "not counted as a failed delete"
+    );
     // Renewed again (the Lease is ours): the delete goes ahead.
     live.renewed();
     reclaimer
