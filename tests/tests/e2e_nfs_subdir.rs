@@ -10,7 +10,9 @@
 //! * `onDelete: retain`;
 //! * `..` (through an annotation) and symlink escapes refused with a
 //!   `ProvisioningFailed` event, nothing touched outside the mount;
-//! * SIGKILL of each service in the middle of a batch loses nothing.
+//! * SIGKILL of each service in the middle of a batch loses nothing;
+//! * a claim whose directory nests in another volume's is refused;
+//! * PVs made by upstream follow their class at delete time.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -362,7 +364,151 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing(plane: C
     assert!(tree(sys.base_dir()).is_empty());
 }
 
+/// Upstream's documented pattern with claims at `app` and `app/db`: the
+/// inner one is refused (`ProvisioningFailed`, no directory), so deleting
+/// the outer one (`onDelete: delete`) removes no other volume's data.
+async fn a_claim_whose_directory_nests_in_another_volume_is_refused(plane: ControlPlane) {
+    let sys = system(plane).await;
+    let params = [
+        (
+            "pathPattern",
+            "${.PVC.namespace}/${.PVC.annotations.nfs.io/storage-path}",
+        ),
+        ("onDelete", "delete"),
+    ];
+    check(
+        &sys,
+        sys.create_storage_class("nfs-nest", "Immediate", &params)
+            .await,
+    );
+    claim(
+        &sys,
+        "outer",
+        "nfs-nest",
+        &[],
+        &[("nfs.io/storage-path", "app")],
+    )
+    .await;
+    let outer = check(
+        &sys,
+        sys.wait_pv_for_claim("outer", Duration::from_secs(30))
+            .await,
+    );
+    let base = sys.base_dir().to_path_buf();
+    std::fs::write(base.join("default/app/file"), b"outer").unwrap();
+    claim(
+        &sys,
+        "inner",
+        "nfs-nest",
+        &[],
+        &[("nfs.io/storage-path", "app/db")],
+    )
+    .await;
+    let r = sys
+        .wait_objects_with_event("ProvisioningFailed", 1, Duration::from_secs(30))
+        .await;
+    check(&sys, r);
+    assert_eq!(
+        sys.pvs().await.unwrap().len(),
+        1,
+        "only the outer claim has a volume"
+    );
+    assert_eq!(tree(&base), ["default", "default/app", "default/app/file"]);
+
+    sys.delete_claims(&["outer".into()]).await.unwrap();
+    wait_pv_gone(&sys, outer.metadata.name.as_deref().unwrap()).await;
+    assert_eq!(tree(&base), ["default"], "{}", sys.log_tails(20));
+}
+
+/// PVs that upstream nfs-subdir-external-provisioner made (no policy
+/// annotation) follow their StorageClass as read at delete time: `onDelete:
+/// retain` leaves the directory where it was, `archiveOnDelete: "false"`
+/// removes it, and with the class gone nothing is touched
+/// (`VolumeFailedDelete`, the PV stays).
+async fn volumes_provisioned_by_upstream_follow_their_class_at_delete(plane: ControlPlane) {
+    let sys = system(plane).await;
+    let classes: [(&str, &[(&str, &str)]); 3] = [
+        ("up-retain", &[("onDelete", "retain")]),
+        ("up-delete", &[("archiveOnDelete", "false")]),
+        ("up-gone", &[]),
+    ];
+    let base = sys.base_dir().to_path_buf();
+    for (class, params) in classes {
+        check(
+            &sys,
+            sys.create_storage_class(class, "Immediate", params).await,
+        );
+        let dir = format!("default-{class}-pvc-{class}");
+        std::fs::create_dir(base.join(&dir)).unwrap();
+        std::fs::write(base.join(&dir).join("file"), b"data").unwrap();
+        // As upstream wrote it: pre-bound, provisioned-by, no policy annotation.
+        let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": format!("pvc-{class}"),
+                "annotations": {"pv.kubernetes.io/provisioned-by": sys.settings.provisioner_name},
+            },
+            "spec": {
+                "capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": class,
+                "claimRef": {"namespace": "default", "name": class},
+                "nfs": {"server": SERVER, "path": format!("{EXPORT}/{dir}")},
+            },
+        }))
+        .unwrap();
+        let r = kube::Api::<PersistentVolume>::all(sys.client.clone())
+            .create(&PostParams::default(), &pv)
+            .await;
+        check(&sys, r.map_err(anyhow::Error::from));
+        let mut c = sys.claim_manifest(class, class, &[]);
+        c.spec.as_mut().unwrap().volume_name = Some(format!("pvc-{class}"));
+        let r = sys.claims_api().create(&PostParams::default(), &c).await;
+        check(&sys, r.map_err(anyhow::Error::from));
+    }
+    let r = wait_eq(Duration::from_secs(30), "claims bound", 3, || {
+        sys.bound_claims()
+    })
+    .await;
+    check(&sys, r);
+    let r = kube::Api::<k8s_openapi::api::storage::v1::StorageClass>::all(sys.client.clone())
+        .delete("up-gone", &Default::default())
+        .await;
+    check(&sys, r.map_err(anyhow::Error::from));
+
+    sys.delete_claims(&["up-retain".into(), "up-delete".into(), "up-gone".into()])
+        .await
+        .unwrap();
+    wait_pv_gone(&sys, "pvc-up-retain").await;
+    wait_pv_gone(&sys, "pvc-up-delete").await;
+    let r = sys
+        .wait_objects_with_event("VolumeFailedDelete", 1, Duration::from_secs(30))
+        .await;
+    check(&sys, r);
+    assert!(
+        sys.pvs()
+            .await
+            .unwrap()
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some("pvc-up-gone")),
+        "the PV whose class is gone stays"
+    );
+    assert_eq!(
+        tree(&base),
+        [
+            "default-up-gone-pvc-up-gone",
+            "default-up-gone-pvc-up-gone/file",
+            "default-up-retain-pvc-up-retain",
+            "default-up-retain-pvc-up-retain/file",
+        ],
+        "retain kept the directory in place, archiveOnDelete \"false\" removed it, the class gone touched nothing\n{}",
+        sys.log_tails(20)
+    );
+}
+
 on_both_planes!(
+    a_claim_whose_directory_nests_in_another_volume_is_refused,
+    volumes_provisioned_by_upstream_follow_their_class_at_delete,
     nested_path_pattern_delete_removes_exactly_that_directory_and_archive_and_retain_keep_it,
     dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched,
     sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing,

@@ -38,6 +38,7 @@
 //! missing *base* directory is a [`DeleteError::Failed`] (an unmounted disk must
 //! not look like "already deleted").
 
+use std::collections::HashSet;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
@@ -116,6 +117,88 @@ pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
     tokio::task::spawn_blocking(move || list_blocking(&base))
         .await
         .map_err(|e| format!("hostpath listing task failed: {e}"))?
+}
+
+/// The volume directories (names as [`list_volumes`] gives them) that any of
+/// `pvs` uses, plus the PVs' own names: a `hostPath` or `local` path at or
+/// below `<base-dir>/<name>` uses `<name>`, whatever the PV is called; a path
+/// at or above the base directory uses all of them. Paths are compared as
+/// written and with symlinks resolved on this node, against the base
+/// directory as configured and resolved.
+///
+/// Errors: the base directory cannot be listed.
+pub async fn volumes_in_use(
+    backend: &HostPath,
+    pvs: &[PersistentVolume],
+) -> Result<HashSet<String>, String> {
+    let mut used: HashSet<String> = pvs
+        .iter()
+        .filter_map(|pv| pv.metadata.name.clone())
+        .collect();
+    let paths: Vec<String> = pvs
+        .iter()
+        .filter_map(|pv| pv.spec.as_ref())
+        .flat_map(|spec| {
+            [
+                spec.host_path.as_ref().map(|h| h.path.clone()),
+                spec.local.as_ref().map(|l| l.path.clone()),
+            ]
+        })
+        .flatten()
+        .collect();
+    if paths.is_empty() {
+        return Ok(used);
+    }
+    let base = backend.base_dir.clone();
+    let (names, all) = tokio::task::spawn_blocking(move || {
+        let mut bases = vec![lexical(&base)];
+        bases.extend(std::fs::canonicalize(&base).ok());
+        let mut names = HashSet::new();
+        let mut all = false;
+        for path in &paths {
+            let mut forms = vec![lexical(Path::new(path))];
+            forms.extend(std::fs::canonicalize(path).ok());
+            for (p, b) in forms.iter().flat_map(|p| bases.iter().map(move |b| (p, b))) {
+                match p.strip_prefix(b) {
+                    Ok(rest) => match rest.components().next() {
+                        Some(Component::Normal(n)) => {
+                            names.insert(n.to_string_lossy().into_owned());
+                        }
+                        _ => all = true,
+                    },
+                    Err(_) if b.starts_with(p) => all = true,
+                    Err(_) => {}
+                }
+            }
+        }
+        let listed = if all {
+            list_blocking(&base)?
+        } else {
+            Vec::new()
+        };
+        Ok::<_, String>((names, listed))
+    })
+    .await
+    .map_err(|e| format!("hostpath listing task failed: {e}"))??;
+    used.extend(names);
+    used.extend(all);
+    Ok(used)
+}
+
+/// `path` made absolute-looking without touching the filesystem: `.` and
+/// empty components dropped, `..` applied.
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A minimal PV addressing the directory `<base-dir>/<pv_name>`, for deleting
@@ -494,6 +577,62 @@ mod tests {
             Err(DeleteError::Refused { reason }) => reason,
             other => panic!("expected Refused, got {other:?}"),
         }
+    }
+
+    /// The orphan sweep's view: `pvc-1` is in use by a PV of any name whose
+    /// path is it, inside it, or around the base directory (as written or
+    /// through a symlink); a PV elsewhere uses nothing but its own name.
+    #[tokio::test]
+    async fn volumes_in_use_go_by_path_not_by_name() {
+        let (tmp, base) = setup();
+        std::fs::create_dir(base.join("pvc-2")).unwrap();
+        symlink(&base, tmp.path().join("link")).unwrap();
+        let b = backend(&base, OnDelete::Delete);
+        let used = |pvs: Vec<PersistentVolume>| {
+            let b = b.clone();
+            async move {
+                let mut v: Vec<String> = volumes_in_use(&b, &pvs)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .collect();
+                v.sort();
+                v
+            }
+        };
+        let at = |name: &str, path: &Path| pv(name, &path.to_string_lossy());
+        assert_eq!(
+            used(vec![at("restore-abc", &base.join("pvc-1"))]).await,
+            ["pvc-1", "restore-abc"]
+        );
+        assert_eq!(
+            used(vec![at("r", &base.join("pvc-1/data/"))]).await,
+            ["pvc-1", "r"]
+        );
+        assert_eq!(
+            used(vec![at("r", &base.join("x/../pvc-1"))]).await,
+            ["pvc-1", "r"]
+        );
+        assert_eq!(
+            used(vec![at("r", &tmp.path().join("link/pvc-1"))]).await,
+            ["pvc-1", "r"]
+        );
+        assert_eq!(
+            used(vec![at("r", tmp.path())]).await,
+            ["pvc-1", "pvc-2", "r"]
+        );
+        assert_eq!(
+            used(vec![at("r", &tmp.path().join("elsewhere"))]).await,
+            ["r"]
+        );
+        let mut local = at("l", &base.join("pvc-2"));
+        let spec = local.spec.as_mut().unwrap();
+        spec.host_path = None;
+        spec.local = Some(k8s_openapi::api::core::v1::LocalVolumeSource {
+            path: base.join("pvc-2").to_string_lossy().into_owned(),
+            fs_type: None,
+        });
+        assert_eq!(used(vec![local]).await, ["l", "pvc-2"]);
     }
 
     #[tokio::test]

@@ -116,6 +116,13 @@ impl Provisioner for HostPath {
         Some(delete::list_volumes(self).await)
     }
 
+    async fn volumes_in_use(
+        &self,
+        pvs: &[PersistentVolume],
+    ) -> Result<std::collections::HashSet<String>, String> {
+        delete::volumes_in_use(self, pvs).await
+    }
+
     async fn archive_orphan(
         &self,
         pv_name: &str,

@@ -462,11 +462,233 @@ async fn foreign_pvs_are_refused_and_left_alone() {
         .unwrap_err()
         .contains("hostPath"));
     assert!(f.mount.join("victim").is_dir());
-    // A PV without the policy annotation (provisioned by upstream) is archived.
+    // A PV without the policy annotation (provisioned by upstream) needs its
+    // class: without one, nothing is touched.
     let mut migrated = pv_at("pvc-7", "/srv/k8s/victim", "delete");
     migrated.metadata.annotations = None;
-    f.backend.delete(&migrated).await.unwrap();
-    assert_eq!(tree(&f.mount), ["archived-victim"]);
+    assert!(matches!(
+        f.backend.delete(&migrated).await,
+        Err(DeleteError::Failed { .. })
+    ));
+    assert_eq!(tree(&f.mount), ["victim"]);
+}
+
+fn class(params: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some("nfs-client".into()),
+            ..Default::default()
+        },
+        parameters: Some(
+            params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// A PV that upstream provisioned (no policy annotation) follows its class
+/// as read at delete time, exactly as upstream; one we provisioned keeps the
+/// policy recorded at provisioning whatever the class says now.
+#[tokio::test]
+async fn a_pv_provisioned_by_upstream_follows_its_class_at_delete_time() {
+    let f = fixture();
+    let upstream = |dir: &str| {
+        std::fs::create_dir_all(f.mount.join(dir)).unwrap();
+        std::fs::write(f.mount.join(dir).join("file"), b"data").unwrap();
+        let mut pv = pv_at("pvc-9", &format!("/srv/k8s/{dir}"), "unused");
+        pv.metadata.annotations = None;
+        pv
+    };
+    type Params = &'static [(&'static str, &'static str)];
+    let cases: [(Params, &[&str]); 6] = [
+        (&[("onDelete", "delete")], &[]),
+        (&[("archiveOnDelete", "false")], &[]),
+        (&[("onDelete", "delete"), ("archiveOnDelete", "true")], &[]),
+        (&[("onDelete", "retain")], &["v", "v/file"]),
+        (
+            &[("archiveOnDelete", "true")],
+            &["archived-v", "archived-v/file"],
+        ),
+        (&[], &["archived-v", "archived-v/file"]),
+    ];
+    for (params, expected) in cases {
+        let pv = upstream("v");
+        assert!(f.backend.reads_class_at_delete(&pv));
+        f.backend
+            .delete_with_class(&pv, Some(&class(params)))
+            .await
+            .unwrap();
+        assert_eq!(tree(&f.mount), expected, "{params:?}");
+        let _ = std::fs::remove_dir_all(f.mount.join("v"));
+        let _ = std::fs::remove_dir_all(f.mount.join("archived-v"));
+    }
+    // The class is gone, or its archiveOnDelete is no boolean: nothing touched.
+    let pv = upstream("v");
+    let gone = f.backend.delete_with_class(&pv, None).await.unwrap_err();
+    assert!(
+        matches!(&gone, DeleteError::Failed { reason } if reason.contains("does not exist")),
+        "{gone:?}"
+    );
+    let bad = class(&[("archiveOnDelete", "maybe")]);
+    assert!(f.backend.delete_with_class(&pv, Some(&bad)).await.is_err());
+    assert_eq!(tree(&f.mount), ["v", "v/file"]);
+    // Already absent: success without a class, as upstream.
+    std::fs::remove_dir_all(f.mount.join("v")).unwrap();
+    f.backend.delete_with_class(&pv, None).await.unwrap();
+
+    // Ours: the recorded policy wins over the class.
+    let o = options(&[("onDelete", "retain")], &[]);
+    let ours = f.backend.provision(&o).await.unwrap();
+    assert!(!f.backend.reads_class_at_delete(&ours));
+    f.backend
+        .delete_with_class(&ours, Some(&class(&[("onDelete", "delete")])))
+        .await
+        .unwrap();
+    assert_eq!(tree(&f.mount), ["team-a-data-pvc-1"]);
+}
+
+/// One claim's directory inside another's (`ns/app` and `ns/app/db`) is
+/// refused in either order, also while the other is still being provisioned
+/// (recorded, no directory yet); a directory around another volume's is
+/// never deleted or archived, and the sweep counts it as used.
+#[tokio::test]
+async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() {
+    let f = fixture();
+    let pattern = [
+        (
+            "pathPattern",
+            "${.PVC.namespace}/${.PVC.annotations.nfs.io/storage-path}",
+        ),
+        ("onDelete", "delete"),
+    ];
+    let at = |pv: &str, path: &str| {
+        let mut o = options(&pattern, &[("nfs.io/storage-path", path)]);
+        o.pv_name = pv.into();
+        o
+    };
+    let outer = f.backend.provision(&at("pvc-a", "app")).await.unwrap();
+    std::fs::write(f.mount.join("team-a/app/file"), b"a").unwrap();
+    let r = reason(
+        f.backend
+            .provision(&at("pvc-b", "app/db"))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        r.contains("\"team-a/app/db\" is inside the directory \"team-a/app\" of PV pvc-a"),
+        "{r}"
+    );
+    assert_eq!(tree(&f.mount), ["team-a", "team-a/app", "team-a/app/file"]);
+    // Refused again on retry, and the refused claim's recovery touches nothing.
+    assert!(f.backend.provision(&at("pvc-b", "app/db")).await.is_err());
+    f.backend
+        .delete_unprovisioned(&at("pvc-b", "app/db"))
+        .await
+        .unwrap();
+
+    // The other order, with the outer claim still in flight (recorded only).
+    let root = safe_fs::open_mount(&f.mount).unwrap();
+    registry::put(
+        &root,
+        "pvc-c",
+        &pattern::RelPath::parse("team-a/web").unwrap(),
+    )
+    .unwrap();
+    let r = reason(
+        f.backend
+            .provision(&at("pvc-d", "web/db"))
+            .await
+            .unwrap_err(),
+    );
+    assert!(
+        r.contains("is inside the directory \"team-a/web\" of PV pvc-c"),
+        "{r}"
+    );
+    registry::remove(&root, "pvc-c").unwrap();
+    let inner = f.backend.provision(&at("pvc-d", "web/db")).await.unwrap();
+    registry::put(
+        &root,
+        "pvc-c",
+        &pattern::RelPath::parse("team-a/web").unwrap(),
+    )
+    .unwrap();
+    // pvc-c retried: its directory would contain pvc-d's.
+    let r = reason(f.backend.provision(&at("pvc-c", "web")).await.unwrap_err());
+    assert!(
+        r.contains("contains the directory \"team-a/web/db\" of PV pvc-d"),
+        "{r}"
+    );
+
+    // Nested volumes left by older releases: the outer one is neither
+    // deleted, archived nor swept with the inner one's data.
+    registry::put(&root, "pvc-e", &pattern::RelPath::parse("team-a").unwrap()).unwrap();
+    let around = pv_at("pvc-e", "/srv/k8s/team-a", "delete");
+    for policy in ["delete", "archive"] {
+        let mut pv = around.clone();
+        pv.metadata.annotations = Some(BTreeMap::from([(
+            ANN_ON_DELETE.to_string(),
+            policy.to_string(),
+        )]));
+        let err = f.backend.delete(&pv).await.unwrap_err();
+        assert!(
+            matches!(&err, DeleteError::Refused { reason } if reason.contains("contains the directory")),
+            "{err:?}"
+        );
+    }
+    assert!(
+        delete::archive_orphan(&f.backend, "pvc-e", std::time::Duration::ZERO)
+            .await
+            .is_err()
+    );
+    assert!(f.mount.join("team-a/web/db").is_dir());
+    assert!(f.mount.join("team-a/app/file").is_file());
+    registry::remove(&root, "pvc-e").unwrap();
+    registry::remove(&root, "pvc-c").unwrap();
+    // Inner and outer, deleted: each removes exactly its own directory.
+    f.backend.delete(&inner).await.unwrap();
+    f.backend.delete(&outer).await.unwrap();
+    assert_eq!(tree(&f.mount), ["team-a", "team-a/web"]);
+}
+
+/// The orphan sweep's view: a volume is in use by any PV whose `nfs.path`
+/// names its directory, one inside it or one around it, whatever its name.
+#[tokio::test]
+async fn volumes_in_use_go_by_path_not_by_name() {
+    let f = fixture();
+    let pattern = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
+    f.backend.provision(&options(&pattern, &[])).await.unwrap();
+    let used = |pvs: Vec<PersistentVolume>| {
+        let b = f.backend.clone();
+        async move {
+            let mut v: Vec<String> = b.volumes_in_use(&pvs).await.unwrap().into_iter().collect();
+            v.sort();
+            v
+        }
+    };
+    assert_eq!(
+        used(vec![pv_at("restore-1", "/srv/k8s/team-a/data", "retain")]).await,
+        ["pvc-1", "restore-1"]
+    );
+    assert_eq!(
+        used(vec![pv_at(
+            "restore-2",
+            "/srv/k8s/team-a/data/sub",
+            "retain"
+        )])
+        .await,
+        ["pvc-1", "restore-2"]
+    );
+    assert_eq!(
+        used(vec![pv_at("restore-3", "/srv/k8s/team-a", "retain")]).await,
+        ["pvc-1", "restore-3"]
+    );
+    assert_eq!(
+        used(vec![pv_at("other", "/srv/k8s/team-b", "retain")]).await,
+        ["other"]
+    );
 }
 
 #[tokio::test]

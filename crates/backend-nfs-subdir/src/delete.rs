@@ -33,16 +33,23 @@
 //!   too, the delete is refused.
 //!
 //! Empty parent directories of a nested path are left in place (they may be
-//! shared with other volumes).
+//! shared with other volumes). A directory that contains another recorded
+//! volume's directory is neither deleted nor archived (refused).
+//!
+//! The policy is the one recorded at provisioning ([`ANN_ON_DELETE`]); a PV
+//! without it follows its StorageClass as read at delete time, as upstream
+//! ([`upstream_policy`]).
 
+use std::collections::HashSet;
 use std::io;
 
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{DeleteError, ProvisionOptions};
 
 use super::pattern::RelPath;
-use super::provision::class_policy;
+use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
 use super::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
 use provisioner_api::OrphanOutcome;
@@ -100,22 +107,27 @@ pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<Re
             nfs.server, backend.server
         ));
     }
-    let not_ours = || {
-        format!(
+    let Some(rest) = below_export(backend, &nfs.path) else {
+        return Err(format!(
             "PV {name} has nfs.path {:?}, which is not a directory below this provisioner's export {:?}",
             nfs.path, backend.export_path
-        )
+        ));
     };
-    if !nfs.path.starts_with('/') {
-        return Err(not_ours());
+    RelPath::parse(&rest).map_err(|e| format!("PV {name}: {e}"))
+}
+
+/// `path` relative to the export (`a/b`), when it is absolute, has no `..`
+/// and lies strictly below `--nfs-path`.
+fn below_export(backend: &NfsSubdir, path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
     }
-    let comps: Vec<&str> = nfs
-        .path
+    let comps: Vec<&str> = path
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
     if comps.contains(&"..") {
-        return Err(not_ours());
+        return None;
     }
     let export: Vec<&str> = backend
         .export_path
@@ -123,9 +135,58 @@ pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<Re
         .filter(|c| !c.is_empty())
         .collect();
     if comps.len() <= export.len() || comps[..export.len()] != export[..] {
-        return Err(not_ours());
+        return None;
     }
-    RelPath::parse(&comps[export.len()..].join("/")).map_err(|e| format!("PV {name}: {e}"))
+    Some(comps[export.len()..].join("/"))
+}
+
+/// Whether deleting `volume` needs its StorageClass: it carries no
+/// [`ANN_ON_DELETE`] (provisioned by upstream before a migration).
+pub fn reads_class_at_delete(volume: &PersistentVolume) -> bool {
+    volume
+        .metadata
+        .annotations
+        .as_ref()
+        .is_none_or(|a| !a.contains_key(ANN_ON_DELETE))
+}
+
+/// Upstream's delete policy from the class as read at delete time:
+/// `onDelete` `delete`/`retain` wins; else `archiveOnDelete` (a Go boolean,
+/// `false` → delete); else archive.
+///
+/// Errors: [`DeleteError::Failed`] when there is no class (as upstream, the
+/// delete fails and is retried; nothing is touched) or `archiveOnDelete` is
+/// not a Go boolean.
+pub fn upstream_policy(
+    pv_name: &str,
+    class: Option<&StorageClass>,
+) -> Result<DeletePolicy, DeleteError> {
+    let Some(class) = class else {
+        return Err(DeleteError::Failed {
+            reason: format!(
+                "PV {pv_name} has no {ANN_ON_DELETE} annotation (provisioned before a migration), so its delete policy comes from its StorageClass, which does not exist (or the PV names none); nothing touched (recreate the class, or set the PV's reclaim policy to Retain)"
+            ),
+        });
+    };
+    let params = class.parameters.clone().unwrap_or_default();
+    match params.get(PARAM_ON_DELETE).map(String::as_str) {
+        Some("delete") => return Ok(DeletePolicy::Delete),
+        Some("retain") => return Ok(DeletePolicy::Retain),
+        _ => {}
+    }
+    match params.get(PARAM_ARCHIVE_ON_DELETE) {
+        None => Ok(DeletePolicy::Archive),
+        Some(v) => match parse_go_bool(v) {
+            Some(false) => Ok(DeletePolicy::Delete),
+            Some(true) => Ok(DeletePolicy::Archive),
+            None => Err(DeleteError::Failed {
+                reason: format!(
+                    "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
+                    class.metadata.name.as_deref().unwrap_or_default()
+                ),
+            }),
+        },
+    }
 }
 
 /// Delete, archive or retain the directory behind `volume` (module docs).
@@ -134,6 +195,20 @@ pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<Re
 /// unknown [`ANN_ON_DELETE`] value, a directory recorded for another PV, or
 /// both archive names taken; [`DeleteError::Failed`] on I/O errors (retried).
 pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<(), DeleteError> {
+    delete_with_class(backend, volume, None).await
+}
+
+/// [`delete`] of a PV whose StorageClass, as read right before the delete,
+/// is `class`: a PV without [`ANN_ON_DELETE`] follows [`upstream_policy`]
+/// (a directory already absent is success without a class, as upstream);
+/// one with it keeps the policy recorded at provisioning.
+///
+/// Errors: as [`delete`], plus those of [`upstream_policy`].
+pub async fn delete_with_class(
+    backend: &NfsSubdir,
+    volume: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<(), DeleteError> {
     let rel = volume_directory(backend, volume).map_err(refused)?;
     let name = volume.metadata.name.clone().unwrap_or_default();
     let policy = match volume
@@ -142,13 +217,13 @@ pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<()
         .as_ref()
         .and_then(|a| a.get(ANN_ON_DELETE))
     {
-        // Provisioned before a migration from upstream: its default.
-        None => DeletePolicy::Archive,
-        Some(v) => DeletePolicy::from_annotation(v).ok_or_else(|| {
+        // Provisioned before a migration from upstream: the class decides.
+        None => upstream_policy(&name, class),
+        Some(v) => Ok(DeletePolicy::from_annotation(v).ok_or_else(|| {
             refused(format!(
                 "PV {name} has annotation {ANN_ON_DELETE}={v:?}; expected delete, retain or archive"
             ))
-        })?,
+        })?),
     };
     let mount = backend.mount.clone();
     blocking(move || {
@@ -174,6 +249,43 @@ pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<()
         apply_policy(&root, &name, &rel, policy).map(|_| ())
     })
     .await
+}
+
+/// The PVs among the registry's records whose directory any of `pvs` uses
+/// (an `nfs.path` below the export equal to it, inside it or containing it,
+/// whatever the PV's name or server), plus the PVs' own names.
+///
+/// Errors: the mount or the records cannot be read.
+pub async fn volumes_in_use(
+    backend: &NfsSubdir,
+    pvs: &[PersistentVolume],
+) -> Result<HashSet<String>, String> {
+    let mut used: HashSet<String> = pvs
+        .iter()
+        .filter_map(|pv| pv.metadata.name.clone())
+        .collect();
+    let paths: Vec<RelPath> = pvs
+        .iter()
+        .filter_map(|pv| pv.spec.as_ref()?.nfs.as_ref())
+        .filter_map(|nfs| RelPath::parse(&below_export(backend, &nfs.path)?).ok())
+        .collect();
+    if paths.is_empty() {
+        return Ok(used);
+    }
+    let mount = backend.mount.clone();
+    let records = tokio::task::spawn_blocking(move || {
+        let root = safe_fs::open_mount(&mount)
+            .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
+        registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))
+    })
+    .await
+    .map_err(|e| format!("nfs-subdir listing task failed: {e}"))??;
+    for (name, rel) in records {
+        if paths.iter().any(|p| p.overlaps(&rel)) {
+            used.insert(name);
+        }
+    }
+    Ok(used)
 }
 
 /// Recovery of a claim deleted mid-provisioning: apply the class's policy to
@@ -208,7 +320,7 @@ pub async fn delete_unprovisioned(
         else {
             return Ok(());
         };
-        apply_policy(&root, &name, &rel, policy).map(|_| ())
+        apply_policy(&root, &name, &rel, Ok(policy)).map(|_| ())
     })
     .await
 }
@@ -261,20 +373,22 @@ fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
     }
 }
 
-/// Apply `policy` to `rel`; returns the archived directory's new path
-/// (relative to the mount) when it was archived.
+/// Apply `policy` to `rel` (an unresolved policy fails only when the
+/// directory exists); returns the archived directory's new path (relative to
+/// the mount) when it was archived. A directory containing another volume's
+/// is never deleted or archived.
 fn apply_policy(
     root: &Dir,
     pv_name: &str,
     rel: &RelPath,
-    policy: DeletePolicy,
+    policy: Result<DeletePolicy, DeleteError>,
 ) -> Result<Option<String>, DeleteError> {
     let forget = || {
         registry::remove(root, pv_name)
             .map(|()| None)
             .map_err(io_failed("remove the record of PV"))
     };
-    if policy == DeletePolicy::Retain {
+    if matches!(policy, Ok(DeletePolicy::Retain)) {
         tracing::info!(pv = pv_name, directory = %rel, "onDelete retain: leaving nfs-subdir directory in place");
         return forget();
     }
@@ -308,6 +422,18 @@ fn apply_policy(
                 "\"{rel}\" of PV {pv_name} is not a directory; refusing"
             )))
         }
+    }
+    let policy = policy?;
+    let inside: Vec<(String, RelPath)> = registry::nested_with(root, pv_name, rel)
+        .map_err(io_failed("read the volume records"))?
+        .into_iter()
+        .filter(|(_, other)| rel.contains(other))
+        .collect();
+    if let Some((other_pv, other)) = inside.first() {
+        return Err(refused(format!(
+            "directory \"{rel}\" of PV {pv_name} contains the directory \"{other}\" of PV {other_pv}; refusing to {} it with the other volume's data",
+            if policy == DeletePolicy::Delete { "delete" } else { "archive" }
+        )));
     }
     match policy {
         DeletePolicy::Delete => {
@@ -368,7 +494,7 @@ pub async fn archive_orphan(
             return Ok(OrphanOutcome::TooYoung(age));
         }
         Ok(
-            match apply_policy(&root, &name, &rel, DeletePolicy::Archive)? {
+            match apply_policy(&root, &name, &rel, Ok(DeletePolicy::Archive))? {
                 Some(archived) => OrphanOutcome::Archived(mount.join(archived)),
                 None => OrphanOutcome::Absent,
             },

@@ -49,8 +49,17 @@
 //! The class's policy is resolved at provisioning time and recorded on the PV
 //! as annotation [`ANN_ON_DELETE`] (`delete`, `retain` or `archive`), so
 //! reclaim does not depend on the class still existing or being unchanged. A
-//! PV without it (one provisioned by upstream before a migration) is
-//! **archived**, upstream's default: data is never removed on a guess.
+//! PV without it (one provisioned by upstream before a migration) follows its
+//! class as read right before the delete, as upstream
+//! ([`delete::upstream_policy`]); when that class is gone the delete fails
+//! (`VolumeFailedDelete`, retried) and nothing is touched.
+//!
+//! # Volumes nested in one another
+//!
+//! A volume's directory is never inside or around another live volume's
+//! (one the registry records): such a claim is refused (`ProvisioningFailed`,
+//! no directory made), and a directory containing another volume's is never
+//! deleted or archived (`VolumeFailedDelete`).
 
 pub mod delete;
 pub mod pattern;
@@ -58,12 +67,14 @@ pub mod provision;
 pub mod registry;
 pub mod safe_fs;
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner};
 
 /// PV annotation recording the delete policy resolved at provisioning time:
@@ -191,8 +202,24 @@ impl Provisioner for NfsSubdir {
         delete::delete(self, volume).await
     }
 
+    fn reads_class_at_delete(&self, volume: &PersistentVolume) -> bool {
+        delete::reads_class_at_delete(volume)
+    }
+
+    async fn delete_with_class(
+        &self,
+        volume: &PersistentVolume,
+        class: Option<&StorageClass>,
+    ) -> Result<(), DeleteError> {
+        delete::delete_with_class(self, volume, class).await
+    }
+
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         Some(delete::list_volumes(self).await)
+    }
+
+    async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
+        delete::volumes_in_use(self, pvs).await
     }
 
     async fn archive_orphan(

@@ -88,6 +88,16 @@ impl RelPath {
     pub fn as_string(&self) -> String {
         self.0.join("/")
     }
+
+    /// Whether `other` lies strictly below this path (component-wise).
+    pub fn contains(&self, other: &RelPath) -> bool {
+        other.0.len() > self.0.len() && other.0[..self.0.len()] == self.0[..]
+    }
+
+    /// Whether the two paths are equal or one lies below the other.
+    pub fn overlaps(&self, other: &RelPath) -> bool {
+        self == other || self.contains(other) || other.contains(self)
+    }
 }
 
 impl std::fmt::Display for RelPath {

@@ -257,6 +257,9 @@ fn create_blocking(
     let root = safe_fs::open_mount(mount)
         .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
     let (parent_comps, last) = safe_fs::split_last(rel);
+    // Record-then-check below; serialized within this process so two
+    // nesting claims provisioned at once never both refuse.
+    let guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
     let recorded = registry::get(&root, pv_name)
         .map_err(|e| format!("cannot read the record of PV {pv_name}: {e}"))?;
     let retry = match recorded {
@@ -289,6 +292,14 @@ fn create_blocking(
         }
         msg
     };
+    // Checked after recording ours, so of two claims whose directories nest
+    // (provisioned at once, by any replica) at least one sees the other.
+    match registry::nested_with(&root, pv_name, rel) {
+        Ok(nested) if nested.is_empty() => {}
+        Ok(nested) => return Err(forget(nesting(rel, &nested))),
+        Err(e) => return Err(forget(format!("cannot read the volume records: {e}"))),
+    }
+    drop(guard);
     let parent = match safe_fs::create_path(&root, parent_comps, PARENT_MODE) {
         Ok((d, _)) => d,
         Err(e) => return Err(forget(format!("refusing directory \"{rel}\": {e}"))),
@@ -312,6 +323,22 @@ fn create_blocking(
     apply_attrs(&dir, attrs).map_err(|e| format!("cannot set mode/owner of \"{rel}\": {e}"))?;
     tracing::info!(pv = pv_name, directory = %rel, created, "nfs-subdir volume directory ready");
     Ok(())
+}
+
+/// Held while a provisioning records its directory and checks for nesting.
+static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The refusal of `rel`, which is inside or contains the `nested` volumes.
+fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> String {
+    let (pv, other) = &nested[0];
+    let relation = if other.contains(rel) {
+        "is inside"
+    } else {
+        "contains"
+    };
+    format!(
+        "directory \"{rel}\" {relation} the directory \"{other}\" of PV {pv}; a volume's directory must neither be inside nor contain another's (check the class's pathPattern and the claim's annotations), refusing"
+    )
 }
 
 fn apply_attrs(dir: &Dir, attrs: CreateAttrs) -> std::io::Result<()> {

@@ -164,6 +164,21 @@ pub fn other_owners(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<Vec
         .collect())
 }
 
+/// The records of PVs other than `pv_name` whose directory lies strictly
+/// inside `path` or strictly contains it, as (PV name, directory).
+///
+/// Errors: as [`all`].
+pub fn nested_with(
+    root: &Dir,
+    pv_name: &str,
+    path: &RelPath,
+) -> io::Result<Vec<(String, RelPath)>> {
+    Ok(all(root)?
+        .into_iter()
+        .filter(|(name, p)| name != pv_name && p != path && p.overlaps(path))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +198,26 @@ mod tests {
             "a/b\n"
         );
         assert_eq!(other_owners(&root, "pvc-1", &p).unwrap(), ["pvc-2"]);
+        assert!(nested_with(&root, "pvc-1", &p).unwrap().is_empty());
+        let inner = RelPath::parse("a/b/c").unwrap();
+        put(&root, "pvc-3", &inner).unwrap();
+        assert_eq!(
+            nested_with(&root, "pvc-1", &p).unwrap(),
+            [("pvc-3".to_string(), inner.clone())]
+        );
+        assert_eq!(
+            nested_with(&root, "pvc-3", &inner).unwrap(),
+            [
+                ("pvc-1".to_string(), p.clone()),
+                ("pvc-2".to_string(), p.clone())
+            ]
+        );
+        assert!(
+            nested_with(&root, "pvc-1", &RelPath::parse("a/bc").unwrap())
+                .unwrap()
+                .is_empty()
+        );
+        remove(&root, "pvc-3").unwrap();
         remove(&root, "pvc-2").unwrap();
         remove(&root, "pvc-2").unwrap();
         assert_eq!(all(&root).unwrap(), vec![("pvc-1".to_string(), p)]);

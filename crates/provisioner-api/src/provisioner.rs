@@ -7,12 +7,14 @@
 //! volume of a claim deleted mid-provisioning by PV name (provision-svc's
 //! recovery), and validating a queued PV (pv-writer).
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::{DeleteError, ProvisionError, ProvisionOptions};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 
 /// What [`Provisioner::archive_orphan`] did with an orphaned volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +52,27 @@ pub trait Provisioner: Send + Sync + 'static {
     /// Errors: [`DeleteError::Ignored`] (nothing is done), [`DeleteError::Failed`]
     /// (retried with backoff), [`DeleteError::Refused`] (unsafe: reported, never forced).
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
+
+    /// Whether deleting `volume` depends on its StorageClass as it is now
+    /// (nfs-subdir: a PV provisioned before a migration, with no recorded
+    /// policy). reclaim-svc then reads the class right before the delete and
+    /// calls [`Provisioner::delete_with_class`]. Default: false.
+    fn reads_class_at_delete(&self, _volume: &PersistentVolume) -> bool {
+        false
+    }
+
+    /// [`Provisioner::delete`] given the volume's StorageClass as just read
+    /// from the API server (`None`: the PV names no class, or it does not
+    /// exist). Default: `delete(volume)`.
+    ///
+    /// Errors: as [`Provisioner::delete`].
+    async fn delete_with_class(
+        &self,
+        volume: &PersistentVolume,
+        _class: Option<&StorageClass>,
+    ) -> Result<(), DeleteError> {
+        self.delete(volume).await
+    }
 
     /// Recovery of a claim deleted mid-provisioning (provision-svc's start-up
     /// walk, beyond the seed): remove, per the backend's delete policy, the
@@ -103,6 +126,20 @@ pub trait Provisioner: Send + Sync + 'static {
     /// assets and the sweep is skipped.
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         None
+    }
+
+    /// The names among [`Provisioner::list_volumes`]' whose data any of `pvs`
+    /// uses, whatever the PV is called (a hand-made PV pointing at a retained
+    /// volume's directory included), for the orphan sweep. Default: the PVs'
+    /// names.
+    ///
+    /// Errors: the backend's own records cannot be read (the sweep is then
+    /// abandoned: "unknown" is never "orphan").
+    async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
+        Ok(pvs
+            .iter()
+            .filter_map(|pv| pv.metadata.name.clone())
+            .collect())
     }
 
     /// reclaim-svc's orphan sweep with `--sweep-orphans` (beyond the seed):

@@ -3,12 +3,13 @@
 //! every test double of the [`Provisioner`] contract behaves the same way and
 //! follows the trait when it grows.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::{
@@ -62,6 +63,13 @@ pub struct FakeProvisioner {
     pub archive_outcomes: HashMap<String, OrphanOutcome>,
     /// `archive_orphan` calls: PV name and minimum age.
     pub archived: Mutex<Vec<(String, Duration)>>,
+    /// [`Provisioner::reads_class_at_delete`] answers true for every PV.
+    pub reads_class: bool,
+    /// `delete_with_class` calls: PV name and the class's name (`None`: no class).
+    pub deleted_with_class: Mutex<Vec<(String, Option<String>)>>,
+    /// [`Provisioner::volumes_in_use`]: PV name → the listed volume it uses
+    /// (besides its own name).
+    pub uses: BTreeMap<String, String>,
 }
 
 impl FakeProvisioner {
@@ -167,6 +175,30 @@ impl Provisioner for FakeProvisioner {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    fn reads_class_at_delete(&self, _volume: &PersistentVolume) -> bool {
+        self.reads_class
+    }
+
+    async fn delete_with_class(
+        &self,
+        volume: &PersistentVolume,
+        class: Option<&StorageClass>,
+    ) -> Result<(), DeleteError> {
+        self.deleted_with_class.lock().unwrap().push((
+            volume.metadata.name.clone().unwrap_or_default(),
+            class.and_then(|c| c.metadata.name.clone()),
+        ));
+        self.delete(volume).await
+    }
+
+    async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
+        let names = pvs.iter().filter_map(|pv| pv.metadata.name.clone());
+        Ok(names
+            .flat_map(|n| [self.uses.get(&n).cloned(), Some(n)])
+            .flatten()
+            .collect())
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {

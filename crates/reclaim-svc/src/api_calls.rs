@@ -1,7 +1,8 @@
 //! The Kubernetes API calls reclaim-svc makes, for the deploy manifests' RBAC
 //! check. Keep in step with the code: `controller` (reflector: list, watch),
 //! `finalizer` (patch; get to re-read after a 409 Conflict), `operation`
-//! (delete), `common::controller::events` (events) and `common::service::leader` (Lease).
+//! (get to re-read a PV right before deleting its volume, delete; get of a
+//! StorageClass for a backend that reads it at delete), `common::controller::events` (events) and `common::service::leader` (Lease).
 
 use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 
@@ -11,6 +12,12 @@ pub const API_CALLS: &[ApiCall] = &[
         group: "",
         resource: "persistentvolumes",
         verbs: &["get", "list", "watch", "patch", "delete"],
+        namespaced: false,
+    },
+    ApiCall {
+        group: "storage.k8s.io",
+        resource: "storageclasses",
+        verbs: &["get"],
         namespaced: false,
     },
     EVENT_CALLS,

@@ -173,6 +173,20 @@ pub fn storage_class(volume: &PersistentVolume) -> &str {
         .unwrap_or("")
 }
 
+/// The PV's StorageClass name as Kubernetes reads it
+/// (`storagehelpers.GetPersistentVolumeClass`): the beta annotation
+/// `volume.beta.kubernetes.io/storage-class` if present, else
+/// `spec.storageClassName`; `""` for none.
+pub fn class_name(volume: &PersistentVolume) -> &str {
+    volume
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("volume.beta.kubernetes.io/storage-class"))
+        .map(String::as_str)
+        .unwrap_or_else(|| storage_class(volume))
+}
+
 fn finalizers(volume: &PersistentVolume) -> &[String] {
     volume.metadata.finalizers.as_deref().unwrap_or(&[])
 }

@@ -90,14 +90,17 @@ pub async fn run(
                     ctx.kind.component(),
                     &ctx.identity,
                 ));
-                let reclaimer = Arc::new(Reclaimer::new(
-                    api.clone(),
-                    backend.clone(),
-                    events,
-                    metrics,
-                    ctx.args.provisioner_name.clone(),
-                    reclaim.add_finalizer,
-                ));
+                let reclaimer = Arc::new(
+                    Reclaimer::new(
+                        api.clone(),
+                        backend.clone(),
+                        events,
+                        metrics,
+                        ctx.args.provisioner_name.clone(),
+                        reclaim.add_finalizer,
+                    )
+                    .with_term(ctx.term.clone()),
+                );
                 let policy = Arc::new(RetryPolicy::from_args(
                     ctx.args.retry_backoff(ServiceKind::Reclaim),
                     &retry,

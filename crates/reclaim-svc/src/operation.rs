@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use api_types::FINALIZER_PV;
 use common::controller::events::{self, reason, EventSink};
+use common::service::health::LeaderTerm;
 use common::service::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::ResourceExt;
 use provisioner_api::deadline::{self, Deadline};
@@ -53,6 +55,23 @@ pub enum SyncError {
         /// The API error.
         source: kube::Error,
     },
+    /// Re-reading the PV right before the backend's delete failed.
+    #[error("failed to re-read PV {pv} before deleting its volume: {source}")]
+    Reread {
+        /// PV name.
+        pv: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// This replica's leader term was not current right before the backend's
+    /// delete (e.g. paused past its Lease); nothing was deleted.
+    #[error("not deleting the volume of PV {pv}: {reason}")]
+    NotLeader {
+        /// PV name.
+        pv: String,
+        /// Why the term is not current.
+        reason: String,
+    },
     /// The sync (other than the backend call, which fails as
     /// [`SyncError::Backend`]) overran `--deletion-timeout` and was stopped.
     #[error("syncing PV {pv} timed out after {timeout:?} (context deadline exceeded)")]
@@ -84,6 +103,8 @@ impl EventPublisher for EventSink {
 /// guarantees one PV is never synced by two workers at once.
 pub struct Reclaimer {
     api: Api<PersistentVolume>,
+    classes: Api<StorageClass>,
+    term: LeaderTerm,
     backend: Arc<dyn Provisioner>,
     events: Arc<dyn EventPublisher>,
     metrics: DeleteMetrics,
@@ -105,6 +126,8 @@ impl Reclaimer {
         add_finalizer: bool,
     ) -> Self {
         Self {
+            classes: Api::all(api.clone().into_client()),
+            term: LeaderTerm::unconditional(),
             api,
             backend,
             events,
@@ -113,6 +136,12 @@ impl Reclaimer {
             add_finalizer,
             deleted_assets: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// Check `term` right before each backend delete (default: always current).
+    pub fn with_term(mut self, term: LeaderTerm) -> Self {
+        self.term = term;
+        self
     }
 
     /// The provisioner name this reclaimer acts for.
@@ -166,6 +195,8 @@ impl Reclaimer {
                     .observe(start.elapsed().as_secs_f64());
                 self.metrics.total.with_label_values(&[&class]).inc();
             }
+            // Not a failed delete: this replica no longer leads.
+            Err(SyncError::NotLeader { .. }) => {}
             Err(_) => self.metrics.failed_total.with_label_values(&[&class]).inc(),
         }
         result
@@ -216,7 +247,12 @@ impl Reclaimer {
     ///
     /// Beyond the seed: after the backend's delete succeeded for a PV uid, a
     /// second delivery of that PV (e.g. after the PV delete failed) skips the
-    /// backend and goes straight to deleting the PV.
+    /// backend and goes straight to deleting the PV. Right before the
+    /// backend's delete the PV is read again (quorum GET) and the delete goes
+    /// ahead only if it is the same object, bound to the same claim, and
+    /// still to be deleted (else `Ok`, nothing done), the StorageClass is read
+    /// for a backend that needs it, and the leader term must be current
+    /// ([`SyncError::NotLeader`] otherwise).
     pub async fn delete_volume_operation(
         &self,
         volume: &PersistentVolume,
@@ -229,16 +265,36 @@ impl Reclaimer {
         if already_deleted {
             tracing::info!(pv = %name, %uid, "delete: volume already deleted by the backend; deleting the PV");
         } else {
-            // The backend sees the sync's deadline; one that overruns it is
-            // abandoned and fails like a backend error (seed: the context
-            // cancellation reaches `Delete`, which returns an error).
-            let deleted = deadline::bound(self.backend.delete(volume))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(DeleteError::Failed {
-                        reason: e.to_string(),
+            // Decide again on the PV as the API server holds it now (a quorum
+            // read): the cache, or a leader paused since it decided, may be stale.
+            let Some(fresh) = self.reread_for_delete(volume).await? else {
+                return Ok(());
+            };
+            let deleted = match self.class_for(&fresh).await {
+                Err(err) => Err(err),
+                Ok(class) => {
+                    if let Err(reason) = self.term.check() {
+                        tracing::warn!(pv = %name, %reason, "delete: leader term not current; volume not deleted");
+                        return Err(SyncError::NotLeader { pv: name, reason });
+                    }
+                    // The backend sees the sync's deadline; one that overruns it is
+                    // abandoned and fails like a backend error (seed: the context
+                    // cancellation reaches `Delete`, which returns an error).
+                    let call = async {
+                        match class {
+                            Some(class) => {
+                                self.backend.delete_with_class(&fresh, class.as_ref()).await
+                            }
+                            None => self.backend.delete(&fresh).await,
+                        }
+                    };
+                    deadline::bound(call).await.unwrap_or_else(|e| {
+                        Err(DeleteError::Failed {
+                            reason: e.to_string(),
+                        })
                     })
-                });
+                }
+            };
             match deleted {
                 Ok(()) => {
                     tracing::info!(pv = %name, "delete: volume deleted");
@@ -307,6 +363,68 @@ impl Reclaimer {
         }
         tracing::info!(pv = %name, "delete: succeeded");
         Ok(())
+    }
+
+    /// `volume` as the API server holds it now, if it should still be
+    /// deleted: the same object (uid), bound to the same claim, and
+    /// [`decision::should_delete`] still true; `None` (logged) otherwise.
+    ///
+    /// Errors: [`SyncError::Reread`].
+    async fn reread_for_delete(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<Option<PersistentVolume>, SyncError> {
+        let name = volume.name_any();
+        let fresh = match self.api.get_opt(&name).await {
+            Ok(Some(pv)) if pv.metadata.uid == volume.metadata.uid => pv,
+            Ok(_) => {
+                tracing::info!(pv = %name, "delete: PV gone or replaced since the decision; volume not deleted");
+                return Ok(None);
+            }
+            Err(source) => return Err(SyncError::Reread { pv: name, source }),
+        };
+        let claim_uid = |pv: &PersistentVolume| pv.spec.as_ref()?.claim_ref.as_ref()?.uid.clone();
+        if claim_uid(&fresh) != claim_uid(volume) {
+            tracing::info!(pv = %name, "delete: PV bound to another claim since the decision; volume not deleted");
+            return Ok(None);
+        }
+        if let Err(skip) =
+            decision::should_delete(&fresh, &self.provisioner_name, self.add_finalizer, |v| {
+                self.backend.should_delete(v)
+            })
+        {
+            tracing::info!(pv = %name, ?skip, "delete: PV changed since the decision; volume not deleted");
+            return Ok(None);
+        }
+        Ok(Some(fresh))
+    }
+
+    /// For a backend that [reads the class at delete](Provisioner::reads_class_at_delete):
+    /// `Some(class)` as the API server holds it now (`None` inside: the PV
+    /// names no class, or it does not exist). `None` for other backends.
+    ///
+    /// Errors: the class cannot be read, as a [`DeleteError::Failed`].
+    async fn class_for(
+        &self,
+        volume: &PersistentVolume,
+    ) -> Result<Option<Option<StorageClass>>, DeleteError> {
+        if !self.backend.reads_class_at_delete(volume) {
+            return Ok(None);
+        }
+        let name = decision::class_name(volume);
+        if name.is_empty() {
+            return Ok(Some(None));
+        }
+        self.classes
+            .get_opt(name)
+            .await
+            .map(Some)
+            .map_err(|e| DeleteError::Failed {
+                reason: format!(
+                    "cannot read StorageClass {name:?} of PV {}: {e}",
+                    volume.name_any()
+                ),
+            })
     }
 
     /// Whether the backend already deleted the asset of the PV with `uid`.

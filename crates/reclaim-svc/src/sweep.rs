@@ -1,8 +1,10 @@
 //! The orphan sweep (beyond the seed): when this replica becomes leader and the
 //! PV reflector has synced, list the backend's volumes and find those that
 //! nothing accounts for — no provisioning intent, no pending PV write in the
-//! durable queue, and no PV (checked live on the API server, not in the
-//! possibly lagging cache). They are reported (log, gauge `reclaim_orphan_volumes`,
+//! durable queue, and no PV of that name or using its data whatever its name
+//! (every PV listed live from the API server, not from the possibly lagging
+//! cache, and mapped to volumes by the backend's
+//! [`Provisioner::volumes_in_use`]). They are reported (log, gauge `reclaim_orphan_volumes`,
 //! and the Redis report of [`common::store::orphan_report`] that `pv-writer status` shows).
 //!
 //! The checks run in the reverse order of a volume's life (intent → queue
@@ -36,6 +38,7 @@ use common::store::intents::IntentStore;
 use common::store::orphan_report::{self, OrphanReport};
 use common::store::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::ListParams;
 use kube::Api;
 use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
@@ -49,8 +52,8 @@ pub trait Accounting: Send + Sync {
     async fn has_intent(&self, pv_name: &str) -> Result<bool, String>;
     /// Whether a PV write for `pv_name` is pending in the durable queue.
     async fn is_queued(&self, pv_name: &str) -> Result<bool, String>;
-    /// Whether the PV `pv_name` exists on the API server.
-    async fn pv_exists(&self, pv_name: &str) -> Result<bool, String>;
+    /// Every PV on the API server (a quorum read).
+    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, String>;
 }
 
 /// [`Accounting`] backed by Redis (intents, queue) and the API server (PVs).
@@ -77,25 +80,29 @@ impl Accounting for LiveAccounting {
             .await
             .map_err(|e| e.to_string())
     }
-    async fn pv_exists(&self, pv_name: &str) -> Result<bool, String> {
+    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, String> {
         self.pvs
-            .get_opt(pv_name)
+            .list(&ListParams::default())
             .await
-            .map(|pv| pv.is_some())
+            .map(|list| list.items)
             .map_err(|e| e.to_string())
     }
 }
 
 /// The volumes among `volumes` that nothing accounts for, in input order.
-/// `cached_pv` short-cuts the common case (the reflector already has the PV).
+/// `cached_pv` short-cuts the common case (the reflector already has the PV
+/// of that name); the rest are checked against the intents, the queue, and
+/// every PV on the API server through `backend`'s
+/// [`Provisioner::volumes_in_use`].
 ///
 /// Errors: the first lookup failure (the sweep must then be abandoned).
 pub async fn find_orphans(
     volumes: &[String],
     cached_pv: &impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
+    backend: &dyn Provisioner,
 ) -> Result<Vec<String>, String> {
-    let mut orphans = Vec::new();
+    let mut candidates = Vec::new();
     for name in volumes {
         if cached_pv(name) {
             continue;
@@ -103,12 +110,18 @@ pub async fn find_orphans(
         if accounting.has_intent(name).await? || accounting.is_queued(name).await? {
             continue;
         }
-        if accounting.pv_exists(name).await? {
-            continue;
-        }
-        orphans.push(name.clone());
+        candidates.push(name.clone());
     }
-    Ok(orphans)
+    if candidates.is_empty() {
+        return Ok(candidates);
+    }
+    let pvs = accounting.list_pvs().await?;
+    let in_use = backend
+        .volumes_in_use(&pvs)
+        .await
+        .map_err(|e| format!("mapping PVs to backend volumes: {e}"))?;
+    candidates.retain(|name| !in_use.contains(name));
+    Ok(candidates)
 }
 
 /// What the sweep does with the orphans it finds.
@@ -141,7 +154,7 @@ pub async fn sweep(
         return Ok(Vec::new());
     };
     let volumes = listed.map_err(|e| format!("listing backend volumes: {e}"))?;
-    let orphans = find_orphans(&volumes, &cached_pv, accounting).await?;
+    let orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
     metrics.found.set(orphans.len() as i64);
     metrics.archived.set(0);
     let mut archived = 0;
@@ -155,7 +168,7 @@ pub async fn sweep(
             break;
         }
         // Re-check right before acting: the volume may have moved on meanwhile.
-        if find_orphans(std::slice::from_ref(name), &cached_pv, accounting)
+        if find_orphans(std::slice::from_ref(name), &cached_pv, accounting, backend)
             .await?
             .is_empty()
         {
@@ -308,8 +321,18 @@ mod tests {
             }
             Ok(self.queued.contains(&n))
         }
-        async fn pv_exists(&self, n: &str) -> Result<bool, String> {
-            Ok(self.pvs.contains(&n))
+        async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, String> {
+            Ok(self
+                .pvs
+                .iter()
+                .map(|n| PersistentVolume {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(n.to_string()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })
+                .collect())
         }
     }
 
@@ -400,6 +423,26 @@ mod tests {
         assert!(
             backend.deleted().is_empty(),
             "the sweep never calls the backend's delete"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_volume_used_by_a_pv_of_another_name_is_no_orphan() {
+        let (mut backend, mut acc) = fixture(false);
+        // `restore-orphan`, made by hand, points at the directory of `pvc-orphan`.
+        acc.pvs.push("restore-orphan");
+        backend
+            .uses
+            .insert("restore-orphan".into(), "pvc-orphan".into());
+        let m = SweepMetrics::register(&Registry::new());
+        let token = CancellationToken::new();
+        let orphans = sweep(&backend, |_| false, &acc, action(true, &token), &m)
+            .await
+            .unwrap();
+        assert_eq!(orphans, vec!["pvc-cached"]);
+        assert_eq!(
+            backend.archived(),
+            vec![("pvc-cached".to_string(), Duration::from_secs(3600))]
         );
     }
 

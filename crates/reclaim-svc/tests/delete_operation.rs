@@ -10,7 +10,10 @@ use api_types::{ANN_DYNAMICALLY_PROVISIONED, FINALIZER_PV, FINALIZER_PV_PROTECTI
 use common::controller::retry::{FailureThreshold, RetryPolicy};
 use common::service::metrics::{render, DeleteMetrics};
 use http::{Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus};
+use k8s_openapi::api::core::v1::{
+    ObjectReference, PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::client::Body;
 use kube::runtime::controller::Action;
@@ -32,8 +35,10 @@ struct ApiState {
     next_rv: u64,
     /// Fail this many PV DELETE calls with 500 before serving them.
     fail_deletes: usize,
-    /// Requests seen, as "METHOD name".
+    /// Requests seen, as "METHOD name" ("METHOD class <name>" for StorageClasses).
     log: Vec<String>,
+    /// StorageClasses by name.
+    classes: HashMap<String, StorageClass>,
 }
 
 #[derive(Clone, Default)]
@@ -95,6 +100,14 @@ fn handle(
             .push(format!("{method} event {}", String::from_utf8_lossy(body)));
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
         return json(StatusCode::CREATED, v);
+    }
+    if let Some(name) = path.strip_prefix("/apis/storage.k8s.io/v1/storageclasses/") {
+        s.log.push(format!("{method} class {name}"));
+        return match s.classes.get(name) {
+            Some(c) => json(StatusCode::OK, serde_json::to_value(c).unwrap()),
+            None if name == "unreadable" => status(500, "InternalError"),
+            None => status(404, "NotFound"),
+        };
     }
     let name = path
         .strip_prefix("/api/v1/persistentvolumes/")
@@ -216,7 +229,10 @@ fn assert_deleted_with_only_our_finalizer_removed(h: &Harness) {
         pv.metadata.finalizers,
         Some(vec![FINALIZER_PV_PROTECTION.to_string()])
     );
-    assert_eq!(h.api.log(), vec!["DELETE pvc-1", "PATCH pvc-1"]);
+    assert_eq!(
+        h.api.log(),
+        vec!["GET pvc-1", "DELETE pvc-1", "PATCH pvc-1"]
+    );
 }
 
 /// A reconcile [`Context`] over `reclaimer`: one worker, no resync, a retry
@@ -284,7 +300,7 @@ async fn released_volume_is_deleted_then_its_pv() {
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
     assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_none());
-    assert_eq!(h.api.log(), vec!["DELETE pvc-1"]);
+    assert_eq!(h.api.log(), vec!["GET pvc-1", "DELETE pvc-1"]);
     let text = render(&h.registry);
     assert!(
         text.contains("controller_persistentvolume_delete_total{class=\"fast\"} 1\n"),
@@ -375,7 +391,7 @@ async fn ignored_delete_leaves_the_pv() {
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
     assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_some());
-    assert!(h.api.log().is_empty());
+    assert_eq!(h.api.log(), vec!["GET pvc-1"]);
     assert!(h.events.0.lock().unwrap().is_empty());
 }
 
@@ -404,6 +420,10 @@ async fn pv_replaced_under_the_same_name_is_not_deleted() {
     h.api.put(newer);
     // The cache still shows the old object.
     h.reclaimer.sync_volume(&old).await.unwrap();
+    assert!(
+        h.backend.deleted().is_empty(),
+        "the new object's volume is kept"
+    );
     assert_eq!(
         h.api.get("pvc-1").unwrap().metadata.uid.as_deref(),
         Some("another-uid")
@@ -657,5 +677,148 @@ async fn a_cooperative_backend_stops_at_the_deletion_deadline() {
     assert!(
         metrics.contains("controller_persistentvolume_delete_failed_total{class=\"fast\"} 1\n"),
         "{metrics}"
+    );
+}
+
+// ------------------------------------------- decisions re-checked at the side effect
+
+/// A delete decided on a cached (or paused leader's) copy is re-decided on
+/// the PV as the API server holds it right before the backend's delete:
+/// set to Retain, re-bound to another claim, or no longer Released
+/// meanwhile → the volume is kept and nothing fails.
+#[tokio::test]
+async fn a_delete_decided_on_a_stale_copy_is_not_carried_out() {
+    let h = harness(Ok(()), false);
+    let mut decided = released("pvc-1", &[]);
+    decided.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+        uid: Some("claim-1".into()),
+        ..Default::default()
+    });
+    let changes: [fn(&mut PersistentVolume); 3] = [
+        |pv| pv.spec.as_mut().unwrap().persistent_volume_reclaim_policy = Some("Retain".into()),
+        |pv| {
+            pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap().uid = Some("claim-2".into());
+        },
+        |pv| pv.status.as_mut().unwrap().phase = Some("Available".into()),
+    ];
+    for change in changes {
+        let mut now = decided.clone();
+        change(&mut now);
+        h.api.put(now);
+        h.reclaimer.delete_volume_operation(&decided).await.unwrap();
+        assert!(h.backend.deleted().is_empty(), "volume kept");
+        assert!(h.api.get("pvc-1").is_some(), "PV kept");
+    }
+    // Gone meanwhile: nothing to do either.
+    h.api.0.lock().unwrap().pvs.clear();
+    h.reclaimer.delete_volume_operation(&decided).await.unwrap();
+    assert!(h.backend.deleted().is_empty());
+    assert!(h.events.0.lock().unwrap().is_empty());
+}
+
+/// A leader whose term is no longer current (paused past its Lease) deletes
+/// nothing, even when the PV still says Delete.
+#[tokio::test(start_paused = true)]
+async fn a_leader_past_its_term_deletes_nothing() {
+    let api = FakeApi::default();
+    let backend = Arc::new(FakeProvisioner::default());
+    let live = common::service::health::Liveness::default();
+    live.set_leading(true);
+    let registry = Registry::new();
+    let reclaimer = Reclaimer::new(
+        Api::all(api.client()),
+        backend.clone(),
+        Arc::new(Events::default()),
+        DeleteMetrics::register(&registry),
+        ME.to_string(),
+        false,
+    )
+    .with_term(live.term(Duration::from_secs(10)));
+    api.put(released("pvc-1", &[]));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let err = reclaimer
+        .sync_volume(&api.get("pvc-1").unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SyncError::NotLeader { .. }), "{err}");
+    assert!(backend.deleted().is_empty());
+    assert!(api.get("pvc-1").is_some());
+    assert!(
+        !render(&registry).contains("controller_persistentvolume_delete_failed_total{"),
+        "not counted as a failed delete"
+    );
+    // Renewed again (the Lease is ours): the delete goes ahead.
+    live.renewed();
+    reclaimer
+        .sync_volume(&api.get("pvc-1").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(backend.deleted(), ["pvc-1"]);
+}
+
+/// A backend that reads the class at delete gets it as the API server holds
+/// it now (`None` when it is gone); a class that cannot be read fails the
+/// delete with `VolumeFailedDelete` and touches nothing.
+#[tokio::test]
+async fn the_class_is_read_at_delete_for_a_backend_that_needs_it() {
+    let api = FakeApi::default();
+    let backend = Arc::new(FakeProvisioner {
+        reads_class: true,
+        ..Default::default()
+    });
+    let events = Arc::new(Events::default());
+    let reclaimer = Reclaimer::new(
+        Api::all(api.client()),
+        backend.clone(),
+        events.clone(),
+        DeleteMetrics::register(&Registry::new()),
+        ME.to_string(),
+        false,
+    );
+    let class = StorageClass {
+        metadata: ObjectMeta {
+            name: Some("fast".into()),
+            ..Default::default()
+        },
+        provisioner: ME.into(),
+        ..Default::default()
+    };
+    api.0.lock().unwrap().classes.insert("fast".into(), class);
+    api.put(released("pvc-1", &[]));
+    reclaimer
+        .sync_volume(&api.get("pvc-1").unwrap())
+        .await
+        .unwrap();
+    let mut gone = released("pvc-2", &[]);
+    gone.spec.as_mut().unwrap().storage_class_name = Some("deleted".into());
+    api.put(gone);
+    reclaimer
+        .sync_volume(&api.get("pvc-2").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        *backend.deleted_with_class.lock().unwrap(),
+        [
+            ("pvc-1".to_string(), Some("fast".to_string())),
+            ("pvc-2".to_string(), None)
+        ]
+    );
+    let mut unreadable = released("pvc-3", &[]);
+    unreadable.spec.as_mut().unwrap().storage_class_name = Some("unreadable".into());
+    api.put(unreadable);
+    let err = reclaimer
+        .sync_volume(&api.get("pvc-3").unwrap())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SyncError::Backend { .. }), "{err}");
+    assert_eq!(backend.deleted_with_class.lock().unwrap().len(), 2);
+    assert!(api.get("pvc-3").is_some());
+    let events = events.0.lock().unwrap();
+    assert_eq!(events.len(), 1);
+    assert!(
+        events[0]
+            .1
+            .contains("cannot read StorageClass \"unreadable\""),
+        "{events:?}"
     );
 }

@@ -179,6 +179,49 @@ impl Liveness {
     }
 }
 
+impl Liveness {
+    /// The current leader term as [`LeaderTerm::check`] sees it: current
+    /// while leading with the own renewal confirmed within `renew_deadline`.
+    pub fn term(&self, renew_deadline: Duration) -> LeaderTerm {
+        LeaderTerm {
+            state: Some((self.state.clone(), renew_deadline)),
+        }
+    }
+}
+
+/// This replica's leader term, checked by the work loop right before an
+/// irreversible action (a leader paused past its Lease must not act on what
+/// it decided before). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LeaderTerm {
+    state: Option<(Arc<LivenessState>, Duration)>,
+}
+
+impl LeaderTerm {
+    /// A term that is always current: no leader election (the only replica), tests.
+    pub fn unconditional() -> Self {
+        Self { state: None }
+    }
+
+    /// `Ok` while this replica leads and its own Lease renewal was confirmed
+    /// within the renew deadline (the watchdog's limit); else why not.
+    pub fn check(&self) -> Result<(), String> {
+        let Some((state, deadline)) = &self.state else {
+            return Ok(());
+        };
+        if !state.leading.load(Ordering::SeqCst) {
+            return Err("this replica does not hold the Lease".into());
+        }
+        let age = state.renewed.lock().expect("liveness poisoned").elapsed();
+        if age > *deadline {
+            return Err(format!(
+                "leader term not current: own Lease renewal last confirmed {age:.0?} ago (renew deadline {deadline:?})"
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for Liveness {
     /// Never unhealthy until the runtime starts a work loop; five-minute stall
     /// timeout, 16 s renew tolerance (client-go's default 10 s deadline, 2 s period).
@@ -194,6 +237,25 @@ impl Default for Liveness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_term_is_current_only_while_leading_and_renewing() {
+        let live = Liveness::default();
+        let term = live.term(Duration::from_secs(10));
+        assert!(term.check().unwrap_err().contains("does not hold"));
+        live.set_leading(true);
+        assert_eq!(term.check(), Ok(()));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(
+            term.check().unwrap_err().contains("not current"),
+            "paused past the deadline"
+        );
+        live.renewed();
+        assert_eq!(term.check(), Ok(()));
+        live.set_leading(false);
+        assert!(term.check().is_err());
+        assert_eq!(LeaderTerm::unconditional().check(), Ok(()));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_loop_is_unhealthy_an_idle_or_stopped_one_is_not() {

@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::service::api_reachability::unreachable_cause;
 use crate::service::config::{CommonArgs, ServiceKind};
-use crate::service::health::{self, Heartbeat, Liveness};
+use crate::service::health::{self, Heartbeat, LeaderTerm, Liveness};
 use crate::service::http::{self, Readiness};
 use crate::service::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
@@ -78,6 +78,9 @@ pub struct ServiceContext {
     /// Beat it while the work loop makes progress or is idle; `/healthz` fails
     /// once it has not beaten for `--healthz-stall-timeout` ([`crate::service::health`]).
     pub heartbeat: Heartbeat,
+    /// This replica's leader term: check it right before an irreversible
+    /// action (always current with `--leader-election=false`).
+    pub term: LeaderTerm,
 }
 
 /// Run a service: see the module docs. `work` is called each time this replica
@@ -181,6 +184,11 @@ where
         kind,
         http_addr,
         heartbeat: liveness.heartbeat().clone(),
+        term: if args.leader_election {
+            liveness.term(args.renew_deadline)
+        } else {
+            LeaderTerm::unconditional()
+        },
     };
 
     let result = if args.leader_election {
