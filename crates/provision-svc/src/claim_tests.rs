@@ -30,7 +30,7 @@ use crate::controller::{process, CachedClaim, ClaimQueue};
 use crate::decision::ProvisionerNames;
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
-use crate::ports::{ClusterApi, IntentLog, PvHandoff};
+use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 use crate::recovery::{self, CleanupOutcome, Recovery};
 use common::controller::cache::NameSet;
 
@@ -116,6 +116,8 @@ struct FakeHandoff {
     fail: bool,
     /// Error of every `is_pending`.
     pending_error: Option<String>,
+    /// PV name → (kind, reason) of a stalled entry.
+    stalled: Mutex<HashMap<String, (&'static str, String)>>,
 }
 
 #[async_trait]
@@ -125,6 +127,19 @@ impl PvHandoff for FakeHandoff {
             return Err(e.clone());
         }
         Ok(self.pending.lock().unwrap().contains(pv_name))
+    }
+    async fn queued_state(&self, pv_name: &str, _claim_uid: &str) -> Result<QueuedState, String> {
+        if let Some((kind, reason)) = self.stalled.lock().unwrap().get(pv_name) {
+            return Ok(QueuedState::Stalled {
+                kind,
+                reason: reason.clone(),
+            });
+        }
+        Ok(if self.is_pending(pv_name).await? {
+            QueuedState::Yes
+        } else {
+            QueuedState::No
+        })
     }
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
         if self.fail {
@@ -593,6 +608,39 @@ async fn an_entry_lost_from_redis_is_provisioned_again() {
     assert_eq!(queued.len(), 2, "queued again");
     assert_eq!(queued[1].pv_name(), "pvc-u1");
     assert_eq!(queued[1].claim, queued[0].claim);
+}
+
+#[tokio::test]
+async fn a_stalled_queue_entry_is_a_warning_and_a_retry_never_a_silent_skip() {
+    // Something pv-writer will never write sits under the claim's PV name (a
+    // stray payload, or a dead letter): the claim is not "already queued".
+    let w = Setup::default().build();
+    let c = ours("u1");
+    w.handoff.stalled.lock().unwrap().insert(
+        "pvc-u1".into(),
+        ("dead_lettered", "pv-writer dead-lettered it: bad".into()),
+    );
+    let err = w.op.sync_claim(&c).await.expect_err("retried, not skipped");
+    assert!(err.contains("pv-writer queue requeue pvc-u1"), "{err}");
+    let events = w.cluster.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (warning, reason, note) = &events[0];
+    assert!(*warning);
+    assert_eq!(reason, "ProvisioningFailed");
+    assert!(
+        note.contains("dead-lettered it: bad") && note.contains("operator"),
+        "{note}"
+    );
+    assert_eq!(
+        w.metric("provision_svc_stalled_queue_entries_total"),
+        "provision_svc_stalled_queue_entries_total{reason=\"dead_lettered\"} 1"
+    );
+    assert!(w.backend.calls().is_empty(), "nothing provisioned meanwhile");
+    assert!(w.enqueued().is_empty());
+    // Once an operator cleared it, the claim is provisioned as usual.
+    w.handoff.stalled.lock().unwrap().clear();
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.enqueued().len(), 1);
 }
 
 #[tokio::test]

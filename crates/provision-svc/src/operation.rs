@@ -16,7 +16,12 @@
 //!   queues the PV, or once the outcome is final; claims provisioning in background are flagged in it, so
 //!   the seed's `claimsInProgress` survives a restart;
 //! * giving up on a claim at the failure threshold keeps its intent, so the next
-//!   leader's start-up walk cleans up a half-made volume instead of leaking it.
+//!   leader's start-up walk cleans up a half-made volume instead of leaking it;
+//! * something queued under the claim's PV name that pv-writer will never write
+//!   (dead-lettered, or not signed by us for this claim) is never taken for
+//!   "queued": a Warning `ProvisioningFailed` naming the operator action,
+//!   `provision_svc_stalled_queue_entries_total{reason}` and a retry with
+//!   backoff (so at most `--failed-provision-threshold` Warnings per resync).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,7 +47,7 @@ use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
-use crate::ports::{ClusterApi, IntentLog, PvHandoff};
+use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,12 +270,28 @@ impl Operation {
             tracing::info!(pv = %pv_name, "PV already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
-        match self.ports.handoff.is_pending(&pv_name).await {
-            Ok(true) => {
+        match self.ports.handoff.queued_state(&pv_name, &key.uid).await {
+            Ok(QueuedState::Yes) => {
                 tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
-            Ok(false) => {}
+            Ok(QueuedState::Stalled { kind, reason }) => {
+                // Never a silent stall: a Warning naming the operator action,
+                // and a retry with backoff (up to the failure threshold).
+                let msg = format!(
+                    "{reason}; the claim stays Pending until an operator acts: inspect it with `pv-writer queue dead` / `pv-writer queue list`; requeue it (`pv-writer queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
+                );
+                tracing::warn!(pv = %pv_name, kind, error = %msg, "the claim's queued PV write will never be written");
+                self.metrics
+                    .stalled_queue_entries
+                    .with_label_values(&[kind])
+                    .inc();
+                self.ports
+                    .cluster
+                    .claim_event(claim, true, reason::PROVISIONING_FAILED, msg.clone());
+                return (ProvisioningState::Finished, Err(OpError::Failed(msg)));
+            }
+            Ok(QueuedState::No) => {}
             Err(e) => {
                 return (
                     ProvisioningState::NoChange,

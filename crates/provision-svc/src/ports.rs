@@ -47,11 +47,31 @@ pub trait ClusterApi: Send + Sync + 'static {
     fn claim_event(&self, claim: &PersistentVolumeClaim, warning: bool, reason: &str, note: String);
 }
 
+/// Where the queue entry of a claim's PV stands ([`PvHandoff::queued_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueuedState {
+    /// Nothing is queued under the PV name.
+    No,
+    /// A valid entry for the claim is queued: pv-writer will write it.
+    Yes,
+    /// Something is queued under the PV name that pv-writer will never write
+    /// for this claim (dead-lettered, or not signed by us for this claim): why.
+    Stalled {
+        /// Metric label: `dead_lettered` or `unverifiable`.
+        kind: &'static str,
+        /// What is wrong, for the claim's Warning event.
+        reason: String,
+    },
+}
+
 /// pv-writer's durable queue, as provision-svc uses it.
 #[async_trait]
 pub trait PvHandoff: Send + Sync + 'static {
     /// Whether a PV write for `pv_name` is queued and not yet done.
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String>;
+    /// Whether what is queued under `pv_name` is a live entry for the claim
+    /// `claim_uid` (verified with the queue key, not dead-lettered).
+    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String>;
     /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
     /// step, clear the PV's provisioning intent. Returns true when an intent
     /// was cleared by it.
@@ -100,6 +120,51 @@ impl PvHandoff for SignedQueue {
             .is_pending(pv_name)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String> {
+        let Some(payload) = self.queue.payload(pv_name).await.map_err(|e| e.to_string())? else {
+            return Ok(QueuedState::No);
+        };
+        if let Some(dead) = self
+            .queue
+            .dead_letter_of(pv_name)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(QueuedState::Stalled {
+                kind: "dead_lettered",
+                reason: format!(
+                    "pv-writer dead-lettered the PV write queued for this claim: {}",
+                    dead.reason
+                ),
+            });
+        }
+        let verified = QueuedPvWrite::decode(&payload)
+            .map_err(|e| e.to_string())
+            .and_then(|entry| {
+                if let Some(key) = &self.key {
+                    key.verify(&self.provisioner_name, &entry)
+                        .map_err(|e| e.to_string())?;
+                }
+                if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
+                    return Err(format!(
+                        "it is for PV {:?} of claim uid {}",
+                        entry.pv_name(),
+                        entry.claim.uid
+                    ));
+                }
+                Ok(())
+            });
+        Ok(match verified {
+            Ok(()) => QueuedState::Yes,
+            Err(e) => QueuedState::Stalled {
+                kind: "unverifiable",
+                reason: format!(
+                    "the PV write queued under {pv_name} is not one this provisioner made for this claim ({e}); pv-writer will refuse it"
+                ),
+            },
+        })
     }
 
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
