@@ -128,6 +128,23 @@ impl PvHandoff for FakeHandoff {
         }
         Ok(self.pending.lock().unwrap().contains(pv_name))
     }
+    async fn queued_entry(
+        &self,
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<Option<QueuedPvWrite>, String> {
+        if !self.is_pending(pv_name).await? {
+            return Ok(None);
+        }
+        Ok(self
+            .enqueued
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e.pv_name() == pv_name && e.claim.uid == claim_uid)
+            .cloned())
+    }
     async fn queued_state(&self, pv_name: &str, _claim_uid: &str) -> Result<QueuedState, String> {
         if let Some((kind, reason)) = self.stalled.lock().unwrap().get(pv_name) {
             return Ok(QueuedState::Stalled {
@@ -641,6 +658,22 @@ async fn a_stalled_queue_entry_is_a_warning_and_a_retry_never_a_silent_skip() {
     w.handoff.stalled.lock().unwrap().clear();
     assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     assert_eq!(w.enqueued().len(), 1);
+}
+
+#[tokio::test]
+async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() {
+    let w = Setup::default().build();
+    for uid in ["u1", "u2"] {
+        assert_eq!(w.op.sync_claim(&ours(uid)).await, Ok(()));
+    }
+    // u2's PV was written meanwhile: reclaim's job, not ours.
+    w.cluster.pvs.lock().unwrap().insert("pvc-u2".into());
+    for uid in ["u1", "u2", "never-queued"] {
+        w.op.cleanup_unwritten_volume(uid).await;
+    }
+    let deleted = w.backend.unprovisioned.lock().unwrap().clone();
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert!(deleted[0].starts_with("pvc-u1 "), "{deleted:?}");
 }
 
 #[tokio::test]

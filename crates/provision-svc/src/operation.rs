@@ -637,6 +637,61 @@ impl Operation {
         }
     }
 
+    /// The claim `uid` is gone (not in the cache, not in background): if a PV
+    /// write of ours is still queued for it and no PV exists, delete the volume
+    /// the backend made (`delete_unprovisioned`). pv-writer creates no PV for
+    /// a gone claim (it drops the entry), so nothing else would. Failures are
+    /// logged; the volume is then left to reclaim-svc's orphan sweep.
+    pub async fn cleanup_unwritten_volume(&self, uid: &str) {
+        let pv_name = pv_name_for_claim_uid(uid);
+        let entry = match self.ports.handoff.queued_entry(&pv_name, uid).await {
+            Ok(Some(entry)) => entry,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot read its queued PV write; its volume, if unwritten, is left to the orphan sweep");
+                return;
+            }
+        };
+        match self.ports.cluster.pv_exists(&pv_name).await {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot tell whether its PV exists; its volume is left to reclaim or the orphan sweep");
+                return;
+            }
+        }
+        let class = match self.class(&entry.class) {
+            Ok(c) => c.as_ref().clone(),
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim with an unwritten PV: its volume is left to the orphan sweep");
+                return;
+            }
+        };
+        let key = &entry.claim;
+        let options = ProvisionOptions {
+            storage_class: class,
+            pv_name: pv_name.clone(),
+            pvc: PersistentVolumeClaim {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    namespace: Some(key.namespace.clone()),
+                    name: Some(key.name.clone()),
+                    uid: Some(key.uid.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            selected_node: None,
+        };
+        match self.ports.backend.delete_unprovisioned(&options).await {
+            Ok(()) => {
+                tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
+            }
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, "deleted claim: its unwritten volume could not be deleted; left to the orphan sweep")
+            }
+        }
+    }
+
     /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (`None` or
     /// zero: unbounded), the operation of one attempt.
     pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {

@@ -72,6 +72,13 @@ pub trait PvHandoff: Send + Sync + 'static {
     /// Whether what is queued under `pv_name` is a live entry for the claim
     /// `claim_uid` (verified with the queue key, not dead-lettered).
     async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String>;
+    /// The entry queued under `pv_name` when it verifies as ours for the claim
+    /// `claim_uid` (pending or dead-lettered); `None` otherwise.
+    async fn queued_entry(
+        &self,
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<Option<QueuedPvWrite>, String>;
     /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
     /// step, clear the PV's provisioning intent. Returns true when an intent
     /// was cleared by it.
@@ -113,6 +120,31 @@ impl SignedQueue {
     }
 }
 
+impl SignedQueue {
+    /// `payload` decoded, its MAC verified (unless unsigned on purpose) and
+    /// checked to be the PV `pv_name` of the claim `claim_uid`.
+    fn verified(
+        &self,
+        payload: &[u8],
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<QueuedPvWrite, String> {
+        let entry = QueuedPvWrite::decode(payload).map_err(|e| e.to_string())?;
+        if let Some(key) = &self.key {
+            key.verify(&self.provisioner_name, &entry)
+                .map_err(|e| e.to_string())?;
+        }
+        if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
+            return Err(format!(
+                "it is for PV {:?} of claim uid {}",
+                entry.pv_name(),
+                entry.claim.uid
+            ));
+        }
+        Ok(entry)
+    }
+}
+
 #[async_trait]
 impl PvHandoff for SignedQueue {
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
@@ -120,6 +152,17 @@ impl PvHandoff for SignedQueue {
             .is_pending(pv_name)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    async fn queued_entry(
+        &self,
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<Option<QueuedPvWrite>, String> {
+        let Some(payload) = self.queue.payload(pv_name).await.map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        Ok(self.verified(&payload, pv_name, claim_uid).ok())
     }
 
     async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String> {
@@ -140,24 +183,8 @@ impl PvHandoff for SignedQueue {
                 ),
             });
         }
-        let verified = QueuedPvWrite::decode(&payload)
-            .map_err(|e| e.to_string())
-            .and_then(|entry| {
-                if let Some(key) = &self.key {
-                    key.verify(&self.provisioner_name, &entry)
-                        .map_err(|e| e.to_string())?;
-                }
-                if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
-                    return Err(format!(
-                        "it is for PV {:?} of claim uid {}",
-                        entry.pv_name(),
-                        entry.claim.uid
-                    ));
-                }
-                Ok(())
-            });
-        Ok(match verified {
-            Ok(()) => QueuedState::Yes,
+        Ok(match self.verified(&payload, pv_name, claim_uid) {
+            Ok(_) => QueuedState::Yes,
             Err(e) => QueuedState::Stalled {
                 kind: "unverifiable",
                 reason: format!(

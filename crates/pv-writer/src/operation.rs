@@ -30,9 +30,11 @@
 //!
 //! * before the create, the entry must still be in flight under this term
 //!   ([`PvQueue::holds`]) and its claim must exist with the entry's uid (a live
-//!   GET, [`claim_live`]); a claim that is gone or was re-created →
-//!   dead-lettered as `claim_gone` and counted in
-//!   `pv_writer_refused_entries_total`, so a replayed entry re-creates no PV.
+//!   GET, [`claim_live`]); a claim that is gone or was re-created → the entry
+//!   is dropped, no PV written, counted in
+//!   `pv_writer_refused_entries_total{reason="claim_gone"}`: a replayed entry
+//!   re-creates no PV, and provision-svc deletes the volume of a claim deleted
+//!   while its write was queued (else the orphan sweep reports it).
 //!
 //! Redis failures while settling an entry are retried every
 //! `--redis-reconnect-period` (default 500 ms) until they
@@ -110,8 +112,8 @@ pub struct WriterConfig {
     pub redis_reconnect: Duration,
 }
 
-/// Dead-letter kind (and `pv_writer_refused_entries_total` reason) of an entry
-/// whose claim no longer exists with the entry's uid.
+/// `pv_writer_refused_entries_total` reason of an entry dropped because its
+/// claim no longer exists with the entry's uid.
 pub const CLAIM_GONE: &str = "claim_gone";
 
 /// Whether an entry's claim still exists with the entry's uid.
@@ -133,13 +135,13 @@ pub async fn claim_live(client: &Client, entry: &QueuedPvWrite, timeout: Duratio
         Err(_) => ClaimLive::Unknown(format!("reading claim {claim} timed out after {timeout:?}")),
         Ok(Err(err)) => ClaimLive::Unknown(format!("reading claim {claim}: {err}")),
         Ok(Ok(None)) => ClaimLive::Gone(format!(
-            "claim {claim} (uid {}) no longer exists; PV {} not created (its volume, if any, is left for an operator)",
+            "claim {claim} (uid {}) no longer exists; PV {} not created",
             claim.uid,
             entry.pv_name()
         )),
         Ok(Ok(Some(live))) if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) => {
             ClaimLive::Gone(format!(
-                "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {} not created (its volume, if any, is left for an operator)",
+                "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {} not created",
                 live.metadata.uid.as_deref().unwrap_or("<none>"),
                 claim.uid,
                 entry.pv_name()
@@ -372,15 +374,24 @@ impl Writer {
             ClaimLive::Yes => None,
             ClaimLive::Unknown(reason) => Some(WriteResult::Transient(reason)),
             ClaimLive::Gone(reason) => {
-                tracing::warn!(%reason, "refusing a queue entry whose claim is gone; moving it to the dead-letter set");
-                if self
-                    .dead_letter(&taken, Some(&entry), CLAIM_GONE, reason, shutdown)
+                // Dropped, not dead-lettered: provision-svc deletes the volume of
+                // a claim deleted while its PV write was queued (or the orphan
+                // sweep reports it); a dead letter would keep it accounted for.
+                match self
+                    .settle("complete", shutdown, || {
+                        self.queue.complete(epoch, &pv_name)
+                    })
                     .await
                 {
-                    self.metrics
-                        .refused_entries_total
-                        .with_label_values(&[CLAIM_GONE])
-                        .inc();
+                    Some(Settled::Done) => {
+                        tracing::warn!(%reason, "dropped a queue entry whose claim is gone; no PV written");
+                        self.metrics
+                            .refused_entries_total
+                            .with_label_values(&[CLAIM_GONE])
+                            .inc();
+                    }
+                    Some(Settled::Fenced) => self.fenced("complete"),
+                    Some(Settled::NotInFlight) | None => {}
                 }
                 return;
             }
