@@ -440,9 +440,9 @@ async fn a_stray_payload_under_a_claims_pv_name_is_a_warning_not_a_silent_stall(
                 e["regarding"]["name"] == names[0].as_str()
                     && e["reason"] == "ProvisioningFailed"
                     && e["type"] == "Warning"
-                    && e["note"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("dead-lettered") && n.contains("pv-writer queue"))
+                    && e["note"].as_str().is_some_and(|n| {
+                        n.contains("dead-lettered") && n.contains("pv-writer queue")
+                    })
             })
             .count()
             > 0)
@@ -477,7 +477,10 @@ async fn a_stray_payload_under_a_claims_pv_name_is_a_warning_not_a_silent_stall(
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let prefix = format!("provisioner:{{{}}}:pv-queue:", sys.settings.provisioner_name);
+    let prefix = format!(
+        "provisioner:{{{}}}:pv-queue:",
+        sys.settings.provisioner_name
+    );
     let (): () = redis::pipe()
         .hdel(format!("{prefix}payloads"), &pv)
         .ignore()
@@ -487,7 +490,10 @@ async fn a_stray_payload_under_a_claims_pv_name_is_a_warning_not_a_silent_stall(
         .await
         .unwrap();
     check(&sys, sys.wait_provisioned(1, Duration::from_secs(60)).await);
-    assert_eq!(sys.pvs().await.unwrap()[0].metadata.name.as_deref(), Some(pv.as_str()));
+    assert_eq!(
+        sys.pvs().await.unwrap()[0].metadata.name.as_deref(),
+        Some(pv.as_str())
+    );
 }
 
 on_both_planes!(

@@ -15,9 +15,9 @@ use common::store::intents::IntentStore;
 use common::store::queue::{DeadLetter, PvQueue, Settled};
 use common::store::redis_store::{self, ConnectError, RedisConfig};
 use e2e::harness::redis::{deploy_acl_users, RedisSecurity, RedisServer};
-use provision_svc::ports::{PvHandoff, QueuedState, SignedQueue};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provision_svc::ports::{PvHandoff, QueuedState, SignedQueue};
 
 const NAME: &str = "example.com/hostpath";
 
@@ -229,7 +229,10 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
             .queued_state("pvc-c", "uid-pvc-c")
             .await
             .unwrap(),
-        QueuedState::Stalled { kind: "dead_lettered", .. }
+        QueuedState::Stalled {
+            kind: "dead_lettered",
+            ..
+        }
     ));
     assert!(writer.requeue_dead("pvc-c").await.unwrap());
     let taken = writer
@@ -276,7 +279,12 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
     for (what, args) in [
         (
             "ZADD due in the future",
-            vec!["ZADD".to_string(), format!("{p}due"), "99999999999999".into(), "pvc-b".into()],
+            vec![
+                "ZADD".to_string(),
+                format!("{p}due"),
+                "99999999999999".into(),
+                "pvc-b".into(),
+            ],
         ),
         (
             "ZADD on the wake-up list's key",
@@ -288,7 +296,12 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
         ),
         (
             "HSETNX a dead letter",
-            vec!["HSETNX".into(), format!("{p}dead"), "pvc-x".into(), "{}".into()],
+            vec![
+                "HSETNX".into(),
+                format!("{p}dead"),
+                "pvc-x".into(),
+                "{}".into(),
+            ],
         ),
     ] {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -567,7 +580,11 @@ async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
         "reclaim-svc: SET on the queue payloads",
         raw(
             &rs,
-            &["SET", "provisioner:{example.com/hostpath}:pv-queue:payloads", "x"],
+            &[
+                "SET",
+                "provisioner:{example.com/hostpath}:pv-queue:payloads",
+                "x",
+            ],
         )
         .await,
     );

@@ -652,7 +652,10 @@ async fn a_stalled_queue_entry_is_a_warning_and_a_retry_never_a_silent_skip() {
         w.metric("provision_svc_stalled_queue_entries_total"),
         "provision_svc_stalled_queue_entries_total{reason=\"dead_lettered\"} 1"
     );
-    assert!(w.backend.calls().is_empty(), "nothing provisioned meanwhile");
+    assert!(
+        w.backend.calls().is_empty(),
+        "nothing provisioned meanwhile"
+    );
     assert!(w.enqueued().is_empty());
     // Once an operator cleared it, the claim is provisioned as usual.
     w.handoff.stalled.lock().unwrap().clear();

@@ -286,9 +286,12 @@ impl Operation {
                     .stalled_queue_entries
                     .with_label_values(&[kind])
                     .inc();
-                self.ports
-                    .cluster
-                    .claim_event(claim, true, reason::PROVISIONING_FAILED, msg.clone());
+                self.ports.cluster.claim_event(
+                    claim,
+                    true,
+                    reason::PROVISIONING_FAILED,
+                    msg.clone(),
+                );
                 return (ProvisioningState::Finished, Err(OpError::Failed(msg)));
             }
             Ok(QueuedState::No) => {}

@@ -159,14 +159,24 @@ impl PvHandoff for SignedQueue {
         pv_name: &str,
         claim_uid: &str,
     ) -> Result<Option<QueuedPvWrite>, String> {
-        let Some(payload) = self.queue.payload(pv_name).await.map_err(|e| e.to_string())? else {
+        let Some(payload) = self
+            .queue
+            .payload(pv_name)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
             return Ok(None);
         };
         Ok(self.verified(&payload, pv_name, claim_uid).ok())
     }
 
     async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String> {
-        let Some(payload) = self.queue.payload(pv_name).await.map_err(|e| e.to_string())? else {
+        let Some(payload) = self
+            .queue
+            .payload(pv_name)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
             return Ok(QueuedState::No);
         };
         if let Some(dead) = self

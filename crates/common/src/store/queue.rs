@@ -1615,7 +1615,11 @@ mod tests {
         for name in ["pvc-flying", "pvc-dead", "pvc-later"] {
             q.enqueue(&entry(name)).await.unwrap();
         }
-        assert_eq!(q.stats().await.unwrap().depth, 3, "incoming counts as pending");
+        assert_eq!(
+            q.stats().await.unwrap().depth,
+            3,
+            "incoming counts as pending"
+        );
         assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()).len(), 3);
         let letter = DeadLetter {
             pv_name: "pvc-dead".into(),
@@ -1637,7 +1641,10 @@ mod tests {
         }
         assert!(names(q.take_due(term, 10, VIS).await.unwrap()).is_empty());
         let still: f64 = conn.zscore(&q.keys.due, "pvc-later").await.unwrap();
-        assert_eq!(still, later_at, "a retry is neither delayed nor pulled forward");
+        assert_eq!(
+            still, later_at,
+            "a retry is neither delayed nor pulled forward"
+        );
         assert_eq!(q.list_dead().await.unwrap().len(), 1);
         let due: Vec<String> = conn.zrange(&q.keys.due, 0, -1).await.unwrap();
         assert_eq!(due, ["pvc-later"]);
@@ -1647,10 +1654,7 @@ mod tests {
         q.enqueue(&entry("pvc-new1")).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         q.enqueue(&entry("pvc-new0")).await.unwrap();
-        assert_eq!(
-            names(q.take_due(term, 1, VIS).await.unwrap()),
-            ["pvc-new1"]
-        );
+        assert_eq!(names(q.take_due(term, 1, VIS).await.unwrap()), ["pvc-new1"]);
     }
 
     #[tokio::test]
