@@ -54,6 +54,8 @@ struct FakeCluster {
     patched: Mutex<Vec<String>>,
     /// PVs a live GET finds.
     pvs: Mutex<HashSet<String>>,
+    /// Uids of the claims a live lookup finds.
+    live_claims: Mutex<HashSet<String>>,
     /// Error of every live PV GET.
     pv_error: Option<String>,
     events: Mutex<Vec<(bool, String, String)>>,
@@ -84,6 +86,9 @@ impl ClusterApi for FakeCluster {
             return Err(e.clone());
         }
         Ok(self.pvs.lock().unwrap().contains(name))
+    }
+    async fn claim_exists(&self, _ns: &str, _name: &str, uid: &str) -> Result<bool, String> {
+        Ok(self.live_claims.lock().unwrap().contains(uid))
     }
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
         self.patched
@@ -669,9 +674,12 @@ async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() 
     for uid in ["u1", "u2"] {
         assert_eq!(w.op.sync_claim(&ours(uid)).await, Ok(()));
     }
-    // u2's PV was written meanwhile: reclaim's job, not ours.
+    assert_eq!(w.op.sync_claim(&ours("u3")).await, Ok(()));
+    // u2's PV was written meanwhile: reclaim's job, not ours; u3's claim is
+    // still there (a stale cache): nothing to delete.
     w.cluster.pvs.lock().unwrap().insert("pvc-u2".into());
-    for uid in ["u1", "u2", "never-queued"] {
+    w.cluster.live_claims.lock().unwrap().insert("u3".into());
+    for uid in ["u1", "u2", "u3", "never-queued"] {
         w.op.cleanup_unwritten_volume(uid).await;
     }
     let deleted = w.backend.unprovisioned.lock().unwrap().clone();

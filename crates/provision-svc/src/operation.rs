@@ -640,8 +640,9 @@ impl Operation {
         }
     }
 
-    /// The claim `uid` is gone (not in the cache, not in background): if a PV
-    /// write of ours is still queued for it and no PV exists, delete the volume
+    /// The claim `uid` is gone (not in the cache, not in background, and not
+    /// found by a live list): if a PV write of ours is still queued for it and
+    /// no PV exists, delete the volume
     /// the backend made (`delete_unprovisioned`). pv-writer creates no PV for
     /// a gone claim (it drops the entry), so nothing else would. Failures are
     /// logged; the volume is then left to reclaim-svc's orphan sweep.
@@ -655,6 +656,20 @@ impl Operation {
                 return;
             }
         };
+        let key = &entry.claim;
+        match self
+            .ports
+            .cluster
+            .claim_exists(&key.namespace, &key.name, uid)
+            .await
+        {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot confirm it is gone; its volume is left to the orphan sweep");
+                return;
+            }
+        }
         match self.ports.cluster.pv_exists(&pv_name).await {
             Ok(false) => {}
             Ok(true) => return,
@@ -670,7 +685,6 @@ impl Operation {
                 return;
             }
         };
-        let key = &entry.claim;
         let options = ProvisionOptions {
             storage_class: class,
             pv_name: pv_name.clone(),

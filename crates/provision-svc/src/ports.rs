@@ -18,7 +18,7 @@ use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::mpsc;
 
@@ -32,6 +32,10 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// Whether the PV `name` exists, by a live GET on the API server (never a
     /// cache, which may lag): `Ok(false)` only on 404, `Err` for any other failure.
     async fn pv_exists(&self, name: &str) -> Result<bool, String>;
+
+    /// Whether the claim `namespace/name` exists with `uid`, by a live list
+    /// limited to that name (never a cache); `Err` when the API call failed.
+    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String>;
 
     /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
     /// patch `{"metadata":{"resourceVersion":"<claim's>","annotations":
@@ -311,6 +315,19 @@ impl ClusterApi for KubeCluster {
             .await
             .map(|pv| pv.is_some())
             .map_err(|e| format!("get PersistentVolume {name:?}: {e}"))
+    }
+
+    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String> {
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .list_metadata(&params)
+            .await
+            .map(|list| {
+                list.items
+                    .iter()
+                    .any(|c| c.metadata.uid.as_deref() == Some(uid))
+            })
+            .map_err(|e| format!("list PersistentVolumeClaim {namespace}/{name}: {e}"))
     }
 
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
