@@ -391,7 +391,113 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over(pl
     );
 }
 
+/// What provision-svc's own Redis user can do: put any payload under a claim's
+/// PV name before provision-svc queues the real one. pv-writer dead-letters
+/// it; provision-svc does not take it for "already queued" but warns on the
+/// claim, naming the operator action, counts it, and retries; once the stray
+/// entry is removed the claim is provisioned.
+async fn a_stray_payload_under_a_claims_pv_name_is_a_warning_not_a_silent_stall(
+    plane: ControlPlane,
+) {
+    let mut sys = System::start(SystemOptions {
+        control_plane: plane,
+        no_services: true,
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    let started = sys.start_service(Service::PvWriter, 0).await;
+    check(&sys, started);
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
+    let names = sys.create_claims("stray", 1, "hostpath").await.unwrap();
+    let claim = sys.claims_api().get(&names[0]).await.unwrap();
+    let pv = format!("pvc-{}", claim.metadata.uid.unwrap());
+    let (queue, _) = queue_and_intents(&sys).await;
+    assert!(
+        queue
+            .enqueue_raw(&pv, b"{ not a queue entry")
+            .await
+            .unwrap()
+            .added
+    );
+    check(
+        &sys,
+        wait_eq(Duration::from_secs(30), "dead letters", 1, || async {
+            Ok(queue.list_dead().await?.len())
+        })
+        .await,
+    );
+    let started = sys.start_service(Service::Provision, 0).await;
+    check(&sys, started);
+    let warned = || async {
+        Ok(sys
+            .event_values()
+            .await?
+            .iter()
+            .filter(|e| {
+                e["regarding"]["name"] == names[0].as_str()
+                    && e["reason"] == "ProvisioningFailed"
+                    && e["type"] == "Warning"
+                    && e["note"].as_str().is_some_and(|n| {
+                        n.contains("dead-lettered") && n.contains("pv-writer queue")
+                    })
+            })
+            .count()
+            > 0)
+    };
+    check(
+        &sys,
+        wait_eq(
+            Duration::from_secs(30),
+            "a Warning naming the operator action",
+            true,
+            warned,
+        )
+        .await,
+    );
+    let metrics = sys.service(Service::Provision, 0).metrics().await;
+    let metrics = check(&sys, metrics);
+    assert!(
+        metrics
+            .value(
+                "provision_svc_stalled_queue_entries_total",
+                &[("reason", "dead_lettered")]
+            )
+            .is_some_and(|v| v >= 1.0),
+        "{}",
+        sys.log_tails(20)
+    );
+    assert!(sys.pvs().await.unwrap().is_empty());
+
+    // The operator's action: remove the stray entry; the retry provisions.
+    let mut conn = redis::Client::open(sys.redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let prefix = format!(
+        "provisioner:{{{}}}:pv-queue:",
+        sys.settings.provisioner_name
+    );
+    let (): () = redis::pipe()
+        .hdel(format!("{prefix}payloads"), &pv)
+        .ignore()
+        .hdel(format!("{prefix}dead"), &pv)
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    check(&sys, sys.wait_provisioned(1, Duration::from_secs(60)).await);
+    assert_eq!(
+        sys.pvs().await.unwrap()[0].metadata.name.as_deref(),
+        Some(pv.as_str())
+    );
+}
+
 on_both_planes!(
+    a_stray_payload_under_a_claims_pv_name_is_a_warning_not_a_silent_stall,
     forged_queue_entries_are_refused_and_dead_lettered,
     redis_sigkilled_in_the_fsync_window_strands_no_claim,
     a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over,

@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use common::store::{orphan_report, redis_store};
 use e2e::harness::{wait_until, ControlPlane, RedisSecurity, Service, System, SystemOptions};
 use e2e::on_both_planes;
 
@@ -75,8 +76,25 @@ async fn claims_are_bound_and_reclaimed_with_acl_users(plane: ControlPlane) {
     );
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
+    // reclaim-svc's leader-start sweep stored its report under its own user
+    // (pv-writer status reads it as operator).
+    let name = sys.settings.provisioner_name.clone();
+    let operator = redis_store::connect(&sys.redis.config_as(Some("operator")))
+        .await
+        .unwrap();
+    let stored = wait_until(Duration::from_secs(20), "the orphan report", || {
+        let (mut conn, name) = (operator.clone(), name.clone());
+        async move {
+            orphan_report::read(&mut conn, &name)
+                .await
+                .is_ok_and(|r| r.is_some())
+        }
+    })
+    .await;
+    check(&sys, stored);
     for p in &sys.services {
-        let log = p.process.log_text();
+        // redis-rs spells the refusal `NoPerm`, the server `NOPERM`.
+        let log = p.process.log_text().to_ascii_uppercase();
         assert!(
             !log.contains("NOPERM") && !log.contains("WRONGPASS") && !log.contains("NOAUTH"),
             "{}: an ACL refusal in the log:\n{}",

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::store::queue::PvQueue;
 use e2e::harness::pv_writer::{
-    enqueue_all, pv_writer_binary, queue_key, signed_entry, spawn_writer, PROVISIONER,
+    create_claim, enqueue_all, entry_for_claim, pv_writer_binary, queue_key, spawn_writer,
+    PROVISIONER,
 };
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
@@ -73,7 +74,8 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once(plane: ControlPlane) {
         .await
         .unwrap();
     let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
-    enqueue_all(&queue, &queue_key(dir.path()), "k", 500).await;
+    let admin = plane.admin_client().await.unwrap();
+    let uids = enqueue_all(&admin, &queue, &queue_key(dir.path()), "k", 500).await;
     // Slow writes so the kills land mid-drain with writes in flight: 15 ms per
     // request on the simulator; a real server cannot be slowed, so there
     // pv-writer's own client limit (--kube-api-qps 50) paces the drain.
@@ -133,13 +135,13 @@ async fn sigkill_mid_drain_writes_every_pv_exactly_once(plane: ControlPlane) {
 
     let all = pvs(&plane).await;
     assert_eq!(all.len(), 500);
-    for i in 0..500 {
-        let name = format!("pvc-k{i}");
+    for uid in &uids {
+        let name = format!("pvc-{uid}");
         let pv = all
             .iter()
             .find(|pv| pv["metadata"]["name"] == name.as_str())
             .unwrap_or_else(|| panic!("no PV {name}"));
-        assert_eq!(pv["spec"]["claimRef"]["uid"], format!("k{i}"));
+        assert_eq!(pv["spec"]["claimRef"]["uid"], uid.as_str());
     }
     assert!(queue.list_dead().await.unwrap().is_empty());
     // Only the writes in flight at each kill (at most --workers = 16) are sent again,
@@ -185,11 +187,12 @@ async fn a_take_reply_lost_to_a_redis_restart_is_written_without_waiting_out_the
     .unwrap_or_else(|e| panic!("{e}\n{}", p.log_text()));
     let term = queue.current_term().await.unwrap();
 
+    let uid = create_claim(&plane.admin_client().await.unwrap(), "lost0").await;
+    let mut lost = entry_for_claim("lost0", &uid);
+    queue_key(dir.path()).sign(PROVISIONER, &mut lost);
+    let lost_pv = lost.pv_name().to_string();
     p.pause().await.unwrap();
-    queue
-        .enqueue(&signed_entry("lost0", &queue_key(dir.path())))
-        .await
-        .unwrap();
+    queue.enqueue(&lost).await.unwrap();
     let taken = queue
         .take_due(term, 10, Duration::from_secs(120))
         .await
@@ -203,15 +206,15 @@ async fn a_take_reply_lost_to_a_redis_restart_is_written_without_waiting_out_the
     redis.restart(false).await.unwrap();
     p.signal(libc::SIGCONT);
 
-    let plane = &plane;
+    let (plane, lost_pv) = (&plane, &lost_pv);
     wait_until(
         Duration::from_secs(20),
-        "PV pvc-lost0 written",
+        "the lost take's PV written",
         || async move {
             pvs(plane)
                 .await
                 .iter()
-                .any(|pv| pv["metadata"]["name"] == "pvc-lost0")
+                .any(|pv| pv["metadata"]["name"] == lost_pv.as_str())
         },
     )
     .await

@@ -103,11 +103,31 @@ impl Fixture {
         }
     }
 
-    /// Enqueue `entry` signed with the fixture's key, as provision-svc does.
+    /// Enqueue `entry` signed with the fixture's key, as provision-svc does,
+    /// after creating its claim (with the entry's uid) unless it exists.
     async fn enqueue(&self, entry: &QueuedPvWrite) {
+        self.create_claim(&entry.claim);
         let mut entry = entry.clone();
         self.key.sign(PROVISIONER, &mut entry);
         self.queue.enqueue(&entry).await.unwrap();
+    }
+
+    /// Create the claim `key` names, with its uid, unless it exists.
+    fn create_claim(&self, key: &ClaimKey) {
+        let claim = json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": key.name, "namespace": key.namespace, "uid": key.uid},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                     "resources": {"requests": {"storage": "1Gi"}}},
+        });
+        match self
+            .sim
+            .create_object("persistentvolumeclaims", &key.namespace, claim)
+        {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => panic!("creating claim {key}: {e:?}"),
+        }
     }
 
     fn checks(&self) -> EntryChecks {

@@ -17,6 +17,7 @@ use common::store::redis_store::{self, ConnectError, RedisConfig};
 use e2e::harness::redis::{deploy_acl_users, RedisSecurity, RedisServer};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use provision_svc::ports::{PvHandoff, QueuedState, SignedQueue};
 
 const NAME: &str = "example.com/hostpath";
 
@@ -223,6 +224,16 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
         Settled::Done
     );
     assert_eq!(writer.list_dead().await.unwrap().len(), 1);
+    assert!(matches!(
+        SignedQueue::new(ps_queue.clone(), None, NAME)
+            .queued_state("pvc-c", "uid-pvc-c")
+            .await
+            .unwrap(),
+        QueuedState::Stalled {
+            kind: "dead_lettered",
+            ..
+        }
+    ));
     assert!(writer.requeue_dead("pvc-c").await.unwrap());
     let taken = writer
         .take_due(epoch, 10, Duration::from_secs(60))
@@ -249,6 +260,52 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
     // What each user must not do.
     for user in ["provision-svc", "pv-writer", "reclaim-svc", "operator"] {
         assert_no_admin_and_no_foreign_keys(&redis, user).await;
+    }
+    // provision-svc's own view of its claim's entry (verified, dead letter
+    // read): pvc-c was dead-lettered and requeued, pvc-b is pending.
+    let handoff = SignedQueue::new(ps_queue.clone(), None, NAME);
+    assert_eq!(
+        handoff.queued_state("pvc-b", "uid-pvc-b").await.unwrap(),
+        QueuedState::Yes
+    );
+    assert_eq!(
+        handoff.queued_state("pvc-x", "uid-pvc-x").await.unwrap(),
+        QueuedState::No
+    );
+    assert!(handoff.is_pending("pvc-b").await.unwrap());
+    // provision-svc cannot make an entry due, re-arm or delay one by hand
+    // (only the enqueue script's `incoming` push, which arms fresh entries only).
+    let p = "provisioner:{example.com/hostpath}:pv-queue:";
+    for (what, args) in [
+        (
+            "ZADD due in the future",
+            vec![
+                "ZADD".to_string(),
+                format!("{p}due"),
+                "99999999999999".into(),
+                "pvc-b".into(),
+            ],
+        ),
+        (
+            "ZADD on the wake-up list's key",
+            vec!["ZADD".into(), format!("{p}wakeup"), "1".into(), "x".into()],
+        ),
+        (
+            "RPUSH on the payloads' key",
+            vec!["RPUSH".into(), format!("{p}payloads"), "x".into()],
+        ),
+        (
+            "HSETNX a dead letter",
+            vec![
+                "HSETNX".into(),
+                format!("{p}dead"),
+                "pvc-x".into(),
+                "{}".into(),
+            ],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        denied(&format!("provision-svc: {what}"), raw(&ps, &args).await);
     }
     // provision-svc cannot take, settle or fence entries, nor overwrite a payload.
     denied("provision-svc: begin a term", ps_queue.begin_term().await);
@@ -476,5 +533,59 @@ fn dev_overlay_gives_each_service_its_own_redis_user_and_secret_key() {
     assert_eq!(
         acl_cm["data"]["users.acl"].as_str(),
         Some(template.as_str())
+    );
+}
+
+/// reclaim-svc's real leader-start sweep (`reclaim_svc::sweep::run_once`) as
+/// its own Redis user: its lookups and the report it stores for
+/// `pv-writer status` (read back as `operator`) all pass the deploy ACL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
+    let (dir, redis) = acl_redis().await;
+    let sim = e2e::sim::Simulator::start(e2e::sim::SimConfig::bare())
+        .await
+        .unwrap();
+    let base = dir.path().join("volumes");
+    std::fs::create_dir_all(base.join("pvc-orphan")).unwrap();
+    let backend = std::sync::Arc::new(backend_hostpath::HostPath {
+        base_dir: base,
+        node_name: None,
+        on_delete: backend_hostpath::OnDelete::Retain,
+    });
+    let registry = prometheus::Registry::new();
+    let job = reclaim_svc::sweep::SweepJob {
+        redis: redis.config_as(Some("reclaim-svc")),
+        provisioner_name: NAME.into(),
+        pvs: kube::Api::all(sim.client().unwrap()),
+        backend,
+        archive: false,
+        min_age: Duration::from_secs(3600),
+        shutdown: tokio_util::sync::CancellationToken::new(),
+        metrics: reclaim_svc::metrics::SweepMetrics::register(&registry),
+        reporter: "reclaim-svc-test".into(),
+    };
+    reclaim_svc::sweep::run_once(job, |_| false).await;
+    let mut operator = redis_store::connect(&redis.config_as(Some("operator")))
+        .await
+        .unwrap();
+    let report = common::store::orphan_report::read(&mut operator, NAME)
+        .await
+        .unwrap()
+        .expect("the sweep stored its report under reclaim-svc's user");
+    assert_eq!(report.orphans, ["pvc-orphan"]);
+    assert_eq!(report.reporter, "reclaim-svc-test");
+    // Its one writable key: SET anywhere else is still refused.
+    let rs = redis.config_as(Some("reclaim-svc"));
+    denied(
+        "reclaim-svc: SET on the queue payloads",
+        raw(
+            &rs,
+            &[
+                "SET",
+                "provisioner:{example.com/hostpath}:pv-queue:payloads",
+                "x",
+            ],
+        )
+        .await,
     );
 }

@@ -30,7 +30,7 @@ use crate::controller::{process, CachedClaim, ClaimQueue};
 use crate::decision::ProvisionerNames;
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
-use crate::ports::{ClusterApi, IntentLog, PvHandoff};
+use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 use crate::recovery::{self, CleanupOutcome, Recovery};
 use common::controller::cache::NameSet;
 
@@ -54,6 +54,8 @@ struct FakeCluster {
     patched: Mutex<Vec<String>>,
     /// PVs a live GET finds.
     pvs: Mutex<HashSet<String>>,
+    /// Uids of the claims a live lookup finds.
+    live_claims: Mutex<HashSet<String>>,
     /// Error of every live PV GET.
     pv_error: Option<String>,
     events: Mutex<Vec<(bool, String, String)>>,
@@ -84,6 +86,9 @@ impl ClusterApi for FakeCluster {
             return Err(e.clone());
         }
         Ok(self.pvs.lock().unwrap().contains(name))
+    }
+    async fn claim_exists(&self, _ns: &str, _name: &str, uid: &str) -> Result<bool, String> {
+        Ok(self.live_claims.lock().unwrap().contains(uid))
     }
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
         self.patched
@@ -116,6 +121,8 @@ struct FakeHandoff {
     fail: bool,
     /// Error of every `is_pending`.
     pending_error: Option<String>,
+    /// PV name → (kind, reason) of a stalled entry.
+    stalled: Mutex<HashMap<String, (&'static str, String)>>,
 }
 
 #[async_trait]
@@ -125,6 +132,36 @@ impl PvHandoff for FakeHandoff {
             return Err(e.clone());
         }
         Ok(self.pending.lock().unwrap().contains(pv_name))
+    }
+    async fn queued_entry(
+        &self,
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<Option<QueuedPvWrite>, String> {
+        if !self.is_pending(pv_name).await? {
+            return Ok(None);
+        }
+        Ok(self
+            .enqueued
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e.pv_name() == pv_name && e.claim.uid == claim_uid)
+            .cloned())
+    }
+    async fn queued_state(&self, pv_name: &str, _claim_uid: &str) -> Result<QueuedState, String> {
+        if let Some((kind, reason)) = self.stalled.lock().unwrap().get(pv_name) {
+            return Ok(QueuedState::Stalled {
+                kind,
+                reason: reason.clone(),
+            });
+        }
+        Ok(if self.is_pending(pv_name).await? {
+            QueuedState::Yes
+        } else {
+            QueuedState::No
+        })
     }
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
         if self.fail {
@@ -593,6 +630,61 @@ async fn an_entry_lost_from_redis_is_provisioned_again() {
     assert_eq!(queued.len(), 2, "queued again");
     assert_eq!(queued[1].pv_name(), "pvc-u1");
     assert_eq!(queued[1].claim, queued[0].claim);
+}
+
+#[tokio::test]
+async fn a_stalled_queue_entry_is_a_warning_and_a_retry_never_a_silent_skip() {
+    // Something pv-writer will never write sits under the claim's PV name (a
+    // stray payload, or a dead letter): the claim is not "already queued".
+    let w = Setup::default().build();
+    let c = ours("u1");
+    w.handoff.stalled.lock().unwrap().insert(
+        "pvc-u1".into(),
+        ("dead_lettered", "pv-writer dead-lettered it: bad".into()),
+    );
+    let err = w.op.sync_claim(&c).await.expect_err("retried, not skipped");
+    assert!(err.contains("pv-writer queue requeue pvc-u1"), "{err}");
+    let events = w.cluster.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let (warning, reason, note) = &events[0];
+    assert!(*warning);
+    assert_eq!(reason, "ProvisioningFailed");
+    assert!(
+        note.contains("dead-lettered it: bad") && note.contains("operator"),
+        "{note}"
+    );
+    assert_eq!(
+        w.metric("provision_svc_stalled_queue_entries_total"),
+        "provision_svc_stalled_queue_entries_total{reason=\"dead_lettered\"} 1"
+    );
+    assert!(
+        w.backend.calls().is_empty(),
+        "nothing provisioned meanwhile"
+    );
+    assert!(w.enqueued().is_empty());
+    // Once an operator cleared it, the claim is provisioned as usual.
+    w.handoff.stalled.lock().unwrap().clear();
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
+    assert_eq!(w.enqueued().len(), 1);
+}
+
+#[tokio::test]
+async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() {
+    let w = Setup::default().build();
+    for uid in ["u1", "u2"] {
+        assert_eq!(w.op.sync_claim(&ours(uid)).await, Ok(()));
+    }
+    assert_eq!(w.op.sync_claim(&ours("u3")).await, Ok(()));
+    // u2's PV was written meanwhile: reclaim's job, not ours; u3's claim is
+    // still there (a stale cache): nothing to delete.
+    w.cluster.pvs.lock().unwrap().insert("pvc-u2".into());
+    w.cluster.live_claims.lock().unwrap().insert("u3".into());
+    for uid in ["u1", "u2", "u3", "never-queued"] {
+        w.op.cleanup_unwritten_volume(uid).await;
+    }
+    let deleted = w.backend.unprovisioned.lock().unwrap().clone();
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert!(deleted[0].starts_with("pvc-u1 "), "{deleted:?}");
 }
 
 #[tokio::test]

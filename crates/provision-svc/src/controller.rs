@@ -92,6 +92,15 @@ impl ClaimQueue {
         self.queue.add(&uid);
     }
 
+    /// Queue a deleted claim's uid: [`process`] finds it gone and deletes the
+    /// volume of a PV write still queued for it
+    /// ([`Operation::cleanup_unwritten_volume`]).
+    pub fn claim_deleted(&self, claim: &CachedClaim) {
+        if let Some(uid) = claim.meta().uid.as_deref() {
+            self.queue.add(uid);
+        }
+    }
+
     /// The claim with `uid` in the claims cache, decoded (a copy the caller owns).
     pub fn claim_by_uid(&self, uid: &str) -> Option<PersistentVolumeClaim> {
         let indexed = self.index().get(uid).cloned();
@@ -140,6 +149,7 @@ pub async fn process(op: &Operation, claims: &ClaimQueue, uid: &str) {
             Some(c) => c,
             None => {
                 tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
+                op.cleanup_unwritten_volume(uid).await;
                 claims.index().remove(uid);
                 claims.retry.forget(&uid.to_string());
                 op.forget_first_attempt(uid);
@@ -360,7 +370,9 @@ pub async fn work(
         .backoff(watch_backoff());
         tasks.spawn(drive("PersistentVolumeClaim", stream, move |ev| match ev {
             watcher::Event::Apply(c) | watcher::Event::InitApply(c) => claims.claim_seen(c),
-            // Seed: nothing on delete; a claim in background is still retried.
+            // A claim in background is still retried (seed); any other deleted
+            // claim is processed once more for its unwritten volume.
+            watcher::Event::Delete(c) => claims.claim_deleted(c),
             _ => {}
         }));
     }

@@ -79,6 +79,10 @@ pub struct ServiceMetrics {
     /// claim the backend refuses to delete or that has no recorded class).
     /// Each is kept in Redis for an operator.
     pub poisoned_intents: IntCounter,
+    /// `provision_svc_stalled_queue_entries_total{reason}`: syncs of a claim
+    /// that still wants a volume but whose queued PV write pv-writer will never
+    /// write (`dead_lettered`, `unverifiable`); each also emits a Warning.
+    pub stalled_queue_entries: IntCounterVec,
 }
 
 impl ServiceMetrics {
@@ -107,6 +111,17 @@ impl ServiceMetrics {
                 IntCounter::new(
                     "provision_svc_poisoned_intents_total",
                     "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator.",
+                )
+                .expect("valid metric"),
+            ),
+            stalled_queue_entries: common::service::metrics::register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "provision_svc_stalled_queue_entries_total",
+                        "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
+                    ),
+                    &["reason"],
                 )
                 .expect("valid metric"),
             ),

@@ -16,7 +16,12 @@
 //!   queues the PV, or once the outcome is final; claims provisioning in background are flagged in it, so
 //!   the seed's `claimsInProgress` survives a restart;
 //! * giving up on a claim at the failure threshold keeps its intent, so the next
-//!   leader's start-up walk cleans up a half-made volume instead of leaking it.
+//!   leader's start-up walk cleans up a half-made volume instead of leaking it;
+//! * something queued under the claim's PV name that pv-writer will never write
+//!   (dead-lettered, or not signed by us for this claim) is never taken for
+//!   "queued": a Warning `ProvisioningFailed` naming the operator action,
+//!   `provision_svc_stalled_queue_entries_total{reason}` and a retry with
+//!   backoff (so at most `--failed-provision-threshold` Warnings per resync).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,7 +47,7 @@ use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
-use crate::ports::{ClusterApi, IntentLog, PvHandoff};
+use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -265,12 +270,31 @@ impl Operation {
             tracing::info!(pv = %pv_name, "PV already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
         }
-        match self.ports.handoff.is_pending(&pv_name).await {
-            Ok(true) => {
+        match self.ports.handoff.queued_state(&pv_name, &key.uid).await {
+            Ok(QueuedState::Yes) => {
                 tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
-            Ok(false) => {}
+            Ok(QueuedState::Stalled { kind, reason }) => {
+                // Never a silent stall: a Warning naming the operator action,
+                // and a retry with backoff (up to the failure threshold).
+                let msg = format!(
+                    "{reason}; the claim stays Pending until an operator acts: inspect it with `pv-writer queue dead` / `pv-writer queue list`; requeue it (`pv-writer queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
+                );
+                tracing::warn!(pv = %pv_name, kind, error = %msg, "the claim's queued PV write will never be written");
+                self.metrics
+                    .stalled_queue_entries
+                    .with_label_values(&[kind])
+                    .inc();
+                self.ports.cluster.claim_event(
+                    claim,
+                    true,
+                    reason::PROVISIONING_FAILED,
+                    msg.clone(),
+                );
+                return (ProvisioningState::Finished, Err(OpError::Failed(msg)));
+            }
+            Ok(QueuedState::No) => {}
             Err(e) => {
                 return (
                     ProvisioningState::NoChange,
@@ -612,6 +636,75 @@ impl Operation {
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(pv = pv_name, error = %e, "cannot clear the provisioning intent")
+            }
+        }
+    }
+
+    /// The claim `uid` is gone (not in the cache, not in background, and not
+    /// found by a live list): if a PV write of ours is still queued for it and
+    /// no PV exists, delete the volume
+    /// the backend made (`delete_unprovisioned`). pv-writer creates no PV for
+    /// a gone claim (it drops the entry), so nothing else would. Failures are
+    /// logged; the volume is then left to reclaim-svc's orphan sweep.
+    pub async fn cleanup_unwritten_volume(&self, uid: &str) {
+        let pv_name = pv_name_for_claim_uid(uid);
+        let entry = match self.ports.handoff.queued_entry(&pv_name, uid).await {
+            Ok(Some(entry)) => entry,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot read its queued PV write; its volume, if unwritten, is left to the orphan sweep");
+                return;
+            }
+        };
+        let key = &entry.claim;
+        match self
+            .ports
+            .cluster
+            .claim_exists(&key.namespace, &key.name, uid)
+            .await
+        {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot confirm it is gone; its volume is left to the orphan sweep");
+                return;
+            }
+        }
+        match self.ports.cluster.pv_exists(&pv_name).await {
+            Ok(false) => {}
+            Ok(true) => return,
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot tell whether its PV exists; its volume is left to reclaim or the orphan sweep");
+                return;
+            }
+        }
+        let class = match self.class(&entry.class) {
+            Ok(c) => c.as_ref().clone(),
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, error = %e, "deleted claim with an unwritten PV: its volume is left to the orphan sweep");
+                return;
+            }
+        };
+        let options = ProvisionOptions {
+            storage_class: class,
+            pv_name: pv_name.clone(),
+            pvc: PersistentVolumeClaim {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    namespace: Some(key.namespace.clone()),
+                    name: Some(key.name.clone()),
+                    uid: Some(key.uid.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            selected_node: None,
+        };
+        match self.ports.backend.delete_unprovisioned(&options).await {
+            Ok(()) => {
+                tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
+            }
+            Err(e) => {
+                tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, "deleted claim: its unwritten volume could not be deleted; left to the orphan sweep")
             }
         }
     }

@@ -18,7 +18,7 @@ use common::store::queue::PvQueue;
 use common::store::queue_auth::QueueKey;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::mpsc;
 
@@ -32,6 +32,10 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// Whether the PV `name` exists, by a live GET on the API server (never a
     /// cache, which may lag): `Ok(false)` only on 404, `Err` for any other failure.
     async fn pv_exists(&self, name: &str) -> Result<bool, String>;
+
+    /// Whether the claim `namespace/name` exists with `uid`, by a live list
+    /// limited to that name (never a cache); `Err` when the API call failed.
+    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String>;
 
     /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
     /// patch `{"metadata":{"resourceVersion":"<claim's>","annotations":
@@ -47,11 +51,38 @@ pub trait ClusterApi: Send + Sync + 'static {
     fn claim_event(&self, claim: &PersistentVolumeClaim, warning: bool, reason: &str, note: String);
 }
 
+/// Where the queue entry of a claim's PV stands ([`PvHandoff::queued_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueuedState {
+    /// Nothing is queued under the PV name.
+    No,
+    /// A valid entry for the claim is queued: pv-writer will write it.
+    Yes,
+    /// Something is queued under the PV name that pv-writer will never write
+    /// for this claim (dead-lettered, or not signed by us for this claim): why.
+    Stalled {
+        /// Metric label: `dead_lettered` or `unverifiable`.
+        kind: &'static str,
+        /// What is wrong, for the claim's Warning event.
+        reason: String,
+    },
+}
+
 /// pv-writer's durable queue, as provision-svc uses it.
 #[async_trait]
 pub trait PvHandoff: Send + Sync + 'static {
     /// Whether a PV write for `pv_name` is queued and not yet done.
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String>;
+    /// Whether what is queued under `pv_name` is a live entry for the claim
+    /// `claim_uid` (verified with the queue key, not dead-lettered).
+    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String>;
+    /// The entry queued under `pv_name` when it verifies as ours for the claim
+    /// `claim_uid` (pending or dead-lettered); `None` otherwise.
+    async fn queued_entry(
+        &self,
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<Option<QueuedPvWrite>, String>;
     /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
     /// step, clear the PV's provisioning intent. Returns true when an intent
     /// was cleared by it.
@@ -93,6 +124,31 @@ impl SignedQueue {
     }
 }
 
+impl SignedQueue {
+    /// `payload` decoded, its MAC verified (unless unsigned on purpose) and
+    /// checked to be the PV `pv_name` of the claim `claim_uid`.
+    fn verified(
+        &self,
+        payload: &[u8],
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<QueuedPvWrite, String> {
+        let entry = QueuedPvWrite::decode(payload).map_err(|e| e.to_string())?;
+        if let Some(key) = &self.key {
+            key.verify(&self.provisioner_name, &entry)
+                .map_err(|e| e.to_string())?;
+        }
+        if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
+            return Err(format!(
+                "it is for PV {:?} of claim uid {}",
+                entry.pv_name(),
+                entry.claim.uid
+            ));
+        }
+        Ok(entry)
+    }
+}
+
 #[async_trait]
 impl PvHandoff for SignedQueue {
     async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
@@ -100,6 +156,56 @@ impl PvHandoff for SignedQueue {
             .is_pending(pv_name)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    async fn queued_entry(
+        &self,
+        pv_name: &str,
+        claim_uid: &str,
+    ) -> Result<Option<QueuedPvWrite>, String> {
+        let Some(payload) = self
+            .queue
+            .payload(pv_name)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        Ok(self.verified(&payload, pv_name, claim_uid).ok())
+    }
+
+    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String> {
+        let Some(payload) = self
+            .queue
+            .payload(pv_name)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(QueuedState::No);
+        };
+        if let Some(dead) = self
+            .queue
+            .dead_letter_of(pv_name)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(QueuedState::Stalled {
+                kind: "dead_lettered",
+                reason: format!(
+                    "pv-writer dead-lettered the PV write queued for this claim: {}",
+                    dead.reason
+                ),
+            });
+        }
+        Ok(match self.verified(&payload, pv_name, claim_uid) {
+            Ok(_) => QueuedState::Yes,
+            Err(e) => QueuedState::Stalled {
+                kind: "unverifiable",
+                reason: format!(
+                    "the PV write queued under {pv_name} is not one this provisioner made for this claim ({e}); pv-writer will refuse it"
+                ),
+            },
+        })
     }
 
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
@@ -209,6 +315,19 @@ impl ClusterApi for KubeCluster {
             .await
             .map(|pv| pv.is_some())
             .map_err(|e| format!("get PersistentVolume {name:?}: {e}"))
+    }
+
+    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String> {
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .list_metadata(&params)
+            .await
+            .map(|list| {
+                list.items
+                    .iter()
+                    .any(|c| c.metadata.uid.as_deref() == Some(uid))
+            })
+            .map_err(|e| format!("list PersistentVolumeClaim {namespace}/{name}: {e}"))
     }
 
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {

@@ -28,6 +28,14 @@
 //!   [`crate::checks`]) → refused before any API call: dead-lettered,
 //!   `pv_writer_refused_entries_total{reason}` and a Warning event on the claim.
 //!
+//! * before the create, the entry must still be in flight under this term
+//!   ([`PvQueue::holds`]) and its claim must exist with the entry's uid (a live
+//!   GET, [`claim_live`]); a claim that is gone or was re-created → the entry
+//!   is dropped, no PV written, counted in
+//!   `pv_writer_refused_entries_total{reason="claim_gone"}`: a replayed entry
+//!   re-creates no PV, and provision-svc deletes the volume of a claim deleted
+//!   while its write was queued (else the orphan sweep reports it).
+//!
 //! Redis failures while settling an entry are retried every
 //! `--redis-reconnect-period` (default 500 ms) until they
 //! succeed or shutdown; an unsettled entry stays in flight and is taken again
@@ -70,7 +78,7 @@ use common::controller::time::now_ms;
 use common::service::health::Heartbeat;
 use common::service::http::Readiness;
 use common::store::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio_util::sync::CancellationToken;
@@ -102,6 +110,45 @@ pub struct WriterConfig {
     /// Pause between attempts while Redis is unreachable
     /// (`--redis-reconnect-period`).
     pub redis_reconnect: Duration,
+}
+
+/// `pv_writer_refused_entries_total` reason of an entry dropped because its
+/// claim no longer exists with the entry's uid.
+pub const CLAIM_GONE: &str = "claim_gone";
+
+/// Whether an entry's claim still exists with the entry's uid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimLive {
+    /// It does.
+    Yes,
+    /// It is gone (404) or was re-created (another uid): the reason.
+    Gone(String),
+    /// The API server did not answer (transient): the reason.
+    Unknown(String),
+}
+
+/// GET `entry`'s claim within `timeout` (never a cache) and compare its uid.
+pub async fn claim_live(client: &Client, entry: &QueuedPvWrite, timeout: Duration) -> ClaimLive {
+    let claim = &entry.claim;
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &claim.namespace);
+    match tokio::time::timeout(timeout, api.get_opt(&claim.name)).await {
+        Err(_) => ClaimLive::Unknown(format!("reading claim {claim} timed out after {timeout:?}")),
+        Ok(Err(err)) => ClaimLive::Unknown(format!("reading claim {claim}: {err}")),
+        Ok(Ok(None)) => ClaimLive::Gone(format!(
+            "claim {claim} (uid {}) no longer exists; PV {} not created",
+            claim.uid,
+            entry.pv_name()
+        )),
+        Ok(Ok(Some(live))) if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) => {
+            ClaimLive::Gone(format!(
+                "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {} not created",
+                live.metadata.uid.as_deref().unwrap_or("<none>"),
+                claim.uid,
+                entry.pv_name()
+            ))
+        }
+        Ok(Ok(Some(_))) => ClaimLive::Yes,
+    }
 }
 
 /// Create `entry`'s PV through `api` within `timeout` and classify the answer.
@@ -149,6 +196,8 @@ pub struct Writer {
     /// Set once Redis refused an operation of this term: a newer leader runs.
     pub(crate) superseded: AtomicBool,
     pub(crate) api: Api<PersistentVolume>,
+    /// For the live claim lookup before each create.
+    client: Client,
     events: EventSink,
     pub(crate) metrics: WriterMetrics,
     pub(crate) config: WriterConfig,
@@ -185,6 +234,7 @@ impl Writer {
             epoch: AtomicU64::new(0),
             superseded: AtomicBool::new(false),
             api: Api::all(client.clone()),
+            client: client.clone(),
             events: EventSink::new(client, "pv-writer", identity),
             metrics,
             config,
@@ -195,6 +245,13 @@ impl Writer {
             readiness: std::sync::OnceLock::new(),
             dispatched: Heartbeat::default(),
         }
+    }
+
+    /// Work under the term `epoch` (from [`PvQueue::begin_term`]) instead of
+    /// beginning a new one in [`run`](Self::run); for driving
+    /// [`process`](Self::process) directly (embedding, tests).
+    pub fn set_term(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::SeqCst);
     }
 
     /// The API server answered: if it was down, pull every waiting retry forward.
@@ -296,9 +353,55 @@ impl Writer {
             return;
         }
 
+        // Before the create: this term still holds the entry, and the claim
+        // still exists with the entry's uid (a replayed entry of a deleted
+        // claim, or a paused ex-leader, creates nothing).
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        match self
+            .settle("holds", shutdown, || self.queue.holds(epoch, &pv_name))
+            .await
+        {
+            Some(Settled::Done) => {}
+            Some(Settled::Fenced) => return self.fenced("holds"),
+            Some(Settled::NotInFlight) => {
+                tracing::warn!("queue entry no longer in flight under this term (taken again after its visibility timeout); not writing it");
+                return;
+            }
+            None => return,
+        }
+        let claim_state = claim_live(&self.client, &entry, self.config.write_timeout).await;
+        let result = match claim_state {
+            ClaimLive::Yes => None,
+            ClaimLive::Unknown(reason) => Some(WriteResult::Transient(reason)),
+            ClaimLive::Gone(reason) => {
+                // Dropped, not dead-lettered: provision-svc deletes the volume of
+                // a claim deleted while its PV write was queued (or the orphan
+                // sweep reports it); a dead letter would keep it accounted for.
+                match self
+                    .settle("complete", shutdown, || {
+                        self.queue.complete(epoch, &pv_name)
+                    })
+                    .await
+                {
+                    Some(Settled::Done) => {
+                        tracing::warn!(%reason, "dropped a queue entry whose claim is gone; no PV written");
+                        self.metrics
+                            .refused_entries_total
+                            .with_label_values(&[CLAIM_GONE])
+                            .inc();
+                    }
+                    Some(Settled::Fenced) => self.fenced("complete"),
+                    Some(Settled::NotInFlight) | None => {}
+                }
+                return;
+            }
+        };
         let started_ms = now_ms();
         let started = Instant::now();
-        let result = write_pv(&self.api, &entry, self.config.write_timeout).await;
+        let result = match result {
+            Some(r) => r,
+            None => write_pv(&self.api, &entry, self.config.write_timeout).await,
+        };
         self.metrics
             .write_duration_seconds
             .observe(started.elapsed().as_secs_f64());

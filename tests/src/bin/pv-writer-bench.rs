@@ -43,7 +43,14 @@ async fn run() {
     .enumerate()
     {
         let prefix = format!("b{run}-");
-        enqueue_all(&queue, &queue_key(dir.path()), &prefix, 2000).await;
+        enqueue_all(
+            &sim.client().unwrap(),
+            &queue,
+            &queue_key(dir.path()),
+            &prefix,
+            2000,
+        )
+        .await;
         let before = sim.count("persistentvolumes");
         let started = Instant::now();
         let mut p = spawn_writer(

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
 use common::store::queue::{now_ms, PvQueue};
 use common::store::queue_auth::QueueKey;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::json;
 
 use super::binaries::{target_dir, workspace_root};
@@ -63,6 +64,12 @@ pub fn pv_writer_binary() -> PathBuf {
 /// An unsigned queue entry for claim uid `uid`: PV `pvc-<uid>` bound to
 /// `default/claim-<uid>`, `hostPath` `<BASE_DIR>/pvc-<uid>`.
 pub fn entry(uid: &str) -> QueuedPvWrite {
+    entry_for_claim(&format!("claim-{uid}"), uid)
+}
+
+/// An unsigned queue entry for the claim `default/<claim>` of uid `uid`: PV
+/// `pvc-<uid>`, `hostPath` `<BASE_DIR>/pvc-<uid>`.
+pub fn entry_for_claim(claim: &str, uid: &str) -> QueuedPvWrite {
     let name = format!("pvc-{uid}");
     QueuedPvWrite {
         version: SCHEMA_VERSION,
@@ -73,11 +80,11 @@ pub fn entry(uid: &str) -> QueuedPvWrite {
                 "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                 "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
                 "volumeMode": "Filesystem", "hostPath": {"path": format!("{BASE_DIR}/{name}"), "type": "DirectoryOrCreate"},
-                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "default", "name": format!("claim-{uid}"), "uid": uid},
+                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "default", "name": claim, "uid": uid},
             }
         }))
         .unwrap(),
-        claim: ClaimKey { namespace: "default".into(), name: format!("claim-{uid}"), uid: uid.into() },
+        claim: ClaimKey { namespace: "default".into(), name: claim.into(), uid: uid.into() },
         class: "fast".into(),
         enqueued_at_ms: now_ms(),
         first_attempt_at_ms: None,
@@ -130,12 +137,42 @@ pub fn spawn_writer(
     .unwrap()
 }
 
-/// Enqueue `n` entries with uids `<prefix>0..<prefix>n-1`, signed with `key`.
-pub async fn enqueue_all(queue: &PvQueue, key: &QueueKey, prefix: &str, n: usize) {
+/// Create the claim `default/<name>` (class `fast`, 1Gi, never bound by a
+/// provisioner) through `client` and return its uid: pv-writer writes a PV
+/// only for a claim that exists with the entry's uid.
+pub async fn create_claim(client: &kube::Client, name: &str) -> String {
+    let api: kube::Api<PersistentVolumeClaim> = kube::Api::namespaced(client.clone(), "default");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "fast",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    let created = api
+        .create(&kube::api::PostParams::default(), &claim)
+        .await
+        .unwrap_or_else(|e| panic!("creating claim {name}: {e}"));
+    created.metadata.uid.expect("the API server sets a uid")
+}
+
+/// Create `n` claims `default/<prefix>0..<prefix>n-1` through `client` and
+/// enqueue an entry for each, signed with `key`; returns their uids.
+pub async fn enqueue_all(
+    client: &kube::Client,
+    queue: &PvQueue,
+    key: &QueueKey,
+    prefix: &str,
+    n: usize,
+) -> Vec<String> {
+    let mut uids = Vec::with_capacity(n);
     for i in 0..n {
-        queue
-            .enqueue(&signed_entry(&format!("{prefix}{i}"), key))
-            .await
-            .unwrap();
+        let name = format!("{prefix}{i}");
+        let uid = create_claim(client, &name).await;
+        let mut e = entry_for_claim(&name, &uid);
+        key.sign(PROVISIONER, &mut e);
+        queue.enqueue(&e).await.unwrap();
+        uids.push(uid);
     }
+    uids
 }

@@ -296,7 +296,8 @@ impl SimHandle {
         self.registry.store.count(res)
     }
 
-    /// Create an object directly (same semantics as `POST`, not counted).
+    /// Create an object directly (same semantics as `POST`, not counted), keeping
+    /// a given `metadata.uid` (the API always assigns one).
     pub fn create_object(
         &self,
         resource: &str,
@@ -307,7 +308,7 @@ impl SimHandle {
             resources::by_name(resource).unwrap_or_else(|| panic!("unknown resource {resource}"));
         let s = self
             .registry
-            .create(res, namespace, obj, "e2e-sim-direct")?;
+            .create(res, namespace, obj, registry::DIRECT_MANAGER)?;
         Ok(serde_json::from_slice(&s.full).unwrap())
     }
 

@@ -15,6 +15,9 @@ use rand::Rng;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
+/// The field manager of direct store access (`SimHandle::create_object`).
+pub const DIRECT_MANAGER: &str = "e2e-sim-direct";
+
 /// Finalizer the StorageObjectInUseProtection admission plugin adds to claims.
 pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
 /// Finalizer the StorageObjectInUseProtection admission plugin adds to volumes.
@@ -185,6 +188,8 @@ impl Registry {
     }
 
     /// `POST` a new object. `ns` is the URL namespace for namespaced resources.
+    /// Create `body` as the API does; `manager` [`DIRECT_MANAGER`] (direct store
+    /// access, not the API) keeps a given `metadata.uid`.
     pub fn create(
         &self,
         res: usize,
@@ -239,7 +244,15 @@ impl Registry {
         }
         let mut errs = validation::validate_name(res, &name);
         let now = now_rfc3339();
-        m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        // Direct store access (`SimHandle::create_object`) may set the uid, to
+        // stand in for an object of a known uid; the API always assigns one.
+        let given_uid = m
+            .get("uid")
+            .and_then(|v| v.as_str())
+            .filter(|u| manager == DIRECT_MANAGER && !u.is_empty())
+            .map(str::to_string);
+        let uid = given_uid.unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        m.insert("uid".into(), json!(uid));
         m.insert("creationTimestamp".into(), json!(now));
         for k in [
             "deletionTimestamp",

@@ -14,7 +14,8 @@
 //! | key | type | holds |
 //! | --- | --- | --- |
 //! | `P pv-queue:payloads` | hash | PV name → the stored [`QueuedPvWrite`] JSON (HMAC-signed, [`crate::store::queue_auth`]), exactly as enqueued. A field here **is** the "pending" marker ([`PvQueue::is_pending`]); it is removed only when the PV exists. |
-//! | `P pv-queue:due` | sorted set | PV name, score = time it may be taken next (ms since the Unix epoch, Redis' clock). Entries waiting for a worker or for a retry. |
+//! | `P pv-queue:incoming` | list | PV names just enqueued, not yet due: provision-svc's only way to make an entry due. The next take moves each name that has a payload and is in no other state (not due, in flight or dead) to `due`, at its enqueue time but never later than Redis' now; any other name is dropped. |
+//! | `P pv-queue:due` | sorted set | PV name, score = time it may be taken next (ms since the Unix epoch, Redis' clock). Entries waiting for a worker or for a retry. Written by pv-writer's scripts only. |
 //! | `P pv-queue:inflight` | sorted set | PV name, score = end of the visibility timeout (ms, Redis' clock). Entries a worker has taken; an entry still here after its timeout (worker killed or stalled) goes back to `due`. |
 //! | `P pv-queue:owners` | hash | PV name → epoch of the pv-writer term that took it; set exactly while the entry is in `inflight`. |
 //! | `P pv-queue:epoch` | string | The current pv-writer term, an integer `INCR`ed by each new leader ([`PvQueue::begin_term`]). |
@@ -28,8 +29,8 @@
 //! hashes `P provision-intents` and `P provision-intent-claims`
 //! ([`crate::store::intents`]) in the same atomic step.
 //!
-//! Every entry is in exactly one of `due`, `inflight` or `dead`, and in
-//! `payloads` for as long as it is in any of them. Every change touching more
+//! Every entry is in exactly one of `incoming`, `due`, `inflight` or `dead`,
+//! and in `payloads` for as long as it is in any of them. Every change touching more
 //! than one key is one Lua script (atomic in Redis), keyed by PV name, so a crash
 //! of either side between two commands cannot leave a half-made entry. Every
 //! time inside a script (due times, visibility deadlines, enqueue times) is
@@ -255,6 +256,7 @@ struct Waker {
 #[derive(Clone)]
 struct Keys {
     payloads: String,
+    incoming: String,
     due: String,
     inflight: String,
     attempts: String,
@@ -273,6 +275,7 @@ impl Keys {
         let p = redis_store::key_prefix(provisioner_name);
         Keys {
             payloads: format!("{p}pv-queue:payloads"),
+            incoming: format!("{p}pv-queue:incoming"),
             due: format!("{p}pv-queue:due"),
             inflight: format!("{p}pv-queue:inflight"),
             attempts: format!("{p}pv-queue:attempts"),
@@ -316,17 +319,18 @@ fn script(preludes: &[&str], body: &str) -> Script {
     Script::new(&code)
 }
 
-// KEYS: payloads, due, enqueued, wakeup, intents, intent claims. ARGV: pv name, payload.
+// KEYS: payloads, incoming, enqueued, wakeup, intents, intent claims. ARGV: pv name, payload.
 // Returns {added, intent cleared}: added = 1 when newly queued, 0 when the PV name
 // was already in the queue. The provisioning intent of the PV is removed in the
 // same script either way: the PV is durably queued, so the intent has done its job.
+// A new entry goes to `incoming`, never to `due`: the next take makes it due.
 static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     script(
         &[NOW_LUA],
         r#"
 local added = 0
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('ZADD', KEYS[2], now, ARGV[1])
+  redis.call('RPUSH', KEYS[2], ARGV[1])
   redis.call('ZADD', KEYS[3], now, ARGV[1])
   if redis.call('LLEN', KEYS[4]) == 0 then
     redis.call('RPUSH', KEYS[4], '1')
@@ -344,10 +348,13 @@ return {added, cleared}
 static BEGIN_TERM: LazyLock<Script> =
     LazyLock::new(|| script(&[], "return redis.call('INCR', KEYS[1])"));
 
-// KEYS: payloads, due, inflight, attempts, enqueued, epoch, owners, fenced.
-// ARGV: epoch, visibility ms, limit.
+// KEYS: payloads, due, inflight, attempts, enqueued, epoch, owners, fenced,
+// incoming, dead. ARGV: epoch, visibility ms, limit.
 // Returns {1, triples} or {0, {}} when `epoch` is stale (a newer term exists).
-// Moves expired in-flight entries back to due, then moves up to `limit` due
+// Makes up to 1000 incoming names due (at their enqueue time, never later than
+// now), each only when it has a payload and is in no other state (so a pushed
+// name re-arms nothing and delays nothing);
+// moves expired in-flight entries back to due, then moves up to `limit` due
 // entries to in-flight (owned by `epoch`) and returns {name, payload, attempts}
 // triples. A due name without a payload (the payload hash was edited by hand)
 // is dropped from every index, so it cannot pin the oldest-pending age.
@@ -356,6 +363,19 @@ static TAKE_DUE: LazyLock<Script> = LazyLock::new(|| {
         &[NOW_LUA, TERM_LUA],
         r#"
 if not term_ok(KEYS[6], KEYS[8], ARGV[1]) then return {0, {}} end
+local incoming = redis.call('LPOP', KEYS[9], 1000)
+if incoming then
+  for _, name in ipairs(incoming) do
+    if redis.call('HEXISTS', KEYS[1], name) == 1
+      and not redis.call('ZSCORE', KEYS[2], name)
+      and not redis.call('ZSCORE', KEYS[3], name)
+      and redis.call('HEXISTS', KEYS[10], name) == 0 then
+      local at = tonumber(redis.call('ZSCORE', KEYS[5], name) or now)
+      if at > now then at = now end
+      redis.call('ZADD', KEYS[2], at, name)
+    end
+  end
+end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 for _, name in ipairs(expired) do
   redis.call('ZREM', KEYS[3], name)
@@ -556,7 +576,8 @@ impl PvQueue {
     }
 
     /// Atomically store the payload and the pending marker for
-    /// `entry.pv_name()`, due now (Redis' clock), and remove the PV's
+    /// `entry.pv_name()`, in `incoming` (made due, at Redis' now, by the next
+    /// [`take_due`](Self::take_due)), and remove the PV's
     /// provisioning intent ([`crate::store::intents`]) in the same script. Idempotent:
     /// while the PV name is in the queue (pending or dead-lettered) a second
     /// enqueue changes nothing but the intent. Then waits for the local AOF
@@ -578,7 +599,7 @@ impl PvQueue {
     ) -> Result<EnqueueOutcome, QueueError> {
         let (added, cleared): (i64, i64) = ENQUEUE
             .key(&self.keys.payloads)
-            .key(&self.keys.due)
+            .key(&self.keys.incoming)
             .key(&self.keys.enqueued)
             .key(&self.keys.wakeup)
             .key(&self.keys.intents)
@@ -755,6 +776,8 @@ impl PvQueue {
             .key(&self.keys.epoch)
             .key(&self.keys.owners)
             .key(&self.keys.fenced)
+            .key(&self.keys.incoming)
+            .key(&self.keys.dead)
             .arg(epoch)
             .arg(visibility.as_millis() as u64)
             .arg(limit)
@@ -967,11 +990,13 @@ impl PvQueue {
         Ok(secs * 1000 + micros / 1000)
     }
 
-    /// Depth, dead-letter count and oldest enqueue time, in one pipeline.
+    /// Depth (incoming, due and in flight), dead-letter count and oldest
+    /// enqueue time, in one pipeline.
     ///
     /// Errors: [`QueueError::Command`].
     pub async fn stats(&self) -> Result<QueueStats, QueueError> {
-        let (due, inflight, dead, oldest, (secs, micros)): StatsScan = redis::pipe()
+        let (incoming, due, inflight, dead, oldest, (secs, micros)): StatsScan = redis::pipe()
+            .llen(&self.keys.incoming)
             .zcard(&self.keys.due)
             .zcard(&self.keys.inflight)
             .hlen(&self.keys.dead)
@@ -981,7 +1006,7 @@ impl PvQueue {
             .await
             .map_err(cmd("stats"))?;
         Ok(QueueStats {
-            depth: due + inflight,
+            depth: incoming + due + inflight,
             dead,
             oldest_enqueued_ms: oldest.first().map(|(_, t)| *t as u64),
             redis_now_ms: secs * 1000 + micros / 1000,
@@ -993,15 +1018,23 @@ impl PvQueue {
     /// Errors: [`QueueError::Command`].
     pub async fn list_pending(&self) -> Result<Vec<PendingEntry>, QueueError> {
         let mut conn = self.conn.clone();
-        let (due, inflight, attempts): PendingScan = redis::pipe()
+        let (incoming, due, inflight, attempts, enqueued): PendingScan = redis::pipe()
+            .lrange(&self.keys.incoming, 0, -1)
             .zrange_withscores(&self.keys.due, 0, -1)
             .zrange_withscores(&self.keys.inflight, 0, -1)
             .hgetall(&self.keys.attempts)
+            .zrange_withscores(&self.keys.enqueued, 0, -1)
             .query_async(&mut conn)
             .await
             .map_err(cmd("list_pending"))?;
+        // An incoming name is due from its enqueue; the next take makes it so.
+        let incoming = incoming.into_iter().map(|n| {
+            let t = enqueued.get(&n).copied().unwrap_or(0.0);
+            (n, t)
+        });
         let mut states: Vec<(String, PendingState)> = due
             .into_iter()
+            .chain(incoming)
             .map(|(n, t)| (n, PendingState::Due(t as u64)))
             .chain(
                 inflight
@@ -1010,6 +1043,7 @@ impl PvQueue {
             )
             .collect();
         states.sort_by(|a, b| a.0.cmp(&b.0));
+        states.dedup_by(|a, b| a.0 == b.0);
         let mut out = Vec::with_capacity(states.len());
         for chunk in states.chunks(500) {
             let names: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
@@ -1070,6 +1104,25 @@ impl PvQueue {
             .map_err(cmd("inflight_owners"))
     }
 
+    /// The dead letter of `pv_name`, if it is dead-lettered.
+    ///
+    /// Errors: [`QueueError::Command`], [`QueueError::Corrupt`] for an unreadable record.
+    pub async fn dead_letter_of(&self, pv_name: &str) -> Result<Option<DeadLetter>, QueueError> {
+        let raw: Option<Vec<u8>> = self
+            .conn
+            .clone()
+            .hget(&self.keys.dead, pv_name)
+            .await
+            .map_err(cmd("dead_letter_of"))?;
+        raw.map(|bytes| {
+            serde_json::from_slice(&bytes).map_err(|e| QueueError::Corrupt {
+                pv_name: pv_name.to_string(),
+                detail: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
     /// The stored payload of `pv_name` (pending or dead), if any.
     ///
     /// Errors: [`QueueError::Command`].
@@ -1082,14 +1135,18 @@ impl PvQueue {
     }
 }
 
-/// `ZCARD due`, `ZCARD inflight`, `HLEN dead`, oldest of `enqueued`, `TIME`.
-type StatsScan = (u64, u64, u64, Vec<(String, f64)>, (u64, u64));
+/// `LLEN incoming`, `ZCARD due`, `ZCARD inflight`, `HLEN dead`, oldest of
+/// `enqueued`, `TIME`.
+type StatsScan = (u64, u64, u64, u64, Vec<(String, f64)>, (u64, u64));
 
-/// `ZRANGE due`, `ZRANGE inflight` (with scores) and `HGETALL attempts`.
+/// `LRANGE incoming`, `ZRANGE due`, `ZRANGE inflight` (with scores),
+/// `HGETALL attempts` and `ZRANGE enqueued` (with scores).
 type PendingScan = (
+    Vec<String>,
     Vec<(String, f64)>,
     Vec<(String, f64)>,
     std::collections::HashMap<String, u32>,
+    HashMap<String, f64>,
 );
 
 fn cmd(operation: &'static str) -> impl Fn(redis::RedisError) -> QueueError {
@@ -1545,6 +1602,59 @@ mod tests {
         assert!(matches!(pending[0].state, PendingState::Due(_)));
         assert!(pending[0].entry.as_ref().unwrap_err().contains("garbled"));
         assert_eq!(q.stats().await.unwrap().depth, 1);
+    }
+
+    /// A name pushed to `incoming` (provision-svc's only way to make an entry
+    /// due) arms only an entry in no other state: it re-arms nothing in
+    /// flight or dead, delays no retry and ignores names without a payload.
+    #[tokio::test]
+    async fn incoming_names_arm_only_fresh_entries() {
+        let redis = Redis::start().await;
+        let q = queue(&redis, "p").await;
+        let term = q.begin_term().await.unwrap();
+        for name in ["pvc-flying", "pvc-dead", "pvc-later"] {
+            q.enqueue(&entry(name)).await.unwrap();
+        }
+        assert_eq!(
+            q.stats().await.unwrap().depth,
+            3,
+            "incoming counts as pending"
+        );
+        assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()).len(), 3);
+        let letter = DeadLetter {
+            pv_name: "pvc-dead".into(),
+            reason: "test".into(),
+            dead_at_ms: 1,
+            attempts: 0,
+            claim: None,
+        };
+        assert_eq!(q.dead_letter(term, &letter).await.unwrap(), Settled::Done);
+        let later = Duration::from_secs(600);
+        assert_eq!(
+            q.schedule_retry(term, "pvc-later", later, 1).await.unwrap(),
+            Settled::Done
+        );
+        let mut conn = q.conn.clone();
+        let later_at: f64 = conn.zscore(&q.keys.due, "pvc-later").await.unwrap();
+        for name in ["pvc-flying", "pvc-dead", "pvc-later", "pvc-ghost"] {
+            let _: i64 = conn.rpush(&q.keys.incoming, name).await.unwrap();
+        }
+        assert!(names(q.take_due(term, 10, VIS).await.unwrap()).is_empty());
+        let still: f64 = conn.zscore(&q.keys.due, "pvc-later").await.unwrap();
+        assert_eq!(
+            still, later_at,
+            "a retry is neither delayed nor pulled forward"
+        );
+        assert_eq!(q.list_dead().await.unwrap().len(), 1);
+        let due: Vec<String> = conn.zrange(&q.keys.due, 0, -1).await.unwrap();
+        assert_eq!(due, ["pvc-later"]);
+        let left: i64 = conn.llen(&q.keys.incoming).await.unwrap();
+        assert_eq!(left, 0);
+        // A fresh enqueue is armed by the next take, in enqueue order.
+        q.enqueue(&entry("pvc-new1")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        q.enqueue(&entry("pvc-new0")).await.unwrap();
+        assert_eq!(names(q.take_due(term, 1, VIS).await.unwrap()), ["pvc-new1"]);
     }
 
     #[tokio::test]

@@ -14,7 +14,10 @@
 //!
 //! The key comes from `--queue-hmac-key-file` (env `QUEUE_HMAC_KEY_FILE`; the
 //! deploy mounts Secret `split-provisioner-queue-key`, key `hmac-key`): at least
-//! 32 bytes, a trailing newline ignored. Without a key file a service refuses to
+//! 32 bytes, a trailing newline ignored. During a rotation
+//! `--queue-hmac-previous-key-file` (key `hmac-key.previous`) names the key
+//! being retired: entries are signed with the current key and verified with
+//! either, so entries signed before a rolling restart are still written. Without a key file a service refuses to
 //! start unless `--insecure-unsigned-queue` is given (development only: entries
 //! are then enqueued unsigned and accepted unsigned; pv-writer's structural
 //! checks still apply).
@@ -44,6 +47,12 @@ pub struct QueueKeyArgs {
     #[arg(long, env = "QUEUE_HMAC_KEY_FILE")]
     pub queue_hmac_key_file: Option<PathBuf>,
 
+    /// File holding the previous queue key during a key rotation: entries signed
+    /// with it are still accepted, new ones are signed with the current key. A
+    /// missing file means no rotation is under way.
+    #[arg(long, env = "QUEUE_HMAC_PREVIOUS_KEY_FILE")]
+    pub queue_hmac_previous_key_file: Option<PathBuf>,
+
     /// Development only: run without a queue key. provision-svc enqueues unsigned
     /// entries and pv-writer accepts them, so anyone able to write to Redis can
     /// have PVs created. Ignored when a key file is given.
@@ -59,7 +68,17 @@ impl QueueKeyArgs {
     /// too short key file ([`KeyError`]).
     pub fn load(&self) -> Result<Option<QueueKey>, KeyError> {
         match &self.queue_hmac_key_file {
-            Some(path) => QueueKey::load(path).map(Some),
+            Some(path) => {
+                let key = QueueKey::load(path)?;
+                match &self.queue_hmac_previous_key_file {
+                    Some(prev) if prev.exists() => {
+                        let previous = QueueKey::load(prev)?;
+                        tracing::info!(file = %prev.display(), "queue key rotation: entries signed with the previous key are accepted too");
+                        Ok(Some(key.with_previous(previous)))
+                    }
+                    _ => Ok(Some(key)),
+                }
+            }
             None if self.insecure_unsigned_queue => {
                 tracing::warn!("--insecure-unsigned-queue: PV-write queue entries are not authenticated; anyone who can write to Redis can have PVs created");
                 Ok(None)
@@ -113,15 +132,25 @@ impl AuthError {
     }
 }
 
-/// The queue HMAC key. Its `Debug` never shows the key.
+/// The queue HMAC key, and during a rotation the previous one (accepted by
+/// [`verify`](QueueKey::verify), never used to sign). Its `Debug` never shows a key.
 #[derive(Clone)]
 pub struct QueueKey {
     key: Vec<u8>,
+    previous: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for QueueKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QueueKey({} bytes)", self.key.len())
+        match &self.previous {
+            None => write!(f, "QueueKey({} bytes)", self.key.len()),
+            Some(p) => write!(
+                f,
+                "QueueKey({} bytes, previous {} bytes)",
+                self.key.len(),
+                p.len()
+            ),
+        }
     }
 }
 
@@ -139,7 +168,16 @@ impl QueueKey {
         }
         Ok(QueueKey {
             key: trimmed.to_vec(),
+            previous: None,
         })
+    }
+
+    /// This key, also accepting entries signed with `previous` (its current key).
+    pub fn with_previous(self, previous: QueueKey) -> Self {
+        QueueKey {
+            previous: Some(previous.key),
+            ..self
+        }
     }
 
     /// Read the key from `path`.
@@ -153,8 +191,8 @@ impl QueueKey {
         Self::from_bytes(&bytes)
     }
 
-    fn mac(&self, provisioner_name: &str, entry: &QueuedPvWrite) -> HmacSha256 {
-        let mut mac = HmacSha256::new_from_slice(&self.key).expect("HMAC takes any key length");
+    fn mac(key: &[u8], provisioner_name: &str, entry: &QueuedPvWrite) -> HmacSha256 {
+        let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
         mac.update(DOMAIN);
         mac.update(provisioner_name.as_bytes());
         mac.update(b"\0");
@@ -165,19 +203,28 @@ impl QueueKey {
     /// Set `entry.mac` for the queue of `provisioner_name`.
     pub fn sign(&self, provisioner_name: &str, entry: &mut QueuedPvWrite) {
         entry.mac = None;
-        let tag = self.mac(provisioner_name, entry).finalize().into_bytes();
+        let tag = Self::mac(&self.key, provisioner_name, entry)
+            .finalize()
+            .into_bytes();
         entry.mac = Some(hex::encode(tag));
     }
 
-    /// Check `entry.mac` for the queue of `provisioner_name`, in constant time.
+    /// Check `entry.mac` for the queue of `provisioner_name` against the
+    /// current key, then the previous one; each comparison in constant time.
     ///
     /// Errors: [`AuthError::Unsigned`], [`AuthError::BadMac`].
     pub fn verify(&self, provisioner_name: &str, entry: &QueuedPvWrite) -> Result<(), AuthError> {
         let given = entry.mac.as_deref().ok_or(AuthError::Unsigned)?;
         let given = hex::decode(given).map_err(|_| AuthError::BadMac)?;
-        self.mac(provisioner_name, entry)
-            .verify_slice(&given)
-            .map_err(|_| AuthError::BadMac)
+        std::iter::once(&self.key)
+            .chain(&self.previous)
+            .any(|key| {
+                Self::mac(key, provisioner_name, entry)
+                    .verify_slice(&given)
+                    .is_ok()
+            })
+            .then_some(())
+            .ok_or(AuthError::BadMac)
     }
 }
 
@@ -228,6 +275,41 @@ mod tests {
     }
 
     #[test]
+    fn a_rotation_signs_with_the_current_key_and_accepts_the_previous() {
+        let rotated = key(2).with_previous(key(1));
+        let mut before = entry();
+        key(1).sign("p", &mut before);
+        rotated.verify("p", &before).unwrap();
+        let mut after = entry();
+        rotated.sign("p", &mut after);
+        key(2).verify("p", &after).unwrap();
+        assert_eq!(key(1).verify("p", &after), Err(AuthError::BadMac));
+        let mut stranger = entry();
+        key(3).sign("p", &mut stranger);
+        assert_eq!(rotated.verify("p", &stranger), Err(AuthError::BadMac));
+        assert_eq!(
+            format!("{rotated:?}"),
+            "QueueKey(32 bytes, previous 32 bytes)"
+        );
+
+        // From the flags: the previous key file is optional and may be absent.
+        let dir = tempfile::tempdir().unwrap();
+        let (current, previous) = (dir.path().join("hmac-key"), dir.path().join("prev"));
+        std::fs::write(&current, [2u8; 32]).unwrap();
+        let args = QueueKeyArgs {
+            queue_hmac_key_file: Some(current),
+            queue_hmac_previous_key_file: Some(previous.clone()),
+            insecure_unsigned_queue: false,
+        };
+        let loaded = args.load().unwrap().unwrap();
+        assert_eq!(loaded.verify("p", &before), Err(AuthError::BadMac));
+        std::fs::write(&previous, [1u8; 32]).unwrap();
+        args.load().unwrap().unwrap().verify("p", &before).unwrap();
+        std::fs::write(&previous, b"short").unwrap();
+        assert!(matches!(args.load(), Err(KeyError::TooShort { len: 5 })));
+    }
+
+    #[test]
     fn keys_must_be_long_enough_and_are_not_printed() {
         assert!(matches!(
             QueueKey::from_bytes(b"short\n"),
@@ -244,11 +326,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = QueueKeyArgs {
             queue_hmac_key_file: None,
+            queue_hmac_previous_key_file: None,
             insecure_unsigned_queue: false,
         };
         assert!(matches!(missing.load(), Err(KeyError::Missing)));
         let insecure = QueueKeyArgs {
             queue_hmac_key_file: None,
+            queue_hmac_previous_key_file: None,
             insecure_unsigned_queue: true,
         };
         assert!(insecure.load().unwrap().is_none());
@@ -256,11 +340,13 @@ mod tests {
         std::fs::write(&path, [7u8; 40]).unwrap();
         let args = QueueKeyArgs {
             queue_hmac_key_file: Some(path.clone()),
+            queue_hmac_previous_key_file: None,
             insecure_unsigned_queue: true,
         };
         assert!(args.load().unwrap().is_some());
         let args = QueueKeyArgs {
             queue_hmac_key_file: Some(dir.path().join("nope")),
+            queue_hmac_previous_key_file: None,
             insecure_unsigned_queue: false,
         };
         assert!(matches!(args.load(), Err(KeyError::Read { .. })));
