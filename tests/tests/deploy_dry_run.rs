@@ -22,7 +22,7 @@
 //!
 //! Skipped with one line without the binaries or `kubectl` (a failure when `CI=true`).
 
-use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
+use e2e::realkube::{Assets, RealCluster, RealClusterOptions};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
@@ -166,12 +166,8 @@ fn dry_run(kubeconfig: &Path, dir: &Path) -> DryRun {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_overlay_and_example_is_accepted_by_the_real_server() {
+async fn every_overlay_and_example_is_accepted_by_the_real_server(assets: Assets) {
     let test = "every_overlay_and_example_is_accepted_by_the_real_server";
-    let Some(assets) = assets_or_skip(test) else {
-        return;
-    };
     if !kubectl_or_skip(test) {
         return;
     }
@@ -273,3 +269,5 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
+
+e2e::on_each_version!(every_overlay_and_example_is_accepted_by_the_real_server,);

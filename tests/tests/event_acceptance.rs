@@ -5,7 +5,7 @@
 //! a failure in CI): the real server is the reference the simulator must agree with.
 
 use common::controller::events::{once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
-use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
+use e2e::realkube::{Assets, RealCluster, RealClusterOptions};
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -204,12 +204,7 @@ async fn sim_pv_event_in_default_is_rejected() {
     pv_event_in_default_is_rejected(sim.client().unwrap()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_events_are_accepted_and_rejected_like_the_simulator() {
-    let Some(assets) = assets_or_skip("real_events_are_accepted_and_rejected_like_the_simulator")
-    else {
-        return;
-    };
+async fn real_events_are_accepted_and_rejected_like_the_simulator(assets: Assets) {
     let cluster = RealCluster::start(
         &assets,
         RealClusterOptions {
@@ -223,3 +218,5 @@ async fn real_events_are_accepted_and_rejected_like_the_simulator() {
     pv_event_in_default_is_rejected(cluster.client()).await;
     publish_once_creates_one_named_event(cluster.client()).await;
 }
+
+e2e::on_each_version!(real_events_are_accepted_and_rejected_like_the_simulator,);
