@@ -1,6 +1,6 @@
 //! The deploy manifests against a real API server: `kubectl apply -k <dir> --dry-run=server`
 //! for every overlay in `deploy/overlays`, for `deploy/examples` and for the optional
-//! `deploy/components/servicemonitor`, on a real kube-apiserver v1.19 (the oldest supported
+//! `deploy/components/servicemonitor`, on a real kube-apiserver (v1.19 and v1.37) (the oldest supported
 //! Kubernetes; `KUBEBUILDER_ASSETS`, see `e2e::realkube`). The server runs full admission and
 //! validation on each object without storing it; any rejected object fails the test.
 //!

@@ -1,5 +1,5 @@
 //! The real-control-plane harness itself (`e2e::realkube`): etcd +
-//! kube-apiserver + kube-controller-manager v1.19 started from the binaries in
+//! kube-apiserver + kube-controller-manager (v1.19 and v1.37) started from the binaries in
 //! `KUBEBUILDER_ASSETS` (or `target/realkube/bin`). Each test is skipped with
 //! one line when the binaries are missing, and fails instead under `CI=true`.
 //!

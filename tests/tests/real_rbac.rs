@@ -1,4 +1,4 @@
-//! The real-plane RBAC check itself, on a real kube-apiserver v1.19 with the
+//! The real-plane RBAC check itself, on a real kube-apiserver (v1.19 and v1.37) with the
 //! RBAC rendered from `deploy/base`: a service identity's call that the deploy
 //! does not grant is refused with a 403, and the end-of-run check
 //! (`RealPlane::finish_checks`, run by every real-plane scenario) fails on it

@@ -1,5 +1,5 @@
 //! Behaviour of the real API server the services rely on, pinned on the simulator and on a
-//! real kube-apiserver v1.19 (`KUBEBUILDER_ASSETS`; skipped with one line without it): every
+//! real kube-apiserver (v1.19 and v1.37) (skipped with one line without it): every
 //! object carries `managedFields` naming its writer, and a status update is a write that
 //! bumps `resourceVersion`.
 

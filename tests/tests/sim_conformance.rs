@@ -1,7 +1,7 @@
 //! Conformance of the API-server simulator with kube-apiserver, run on both:
 //! every test is `async fn name(t: ApiPlane)` instantiated by `on_both_servers!`
-//! as `name::sim` (the simulator, every emulation on) and `name::real` (the
-//! test binary's shared real kube-apiserver v1.19 with its controller manager;
+//! as `name::sim` (the simulator, every emulation on) and `name::real_v1_19`, `name::real_v1_37` (the
+//! test binary's shared real kube-apiserver (v1.19 and v1.37) with its controller manager;
 //! skipped with one line without the binaries, a failure under `CI=true`).
 //! The real server is the reference: expected values are what it answers, and
 //! a difference is fixed in the simulator.

@@ -1,6 +1,6 @@
 //! The PV binder the services rely on, pinned on the real
-//! kube-controller-manager v1.19 and on the simulator's emulation of it
-//! (`on_both_servers!`: `name::sim` and `name::real`, the latter on the test
+//! kube-controller-manager (v1.19 and v1.37) and on the simulator's emulation of it
+//! (`on_both_servers!`: `name::sim` and `name::real_v1_19`, `name::real_v1_37`, the latter on the test
 //! binary's shared real cluster): the storage-provisioner annotation on claims
 //! of an external provisioner's class, binding of a volume pre-bound by a
 //! provisioner (`pv.kubernetes.io/bind-completed`,

@@ -1,4 +1,4 @@
-//! Watch conformance, on the simulator and on a real kube-apiserver v1.19
+//! Watch conformance, on the simulator and on a real kube-apiserver (v1.19 and v1.37)
 //! (`on_both_servers!`; the real one is the test binary's shared cluster):
 //! replay from a resourceVersion, `410 Gone` (`Expired`) for a resourceVersion
 //! whose history is gone, bookmarks, server-side timeout, selector
