@@ -99,11 +99,12 @@ impl ApiPlane {
         }
     }
 
-    /// The real server's Kubernetes release (`None` on the simulator).
-    pub fn version(&self) -> Option<KubeVersion> {
+    /// The Kubernetes release the server is (the real one) or follows (the
+    /// simulator, [`SimConfig::kube_version`]).
+    pub fn version(&self) -> KubeVersion {
         match &self.server {
-            Server::Sim(_) => None,
-            Server::Real(r) => Some(r.version),
+            Server::Sim(s) => s.kube_version(),
+            Server::Real(r) => r.version,
         }
     }
 

@@ -57,11 +57,12 @@ impl ControlPlane {
         }
     }
 
-    /// The real plane's Kubernetes release (`None` for the simulator).
-    pub fn version(&self) -> Option<KubeVersion> {
+    /// The Kubernetes release the plane is (real) or follows (the simulator's
+    /// `SimConfig::kube_version`).
+    pub fn version(&self) -> KubeVersion {
         match self {
-            ControlPlane::Sim(_) => None,
-            ControlPlane::Real(a) => Some(a.version),
+            ControlPlane::Sim(c) => c.kube_version,
+            ControlPlane::Real(a) => a.version,
         }
     }
 
@@ -258,9 +259,13 @@ impl Plane {
         }
     }
 
-    /// The Kubernetes release of a started [`RealCluster`] (`None` otherwise).
+    /// The Kubernetes release the plane is or follows (`None` for an external cluster).
     pub fn version(&self) -> Option<KubeVersion> {
-        self.real().map(|r| r.cluster.version())
+        match self {
+            Plane::Sim(s) => Some(s.kube_version()),
+            Plane::Real(r) => Some(r.cluster.version()),
+            Plane::External(_) => None,
+        }
     }
 
     /// Whether this is a real API server (a [`RealCluster`] or an external one).

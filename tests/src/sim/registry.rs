@@ -29,6 +29,8 @@ pub struct AdmissionConfig {
     pub protection_finalizers: bool,
     /// DefaultStorageClass: set `spec.storageClassName` of new claims that have none.
     pub default_storage_class: bool,
+    /// The release whose rules apply where releases differ.
+    pub kube_version: crate::realkube::KubeVersion,
 }
 
 /// Which endpoint a write came through.
@@ -151,6 +153,19 @@ fn strip_for_compare(v: &Value) -> Value {
 }
 
 impl Registry {
+    /// From 1.21 on the server sets label `kubernetes.io/metadata.name` of
+    /// every Namespace to its name (on create and update).
+    fn label_namespace(&self, body: &mut Value, name: &str) {
+        if self.admission.kube_version >= crate::realkube::KubeVersion::V1_37 {
+            let m = meta_mut(body);
+            let labels = m.entry("labels").or_insert_with(|| json!({}));
+            if !labels.is_object() {
+                *labels = json!({});
+            }
+            labels["kubernetes.io/metadata.name"] = json!(name);
+        }
+    }
+
     fn ns_check(&self, ri: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
         if ri.namespaced
             && self.admission.enforce_namespace_exists
@@ -259,6 +274,7 @@ impl Registry {
             resources::PVC => {
                 body["status"] = json!({"phase": "Pending"});
             }
+            resources::NAMESPACE => self.label_namespace(&mut body, &name),
             _ => {}
         }
         // admission
@@ -290,7 +306,12 @@ impl Registry {
         validation::apply_defaults(res, &mut body);
         errs.extend(validation::validate(res, &body, None));
         if super::event_api::twin(res).is_some() {
-            errs.extend(super::event_api::validate_create(res, ns, &body));
+            errs.extend(super::event_api::validate_create(
+                res,
+                ns,
+                &body,
+                self.admission.kube_version,
+            ));
         }
         if !errs.is_empty() {
             return Err(ApiError::invalid(ri, &name, &errs));
@@ -371,6 +392,12 @@ impl Registry {
             }
             m.remove("selfLink");
             m.remove("managedFields");
+        }
+        if res == resources::NAMESPACE {
+            self.label_namespace(&mut new, &name);
+        }
+        {
+            let m = meta_mut(&mut new);
             m.remove("resourceVersion");
         }
         if ri.status_subresource {
