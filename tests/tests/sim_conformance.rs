@@ -19,6 +19,7 @@
 
 use e2e::harness::ApiPlane;
 use e2e::on_both_servers;
+use e2e::realkube::KubeVersion;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -915,4 +916,44 @@ async fn list_selectors_and_pagination(t: ApiPlane) {
         sys.list(&ListParams::default()).await.unwrap().items.len(),
         0
     );
+}
+
+on_both_servers!(namespace_name_label_follows_the_release);
+
+/// From 1.21 on the server labels every Namespace `kubernetes.io/metadata.name: <name>`
+/// (what the deploy's NetworkPolicy could select on), also when an update drops or
+/// changes it; v1.19 adds no such label.
+async fn namespace_name_label_follows_the_release(t: ApiPlane) {
+    const LABEL: &str = "kubernetes.io/metadata.name";
+    let api: Api<Namespace> = Api::all(t.client());
+    let label = |ns: &Namespace| {
+        ns.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL))
+            .cloned()
+    };
+    let current = api.get(t.namespace()).await.unwrap();
+    let name = t.namespace().to_string();
+    let mut changed = current.clone();
+    changed
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(LABEL.into(), "forged".into());
+    changed.metadata.managed_fields = None;
+    let updated = api
+        .replace(&name, &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    match t.version() {
+        KubeVersion::V1_19 => {
+            assert_eq!(label(&current), None, "{current:?}");
+            assert_eq!(label(&updated).as_deref(), Some("forged"));
+        }
+        KubeVersion::V1_37 => {
+            assert_eq!(label(&current), Some(name.clone()), "{current:?}");
+            assert_eq!(label(&updated), Some(name), "{updated:?}");
+        }
+    }
 }
