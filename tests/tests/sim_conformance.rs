@@ -957,3 +957,88 @@ async fn namespace_name_label_follows_the_release(t: ApiPlane) {
         }
     }
 }
+
+on_both_servers!(pv_last_phase_transition_time_follows_the_release);
+
+/// `status.lastPhaseTransitionTime` of a PersistentVolume (GA in 1.31): the server sets it
+/// when the phase changes and keeps it otherwise, so no writer clobbers it (an update of
+/// the main resource cannot touch status; a status write without it keeps it); v1.19 has
+/// no such field.
+async fn pv_last_phase_transition_time_follows_the_release(t: ApiPlane) {
+    let api: Api<PersistentVolume> = Api::all(t.client());
+    let name = t.name("lptt");
+    api.create(&PostParams::default(), &pv(&name))
+        .await
+        .unwrap();
+    let time = |pv: &PersistentVolume| {
+        pv.status
+            .as_ref()
+            .and_then(|s| s.last_phase_transition_time.clone())
+    };
+    // the controller manager makes the unbound volume Available
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let available = loop {
+        let pv = api.get(&name).await.unwrap();
+        if pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available") {
+            break pv;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not Available: {pv:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let t1 = time(&available);
+    assert_eq!(
+        t1.is_some(),
+        t.version() >= KubeVersion::V1_37,
+        "{available:?}"
+    );
+
+    // a main-resource update that drops status, and a status write without the time
+    let mut main = available.clone();
+    main.metadata.managed_fields = None;
+    main.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("touched".into(), "yes".into());
+    main.status = None;
+    let after_main = api
+        .replace(&name, &PostParams::default(), &main)
+        .await
+        .unwrap();
+    assert_eq!(time(&after_main), t1);
+    let mut same_phase = after_main.clone();
+    same_phase.metadata.managed_fields = None;
+    same_phase
+        .status
+        .as_mut()
+        .unwrap()
+        .last_phase_transition_time = None;
+    same_phase.status.as_mut().unwrap().message = Some("kept".into());
+    let after_status = api
+        .replace_status(&name, &PostParams::default(), &same_phase)
+        .await
+        .unwrap();
+    assert_eq!(time(&after_status), t1);
+
+    // a phase change sent with the old time gets a new one
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let mut failed = after_status.clone();
+    failed.metadata.managed_fields = None;
+    failed.status.as_mut().unwrap().phase = Some("Failed".into());
+    let after_change = api
+        .replace_status(&name, &PostParams::default(), &failed)
+        .await
+        .unwrap();
+    match t.version() {
+        KubeVersion::V1_19 => assert_eq!(time(&after_change), None),
+        KubeVersion::V1_37 => {
+            let t2 = time(&after_change).expect("a new transition time");
+            assert!(
+                Some(&t2) != t1.as_ref() && t2.0 > t1.unwrap().0,
+                "{after_change:?}"
+            );
+        }
+    }
+}

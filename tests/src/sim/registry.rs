@@ -166,6 +166,40 @@ impl Registry {
         }
     }
 
+    /// The PV status strategy's `lastPhaseTransitionTime` (1.28+): kept when the phase
+    /// stays and the writer sent none, set to now when the phase changes and the writer
+    /// sent none or the old one; v1.19 has no such field (dropped).
+    fn pv_phase_transition_time(&self, old: &Value, new: &mut Value) {
+        let Some(status) = new.get_mut("status").and_then(|s| s.as_object_mut()) else {
+            return;
+        };
+        if self.admission.kube_version < crate::realkube::KubeVersion::V1_37 {
+            status.remove("lastPhaseTransitionTime");
+            return;
+        }
+        let old_status = &old["status"];
+        let sent = status
+            .get("lastPhaseTransitionTime")
+            .filter(|v| !v.is_null())
+            .cloned();
+        let same_phase = status.get("phase") == old_status.get("phase");
+        match sent {
+            None if same_phase => match old_status.get("lastPhaseTransitionTime") {
+                Some(t) if !t.is_null() => {
+                    status.insert("lastPhaseTransitionTime".into(), t.clone());
+                }
+                _ => {}
+            },
+            sent if !same_phase
+                && (sent.is_none()
+                    || sent.as_ref() == old_status.get("lastPhaseTransitionTime")) =>
+            {
+                status.insert("lastPhaseTransitionTime".into(), json!(now_rfc3339()));
+            }
+            _ => {}
+        }
+    }
+
     fn ns_check(&self, ri: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
         if ri.namespaced
             && self.admission.enforce_namespace_exists
@@ -269,7 +303,10 @@ impl Registry {
         // strategy PrepareForCreate
         match res {
             resources::PV => {
-                body["status"] = json!({"phase": "Pending", "lastPhaseTransitionTime": now});
+                body["status"] = json!({"phase": "Pending"});
+                if self.admission.kube_version >= crate::realkube::KubeVersion::V1_37 {
+                    body["status"]["lastPhaseTransitionTime"] = json!(now);
+                }
             }
             resources::PVC => {
                 body["status"] = json!({"phase": "Pending"});
@@ -422,6 +459,9 @@ impl Registry {
                     }
                 }
             }
+        }
+        if res == resources::PV && sub == Sub::Status {
+            self.pv_phase_transition_time(old_v, &mut new);
         }
         // finalizers may not be added while deleting
         let deleting = meta(old_v).contains_key("deletionTimestamp");
