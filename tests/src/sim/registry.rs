@@ -200,6 +200,35 @@ impl Registry {
         }
     }
 
+    /// From 1.26 (RetroactiveDefaultStorageClass) a claim's `spec.storageClassName` may
+    /// be set once when it was unset (nil, without the beta class annotation); then the
+    /// old object to validate against carries the new class.
+    fn storage_class_upgrade_from_nil(
+        &self,
+        res: usize,
+        old: &Value,
+        new: &Value,
+    ) -> Option<Value> {
+        if res != resources::PVC
+            || self.admission.kube_version < crate::realkube::KubeVersion::V1_37
+        {
+            return None;
+        }
+        let old_class = old["spec"].get("storageClassName").filter(|v| !v.is_null());
+        let new_class = new["spec"]
+            .get("storageClassName")
+            .filter(|v| !v.is_null())?;
+        let annotated = old["metadata"]["annotations"]
+            .get("volume.beta.kubernetes.io/storage-class")
+            .is_some();
+        if old_class.is_some() || annotated {
+            return None;
+        }
+        let mut adjusted = old.clone();
+        adjusted["spec"]["storageClassName"] = new_class.clone();
+        Some(adjusted)
+    }
+
     fn ns_check(&self, ri: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
         if ri.namespaced
             && self.admission.enforce_namespace_exists
@@ -488,7 +517,12 @@ impl Registry {
             }
         }
         validation::apply_defaults(res, &mut new);
-        let errs = validation::validate(res, &new, Some(old_v));
+        let old_for_validation = self.storage_class_upgrade_from_nil(res, old_v, &new);
+        let errs = validation::validate(
+            res,
+            &new,
+            Some(old_for_validation.as_ref().unwrap_or(old_v)),
+        );
         if !errs.is_empty() {
             return Err(ApiError::invalid(ri, &name, &errs));
         }
