@@ -1,8 +1,9 @@
 //! End-to-end: what newer Kubernetes releases allow on claims, with the three services, on
 //! the simulator (following v1.37) and the real v1.19 and v1.37 control planes: a
 //! `ReadWriteOncePod` claim is provisioned with that access mode, and a claim whose
-//! `storageClassName` is set after creation (1.26+) is provisioned on that update; v1.19
-//! refuses both, which each scenario pins.
+//! `storageClassName` is set after creation (1.26+) is provisioned on that update (v1.19
+//! refuses both); a claim naming a VolumeAttributesClass (1.34+, for CSI drivers) gets a
+//! Warning and no volume (v1.19 drops the field). Each difference is pinned.
 
 use std::time::Duration;
 
@@ -107,7 +108,48 @@ async fn storage_class_set_after_creation_is_provisioned_on_the_update(plane: Co
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }
 
+async fn a_volume_attributes_class_gets_a_warning_and_no_volume(plane: ControlPlane) {
+    let (sys, version) = system(plane).await;
+    sys.create_storage_class("hostpath", "Immediate", &[])
+        .await
+        .unwrap();
+    let mut claim = sys.claim_manifest("gold", "hostpath", &[]);
+    claim.spec.as_mut().unwrap().volume_attributes_class_name = Some("gold".into());
+    let created = sys
+        .claims_api()
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+    if version == KubeVersion::V1_19 {
+        // v1.19 does not know the field and drops it: an ordinary claim.
+        assert_eq!(created.spec.unwrap().volume_attributes_class_name, None);
+        check(&sys, sys.wait_provisioned(1, Duration::from_secs(30)).await);
+        return;
+    }
+    check(
+        &sys,
+        sys.wait_objects_with_event("ProvisioningFailed", 1, Duration::from_secs(30))
+            .await,
+    );
+    let events = sys.event_values().await.unwrap();
+    let warning = events
+        .iter()
+        .find(|e| e["reason"] == "ProvisioningFailed")
+        .unwrap();
+    assert_eq!(warning["type"], "Warning", "{warning}");
+    assert!(
+        warning["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("VolumeAttributesClass \"gold\""),
+        "{warning}"
+    );
+    assert_eq!(sys.pvs().await.unwrap().len(), 0);
+    assert_eq!(sys.dir_count(), 0);
+}
+
 on_both_planes!(
     read_write_once_pod_claims_are_provisioned,
     storage_class_set_after_creation_is_provisioned_on_the_update,
+    a_volume_attributes_class_gets_a_warning_and_no_volume,
 );
