@@ -41,7 +41,7 @@ flock 9
 if [ -f "$out/.complete" ]; then
   echo "realkube build: reusing $out" >&2
 else
-  export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS=-mod=readonly
+  export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS="-mod=readonly -buildvcs=false"
   export CGO_ENABLED=0 GOTOOLCHAIN=local
   minor=${version#v1.}; minor=${minor%%.*}
   ldflags="-s -w"
