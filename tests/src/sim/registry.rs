@@ -229,6 +229,42 @@ impl Registry {
         Some(adjusted)
     }
 
+    /// Field errors as the release words them: v1.19 prints Go values
+    /// (`core.ResourceList(nil)`) and forbids StorageClass updates field by field
+    /// ("updates to X are forbidden."); v1.37 prints JSON (`null`, `{}`) and its
+    /// declarative validation says `Invalid value: null: field is immutable`, in the
+    /// fields' declaration order.
+    fn rendered(&self, errs: Vec<FieldError>) -> Vec<FieldError> {
+        if self.admission.kube_version < crate::realkube::KubeVersion::V1_37 {
+            return errs;
+        }
+        const DECLARED: [&str; 4] = [
+            "provisioner",
+            "parameters",
+            "reclaimPolicy",
+            "volumeBindingMode",
+        ];
+        let (mut immutable, mut out): (Vec<FieldError>, Vec<FieldError>) =
+            errs.into_iter().partition(|e| {
+                DECLARED.contains(&e.field.as_str())
+                    && e.detail == format!("updates to {} are forbidden.", e.field)
+            });
+        immutable.sort_by_key(|e| DECLARED.iter().position(|f| *f == e.field));
+        for e in out.iter_mut() {
+            match e.value.as_deref() {
+                Some("core.ResourceList(nil)") => e.value = Some("null".into()),
+                Some("core.ResourceList{}") => e.value = Some("{}".into()),
+                _ => {}
+            }
+        }
+        out.extend(immutable.into_iter().map(|e| {
+            let mut i = FieldError::invalid(&e.field, "", "field is immutable");
+            i.value = Some("null".into());
+            i
+        }));
+        out
+    }
+
     fn ns_check(&self, ri: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
         if ri.namespaced
             && self.admission.enforce_namespace_exists
@@ -370,7 +406,7 @@ impl Registry {
             }
         }
         validation::apply_defaults(res, &mut body);
-        errs.extend(validation::validate(res, &body, None));
+        errs.extend(self.rendered(validation::validate(res, &body, None)));
         if super::event_api::twin(res).is_some() {
             errs.extend(super::event_api::validate_create(
                 res,
@@ -518,11 +554,11 @@ impl Registry {
         }
         validation::apply_defaults(res, &mut new);
         let old_for_validation = self.storage_class_upgrade_from_nil(res, old_v, &new);
-        let errs = validation::validate(
+        let errs = self.rendered(validation::validate(
             res,
             &new,
             Some(old_for_validation.as_ref().unwrap_or(old_v)),
-        );
+        ));
         if !errs.is_empty() {
             return Err(ApiError::invalid(ri, &name, &errs));
         }
