@@ -1,7 +1,7 @@
 //! The deploy manifests against a real API server: `kubectl apply -k <dir> --dry-run=server`
 //! for every overlay in `deploy/overlays`, for `deploy/examples` and for the optional
-//! `deploy/components/servicemonitor`, on a real kube-apiserver (v1.19 and v1.37) (the oldest supported
-//! Kubernetes; `KUBEBUILDER_ASSETS`, see `e2e::realkube`). The server runs full admission and
+//! `deploy/components/servicemonitor`, on real kube-apiservers v1.19 (the oldest supported
+//! Kubernetes) and v1.37 (see `e2e::realkube`). The server runs full admission and
 //! validation on each object without storing it; any rejected object fails the test.
 //!
 //! * The namespaces a rendering declares are created for real first: a server dry run of a

@@ -1,9 +1,9 @@
 //! The real-control-plane harness itself (`e2e::realkube`): etcd +
-//! kube-apiserver + kube-controller-manager (v1.19 and v1.37) started from the binaries in
-//! `KUBEBUILDER_ASSETS` (or `target/realkube/bin`). Each test is skipped with
-//! one line when the binaries are missing, and fails instead under `CI=true`.
+//! kube-apiserver + kube-controller-manager of each release (v1.19.2, v1.37.2 with
+//! kube-scheduler) started from the binaries `Assets::locate` finds. Each test is
+//! skipped with one line when the binaries are missing, and fails instead under `CI=true`.
 //!
-//! Run: `KUBEBUILDER_ASSETS=/work/realkube-assets cargo test -p e2e --test real_control_plane`.
+//! Run: `cargo test -p e2e --test real_control_plane` (`-- v1_37` for one release).
 
 use std::time::Duration;
 

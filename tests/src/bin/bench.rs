@@ -1,7 +1,7 @@
 //! Benchmark (not a test): the three release service binaries against a
 //! control plane — the in-process API-server simulator (`--control-plane
-//! sim`, default), a real kube-apiserver + kube-controller-manager v1.19
-//! started from `KUBEBUILDER_ASSETS` (`--control-plane real`, each service as
+//! sim`, default), a real kube-apiserver + kube-controller-manager of
+//! `--kube-version` (default 1.19; `--control-plane real`, each service as
 //! its own ServiceAccount under the deploy's RBAC), or an existing cluster
 //! (`--kubeconfig`) — and a private `redis-server`. Prints, in one run:
 //!

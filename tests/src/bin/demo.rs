@@ -7,8 +7,8 @@
 //! `cargo run --release -p e2e --bin demo [-- --claims N] [-- --control-plane real]
 //! [-- --kubeconfig PATH] [-- --backend nfs-subdir]`.
 //! With `--control-plane real` it starts a real kube-apiserver +
-//! kube-controller-manager (v1.19, found through `KUBEBUILDER_ASSETS` or the
-//! folder `.ci/run` fills) and runs each service as its own ServiceAccount
+//! kube-controller-manager (`--kube-version`, default 1.37; found by
+//! `e2e::realkube::Assets::locate`) and runs each service as its own ServiceAccount
 //! under the RBAC rendered from `deploy/base`, then reports any refused call
 //! and checks the audit log against each service's declared API calls.
 //! With `--kubeconfig` the services run against that existing cluster instead
