@@ -1,7 +1,7 @@
 //! The deploy manifests against a real API server: `kubectl apply -k <dir> --dry-run=server`
 //! for every overlay in `deploy/overlays`, for `deploy/examples` and for the optional
-//! `deploy/components/servicemonitor`, on a real kube-apiserver v1.19 (the oldest supported
-//! Kubernetes; `KUBEBUILDER_ASSETS`, see `e2e::realkube`). The server runs full admission and
+//! `deploy/components/servicemonitor`, on real kube-apiservers v1.19 (the oldest supported
+//! Kubernetes) and v1.37 (see `e2e::realkube`). The server runs full admission and
 //! validation on each object without storing it; any rejected object fails the test.
 //!
 //! * The namespaces a rendering declares are created for real first: a server dry run of a
@@ -27,8 +27,8 @@
 //!
 //! Skipped with one line without the binaries or `kubectl` (a failure when `CI=true`).
 
-use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
-use k8s_openapi::api::core::v1::Namespace;
+use e2e::realkube::{Assets, KubeVersion, RealCluster, RealClusterOptions};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
@@ -171,12 +171,8 @@ fn dry_run(kubeconfig: &Path, dir: &Path) -> DryRun {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_overlay_and_example_is_accepted_by_the_real_server() {
+async fn every_overlay_and_example_is_accepted_by_the_real_server(assets: Assets) {
     let test = "every_overlay_and_example_is_accepted_by_the_real_server";
-    let Some(assets) = assets_or_skip(test) else {
-        return;
-    };
     if !kubectl_or_skip(test) {
         return;
     }
@@ -395,14 +391,10 @@ async fn missing_references(
 /// server: it succeeds, leaves the namespaces, the same Secrets in both namespaces, the
 /// workloads and their PodDisruptionBudgets, and everything a pod template names exists
 /// (no node here: nothing runs). A second run fails without touching the Secrets.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_production_install_in_the_deploy_readme_runs_on_the_real_server() {
+async fn the_production_install_in_the_deploy_readme_runs_on_the_real_server(assets: Assets) {
     use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
     use k8s_openapi::api::core::v1::Secret;
     let test = "the_production_install_in_the_deploy_readme_runs_on_the_real_server";
-    let Some(assets) = assets_or_skip(test) else {
-        return;
-    };
     if !kubectl_or_skip(test) {
         return;
     }
@@ -471,14 +463,14 @@ async fn the_production_install_in_the_deploy_readme_runs_on_the_real_server() {
             .get(name)
             .await
             .unwrap_or_else(|e| panic!("Deployment {ns}/{name}: {e}"));
-        let pod = d.spec.unwrap().template.spec.unwrap();
+        let pod = d.spec.template.spec.unwrap();
         missing.extend(missing_references(&client, ns, name, &pod).await);
     }
     let redis = Api::<StatefulSet>::namespaced(client.clone(), "split-provisioner")
         .get("redis")
         .await
         .unwrap();
-    let pod = redis.spec.unwrap().template.spec.unwrap();
+    let pod = redis.spec.template.spec.unwrap();
     missing.extend(missing_references(&client, "split-provisioner", "redis", &pod).await);
     assert!(missing.is_empty(), "{}", missing.join("\n"));
     let pdbs = Command::new("kubectl")
@@ -513,3 +505,127 @@ async fn the_production_install_in_the_deploy_readme_runs_on_the_real_server() {
         secret("split-provisioner-volumes", "split-provisioner-redis-users").await
     );
 }
+/// A Pod from `workload`'s pod template (a Deployment or StatefulSet as rendered), named
+/// `<workload>-probe`; a StatefulSet's volumeClaimTemplates become claim volumes.
+fn pod_of(workload: &Value) -> Pod {
+    let mut spec = workload["spec"]["template"]["spec"].clone();
+    for t in workload["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let name = t["metadata"]["name"].clone();
+        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        let mut volumes = volumes;
+        volumes.push(json!({"name": name, "persistentVolumeClaim": {"claimName": name}}));
+        spec["volumes"] = json!(volumes);
+    }
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{}-probe", workload["metadata"]["name"].as_str().unwrap()),
+            "namespace": workload["metadata"]["namespace"],
+        },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Pod Security admission on the deploy's two namespaces: every workload's pod (server dry
+/// run of a Pod from its template) is admitted in its namespace on both versions, and a
+/// privileged Pod in the `restricted` namespace is refused from 1.25 on (v1.37: enforced;
+/// v1.19 has no Pod Security admission and admits it, which is why `deploy_manifests`
+/// also checks the standards statically).
+async fn pod_security_admits_the_deploys_pods_and_refuses_a_privileged_one(assets: Assets) {
+    let test = "pod_security_admits_the_deploys_pods_and_refuses_a_privileged_one";
+    if !kubectl_or_skip(test) {
+        return;
+    }
+    let cluster = RealCluster::start(&assets, RealClusterOptions::default())
+        .await
+        .unwrap();
+    let client = cluster.client();
+    let objects = render(&repo_root().join("deploy/base"));
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut restricted = Vec::new();
+    for ns in objects.iter().filter(|o| o["kind"] == "Namespace") {
+        let ns: Namespace = serde_json::from_value(ns.clone()).unwrap();
+        let level =
+            ns.metadata.labels.as_ref().unwrap()["pod-security.kubernetes.io/enforce"].clone();
+        if level == "restricted" {
+            restricted.push(ns.metadata.name.clone().unwrap());
+        }
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        restricted.len(),
+        1,
+        "one restricted namespace: {restricted:?}"
+    );
+    // The ServiceAccounts (with a token on v1.19, whose admission wants one).
+    for sa in objects.iter().filter(|o| o["kind"] == "ServiceAccount") {
+        cluster
+            .service_account_kubeconfig(
+                sa["metadata"]["namespace"].as_str().unwrap(),
+                sa["metadata"]["name"].as_str().unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut admitted = Vec::new();
+    for w in objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "StatefulSet")
+    {
+        let pod = pod_of(w);
+        let ns = pod.metadata.namespace.clone().unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        match pods.create(&dry_run, &pod).await {
+            Ok(_) => admitted.push(format!("{ns}/{}", w["metadata"]["name"].as_str().unwrap())),
+            Err(e) => panic!("{ns}: the pod of {} is refused: {e}", w["metadata"]["name"]),
+        }
+    }
+    assert_eq!(admitted.len(), 4, "{admitted:?}");
+
+    let privileged: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "privileged-probe"},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+                                 "securityContext": {"privileged": true}}]},
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, &restricted[0]);
+    let answer = pods.create(&dry_run, &privileged).await;
+    match assets.version {
+        KubeVersion::V1_19 => {
+            answer.expect("v1.19 has no Pod Security admission");
+        }
+        KubeVersion::V1_37 => {
+            let Err(kube::Error::Api(status)) = answer else {
+                panic!(
+                    "a privileged pod is admitted in {}: {answer:?}",
+                    restricted[0]
+                )
+            };
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("violates PodSecurity \"restricted:latest\"")
+                    && status.message.contains("privileged"),
+                "{status:?}"
+            );
+        }
+    }
+}
+
+e2e::on_each_version!(
+    every_overlay_and_example_is_accepted_by_the_real_server,
+    the_production_install_in_the_deploy_readme_runs_on_the_real_server,
+    pod_security_admits_the_deploys_pods_and_refuses_a_privileged_one,
+);

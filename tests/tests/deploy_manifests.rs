@@ -754,7 +754,7 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
             None,
         );
     };
-    let dspec = dep.spec.expect("Deployment spec");
+    let dspec = dep.spec;
     let pod_labels = dspec
         .template
         .metadata
@@ -1052,7 +1052,7 @@ fn check_redis(r: &Rendered, consumers: &[(String, String)]) -> Vec<String> {
         }
         Some((sts_object, sts)) => {
             let ns = sts_object.namespace.clone().unwrap_or_default();
-            let spec = sts.spec.expect("StatefulSet spec");
+            let spec = sts.spec;
             let pod = spec.template.spec.expect("pod spec");
             let c = &pod.containers[0];
             let line = c
@@ -1149,7 +1149,7 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
         let (p, parsed) = check_deployment(r, &spec);
         problems.extend(p);
         let dep: Deployment = r.find("Deployment", spec.name).expect("checked above");
-        let dspec = dep.spec.unwrap();
+        let dspec = dep.spec;
         if dspec.replicas != Some(replicas) {
             problems.push(format!(
                 "{}: replicas {:?}, expected {replicas}",
@@ -1208,7 +1208,7 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
     // provision-svc and reclaim-svc work on the same base dir: same nodes.
     let node_selector = |name: &str| {
         r.find::<Deployment>("Deployment", name)
-            .and_then(|d| d.spec)
+            .map(|d| d.spec)
             .and_then(|s| s.template.spec)
             .and_then(|p| p.node_selector)
     };
@@ -1514,7 +1514,7 @@ fn check_pod_security(r: &Rendered) -> Vec<String> {
     let mut problems = Vec::new();
     let mut workloads: Vec<(String, String, PodSpec, BTreeMap<String, String>)> = Vec::new();
     for (o, d) in r.all::<Deployment>("Deployment") {
-        let t = d.spec.unwrap().template;
+        let t = d.spec.template;
         let ann = t.metadata.and_then(|m| m.annotations).unwrap_or_default();
         workloads.push((
             o.name,
@@ -1524,7 +1524,7 @@ fn check_pod_security(r: &Rendered) -> Vec<String> {
         ));
     }
     for (o, s) in r.all::<StatefulSet>("StatefulSet") {
-        let t = s.spec.unwrap().template;
+        let t = s.spec.template;
         let ann = t.metadata.and_then(|m| m.annotations).unwrap_or_default();
         workloads.push((
             o.name,
@@ -1572,7 +1572,7 @@ fn check_add_finalizer(r: &Rendered) -> Vec<String> {
             continue;
         };
         let ns = o.namespace.clone().unwrap_or_default();
-        let c = d.spec.unwrap().template.spec.unwrap().containers[0].clone();
+        let c = d.spec.template.spec.unwrap().containers[0].clone();
         if c.args
             .iter()
             .flatten()
@@ -1824,9 +1824,7 @@ fn dev_overlay_is_single_node_with_the_example_class() {
     for s in services() {
         let d: Deployment = r.find("Deployment", s.name).unwrap();
         assert_eq!(
-            d.spec.unwrap().template.spec.unwrap().containers[0]
-                .image
-                .as_deref(),
+            d.spec.template.spec.unwrap().containers[0].image.as_deref(),
             Some("split-provisioner:dev")
         );
     }
@@ -1846,7 +1844,6 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
         let d: Deployment = r.find("Deployment", name).unwrap();
         let sel = d
             .spec
-            .unwrap()
             .template
             .spec
             .unwrap()
@@ -1875,7 +1872,7 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
             BTreeMap::from([("app.kubernetes.io/name".to_string(), s.name.to_string())])
         );
         let d: Deployment = r.find("Deployment", s.name).unwrap();
-        let pod = d.spec.unwrap().template.spec.unwrap();
+        let pod = d.spec.template.spec.unwrap();
         let terms = pod
             .affinity
             .and_then(|a| a.pod_anti_affinity)
@@ -1955,7 +1952,7 @@ fn base_dir_everywhere(r: &Rendered, text: &str, dir: &str) -> Vec<String> {
             continue;
         }
         let d: Deployment = r.find("Deployment", spec.name).unwrap();
-        let pod = d.spec.unwrap().template.spec.unwrap();
+        let pod = d.spec.template.spec.unwrap();
         let host = pod
             .volumes
             .iter()

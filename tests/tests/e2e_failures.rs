@@ -5,7 +5,7 @@
 //! claim is lost, no volume is provisioned twice, nothing leaks.
 //!
 //! Each scenario runs on the simulator (`<scenario>::sim`) and on a real
-//! kube-apiserver + kube-controller-manager v1.19 (`<scenario>::real`, each
+//! kube-apiserver + kube-controller-manager (v1.19 and v1.37) (`<scenario>::real_v1_19`, `::real_v1_37`, each
 //! service under its own ServiceAccount and the deploy's RBAC). What only the
 //! simulator can do stays simulator-only and is marked: added request latency
 //! (keeps a batch in flight longer; on the real server the kills may land

@@ -4,7 +4,7 @@
 //! the selected node does not exist, bad StorageClass parameters, and a claim
 //! deleted while its volume is being provisioned. Every wait is bounded.
 //!
-//! Each scenario runs twice (`<scenario>::sim`, `<scenario>::real`): on the
+//! Each scenario runs on every plane (`<scenario>::sim`, `<scenario>::real_v1_19`, `::real_v1_37`): on the
 //! API-server simulator and on a real kube-apiserver + kube-controller-manager
 //! v1.19 where each service runs as its own ServiceAccount under the RBAC
 //! rendered from `deploy/base` (the real variant is skipped with one line

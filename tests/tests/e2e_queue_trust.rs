@@ -12,7 +12,7 @@
 //!   its PV once and exactly one `ProvisioningSucceeded` (the Event is named
 //!   after the claim uid and reason, so a repeated announcement is refused).
 //!
-//! Each scenario runs twice (`<scenario>::sim`, `<scenario>::real`): on the
+//! Each scenario runs on every plane (`<scenario>::sim`, `<scenario>::real_v1_19`, `::real_v1_37`): on the
 //! API-server simulator and on a real kube-apiserver + kube-controller-manager
 //! v1.19 with the deploy's RBAC (skipped with one line without the binaries,
 //! a failure under `CI=true`: see `e2e::realkube::assets_or_skip`).

@@ -1,11 +1,11 @@
 //! Every Event the services publish (through `common::controller::events::EventSink`), about claims and
 //! about PersistentVolumes, is accepted by the API server; and core/v1 and events.k8s.io/v1
 //! Events are one resource seen through two APIs. Each scenario runs on the simulator and
-//! on a real kube-apiserver v1.19 (`KUBEBUILDER_ASSETS`; skipped with one line without it,
+//! on a real kube-apiserver (v1.19 and v1.37) (skipped with one line without it,
 //! a failure in CI): the real server is the reference the simulator must agree with.
 
 use common::controller::events::{once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
-use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
+use e2e::realkube::{Assets, KubeVersion, RealCluster, RealClusterOptions};
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -162,8 +162,8 @@ async fn publish_once_creates_one_named_event(client: Client) {
 }
 
 /// What kube-runtime's Recorder does for a cluster-scoped object (an events.k8s.io/v1 Event
-/// in `default`) is rejected by v1.19 with exactly this error.
-async fn pv_event_in_default_is_rejected(client: Client) {
+/// in `default`) is rejected by v1.19 with exactly this error, and accepted from 1.23 on.
+async fn pv_event_in_default(client: Client, version: KubeVersion) {
     let api: Api<K8sEvent> = Api::namespaced(client, "default");
     let ev: K8sEvent = serde_json::from_value(json!({
         "metadata": {"name": "pv.rejected", "namespace": "default"},
@@ -173,6 +173,11 @@ async fn pv_event_in_default_is_rejected(client: Client) {
         "regarding": serde_json::to_value(pv_ref()).unwrap(),
     }))
     .unwrap();
+    if version >= KubeVersion::V1_37 {
+        let created = api.create(&PostParams::default(), &ev).await.unwrap();
+        assert_eq!(created.metadata.namespace.as_deref(), Some("default"));
+        return;
+    }
     let err = api.create(&PostParams::default(), &ev).await.unwrap_err();
     let kube::Error::Api(status) = err else {
         panic!("expected an API error, got {err:?}")
@@ -199,17 +204,19 @@ async fn sim_publish_once_creates_one_named_event() {
 }
 
 #[tokio::test]
-async fn sim_pv_event_in_default_is_rejected() {
-    let sim = Simulator::start(SimConfig::default()).await.unwrap();
-    pv_event_in_default_is_rejected(sim.client().unwrap()).await;
+async fn sim_pv_event_in_default_is_rejected_as_on_1_19_and_accepted_as_on_1_37() {
+    for version in KubeVersion::ALL {
+        let sim = Simulator::start(SimConfig {
+            kube_version: version,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        pv_event_in_default(sim.client().unwrap(), version).await;
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_events_are_accepted_and_rejected_like_the_simulator() {
-    let Some(assets) = assets_or_skip("real_events_are_accepted_and_rejected_like_the_simulator")
-    else {
-        return;
-    };
+async fn real_events_are_accepted_and_rejected_like_the_simulator(assets: Assets) {
     let cluster = RealCluster::start(
         &assets,
         RealClusterOptions {
@@ -220,6 +227,8 @@ async fn real_events_are_accepted_and_rejected_like_the_simulator() {
     .await
     .unwrap();
     sink_events_are_accepted_and_seen_once_through_each_api(cluster.client()).await;
-    pv_event_in_default_is_rejected(cluster.client()).await;
+    pv_event_in_default(cluster.client(), assets.version).await;
     publish_once_creates_one_named_event(cluster.client()).await;
 }
+
+e2e::on_each_version!(real_events_are_accepted_and_rejected_like_the_simulator,);

@@ -2,8 +2,8 @@
 //! `redis-server`: SIGKILL mid-drain loses nothing and writes nothing twice;
 //! a take whose reply was lost to a Redis restart is written at once, not
 //! after the visibility timeout.
-//! Runs on the simulator (`…::sim`) and on a real kube-apiserver v1.19
-//! (`…::real`, pv-writer as its own ServiceAccount under the deploy's RBAC).
+//! Runs on the simulator (`…::sim`) and on a real kube-apiserver (v1.19 and v1.37)
+//! (`…::real_v1_19`, `…::real_v1_37`, pv-writer as its own ServiceAccount under the deploy's RBAC).
 //! (The drain-rate benchmark is a program: `cargo run --release -p e2e --bin pv-writer-bench`.)
 
 use std::time::Duration;

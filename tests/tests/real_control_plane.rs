@@ -1,14 +1,14 @@
 //! The real-control-plane harness itself (`e2e::realkube`): etcd +
-//! kube-apiserver + kube-controller-manager v1.19 started from the binaries in
-//! `KUBEBUILDER_ASSETS` (or `target/realkube/bin`). Each test is skipped with
-//! one line when the binaries are missing, and fails instead under `CI=true`.
+//! kube-apiserver + kube-controller-manager of each release (v1.19.2, v1.37.2 with
+//! kube-scheduler) started from the binaries `Assets::locate` finds. Each test is
+//! skipped with one line when the binaries are missing, and fails instead under `CI=true`.
 //!
-//! Run: `KUBEBUILDER_ASSETS=/work/realkube-assets cargo test -p e2e --test real_control_plane`.
+//! Run: `cargo test -p e2e --test real_control_plane` (`-- v1_37` for one release).
 
 use std::time::Duration;
 
 use e2e::harness::wait_for;
-use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
+use e2e::realkube::{Assets, RealCluster, RealClusterOptions};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, Node, PersistentVolume, PersistentVolumeClaim,
 };
@@ -40,11 +40,7 @@ fn status_code(e: &kube::Error) -> Option<u16> {
 
 /// Two clusters at once, on different ports, each serving its admin client;
 /// a Node can be created (there is no kubelet) and is seen only in its own cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clusters_start_and_serve_the_admin_client() {
-    let Some(assets) = assets_or_skip("two_clusters_start_and_serve_the_admin_client") else {
-        return;
-    };
+async fn two_clusters_start_and_serve_the_admin_client(assets: Assets) {
     let started = std::time::Instant::now();
     let (a, b) = tokio::join!(
         RealCluster::start(&assets, RealClusterOptions::default()),
@@ -119,11 +115,7 @@ async fn two_clusters_start_and_serve_the_admin_client() {
 
 /// A fresh ServiceAccount is refused (403) until a ClusterRole and binding
 /// grant it, and the audit log records its requests with verb, resource and code.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rbac_is_enforced_and_audited_per_identity() {
-    let Some(assets) = assets_or_skip("rbac_is_enforced_and_audited_per_identity") else {
-        return;
-    };
+async fn rbac_is_enforced_and_audited_per_identity(assets: Assets) {
     let cluster = RealCluster::start(&assets, RealClusterOptions::default())
         .await
         .unwrap();
@@ -220,11 +212,7 @@ async fn rbac_is_enforced_and_audited_per_identity() {
 /// `stop_apiserver` is a real outage (connection errors, not HTTP errors);
 /// after `start_apiserver` the same URL serves again, objects are still there
 /// and the controller manager still works.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn apiserver_outage_and_restart_keep_objects() {
-    let Some(assets) = assets_or_skip("apiserver_outage_and_restart_keep_objects") else {
-        return;
-    };
+async fn apiserver_outage_and_restart_keep_objects(assets: Assets) {
     let mut cluster = RealCluster::start(&assets, RealClusterOptions::default())
         .await
         .unwrap();
@@ -265,12 +253,7 @@ async fn apiserver_outage_and_restart_keep_objects() {
 
 /// The controller manager's PV binder runs: a claim of a class with an external
 /// provisioner gets `volume.beta.kubernetes.io/storage-provisioner`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pv_binder_annotates_claims_for_external_provisioners() {
-    let Some(assets) = assets_or_skip("pv_binder_annotates_claims_for_external_provisioners")
-    else {
-        return;
-    };
+async fn pv_binder_annotates_claims_for_external_provisioners(assets: Assets) {
     let started = std::time::Instant::now();
     let cluster = RealCluster::start(&assets, RealClusterOptions::default())
         .await
@@ -321,3 +304,10 @@ async fn pv_binder_annotates_claims_for_external_provisioners() {
         .iter()
         .any(|f| f == "kubernetes.io/pvc-protection"));
 }
+
+e2e::on_each_version!(
+    two_clusters_start_and_serve_the_admin_client,
+    rbac_is_enforced_and_audited_per_identity,
+    apiserver_outage_and_restart_keep_objects,
+    pv_binder_annotates_claims_for_external_provisioners,
+);

@@ -1,4 +1,4 @@
-//! The real-plane RBAC check itself, on a real kube-apiserver v1.19 with the
+//! The real-plane RBAC check itself, on a real kube-apiserver (v1.19 and v1.37) with the
 //! RBAC rendered from `deploy/base`: a service identity's call that the deploy
 //! does not grant is refused with a 403, and the end-of-run check
 //! (`RealPlane::finish_checks`, run by every real-plane scenario) fails on it
@@ -6,16 +6,11 @@
 //! no RBAC); skipped with one line without the binaries.
 
 use e2e::harness::{ControlPlane, Plane, Service};
+use e2e::realkube::Assets;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use kube::api::{Api, PostParams};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_ungranted_call_is_refused_and_fails_the_audit_check() {
-    let Some(assets) =
-        e2e::realkube::assets_or_skip("an_ungranted_call_is_refused_and_fails_the_audit_check")
-    else {
-        return;
-    };
+async fn an_ungranted_call_is_refused_and_fails_the_audit_check(assets: Assets) {
     let mut plane = Plane::start(ControlPlane::Real(assets)).await.unwrap();
     let writer = plane.service_client(Service::PvWriter).await.unwrap();
 
@@ -62,3 +57,5 @@ async fn an_ungranted_call_is_refused_and_fails_the_audit_check() {
         "an undeclared call is named: {problems}"
     );
 }
+
+e2e::on_each_version!(an_ungranted_call_is_refused_and_fails_the_audit_check,);

@@ -1,9 +1,9 @@
 //! Behaviour of the real API server the services rely on, pinned on the simulator and on a
-//! real kube-apiserver v1.19 (`KUBEBUILDER_ASSETS`; skipped with one line without it): every
+//! real kube-apiserver (v1.19 and v1.37) (skipped with one line without it): every
 //! object carries `managedFields` naming its writer, and a status update is a write that
 //! bumps `resourceVersion`.
 
-use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
+use e2e::realkube::{Assets, RealCluster, RealClusterOptions};
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -52,11 +52,7 @@ async fn sim_managed_fields_and_status_writes() {
     managed_fields_and_status_writes(sim.client().unwrap()).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_managed_fields_and_status_writes() {
-    let Some(assets) = assets_or_skip("real_managed_fields_and_status_writes") else {
-        return;
-    };
+async fn real_managed_fields_and_status_writes(assets: Assets) {
     let opts = RealClusterOptions {
         controller_manager: false,
         ..Default::default()
@@ -64,3 +60,5 @@ async fn real_managed_fields_and_status_writes() {
     let cluster = RealCluster::start(&assets, opts).await.unwrap();
     managed_fields_and_status_writes(cluster.client()).await;
 }
+
+e2e::on_each_version!(real_managed_fields_and_status_writes,);

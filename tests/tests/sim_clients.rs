@@ -1,4 +1,4 @@
-//! Real client libraries against the simulator and a real kube-apiserver v1.19
+//! Real client libraries against the simulator and a real kube-apiserver (v1.19 and v1.37)
 //! (`on_both_servers!`): kube-lease-manager (get/create, strategic merge and
 //! server-side apply patches on a Lease) and kube-runtime's events Recorder
 //! (create, then merge-patch of the event series). Request counts are read

@@ -1,7 +1,7 @@
 //! Conformance of the API-server simulator with kube-apiserver, run on both:
 //! every test is `async fn name(t: ApiPlane)` instantiated by `on_both_servers!`
-//! as `name::sim` (the simulator, every emulation on) and `name::real` (the
-//! test binary's shared real kube-apiserver v1.19 with its controller manager;
+//! as `name::sim` (the simulator, every emulation on) and `name::real_v1_19`, `name::real_v1_37` (the
+//! test binary's shared real kube-apiserver (v1.19 and v1.37) with its controller manager;
 //! skipped with one line without the binaries, a failure under `CI=true`).
 //! The real server is the reference: expected values are what it answers, and
 //! a difference is fixed in the simulator.
@@ -19,6 +19,7 @@
 
 use e2e::harness::ApiPlane;
 use e2e::on_both_servers;
+use e2e::realkube::KubeVersion;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -292,9 +293,14 @@ async fn validation_rejects_what_the_real_server_rejects(t: ApiPlane) {
     p.spec.as_mut().unwrap().capacity = None;
     let e = api_err(pvs.create(&PostParams::default(), &p).await.unwrap_err());
     assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    // v1.19 renders the missing map as Go does, v1.37 as JSON
+    let nil = match t.version() {
+        KubeVersion::V1_19 => "core.ResourceList(nil)",
+        KubeVersion::V1_37 => "null",
+    };
     assert_eq!(
         e.message,
-        format!("PersistentVolume \"{name}\" is invalid: [spec.capacity: Required value, spec.capacity: Unsupported value: core.ResourceList(nil): supported values: \"storage\"]")
+        format!("PersistentVolume \"{name}\" is invalid: [spec.capacity: Required value, spec.capacity: Unsupported value: {nil}: supported values: \"storage\"]")
     );
 
     let name = t.name("nomodes");
@@ -373,9 +379,14 @@ async fn validation_rejects_what_the_real_server_rejects(t: ApiPlane) {
         .await
         .unwrap_err(),
     );
+    // v1.37's declarative validation words it differently, in declaration order
+    let expected = match t.version() {
+        KubeVersion::V1_19 => "[parameters: Forbidden: updates to parameters are forbidden., provisioner: Forbidden: updates to provisioner are forbidden.]",
+        KubeVersion::V1_37 => "[provisioner: Invalid value: null: field is immutable, parameters: Invalid value: null: field is immutable]",
+    };
     assert_eq!(
         e.message,
-        format!("StorageClass.storage.k8s.io \"{fixed}\" is invalid: [parameters: Forbidden: updates to parameters are forbidden., provisioner: Forbidden: updates to provisioner are forbidden.]")
+        format!("StorageClass.storage.k8s.io \"{fixed}\" is invalid: {expected}")
     );
     let src = t.name("src");
     pvs.create(&PostParams::default(), &pv(&src)).await.unwrap();
@@ -915,4 +926,129 @@ async fn list_selectors_and_pagination(t: ApiPlane) {
         sys.list(&ListParams::default()).await.unwrap().items.len(),
         0
     );
+}
+
+on_both_servers!(namespace_name_label_follows_the_release);
+
+/// From 1.21 on the server labels every Namespace `kubernetes.io/metadata.name: <name>`
+/// (what the deploy's NetworkPolicy could select on), also when an update drops or
+/// changes it; v1.19 adds no such label.
+async fn namespace_name_label_follows_the_release(t: ApiPlane) {
+    const LABEL: &str = "kubernetes.io/metadata.name";
+    let api: Api<Namespace> = Api::all(t.client());
+    let label = |ns: &Namespace| {
+        ns.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL))
+            .cloned()
+    };
+    let current = api.get(t.namespace()).await.unwrap();
+    let name = t.namespace().to_string();
+    let mut changed = current.clone();
+    changed
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(LABEL.into(), "forged".into());
+    changed.metadata.managed_fields = None;
+    let updated = api
+        .replace(&name, &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    match t.version() {
+        KubeVersion::V1_19 => {
+            assert_eq!(label(&current), None, "{current:?}");
+            assert_eq!(label(&updated).as_deref(), Some("forged"));
+        }
+        KubeVersion::V1_37 => {
+            assert_eq!(label(&current), Some(name.clone()), "{current:?}");
+            assert_eq!(label(&updated), Some(name), "{updated:?}");
+        }
+    }
+}
+
+on_both_servers!(pv_last_phase_transition_time_follows_the_release);
+
+/// `status.lastPhaseTransitionTime` of a PersistentVolume (GA in 1.31): the server sets it
+/// when the phase changes and keeps it otherwise, so no writer clobbers it (an update of
+/// the main resource cannot touch status; a status write without it keeps it); v1.19 has
+/// no such field.
+async fn pv_last_phase_transition_time_follows_the_release(t: ApiPlane) {
+    let api: Api<PersistentVolume> = Api::all(t.client());
+    let name = t.name("lptt");
+    api.create(&PostParams::default(), &pv(&name))
+        .await
+        .unwrap();
+    let time = |pv: &PersistentVolume| {
+        pv.status
+            .as_ref()
+            .and_then(|s| s.last_phase_transition_time.clone())
+    };
+    // the controller manager makes the unbound volume Available
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let available = loop {
+        let pv = api.get(&name).await.unwrap();
+        if pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Available") {
+            break pv;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not Available: {pv:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let t1 = time(&available);
+    assert_eq!(
+        t1.is_some(),
+        t.version() >= KubeVersion::V1_37,
+        "{available:?}"
+    );
+
+    // a main-resource update that drops status, and a status write without the time
+    let mut main = available.clone();
+    main.metadata.managed_fields = None;
+    main.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("touched".into(), "yes".into());
+    main.status = None;
+    let after_main = api
+        .replace(&name, &PostParams::default(), &main)
+        .await
+        .unwrap();
+    assert_eq!(time(&after_main), t1);
+    let mut same_phase = after_main.clone();
+    same_phase.metadata.managed_fields = None;
+    same_phase
+        .status
+        .as_mut()
+        .unwrap()
+        .last_phase_transition_time = None;
+    same_phase.status.as_mut().unwrap().message = Some("kept".into());
+    let after_status = api
+        .replace_status(&name, &PostParams::default(), &same_phase)
+        .await
+        .unwrap();
+    assert_eq!(time(&after_status), t1);
+
+    // a phase change sent with the old time gets a new one
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let mut failed = after_status.clone();
+    failed.metadata.managed_fields = None;
+    failed.status.as_mut().unwrap().phase = Some("Failed".into());
+    let after_change = api
+        .replace_status(&name, &PostParams::default(), &failed)
+        .await
+        .unwrap();
+    match t.version() {
+        KubeVersion::V1_19 => assert_eq!(time(&after_change), None),
+        KubeVersion::V1_37 => {
+            let t2 = time(&after_change).expect("a new transition time");
+            assert!(
+                Some(&t2) != t1.as_ref() && t2.0 > t1.unwrap().0,
+                "{after_change:?}"
+            );
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! The PV binder the services rely on, pinned on the real
-//! kube-controller-manager v1.19 and on the simulator's emulation of it
-//! (`on_both_servers!`: `name::sim` and `name::real`, the latter on the test
+//! kube-controller-manager (v1.19 and v1.37) and on the simulator's emulation of it
+//! (`on_both_servers!`: `name::sim` and `name::real_v1_19`, `name::real_v1_37`, the latter on the test
 //! binary's shared real cluster): the storage-provisioner annotation on claims
 //! of an external provisioner's class, binding of a volume pre-bound by a
 //! provisioner (`pv.kubernetes.io/bind-completed`,
@@ -13,6 +13,7 @@
 
 use e2e::harness::ApiPlane;
 use e2e::on_both_servers;
+use e2e::realkube::KubeVersion;
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -124,12 +125,12 @@ async fn provisioning_annotation_binding_and_release(t: ApiPlane) {
     })
     .await
     .unwrap();
-    // the beta annotation is what v1.19 sets and what provision-svc reads;
-    // the GA one came with v1.23 (the simulator follows a newer server and
-    // sets both)
+    // the beta annotation is what v1.19 sets; the GA one came with v1.23,
+    // which sets both (as the simulator does)
     assert_eq!(ann(&o, BETA_PROVISIONER), Some("example.com/hostpath"));
-    if t.sim().is_some() {
-        assert_eq!(ann(&o, GA_PROVISIONER), Some("example.com/hostpath"));
+    match t.version() {
+        KubeVersion::V1_19 => assert_eq!(ann(&o, GA_PROVISIONER), None, "{o}"),
+        KubeVersion::V1_37 => assert_eq!(ann(&o, GA_PROVISIONER), Some("example.com/hostpath")),
     }
     assert_eq!(o["status"]["phase"], "Pending");
     // in-tree provisioner: not annotated

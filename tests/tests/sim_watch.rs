@@ -1,4 +1,4 @@
-//! Watch conformance, on the simulator and on a real kube-apiserver v1.19
+//! Watch conformance, on the simulator and on a real kube-apiserver (v1.19 and v1.37)
 //! (`on_both_servers!`; the real one is the test binary's shared cluster):
 //! replay from a resourceVersion, `410 Gone` (`Expired`) for a resourceVersion
 //! whose history is gone, bookmarks, server-side timeout, selector
@@ -11,6 +11,7 @@
 
 use e2e::harness::ApiPlane;
 use e2e::on_both_servers;
+use e2e::realkube::KubeVersion;
 use e2e::sim::{SimConfig, Simulator};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -154,8 +155,9 @@ async fn watch_replays_changes_after_rv(t: ApiPlane) {
 }
 
 /// `410 Gone` with reason `Expired` once the history behind a resourceVersion
-/// is gone: kube's watcher and pager relist on it. On the real server the
-/// history is cut by compacting etcd (as kube-apiserver does every 5 min),
+/// is gone: kube's watcher and pager relist on it. On the real v1.19 server the
+/// history is cut by compacting etcd (as kube-apiserver does every 5 min; v1.37
+/// answers from its watch cache instead, pinned below),
 /// which answers a list at an old resourceVersion with `limit` (served from
 /// etcd) and a `continue` token from before the compaction with 410; the
 /// simulator's watch from before its history window too (see below why that
@@ -210,28 +212,43 @@ async fn expired_resource_version_is_410_gone(t: ApiPlane) {
         }
         other => panic!("{what}: expected 410 Expired, got {other:?}"),
     };
-    // a list at an exact resourceVersion whose history is gone (`limit` makes
-    // the server read it from etcd)
-    let msg = expired(
-        "list at an old resourceVersion",
-        leases
-            .list(&ListParams::default().limit(5).at(&first_rv))
-            .await,
-    );
-    assert_eq!(msg, "The resourceVersion for the provided list is too old.");
-    // a continue token from before
-    let msg = expired(
-        "continue token from before",
-        leases
-            .list(&ListParams::default().limit(5).continue_token(&token))
-            .await,
-    );
-    assert!(
-        msg.starts_with(
-            "The provided continue parameter is too old to display a consistent list result."
-        ),
-        "{msg}"
-    );
+    // a list at an exact resourceVersion and a continue token whose history is
+    // gone in etcd: v1.19 reads both from etcd (`limit`) and answers 410; v1.37
+    // serves both from the watch cache's snapshots (ListFromCacheSnapshot,
+    // 1.34+), which etcd's compaction does not touch (its 410 comes when the
+    // cache's own window is passed, as the simulator's history window does)
+    let old_list = leases
+        .list(&ListParams::default().limit(5).at(&first_rv))
+        .await;
+    let continued = leases
+        .list(&ListParams::default().limit(5).continue_token(&token))
+        .await;
+    if t.real().is_some() && t.version() >= KubeVersion::V1_37 {
+        let names = |l: kube::api::ObjectList<Lease>| -> Vec<String> {
+            l.items
+                .into_iter()
+                .filter_map(|l| l.metadata.name)
+                .collect()
+        };
+        let list = old_list.expect("v1.37 serves the old resourceVersion from its watch cache");
+        assert_eq!(
+            list.metadata.resource_version.as_deref(),
+            Some(first_rv.as_str())
+        );
+        assert_eq!(names(list), ["p0"]);
+        let next = continued.expect("v1.37 serves an old continue token from its watch cache");
+        assert_eq!(names(next), ["p13", "p14", "p15", "p16", "p17"]);
+    } else {
+        let msg = expired("list at an old resourceVersion", old_list);
+        assert_eq!(msg, "The resourceVersion for the provided list is too old.");
+        let msg = expired("continue token from before", continued);
+        assert!(
+            msg.starts_with(
+                "The provided continue parameter is too old to display a consistent list result."
+            ),
+            "{msg}"
+        );
+    }
     // A watch from a resourceVersion whose history is gone. Simulator only:
     // v1.19 serves every watch (Events included) from the API server's watch
     // cache, which is not cut by etcd's compaction: it keeps every change

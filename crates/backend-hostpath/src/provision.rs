@@ -558,6 +558,13 @@ mod tests {
             "the hostpath backend does not support volumeMode Block"
         );
 
+        let mut vac = options(Some("1Gi"));
+        vac.pvc.spec.as_mut().unwrap().volume_attributes_class_name = Some("gold".into());
+        assert_eq!(
+            reason(provision(&b, &vac).await.unwrap_err()),
+            "claim names VolumeAttributesClass \"gold\", but the hostpath backend is not a CSI driver and cannot apply volume attributes; remove spec.volumeAttributesClassName"
+        );
+
         let mut params = options(Some("1Gi"));
         params.storage_class.parameters = Some(BTreeMap::from([
             ("zz".to_string(), "1".to_string()),

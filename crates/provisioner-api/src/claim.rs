@@ -9,8 +9,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 ///
 /// Errors (final, [`ProvisionError::finished`]): `volumeMode: Block` (neither
 /// backend supports it, the seed's `SupportsBlock` default), no
-/// `resources.requests.storage`, no access modes. `backend` names the backend
-/// in the Block message.
+/// `resources.requests.storage`, no access modes, a `volumeAttributesClassName`
+/// (VolumeAttributesClasses are applied by CSI drivers; a filesystem backend
+/// cannot honour one). `backend` names the backend in the messages.
 pub fn filesystem_claim(
     options: &ProvisionOptions,
     backend: &str,
@@ -19,6 +20,15 @@ pub fn filesystem_claim(
     if claim_spec.volume_mode.as_deref() == Some("Block") {
         return Err(ProvisionError::finished(format!(
             "the {backend} backend does not support volumeMode Block"
+        )));
+    }
+    if let Some(vac) = claim_spec
+        .volume_attributes_class_name
+        .as_deref()
+        .filter(|v| !v.is_empty())
+    {
+        return Err(ProvisionError::finished(format!(
+            "claim names VolumeAttributesClass {vac:?}, but the {backend} backend is not a CSI driver and cannot apply volume attributes; remove spec.volumeAttributesClassName"
         )));
     }
     let request = claim_spec

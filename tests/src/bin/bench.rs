@@ -1,7 +1,7 @@
 //! Benchmark (not a test): the three release service binaries against a
 //! control plane — the in-process API-server simulator (`--control-plane
-//! sim`, default), a real kube-apiserver + kube-controller-manager v1.19
-//! started from `KUBEBUILDER_ASSETS` (`--control-plane real`, each service as
+//! sim`, default), a real kube-apiserver + kube-controller-manager of
+//! `--kube-version` (default 1.19; `--control-plane real`, each service as
 //! its own ServiceAccount under the deploy's RBAC), or an existing cluster
 //! (`--kubeconfig`) — and a private `redis-server`. Prints, in one run:
 //!
@@ -50,7 +50,7 @@ use e2e::realkube::Assets;
 enum PlaneChoice {
     /// The in-process simulator (PV-controller emulation on).
     Sim,
-    /// kube-apiserver + kube-controller-manager v1.19 from `KUBEBUILDER_ASSETS`.
+    /// A real control plane of `--kube-version` (see `e2e::realkube::Assets::locate`).
     Real,
 }
 
@@ -63,6 +63,10 @@ struct Args {
     /// Control plane to start (ignored with `--kubeconfig`).
     #[arg(long, value_enum, default_value_t = PlaneChoice::Sim)]
     control_plane: PlaneChoice,
+    /// Kubernetes release of `--control-plane real`: 1.19 (the release of the
+    /// recorded BENCHMARKS runs) or 1.37.
+    #[arg(long, default_value = "1.19")]
+    kube_version: e2e::realkube::KubeVersion,
     /// Run against this existing cluster instead (every service uses this
     /// kubeconfig; no request counts, no controller-manager-alone phase).
     #[arg(long)]
@@ -119,9 +123,10 @@ async fn main() -> anyhow::Result<()> {
     let control_plane = match (args.kubeconfig.is_some(), args.control_plane) {
         (true, _) | (false, PlaneChoice::Sim) => ControlPlane::default(),
         (false, PlaneChoice::Real) => {
-            let assets = Assets::locate().map_err(anyhow::Error::msg)?;
+            let assets = Assets::locate(args.kube_version).map_err(anyhow::Error::msg)?;
             println!(
-                "control plane: real (kube-apiserver, kube-controller-manager, etcd from {})",
+                "control plane: real {} (kube-apiserver, kube-controller-manager, etcd from {})",
+                assets.version,
                 assets.dir.display()
             );
             ControlPlane::Real(assets)

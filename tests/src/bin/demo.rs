@@ -7,8 +7,8 @@
 //! `cargo run --release -p e2e --bin demo [-- --claims N] [-- --control-plane real]
 //! [-- --kubeconfig PATH] [-- --backend nfs-subdir]`.
 //! With `--control-plane real` it starts a real kube-apiserver +
-//! kube-controller-manager (v1.19, found through `KUBEBUILDER_ASSETS` or the
-//! folder `.ci/run` fills) and runs each service as its own ServiceAccount
+//! kube-controller-manager (`--kube-version`, default 1.37; found by
+//! `e2e::realkube::Assets::locate`) and runs each service as its own ServiceAccount
 //! under the RBAC rendered from `deploy/base`, then reports any refused call
 //! and checks the audit log against each service's declared API calls.
 //! With `--kubeconfig` the services run against that existing cluster instead
@@ -29,7 +29,7 @@ use e2e::harness::{ControlPlane, Profile, Service, ServiceSettings, System, Syst
 enum PlaneArg {
     /// The built-in API-server simulator (in-process, PV-controller emulation).
     Sim,
-    /// A real kube-apiserver + kube-controller-manager from `KUBEBUILDER_ASSETS`.
+    /// A real control plane of `--kube-version` (see `e2e::realkube::Assets::locate`).
     Real,
 }
 
@@ -43,10 +43,13 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     claims: usize,
     /// Control plane to start: `sim` (the built-in simulator) or `real`
-    /// (kube-apiserver and kube-controller-manager binaries from
-    /// `KUBEBUILDER_ASSETS`, else `<target>/realkube/bin`).
+    /// (kube-apiserver, kube-controller-manager and etcd of `--kube-version`
+    /// from `REALKUBE_V1_<minor>`, else `<target>/realkube/<release>/bin`).
     #[arg(long, value_enum, default_value_t = PlaneArg::Sim)]
     control_plane: PlaneArg,
+    /// Kubernetes release of `--control-plane real`: 1.37 or 1.19.
+    #[arg(long, default_value = "1.37")]
+    kube_version: e2e::realkube::KubeVersion,
     /// Run against this existing cluster instead (overrides `--control-plane`).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
@@ -98,11 +101,15 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             ControlPlane::default(),
         ),
         (None, PlaneArg::Real) => {
-            let assets = e2e::realkube::Assets::locate().map_err(|e| {
-                anyhow::anyhow!("--control-plane real: no Kubernetes binaries ({e}); set KUBEBUILDER_ASSETS to a folder with kube-apiserver, kube-controller-manager and etcd")
+            let assets = e2e::realkube::Assets::locate(args.kube_version).map_err(|e| {
+                anyhow::anyhow!(
+                    "--control-plane real: no Kubernetes {} binaries ({e})",
+                    args.kube_version
+                )
             })?;
             println!(
-                "real control plane binaries from {} (kube-apiserver {}, kube-controller-manager {}, etcd {})",
+                "real control plane {} binaries from {} (kube-apiserver {}, kube-controller-manager {}, etcd {})",
+                assets.version,
                 assets.dir.display(),
                 assets.kube_apiserver.display(),
                 assets.kube_controller_manager.display(),

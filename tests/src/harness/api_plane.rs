@@ -1,5 +1,5 @@
 //! The API server an API-behaviour test talks to: the simulator or a real
-//! kube-apiserver v1.19 (the test binary's shared cluster, see
+//! kube-apiserver v1.19 or v1.37 (the test binary's shared cluster of that release, see
 //! [`crate::realkube::shared`]), behind one type, so a conformance test is
 //! written once and run on both by [`on_both_servers!`](crate::on_both_servers).
 //! The real server is the reference: a test that passes there and fails on
@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 
 use crate::realkube::shared::{shared_cluster, SharedCluster};
-use crate::realkube::Assets;
+use crate::realkube::{Assets, KubeVersion};
 use crate::sim::{SimConfig, SimHandle, Simulator};
 
 /// A started server with a client, a namespace and a name prefix for one test.
@@ -99,6 +99,15 @@ impl ApiPlane {
         }
     }
 
+    /// The Kubernetes release the server is (the real one) or follows (the
+    /// simulator, [`SimConfig::kube_version`]).
+    pub fn version(&self) -> KubeVersion {
+        match &self.server {
+            Server::Sim(s) => s.kube_version(),
+            Server::Real(r) => r.version,
+        }
+    }
+
     /// Whether this is the real API server.
     pub fn is_real(&self) -> bool {
         matches!(self.server, Server::Real(_))
@@ -150,11 +159,12 @@ impl ApiPlane {
     }
 }
 
-/// Instantiate an async API-behaviour test `fn name(plane: ApiPlane)` twice,
-/// as `name::sim` (a simulator with [`SimConfig::default`]: every emulation
-/// on, like a real server with its controller manager) and `name::real` (the
-/// test binary's shared real cluster; skipped with one stderr line without the
-/// binaries, a failure under `CI=true`: see `e2e::realkube::assets_or_skip`).
+/// Instantiate an async API-behaviour test `fn name(plane: ApiPlane)` once
+/// per server: `name::sim` (a simulator with [`SimConfig::default`]: every
+/// emulation on, like a real server with its controller manager),
+/// `name::real_v1_19` and `name::real_v1_37` (the test binary's shared real
+/// cluster of that release; skipped with one stderr line without its binaries,
+/// a failure under `CI=true`: see `e2e::realkube::assets_or_skip`).
 ///
 /// `on_both_servers!(name => config_expr)` gives the simulator variant that
 /// configuration instead (e.g. a short bookmark interval).
@@ -177,19 +187,23 @@ macro_rules! on_both_servers {
                 super::$name(plane).await
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn real() {
-                let Some(assets) = $crate::realkube::assets_or_skip(concat!(
-                    module_path!(),
-                    "::real"
-                )) else {
-                    return;
-                };
-                let plane = $crate::harness::ApiPlane::start_real(&assets)
-                    .await
-                    .expect("the shared real control plane");
-                super::$name(plane).await
-            }
+            $crate::on_both_servers!(@real $name, real_v1_19, V1_19);
+            $crate::on_both_servers!(@real $name, real_v1_37, V1_37);
+        }
+    };
+    (@real $name:ident, $test:ident, $version:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let Some(assets) = $crate::realkube::assets_or_skip(
+                $crate::realkube::KubeVersion::$version,
+                concat!(module_path!(), "::", stringify!($test)),
+            ) else {
+                return;
+            };
+            let plane = $crate::harness::ApiPlane::start_real(&assets)
+                .await
+                .expect("the shared real control plane");
+            super::$name(plane).await
         }
     };
     ($($name:ident),+ $(,)?) => {

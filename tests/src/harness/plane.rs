@@ -1,5 +1,5 @@
 //! The control plane an end-to-end scenario runs on: the in-process API-server
-//! simulator (`e2e::sim`) or a real kube-apiserver v1.19 with its
+//! simulator (`e2e::sim`) or a real kube-apiserver (v1.19 or v1.37) with its
 //! kube-controller-manager (`e2e::realkube::RealCluster`), behind one type so a
 //! scenario is written once. What differs by plane lives here: the clients
 //! (admin for the harness, one identity per service), where the Leases live,
@@ -20,7 +20,7 @@ use anyhow::Context;
 
 use super::rbac::{self, DeployRbac};
 use super::services::Service;
-use crate::realkube::{Assets, RealCluster, RealClusterOptions};
+use crate::realkube::{Assets, KubeVersion, RealCluster, RealClusterOptions};
 use crate::sim::{FaultSpec, SimConfig, SimHandle, Simulator};
 
 /// Which control plane to start.
@@ -43,7 +43,7 @@ impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ControlPlane::Sim(c) => f.debug_tuple("Sim").field(c).finish(),
-            ControlPlane::Real(a) => write!(f, "Real({})", a.dir.display()),
+            ControlPlane::Real(a) => write!(f, "Real({}, {})", a.version, a.dir.display()),
         }
     }
 }
@@ -54,6 +54,15 @@ impl ControlPlane {
         match self {
             ControlPlane::Sim(_) => "sim",
             ControlPlane::Real(_) => "real",
+        }
+    }
+
+    /// The Kubernetes release the plane is (real) or follows (the simulator's
+    /// `SimConfig::kube_version`).
+    pub fn version(&self) -> KubeVersion {
+        match self {
+            ControlPlane::Sim(c) => c.kube_version,
+            ControlPlane::Real(a) => a.version,
         }
     }
 
@@ -250,6 +259,15 @@ impl Plane {
         }
     }
 
+    /// The Kubernetes release the plane is or follows (`None` for an external cluster).
+    pub fn version(&self) -> Option<KubeVersion> {
+        match self {
+            Plane::Sim(s) => Some(s.kube_version()),
+            Plane::Real(r) => Some(r.cluster.version()),
+            Plane::External(_) => None,
+        }
+    }
+
     /// Whether this is a real API server (a [`RealCluster`] or an external one).
     pub fn is_real(&self) -> bool {
         !matches!(self, Plane::Sim(_))
@@ -381,10 +399,11 @@ pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client>
     Ok(kube::Client::try_from(config_from_kubeconfig(path).await?)?)
 }
 
-/// Instantiate an async scenario `fn name(plane: ControlPlane)` twice, as the
-/// tests `name::sim` (the simulator, [`ControlPlane::default`]) and
-/// `name::real` (a real control plane; skipped with one stderr line without
-/// the binaries, a failure under `CI=true`: see `e2e::realkube::assets_or_skip`).
+/// Instantiate an async scenario `fn name(plane: ControlPlane)` once per
+/// plane: the tests `name::sim` (the simulator, [`ControlPlane::default`]),
+/// `name::real_v1_19` and `name::real_v1_37` (a real control plane of that
+/// release; skipped with one stderr line without its binaries, a failure under
+/// `CI=true`: see `e2e::realkube::assets_or_skip`).
 ///
 /// ```ignore
 /// async fn provisions(plane: ControlPlane) { /* … */ }
@@ -399,16 +418,50 @@ macro_rules! on_both_planes {
                 super::$name($crate::harness::ControlPlane::default()).await
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn real() {
-                let Some(assets) = $crate::realkube::assets_or_skip(concat!(
-                    module_path!(),
-                    "::real"
-                )) else {
-                    return;
-                };
-                super::$name($crate::harness::ControlPlane::Real(assets)).await
-            }
+            $crate::on_both_planes!(@real $name, real_v1_19, V1_19);
+            $crate::on_both_planes!(@real $name, real_v1_37, V1_37);
         }
     )+};
+    (@real $name:ident, $test:ident, $version:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let Some(assets) = $crate::realkube::assets_or_skip(
+                $crate::realkube::KubeVersion::$version,
+                concat!(module_path!(), "::", stringify!($test)),
+            ) else {
+                return;
+            };
+            super::$name($crate::harness::ControlPlane::Real(assets)).await
+        }
+    };
+}
+
+/// Instantiate an async real-cluster test `fn name(assets: Assets)` once per
+/// Kubernetes release, as `name::v1_19` and `name::v1_37` (skipped with one
+/// stderr line without that release's binaries, a failure under `CI=true`).
+///
+/// ```ignore
+/// async fn starts(assets: e2e::realkube::Assets) { /* RealCluster::start(&assets, ..) */ }
+/// e2e::on_each_version!(starts);
+/// ```
+#[macro_export]
+macro_rules! on_each_version {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            $crate::on_each_version!(@one $name, v1_19, V1_19);
+            $crate::on_each_version!(@one $name, v1_37, V1_37);
+        }
+    )+};
+    (@one $name:ident, $test:ident, $version:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let Some(assets) = $crate::realkube::assets_or_skip(
+                $crate::realkube::KubeVersion::$version,
+                concat!(module_path!(), "::", stringify!($test)),
+            ) else {
+                return;
+            };
+            super::$name(assets).await
+        }
+    };
 }

@@ -1,13 +1,15 @@
 //! A real Kubernetes control plane for tests, the way controller-runtime's
-//! envtest provides one: etcd, kube-apiserver and kube-controller-manager
-//! (upstream binaries, found by [`Assets::locate`]) started on free loopback
+//! envtest provides one: etcd, kube-apiserver, kube-controller-manager and
+//! (from v1.37 on) kube-scheduler of one [`KubeVersion`] (upstream binaries,
+//! found by [`Assets::locate`]) started on free loopback
 //! ports in a temporary directory, with generated certificates, token
 //! authentication, RBAC authorization and an audit log.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use e2e::realkube::{assets_or_skip, RealCluster, RealClusterOptions};
-//! let Some(assets) = assets_or_skip("my_test") else { return Ok(()) };
+//! use e2e::realkube::KubeVersion;
+//! let Some(assets) = assets_or_skip(KubeVersion::V1_37, "my_test") else { return Ok(()) };
 //! let cluster = RealCluster::start(&assets, RealClusterOptions::default()).await?;
 //! let client = cluster.client(); // admin, in system:masters
 //! let sa_kubeconfig = cluster.service_account_kubeconfig("ns", "provisioner").await?;
@@ -23,21 +25,22 @@
 //! | path | what |
 //! | --- | --- |
 //! | `pki/` | CA, API-server serving certificate, service-account key pair (see [`pki`]) |
-//! | `tokens.csv` | `--token-auth-file`: user `admin` (group `system:masters`) and user `system:kube-controller-manager` (group `system:masters`, since `--use-service-account-credentials=false`) |
-//! | `admin.kubeconfig`, `kube-controller-manager.kubeconfig` | kubeconfigs with those tokens and the CA |
+//! | `tokens.csv` | `--token-auth-file`: user `admin` (group `system:masters`), users `system:kube-controller-manager` and `system:kube-scheduler` (group `system:masters`; `--use-service-account-credentials=false`) |
+//! | `admin.kubeconfig`, `kube-controller-manager.kubeconfig`, `kube-scheduler.kubeconfig` | kubeconfigs with those tokens and the CA |
 //! | `audit-policy.yaml`, `audit.log` | audit policy (everything at `Metadata`) and its JSON-lines log (see [`audit`]) |
 //! | `etcd-data/` | etcd's data directory |
-//! | `etcd.log`, `kube-apiserver.log`, `kube-controller-manager.log` | each process's stdout and stderr (appended across restarts) |
+//! | `etcd.log`, `kube-apiserver.log`, `kube-controller-manager.log`, `kube-scheduler.log` | each process's stdout and stderr (appended across restarts) |
 //! | `sa/<ns>_<name>.kubeconfig` | written by [`RealCluster::service_account_kubeconfig`] |
 //!
 //! Ports are picked free on 127.0.0.1 (etcd client and peer, API server
-//! secure port, controller-manager secure port; nothing listens elsewhere and
-//! the API server's insecure port is off), so several clusters can run at
+//! secure port, controller-manager and scheduler secure ports; nothing listens
+//! elsewhere and the API server's insecure port is off), so several clusters can run at
 //! once. If another process grabs a port between the pick and the bind, the
 //! start is retried with new ports (up to three attempts).
 //!
-//! There is no kubelet, scheduler or cloud provider: Nodes are plain objects
-//! that a test creates and that stay `NotReady`. The controller manager runs
+//! There is no kubelet or cloud provider: Nodes are plain objects that a test
+//! creates and that stay `NotReady` (so the scheduler, where it runs, places
+//! no Pod and never sets a claim's selected node). The controller manager runs
 //! with `--controllers '*'` (PV binder, pvc/pv-protection, namespace, garbage
 //! collector, service-account and token controllers, ...) and
 //! `--leader-elect=false`.
@@ -46,8 +49,9 @@ pub mod assets;
 pub mod audit;
 pub mod pki;
 pub mod shared;
+pub mod summary;
 
-pub use assets::{assets_or_skip, Assets};
+pub use assets::{assets_or_skip, Assets, KubeVersion};
 pub use audit::AuditRecord;
 
 use std::collections::HashSet;
@@ -65,7 +69,7 @@ use crate::harness::ManagedProcess;
 pub const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long [`RealCluster::start`] and [`RealCluster::start_apiserver`] wait for `/readyz`.
 pub const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long [`RealCluster::start`] waits for the controller manager's `/healthz`.
+/// How long [`RealCluster::start`] waits for the controller manager's (and scheduler's) `/healthz`.
 pub const CONTROLLER_MANAGER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long [`RealCluster::service_account_kubeconfig`] waits for the token Secret.
 pub const SA_TOKEN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -83,6 +87,8 @@ pub const CONTROLLER_MANAGER_QPS: (u32, u32) = (200, 400);
 /// The user kube-controller-manager authenticates as (one user for all its
 /// controllers: `--use-service-account-credentials=false`).
 pub const KCM_USER: &str = "system:kube-controller-manager";
+/// The user kube-scheduler authenticates as.
+pub const SCHEDULER_USER: &str = "system:kube-scheduler";
 const SA_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// Options of [`RealCluster::start`]. `Default`: temp dir removed on drop,
@@ -123,6 +129,7 @@ struct Ports {
     etcd_peer: u16,
     apiserver: u16,
     controller_manager: u16,
+    scheduler: u16,
 }
 
 /// Ports handed out by this process (never reused by it, so two clusters in
@@ -130,14 +137,14 @@ struct Ports {
 static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
 impl Ports {
-    /// Four distinct ports that were free a moment ago: all probe sockets are
-    /// held open together, so the kernel hands out four different ones.
+    /// Five distinct ports that were free a moment ago: all probe sockets are
+    /// held open together, so the kernel hands out five different ones.
     fn pick() -> anyhow::Result<Ports> {
         let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
         let handed = handed.get_or_insert_with(HashSet::new);
         let mut held = Vec::new();
         let mut ports = Vec::new();
-        while ports.len() < 4 {
+        while ports.len() < 5 {
             let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a probe socket")?;
             let port = l.local_addr()?.port();
             held.push(l);
@@ -151,17 +158,19 @@ impl Ports {
             etcd_peer: ports[1],
             apiserver: ports[2],
             controller_manager: ports[3],
+            scheduler: ports[4],
         })
     }
 }
 
-/// A running etcd + kube-apiserver (+ kube-controller-manager) on loopback.
+/// A running etcd + kube-apiserver (+ kube-controller-manager, + kube-scheduler) on loopback.
 ///
-/// Dropping it SIGKILLs every process's group (controller manager, API
-/// server, etcd, in that order), reaps them and removes the root directory
+/// Dropping it SIGKILLs every process's group (scheduler, controller manager,
+/// API server, etcd, in that order), reaps them and removes the root directory
 /// unless [`RealClusterOptions::keep_dir`].
 pub struct RealCluster {
     // Field order is drop order: processes first, then the directory.
+    scheduler: Option<ManagedProcess>,
     controller_manager: Option<ManagedProcess>,
     apiserver: Option<ManagedProcess>,
     etcd: ManagedProcess,
@@ -182,6 +191,7 @@ impl std::fmt::Debug for RealCluster {
         f.debug_struct("RealCluster")
             .field("root", &self.root)
             .field("server", &self.server_url())
+            .field("version", &self.assets.version)
             .field("assets", &self.assets.dir)
             .finish_non_exhaustive()
     }
@@ -194,15 +204,20 @@ fn log_file_tail(path: &Path, lines: usize) -> String {
 }
 
 fn tail_of(root: &Path, lines: usize) -> String {
-    ["etcd", "kube-apiserver", "kube-controller-manager"]
-        .iter()
-        .filter_map(|name| {
-            let path = root.join(format!("{name}.log"));
-            path.exists()
-                .then(|| format!("==> {name}.log <==\n{}", log_file_tail(&path, lines)))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ]
+    .iter()
+    .filter_map(|name| {
+        let path = root.join(format!("{name}.log"));
+        path.exists()
+            .then(|| format!("==> {name}.log <==\n{}", log_file_tail(&path, lines)))
+    })
+    .collect::<Vec<_>>()
+    .join("\n")
 }
 
 /// Space a temporary-directory parent must have free: etcd preallocates 64 MiB
@@ -495,12 +510,14 @@ impl RealCluster {
 
         let admin_token = uuid::Uuid::new_v4().simple().to_string();
         let kcm_token = uuid::Uuid::new_v4().simple().to_string();
+        let scheduler_token = uuid::Uuid::new_v4().simple().to_string();
         let tokens = root.join("tokens.csv");
         std::fs::write(
             &tokens,
             format!(
                 "{admin_token},{ADMIN_USER},uid-admin,\"system:masters\"\n\
-                 {kcm_token},{KCM_USER},uid-kcm,\"system:masters\"\n"
+                 {kcm_token},{KCM_USER},uid-kcm,\"system:masters\"\n\
+                 {scheduler_token},{SCHEDULER_USER},uid-scheduler,\"system:masters\"\n"
             ),
         )?;
         let admin_kubeconfig = root.join("admin.kubeconfig");
@@ -519,6 +536,15 @@ impl RealCluster {
             &pki.ca_cert,
             KCM_USER,
             &kcm_token,
+            "kube-system",
+        )?;
+        let scheduler_kubeconfig = root.join("kube-scheduler.kubeconfig");
+        write_kubeconfig(
+            &scheduler_kubeconfig,
+            &server,
+            &pki.ca_cert,
+            SCHEDULER_USER,
+            &scheduler_token,
             "kube-system",
         )?;
         let audit_policy = root.join("audit-policy.yaml");
@@ -570,8 +596,6 @@ impl RealCluster {
             "127.0.0.1",
             "--secure-port",
             &ports.apiserver.to_string(),
-            "--insecure-port",
-            "0",
             "--advertise-address",
             "127.0.0.1",
             "--endpoint-reconciler-type",
@@ -615,6 +639,7 @@ impl RealCluster {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        apiserver_args.extend(apiserver_version_flags(assets.version));
         apiserver_args.extend(opts.apiserver_extra_flags.iter().cloned());
         let mut apiserver = spawn_apiserver(assets, &apiserver_args, &root)?;
         let client = client_from_kubeconfig(&admin_kubeconfig).await?;
@@ -640,7 +665,7 @@ impl RealCluster {
         // kube-controller-manager
         let controller_manager = if opts.controller_manager {
             let kc = p(&kcm_kubeconfig);
-            let args: Vec<String> = [
+            let mut args: Vec<String> = [
                 "--kubeconfig",
                 &kc,
                 "--authentication-kubeconfig",
@@ -652,8 +677,6 @@ impl RealCluster {
                 "127.0.0.1",
                 "--secure-port",
                 &ports.controller_manager.to_string(),
-                "--port",
-                "0",
                 "--cert-dir",
                 &p(&root.join("kcm-certs")),
                 "--controllers",
@@ -678,6 +701,10 @@ impl RealCluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if assets.version < KubeVersion::V1_37 {
+                // v1.19's insecure port is on by default (the flag is gone in 1.24).
+                args.extend(["--port".to_string(), "0".to_string()]);
+            }
             let mut kcm = ManagedProcess::spawn(
                 "kube-controller-manager",
                 &assets.kube_controller_manager,
@@ -718,6 +745,54 @@ impl RealCluster {
             None
         };
 
+        // kube-scheduler, where the release has one in the assets.
+        let scheduler = match &assets.kube_scheduler {
+            Some(binary) => {
+                let kc = p(&scheduler_kubeconfig);
+                let args: Vec<String> = [
+                    "--kubeconfig",
+                    &kc,
+                    "--authentication-kubeconfig",
+                    &kc,
+                    "--authorization-kubeconfig",
+                    &kc,
+                    "--bind-address",
+                    "127.0.0.1",
+                    "--secure-port",
+                    &ports.scheduler.to_string(),
+                    "--cert-dir",
+                    &p(&root.join("scheduler-certs")),
+                    "--leader-elect=false",
+                    "--v",
+                    "1",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let mut sched = ManagedProcess::spawn(
+                    "kube-scheduler",
+                    binary,
+                    &args,
+                    &[],
+                    &root.join("kube-scheduler.log"),
+                )?;
+                let mut cfg =
+                    kube::Config::new(format!("https://127.0.0.1:{}", ports.scheduler).parse()?);
+                cfg.accept_invalid_certs = true;
+                let probe = kube::Client::try_from(cfg)?;
+                wait_ready(
+                    "kube-scheduler",
+                    &mut sched,
+                    &root,
+                    CONTROLLER_MANAGER_READY_TIMEOUT,
+                    || probe_ok(&probe, "/healthz"),
+                )
+                .await?;
+                Some(sched)
+            }
+            None => None,
+        };
+
         let (dir, keep_dir) = if opts.keep_dir {
             (None, {
                 let _ = dir.keep();
@@ -727,6 +802,7 @@ impl RealCluster {
             (Some(dir), false)
         };
         Ok(RealCluster {
+            scheduler,
             controller_manager,
             apiserver: Some(apiserver),
             etcd,
@@ -741,6 +817,11 @@ impl RealCluster {
             keep_dir,
             _dir: dir,
         })
+    }
+
+    /// The Kubernetes release this cluster runs.
+    pub fn version(&self) -> KubeVersion {
+        self.assets.version
     }
 
     /// An admin client (user `admin`, group `system:masters`; default
@@ -766,6 +847,9 @@ impl RealCluster {
         if let Some(p) = &self.controller_manager {
             ids.push(("kube-controller-manager", p.pid()));
         }
+        if let Some(p) = &self.scheduler {
+            ids.push(("kube-scheduler", p.pid()));
+        }
         ids
     }
 
@@ -780,8 +864,10 @@ impl RealCluster {
     /// process runs with exactly the RBAC granted to it.
     ///
     /// Creates the namespace and the ServiceAccount if missing, waits (at most
-    /// [`SA_TOKEN_TIMEOUT`]) for the token Secret the controller manager's
-    /// token controller creates for it (Kubernetes 1.19 behaviour), and writes
+    /// [`SA_TOKEN_TIMEOUT`]) for a token Secret the controller manager's
+    /// token controller fills (v1.19 creates one per ServiceAccount; from 1.24
+    /// on the harness creates `<name>-token` of type
+    /// `kubernetes.io/service-account-token` for it), and writes
     /// `<root>/sa/<namespace>_<name>.kubeconfig` (mode 0600, default namespace
     /// `namespace`). Returns its path.
     ///
@@ -812,9 +898,20 @@ impl RealCluster {
                 .with_context(|| format!("creating ServiceAccount {namespace}/{name}"))?;
         }
         let secrets: Api<Secret> = Api::namespaced(client, namespace);
+        if self.version() >= KubeVersion::V1_37 {
+            let secret: Secret = serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": format!("{name}-token"),
+                    "annotations": {"kubernetes.io/service-account.name": name},
+                },
+                "type": "kubernetes.io/service-account-token",
+            }))?;
+            ignore_conflict(secrets.create(&PostParams::default(), &secret).await)
+                .with_context(|| format!("creating the token Secret of {namespace}/{name}"))?;
+        }
         let deadline = Instant::now() + SA_TOKEN_TIMEOUT;
         let token = loop {
-            if let Some(token) = sa_token(&sas, &secrets, name).await? {
+            if let Some(token) = sa_token(&sas, &secrets, name, self.version()).await? {
                 break token;
             }
             if Instant::now() >= deadline {
@@ -938,6 +1035,9 @@ impl RealCluster {
 
 impl Drop for RealCluster {
     fn drop(&mut self) {
+        if let Some(p) = self.scheduler.as_mut() {
+            p.kill();
+        }
         if let Some(p) = self.controller_manager.as_mut() {
             p.kill();
         }
@@ -949,6 +1049,21 @@ impl Drop for RealCluster {
             eprintln!("realkube: kept {}", self.root.display());
         }
     }
+}
+
+/// kube-apiserver flags that differ by release.
+fn apiserver_version_flags(version: KubeVersion) -> Vec<String> {
+    let flags: &[&str] = match version {
+        // The insecure port (gone in 1.24) is on by default in 1.19.
+        KubeVersion::V1_19 => &["--insecure-port", "0"],
+        // Pod Security admission is on by default from 1.25; named here so the
+        // two namespaces' `pod-security.kubernetes.io/enforce` labels are enforced.
+        KubeVersion::V1_37 => &[
+            "--enable-admission-plugins",
+            "NamespaceLifecycle,ServiceAccount,DefaultStorageClass,StorageObjectInUseProtection,PodSecurity",
+        ],
+    };
+    flags.iter().map(|s| s.to_string()).collect()
 }
 
 fn spawn_apiserver(
@@ -973,17 +1088,27 @@ fn ignore_conflict<T>(r: Result<T, kube::Error>) -> Result<(), kube::Error> {
     }
 }
 
-/// The token of ServiceAccount `name`'s first token Secret, once it exists.
+/// The token of ServiceAccount `name`'s first token Secret (v1.19: those the
+/// ServiceAccount lists; later: `<name>-token`), once it is filled.
 async fn sa_token(
     sas: &Api<ServiceAccount>,
     secrets: &Api<Secret>,
     name: &str,
+    version: KubeVersion,
 ) -> anyhow::Result<Option<String>> {
-    let Some(sa) = sas.get_opt(name).await? else {
-        return Ok(None);
+    let names: Vec<String> = if version >= KubeVersion::V1_37 {
+        vec![format!("{name}-token")]
+    } else {
+        let Some(sa) = sas.get_opt(name).await? else {
+            return Ok(None);
+        };
+        sa.secrets
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|r| r.name)
+            .collect()
     };
-    for r in sa.secrets.unwrap_or_default() {
-        let Some(secret_name) = r.name else { continue };
+    for secret_name in names {
         let Some(secret) = secrets.get_opt(&secret_name).await? else {
             continue;
         };
@@ -1017,12 +1142,14 @@ mod tests {
             a.etcd_peer,
             a.apiserver,
             a.controller_manager,
+            a.scheduler,
             b.etcd_client,
             b.etcd_peer,
             b.apiserver,
             b.controller_manager,
+            b.scheduler,
         ];
         let set: HashSet<u16> = all.iter().copied().collect();
-        assert_eq!(set.len(), 8, "{all:?}");
+        assert_eq!(set.len(), 10, "{all:?}");
     }
 }

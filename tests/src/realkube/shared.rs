@@ -1,4 +1,4 @@
-//! One real control plane per test binary, shared by its tests.
+//! One real control plane per test binary and Kubernetes version, shared by its tests.
 //!
 //! Starting etcd + kube-apiserver + kube-controller-manager costs seconds
 //! (see [`RealCluster::start`]); API-behaviour tests (the differential
@@ -19,12 +19,14 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{Assets, RealCluster, RealClusterOptions};
+use super::{Assets, KubeVersion, RealCluster, RealClusterOptions};
 
 /// What a test needs of the shared cluster (the cluster itself stays with
 /// this module, which drops it at process exit).
 #[derive(Debug, Clone)]
 pub struct SharedCluster {
+    /// The Kubernetes release it runs.
+    pub version: KubeVersion,
     /// Admin kubeconfig (user `admin`, group `system:masters`).
     pub admin_kubeconfig: PathBuf,
     /// The API server's URL.
@@ -54,27 +56,32 @@ impl SharedCluster {
     }
 }
 
-static CLUSTER: Mutex<Option<RealCluster>> = Mutex::new(None);
-static STARTED: OnceLock<Result<SharedCluster, String>> = OnceLock::new();
+static CLUSTERS: Mutex<Vec<RealCluster>> = Mutex::new(Vec::new());
+static STARTED: [OnceLock<Result<SharedCluster, String>>; KubeVersion::ALL.len()] =
+    [const { OnceLock::new() }; KubeVersion::ALL.len()];
 
-extern "C" fn drop_shared_cluster() {
-    let taken = CLUSTER.lock().map(|mut c| c.take());
+extern "C" fn drop_shared_clusters() {
+    let taken = CLUSTERS.lock().map(|mut c| std::mem::take(&mut *c));
     drop(taken);
 }
 
-/// The test binary's shared real cluster (kube-controller-manager on, the
-/// default [`RealClusterOptions`]), started by the first caller from `assets`
-/// and reused by every later one (later `assets` are ignored). Prints the
-/// start-up time to stderr once.
+/// The test binary's shared real cluster of `assets.version`
+/// (kube-controller-manager on, the default [`RealClusterOptions`]), started
+/// by the first caller of that version from `assets` and reused by every later
+/// one (later `assets` are ignored). Prints the start-up time to stderr once.
 ///
 /// Errors: the start failed (every caller gets the same message).
 pub fn shared_cluster(assets: &Assets) -> Result<SharedCluster, String> {
-    STARTED
+    let slot = KubeVersion::ALL
+        .iter()
+        .position(|v| *v == assets.version)
+        .expect("every version is in KubeVersion::ALL");
+    STARTED[slot]
         .get_or_init(|| {
             let assets = assets.clone();
             let (tx, rx) = std::sync::mpsc::channel();
             let spawned = std::thread::Builder::new()
-                .name("realkube-shared".into())
+                .name(format!("realkube-shared-{}", assets.version))
                 .spawn(move || {
                     let rt = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
@@ -90,17 +97,22 @@ pub fn shared_cluster(assets: &Assets) -> Result<SharedCluster, String> {
                     match rt.block_on(RealCluster::start(&assets, RealClusterOptions::default())) {
                         Ok(cluster) => {
                             let info = SharedCluster {
+                                version: assets.version,
                                 admin_kubeconfig: cluster.admin_kubeconfig().to_path_buf(),
                                 server_url: cluster.server_url(),
                                 etcd_port: cluster.etcd_port(),
                                 root: cluster.root().to_path_buf(),
                                 startup: t0.elapsed(),
                             };
-                            *CLUSTER.lock().unwrap_or_else(|e| e.into_inner()) = Some(cluster);
-                            // SAFETY: registers a plain `extern "C" fn()` with libc.
-                            unsafe {
-                                libc::atexit(drop_shared_cluster);
+                            let mut clusters = CLUSTERS.lock().unwrap_or_else(|e| e.into_inner());
+                            if clusters.is_empty() {
+                                // SAFETY: registers a plain `extern "C" fn()` with libc.
+                                unsafe {
+                                    libc::atexit(drop_shared_clusters);
+                                }
                             }
+                            clusters.push(cluster);
+                            drop(clusters);
                             let _ = tx.send(Ok(info));
                             // Keep this thread (the processes' parent for
                             // PR_SET_PDEATHSIG) and its runtime alive.
@@ -119,7 +131,8 @@ pub fn shared_cluster(assets: &Assets) -> Result<SharedCluster, String> {
                 .map_err(|_| "the cluster thread ended without an answer".to_string())?;
             if let Ok(i) = &info {
                 eprintln!(
-                    "realkube: shared cluster {} started in {:.1} s (load average {})",
+                    "realkube: shared {} cluster {} started in {:.1} s (load average {})",
+                    i.version,
                     i.server_url,
                     i.startup.as_secs_f64(),
                     std::fs::read_to_string("/proc/loadavg")

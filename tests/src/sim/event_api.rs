@@ -20,7 +20,7 @@
 //! store which other view to update, with the same resourceVersion, on every write, so both
 //! views always agree.
 //!
-//! [`validate_create`] is kube-apiserver v1.19's `ValidateEventCreate`: the namespace rule for
+//! [`validate_create`] is kube-apiserver's `ValidateEventCreate` of v1.19 or v1.37: the namespace rule for
 //! Events about cluster-scoped objects (`involvedObject.namespace` empty) is the one that
 //! matters to a provisioner publishing about PersistentVolumes:
 //! * without `eventTime` (a `core/v1`-style Event): the Event's namespace must be `default`
@@ -148,11 +148,16 @@ fn qualified_name_error(v: &str) -> Option<&'static str> {
     )
 }
 
-/// kube-apiserver v1.19 `ValidateEventCreate` for an Event created through `res`
+/// kube-apiserver `ValidateEventCreate` of `version` for an Event created through `res`
 /// (`CORE_EVENT` or `EVENTS_EVENT`) in namespace `ns`; `obj` in that API's field names.
 /// Field paths in the errors use the internal (core) names, as the real server's do
 /// (e.g. `involvedObject.namespace` even for an `events.k8s.io/v1` request).
-pub fn validate_create(res: usize, ns: &str, obj: &Value) -> Vec<FieldError> {
+pub fn validate_create(
+    res: usize,
+    ns: &str,
+    obj: &Value,
+    version: crate::realkube::KubeVersion,
+) -> Vec<FieldError> {
     let core = view(CORE_EVENT, obj);
     let mut errs = Vec::new();
     let involved_ns = core
@@ -174,7 +179,13 @@ pub fn validate_create(res: usize, ns: &str, obj: &Value) -> Vec<FieldError> {
             ));
         }
     } else {
-        if involved_ns.is_empty() && ns != "kube-system" {
+        // 1.23 (kubernetes#100125) accepts `default` as well as `kube-system`.
+        let allowed: &[&str] = if version >= crate::realkube::KubeVersion::V1_37 {
+            &["kube-system", "default"]
+        } else {
+            &["kube-system"]
+        };
+        if involved_ns.is_empty() && !allowed.contains(&ns) {
             errs.push(FieldError::invalid(
                 "involvedObject.namespace",
                 involved_ns,
@@ -254,6 +265,7 @@ pub fn validate_create(res: usize, ns: &str, obj: &Value) -> Vec<FieldError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::realkube::KubeVersion::{V1_19, V1_37};
     use serde_json::json;
 
     #[test]
@@ -298,8 +310,11 @@ mod tests {
 
     #[test]
     fn cluster_scoped_regarding_is_accepted_only_in_kube_system_as_on_1_19() {
-        assert!(validate_create(EVENTS_EVENT, "kube-system", &pv_event("kube-system")).is_empty());
-        let errs = validate_create(EVENTS_EVENT, "default", &pv_event("default"));
+        let v = V1_19;
+        assert!(
+            validate_create(EVENTS_EVENT, "kube-system", &pv_event("kube-system"), v).is_empty()
+        );
+        let errs = validate_create(EVENTS_EVENT, "default", &pv_event("default"), v);
         assert_eq!(
             errs.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
             ["involvedObject.namespace: Invalid value: \"\": does not match event.namespace"]
@@ -307,8 +322,20 @@ mod tests {
         // a core/v1 Event without eventTime about a PV: `default` only.
         let legacy = json!({"involvedObject": {"kind": "PersistentVolume", "name": "pv"},
                             "reason": "R", "type": "Warning"});
-        assert!(validate_create(CORE_EVENT, "default", &legacy).is_empty());
-        assert_eq!(validate_create(CORE_EVENT, "kube-system", &legacy).len(), 1);
+        assert!(validate_create(CORE_EVENT, "default", &legacy, v).is_empty());
+        assert_eq!(
+            validate_create(CORE_EVENT, "kube-system", &legacy, v).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn cluster_scoped_regarding_is_accepted_in_default_too_from_1_23() {
+        for ns in ["kube-system", "default"] {
+            assert!(validate_create(EVENTS_EVENT, ns, &pv_event(ns), V1_37).is_empty());
+        }
+        let errs = validate_create(EVENTS_EVENT, "other", &pv_event("other"), V1_37);
+        assert_eq!(errs.len(), 1, "{errs:?}");
     }
 
     #[test]
@@ -316,7 +343,7 @@ mod tests {
         let mut ev = pv_event("kube-system");
         ev["deprecatedCount"] = json!(3);
         ev["type"] = json!("Bogus");
-        let errs: Vec<String> = validate_create(EVENTS_EVENT, "kube-system", &ev)
+        let errs: Vec<String> = validate_create(EVENTS_EVENT, "kube-system", &ev, V1_37)
             .iter()
             .map(|e| e.to_string())
             .collect();
@@ -325,6 +352,6 @@ mod tests {
             errs.iter().any(|e| e.contains("has invalid value: Bogus")),
             "{errs:?}"
         );
-        assert!(validate_create(CORE_EVENT, "kube-system", &ev).is_empty());
+        assert!(validate_create(CORE_EVENT, "kube-system", &ev, V1_37).is_empty());
     }
 }

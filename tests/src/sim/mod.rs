@@ -77,6 +77,10 @@ pub struct SimConfig {
     pub default_storage_class: bool,
     /// kube-controller-manager PV controller emulation.
     pub pv_controller: PvControllerConfig,
+    /// The Kubernetes release whose behaviour the simulator follows where
+    /// releases differ (Event namespaces, `kubernetes.io/metadata.name`).
+    /// Default v1.37.
+    pub kube_version: crate::realkube::KubeVersion,
 }
 
 impl Default for SimConfig {
@@ -92,6 +96,7 @@ impl Default for SimConfig {
             protection_finalizers: true,
             default_storage_class: true,
             pv_controller: PvControllerConfig::default(),
+            kube_version: crate::realkube::KubeVersion::V1_37,
         }
     }
 }
@@ -135,6 +140,7 @@ impl Simulator {
                 enforce_namespace_exists: config.enforce_namespace_exists,
                 protection_finalizers: config.protection_finalizers,
                 default_storage_class: config.default_storage_class,
+                kube_version: config.kube_version,
             },
         });
         if config.create_default_namespaces {
@@ -196,6 +202,11 @@ impl SimHandle {
     /// Bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The release whose behaviour the simulator follows ([`SimConfig::kube_version`]).
+    pub fn kube_version(&self) -> crate::realkube::KubeVersion {
+        self.registry.admission.kube_version
     }
 
     /// `http://127.0.0.1:PORT`.

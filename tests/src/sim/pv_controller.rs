@@ -259,7 +259,14 @@ impl Ctl {
         }
         let volume_name = s(&claim, &["spec", "volumeName"]).to_string();
         if volume_name.is_empty() {
-            if self.cfg.annotate_provisioner && ann(&claim, ANN_STORAGE_PROVISIONER).is_none() {
+            // v1.19 sets only the beta annotation; 1.23+ both.
+            let ga = self.reg.admission.kube_version >= crate::realkube::KubeVersion::V1_37;
+            let annotated = if ga {
+                ann(&claim, ANN_STORAGE_PROVISIONER)
+            } else {
+                ann(&claim, ANN_BETA_STORAGE_PROVISIONER)
+            };
+            if self.cfg.annotate_provisioner && annotated.is_none() {
                 let class = s(&claim, &["spec", "storageClassName"]);
                 if !class.is_empty() {
                     if let Some(sc) = self.reg.store.get(STORAGE_CLASS, "", class) {
@@ -272,7 +279,9 @@ impl Ctl {
                             .contains_key(&(ns.to_string(), name.to_string()));
                         if !prov.starts_with("kubernetes.io/") && ready && !has_volume {
                             self.modify(PVC, ns, name, Sub::Main, |v| {
-                                set_ann(v, ANN_STORAGE_PROVISIONER, &prov);
+                                if ga {
+                                    set_ann(v, ANN_STORAGE_PROVISIONER, &prov);
+                                }
                                 set_ann(v, ANN_BETA_STORAGE_PROVISIONER, &prov);
                                 true
                             });

@@ -32,6 +32,8 @@ pub struct AdmissionConfig {
     pub protection_finalizers: bool,
     /// DefaultStorageClass: set `spec.storageClassName` of new claims that have none.
     pub default_storage_class: bool,
+    /// The release whose rules apply where releases differ.
+    pub kube_version: crate::realkube::KubeVersion,
 }
 
 /// Which endpoint a write came through.
@@ -154,6 +156,118 @@ fn strip_for_compare(v: &Value) -> Value {
 }
 
 impl Registry {
+    /// From 1.21 on the server sets label `kubernetes.io/metadata.name` of
+    /// every Namespace to its name (on create and update).
+    fn label_namespace(&self, body: &mut Value, name: &str) {
+        if self.admission.kube_version >= crate::realkube::KubeVersion::V1_37 {
+            let m = meta_mut(body);
+            let labels = m.entry("labels").or_insert_with(|| json!({}));
+            if !labels.is_object() {
+                *labels = json!({});
+            }
+            labels["kubernetes.io/metadata.name"] = json!(name);
+        }
+    }
+
+    /// The PV status strategy's `lastPhaseTransitionTime` (1.28+): kept when the phase
+    /// stays and the writer sent none, set to now when the phase changes and the writer
+    /// sent none or the old one; v1.19 has no such field (dropped).
+    fn pv_phase_transition_time(&self, old: &Value, new: &mut Value) {
+        let Some(status) = new.get_mut("status").and_then(|s| s.as_object_mut()) else {
+            return;
+        };
+        if self.admission.kube_version < crate::realkube::KubeVersion::V1_37 {
+            status.remove("lastPhaseTransitionTime");
+            return;
+        }
+        let old_status = &old["status"];
+        let sent = status
+            .get("lastPhaseTransitionTime")
+            .filter(|v| !v.is_null())
+            .cloned();
+        let same_phase = status.get("phase") == old_status.get("phase");
+        match sent {
+            None if same_phase => match old_status.get("lastPhaseTransitionTime") {
+                Some(t) if !t.is_null() => {
+                    status.insert("lastPhaseTransitionTime".into(), t.clone());
+                }
+                _ => {}
+            },
+            sent if !same_phase
+                && (sent.is_none()
+                    || sent.as_ref() == old_status.get("lastPhaseTransitionTime")) =>
+            {
+                status.insert("lastPhaseTransitionTime".into(), json!(now_rfc3339()));
+            }
+            _ => {}
+        }
+    }
+
+    /// From 1.26 (RetroactiveDefaultStorageClass) a claim's `spec.storageClassName` may
+    /// be set once when it was unset (nil, without the beta class annotation); then the
+    /// old object to validate against carries the new class.
+    fn storage_class_upgrade_from_nil(
+        &self,
+        res: usize,
+        old: &Value,
+        new: &Value,
+    ) -> Option<Value> {
+        if res != resources::PVC
+            || self.admission.kube_version < crate::realkube::KubeVersion::V1_37
+        {
+            return None;
+        }
+        let old_class = old["spec"].get("storageClassName").filter(|v| !v.is_null());
+        let new_class = new["spec"]
+            .get("storageClassName")
+            .filter(|v| !v.is_null())?;
+        let annotated = old["metadata"]["annotations"]
+            .get("volume.beta.kubernetes.io/storage-class")
+            .is_some();
+        if old_class.is_some() || annotated {
+            return None;
+        }
+        let mut adjusted = old.clone();
+        adjusted["spec"]["storageClassName"] = new_class.clone();
+        Some(adjusted)
+    }
+
+    /// Field errors as the release words them: v1.19 prints Go values
+    /// (`core.ResourceList(nil)`) and forbids StorageClass updates field by field
+    /// ("updates to X are forbidden."); v1.37 prints JSON (`null`, `{}`) and its
+    /// declarative validation says `Invalid value: null: field is immutable`, in the
+    /// fields' declaration order.
+    fn rendered(&self, errs: Vec<FieldError>) -> Vec<FieldError> {
+        if self.admission.kube_version < crate::realkube::KubeVersion::V1_37 {
+            return errs;
+        }
+        const DECLARED: [&str; 4] = [
+            "provisioner",
+            "parameters",
+            "reclaimPolicy",
+            "volumeBindingMode",
+        ];
+        let (mut immutable, mut out): (Vec<FieldError>, Vec<FieldError>) =
+            errs.into_iter().partition(|e| {
+                DECLARED.contains(&e.field.as_str())
+                    && e.detail == format!("updates to {} are forbidden.", e.field)
+            });
+        immutable.sort_by_key(|e| DECLARED.iter().position(|f| *f == e.field));
+        for e in out.iter_mut() {
+            match e.value.as_deref() {
+                Some("core.ResourceList(nil)") => e.value = Some("null".into()),
+                Some("core.ResourceList{}") => e.value = Some("{}".into()),
+                _ => {}
+            }
+        }
+        out.extend(immutable.into_iter().map(|e| {
+            let mut i = FieldError::invalid(&e.field, "", "field is immutable");
+            i.value = Some("null".into());
+            i
+        }));
+        out
+    }
+
     fn ns_check(&self, ri: &ResourceInfo, ns: &str) -> Result<(), ApiError> {
         if ri.namespaced
             && self.admission.enforce_namespace_exists
@@ -267,11 +381,15 @@ impl Registry {
         // strategy PrepareForCreate
         match res {
             resources::PV => {
-                body["status"] = json!({"phase": "Pending", "lastPhaseTransitionTime": now});
+                body["status"] = json!({"phase": "Pending"});
+                if self.admission.kube_version >= crate::realkube::KubeVersion::V1_37 {
+                    body["status"]["lastPhaseTransitionTime"] = json!(now);
+                }
             }
             resources::PVC => {
                 body["status"] = json!({"phase": "Pending"});
             }
+            resources::NAMESPACE => self.label_namespace(&mut body, &name),
             _ => {}
         }
         // admission
@@ -301,9 +419,14 @@ impl Registry {
             }
         }
         validation::apply_defaults(res, &mut body);
-        errs.extend(validation::validate(res, &body, None));
+        errs.extend(self.rendered(validation::validate(res, &body, None)));
         if super::event_api::twin(res).is_some() {
-            errs.extend(super::event_api::validate_create(res, ns, &body));
+            errs.extend(super::event_api::validate_create(
+                res,
+                ns,
+                &body,
+                self.admission.kube_version,
+            ));
         }
         if !errs.is_empty() {
             return Err(ApiError::invalid(ri, &name, &errs));
@@ -384,6 +507,12 @@ impl Registry {
             }
             m.remove("selfLink");
             m.remove("managedFields");
+        }
+        if res == resources::NAMESPACE {
+            self.label_namespace(&mut new, &name);
+        }
+        {
+            let m = meta_mut(&mut new);
             m.remove("resourceVersion");
         }
         if ri.status_subresource {
@@ -408,6 +537,9 @@ impl Registry {
                     }
                 }
             }
+        }
+        if res == resources::PV && sub == Sub::Status {
+            self.pv_phase_transition_time(old_v, &mut new);
         }
         // finalizers may not be added while deleting
         let deleting = meta(old_v).contains_key("deletionTimestamp");
@@ -434,7 +566,12 @@ impl Registry {
             }
         }
         validation::apply_defaults(res, &mut new);
-        let errs = validation::validate(res, &new, Some(old_v));
+        let old_for_validation = self.storage_class_upgrade_from_nil(res, old_v, &new);
+        let errs = self.rendered(validation::validate(
+            res,
+            &new,
+            Some(old_for_validation.as_ref().unwrap_or(old_v)),
+        ));
         if !errs.is_empty() {
             return Err(ApiError::invalid(ri, &name, &errs));
         }
