@@ -122,8 +122,11 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         }
     };
     println!(
-        "split-provisioner demo: {} claims against the {target}, backend {:?}",
-        args.claims, args.backend
+        "split-provisioner demo: {} claims against the {target}, backend {}",
+        args.claims,
+        args.backend
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_string())
     );
     println!(
         "building/locating the service binaries (cargo build --release {}) ...",

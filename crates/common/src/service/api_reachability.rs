@@ -164,7 +164,7 @@ impl ApiReachability {
                 api_server = %self.server,
                 cause = %cause,
                 error = %crate::service::telemetry::error_chain(err),
-                "API server unreachable: {cause}; retrying (logged again when the cause changes or it answers)"
+                "API server unreachable; retrying (logged again when the cause changes or it answers)"
             );
         }
         change
