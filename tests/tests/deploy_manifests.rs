@@ -42,7 +42,7 @@ use api_types::api_calls::{ApiCall, LEASE_CALLS};
 use api_types::lease_name;
 use backends::{BackendArgs, BackendKind};
 use clap::FromArgMatches;
-use common::service::config::{CommonArgs, ServiceKind};
+use common::runtime::config::{CommonArgs, ServiceKind};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -424,7 +424,7 @@ fn grants_of(r: &Rendered, sa: &str, ns: &str, problems: &mut Vec<String>) -> Ve
 }
 
 /// The calls a service makes: its declaration plus the runtime's Lease calls
-/// (`common::service::runtime` always runs leader election by default).
+/// (`common::runtime::frame` always runs leader election by default).
 fn declared_calls(spec: &ServiceSpec) -> Vec<ApiCall> {
     let mut calls = spec.api_calls.to_vec();
     if !calls.contains(&LEASE_CALLS) {

@@ -25,9 +25,9 @@
 
 use std::time::Duration;
 
-use common::store::intents::IntentStore;
-use common::store::queue::PvQueue;
-use common::store::queue_auth::QueueKey;
+use common::handoff::intents::IntentStore;
+use common::handoff::queue::PvQueue;
+use common::handoff::queue_auth::QueueKey;
 use e2e::harness::{pv_writer, wait_eq, ControlPlane, Service, System, SystemOptions};
 use e2e::on_both_planes;
 
@@ -377,7 +377,7 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over(pl
     // Exactly one ProvisioningSucceeded per claim, also for the announcements
     // the old leader had in flight when it was stopped and the standby made
     // again: the Event is named after the claim uid and reason
-    // (common::controller::events::EventSink::publish_once), so the second create is an
+    // (common::kube::events::EventSink::publish_once), so the second create is an
     // AlreadyExists, not a second Event.
     let events = sys.events("ProvisioningSucceeded").await.unwrap();
     assert_eq!(

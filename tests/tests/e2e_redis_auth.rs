@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use common::store::{orphan_report, redis_store};
+use common::handoff::{orphan_report, redis_store};
 use e2e::harness::{wait_until, ControlPlane, RedisSecurity, Service, System, SystemOptions};
 use e2e::on_both_planes;
 

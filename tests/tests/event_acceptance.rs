@@ -1,10 +1,10 @@
-//! Every Event the services publish (through `common::controller::events::EventSink`), about claims and
+//! Every Event the services publish (through `common::kube::events::EventSink`), about claims and
 //! about PersistentVolumes, is accepted by the API server; and core/v1 and events.k8s.io/v1
 //! Events are one resource seen through two APIs. Each scenario runs on the simulator and
 //! on a real kube-apiserver (v1.19 and v1.37) (skipped with one line without it,
 //! a failure in CI): the real server is the reference the simulator must agree with.
 
-use common::controller::events::{once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
+use common::kube::events::{once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
 use e2e::realkube::{Assets, KubeVersion, RealCluster, RealClusterOptions};
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};

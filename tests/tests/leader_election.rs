@@ -1,4 +1,4 @@
-//! Leader election (`common::service::leader`) on both control planes: acquire, stand
+//! Leader election (`common::runtime::leader`) on both control planes: acquire, stand
 //! by, renew, release on shutdown, and lose the lead (renew deadline exceeded
 //! while the API fails; another holder takes over). On the real API server the
 //! electors run as provision-svc's ServiceAccount, so the deploy's Lease Role
@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use common::service::leader::{LeadLost, LeaderElector, LeaseTiming};
+use common::runtime::leader::{LeadLost, LeaderElector, LeaseTiming};
 use e2e::harness::{ControlPlane, Plane, Service};
 use e2e::on_both_planes;
 use e2e::sim::SimConfig;

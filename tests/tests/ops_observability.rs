@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command as Process;
 use std::time::Duration;
 
-use common::store::queue::PvQueue;
+use common::handoff::queue::PvQueue;
 use e2e::harness::{ControlPlane, Service, System, SystemOptions};
 use e2e::on_both_planes;
 use k8s_openapi::api::core::v1::PersistentVolume;

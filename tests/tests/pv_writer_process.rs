@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use common::store::queue::PvQueue;
+use common::handoff::queue::PvQueue;
 use e2e::harness::pv_writer::{
     create_claim, enqueue_all, entry_for_claim, pv_writer_binary, queue_key, spawn_writer,
     PROVISIONER,

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
 use backend_hostpath::{HostPath, OnDelete};
-use common::service::http::Readiness;
-use common::store::queue::{now_ms, PvQueue};
-use common::store::queue_auth::QueueKey;
+use common::handoff::queue::{now_ms, PvQueue};
+use common::handoff::queue_auth::QueueKey;
+use common::runtime::http::Readiness;
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
@@ -169,7 +169,7 @@ impl Fixture {
     }
 
     fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
-        let text = common::service::metrics::render(&self.registry);
+        let text = common::runtime::metrics::render(&self.registry);
         let prefix = match label {
             Some((k, v)) => format!("{name}{{{k}=\"{v}\"}} "),
             None => format!("{name} "),
@@ -735,8 +735,9 @@ async fn a_writer_whose_term_was_superseded_moves_no_entry() {
             q.list_pending()
                 .await
                 .map(|p| {
-                    p.iter()
-                        .any(|e| matches!(e.state, common::store::queue::PendingState::InFlight(_)))
+                    p.iter().any(|e| {
+                        matches!(e.state, common::handoff::queue::PendingState::InFlight(_))
+                    })
                 })
                 .unwrap_or(false)
         }

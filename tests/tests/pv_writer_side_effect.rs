@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use api_types::queue::QueuedPvWrite;
 use backend_hostpath::{HostPath, OnDelete};
-use common::store::queue::{PvQueue, TakenEntry};
-use common::store::queue_auth::QueueKey;
+use common::handoff::queue::{PvQueue, TakenEntry};
+use common::handoff::queue_auth::QueueKey;
 use e2e::harness::pv_writer::{create_claim, entry_for_claim, queue_key, BASE_DIR, PROVISIONER};
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;
@@ -126,7 +126,7 @@ impl Fixture {
     }
 
     fn refused(&self, reason: &str) -> f64 {
-        let text = common::service::metrics::render(&self.registry);
+        let text = common::runtime::metrics::render(&self.registry);
         let prefix = format!("pv_writer_refused_entries_total{{reason=\"{reason}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&prefix))

@@ -11,9 +11,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, SCHEMA_VERSION};
-use common::store::intents::IntentStore;
-use common::store::queue::{DeadLetter, PvQueue, Settled};
-use common::store::redis_store::{self, ConnectError, RedisConfig};
+use common::handoff::intents::IntentStore;
+use common::handoff::queue::{DeadLetter, PvQueue, Settled};
+use common::handoff::redis_store::{self, ConnectError, RedisConfig};
 use e2e::harness::redis::{deploy_acl_users, RedisSecurity, RedisServer};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -568,7 +568,7 @@ async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
     let mut operator = redis_store::connect(&redis.config_as(Some("operator")))
         .await
         .unwrap();
-    let report = common::store::orphan_report::read(&mut operator, NAME)
+    let report = common::handoff::orphan_report::read(&mut operator, NAME)
         .await
         .unwrap()
         .expect("the sweep stored its report under reclaim-svc's user");

@@ -1,4 +1,4 @@
-//! The service frame (`common::service::runtime`): work starts only once the Lease is
+//! The service frame (`common::runtime::frame`): work starts only once the Lease is
 //! held, `/readyz` follows the work loop's readiness, and a lost Lease aborts
 //! the work at once; the replica then stays up, reports not ready, campaigns
 //! again and restarts its work when it leads again.
@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use common::service::config::{CommonArgs, ServiceKind};
-use common::service::runtime::{run_service_with_client, run_service_with_shutdown};
+use common::runtime::config::{CommonArgs, ServiceKind};
+use common::runtime::frame::{run_service_with_client, run_service_with_shutdown};
 use e2e::harness::{ControlPlane, Plane, Service};
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -377,11 +377,11 @@ async fn sigterm_does_not_restart_the_renew_deadline() {
     );
 }
 
-/// A client built the way the services build theirs (`common::service::kube_client`).
+/// A client built the way the services build theirs (`common::runtime::kube_client`).
 fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
     let mut config = kube::Config::new(sim.url().parse().unwrap());
     config.default_namespace = "default".into();
-    common::service::kube_client::build_client(config, 0.0, 0).unwrap()
+    common::runtime::kube_client::build_client(config, 0.0, 0).unwrap()
 }
 
 async fn healthz(addr: std::net::SocketAddr) -> (u16, String) {
@@ -449,7 +449,7 @@ async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(healthz(addr).await.0, 200, "beating again: healthy");
 
-    let text = common::service::metrics::render(&registry);
+    let text = common::runtime::metrics::render(&registry);
     for family in [
         "process_cpu_seconds_total ",
         "process_resident_memory_bytes ",
@@ -482,7 +482,7 @@ async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
 
 /// Whether the registry counted a lost leader term.
 fn text_is_lost(registry: &prometheus::Registry) -> bool {
-    common::service::metrics::render(registry)
+    common::runtime::metrics::render(registry)
         .lines()
         .any(|l| l.starts_with("leader_election_lost_total{") && !l.ends_with(" 0"))
 }

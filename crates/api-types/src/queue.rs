@@ -79,7 +79,7 @@ pub struct QueuedPvWrite {
     pub first_attempt_at_ms: Option<u64>,
     /// Lower-case hex HMAC-SHA256 of the record without this field, keyed with
     /// the queue key only provision-svc and pv-writer hold (see
-    /// `common::store::queue_auth`). Absent in records of earlier releases and in
+    /// `common::handoff::queue_auth`). Absent in records of earlier releases and in
     /// records written with the insecure unsigned-queue dev flag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,

@@ -11,9 +11,9 @@ use api_types::{
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, FINALIZER_PV,
 };
 use async_trait::async_trait;
-use common::controller::retry::{FailureThreshold, RetryPolicy};
-use common::controller::workqueue::WorkQueue;
-use common::store::intents::{IntentClaim, IntentEntry};
+use common::handoff::intents::{IntentClaim, IntentEntry};
+use common::kube::retry::{FailureThreshold, RetryPolicy};
+use common::kube::workqueue::WorkQueue;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
 };
@@ -32,7 +32,7 @@ use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
 use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 use crate::recovery::{self, CleanupOutcome, Recovery};
-use common::controller::cache::NameSet;
+use common::kube::cache::NameSet;
 
 const NAME: &str = "example.com/hostpath";
 
@@ -358,7 +358,7 @@ impl World {
             .apply_watcher_event(&watcher::Event::Delete(CachedClaim::new(c.clone())));
     }
     fn metric(&self, needle: &str) -> String {
-        common::service::metrics::render(&self.registry)
+        common::runtime::metrics::render(&self.registry)
             .lines()
             .find(|l| l.starts_with(needle))
             .unwrap_or_default()
@@ -405,7 +405,7 @@ fn full_claim(uid: &str) -> PersistentVolumeClaim {
             (ANN_STORAGE_PROVISIONER, NAME),
             ("nfs.io/storage-path", "db/data"),
             (
-                common::controller::cache::LAST_APPLIED_ANNOTATION,
+                common::kube::cache::LAST_APPLIED_ANNOTATION,
                 "{\"big\":true}",
             ),
         ],
@@ -428,7 +428,7 @@ fn full_claim(uid: &str) -> PersistentVolumeClaim {
 async fn a_claim_from_the_compact_cache_is_the_whole_claim() {
     let full = full_claim("u1");
     let mut stripped = full.clone();
-    common::controller::cache::strip_for_cache(&mut stripped);
+    common::kube::cache::strip_for_cache(&mut stripped);
     assert_ne!(stripped, full, "the fixture carries bookkeeping to drop");
 
     let mut cached = Setup::default().build();
@@ -1311,7 +1311,7 @@ async fn a_deleted_claims_volume_is_removed_from_the_intent_alone() {
     recovery::cleanup_all(
         w.op.clone(),
         vec![e],
-        common::controller::retry::Backoff::exponential(
+        common::kube::retry::Backoff::exponential(
             Duration::from_millis(1),
             Duration::from_millis(10),
         ),
@@ -1361,10 +1361,7 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
     let run = tokio::spawn(recovery::cleanup_all(
         w.op.clone(),
         entries,
-        common::controller::retry::Backoff::exponential(
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        ),
+        common::kube::retry::Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)),
         shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_secs(600)).await;
@@ -1545,7 +1542,7 @@ async fn the_queued_entry_carries_the_claims_first_attempt_across_retries() {
     .build();
     w.add_claim(&ours("u1"));
     w.drain_one().await;
-    let before_first = common::controller::time::now_ms();
+    let before_first = common::kube::time::now_ms();
     process(&w.op, &w.queue, "u1").await; // fails, retried
     assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use common::service::config::{parse_duration, CommonArgs, RetryArgs};
-use common::store::queue_auth::QueueKeyArgs;
+use common::handoff::queue_auth::QueueKeyArgs;
+use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
 
 /// Flags of the provisioning controller (without the backend's).
 #[derive(Debug, Clone, Args)]
@@ -66,7 +66,7 @@ impl ProvisionArgs {
     /// the limit.
     pub fn worker_threads(&self) -> usize {
         self.common
-            .worker_threads_for(common::service::config::ServiceKind::Provision)
+            .worker_threads_for(common::runtime::config::ServiceKind::Provision)
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! Health: the claim queue reports client-go's `workqueue_*` metrics
 //! (`name="claims"`); the loop beats the runtime's heartbeat while workers take
-//! claims or none wait ([`common::service::health`]); and it reports not ready
+//! claims or none wait ([`common::runtime::health`]); and it reports not ready
 //! while Redis (queue and intents, which every provisioning needs) does not
 //! answer a probe every [`REDIS_PROBE_INTERVAL`].
 
@@ -20,15 +20,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::controller::cache::{strip_for_cache, watch_backoff, Compact, NameSet};
-use common::store::intents::IntentStore;
-use common::store::queue::PvQueue;
-use common::store::queue_auth::QueueKey;
+use common::handoff::intents::IntentStore;
+use common::handoff::queue::PvQueue;
+use common::handoff::queue_auth::QueueKey;
+use common::kube::cache::{strip_for_cache, watch_backoff, Compact, NameSet};
 
 use crate::ports::SignedQueue;
-use common::controller::retry::{Backoff, FailureThreshold, RetryPolicy};
-use common::service::config::{resync_interval, ServiceKind};
-use common::service::runtime::ServiceContext;
+use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
+use common::runtime::config::{resync_interval, ServiceKind};
+use common::runtime::frame::ServiceContext;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -47,7 +47,7 @@ use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, Operation, Ports, Settings};
 use crate::ports::KubeCluster;
 use crate::recovery::{self, Recovery};
-use common::controller::workqueue::WorkQueue;
+use common::kube::workqueue::WorkQueue;
 
 /// A claim as the claims cache holds it: its identity typed, the rest as
 /// compact JSON ([`Compact`]); [`ClaimQueue::claim_by_uid`] decodes it.
@@ -263,7 +263,7 @@ where
         match item {
             Ok(ev) => on_event(&ev),
             // An unreachable API server is logged once by the client.
-            Err(e) if common::service::api_reachability::unreachable_cause(&e).is_some() => {
+            Err(e) if common::runtime::api_reachability::unreachable_cause(&e).is_some() => {
                 tracing::debug!(kind, error = %e, "watch failed; the reflector retries")
             }
             Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
@@ -303,9 +303,9 @@ pub async fn work(
     {
         let stall = args.common.healthz_stall_timeout;
         let (claims, started) = (claims.clone(), workers_started.clone());
-        beater.spawn(common::service::health::beat_while_progressing(
+        beater.spawn(common::runtime::health::beat_while_progressing(
             ctx.heartbeat.clone(),
-            common::service::health::beat_period(stall),
+            common::runtime::health::beat_period(stall),
             stall,
             move || {
                 if started.load(std::sync::atomic::Ordering::SeqCst) {
@@ -497,7 +497,7 @@ pub async fn work(
 /// does (claims are then retried by their backoff or the next resync).
 async fn probe_redis(
     intents: IntentStore,
-    readiness: common::service::http::Readiness,
+    readiness: common::runtime::http::Readiness,
     shutdown: CancellationToken,
 ) {
     let mut up = true;

@@ -11,7 +11,7 @@
 //! * [`ports`] — the side effects behind traits (Kubernetes, queue, intents);
 //! * [`recovery`] — the leader's start-up walk over durable intents: a function
 //!   of the durable store, the caches and the backend;
-//! * [`controller`] — reflectors, the claim work queue ([`common::controller::workqueue`],
+//! * [`controller`] — reflectors, the claim work queue ([`common::kube::workqueue`],
 //!   keyed by uid) with its per-claim retry/threshold handling, workers,
 //!   resync, graceful shutdown;
 //! * [`metrics`] — the seed's provisioning metrics and the service's gauges;
@@ -28,7 +28,7 @@ pub mod recovery;
 
 use std::sync::Arc;
 
-use common::service::config::ServiceKind;
+use common::runtime::config::ServiceKind;
 use prometheus::Registry;
 use provisioner_api::Provisioner;
 
@@ -37,7 +37,7 @@ use provisioner_api::Provisioner;
 /// `<provisioner>-provision` Lease and, while leading, provisions claims.
 ///
 /// Errors: client or HTTP setup failures. A lost Lease stops all work and the
-/// replica campaigns again (see [`common::service::runtime`]).
+/// replica campaigns again (see [`common::runtime::frame`]).
 pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     let queue_key = args.queue_key.load()?;
     let registry = Registry::new();
@@ -45,20 +45,15 @@ pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> 
     let common_args = args.common.clone();
     // Called once per leader term: each term starts from scratch (new
     // reflectors, operation and claim queue, a new start-up walk); the metrics live on.
-    common::service::runtime::run_service(
-        ServiceKind::Provision,
-        common_args,
-        registry,
-        move |ctx| {
-            controller::work(
-                ctx,
-                args.clone(),
-                backend.clone(),
-                metrics.clone(),
-                queue_key.clone(),
-            )
-        },
-    )
+    common::runtime::frame::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
+        controller::work(
+            ctx,
+            args.clone(),
+            backend.clone(),
+            metrics.clone(),
+            queue_key.clone(),
+        )
+    })
     .await
 }
 

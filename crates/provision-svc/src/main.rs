@@ -5,9 +5,9 @@
 use provision_svc::config::Cli;
 
 fn main() -> anyhow::Result<()> {
-    common::service::alloc::block_on_service(async {
+    common::runtime::alloc::block_on_service(async {
         let (cli, backend) = backends::parse::<Cli>();
-        common::service::telemetry::init(
+        common::runtime::telemetry::init(
             cli.provision.common.log_format,
             &cli.provision.common.log_level,
         );

@@ -6,7 +6,7 @@
 //! pv-writer exports them (see its `metrics` module) and provision-svc does not,
 //! and a dashboard summing across services counts each provisioning once.
 
-use common::service::metrics::gauge;
+use common::runtime::metrics::gauge;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
@@ -30,7 +30,7 @@ impl ProvisionStageMetrics {
     /// Create and register the three families into `registry`.
     pub fn register(registry: &Registry) -> Self {
         let counter = |name: &str, help: &str| {
-            common::service::metrics::register(
+            common::runtime::metrics::register(
                 registry,
                 IntCounterVec::new(Opts::new(name, help), &["class"]).expect("valid metric"),
             )
@@ -44,7 +44,7 @@ impl ProvisionStageMetrics {
                 "provision_svc_provision_failed_total",
                 "Failed provision attempts in provision-svc (each retry counts), by storage class name.",
             ),
-            duration_seconds: common::service::metrics::register(
+            duration_seconds: common::runtime::metrics::register(
                 registry,
                 HistogramVec::new(
                     HistogramOpts::new(
@@ -66,7 +66,7 @@ pub struct ServiceMetrics {
     /// `provision_svc_provision_duration_seconds`, label `class`.
     pub provision: ProvisionStageMetrics,
     /// client-go's `workqueue_*` families of the claim queue (`name="claims"`).
-    pub queue: common::controller::workqueue_metrics::WorkQueueMetrics,
+    pub queue: common::kube::workqueue_metrics::WorkQueueMetrics,
     /// `provision_svc_operations_in_flight`: provision operations running now.
     pub in_flight: IntGauge,
     /// `provision_svc_intents`: provisioning intents recorded in Redis.
@@ -90,7 +90,7 @@ impl ServiceMetrics {
     pub fn register(registry: &Registry) -> Self {
         Self {
             provision: ProvisionStageMetrics::register(registry),
-            queue: common::controller::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
+            queue: common::kube::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
             in_flight: gauge(
                 registry,
                 "provision_svc_operations_in_flight",
@@ -106,7 +106,7 @@ impl ServiceMetrics {
                 "provision_svc_claims_in_background",
                 "Claims whose backend reported provisioning in background; retried even after their PVC is deleted.",
             ),
-            poisoned_intents: common::service::metrics::register(
+            poisoned_intents: common::runtime::metrics::register(
                 registry,
                 IntCounter::new(
                     "provision_svc_poisoned_intents_total",
@@ -114,7 +114,7 @@ impl ServiceMetrics {
                 )
                 .expect("valid metric"),
             ),
-            stalled_queue_entries: common::service::metrics::register(
+            stalled_queue_entries: common::runtime::metrics::register(
                 registry,
                 IntCounterVec::new(
                     Opts::new(

@@ -33,10 +33,10 @@ use api_types::queue::{
 use api_types::{
     pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, FINALIZER_PV,
 };
-use common::controller::cache::NameSet;
-use common::controller::events::{claim_ref_of, reason};
-use common::controller::retry::FailureThreshold;
-use common::controller::time::now_ms;
+use common::kube::cache::NameSet;
+use common::kube::events::{claim_ref_of, reason};
+use common::kube::retry::FailureThreshold;
+use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};

@@ -3,8 +3,8 @@
 //!
 //! * [`ClusterApi`] — node lookup, the reschedule PATCH, claim events
 //!   ([`KubeCluster`] over the Kubernetes API);
-//! * [`PvHandoff`] — pv-writer's durable queue ([`common::store::queue::PvQueue`]);
-//! * [`IntentLog`] — durable provisioning intents ([`common::store::intents::IntentStore`]).
+//! * [`PvHandoff`] — pv-writer's durable queue ([`common::handoff::queue::PvQueue`]);
+//! * [`IntentLog`] — durable provisioning intents ([`common::handoff::intents::IntentStore`]).
 //!
 //! Errors are plain strings: every caller turns them into an event or a log
 //! line and a retry.
@@ -12,10 +12,10 @@
 use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
-use common::controller::events::{reason, EventSink};
-use common::store::intents::IntentStore;
-use common::store::queue::PvQueue;
-use common::store::queue_auth::QueueKey;
+use common::handoff::intents::IntentStore;
+use common::handoff::queue::PvQueue;
+use common::handoff::queue_auth::QueueKey;
+use common::kube::events::{reason, EventSink};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -105,7 +105,7 @@ pub trait IntentLog: Send + Sync + 'static {
 }
 
 /// The real [`PvHandoff`]: pv-writer's Redis queue, every entry signed with the
-/// queue key ([`common::store::queue_auth`]) before it is stored.
+/// queue key ([`common::handoff::queue_auth`]) before it is stored.
 pub struct SignedQueue {
     queue: PvQueue,
     key: Option<QueueKey>,
@@ -361,7 +361,7 @@ impl ClusterApi for KubeCluster {
         note: String,
     ) {
         let _ = self.events.send(PendingEvent {
-            claim: common::controller::events::reference(claim),
+            claim: common::kube::events::reference(claim),
             warning,
             reason: reason.to_string(),
             note,

@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 use api_types::queue::ClaimKey;
 use api_types::ANN_SELECTED_NODE;
-use common::controller::retry::Backoff;
-use common::store::intents::IntentEntry;
+use common::handoff::intents::IntentEntry;
+use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

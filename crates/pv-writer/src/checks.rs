@@ -5,7 +5,7 @@
 //!
 //! In order ([`EntryChecks::check`]); the first failure refuses the entry:
 //! 1. authenticity: the entry's HMAC verifies with the queue key
-//!    ([`common::store::queue_auth`]) — reasons `unsigned`, `bad_signature`;
+//!    ([`common::handoff::queue_auth`]) — reasons `unsigned`, `bad_signature`;
 //! 2. the PV name is the entry's queue key — `name_mismatch`;
 //! 3. the PV name is `pvc-<claim uid>` (seed `getProvisionedVolumeNameForClaim`)
 //!    — `pv_name`;
@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use api_types::annotations::{pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED};
 use api_types::queue::QueuedPvWrite;
-use common::store::queue_auth::QueueKey;
+use common::handoff::queue_auth::QueueKey;
 use provisioner_api::Provisioner;
 
 /// Why an entry was refused: `kind` is the metric label, `reason` the sentence

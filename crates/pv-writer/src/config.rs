@@ -2,13 +2,13 @@
 //! (`--write-timeout` ⇔ `WRITE_TIMEOUT`). `--worker-threads` (alias
 //! `--workers`, default 16) and `--retry-interval-start`/`--retry-interval-max`
 //! (aliases `--retry-initial`/`--retry-max`, default 1s/5m; entries are retried
-//! forever, with up to 20 % jitter below) are shared flags (`common::service::config`).
+//! forever, with up to 20 % jitter below) are shared flags (`common::runtime::config`).
 
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use common::service::config::{parse_duration, CommonArgs, ServiceKind};
-use common::store::queue_auth::QueueKeyArgs;
+use common::handoff::queue_auth::QueueKeyArgs;
+use common::runtime::config::{parse_duration, CommonArgs, ServiceKind};
 
 /// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV> | status [-o json] [NAMES]]`,
 /// without the backend's flags: the binary adds `--backend` and the built-in

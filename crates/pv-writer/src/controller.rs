@@ -8,9 +8,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::service::health::Heartbeat;
-use common::service::http::Readiness;
-use common::store::queue::QueueError;
+use common::handoff::queue::QueueError;
+use common::runtime::health::Heartbeat;
+use common::runtime::http::Readiness;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ use crate::decision::is_transient_code;
 use crate::operation::Writer;
 
 /// Longest the idle dispatcher waits before looking for due entries again;
-/// an enqueue wakes it at once ([`common::store::queue::PvQueue::wait_for_work`]), so
+/// an enqueue wakes it at once ([`common::handoff::queue::PvQueue::wait_for_work`]), so
 /// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -87,9 +87,9 @@ impl Writer {
         let mut beater = JoinSet::new();
         {
             let (dispatched, ready) = (self.dispatched.clone(), readiness.clone());
-            beater.spawn(common::service::health::beat_while_progressing(
+            beater.spawn(common::runtime::health::beat_while_progressing(
                 heartbeat,
-                common::service::health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+                common::runtime::health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
                 stall_timeout,
                 move || {
                     if ready.is_ready() {
@@ -262,7 +262,7 @@ impl Writer {
 }
 
 /// How often the dispatcher hands back entries of its own term that no worker
-/// holds ([`common::store::queue::PvQueue::requeue_unheld`]) when none of its
+/// holds ([`common::handoff::queue::PvQueue::requeue_unheld`]) when none of its
 /// Redis calls failed; after a failure it does so at its next turn.
 pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
 

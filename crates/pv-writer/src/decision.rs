@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use api_types::queue::QueuedPvWrite;
-use common::controller::retry::Backoff;
+use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use rand::Rng;
 

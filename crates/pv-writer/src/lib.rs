@@ -1,4 +1,4 @@
-//! pv-writer: drains the durable Redis PV-write queue ([`common::store::queue`]) and
+//! pv-writer: drains the durable Redis PV-write queue ([`common::handoff::queue`]) and
 //! creates the PersistentVolumes that provision-svc provisioned.
 //!
 //! The seed saves a provisioned PV from memory and, after a few failed saves,
@@ -6,7 +6,7 @@
 //! PV in Redis (AOF) until the PV object exists, retries transient failures
 //! forever with per-entry backoff, and dead-letters only what the API server
 //! refuses for good — never deleting a volume. See [`operation`] for the per-entry
-//! rules and [`common::store::queue`] for the Redis layout and delivery guarantees.
+//! rules and [`common::handoff::queue`] for the Redis layout and delivery guarantees.
 //!
 //! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
 //! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
@@ -40,10 +40,10 @@ pub mod status;
 use std::sync::Arc;
 
 use anyhow::Context;
-use common::service::config::ServiceKind;
-use common::service::runtime::{run_service, ServiceContext};
-use common::store::queue::PvQueue;
-use common::store::queue_auth::QueueKey;
+use common::handoff::queue::PvQueue;
+use common::handoff::queue_auth::QueueKey;
+use common::runtime::config::ServiceKind;
+use common::runtime::frame::{run_service, ServiceContext};
 use prometheus::Registry;
 use provisioner_api::Provisioner;
 
@@ -179,7 +179,7 @@ pub async fn serve_with_metrics(
 ///
 /// Errors: after printing, when any part could not be read (exit status 1).
 async fn run_status(
-    common_args: &common::service::config::CommonArgs,
+    common_args: &common::runtime::config::CommonArgs,
     args: &StatusArgs,
 ) -> anyhow::Result<()> {
     let names = if args.provisioner_names.is_empty() {
@@ -192,7 +192,7 @@ async fn run_status(
     let client = if args.no_leases {
         None
     } else {
-        match common::service::kube_client::client_from_args(common_args).await {
+        match common::runtime::kube_client::client_from_args(common_args).await {
             Ok(c) => Some(c),
             Err(e) => {
                 client_error = Some(format!("leases: {e:#}"));
@@ -204,7 +204,7 @@ async fn run_status(
         &names,
         &common_args.redis(),
         client.as_ref().map(|c| (c, namespace)),
-        common::controller::time::now_ms(),
+        common::kube::time::now_ms(),
     )
     .await;
     if let Some(e) = client_error {

@@ -4,12 +4,12 @@
 //! check every queued PV must pass).
 
 fn main() -> std::process::ExitCode {
-    common::service::alloc::block_on_service(async_main())
+    common::runtime::alloc::block_on_service(async_main())
 }
 
 async fn async_main() -> std::process::ExitCode {
     let (cli, backend) = backends::parse::<pv_writer::Cli>();
-    common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
+    common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
     let service = matches!(cli.command, None | Some(pv_writer::Command::Run));
     let result = match backend.build() {
         Ok(backend) => pv_writer::run(cli, backend).await,
@@ -18,7 +18,7 @@ async fn async_main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            let error = common::service::telemetry::error_chain(err.as_ref());
+            let error = common::runtime::telemetry::error_chain(err.as_ref());
             // Once: a log line for the service, a plain line for an operator's command.
             if service {
                 tracing::error!(error, "pv-writer failed");

@@ -5,7 +5,7 @@
 //! seed's meaning: a provisioning counts once its PV is stored. provision-svc
 //! counts its own stage under `provision_svc_*` names.
 
-use common::service::metrics::{gauge, register, seconds_histogram, ProvisionMetrics};
+use common::runtime::metrics::{gauge, register, seconds_histogram, ProvisionMetrics};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts};
 
 /// The registry type [`WriterMetrics::register`] takes (re-exported for embedders).

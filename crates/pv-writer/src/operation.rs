@@ -52,7 +52,7 @@
 //! Health: the dispatcher beats the runtime's heartbeat while it loops (idle
 //! polls included) or while Redis is unreachable (not ready, which a restart
 //! would not fix); it stops beating when it has been stuck, with Redis up, for
-//! `--healthz-stall-timeout` ([`common::service::health`]).
+//! `--healthz-stall-timeout` ([`common::runtime::health`]).
 //!
 //! Fencing: [`Writer::run`] starts a leader term ([`PvQueue::begin_term`]) and
 //! every take and settlement carries its epoch. Once a newer term exists (this
@@ -72,12 +72,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use api_types::queue::{DecodeError, QueuedPvWrite};
-use common::controller::events::{claim_reference, reason, EventSink};
-use common::controller::retry::Backoff;
-use common::controller::time::now_ms;
-use common::service::health::Heartbeat;
-use common::service::http::Readiness;
-use common::store::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
+use common::handoff::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
+use common::kube::events::{claim_reference, reason, EventSink};
+use common::kube::retry::Backoff;
+use common::kube::time::now_ms;
+use common::runtime::health::Heartbeat;
+use common::runtime::http::Readiness;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
 use kube::Client;

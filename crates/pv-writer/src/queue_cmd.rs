@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
-use common::controller::time::now_ms;
-use common::store::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
+use common::handoff::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
+use common::kube::time::now_ms;
 
 use crate::config::QueueCommand;
 

@@ -2,7 +2,7 @@
 //! three services — the PV-write queue (depth, oldest pending age, dead
 //! letters with their reasons, in-flight entries with the pv-writer term that
 //! owns them), provisioning intents (volumes being made), the last orphan
-//! sweep's report ([`common::store::orphan_report`]) and the three Leases (holder,
+//! sweep's report ([`common::handoff::orphan_report`]) and the three Leases (holder,
 //! time since the last renewal).
 //!
 //! It lives in pv-writer, next to `pv-writer queue`, because the queue is the
@@ -19,11 +19,11 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use api_types::lease_name;
-use common::service::config::ServiceKind;
-use common::store::intents::IntentStore;
-use common::store::orphan_report::{self, OrphanReport};
-use common::store::queue::{PendingState, PvQueue};
-use common::store::redis_store::RedisConfig;
+use common::handoff::intents::IntentStore;
+use common::handoff::orphan_report::{self, OrphanReport};
+use common::handoff::queue::{PendingState, PvQueue};
+use common::handoff::redis_store::RedisConfig;
+use common::runtime::config::ServiceKind;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use serde::Serialize;
@@ -198,7 +198,7 @@ async fn gather_one(
         leases: Vec::new(),
         errors: Vec::new(),
     };
-    match common::store::redis_store::connect(redis).await {
+    match common::handoff::redis_store::connect(redis).await {
         Ok(conn) => {
             let queue = PvQueue::with_connection(conn.clone(), name);
             match queue_status(&queue).await {
@@ -252,7 +252,7 @@ async fn gather_one(
     status
 }
 
-async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::store::queue::QueueError> {
+async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::queue::QueueError> {
     let stats = queue.stats().await?;
     let now = stats.redis_now_ms;
     let current_term = queue.current_term().await?;

@@ -2,7 +2,7 @@
 //! check. Keep in step with the code: `controller` (reflector: list, watch),
 //! `finalizer` (patch; get to re-read after a 409 Conflict), `operation`
 //! (get to re-read a PV right before deleting its volume, delete; get of a
-//! StorageClass for a backend that reads it at delete), `common::controller::events` (events) and `common::service::leader` (Lease).
+//! StorageClass for a backend that reads it at delete), `common::kube::events` (events) and `common::runtime::leader` (Lease).
 
 use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 

@@ -1,13 +1,13 @@
 //! reclaim-svc's flags (each with an environment-variable twin). The shared
 //! ones (`--worker-threads`, default 4 = seed threadiness;
 //! `--retry-interval-start`/`--retry-interval-max`, default 15s/1000s as the
-//! seed's work queue) are in `common::service::config`. The backend's flags
+//! seed's work queue) are in `common::runtime::config`. The backend's flags
 //! (`--backend`, `--on-delete`, ...) are added by the binary (`backends` crate).
 
 use std::time::Duration;
 
 use clap::{Args, Parser};
-use common::service::config::{parse_duration, CommonArgs, RetryArgs};
+use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
 
 /// Flags of reclaim-svc itself (each with an environment twin).
 #[derive(Debug, Clone, Args)]
@@ -88,7 +88,7 @@ mod tests {
         assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
         assert_eq!(
             cli.common
-                .worker_threads_for(common::service::config::ServiceKind::Reclaim),
+                .worker_threads_for(common::runtime::config::ServiceKind::Reclaim),
             4
         );
         assert!(!cli.reclaim.sweep_orphans);

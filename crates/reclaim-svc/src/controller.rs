@@ -11,7 +11,7 @@
 //! the delete event forgets the PV's retry state ([`Context::observe`], seed
 //! `forgetVolume`).
 //!
-//! Why `Controller` here and not [`common::controller::workqueue`]: a PV's work item is
+//! Why `Controller` here and not [`common::kube::workqueue`]: a PV's work item is
 //! its name, and once the PV is gone there is nothing left to do, which is
 //! exactly the `Controller` model. provision-svc keeps the hand-written queue
 //! because its claims are keyed by uid and must outlive the cache.
@@ -22,15 +22,15 @@
 //! from [`reconcile`]; `Controller`'s scheduler does not expose its depth, so
 //! `workqueue_depth` and the queue duration stay unobserved) and beats the
 //! runtime's liveness heartbeat unless every reconcile slot has been busy for
-//! `--healthz-stall-timeout` ([`common::service::health`]).
+//! `--healthz-stall-timeout` ([`common::runtime::health`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::controller::cache::{watch_backoff, Compact};
-use common::controller::retry::{FailureThreshold, RetryPolicy};
-use common::service::config::resync_interval;
+use common::kube::cache::{watch_backoff, Compact};
+use common::kube::retry::{FailureThreshold, RetryPolicy};
+use common::runtime::config::resync_interval;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
@@ -42,8 +42,8 @@ use provisioner_api::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 
 use crate::operation::{Reclaimer, SyncError};
-use common::controller::workqueue_metrics::WorkQueueMetrics;
-use common::service::health::Heartbeat;
+use common::kube::workqueue_metrics::WorkQueueMetrics;
+use common::runtime::health::Heartbeat;
 
 /// A PV as the PV cache holds it: its identity (name, uid, resourceVersion)
 /// typed, the whole PV (minus `managedFields` and the last-applied
@@ -227,9 +227,9 @@ async fn run_loop_in(
     if let Some(o) = observers {
         let metrics = o.queue_metrics.clone();
         let workers = usize::from(workers);
-        beater.spawn(common::service::health::beat_while_progressing(
+        beater.spawn(common::runtime::health::beat_while_progressing(
             o.heartbeat,
-            common::service::health::beat_period(o.stall_timeout),
+            common::runtime::health::beat_period(o.stall_timeout),
             o.stall_timeout,
             // Stalled: every reconcile slot busy for longer than the timeout
             // (PVs may wait and no slot frees up); idle or moving is healthy.

@@ -31,10 +31,10 @@ pub mod sweep;
 
 use std::sync::Arc;
 
-use common::controller::events::EventSink;
-use common::controller::retry::{FailureThreshold, RetryPolicy};
-use common::service::config::{CommonArgs, RetryArgs, ServiceKind};
-use common::service::runtime::run_service;
+use common::kube::events::EventSink;
+use common::kube::retry::{FailureThreshold, RetryPolicy};
+use common::runtime::config::{CommonArgs, RetryArgs, ServiceKind};
+use common::runtime::frame::run_service;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Api;
@@ -47,7 +47,7 @@ use crate::metrics::ReclaimMetrics;
 use crate::operation::Reclaimer;
 
 /// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
-/// and the replica campaigns again, see `common::service::runtime`): serves
+/// and the replica campaigns again, see `common::runtime::frame`): serves
 /// `/metrics` (seed delete families, label `class`), `/healthz`, `/readyz`
 /// (ready once the PV reflector has synced), elects a leader on the
 /// `<provisioner>-reclaim` Lease and, as leader, runs the PV control loop and
@@ -67,7 +67,7 @@ pub async fn run(
         sweep: sweep_metrics,
     } = ReclaimMetrics::register(&registry);
     let queue_metrics =
-        common::controller::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
+        common::kube::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
     run_service(
         ServiceKind::Reclaim,
         common,

@@ -3,9 +3,9 @@
 //! this binary adds `--backend` and the built-in backends' flags.
 
 fn main() -> anyhow::Result<()> {
-    common::service::alloc::block_on_service(async {
+    common::runtime::alloc::block_on_service(async {
         let (cli, backend) = backends::parse::<reclaim_svc::Cli>();
-        common::service::telemetry::init(cli.common.log_format, &cli.common.log_level);
+        common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
         let backend = backend.build().map_err(anyhow::Error::msg)?;
         reclaim_svc::run(cli.common, cli.retry, cli.reclaim, backend).await
     })

@@ -3,7 +3,7 @@
 //! `..._delete_duration_seconds`, label `class`; [`DeleteMetrics`]) and the
 //! orphan sweep's gauges ([`SweepMetrics`]).
 
-use common::service::metrics::{self, DeleteMetrics};
+use common::runtime::metrics::{self, DeleteMetrics};
 use prometheus::{IntGauge, Registry};
 
 /// Every metric reclaim-svc exports, registered once per process (they live on

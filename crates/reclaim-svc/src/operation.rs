@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use api_types::FINALIZER_PV;
-use common::controller::events::{self, reason, EventSink};
-use common::service::health::LeaderTerm;
-use common::service::metrics::DeleteMetrics;
+use common::kube::events::{self, reason, EventSink};
+use common::runtime::health::LeaderTerm;
+use common::runtime::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};

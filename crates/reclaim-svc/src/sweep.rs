@@ -5,7 +5,7 @@
 //! (every PV listed live from the API server, not from the possibly lagging
 //! cache, and mapped to volumes by the backend's
 //! [`Provisioner::volumes_in_use`]). They are reported (log, gauge `reclaim_orphan_volumes`,
-//! and the Redis report of [`common::store::orphan_report`] that `pv-writer status` shows).
+//! and the Redis report of [`common::handoff::orphan_report`] that `pv-writer status` shows).
 //!
 //! The checks run in the reverse order of a volume's life (intent → queue
 //! entry → PV), so a volume moving along that path while the sweep runs is
@@ -34,9 +34,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::store::intents::IntentStore;
-use common::store::orphan_report::{self, OrphanReport};
-use common::store::queue::PvQueue;
+use common::handoff::intents::IntentStore;
+use common::handoff::orphan_report::{self, OrphanReport};
+use common::handoff::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::ListParams;
 use kube::Api;
@@ -209,7 +209,7 @@ pub async fn sweep(
 pub struct SweepJob {
     /// Redis connection of the queue and intents (`--redis-url` and the
     /// `--redis-*` credential/TLS flags).
-    pub redis: common::store::redis_store::RedisConfig,
+    pub redis: common::handoff::redis_store::RedisConfig,
     /// Our provisioner name (Redis key prefix).
     pub provisioner_name: String,
     /// PV API, for the live existence check.
@@ -281,12 +281,12 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
     orphans.sort();
     let report = OrphanReport {
         version: orphan_report::REPORT_VERSION,
-        swept_at_ms: common::controller::time::now_ms(),
+        swept_at_ms: common::kube::time::now_ms(),
         reporter,
         orphans,
         archived: metrics.archived.get().max(0) as u64,
     };
-    let stored = match common::store::redis_store::connect(&redis).await {
+    let stored = match common::handoff::redis_store::connect(&redis).await {
         Ok(mut conn) => orphan_report::write(&mut conn, provisioner_name, &report)
             .await
             .map_err(|e| e.to_string()),

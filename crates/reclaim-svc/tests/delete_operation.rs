@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api_types::{ANN_DYNAMICALLY_PROVISIONED, FINALIZER_PV, FINALIZER_PV_PROTECTION};
-use common::controller::retry::{FailureThreshold, RetryPolicy};
-use common::service::metrics::{render, DeleteMetrics};
+use common::kube::retry::{FailureThreshold, RetryPolicy};
+use common::runtime::metrics::{render, DeleteMetrics};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{
     ObjectReference, PersistentVolume, PersistentVolumeSpec, PersistentVolumeStatus,
@@ -722,7 +722,7 @@ async fn a_delete_decided_on_a_stale_copy_is_not_carried_out() {
 async fn a_leader_past_its_term_deletes_nothing() {
     let api = FakeApi::default();
     let backend = Arc::new(FakeProvisioner::default());
-    let live = common::service::health::Liveness::default();
+    let live = common::runtime::health::Liveness::default();
     live.set_leading(true);
     let registry = Registry::new();
     let reclaimer = Reclaimer::new(

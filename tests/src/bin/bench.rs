@@ -601,16 +601,16 @@ fn cpu_model() -> String {
 }
 
 /// The services' own `--kube-api-qps` default, read from their flag definition
-/// (`common::service::config::CommonArgs`), so "shipped" follows the code.
+/// (`common::runtime::config::CommonArgs`), so "shipped" follows the code.
 fn shipped_kube_api_qps() -> anyhow::Result<String> {
     use clap::Args as _;
-    let cmd = common::service::config::CommonArgs::augment_args(clap::Command::new("service"));
+    let cmd = common::runtime::config::CommonArgs::augment_args(clap::Command::new("service"));
     let default = cmd
         .get_arguments()
         .find(|a| a.get_id() == "kube_api_qps")
         .and_then(|a| a.get_default_values().first())
         .map(|v| v.to_string_lossy().into_owned());
     default.ok_or_else(|| {
-        anyhow::anyhow!("no --kube-api-qps default in common::service::config::CommonArgs")
+        anyhow::anyhow!("no --kube-api-qps default in common::runtime::config::CommonArgs")
     })
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use common::store::queue::PvQueue;
+use common::handoff::queue::PvQueue;
 use e2e::harness::pv_writer::{
     enqueue_all, pv_writer_binary, queue_key, spawn_writer, PROVISIONER,
 };

@@ -302,7 +302,7 @@ impl Plane {
     }
 
     /// A client with `service`'s identity, built the way the services build
-    /// theirs (`common::service::kube_client::build_client`, no client rate limit).
+    /// theirs (`common::runtime::kube_client::build_client`, no client rate limit).
     ///
     /// Errors: an unreadable kubeconfig.
     pub async fn service_client(&self, service: Service) -> anyhow::Result<kube::Client> {
@@ -315,7 +315,7 @@ impl Plane {
             Plane::Real(r) => config_from_kubeconfig(r.kubeconfig(service)).await?,
             Plane::External(kc) => config_from_kubeconfig(kc).await?,
         };
-        common::service::kube_client::build_client(config, 0.0, 0)
+        common::runtime::kube_client::build_client(config, 0.0, 0)
     }
 
     /// Namespace of `service`'s Lease: the service's namespace in the deploy on a real

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
-use common::store::queue::{now_ms, PvQueue};
-use common::store::queue_auth::QueueKey;
+use common::handoff::queue::{now_ms, PvQueue};
+use common::handoff::queue_auth::QueueKey;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::json;
 

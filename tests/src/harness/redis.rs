@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::store::redis_store::RedisConfig;
+use common::handoff::redis_store::RedisConfig;
 
 use super::process::{free_port, ManagedProcess};
 use super::wait::wait_until;
@@ -184,7 +184,7 @@ impl RedisServer {
             dropped_rules: Vec::new(),
         });
         s.spawn_with(false).await?;
-        let mut conn = common::store::redis_store::connect(s.config_as(None)).await?;
+        let mut conn = common::handoff::redis_store::connect(s.config_as(None)).await?;
         let text = std::fs::read_to_string(&rendered)?;
         let mut dropped = Vec::new();
         let mut kept_lines = Vec::new();

@@ -1,5 +1,5 @@
 //! The three service processes: their command lines (the flags documented in
-//! `common::service::config` and each service's `--help`), log files, HTTP ports and
+//! `common::runtime::config` and each service's `--help`), log files, HTTP ports and
 //! lifecycle (start, SIGKILL, SIGTERM, restart).
 
 use std::net::SocketAddr;
@@ -262,7 +262,7 @@ impl ServiceSettings {
                 a.push("--add-finalizer=true".into());
             }
         }
-        // The same shared flags in all three services (common::service::config).
+        // The same shared flags in all three services (common::runtime::config).
         a.extend([
             "--retry-interval-start".into(),
             secs(self.retry_initial),

@@ -1,6 +1,6 @@
 //! The per-service HTTP server: Prometheus `/metrics` (path configurable),
 //! `/healthz` (the work loop makes progress and a leader can renew its Lease:
-//! [`crate::service::health`]) and `/readyz` (ready to serve its role).
+//! [`crate::runtime::health`]) and `/readyz` (ready to serve its role).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,7 +15,7 @@ use prometheus::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::service::health::Liveness;
+use crate::runtime::health::Liveness;
 
 /// Readiness as `/readyz` reports it. A replica is ready while it stands by as
 /// a non-leader, and, as leader, once its work loop says so (caches synced,
@@ -103,7 +103,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::service::metrics::render(&state.registry),
+        crate::runtime::metrics::render(&state.registry),
     )
 }
 
@@ -159,7 +159,7 @@ mod tests {
     #[tokio::test]
     async fn serves_metrics_health_and_readiness() {
         let registry = Registry::new();
-        let g = crate::service::metrics::gauge(&registry, "queue_depth", "test gauge");
+        let g = crate::runtime::metrics::gauge(&registry, "queue_depth", "test gauge");
         g.set(7);
         let readiness = Readiness::default();
         let stop = CancellationToken::new();
@@ -200,7 +200,7 @@ mod tests {
 
     #[tokio::test]
     async fn healthz_turns_503_when_the_work_loop_stops_beating() {
-        use crate::service::health::Heartbeat;
+        use crate::runtime::health::Heartbeat;
         use std::time::Duration;
         let liveness = Liveness::new(
             Heartbeat::default(),

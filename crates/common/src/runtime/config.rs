@@ -51,7 +51,7 @@ pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
 /// Errors: a message naming the URL (password redacted) and what is wrong.
 pub fn check_redis_url(url: &str) -> Result<(), String> {
     use redis::IntoConnectionInfo as _;
-    let shown = crate::store::redis_store::redact_url(url);
+    let shown = crate::handoff::redis_store::redact_url(url);
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     let known = [
         "redis",
@@ -255,10 +255,10 @@ pub struct CommonArgs {
 
     /// Redis ACL user, password file and TLS files (`--redis-username`,
     /// `--redis-password-file`, `--redis-ca-file`, ...): see
-    /// [`crate::store::redis_store`]. Combine with `redis_url` through
+    /// [`crate::handoff::redis_store`]. Combine with `redis_url` through
     /// [`CommonArgs::redis`].
     #[command(flatten, next_help_heading = "Redis")]
-    pub redis_auth: crate::store::redis_store::RedisAuthArgs,
+    pub redis_auth: crate::handoff::redis_store::RedisAuthArgs,
 
     /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
     /// works. Disable only when exactly one replica runs.
@@ -494,10 +494,10 @@ pub fn check_renamed_env(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Res
 
 impl CommonArgs {
     /// The Redis connection of `--redis-url` and the `--redis-*` credential and
-    /// TLS flags (plus env `REDIS_PASSWORD`), for [`crate::store::queue::PvQueue::connect`]
-    /// and [`crate::store::intents::IntentStore::connect`].
-    pub fn redis(&self) -> crate::store::redis_store::RedisConfig {
-        crate::store::redis_store::RedisConfig::from_args(&self.redis_url, &self.redis_auth)
+    /// TLS flags (plus env `REDIS_PASSWORD`), for [`crate::handoff::queue::PvQueue::connect`]
+    /// and [`crate::handoff::intents::IntentStore::connect`].
+    pub fn redis(&self) -> crate::handoff::redis_store::RedisConfig {
+        crate::handoff::redis_store::RedisConfig::from_args(&self.redis_url, &self.redis_auth)
     }
 
     /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
@@ -527,9 +527,9 @@ impl CommonArgs {
     /// The per-item retry backoff: `--retry-interval-start` doubling up to
     /// `--retry-interval-max`, each defaulting per service (see
     /// [`ServiceKind::default_retry_intervals`]).
-    pub fn retry_backoff(&self, kind: ServiceKind) -> crate::controller::retry::Backoff {
+    pub fn retry_backoff(&self, kind: ServiceKind) -> crate::kube::retry::Backoff {
         let (start, max) = kind.default_retry_intervals();
-        crate::controller::retry::Backoff::exponential(
+        crate::kube::retry::Backoff::exponential(
             self.retry_interval_start.unwrap_or(start),
             self.retry_interval_max.unwrap_or(max),
         )
@@ -537,8 +537,8 @@ impl CommonArgs {
 
     /// How Redis (re)connections are retried: every `--redis-reconnect-period`
     /// until they succeed or the service shuts down.
-    pub fn redis_reconnect(&self) -> crate::controller::retry::Backoff {
-        crate::controller::retry::Backoff::constant(self.redis_reconnect_period)
+    pub fn redis_reconnect(&self) -> crate::kube::retry::Backoff {
+        crate::kube::retry::Backoff::constant(self.redis_reconnect_period)
     }
 }
 
@@ -568,7 +568,7 @@ mod tests {
         assert_eq!(cli.common.kube_api_qps, 1000.0);
         assert_eq!(cli.common.kube_api_burst, 2000);
         assert!(cli.common.leader_election);
-        let seed = crate::controller::retry::Backoff::exponential(
+        let seed = crate::kube::retry::Backoff::exponential(
             Duration::from_secs(15),
             Duration::from_secs(1000),
         );
@@ -576,7 +576,7 @@ mod tests {
         assert_eq!(cli.common.retry_backoff(ServiceKind::Reclaim), seed);
         assert_eq!(
             cli.common.retry_backoff(ServiceKind::PvWriter),
-            crate::controller::retry::Backoff::exponential(
+            crate::kube::retry::Backoff::exponential(
                 Duration::from_secs(1),
                 Duration::from_secs(300)
             )
@@ -746,7 +746,7 @@ mod tests {
         assert_eq!(cli.common.retry_period, Duration::from_secs(5));
         assert_eq!(
             cli.common.redis_reconnect(),
-            crate::controller::retry::Backoff::constant(Duration::from_millis(250))
+            crate::kube::retry::Backoff::constant(Duration::from_millis(250))
         );
     }
 

@@ -10,7 +10,7 @@
 //!
 //! client-go also labels them with `host`; each service here talks to one API
 //! server, so the label is left out. The layer sits *inside* the client-side
-//! rate limit ([`crate::service::kube_client::build_client_with_metrics`]), so, as in
+//! rate limit ([`crate::runtime::kube_client::build_client_with_metrics`]), so, as in
 //! client-go, the time a request waits for the limiter is not in the latency.
 //!
 //! Hand-written because kube-rs ships no metrics layer; it is a plain
@@ -37,7 +37,7 @@ impl ApiMetrics {
     /// Panics when they are already registered there (a programming error).
     pub fn register(registry: &Registry) -> Self {
         Self {
-            requests_total: crate::service::metrics::register(
+            requests_total: crate::runtime::metrics::register(
                 registry,
                 IntCounterVec::new(
                     Opts::new(
@@ -48,7 +48,7 @@ impl ApiMetrics {
                 )
                 .expect("valid metric"),
             ),
-            duration_seconds: crate::service::metrics::register(
+            duration_seconds: crate::runtime::metrics::register(
                 registry,
                 HistogramVec::new(
                     HistogramOpts::new(
@@ -151,7 +151,7 @@ mod tests {
                 .unwrap();
             let _ = svc.ready().await.unwrap().call(req).await;
         }
-        let text = crate::service::metrics::render(&registry);
+        let text = crate::runtime::metrics::render(&registry);
         for line in [
             "rest_client_requests_total{code=\"200\",method=\"GET\"} 2\n",
             "rest_client_requests_total{code=\"409\",method=\"POST\"} 1\n",

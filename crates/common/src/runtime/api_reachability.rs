@@ -163,7 +163,7 @@ impl ApiReachability {
             tracing::warn!(
                 api_server = %self.server,
                 cause = %cause,
-                error = %crate::service::telemetry::error_chain(err),
+                error = %crate::runtime::telemetry::error_chain(err),
                 "API server unreachable; retrying (logged again when the cause changes or it answers)"
             );
         }
@@ -251,7 +251,7 @@ mod tests {
     fn client(url: &str) -> kube::Client {
         let mut config = kube::Config::new(url.parse().unwrap());
         config.connect_timeout = Some(Duration::from_secs(5));
-        crate::service::kube_client::build_client(config, 0.0, 0).unwrap()
+        crate::runtime::kube_client::build_client(config, 0.0, 0).unwrap()
     }
 
     async fn cause_of(url: &str) -> Option<Cause> {

@@ -5,7 +5,7 @@
 //! gauge carries a count, not the volume names, and lives in one pod. So
 //! after every completed sweep reclaim-svc also stores an [`OrphanReport`]
 //! under `<prefix>orphan-report` (a string holding versioned JSON, replaced by
-//! each sweep; prefix: [`crate::store::redis_store::key_prefix`]), where
+//! each sweep; prefix: [`crate::handoff::redis_store::key_prefix`]), where
 //! `pv-writer status` reads it. Redis is chosen over a ConfigMap because every
 //! service and the status command already use it, and a ConfigMap would give
 //! reclaim-svc write access to ConfigMaps it does not otherwise need.
@@ -17,7 +17,7 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
-use crate::store::redis_store;
+use crate::handoff::redis_store;
 
 /// The record version this release writes.
 pub const REPORT_VERSION: u32 = 1;

@@ -7,13 +7,13 @@
 //!
 //! # Redis layout
 //!
-//! Every key lives under [`key_prefix`](crate::store::redis_store::key_prefix)`(provisioner name)`,
+//! Every key lives under [`key_prefix`](crate::handoff::redis_store::key_prefix)`(provisioner name)`,
 //! i.e. `provisioner:{<name>}:` (a Redis Cluster hash tag, so every multi-key
 //! script below stays on one shard). With `P` that prefix:
 //!
 //! | key | type | holds |
 //! | --- | --- | --- |
-//! | `P pv-queue:payloads` | hash | PV name → the stored [`QueuedPvWrite`] JSON (HMAC-signed, [`crate::store::queue_auth`]), exactly as enqueued. A field here **is** the "pending" marker ([`PvQueue::is_pending`]); it is removed only when the PV exists. |
+//! | `P pv-queue:payloads` | hash | PV name → the stored [`QueuedPvWrite`] JSON (HMAC-signed, [`crate::handoff::queue_auth`]), exactly as enqueued. A field here **is** the "pending" marker ([`PvQueue::is_pending`]); it is removed only when the PV exists. |
 //! | `P pv-queue:incoming` | list | PV names just enqueued, not yet due: provision-svc's only way to make an entry due. The next take moves each name that has a payload and is in no other state (not due, in flight or dead) to `due`, at its enqueue time but never later than Redis' now; any other name is dropped. |
 //! | `P pv-queue:due` | sorted set | PV name, score = time it may be taken next (ms since the Unix epoch, Redis' clock). Entries waiting for a worker or for a retry. Written by pv-writer's scripts only. |
 //! | `P pv-queue:inflight` | sorted set | PV name, score = end of the visibility timeout (ms, Redis' clock). Entries a worker has taken; an entry still here after its timeout (worker killed or stalled) goes back to `due`. |
@@ -27,7 +27,7 @@
 //!
 //! The enqueue script also removes the PV's fields from the provisioning-intent
 //! hashes `P provision-intents` and `P provision-intent-claims`
-//! ([`crate::store::intents`]) in the same atomic step.
+//! ([`crate::handoff::intents`]) in the same atomic step.
 //!
 //! Every entry is in exactly one of `incoming`, `due`, `inflight` or `dead`,
 //! and in `payloads` for as long as it is in any of them. Every change touching more
@@ -91,7 +91,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
-use crate::store::redis_store::{self, RedisConfig};
+use crate::handoff::redis_store::{self, RedisConfig};
 
 /// Failure of a queue operation. Every variant is transient from the caller's
 /// point of view: retry later (and report not-ready while it lasts).
@@ -122,8 +122,8 @@ pub enum QueueError {
 }
 
 /// Re-exported for callers that already import it from here; the one
-/// definition is [`crate::controller::time::now_ms`].
-pub use crate::controller::time::now_ms;
+/// definition is [`crate::kube::time::now_ms`].
+pub use crate::kube::time::now_ms;
 
 /// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
 /// writer, which dead-letters it when garbled) and its failure count.
@@ -285,8 +285,8 @@ impl Keys {
             epoch: format!("{p}pv-queue:epoch"),
             owners: format!("{p}pv-queue:owners"),
             fenced: format!("{p}pv-queue:fenced"),
-            intents: crate::store::intents::intents_key(provisioner_name),
-            intent_claims: crate::store::intents::intent_claims_key(provisioner_name),
+            intents: crate::handoff::intents::intents_key(provisioner_name),
+            intent_claims: crate::handoff::intents::intent_claims_key(provisioner_name),
         }
     }
 }
@@ -578,7 +578,7 @@ impl PvQueue {
     /// Atomically store the payload and the pending marker for
     /// `entry.pv_name()`, in `incoming` (made due, at Redis' now, by the next
     /// [`take_due`](Self::take_due)), and remove the PV's
-    /// provisioning intent ([`crate::store::intents`]) in the same script. Idempotent:
+    /// provisioning intent ([`crate::handoff::intents`]) in the same script. Idempotent:
     /// while the PV name is in the queue (pending or dead-lettered) a second
     /// enqueue changes nothing but the intent. Then waits for the local AOF
     /// fsync where the server has `WAITAOF` (see [`EnqueueOutcome::fsynced`]).
@@ -1160,7 +1160,7 @@ mod tests {
     use k8s_openapi::api::core::v1::PersistentVolume;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use crate::store::test_redis::TestRedis as Redis;
+    use crate::handoff::test_redis::TestRedis as Redis;
 
     fn entry(name: &str) -> QueuedPvWrite {
         QueuedPvWrite {
@@ -1258,7 +1258,7 @@ mod tests {
     async fn enqueue_clears_the_provisioning_intent_in_the_same_script() {
         let redis = Redis::start().await;
         let q = queue(&redis, "p").await;
-        let intents = crate::store::intents::IntentStore::connect(&redis.url(), "p")
+        let intents = crate::handoff::intents::IntentStore::connect(&redis.url(), "p")
             .await
             .unwrap();
         let claim = k8s_openapi::api::core::v1::PersistentVolumeClaim::default();

@@ -14,7 +14,7 @@
 //! claim is retried even after its PVC was deleted, so a half-made volume is
 //! found again — across restarts too, because it lives in Redis.
 //!
-//! Keys (all under [`key_prefix`](crate::store::redis_store::key_prefix)):
+//! Keys (all under [`key_prefix`](crate::handoff::redis_store::key_prefix)):
 //! * `<prefix>provision-intents` — hash, field = PV name, value = versioned
 //!   [`ProvisionIntent`] JSON;
 //! * `<prefix>provision-intent-claims` — hash, field = PV name, value =
@@ -22,7 +22,7 @@
 //!
 //! Both fields of one PV are written and removed in one MULTI/EXEC transaction,
 //! and removed by pv-writer's enqueue script in the same atomic step that queues
-//! the PV ([`crate::store::queue::PvQueue::enqueue`]): there is no moment where a PV is
+//! the PV ([`crate::handoff::queue::PvQueue::enqueue`]): there is no moment where a PV is
 //! neither queued nor covered by an intent.
 
 use std::collections::HashMap;
@@ -33,10 +33,10 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
-use crate::store::redis_store;
+use crate::handoff::redis_store;
 
 /// The intents hash of `provisioner_name`: `<prefix>provision-intents`
-/// (also cleared by the queue's enqueue script, [`crate::store::queue::PvQueue::enqueue`]).
+/// (also cleared by the queue's enqueue script, [`crate::handoff::queue::PvQueue::enqueue`]).
 pub fn intents_key(provisioner_name: &str) -> String {
     format!(
         "{}provision-intents",
@@ -255,7 +255,7 @@ mod tests {
     use api_types::queue::ClaimKey;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use crate::store::test_redis::TestRedis;
+    use crate::handoff::test_redis::TestRedis;
 
     async fn start_redis() -> TestRedis {
         TestRedis::start().await

@@ -23,9 +23,9 @@ use kube::{Client, Config};
 use tower::util::option_layer;
 use tower::{Layer, Service};
 
-use crate::service::api_metrics::ApiMetrics;
-use crate::service::api_reachability::{ApiReachability, ReachabilityLayer};
-use crate::service::config::CommonArgs;
+use crate::runtime::api_metrics::ApiMetrics;
+use crate::runtime::api_reachability::{ApiReachability, ReachabilityLayer};
+use crate::runtime::config::CommonArgs;
 
 /// The token bucket of `--kube-api-qps`/`--kube-api-burst`: one token every `1 / qps`
 /// seconds, at most `burst` (at least 1) held, so `burst` requests may go at once and
@@ -154,7 +154,7 @@ pub fn build_client(config: Config, qps: f64, burst: u32) -> anyhow::Result<Clie
 
 /// [`build_client`] that also records every request in `metrics`
 /// (`rest_client_requests_total`, `rest_client_request_duration_seconds`,
-/// see [`crate::service::api_metrics`]), measured inside the rate limit as
+/// see [`crate::runtime::api_metrics`]), measured inside the rate limit as
 /// client-go does.
 ///
 /// Errors: as [`build_client`].
@@ -193,7 +193,7 @@ pub async fn client_from_args(args: &CommonArgs) -> anyhow::Result<Client> {
 
 /// [`client_from_args`] with the API request metrics registered into `registry`
 /// and the API server's reachability logged once per change
-/// ([`crate::service::api_reachability`]); what [`crate::service::runtime::run_service`] uses.
+/// ([`crate::runtime::api_reachability`]); what [`crate::runtime::frame::run_service`] uses.
 ///
 /// Errors: as [`client_from_args`].
 pub async fn client_from_args_with_metrics(

@@ -6,11 +6,11 @@ use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::service::config::LogFormat;
+use crate::runtime::config::LogFormat;
 
 /// kube's client logs every failed request at error level ("failed with
 /// error client error (Connect)", once per retry, without the address);
-/// [`crate::service::api_reachability`] logs an unreachable API server once
+/// [`crate::runtime::api_reachability`] logs an unreachable API server once
 /// per change instead, and the callers log their other failures.
 pub const QUIET_BY_DEFAULT: &str = "kube_client::client::builder=off";
 

@@ -1,6 +1,6 @@
 //! client-go's work-queue metrics (`k8s.io/client-go/util/workqueue`'s
 //! Prometheus provider), for any queue of keys: the hand-written
-//! [`WorkQueue`](crate::controller::workqueue::WorkQueue) reports through it, and so can a
+//! [`WorkQueue`](crate::kube::workqueue::WorkQueue) reports through it, and so can a
 //! kube-runtime `Controller`'s reconcile wrapper (call [`WorkQueueMetrics::add`]
 //! when a request is scheduled, [`WorkQueueMetrics::queued_for`] when it is
 //! picked up, hold a [`WorkQueueMetrics::start_processing`] guard while
@@ -216,7 +216,7 @@ impl Collector for WorkQueueMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::metrics::render;
+    use crate::runtime::metrics::render;
 
     fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
         text.lines()

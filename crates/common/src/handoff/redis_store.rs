@@ -68,7 +68,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Authentication and TLS flags of the Redis connection, flattened into
-/// [`crate::service::config::CommonArgs`] next to `--redis-url` (see the module docs).
+/// [`crate::runtime::config::CommonArgs`] next to `--redis-url` (see the module docs).
 #[derive(Debug, Clone, Default, Args)]
 pub struct RedisAuthArgs {
     /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
@@ -422,7 +422,7 @@ pub const REACHABLE_GAUGE: &str = "redis_reachable";
 /// Register the `redis_reachable` gauge into `registry` (starting at 0: not
 /// known to be reachable yet).
 pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge {
-    crate::service::metrics::gauge(
+    crate::runtime::metrics::gauge(
         registry,
         REACHABLE_GAUGE,
         "1 while Redis (--redis-url, with the service's credentials) answered the last PING (probed every 5 s, 2 s timeout), 0 otherwise.",
@@ -475,7 +475,7 @@ pub async fn watch_reachability(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::test_redis::TestRedis;
+    use crate::handoff::test_redis::TestRedis;
 
     async fn wait_gauge(gauge: &prometheus::IntGauge, want: i64) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -507,7 +507,7 @@ mod tests {
         wait_gauge(&gauge, 0).await;
         stop.cancel();
         probe.await.unwrap();
-        assert!(crate::service::metrics::render(&registry).contains("redis_reachable 0\n"));
+        assert!(crate::runtime::metrics::render(&registry).contains("redis_reachable 0\n"));
     }
 
     #[tokio::test]

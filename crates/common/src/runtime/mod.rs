@@ -9,18 +9,18 @@
 //! * [`telemetry`] — tracing subscriber set-up (`--log-format`, `--log-level`);
 //! * [`shutdown`] — SIGTERM/SIGINT to a cancellation token;
 //! * [`health`] — the work-loop heartbeat and Lease-renewal checks behind `/healthz`;
-//! * [`runtime`] — the service frame: leader election, HTTP, signals, graceful shutdown;
+//! * [`frame`] — the service frame: leader election, HTTP, signals, graceful shutdown;
 //! * [`alloc`] — process start-up: glibc malloc arenas capped, then the tokio runtime.
 
 pub mod alloc;
 pub mod api_metrics;
 pub mod api_reachability;
 pub mod config;
+pub mod frame;
 pub mod health;
 pub mod http;
 pub mod kube_client;
 pub mod leader;
 pub mod metrics;
-pub mod runtime;
 pub mod shutdown;
 pub mod telemetry;

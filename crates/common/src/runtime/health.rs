@@ -7,12 +7,12 @@
 //!   `--healthz-stall-timeout`. A loop beats while it makes progress *or has
 //!   nothing to do* (an idle loop is healthy); it stops beating only when it is
 //!   stuck, e.g. every worker hung on one call while keys wait
-//!   ([`crate::controller::workqueue::WorkQueue::stalled_for`], [`beat_while_progressing`]).
+//!   ([`crate::kube::workqueue::WorkQueue::stalled_for`], [`beat_while_progressing`]).
 //! * **Lease renewal.** A leader whose own `renewTime` has not been confirmed
 //!   for longer than the renew deadline plus three retry periods is
-//!   unhealthy. The renew-deadline watchdog ([`crate::service::leader`]) normally ends
+//!   unhealthy. The renew-deadline watchdog ([`crate::runtime::leader`]) normally ends
 //!   the term well before that and the replica goes back to campaigning, which
-//!   is healthy (not ready, see [`crate::service::http::Readiness`]); this check catches
+//!   is healthy (not ready, see [`crate::runtime::http::Readiness`]); this check catches
 //!   a runtime that believes it leads but can no longer act on a lost Lease.
 //!
 //! A standby, a replica campaigning after a lost Lease, and a leader whose

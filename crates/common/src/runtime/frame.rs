@@ -50,11 +50,11 @@ use kube::Client;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::service::api_reachability::unreachable_cause;
-use crate::service::config::{CommonArgs, ServiceKind};
-use crate::service::health::{self, Heartbeat, LeaderTerm, Liveness};
-use crate::service::http::{self, Readiness};
-use crate::service::leader::{self, LeadLost, LeaderElector, LeaseTiming};
+use crate::runtime::api_reachability::unreachable_cause;
+use crate::runtime::config::{CommonArgs, ServiceKind};
+use crate::runtime::health::{self, Heartbeat, LeaderTerm, Liveness};
+use crate::runtime::http::{self, Readiness};
+use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
 /// What a work loop gets from the runtime.
 #[derive(Clone)]
@@ -76,7 +76,7 @@ pub struct ServiceContext {
     /// Address the HTTP server is bound to.
     pub http_addr: SocketAddr,
     /// Beat it while the work loop makes progress or is idle; `/healthz` fails
-    /// once it has not beaten for `--healthz-stall-timeout` ([`crate::service::health`]).
+    /// once it has not beaten for `--healthz-stall-timeout` ([`crate::runtime::health`]).
     pub heartbeat: Heartbeat,
     /// This replica's leader term: check it right before an irreversible
     /// action (always current with `--leader-election=false`).
@@ -99,9 +99,9 @@ where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    crate::service::config::check_renamed_env(|k| std::env::var(k).ok())?;
+    crate::runtime::config::check_renamed_env(|k| std::env::var(k).ok())?;
     let client =
-        crate::service::kube_client::client_from_args_with_metrics(&args, &registry).await?;
+        crate::runtime::kube_client::client_from_args_with_metrics(&args, &registry).await?;
     run_service_with_client(kind, args, registry, client, work).await
 }
 
@@ -118,7 +118,7 @@ where
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let shutdown = CancellationToken::new();
-    crate::service::shutdown::cancel_on_signal(shutdown.clone());
+    crate::runtime::shutdown::cancel_on_signal(shutdown.clone());
     run_service_with_shutdown(kind, args, registry, client, shutdown, work).await
 }
 
@@ -146,8 +146,8 @@ where
         args.healthz_stall_timeout,
         health::renew_tolerance(args.renew_deadline, args.retry_period),
     );
-    let leader_gauge = crate::service::metrics::leader_gauge(&registry);
-    crate::service::metrics::register_process_collector(&registry);
+    let leader_gauge = crate::runtime::metrics::leader_gauge(&registry);
+    crate::runtime::metrics::register_process_collector(&registry);
     let addr = args.http_socket_addr(kind);
     let (http_addr, server) = http::serve(
         addr,
@@ -162,9 +162,9 @@ where
     .await
     .with_context(|| format!("binding HTTP server to {addr}"))?;
     tracing::info!(service = kind.component(), %http_addr, provisioner = %args.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
-    let redis_probe = tokio::spawn(crate::store::redis_store::watch_reachability(
+    let redis_probe = tokio::spawn(crate::handoff::redis_store::watch_reachability(
         args.redis(),
-        crate::store::redis_store::reachable_gauge(&registry),
+        crate::handoff::redis_store::reachable_gauge(&registry),
         std::time::Duration::from_secs(5),
         server_stop.clone(),
     ));
@@ -202,7 +202,7 @@ where
             renew_deadline: args.renew_deadline,
             retry_period: args.retry_period,
         };
-        let lost_total = crate::service::metrics::register(
+        let lost_total = crate::runtime::metrics::register(
             &ctx.registry,
             prometheus::IntCounterVec::new(
                 prometheus::Opts::new(

@@ -50,7 +50,7 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::service::api_reachability::unreachable_cause;
+use crate::runtime::api_reachability::unreachable_cause;
 
 /// Path of the namespace file of the pod's service account.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
@@ -207,7 +207,7 @@ impl LeaderElector {
     }
 
     /// Call `f` each time [`hold`](Self::hold)'s watchdog confirms a renewal
-    /// of ours on the Lease (feeds `/healthz`: [`crate::service::health::Liveness::renewed`]).
+    /// of ours on the Lease (feeds `/healthz`: [`crate::runtime::health::Liveness::renewed`]).
     pub fn on_renewed(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_renewed = Some(Box::new(f));
         self

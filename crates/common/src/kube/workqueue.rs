@@ -9,7 +9,7 @@
 //! * after [`WorkQueue::shut_down`], [`WorkQueue::get`] returns `None` and adds
 //!   are ignored, so workers finish their in-flight item and stop;
 //! * with [`WorkQueue::with_metrics`], it reports client-go's `workqueue_*`
-//!   families ([`crate::controller::workqueue_metrics`]), and [`WorkQueue::stalled_for`]
+//!   families ([`crate::kube::workqueue_metrics`]), and [`WorkQueue::stalled_for`]
 //!   tells a liveness heartbeat whether workers still take keys.
 //!
 //! Why hand-written, and only for provision-svc: the seed keys claims by uid
@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::controller::workqueue_metrics::{Processing, WorkQueueMetrics};
+use crate::kube::workqueue_metrics::{Processing, WorkQueueMetrics};
 
 struct State {
     queue: VecDeque<String>,
@@ -74,7 +74,7 @@ impl WorkQueue {
         Self::default()
     }
 
-    /// An empty queue reporting to `metrics` (see [`crate::controller::workqueue_metrics`]).
+    /// An empty queue reporting to `metrics` (see [`crate::kube::workqueue_metrics`]).
     pub fn with_metrics(metrics: WorkQueueMetrics) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(q.stalled_for(), Duration::from_secs(7), "b waits untaken");
         q.done(&a);
         q.add_rate_limited("a", Duration::ZERO);
-        let text = crate::service::metrics::render(&registry);
+        let text = crate::runtime::metrics::render(&registry);
         let value = |family: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(&format!("{family}{{name=\"claims\"}} ")))

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::service::config::RetryArgs;
+use crate::runtime::config::RetryArgs;
 
 /// A retry delay policy: after the `n`-th consecutive failure (1-based) wait
 /// `initial · 2^(n-1)`, capped at `max` (a constant policy has
@@ -152,7 +152,7 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
     }
 
     /// Policy from the per-item `per_item` backoff
-    /// ([`CommonArgs::retry_backoff`](crate::service::config::CommonArgs::retry_backoff))
+    /// ([`CommonArgs::retry_backoff`](crate::runtime::config::CommonArgs::retry_backoff))
     /// and the `--retry-qps`/`--retry-burst` flags.
     pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
         Self::new(
