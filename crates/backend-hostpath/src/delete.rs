@@ -1,92 +1,47 @@
-//! Deletion half of the hostpath backend: safe removal, retention or archival
-//! of a released volume's directory, and the listing used by reclaim-svc's
-//! orphan sweep.
+//! Deletion half of the hostpath backend: removal, retention or archival of
+//! `<base-dir>/<pv name>`, and the listing of reclaim-svc's orphan sweep.
 //!
-//! # Which directory may be touched
-//!
-//! For a PV named `<name>` the only directory ever touched is
-//! `<base-dir>/<name>`, where `<base-dir>` is the configured `--base-dir`
-//! (never derived from the PV), and only when all of these hold (otherwise
-//! [`DeleteError::Refused`] names the failed rule and nothing is changed):
-//!
-//! 0. when the backend has a `--node-name` (`NODE_NAME`), the PV's
-//!    `kubernetes.io/hostname` node affinity, if any, names that node (a PV
-//!    pinned to another node has its directory there: it is refused rather
-//!    than reported deleted because the directory is absent here);
-//! 1. `<name>` is one plain path component (no `/`, not `.`/`..`, not empty);
-//! 2. the PV has `spec.hostPath`, and its `path` equals `<base-dir>/<name>`
-//!    component-wise (so `/base//pvc-1/` matches, `/base/x/../pvc-1` does not),
-//!    with `<base-dir>` as configured or with symlinks in it resolved;
-//! 3. the entry `<name>` in the base directory is not itself a symlink (a link
-//!    to another PV's directory or to `/etc` is refused);
-//! 4. it is a directory.
-//!
-//! # How: cap-std, relative to one handle on the base directory
-//!
-//! Each operation opens `--base-dir` once as a [`cap_std::fs::Dir`]
-//! ([`safe_fs::open_root`], the only ambient-authority call) and does every
-//! check and action relative to that handle: `lstat` of `<name>`, `fstat` of
-//! the opened volume directory for its age, `Dir::remove_dir_all` and
-//! `Dir::rename`, the listing. cap-std resolves every path inside the handle's
-//! sandbox, so a symlink or `..` planted in the base directory — even one
-//! swapped in between the check and the action — cannot redirect an action
-//! outside it: removal unlinks a symlink as a link (its target survives) and
-//! walks the tree with `openat`/`unlinkat` and `O_NOFOLLOW`, so links inside
-//! the volume are never followed either; a rename moves the link itself.
-//!
-//! A directory that is already absent counts as deleted (idempotent), but a
-//! missing *base* directory is a [`DeleteError::Failed`] (an unmounted disk must
-//! not look like "already deleted").
+//! A directory is touched only when every rule holds, else
+//! [`DeleteError::Refused`] names the failed one (docs/ARCHITECTURE.md,
+//! "Backends' path safety"): 0. a `--node-name` matches the PV's hostname
+//! affinity; 1. the PV name is one path component; 2. `spec.hostPath.path` is
+//! `<base-dir>/<name>` (as configured or resolved); 3. the entry is no symlink;
+//! 4. it is a directory. Every check and action is relative to one cap-std
+//! handle on `--base-dir`. An absent directory counts as deleted; a missing
+//! base directory is a [`DeleteError::Failed`].
 
 use std::collections::HashSet;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use backend_kit::safe_fs::{self, Entry};
+use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use provisioner_api::safe_fs::{self, Entry};
 use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions};
 
 use super::{HostPath, OnDelete};
 
-/// Name prefix of archived volume directories (`--on-delete archive`).
-pub const ARCHIVE_PREFIX: &str = "archived-";
-
 /// Name prefix of volume directories, as provisioned (`pvc-<claim uid>`).
 pub const VOLUME_PREFIX: &str = "pvc-";
 
-/// Remove, retain or archive the directory behind `volume`, per `--on-delete`:
+/// Remove (`delete`), rename to `archived-<name>` (`archive`) or leave
+/// (`retain`) the directory behind `volume`, per `--on-delete`.
 ///
-/// * `delete` — remove `<base-dir>/<name>` and its contents without following symlinks;
-/// * `archive` — rename it to `<base-dir>/archived-<name>` (refused if that exists);
-/// * `retain` — leave it in place (nothing is checked or touched).
-///
-/// Errors: [`DeleteError::Refused`] when any rule of the module docs fails;
-/// [`DeleteError::Failed`] on filesystem errors (retried).
+/// Errors: [`DeleteError::Refused`] when a rule fails; [`DeleteError::Failed`] on I/O errors.
 pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
-    let base = backend.base_dir.clone();
-    let on_delete = backend.on_delete;
-    let node_name = backend.node_name.clone();
-    let volume = volume.clone();
-    tokio::task::spawn_blocking(move || {
-        delete_blocking(&base, node_name.as_deref(), on_delete, &volume)
+    let (base, node) = (backend.base_dir.clone(), backend.node_name.clone());
+    let (on_delete, volume) = (backend.on_delete, volume.clone());
+    blocking("hostpath delete", move || {
+        delete_blocking(&base, node.as_deref(), on_delete, &volume)
     })
     .await
-    .map_err(|e| DeleteError::Failed {
-        reason: format!("hostpath delete task failed: {e}"),
-    })?
 }
 
-/// [`Provisioner::delete_unprovisioned`](provisioner_api::Provisioner::delete_unprovisioned)
-/// for hostpath: the directory `provision(options)` would have made is
-/// `<base-dir>/<options.pv_name>`; it is removed (or archived/retained) by
-/// [`delete`] with all its checks, through [`volume_for_directory`]. Nothing
-/// is created; an absent directory is success.
+/// `delete_unprovisioned`: [`delete`] of `<base-dir>/<options.pv_name>`; never creates.
 ///
-/// Errors: [`DeleteError::Refused`] when the recorded selected node is not
-/// this backend's `--node-name` (the directory lives on that node, so "absent
-/// here" must not count as deleted), or any rule of [`delete`] fails;
-/// [`DeleteError::Failed`] on filesystem errors.
+/// Errors: [`DeleteError::Refused`] when the claim's selected node is not
+/// `--node-name`, else as [`delete`].
 pub async fn delete_unprovisioned(
     backend: &HostPath,
     options: &ProvisionOptions,
@@ -106,87 +61,60 @@ pub async fn delete_unprovisioned(
     delete(backend, &volume_for_directory(backend, &options.pv_name)).await
 }
 
-/// PV names whose directories exist under the base directory: the names of the
-/// real directories (not symlinks) starting with `pvc-`, sorted. Archived
-/// directories (`archived-*`) and anything else are not listed. The listing
-/// reads the base directory through its cap-std handle.
+/// Names of the real directories (not symlinks) starting with `pvc-` in the base directory, sorted.
 ///
-/// Errors: the base directory cannot be opened or read (message names it).
+/// Errors: the base directory cannot be opened or read.
 pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
     let base = backend.base_dir.clone();
-    tokio::task::spawn_blocking(move || list_blocking(&base))
-        .await
-        .map_err(|e| format!("hostpath listing task failed: {e}"))?
+    blocking("hostpath listing", move || list_blocking(&base)).await
 }
 
-/// The volume directories (names as [`list_volumes`] gives them) that any of
-/// `pvs` uses, plus the PVs' own names: a `hostPath` or `local` path at or
-/// below `<base-dir>/<name>` uses `<name>`, whatever the PV is called; a path
-/// at or above the base directory uses all of them. Paths are compared as
-/// written and with symlinks resolved on this node, against the base
-/// directory as configured and resolved.
+/// The volume directories `pvs` use, plus the PVs' names: a `hostPath` or
+/// `local` path at or below `<base-dir>/<name>` uses `<name>`; one at or above
+/// the base directory uses all. Compared as written and with symlinks resolved.
 ///
 /// Errors: the base directory cannot be listed.
 pub async fn volumes_in_use(
     backend: &HostPath,
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, String> {
-    let mut used: HashSet<String> = pvs
-        .iter()
-        .filter_map(|pv| pv.metadata.name.clone())
-        .collect();
-    let paths: Vec<String> = pvs
-        .iter()
-        .filter_map(|pv| pv.spec.as_ref())
-        .flat_map(|spec| {
-            [
-                spec.host_path.as_ref().map(|h| h.path.clone()),
-                spec.local.as_ref().map(|l| l.path.clone()),
-            ]
-        })
-        .flatten()
-        .collect();
+    let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
+        let host = spec.host_path.as_ref().map(|h| h.path.clone());
+        host.into_iter()
+            .chain(spec.local.as_ref().map(|l| l.path.clone()))
+            .collect()
+    });
     if paths.is_empty() {
         return Ok(used);
     }
     let base = backend.base_dir.clone();
-    let (names, all) = tokio::task::spawn_blocking(move || {
-        let mut bases = vec![lexical(&base)];
-        bases.extend(std::fs::canonicalize(&base).ok());
-        let mut names = HashSet::new();
-        let mut all = false;
-        for path in &paths {
-            let mut forms = vec![lexical(Path::new(path))];
-            forms.extend(std::fs::canonicalize(path).ok());
-            for (p, b) in forms.iter().flat_map(|p| bases.iter().map(move |b| (p, b))) {
-                match p.strip_prefix(b) {
-                    Ok(rest) => match rest.components().next() {
-                        Some(Component::Normal(n)) => {
-                            names.insert(n.to_string_lossy().into_owned());
-                        }
-                        _ => all = true,
-                    },
-                    Err(_) if b.starts_with(p) => all = true,
-                    Err(_) => {}
-                }
-            }
-        }
-        let listed = if all {
-            list_blocking(&base)?
-        } else {
-            Vec::new()
-        };
-        Ok::<_, String>((names, listed))
-    })
-    .await
-    .map_err(|e| format!("hostpath listing task failed: {e}"))??;
-    used.extend(names);
-    used.extend(all);
+    used.extend(blocking("hostpath listing", move || names_under(&base, &paths)).await?);
     Ok(used)
 }
 
-/// `path` made absolute-looking without touching the filesystem: `.` and
-/// empty components dropped, `..` applied.
+/// The base directory's entries that `paths` lie in (all of them for a path at or above it).
+fn names_under(base: &Path, paths: &[String]) -> Result<Vec<String>, String> {
+    let resolved = |p: &Path| [lexical(p)].into_iter().chain(std::fs::canonicalize(p).ok());
+    let bases: Vec<PathBuf> = resolved(base).collect();
+    let (mut names, mut all) = (Vec::new(), false);
+    for form in paths.iter().flat_map(|p| resolved(Path::new(p))) {
+        for b in &bases {
+            match form.strip_prefix(b) {
+                Ok(rest) => match rest.components().next() {
+                    Some(Component::Normal(n)) => names.push(n.to_string_lossy().into_owned()),
+                    _ => all = true,
+                },
+                Err(_) => all |= b.starts_with(&form),
+            }
+        }
+    }
+    if all {
+        names.extend(list_blocking(base)?);
+    }
+    Ok(names)
+}
+
+/// `path` with `.` and empty components dropped and `..` applied, without touching the filesystem.
 fn lexical(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for c in path.components() {
@@ -201,60 +129,39 @@ fn lexical(path: &Path) -> PathBuf {
     out
 }
 
-/// A minimal PV addressing the directory `<base-dir>/<pv_name>`, for deleting
-/// an orphaned directory that has no PV object (reclaim-svc's orphan sweep):
-/// name and `spec.hostPath.path` only, so [`delete`] applies all its checks.
+/// A minimal PV (name and `spec.hostPath.path`) addressing `<base-dir>/<pv_name>`,
+/// so an orphaned directory goes through every check of [`delete`].
 pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolume {
     use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
+    let path = backend.base_dir.join(pv_name).to_string_lossy().into_owned();
     PersistentVolume {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(pv_name.to_string()),
             ..Default::default()
         },
         spec: Some(PersistentVolumeSpec {
-            host_path: Some(HostPathVolumeSource {
-                path: backend
-                    .base_dir
-                    .join(pv_name)
-                    .to_string_lossy()
-                    .into_owned(),
-                type_: None,
-            }),
+            host_path: Some(HostPathVolumeSource { path, type_: None }),
             ..Default::default()
         }),
         status: None,
     }
 }
 
-/// Archive the orphaned volume directory `<base-dir>/<name>` of `volume` (as
-/// built by [`volume_for_directory`]) — for reclaim-svc's orphan sweep, which
-/// never removes data. `<base-dir>` is the backend's configured `--base-dir`;
-/// a `volume` whose `spec.hostPath.path` is not exactly `<base-dir>/<name>`
-/// (rule 2 of the module docs) is refused, never acted on. The directory is
-/// only touched when its age (now minus the newer of its mtime and ctime, so a
-/// directory still being filled counts as young) is at least `min_age`; it is
-/// then renamed to `<base-dir>/archived-<name>` with every check of the module
-/// docs (rules 1–4), whatever `--on-delete` says.
+/// The orphan sweep's archive: rename `<base-dir>/<name>` to
+/// `archived-<name>` (rules 1–4, whatever `--on-delete` says) once its age
+/// (newer of mtime and ctime) is at least `min_age`.
 ///
-/// Returns [`OrphanOutcome::Archived`] with the archive's path (base directory
-/// with symlinks resolved), [`OrphanOutcome::TooYoung`] with the age, or
-/// [`OrphanOutcome::Absent`].
-///
-/// Errors: [`DeleteError::Refused`] when a rule fails or the archive
-/// destination exists; [`DeleteError::Failed`] on filesystem errors (including
-/// a missing base directory).
+/// Errors: as [`delete`], and [`DeleteError::Refused`] when the archive exists.
 pub async fn archive_orphan(
     backend: &HostPath,
     volume: &PersistentVolume,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
-    let base = backend.base_dir.clone();
-    let volume = volume.clone();
-    tokio::task::spawn_blocking(move || archive_orphan_blocking(&base, &volume, min_age))
-        .await
-        .map_err(|e| DeleteError::Failed {
-            reason: format!("hostpath orphan archive task failed: {e}"),
-        })?
+    let (base, volume) = (backend.base_dir.clone(), volume.clone());
+    blocking("hostpath orphan archive", move || {
+        archive_orphan_blocking(&base, &volume, min_age)
+    })
+    .await
 }
 
 fn archive_orphan_blocking(
@@ -299,20 +206,13 @@ fn list_blocking(base: &Path) -> Result<Vec<String>, String> {
         let Ok(name) = entry.file_name().into_string() else {
             continue;
         };
-        if !name.starts_with(VOLUME_PREFIX) {
-            continue;
-        }
         // cap-std's DirEntry::file_type does not follow symlinks.
-        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+        if name.starts_with(VOLUME_PREFIX) && entry.file_type().is_ok_and(|t| t.is_dir()) {
             names.push(name);
         }
     }
     names.sort();
     Ok(names)
-}
-
-fn refused(reason: String) -> DeleteError {
-    DeleteError::Refused { reason }
 }
 
 fn failed(what: &str, path: &Path, err: io::Error) -> DeleteError {
@@ -321,9 +221,7 @@ fn failed(what: &str, path: &Path, err: io::Error) -> DeleteError {
     }
 }
 
-/// The node names in `volume`'s required node affinity for the
-/// `kubernetes.io/hostname` label (`In` expressions of every term), sorted and
-/// deduplicated; empty when the PV has no such affinity.
+/// The `kubernetes.io/hostname` values of `volume`'s required node affinity (`In`), sorted, deduplicated.
 pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
     let mut nodes: Vec<String> = volume
         .spec
@@ -341,9 +239,7 @@ pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
     nodes
 }
 
-/// Rule 0 of the module docs: with a `--node-name`, a PV pinned by
-/// `kubernetes.io/hostname` affinity to other node(s) only is refused — its
-/// directory lives on that node, so "absent here" must not count as deleted.
+/// Rule 0: with a `--node-name`, a PV pinned to other node(s) only is refused.
 fn check_node(
     node_name: Option<&str>,
     name: &str,
@@ -362,19 +258,13 @@ fn check_node(
     )))
 }
 
-/// Rules 1 and 2 of the module docs, against the configured base directory
-/// `base`; returns the PV name.
+/// Rules 1 and 2 against the configured base directory `base`; returns the PV name.
 pub(crate) fn checked_name<'a>(
     base: &Path,
     volume: &'a PersistentVolume,
 ) -> Result<&'a str, DeleteError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
-    let mut components = Path::new(name).components();
-    let single = matches!(
-        (components.next(), components.next()),
-        (Some(Component::Normal(c)), None) if c == name
-    );
-    if !single {
+    if !backend_kit::is_single_component(name) {
         return Err(refused(format!(
             "PV name {name:?} is not a single path component"
         )));
@@ -401,13 +291,11 @@ pub(crate) fn checked_name<'a>(
     Ok(name)
 }
 
-/// Open the configured base directory (the one ambient-authority call).
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {
     safe_fs::open_root(base).map_err(|e| failed("cannot open base directory", base, e))
 }
 
-/// Rules 3 and 4 on the entry `name` of `root` (no following): `Ok(true)` for
-/// a real directory, `Ok(false)` when absent. `dir` is only for messages.
+/// Rules 3 and 4 on the entry `name` of `root`: `Ok(true)` for a real directory, `Ok(false)` when absent.
 fn checked_entry(root: &Dir, dir: &Path, name: &str) -> Result<bool, DeleteError> {
     match safe_fs::entry(root, name)
         .map_err(|e| failed("cannot inspect volume directory", dir, e))?
@@ -431,9 +319,7 @@ fn checked_entry(root: &Dir, dir: &Path, name: &str) -> Result<bool, DeleteError
     }
 }
 
-/// Remove or archive `name` relative to `root` (checked by the caller). Both
-/// are handle-relative: whatever `name` is by now, nothing outside `root` is
-/// reached.
+/// Remove or archive `name` relative to `root` (checked by the caller).
 fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), DeleteError> {
     let dir = base.join(name);
     match on_delete {
@@ -457,8 +343,8 @@ fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), D
         }
         OnDelete::Delete => {
             match root.remove_dir_all(name) {
+                // Already gone counts as removed.
                 Ok(()) => {}
-                // Removed concurrently: the result is the same.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(failed("cannot remove volume directory", &dir, e)),
             }

@@ -8,7 +8,7 @@
 //! # Filesystem access: cap-std
 //!
 //! Every operation opens the configured `--base-dir` once as a
-//! [`cap_std::fs::Dir`] ([`provisioner_api::safe_fs::open_root`], the only
+//! [`cap_std::fs::Dir`] ([`backend_kit::safe_fs::open_root`], the only
 //! ambient-authority call; only the base directory itself is created by path
 //! when missing) and does every check and action relative to that handle:
 //! creating the volume directory (`mkdirat`) and setting its mode (`fchmod` on
@@ -22,7 +22,7 @@
 //! action — cannot redirect an action outside it. A volume is always addressed
 //! as `<--base-dir>/<PV name>` from the configured base directory, never from
 //! the PV's own path: a PV whose `spec.hostPath.path` differs is refused. The
-//! helpers are shared with nfs-subdir in [`provisioner_api::safe_fs`].
+//! helpers are shared with nfs-subdir in [`backend_kit::safe_fs`].
 
 pub mod delete;
 pub mod provision;

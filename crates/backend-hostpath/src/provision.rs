@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use provisioner_api::safe_fs::{self, WalkError};
+use backend_kit::safe_fs::{self, WalkError};
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::HostPath;
@@ -75,7 +75,7 @@ pub async fn provision(
     check_pv_name(&options.pv_name)?;
 
     let (claim_spec, request, access_modes) =
-        provisioner_api::claim::filesystem_claim(options, "hostpath")?;
+        backend_kit::claim::filesystem_claim(options, "hostpath")?;
     if !provisioner_api::quantity::is_positive(&request) {
         return Err(ProvisionError::finished(format!(
             "claim's storage request {:?} is not a positive quantity",
@@ -241,18 +241,12 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
 }
 
 fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
-    let mut components = Path::new(pv_name).components();
-    let single = matches!(
-        (components.next(), components.next()),
-        (Some(std::path::Component::Normal(_)), None)
-    );
-    if single && !pv_name.contains('/') {
-        Ok(())
-    } else {
-        Err(ProvisionError::finished(format!(
-            "PV name {pv_name:?} is not a single path component; refusing to create a directory for it"
-        )))
+    if backend_kit::is_single_component(pv_name) {
+        return Ok(());
     }
+    Err(ProvisionError::finished(format!(
+        "PV name {pv_name:?} is not a single path component; refusing to create a directory for it"
+    )))
 }
 
 /// Create `<base>/<name>` with [`VOLUME_DIR_MODE`], or reuse it when it is

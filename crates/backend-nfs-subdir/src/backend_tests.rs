@@ -590,7 +590,7 @@ async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() 
         .unwrap();
 
     // The other order, with the outer claim still in flight (recorded only).
-    let root = safe_fs::open_mount(&f.mount).unwrap();
+    let root = backend_kit::safe_fs::open_root(&f.mount).unwrap();
     registry::put(
         &root,
         "pvc-c",

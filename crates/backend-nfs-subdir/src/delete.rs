@@ -14,7 +14,7 @@
 //!    export or a parent is not ours);
 //! 4. the PV name is a valid object name.
 //!
-//! Then, walking from the mount with directory handles (see [`super::safe_fs`]):
+//! Then, walking from the mount with directory handles (see [`backend_kit::safe_fs`]):
 //! no component may be a symlink, and the last one must be a directory (a
 //! file or link there is refused). The directory must not be recorded for
 //! another PV (see [`super::registry`]). A directory that is already absent
@@ -50,7 +50,7 @@ use provisioner_api::{DeleteError, ProvisionOptions};
 
 use super::pattern::RelPath;
 use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
-use super::safe_fs::{self, Entry, WalkError};
+use backend_kit::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
 use provisioner_api::OrphanOutcome;
 
@@ -274,7 +274,7 @@ pub async fn volumes_in_use(
     }
     let mount = backend.mount.clone();
     let records = tokio::task::spawn_blocking(move || {
-        let root = safe_fs::open_mount(&mount)
+        let root = safe_fs::open_root(&mount)
             .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
         registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))
     })
@@ -332,7 +332,7 @@ pub async fn delete_unprovisioned(
 pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
     let mount = backend.mount.clone();
     tokio::task::spawn_blocking(move || {
-        let root = safe_fs::open_mount(&mount)
+        let root = safe_fs::open_root(&mount)
             .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
         let records =
             registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))?;
@@ -358,7 +358,7 @@ where
 }
 
 fn open_root(mount: &std::path::Path) -> Result<Dir, DeleteError> {
-    safe_fs::open_mount(mount).map_err(|e| DeleteError::Failed {
+    safe_fs::open_root(mount).map_err(|e| DeleteError::Failed {
         reason: format!("cannot open the NFS mount {}: {e}", mount.display()),
     })
 }
@@ -392,7 +392,7 @@ fn apply_policy(
         tracing::info!(pv = pv_name, directory = %rel, "onDelete retain: leaving nfs-subdir directory in place");
         return forget();
     }
-    let (parent_comps, last) = safe_fs::split_last(rel);
+    let (parent_comps, last) = rel.split_last();
     let parent = match safe_fs::open_path(root, parent_comps) {
         Ok(p) => p,
         Err(WalkError::Missing(_)) => {

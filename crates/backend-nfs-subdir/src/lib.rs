@@ -65,7 +65,7 @@ pub mod delete;
 pub mod pattern;
 pub mod provision;
 pub mod registry;
-pub mod safe_fs;
+
 
 use std::collections::HashSet;
 use std::path::PathBuf;

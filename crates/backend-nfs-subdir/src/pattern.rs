@@ -84,6 +84,12 @@ impl RelPath {
         &self.0
     }
 
+    /// (parent components, last component).
+    pub fn split_last(&self) -> (&[String], &str) {
+        let (last, parent) = self.0.split_last().expect("RelPath is never empty");
+        (parent, last.as_str())
+    }
+
     /// The path joined with `/` (no leading or trailing slash).
     pub fn as_string(&self) -> String {
         self.0.join("/")

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
-use super::safe_fs::{self, Entry, WalkError};
+use backend_kit::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
 
 /// StorageClass parameters the backend accepts (upstream's names).
@@ -203,7 +203,7 @@ pub async fn provision(
         ));
     }
     let (claim_spec, request, access_modes) =
-        provisioner_api::claim::filesystem_claim(options, "nfs-subdir")?;
+        backend_kit::claim::filesystem_claim(options, "nfs-subdir")?;
     if !registry::valid_pv_name(&options.pv_name) {
         return Err(ProvisionError::finished(format!(
             "PV name {:?} is not a valid object name",
@@ -254,9 +254,9 @@ fn create_blocking(
     rel: &RelPath,
     attrs: CreateAttrs,
 ) -> Result<(), String> {
-    let root = safe_fs::open_mount(mount)
+    let root = safe_fs::open_root(mount)
         .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
-    let (parent_comps, last) = safe_fs::split_last(rel);
+    let (parent_comps, last) = rel.split_last();
     // Record-then-check below; serialized within this process so two
     // nesting claims provisioned at once never both refuse.
     let guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());

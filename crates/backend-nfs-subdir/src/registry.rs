@@ -23,7 +23,7 @@ use std::io::{self, Read, Write};
 use cap_std::fs::{Dir, OpenOptions};
 
 use super::pattern::RelPath;
-use super::safe_fs;
+use backend_kit::safe_fs;
 
 /// Top-level bookkeeping directory in the mount (never a volume directory).
 pub const REGISTRY_DIR: &str = ".split-provisioner";
@@ -186,7 +186,7 @@ mod tests {
     #[test]
     fn put_get_remove_and_list() {
         let tmp = tempfile::tempdir().unwrap();
-        let root = safe_fs::open_mount(tmp.path()).unwrap();
+        let root = safe_fs::open_root(tmp.path()).unwrap();
         assert_eq!(get(&root, "pvc-1").unwrap(), None);
         assert!(all(&root).unwrap().is_empty());
         let p = RelPath::parse("a/b").unwrap();
@@ -231,7 +231,7 @@ mod tests {
         let dir = tmp.path().join(".split-provisioner/volumes");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("pvc-1"), "../../etc\n").unwrap();
-        let root = safe_fs::open_mount(tmp.path()).unwrap();
+        let root = safe_fs::open_root(tmp.path()).unwrap();
         assert!(get(&root, "pvc-1")
             .unwrap_err()
             .to_string()

@@ -1,6 +1,6 @@
 //! Claim checks shared by the filesystem backends (hostpath, nfs-subdir).
 
-use crate::{ProvisionError, ProvisionOptions};
+use provisioner_api::{ProvisionError, ProvisionOptions};
 use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 

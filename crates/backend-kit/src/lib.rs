@@ -1,0 +1,78 @@
+//! The toolkit of the built-in filesystem backends (hostpath, nfs-subdir):
+//! [`safe_fs`] (cap-std operations relative to one handle on the backend's
+//! root), [`claim`] (claim checks) and the helpers both delete paths share.
+//! Only backends depend on it; it depends on no backend.
+
+pub mod claim;
+pub mod safe_fs;
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
+use provisioner_api::DeleteError;
+
+/// Name prefix of archived volume directories.
+pub const ARCHIVE_PREFIX: &str = "archived-";
+
+/// A backend task on the blocking pool panicked or was cancelled.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} task failed: {source}")]
+pub struct TaskFailed {
+    what: &'static str,
+    source: tokio::task::JoinError,
+}
+
+impl From<TaskFailed> for DeleteError {
+    fn from(e: TaskFailed) -> Self {
+        DeleteError::Failed {
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl From<TaskFailed> for String {
+    fn from(e: TaskFailed) -> Self {
+        e.to_string()
+    }
+}
+
+/// Run the filesystem work `f` on the blocking pool; `what` names it if the task fails.
+///
+/// Errors: `f`'s error, or [`TaskFailed`] converted into it.
+pub async fn blocking<T, E>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, E>
+where
+    T: Send + 'static,
+    E: From<TaskFailed> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|source| TaskFailed { what, source })?
+}
+
+/// A [`DeleteError::Refused`] with `reason`.
+pub fn refused(reason: String) -> DeleteError {
+    DeleteError::Refused { reason }
+}
+
+/// The start of `volumes_in_use`: the PVs' own names, and the paths `paths`
+/// picks from each PV's spec (the caller maps those to volumes).
+pub fn names_and_paths<P>(
+    pvs: &[PersistentVolume],
+    paths: impl Fn(&PersistentVolumeSpec) -> Vec<P>,
+) -> (HashSet<String>, Vec<P>) {
+    let names = pvs.iter().filter_map(|pv| pv.metadata.name.clone());
+    let picked = pvs.iter().filter_map(|pv| pv.spec.as_ref()).flat_map(paths);
+    (names.collect(), picked.collect())
+}
+
+/// Whether `name` is one plain path component (not empty, no `/`, not `.` or `..`).
+pub fn is_single_component(name: &str) -> bool {
+    let mut components = std::path::Path::new(name).components();
+    matches!(
+        (components.next(), components.next()),
+        (Some(std::path::Component::Normal(c)), None) if c == name
+    )
+}
