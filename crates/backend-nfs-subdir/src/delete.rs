@@ -1,44 +1,11 @@
-//! Deletion half of the nfs-subdir backend.
-//!
-//! # Which directory may be touched
-//!
-//! Exactly the directory the PV names, found from its `nfs.path` (not from a
-//! base name as upstream does, which with a nested `pathPattern` looked in the
-//! wrong place and leaked the volume). [`volume_directory`] checks, and any
-//! failure is a [`DeleteError::Refused`] (a Warning event; nothing touched):
-//!
-//! 1. the PV's only volume source is `nfs`;
-//! 2. `nfs.server` equals `--nfs-server`;
-//! 3. `nfs.path`, component-wise, is `--nfs-path` followed by at least one
-//!    more component, none of them `..` (a path equal to the export, a sibling
-//!    export or a parent is not ours);
-//! 4. the PV name is a valid object name.
-//!
-//! Then, walking from the mount with directory handles (see [`backend_kit::safe_fs`]):
-//! no component may be a symlink, and the last one must be a directory (a
-//! file or link there is refused). The directory must not be recorded for
-//! another PV (see [`super::registry`]). A directory that is already absent
-//! counts as deleted.
-//!
-//! # Policies
-//!
-//! * `delete` — remove the directory and its contents (symlinks inside are
-//!   removed as links, never followed);
-//! * `retain` — leave it, forget the record;
-//! * `archive` — rename `<parent>/<name>` to `<parent>/archived-<name>`, in the
-//!   **same parent directory** (so `ns/app/data` becomes `ns/app/archived-data`:
-//!   upstream renamed to `<mount>/archived-<base name>`, which fails for nested
-//!   paths and collides between namespaces). If that name is taken, the
-//!   directory becomes `<parent>/archived-<name>-<pv name>`; if that is taken
-//!   too, the delete is refused.
-//!
-//! Empty parent directories of a nested path are left in place (they may be
-//! shared with other volumes). A directory that contains another recorded
-//! volume's directory is neither deleted nor archived (refused).
-//!
-//! The policy is the one recorded at provisioning ([`ANN_ON_DELETE`]); a PV
-//! without it follows its StorageClass as read at delete time, as upstream
-//! ([`upstream_policy`]).
+//! Deletion half of the nfs-subdir backend: the directory a PV's `nfs.path`
+//! names, after [`volume_directory`]'s checks (only source `nfs`, our server,
+//! strictly below `--nfs-path`, a valid PV name), walked from the mount without
+//! crossing a symlink, and not recorded for another PV. Policies: `delete`,
+//! `retain`, `archive` (rename to `archived-<name>`, else
+//! `archived-<name>-<pv name>`, in the same parent). A directory holding
+//! another recorded volume is never deleted or archived; an absent one counts
+//! as deleted. Rationale: docs/ARCHITECTURE.md, "nfs-subdir".
 
 use std::collections::HashSet;
 use std::io;
@@ -52,10 +19,8 @@ use super::pattern::RelPath;
 use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
-
-/// Name prefix of archived directories.
-pub const ARCHIVE_PREFIX: &str = "archived-";
 
 /// `spec` keys of a PV that are not volume sources.
 const NON_SOURCE_KEYS: &[&str] = &[
@@ -71,10 +36,10 @@ const NON_SOURCE_KEYS: &[&str] = &[
     "nfs",
 ];
 
-/// The sub-directory (below the mount) that `pv` names, after rules 1–4 of
-/// the module docs. Also pv-writer's `validate_volume` check.
+/// The sub-directory (below the mount) that `pv` names, after the module
+/// docs' checks; also pv-writer's `validate_volume`.
 ///
-/// Errors: a message naming the failed rule.
+/// Errors: a message naming the failed check.
 pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, String> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     if !registry::valid_pv_name(name) {
@@ -226,7 +191,7 @@ pub async fn delete_with_class(
         })?),
     };
     let mount = backend.mount.clone();
-    blocking(move || {
+    blocking("nfs-subdir delete", move || {
         let root = open_root(&mount)?;
         match registry::get(&root, &name).map_err(io_failed("read the record of PV"))? {
             Some(r) if r != rel => {
@@ -260,26 +225,17 @@ pub async fn volumes_in_use(
     backend: &NfsSubdir,
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, String> {
-    let mut used: HashSet<String> = pvs
-        .iter()
-        .filter_map(|pv| pv.metadata.name.clone())
-        .collect();
-    let paths: Vec<RelPath> = pvs
-        .iter()
-        .filter_map(|pv| pv.spec.as_ref()?.nfs.as_ref())
-        .filter_map(|nfs| RelPath::parse(&below_export(backend, &nfs.path)?).ok())
-        .collect();
+    let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
+        let below = |nfs: &k8s_openapi::api::core::v1::NFSVolumeSource| {
+            RelPath::parse(&below_export(backend, &nfs.path)?).ok()
+        };
+        spec.nfs.as_ref().and_then(below).into_iter().collect()
+    });
     if paths.is_empty() {
         return Ok(used);
     }
     let mount = backend.mount.clone();
-    let records = tokio::task::spawn_blocking(move || {
-        let root = safe_fs::open_root(&mount)
-            .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
-        registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))
-    })
-    .await
-    .map_err(|e| format!("nfs-subdir listing task failed: {e}"))??;
+    let records = blocking("nfs-subdir listing", move || records_at(&mount)).await?;
     for (name, rel) in records {
         if paths.iter().any(|p| p.overlaps(&rel)) {
             used.insert(name);
@@ -314,7 +270,7 @@ pub async fn delete_unprovisioned(
         return Ok(());
     }
     let mount = backend.mount.clone();
-    blocking(move || {
+    blocking("nfs-subdir delete", move || {
         let root = open_root(&mount)?;
         let Some(rel) = registry::get(&root, &name).map_err(io_failed("read the record of PV"))?
         else {
@@ -331,9 +287,8 @@ pub async fn delete_unprovisioned(
 /// Errors: the mount or the records cannot be read.
 pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
     let mount = backend.mount.clone();
-    tokio::task::spawn_blocking(move || {
-        let root = safe_fs::open_root(&mount)
-            .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
+    blocking("nfs-subdir listing", move || {
+        let root = safe_fs::open_root(&mount).map_err(|e| mount_error(&mount, e))?;
         let records =
             registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))?;
         Ok(records
@@ -343,28 +298,22 @@ pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
             .collect())
     })
     .await
-    .map_err(|e| format!("nfs-subdir listing task failed: {e}"))?
 }
 
-async fn blocking<F>(f: F) -> Result<(), DeleteError>
-where
-    F: FnOnce() -> Result<(), DeleteError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| DeleteError::Failed {
-            reason: format!("nfs-subdir delete task failed: {e}"),
-        })?
+/// Every (PV name, directory) the registry on the export at `mount` records.
+fn records_at(mount: &std::path::Path) -> Result<Vec<(String, RelPath)>, String> {
+    let root = safe_fs::open_root(mount).map_err(|e| mount_error(mount, e))?;
+    registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))
+}
+
+fn mount_error(mount: &std::path::Path, e: io::Error) -> String {
+    format!("cannot open the NFS mount {}: {e}", mount.display())
 }
 
 fn open_root(mount: &std::path::Path) -> Result<Dir, DeleteError> {
     safe_fs::open_root(mount).map_err(|e| DeleteError::Failed {
-        reason: format!("cannot open the NFS mount {}: {e}", mount.display()),
+        reason: mount_error(mount, e),
     })
-}
-
-fn refused(reason: String) -> DeleteError {
-    DeleteError::Refused { reason }
 }
 
 fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
@@ -473,7 +422,7 @@ pub async fn archive_orphan(
 ) -> Result<OrphanOutcome, DeleteError> {
     let mount = backend.mount.clone();
     let name = pv_name.to_string();
-    tokio::task::spawn_blocking(move || {
+    blocking("nfs-subdir orphan archive", move || {
         if !registry::valid_pv_name(&name) {
             return Err(refused(format!(
                 "PV name {name:?} is not a valid object name"
@@ -501,9 +450,6 @@ pub async fn archive_orphan(
         )
     })
     .await
-    .map_err(|e| DeleteError::Failed {
-        reason: format!("nfs-subdir orphan archive task failed: {e}"),
-    })?
 }
 
 /// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in
