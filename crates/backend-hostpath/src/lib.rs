@@ -1,28 +1,8 @@
 //! The `hostpath` backend (the default): each volume is a directory
 //! `<base-dir>/<pv name>` on a node, published as a `hostPath` PV with node
-//! affinity to that node.
-//!
-//! * [`provision`] — creating the directory and the PV object;
-//! * [`delete`] — safe removal (or retention/archival) of the directory.
-//!
-//! # Filesystem access: cap-std
-//!
-//! Every operation opens the configured `--base-dir` once as a
-//! [`cap_std::fs::Dir`] ([`backend_kit::safe_fs::open_root`], the only
-//! ambient-authority call; only the base directory itself is created by path
-//! when missing) and does every check and action relative to that handle:
-//! creating the volume directory (`mkdirat`) and setting its mode (`fchmod` on
-//! a handle opened with `O_NOFOLLOW`), classifying `<name>` without following
-//! it, reading its age (`fstat`), removing it (`Dir::remove_dir_all`, which
-//! unlinks symlinks as links), archiving it (`Dir::rename`) and listing the
-//! volumes. The handle is opened per operation rather than kept from start-up,
-//! so a base directory mounted (or re-mounted) after start is the one acted on
-//! and [`HostPath`] stays a plain value. cap-std confines every path to the handle, so a symlink or `..`
-//! planted in the base directory — even one swapped in between a check and the
-//! action — cannot redirect an action outside it. A volume is always addressed
-//! as `<--base-dir>/<PV name>` from the configured base directory, never from
-//! the PV's own path: a PV whose `spec.hostPath.path` differs is refused. The
-//! helpers are shared with nfs-subdir in [`backend_kit::safe_fs`].
+//! affinity to that node: [`provision`] creates it, [`delete`] removes, retains
+//! or archives it. Every filesystem access is relative to one cap-std handle on
+//! `--base-dir` (docs/ARCHITECTURE.md, "Backends on the filesystem: cap-std").
 
 pub mod delete;
 pub mod provision;

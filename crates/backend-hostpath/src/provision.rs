@@ -1,30 +1,9 @@
-//! Provisioning half of the hostpath backend: create `<base-dir>/<pv name>` and
-//! describe it as a `hostPath` PV pinned to one node.
-//!
-//! The PV has:
-//! * `spec.hostPath` = `<base-dir>/<pv name>` with `type: DirectoryOrCreate`;
-//! * `spec.capacity.storage` = the claim's `resources.requests.storage`, verbatim;
-//! * the claim's `accessModes` and `volumeMode`;
-//! * `persistentVolumeReclaimPolicy` and `mountOptions` from the StorageClass
-//!   (reclaim policy `Delete` when the class sets none, as Kubernetes defaults it);
-//! * required node affinity `kubernetes.io/hostname In [<node>]`, where `<node>`
-//!   is the claim's selected node, else the backend's `--node-name`.
-//!
-//! StorageClass parameters: the hostpath backend accepts **none** (see
-//! [`ACCEPTED_PARAMETERS`]); a class with any parameter is rejected so a typo
-//! or a parameter meant for another backend is never silently ignored.
-//!
-//! Every rejection is a [`ProvisionError::Failed`] with state
-//! [`ProvisioningState::Finished`]: no asset was made; provision-svc reports it
-//! as a `ProvisioningFailed` event. One exception: when the backend has a
-//! `--node-name` and the claim's selected node (`WaitForFirstConsumer`) is a
-//! different node, the directory cannot be created there (it would be created
-//! on this node while the pod runs on the other), so the failure has state
-//! [`ProvisioningState::Reschedule`]: provision-svc removes the claim's
-//! selected-node annotation and the scheduler picks again (seed
-//! `ProvisioningReschedule`). Without `--node-name` any selected node is used.
-//!
-//! Idempotent per PV name: an existing directory is reused.
+//! Provisioning half of the hostpath backend: create `<base-dir>/<pv name>`
+//! (reused when present) and describe it as a `hostPath` PV (`DirectoryOrCreate`)
+//! with the claim's request, access modes and volume mode, the class's reclaim
+//! policy and mount options, and node affinity to the claim's selected node, else
+//! `--node-name`. Refusals are final, except another selected node than
+//! `--node-name`, which is `Reschedule`; the class may set no parameter.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,21 +1,8 @@
 //! Directory-handle-relative filesystem operations below one trusted root
-//! directory, built on `cap-std` (openat-style access), shared by the
-//! filesystem backends: hostpath (root = `--base-dir`) and nfs-subdir (root =
-//! `--nfs-mount`).
-//!
-//! Every operation starts from a handle on the root, opened once with
-//! [`open_root`] (the only ambient-authority call), and walks a relative path
-//! one component at a time with `open_dir_nofollow` (`O_DIRECTORY|O_NOFOLLOW`
-//! under the hood): a component that is a symlink is refused
-//! ([`WalkError::Symlink`]) instead of followed, and because each step is
-//! relative to the handle of its parent, nothing an attacker swaps into the
-//! tree while we walk (a symlink, a `..`) can send an operation outside the
-//! root. Removal with cap-std's handle-relative `Dir::remove_dir_all` unlinks
-//! symlinks inside the volume as links and never follows them; renames with
-//! `Dir::rename` stay inside the handles given.
-//!
-//! Components are plain names (no `/`, not `.` or `..`); callers validate
-//! them before walking.
+//! (hostpath's `--base-dir`, nfs-subdir's `--nfs-mount`), on `cap-std`:
+//! [`open_root`] is the only ambient-authority call; every walk opens one
+//! component at a time without following a symlink ([`WalkError::Symlink`]),
+//! relative to its parent's handle. Callers pass plain components (no `/`, `.`, `..`).
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;

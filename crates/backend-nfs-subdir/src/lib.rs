@@ -1,65 +1,13 @@
-//! The `nfs-subdir` backend: a drop-in replacement for
-//! kubernetes-sigs/nfs-subdir-external-provisioner. One NFS export is mounted
-//! into the provision-svc and reclaim-svc pods (`--nfs-mount`, default
-//! `/persistentvolumes`); each claim gets one sub-directory of it, published as
-//! an `nfs` PV `{server: --nfs-server, path: <--nfs-path>/<sub-directory>}`.
+//! The `nfs-subdir` backend, a drop-in for kubernetes-sigs/nfs-subdir-external-provisioner:
+//! one sub-directory of the mounted export (`--nfs-mount`) per claim, published
+//! as an `nfs` PV `{server: --nfs-server, path: <--nfs-path>/<sub-directory>}`.
+//! Class parameters `pathPattern`, `onDelete`, `archiveOnDelete` and claim
+//! annotations `nfs.io/createMode`/`createUID`/`createGID` are upstream's; where
+//! upstream is silent this backend refuses (docs/ARCHITECTURE.md, "nfs-subdir").
 //!
-//! * [`pattern`] — the sub-directory's name (default
-//!   `<namespace>-<claim name>-<pv name>`, or the class's `pathPattern`);
-//! * [`provision`] — parameters, claim annotations, creating the directory, the PV;
-//! * [`delete`] — `onDelete` / `archiveOnDelete`, and the checks that a PV is ours;
-//! * [`registry`] — the record of created directories kept on the export;
-//! * [`safe_fs`] — directory-handle-relative (`cap-std`) operations that never
-//!   cross a symlink or leave the mount.
-//!
-//! # StorageClass parameters (as upstream)
-//!
-//! | parameter         | meaning                                                       |
-//! |-------------------|---------------------------------------------------------------|
-//! | `pathPattern`     | sub-directory template, see [`pattern`]                        |
-//! | `onDelete`        | `delete` or `retain`; overrides `archiveOnDelete`              |
-//! | `archiveOnDelete` | `"false"` deletes the directory; default (and `"true"`) archives it |
-//!
-//! Any other parameter, an `onDelete` other than `delete`/`retain`, or an
-//! `archiveOnDelete` that is not a Go boolean (`1 t T TRUE true True 0 f F
-//! FALSE false False`) is refused with a `ProvisioningFailed` event (upstream
-//! ignores unknown parameters and fails only at delete time).
-//!
-//! # Claim annotations (as upstream)
-//!
-//! `nfs.io/createMode` (octal permission bits of the new directory, e.g.
-//! `"0770"`, default `0777`), `nfs.io/createUID` and `nfs.io/createGID`
-//! (numeric owner and group set with `fchown`). A value that does not parse is
-//! a `ProvisioningFailed` event, never a silent default.
-//!
-//! # Two claims resolving to the same directory
-//!
-//! Upstream silently gives the second claim the first one's data, and deleting
-//! either volume destroys both. Here a directory belongs to exactly one PV:
-//! the second claim is refused (`ProvisioningFailed`, naming the directory),
-//! and so is any claim whose directory already exists without having been
-//! created for that PV (pre-existing data is never adopted by a dynamic
-//! volume: bind it with a static PV instead). Once the first volume has been
-//! deleted or archived (renamed away), the name is free for a new claim; a
-//! retained directory stays, so a new claim resolving to it is refused until
-//! an admin moves it away or binds it with a static PV.
-//!
-//! # Where the delete policy comes from
-//!
-//! The class's policy is resolved at provisioning time and recorded on the PV
-//! as annotation [`ANN_ON_DELETE`] (`delete`, `retain` or `archive`), so
-//! reclaim does not depend on the class still existing or being unchanged. A
-//! PV without it (one provisioned by upstream before a migration) follows its
-//! class as read right before the delete, as upstream
-//! ([`delete::upstream_policy`]); when that class is gone the delete fails
-//! (`VolumeFailedDelete`, retried) and nothing is touched.
-//!
-//! # Volumes nested in one another
-//!
-//! A volume's directory is never inside or around another live volume's
-//! (one the registry records): such a claim is refused (`ProvisioningFailed`,
-//! no directory made), and a directory containing another volume's is never
-//! deleted or archived (`VolumeFailedDelete`).
+//! [`pattern`] names the directory, [`provision`] creates it, [`delete`] applies
+//! the policy recorded on the PV ([`ANN_ON_DELETE`]), [`registry`] records the
+//! directories on the export.
 
 pub mod delete;
 pub mod pattern;

@@ -1,39 +1,11 @@
-//! The volume directory's name: nfs-subdir's default
-//! `<namespace>-<claim name>-<pv name>` or the StorageClass parameter
-//! `pathPattern`, rendered from the claim and checked so that it can only ever
-//! name a directory strictly inside the mount.
-//!
-//! # `pathPattern` syntax (as upstream, plus `${.PV.name}`)
-//!
-//! | placeholder                 | replaced by                              |
-//! |-----------------------------|------------------------------------------|
-//! | `${.PVC.namespace}`         | the claim's namespace                    |
-//! | `${.PVC.name}`              | the claim's name                         |
-//! | `${.PVC.labels.KEY}`        | the value of the claim's label `KEY`     |
-//! | `${.PVC.annotations.KEY}`   | the value of the claim's annotation `KEY`|
-//! | `${.PV.name}`               | the PV name (`pvc-<claim uid>`)          |
-//!
-//! `/` in the pattern (or inside a substituted annotation value) nests
-//! directories; empty and `.` components are dropped, as Go's `filepath.Join`
-//! does upstream. A pattern that renders to nothing falls back to the default
-//! name, as upstream.
-//!
-//! # Differences from upstream (all refusals, never silent)
-//!
-//! * a label or annotation the pattern names but the claim lacks is refused
-//!   (upstream substitutes an empty string, which silently makes claims share a
-//!   directory);
-//! * an unknown placeholder (`${.PVC.nmae}`) or an unterminated `${` is refused
-//!   (upstream substitutes an empty string / keeps the text);
-//! * a pattern or substituted value that is absolute, contains a `..`
-//!   component or a NUL byte is refused, as is a path whose first component is
-//!   the backend's bookkeeping directory ([`super::registry::REGISTRY_DIR`]) or
-//!   whose components exceed 255 bytes.
-//!
-//! The renderer is a dozen lines of hand-written scanning rather than a
-//! template or regex crate: the syntax is upstream's own (not Go templates),
-//! and every placeholder must be checked individually, which a generic
-//! template engine would not do.
+//! The volume directory's name: upstream's default
+//! `<namespace>-<claim name>-<pv name>` or the class's `pathPattern` with
+//! `${.PVC.namespace}`, `${.PVC.name}`, `${.PVC.labels.KEY}`,
+//! `${.PVC.annotations.KEY}` and `${.PV.name}`; `/` nests, empty and `.`
+//! components drop, an empty result falls back to the default. Whatever upstream
+//! fills in silently (a missing key, an unknown placeholder, `..`, an absolute
+//! path) is refused, so a rendered path only names a directory strictly inside
+//! the mount.
 
 use std::collections::BTreeMap;
 

@@ -1,22 +1,8 @@
-//! The backend's record of the directories it created, kept on the export
-//! itself so every replica and every service (provision-svc, reclaim-svc)
-//! sees the same record: one file per PV at
-//! `<mount>/.split-provisioner/volumes/<pv name>` holding the volume's
-//! directory relative to the mount (one line).
-//!
-//! The record is written (atomically: temporary file + rename) **before** the
-//! directory is created, so after a crash at any point the directory is either
-//! absent or recorded. It is what makes these work:
-//!
-//! * the orphan sweep: [`list`] names the PVs whose directories exist
-//!   (upstream cannot list its volumes at all);
-//! * two claims resolving to the same directory: the second is refused, never
-//!   silently given the first one's data (see the backend docs);
-//! * recovery of a claim deleted mid-provisioning (`delete_unprovisioned`):
-//!   only a directory recorded for that PV is ever removed.
-//!
-//! PV names are checked (`[a-z0-9.-]`, at most 253 bytes, as Kubernetes object
-//! names) before they become file names; files with other names are ignored.
+//! The record of the directories this backend created, kept on the export so
+//! every replica and service sees it: one file per PV at
+//! `<mount>/.split-provisioner/volumes/<pv name>` holding the directory relative
+//! to the mount, written atomically before the directory is created. PV names
+//! are checked as Kubernetes object names before they become file names.
 
 use std::io::{self, Read, Write};
 
