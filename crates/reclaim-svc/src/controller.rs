@@ -1,28 +1,10 @@
 //! The PV control loop on kube-runtime's [`Controller`] (as kube-rs'
-//! `controller-rs` example): a reflector over all PVs (kept as [`CachedPv`]:
-//! identity typed, the whole PV as compact JSON) triggers [`reconcile`] per
-//! PV name, at most
-//! `--worker-threads` at a time and never twice at once for one PV; failures go
-//! through [`error_policy`] with the seed's `processNextVolumeWorkItem` retry
-//! semantics (per-PV exponential backoff `--retry-interval-start` doubling to
-//! `--retry-interval-max`, capped overall by `--retry-qps`/`--retry-burst`, given
-//! up after `--failed-delete-threshold` until the PV changes). A PV that is
-//! gone is dropped: `Controller` only reconciles names still in its store, and
-//! the delete event forgets the PV's retry state ([`Context::observe`], seed
-//! `forgetVolume`).
-//!
-//! Why `Controller` here and not [`common::kube::workqueue`]: a PV's work item is
-//! its name, and once the PV is gone there is nothing left to do, which is
-//! exactly the `Controller` model. provision-svc keeps the hand-written queue
-//! because its claims are keyed by uid and must outlive the cache.
-//!
-//! With [`run_loop_observed`] the loop reports client-go's `workqueue_*`
-//! series (`name="volumes"`: adds = PV changes fed to the `Controller`,
-//! retries = requeues by [`error_policy`], work duration and unfinished work
-//! from [`reconcile`]; `Controller`'s scheduler does not expose its depth, so
-//! `workqueue_depth` and the queue duration stay unobserved) and beats the
-//! runtime's liveness heartbeat unless every reconcile slot has been busy for
-//! `--healthz-stall-timeout` ([`common::runtime::health`]).
+//! `controller-rs` example): a reflector of [`CachedPv`]s triggers
+//! [`reconcile`] per PV name, at most `--worker-threads` at once and never
+//! twice at once for one PV; [`error_policy`] applies the seed's retry rules;
+//! a deleted PV's retry state is forgotten ([`Context::observe`]). [`run_term`]
+//! runs one leader term: this loop and one orphan sweep. The only module that
+//! spawns. Why `Controller` here: docs/ARCHITECTURE.md.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -41,19 +23,23 @@ use kube::{Resource, ResourceExt};
 use provisioner_api::deadline::Deadline;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::ReclaimArgs;
+use crate::metrics::ReclaimMetrics;
 use crate::operation::{Reclaimer, SyncError};
+use crate::sweep;
+use common::kube::events::EventSink;
 use common::kube::workqueue_metrics::WorkQueueMetrics;
+use common::runtime::config::{RetryArgs, ServiceKind};
+use common::runtime::frame::ServiceContext;
 use common::runtime::health::Heartbeat;
+use kube::runtime::reflector::ObjectRef;
+use provisioner_api::Provisioner;
 
-/// A PV as the PV cache holds it: its identity (name, uid, resourceVersion)
-/// typed, the whole PV (minus `managedFields` and the last-applied
-/// annotation) as compact JSON, decoded by [`reconcile`] for each sync
-/// ([`Compact`]). A k8s-openapi `PersistentVolume` is a few KB as a Rust
-/// value (its spec holds every volume source inline); 5,000 of them were the
-/// largest item of reclaim-svc's heap.
+/// A PV as the PV cache holds it: identity typed, the rest as compact JSON
+/// decoded by [`reconcile`] for each sync ([`Compact`]).
 pub type CachedPv = Compact<PersistentVolume>;
 
-/// What the loop reports to, besides logs: [`run_loop_observed`].
+/// What the loop reports to, besides logs.
 #[derive(Clone)]
 pub struct LoopObservers {
     /// The PV queue's `workqueue_*` series (`name="volumes"`).
@@ -78,8 +64,7 @@ pub struct LoopConfig {
     pub resync_period: Duration,
 }
 
-/// What [`reconcile`] and [`error_policy`] share: the operation, the per-PV
-/// retry state (keyed by PV name) and the loop's tuning.
+/// What [`reconcile`] and [`error_policy`] share.
 pub struct Context {
     /// Runs the seed's sync and delete operation.
     pub reclaimer: Arc<Reclaimer>,
@@ -87,15 +72,13 @@ pub struct Context {
     pub retry: Arc<RetryPolicy<String>>,
     /// Threshold, deletion timeout, workers, resync.
     pub config: LoopConfig,
-    /// client-go's `workqueue_*` series of the PV queue (`name="volumes"`),
-    /// when observed ([`run_loop_observed`]).
+    /// client-go's `workqueue_*` series of the PV queue, when observed.
     pub queue_metrics: Option<WorkQueueMetrics>,
 }
 
 impl Context {
-    /// Bookkeeping on a watch event before `Controller` sees it: a deleted PV's
-    /// retry state and remembered uid are forgotten (seed `forgetVolume`); after
-    /// a (re-)list, uids of PVs no longer present are dropped.
+    /// Forget a deleted PV's retry state and uid (seed `forgetVolume`), and
+    /// after a (re-)list the uids of PVs no longer present.
     pub fn observe(&self, event: &watcher::Event<CachedPv>, store: &Store<CachedPv>) {
         match event {
             watcher::Event::Delete(pv) => {
@@ -117,11 +100,8 @@ impl Context {
     }
 }
 
-/// Sync one PV (seed `syncVolume` under `--deletion-timeout`) on the whole
-/// PV decoded from the cache. Success forgets the PV's failures and waits for
-/// its next change (or the resync).
-///
-/// Errors: [`SyncError`], handed to [`error_policy`].
+/// Sync one PV (seed `syncVolume` under `--deletion-timeout`); success forgets
+/// its failures. Errors: [`SyncError`], handed to [`error_policy`].
 pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Action, SyncError> {
     let _processing = ctx.queue_metrics.as_ref().map(|m| m.start_processing());
     let pv = cached.object();
@@ -135,10 +115,9 @@ pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Actio
     Ok(Action::await_change())
 }
 
-/// The seed's retry rule for a failed sync: requeue after the policy's delay
-/// while the threshold allows (failures before this one < threshold), else give
-/// up until the PV changes; the failures are kept — "Done but do not Forget" —
-/// until the PV is deleted, so later updates get one try each.
+/// The seed's retry rule: requeue after the backoff while the threshold
+/// allows, else wait for the PV's next change, keeping its failures ("Done but
+/// do not Forget") until the PV is deleted.
 pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Action {
     let key = pv.name_any();
     let requeues = ctx.retry.requeues(&key);
@@ -156,52 +135,11 @@ pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Ac
     }
 }
 
-/// Run the loop until `shutdown` fires: watch PVs, reconcile changed ones,
-/// resync every PV each `config.resync_period`. Calls `on_synced` once, after
-/// the first complete list of PVs is in the store (report readiness there);
-/// in-flight syncs finish before this returns (`Controller`'s graceful
-/// shutdown). Reconciles run as tasks `Controller` cancels when this future is
-/// dropped (the runtime aborting the work loop on a lost Lease).
-///
-/// Errors: none once running (watch errors are retried with backoff).
+/// Run the loop until `shutdown` fires, reporting to `observers`; `on_synced`
+/// runs once the first list is in the store. In-flight syncs finish before it
+/// returns; dropping it cancels them. Errors: none once running.
 pub async fn run_loop(
-    api: Api<PersistentVolume>,
-    reclaimer: Arc<Reclaimer>,
-    retry: Arc<RetryPolicy<String>>,
-    config: LoopConfig,
-    shutdown: CancellationToken,
-    on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
-) -> anyhow::Result<()> {
-    run_loop_in(None, api, reclaimer, retry, config, shutdown, on_synced).await
-}
-
-/// [`run_loop`] reporting to `observers` (queue metrics, liveness heartbeat).
-///
-/// Errors: as [`run_loop`].
-pub async fn run_loop_observed(
     observers: LoopObservers,
-    api: Api<PersistentVolume>,
-    reclaimer: Arc<Reclaimer>,
-    retry: Arc<RetryPolicy<String>>,
-    config: LoopConfig,
-    shutdown: CancellationToken,
-    on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
-) -> anyhow::Result<()> {
-    run_loop_in(
-        Some(observers),
-        api,
-        reclaimer,
-        retry,
-        config,
-        shutdown,
-        on_synced,
-    )
-    .await
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn run_loop_in(
-    observers: Option<LoopObservers>,
     api: Api<PersistentVolume>,
     reclaimer: Arc<Reclaimer>,
     retry: Arc<RetryPolicy<String>>,
@@ -215,28 +153,25 @@ async fn run_loop_in(
     let cached_api = Api::<CachedPv>::all(api.into_client());
     let workers = u16::try_from(config.workers.max(1)).unwrap_or(u16::MAX);
     let resync = resync_interval(config.resync_period);
-    let queue_metrics = observers.as_ref().map(|o| o.queue_metrics.clone());
+    let queue_metrics = observers.queue_metrics.clone();
     let ctx = Arc::new(Context {
         reclaimer,
         retry,
         config,
-        queue_metrics: queue_metrics.clone(),
+        queue_metrics: Some(queue_metrics.clone()),
     });
     // Held by this future: dropped (and the heartbeat task aborted) with the loop.
     let mut beater = tokio::task::JoinSet::new();
-    if let Some(o) = observers {
-        let metrics = o.queue_metrics.clone();
-        let workers = usize::from(workers);
-        beater.spawn(common::runtime::health::beat_while_progressing(
-            o.heartbeat,
-            common::runtime::health::beat_period(o.stall_timeout),
-            o.stall_timeout,
-            // Stalled: every reconcile slot busy for longer than the timeout
-            // (PVs may wait and no slot frees up); idle or moving is healthy.
-            move || metrics.stalled_when_busy(workers),
-            shutdown.clone(),
-        ));
-    }
+    let (metrics, busy) = (queue_metrics.clone(), usize::from(workers));
+    let stall = observers.stall_timeout;
+    beater.spawn(common::runtime::health::beat_while_progressing(
+        observers.heartbeat,
+        common::runtime::health::beat_period(stall),
+        stall,
+        // Stalled: every reconcile slot busy for longer than the timeout.
+        move || metrics.stalled_when_busy(busy),
+        shutdown.clone(),
+    ));
 
     let mut on_synced = Some(on_synced);
     let (hook_ctx, hook_store) = (Arc::clone(&ctx), store.clone());
@@ -261,8 +196,8 @@ async fn run_loop_in(
         })
         .applied_objects()
         .inspect(move |pv| {
-            if let (Ok(_), Some(m)) = (pv, &queue_metrics) {
-                m.add();
+            if pv.is_ok() {
+                queue_metrics.add();
             }
         });
 
@@ -293,4 +228,97 @@ async fn run_loop_in(
         .await;
     tracing::info!("PV controller stopped; in-flight syncs finished");
     Ok(())
+}
+
+/// What a leader term needs besides the [`ServiceContext`]; cloned per term.
+#[derive(Clone)]
+pub struct TermDeps {
+    /// The backend whose volumes are reclaimed.
+    pub backend: Arc<dyn Provisioner>,
+    /// Metrics, registered once per process.
+    pub metrics: ReclaimMetrics,
+    /// `--retry-qps`/`--retry-burst`.
+    pub retry: RetryArgs,
+    /// reclaim-svc's own flags.
+    pub reclaim: ReclaimArgs,
+}
+
+/// One leader term: the PV control loop and, once the reflector has synced
+/// (readiness), one orphan sweep; a new reflector and reclaimer each term.
+///
+/// Errors: as [`run_loop`].
+pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
+    let TermDeps {
+        backend,
+        metrics,
+        retry,
+        reclaim,
+    } = deps;
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let events = EventSink::new(ctx.client.clone(), ctx.kind.component(), &ctx.identity);
+    let (provisioner, add) = (ctx.args.provisioner_name.clone(), reclaim.add_finalizer);
+    let reclaimer = Reclaimer::new(
+        api.clone(),
+        backend.clone(),
+        Arc::new(events),
+        metrics.delete,
+        provisioner,
+        add,
+    )
+    .with_term(ctx.term.clone());
+    let policy = RetryPolicy::from_args(ctx.args.retry_backoff(ServiceKind::Reclaim), &retry);
+    let config = LoopConfig {
+        workers: ctx.args.worker_threads_for(ServiceKind::Reclaim),
+        threshold: FailureThreshold(reclaim.failed_delete_threshold),
+        deletion_timeout: reclaim.deletion_timeout,
+        resync_period: reclaim.resync_period,
+    };
+    tracing::info!(provisioner = %ctx.args.provisioner_name, add_finalizer = add, failed_delete_threshold = reclaim.failed_delete_threshold, workers = config.workers, "starting PV reclaim loop");
+    let readiness = ctx.readiness.clone();
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<CachedPv>>();
+    let on_synced = move |store: &Store<CachedPv>| {
+        readiness.set_ready(true);
+        let _ = synced_tx.send(store.clone());
+    };
+    let job = sweep::SweepJob {
+        redis: ctx.args.redis(),
+        provisioner_name: ctx.args.provisioner_name.clone(),
+        pvs: api.clone(),
+        backend,
+        archive: reclaim.sweep_orphans,
+        min_age: reclaim.sweep_min_age,
+        shutdown: ctx.shutdown.clone(),
+        metrics: metrics.sweep,
+        reporter: ctx.identity.clone(),
+    };
+    // The sweep is part of this future: it stops with the term.
+    let sweep_shutdown = ctx.shutdown.clone();
+    let sweep_task = async move {
+        let Ok(store) = synced_rx.await else { return };
+        let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
+        tokio::select! {
+            _ = sweep_shutdown.cancelled() => {}
+            _ = sweep::run_once(job, cached) => {}
+        }
+    };
+    let observers = LoopObservers {
+        queue_metrics: metrics.queue,
+        heartbeat: ctx.heartbeat.clone(),
+        stall_timeout: ctx.args.healthz_stall_timeout,
+    };
+    let (reclaimer, policy) = (Arc::new(reclaimer), Arc::new(policy));
+    let control_loop = run_loop(
+        observers,
+        api,
+        reclaimer,
+        policy,
+        config,
+        ctx.shutdown.clone(),
+        on_synced,
+    );
+    tokio::pin!(control_loop, sweep_task);
+    tokio::select! {
+        result = &mut control_loop => result,
+        () = &mut sweep_task => control_loop.await,
+    }
 }

@@ -87,6 +87,35 @@ pub fn should_delete(
     Ok(())
 }
 
+/// Why a PV decided for deletion is no longer to be deleted when read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stale {
+    /// Gone, or replaced by another object (uid) of the same name.
+    Replaced,
+    /// Bound to another claim since the decision.
+    Rebound,
+    /// [`should_delete`] declines it now.
+    Declined(Skip),
+}
+
+/// Whether `decided`, read again as `fresh`, is still to be deleted: the same
+/// object, bound to the same claim, and `should_delete` holds. Returns `fresh`.
+pub fn still_to_delete(
+    decided: &PersistentVolume,
+    fresh: Option<PersistentVolume>,
+    should_delete: impl FnOnce(&PersistentVolume) -> Result<(), Skip>,
+) -> Result<PersistentVolume, Stale> {
+    let fresh = fresh
+        .filter(|pv| pv.metadata.uid == decided.metadata.uid)
+        .ok_or(Stale::Replaced)?;
+    let claim_uid = |pv: &PersistentVolume| pv.spec.as_ref()?.claim_ref.as_ref()?.uid.clone();
+    if claim_uid(&fresh) != claim_uid(decided) {
+        return Err(Stale::Rebound);
+    }
+    should_delete(&fresh).map_err(Stale::Declined)?;
+    Ok(fresh)
+}
+
 /// Seed `handleProtectionFinalizer`, as a pure function: the complete new
 /// `metadata.finalizers` list for `volume`, or `None` when nothing changes.
 ///
@@ -187,14 +216,17 @@ pub fn class_name(volume: &PersistentVolume) -> &str {
         .unwrap_or_else(|| storage_class(volume))
 }
 
-fn finalizers(volume: &PersistentVolume) -> &[String] {
+/// The PV's `metadata.finalizers` (empty when unset).
+pub fn finalizers(volume: &PersistentVolume) -> &[String] {
     volume.metadata.finalizers.as_deref().unwrap_or(&[])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PersistentVolumeSpec, PersistentVolumeStatus};
+    use k8s_openapi::api::core::v1::{
+        ObjectReference, PersistentVolumeSpec, PersistentVolumeStatus,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
     const ME: &str = "example.com/hostpath";
@@ -242,6 +274,44 @@ mod tests {
 
     fn allow(_: &PersistentVolume) -> bool {
         true
+    }
+
+    #[test]
+    fn a_delete_goes_ahead_only_on_the_same_object_and_claim_still_to_delete() {
+        let claimed = |uid: &str, claim: &str| {
+            let mut v = released();
+            v.metadata.uid = Some(uid.into());
+            v.spec.as_mut().unwrap().claim_ref = Some(ObjectReference {
+                uid: Some(claim.into()),
+                ..Default::default()
+            });
+            v
+        };
+        let decided = claimed("pv-1", "claim-1");
+        let check = |v: &PersistentVolume| should_delete(v, ME, false, allow);
+        let fresh = still_to_delete(&decided, Some(decided.clone()), check).unwrap();
+        assert_eq!(fresh, decided);
+        assert_eq!(still_to_delete(&decided, None, check), Err(Stale::Replaced));
+        let replaced = Some(claimed("pv-2", "claim-1"));
+        assert_eq!(
+            still_to_delete(&decided, replaced, check),
+            Err(Stale::Replaced)
+        );
+        let rebound = Some(claimed("pv-1", "claim-2"));
+        assert_eq!(
+            still_to_delete(&decided, rebound, check),
+            Err(Stale::Rebound)
+        );
+        let mut retained = decided.clone();
+        retained
+            .spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_reclaim_policy = Some(POLICY_RETAIN.into());
+        assert_eq!(
+            still_to_delete(&decided, Some(retained), check),
+            Err(Stale::Declined(Skip::PolicyNotDelete))
+        );
     }
 
     #[test]

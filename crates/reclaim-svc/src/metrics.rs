@@ -1,19 +1,20 @@
-//! reclaim-svc's metrics: the seed's delete families
-//! (`controller_persistentvolume_delete_total`, `..._delete_failed_total`,
-//! `..._delete_duration_seconds`, label `class`; [`DeleteMetrics`]) and the
-//! orphan sweep's gauges ([`SweepMetrics`]).
+//! reclaim-svc's metrics: the seed's delete families ([`DeleteMetrics`], label
+//! `class`), the orphan sweep's gauges ([`SweepMetrics`]) and the PV queue's
+//! `workqueue_*` series.
 
+use common::kube::workqueue_metrics::WorkQueueMetrics;
 use common::runtime::metrics::{self, DeleteMetrics};
 use prometheus::{IntGauge, Registry};
 
-/// Every metric reclaim-svc exports, registered once per process (they live on
-/// across leader terms).
+/// Every metric reclaim-svc exports, registered once per process (they outlive leader terms).
 #[derive(Clone)]
 pub struct ReclaimMetrics {
     /// The seed's delete families.
     pub delete: DeleteMetrics,
     /// The orphan sweep's gauges.
     pub sweep: SweepMetrics,
+    /// client-go's `workqueue_*` series of the PV queue (`name="volumes"`).
+    pub queue: WorkQueueMetrics,
 }
 
 impl ReclaimMetrics {
@@ -24,6 +25,7 @@ impl ReclaimMetrics {
         Self {
             delete: DeleteMetrics::register(registry),
             sweep: SweepMetrics::register(registry),
+            queue: WorkQueueMetrics::register(registry, "volumes"),
         }
     }
 }

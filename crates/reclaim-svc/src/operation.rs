@@ -1,5 +1,7 @@
-//! One PV's reconciliation: the seed's `syncVolume` (finalizer handling, then
-//! `shouldDelete`, then `deleteVolumeOperation` with delete metrics).
+//! The effects of one PV's reconciliation, seed `syncVolume`: the finalizer
+//! patch, then `deleteVolumeOperation` (backend delete, PV delete, finalizer
+//! removal) with the seed's delete metrics. [`Reclaimer`] is the service's one
+//! effect seam (API server, backend, events); [`SyncError`] its typed error.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -12,95 +14,70 @@ use common::runtime::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
 use kube::ResourceExt;
 use provisioner_api::deadline::{self, Deadline};
-use provisioner_api::DeleteError;
-use provisioner_api::Provisioner;
+use provisioner_api::{DeleteError, Provisioner};
 
 use crate::decision::{self, Skip};
 use crate::finalizer::update_finalizers;
 
-/// Why syncing a PV failed; every variant makes the work queue retry the PV.
+/// Why syncing a PV failed (the PV name first); every variant retries the PV.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    /// Adding or removing our finalizer failed (seed `handleProtectionFinalizer` error).
-    #[error("failed to modify finalizers of PV {pv}: {source}")]
-    Finalizer {
-        /// PV name.
-        pv: String,
-        /// The API error.
-        source: kube::Error,
-    },
+    /// Adding or removing our finalizer failed (seed `handleProtectionFinalizer`).
+    #[error("failed to modify finalizers of PV {0}: {1}")]
+    Finalizer(String, #[source] kube::Error),
     /// The backend's delete failed or refused; a `VolumeFailedDelete` event was published.
-    #[error("deleting the volume of PV {pv} failed: {source}")]
-    Backend {
-        /// PV name.
-        pv: String,
-        /// The backend's error ([`DeleteError::Failed`] or [`DeleteError::Refused`]).
-        source: DeleteError,
-    },
+    #[error("deleting the volume of PV {0} failed: {1}")]
+    Backend(String, #[source] DeleteError),
     /// The asset is gone but deleting the PV object failed.
-    #[error("failed to delete PV {pv}: {source}")]
-    DeletePv {
-        /// PV name.
-        pv: String,
-        /// The API error.
-        source: kube::Error,
-    },
+    #[error("failed to delete PV {0}: {1}")]
+    DeletePv(String, #[source] kube::Error),
     /// The PV is deleted but removing our finalizer from it failed.
-    #[error("failed to remove finalizer from deleted PV {pv}: {source}")]
-    RemoveFinalizer {
-        /// PV name.
-        pv: String,
-        /// The API error.
-        source: kube::Error,
-    },
+    #[error("failed to remove finalizer from deleted PV {0}: {1}")]
+    RemoveFinalizer(String, #[source] kube::Error),
     /// Re-reading the PV right before the backend's delete failed.
-    #[error("failed to re-read PV {pv} before deleting its volume: {source}")]
-    Reread {
-        /// PV name.
-        pv: String,
-        /// The API error.
-        source: kube::Error,
-    },
-    /// This replica's leader term was not current right before the backend's
-    /// delete (e.g. paused past its Lease); nothing was deleted.
-    #[error("not deleting the volume of PV {pv}: {reason}")]
-    NotLeader {
-        /// PV name.
-        pv: String,
-        /// Why the term is not current.
-        reason: String,
-    },
-    /// The sync (other than the backend call, which fails as
-    /// [`SyncError::Backend`]) overran `--deletion-timeout` and was stopped.
-    #[error("syncing PV {pv} timed out after {timeout:?} (context deadline exceeded)")]
-    Timeout {
-        /// PV name.
-        pv: String,
-        /// The configured `--deletion-timeout`.
-        timeout: std::time::Duration,
-    },
+    #[error("failed to re-read PV {0} before deleting its volume: {1}")]
+    Reread(String, #[source] kube::Error),
+    /// The leader term was not current right before the backend's delete; nothing deleted.
+    #[error("not deleting the volume of PV {0}: {1}")]
+    NotLeader(String, String),
+    /// The sync, other than the backend call, overran `--deletion-timeout`.
+    #[error("syncing PV {0} timed out after {1:?} (context deadline exceeded)")]
+    Timeout(String, std::time::Duration),
 }
 
-/// Where events go: the real [`EventSink`] in the service, a recorder in tests.
+/// Where events about PVs go: the real [`EventSink`] in the service, a recorder in tests.
 #[async_trait::async_trait]
 pub trait EventPublisher: Send + Sync {
-    /// Publish a Warning event with `reason` and `note` about `volume`.
-    async fn warn(&self, volume: &PersistentVolume, reason: &str, note: String);
+    /// Publish kube-runtime's `event` about `volume`.
+    async fn publish(&self, volume: &PersistentVolume, event: Event);
 }
 
 #[async_trait::async_trait]
 impl EventPublisher for EventSink {
-    async fn warn(&self, volume: &PersistentVolume, reason: &str, note: String) {
-        self.publish(&events::reference(volume), true, reason, "Delete", note)
-            .await;
+    async fn publish(&self, volume: &PersistentVolume, event: Event) {
+        let warning = event.type_ == EventType::Warning;
+        let note = event.note.unwrap_or_default();
+        let object = events::reference(volume);
+        EventSink::publish(self, &object, warning, &event.reason, &event.action, note).await;
+    }
+}
+
+/// The `VolumeFailedDelete` Warning with `note`.
+fn failed_delete(note: String) -> Event {
+    Event {
+        type_: EventType::Warning,
+        reason: reason::VOLUME_FAILED_DELETE.into(),
+        note: Some(note),
+        action: "Delete".into(),
+        secondary: None,
     }
 }
 
 /// Reconciles PVs of one provisioner: keeps the finalizer in line and deletes
-/// released volumes. Cheap to share (`Arc`) between workers; the work queue
-/// guarantees one PV is never synced by two workers at once.
+/// released volumes. Shared (`Arc`) by the workers; one PV is never synced twice at once.
 pub struct Reclaimer {
     api: Api<PersistentVolume>,
     classes: Api<StorageClass>,
@@ -110,8 +87,7 @@ pub struct Reclaimer {
     metrics: DeleteMetrics,
     provisioner_name: String,
     add_finalizer: bool,
-    /// uids of PVs whose asset the backend deleted successfully; kept until the
-    /// PV is gone so a second delivery never calls the backend's delete again.
+    /// uids whose asset the backend deleted, until the PV is gone: never deleted twice.
     deleted_assets: Mutex<HashSet<String>>,
 }
 
@@ -149,68 +125,47 @@ impl Reclaimer {
         &self.provisioner_name
     }
 
-    /// Seed `syncVolume`: bring our finalizer in line ([`decision::finalizer_update`]),
-    /// then, if [`decision::should_delete`] says so, run the delete operation and
-    /// record the seed's delete metrics (`class` = `spec.storageClassName`;
-    /// failures count in `..._failed_total`; duration and total only on success —
-    /// including an `Ignored` backend answer, as in the seed).
+    /// Seed `syncVolume`: our finalizer in line, then the delete operation when
+    /// [`decision::should_delete`] says so, with the seed's delete metrics (label `class`).
     ///
     /// Errors: [`SyncError`]; the caller retries the PV with backoff.
     pub async fn sync_volume(&self, volume: &PersistentVolume) -> Result<(), SyncError> {
         let name = volume.name_any();
-        let provisioner = self.provisioner_name.as_str();
-        let add = self.add_finalizer;
-        let volume = match update_finalizers(&self.api, volume, |v| {
-            decision::finalizer_update(v, provisioner, add)
-        })
-        .await
-        {
+        let (provisioner, add) = (self.provisioner_name.as_str(), self.add_finalizer);
+        let compute = |v: &PersistentVolume| decision::finalizer_update(v, provisioner, add);
+        let volume = match update_finalizers(&self.api, volume, compute).await {
             Ok(Some(v)) => v,
             Ok(None) => {
                 tracing::debug!(pv = %name, "PV disappeared while updating its finalizers");
                 return Ok(());
             }
-            Err(source) => return Err(SyncError::Finalizer { pv: name, source }),
+            Err(source) => return Err(SyncError::Finalizer(name, source)),
         };
-
-        match decision::should_delete(&volume, provisioner, add, |v| self.backend.should_delete(v))
-        {
-            Ok(()) => {}
-            Err(skip) => {
-                if skip != Skip::NotReleased && skip != Skip::NotOurs {
-                    tracing::debug!(pv = %name, ?skip, "PV not deleted");
-                }
-                return Ok(());
+        if let Err(skip) = self.should_delete(&volume) {
+            if skip != Skip::NotReleased && skip != Skip::NotOurs {
+                tracing::debug!(pv = %name, ?skip, "PV not deleted");
             }
+            return Ok(());
         }
-
-        let class = decision::storage_class(&volume).to_string();
+        let class = [decision::storage_class(&volume)];
         let start = Instant::now();
         let result = self.delete_volume_operation(&volume).await;
         match &result {
             Ok(()) => {
-                self.metrics
-                    .duration_seconds
-                    .with_label_values(&[&class])
-                    .observe(start.elapsed().as_secs_f64());
-                self.metrics.total.with_label_values(&[&class]).inc();
+                let duration = self.metrics.duration_seconds.with_label_values(&class);
+                duration.observe(start.elapsed().as_secs_f64());
+                self.metrics.total.with_label_values(&class).inc();
             }
             // Not a failed delete: this replica no longer leads.
-            Err(SyncError::NotLeader { .. }) => {}
-            Err(_) => self.metrics.failed_total.with_label_values(&[&class]).inc(),
+            Err(SyncError::NotLeader(..)) => {}
+            Err(_) => self.metrics.failed_total.with_label_values(&class).inc(),
         }
         result
     }
 
-    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout`, as the
-    /// seed's `context.WithTimeout`: the backend's delete sees `deadline`
-    /// (see [`provisioner_api::deadline`]) and, if it overruns it, is abandoned and
-    /// fails like any backend error (`VolumeFailedDelete` event, failure
-    /// metric, retry). Should anything else of the sync (an API call) still
-    /// hang [`deadline::ABANDON_GRACE`] after that, it is stopped and counted
-    /// here the same way.
-    ///
-    /// Errors: as [`sync_volume`](Self::sync_volume), plus [`SyncError::Timeout`].
+    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout` (seed
+    /// `context.WithTimeout`): the backend sees `deadline`; the rest is stopped
+    /// [`deadline::ABANDON_GRACE`] after it. Errors: as `sync_volume`, plus [`SyncError::Timeout`].
     pub async fn sync_volume_within(
         &self,
         volume: &PersistentVolume,
@@ -218,192 +173,139 @@ impl Reclaimer {
     ) -> Result<(), SyncError> {
         let hard_stop = deadline.at() + 2 * deadline::ABANDON_GRACE;
         let sync = deadline::scope(Some(deadline), self.sync_volume(volume));
-        match tokio::time::timeout_at(hard_stop, sync).await {
-            Ok(result) => result,
-            Err(_) => {
-                let err = SyncError::Timeout {
-                    pv: volume.name_any(),
-                    timeout: deadline.timeout(),
-                };
-                tracing::error!(pv = %volume.name_any(), error = %err, "delete: timed out");
-                self.events
-                    .warn(volume, reason::VOLUME_FAILED_DELETE, err.to_string())
-                    .await;
-                self.metrics
-                    .failed_total
-                    .with_label_values(&[decision::storage_class(volume)])
-                    .inc();
-                Err(err)
-            }
-        }
+        let Ok(result) = tokio::time::timeout_at(hard_stop, sync).await else {
+            let err = SyncError::Timeout(volume.name_any(), deadline.timeout());
+            tracing::error!(pv = %volume.name_any(), error = %err, "delete timed out");
+            self.events
+                .publish(volume, failed_delete(err.to_string()))
+                .await;
+            let class = [decision::storage_class(volume)];
+            self.metrics.failed_total.with_label_values(&class).inc();
+            return Err(err);
+        };
+        result
     }
 
-    /// Seed `deleteVolumeOperation`: the backend's delete (`Ignored` → done,
-    /// nothing else happens; `Failed`/`Refused` → `VolumeFailedDelete` Warning
-    /// event on the PV and an error), then delete the PV object (uid
-    /// precondition, so a re-created PV of the same name is never hit; 404 is
-    /// success), then remove our finalizer from the freshest copy — the one the
-    /// delete call returns — with a conflict-safe patch (404 is success).
-    ///
-    /// Beyond the seed: after the backend's delete succeeded for a PV uid, a
-    /// second delivery of that PV (e.g. after the PV delete failed) skips the
-    /// backend and goes straight to deleting the PV. Right before the
-    /// backend's delete the PV is read again (quorum GET) and the delete goes
-    /// ahead only if it is the same object, bound to the same claim, and
-    /// still to be deleted (else `Ok`, nothing done), the StorageClass is read
-    /// for a backend that needs it, and the leader term must be current
-    /// ([`SyncError::NotLeader`] otherwise).
+    /// Seed `deleteVolumeOperation`: the backend's delete (once per PV uid),
+    /// then the PV object (uid precondition), then our finalizer from the
+    /// copy the delete returned. Errors: [`SyncError`].
     pub async fn delete_volume_operation(
         &self,
         volume: &PersistentVolume,
     ) -> Result<(), SyncError> {
         let name = volume.name_any();
         let uid = volume.metadata.uid.clone().unwrap_or_default();
-        tracing::info!(pv = %name, "delete: started");
+        tracing::info!(pv = %name, "delete started");
+        if !uid.is_empty() && self.asset_deleted(&uid) {
+            tracing::info!(pv = %name, %uid, "volume already deleted by the backend; deleting the PV");
+        } else if !self.delete_asset(volume, &name).await? {
+            return Ok(());
+        } else if !uid.is_empty() {
+            self.deleted_assets().insert(uid.clone());
+        }
+        self.delete_pv_object(&name, &uid).await?;
+        tracing::info!(pv = %name, "delete succeeded");
+        Ok(())
+    }
 
-        let already_deleted = !uid.is_empty() && self.asset_deleted(&uid);
-        if already_deleted {
-            tracing::info!(pv = %name, %uid, "delete: volume already deleted by the backend; deleting the PV");
-        } else {
-            // Decide again on the PV as the API server holds it now (a quorum
-            // read): the cache, or a leader paused since it decided, may be stale.
-            let Some(fresh) = self.reread_for_delete(volume).await? else {
-                return Ok(());
-            };
-            let deleted = match self.class_for(&fresh).await {
-                Err(err) => Err(err),
-                Ok(class) => {
-                    if let Err(reason) = self.term.check() {
-                        tracing::warn!(pv = %name, %reason, "delete: leader term not current; volume not deleted");
-                        return Err(SyncError::NotLeader { pv: name, reason });
+    /// The backend's delete of `volume`'s asset, decided again on a quorum read
+    /// and under a current leader term; `Ok(false)` when nothing more is to be done.
+    async fn delete_asset(&self, volume: &PersistentVolume, name: &str) -> Result<bool, SyncError> {
+        let fresh = match self.api.get_opt(name).await {
+            Ok(fresh) => fresh,
+            Err(source) => return Err(SyncError::Reread(name.into(), source)),
+        };
+        let fresh = match decision::still_to_delete(volume, fresh, |v| self.should_delete(v)) {
+            Ok(fresh) => fresh,
+            Err(stale) => {
+                tracing::info!(pv = %name, ?stale, "PV changed since the decision; volume not deleted");
+                return Ok(false);
+            }
+        };
+        let deleted = match self.class_for(&fresh).await {
+            Err(err) => Err(err),
+            Ok(class) => {
+                if let Err(reason) = self.term.check() {
+                    tracing::warn!(pv = %name, %reason, "leader term not current; volume not deleted");
+                    return Err(SyncError::NotLeader(name.into(), reason));
+                }
+                let call = async {
+                    match class {
+                        Some(class) => self.backend.delete_with_class(&fresh, class.as_ref()).await,
+                        None => self.backend.delete(&fresh).await,
                     }
-                    // The backend sees the sync's deadline; one that overruns it is
-                    // abandoned and fails like a backend error (seed: the context
-                    // cancellation reaches `Delete`, which returns an error).
-                    let call = async {
-                        match class {
-                            Some(class) => {
-                                self.backend.delete_with_class(&fresh, class.as_ref()).await
-                            }
-                            None => self.backend.delete(&fresh).await,
-                        }
-                    };
-                    deadline::bound(call).await.unwrap_or_else(|e| {
-                        Err(DeleteError::Failed {
-                            reason: e.to_string(),
-                        })
-                    })
-                }
-            };
-            match deleted {
-                Ok(()) => {
-                    tracing::info!(pv = %name, "delete: volume deleted");
-                    if !uid.is_empty() {
-                        self.deleted_assets
-                            .lock()
-                            .expect("deleted-assets set poisoned")
-                            .insert(uid.clone());
-                    }
-                }
-                Err(DeleteError::Ignored { reason }) => {
-                    tracing::info!(pv = %name, %reason, "delete: volume deletion ignored");
-                    return Ok(());
-                }
-                Err(err) => {
-                    tracing::error!(pv = %name, error = %err, "delete: volume deletion failed");
-                    self.events
-                        .warn(volume, reason::VOLUME_FAILED_DELETE, err.to_string())
-                        .await;
-                    return Err(SyncError::Backend {
-                        pv: name,
-                        source: err,
-                    });
-                }
+                };
+                let reason = |e: deadline::Exceeded| e.to_string();
+                deadline::bound(call)
+                    .await
+                    .unwrap_or_else(|e| Err(DeleteError::Failed { reason: reason(e) }))
+            }
+        };
+        match deleted {
+            Ok(()) => {
+                tracing::info!(pv = %name, "volume deleted");
+                Ok(true)
+            }
+            Err(DeleteError::Ignored { reason }) => {
+                tracing::info!(pv = %name, %reason, "volume deletion ignored");
+                Ok(false)
+            }
+            Err(err) => {
+                tracing::error!(pv = %name, error = %err, "volume deletion failed");
+                self.events
+                    .publish(volume, failed_delete(err.to_string()))
+                    .await;
+                Err(SyncError::Backend(name.into(), err))
             }
         }
+    }
 
+    /// Delete the PV object `name` of `uid` (404, or another object of that
+    /// name, is success), then remove our finalizer from what remains.
+    async fn delete_pv_object(&self, name: &str, uid: &str) -> Result<(), SyncError> {
         let params = DeleteParams {
             preconditions: (!uid.is_empty()).then(|| Preconditions {
-                uid: Some(uid.clone()),
+                uid: Some(uid.to_string()),
                 resource_version: None,
             }),
             ..Default::default()
         };
-        let remaining = match self.api.delete(&name, &params).await {
+        let remaining = match self.api.delete(name, &params).await {
             Ok(either) => either.left(),
             Err(kube::Error::Api(status)) if status.is_not_found() => None,
             Err(kube::Error::Api(status)) if status.is_conflict() => {
-                // uid precondition failed: the PV we saw is gone and another
-                // object now has its name. Never touch that one.
-                tracing::warn!(pv = %name, %uid, "delete: PV was replaced by a new object of the same name; leaving it");
+                tracing::warn!(pv = %name, %uid, "PV replaced by a new object of the same name; leaving it");
                 None
             }
             Err(source) => {
-                tracing::info!(pv = %name, error = %source, "delete: failed to delete PV");
-                return Err(SyncError::DeletePv { pv: name, source });
+                tracing::info!(pv = %name, error = %source, "failed to delete PV");
+                return Err(SyncError::DeletePv(name.into(), source));
             }
         };
-
-        if let Some(fresh) = remaining {
-            if decision::has_finalizer(&fresh, FINALIZER_PV) {
-                let result = update_finalizers(&self.api, &fresh, |v| {
-                    let (list, modified) = decision::remove_finalizer(
-                        v.metadata.finalizers.as_deref().unwrap_or(&[]),
-                        FINALIZER_PV,
-                    );
-                    // Only the PV we deleted: a same-named successor is left alone.
-                    (modified && v.metadata.uid.as_deref() == Some(uid.as_str())).then_some(list)
-                })
-                .await;
-                if let Err(source) = result {
-                    tracing::info!(pv = %name, error = %source, "delete: failed to remove finalizer");
-                    return Err(SyncError::RemoveFinalizer { pv: name, source });
-                }
-            }
+        let Some(fresh) = remaining.filter(|pv| decision::has_finalizer(pv, FINALIZER_PV)) else {
+            return Ok(());
+        };
+        let ours = |v: &PersistentVolume| {
+            let (list, modified) =
+                decision::remove_finalizer(decision::finalizers(v), FINALIZER_PV);
+            // Only the PV we deleted: a same-named successor is left alone.
+            (modified && v.metadata.uid.as_deref() == Some(uid)).then_some(list)
+        };
+        if let Err(source) = update_finalizers(&self.api, &fresh, ours).await {
+            tracing::info!(pv = %name, error = %source, "failed to remove finalizer");
+            return Err(SyncError::RemoveFinalizer(name.into(), source));
         }
-        tracing::info!(pv = %name, "delete: succeeded");
         Ok(())
     }
 
-    /// `volume` as the API server holds it now, if it should still be
-    /// deleted: the same object (uid), bound to the same claim, and
-    /// [`decision::should_delete`] still true; `None` (logged) otherwise.
-    ///
-    /// Errors: [`SyncError::Reread`].
-    async fn reread_for_delete(
-        &self,
-        volume: &PersistentVolume,
-    ) -> Result<Option<PersistentVolume>, SyncError> {
-        let name = volume.name_any();
-        let fresh = match self.api.get_opt(&name).await {
-            Ok(Some(pv)) if pv.metadata.uid == volume.metadata.uid => pv,
-            Ok(_) => {
-                tracing::info!(pv = %name, "delete: PV gone or replaced since the decision; volume not deleted");
-                return Ok(None);
-            }
-            Err(source) => return Err(SyncError::Reread { pv: name, source }),
-        };
-        let claim_uid = |pv: &PersistentVolume| pv.spec.as_ref()?.claim_ref.as_ref()?.uid.clone();
-        if claim_uid(&fresh) != claim_uid(volume) {
-            tracing::info!(pv = %name, "delete: PV bound to another claim since the decision; volume not deleted");
-            return Ok(None);
-        }
-        if let Err(skip) =
-            decision::should_delete(&fresh, &self.provisioner_name, self.add_finalizer, |v| {
-                self.backend.should_delete(v)
-            })
-        {
-            tracing::info!(pv = %name, ?skip, "delete: PV changed since the decision; volume not deleted");
-            return Ok(None);
-        }
-        Ok(Some(fresh))
+    /// [`decision::should_delete`] with this reclaimer's settings and the backend's guard.
+    fn should_delete(&self, volume: &PersistentVolume) -> Result<(), Skip> {
+        let guard = |v: &PersistentVolume| self.backend.should_delete(v);
+        decision::should_delete(volume, &self.provisioner_name, self.add_finalizer, guard)
     }
 
-    /// For a backend that [reads the class at delete](Provisioner::reads_class_at_delete):
-    /// `Some(class)` as the API server holds it now (`None` inside: the PV
-    /// names no class, or it does not exist). `None` for other backends.
-    ///
-    /// Errors: the class cannot be read, as a [`DeleteError::Failed`].
+    /// For a backend that reads the class at delete, `Some(class as read now)`
+    /// (inner `None`: no class); `None` for others. Errors: the read failed.
     async fn class_for(
         &self,
         volume: &PersistentVolume,
@@ -415,40 +317,31 @@ impl Reclaimer {
         if name.is_empty() {
             return Ok(Some(None));
         }
-        self.classes
-            .get_opt(name)
-            .await
-            .map(Some)
-            .map_err(|e| DeleteError::Failed {
-                reason: format!(
-                    "cannot read StorageClass {name:?} of PV {}: {e}",
-                    volume.name_any()
-                ),
-            })
+        let pv = volume.name_any();
+        let failed = |e| DeleteError::Failed {
+            reason: format!("cannot read StorageClass {name:?} of PV {pv}: {e}"),
+        };
+        self.classes.get_opt(name).await.map(Some).map_err(failed)
+    }
+
+    fn deleted_assets(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.deleted_assets
+            .lock()
+            .expect("deleted-assets set poisoned")
     }
 
     /// Whether the backend already deleted the asset of the PV with `uid`.
     pub fn asset_deleted(&self, uid: &str) -> bool {
-        self.deleted_assets
-            .lock()
-            .expect("deleted-assets set poisoned")
-            .contains(uid)
+        self.deleted_assets().contains(uid)
     }
 
     /// Forget `uid` (its PV is gone from the API server).
     pub fn forget_uid(&self, uid: &str) {
-        self.deleted_assets
-            .lock()
-            .expect("deleted-assets set poisoned")
-            .remove(uid);
+        self.deleted_assets().remove(uid);
     }
 
-    /// Keep only the remembered uids for which `alive` holds (after a re-list,
-    /// PVs deleted while the watch was down produce no delete event).
+    /// Keep only the remembered uids for which `alive` holds (after a re-list).
     pub fn retain_uids(&self, alive: impl Fn(&str) -> bool) {
-        self.deleted_assets
-            .lock()
-            .expect("deleted-assets set poisoned")
-            .retain(|u| alive(u));
+        self.deleted_assets().retain(|u| alive(u));
     }
 }

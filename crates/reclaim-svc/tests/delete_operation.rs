@@ -181,9 +181,10 @@ struct Events(Mutex<Vec<(String, String)>>);
 
 #[async_trait::async_trait]
 impl EventPublisher for Events {
-    async fn warn(&self, volume: &PersistentVolume, reason: &str, note: String) {
+    async fn publish(&self, volume: &PersistentVolume, event: kube::runtime::events::Event) {
         let _ = volume;
-        self.0.lock().unwrap().push((reason.to_string(), note));
+        let note = event.note.unwrap_or_default();
+        self.0.lock().unwrap().push((event.reason, note));
     }
 }
 
