@@ -1,11 +1,6 @@
-//! Plain data shared across the provisioner services.
-//!
-//! Nothing in this crate performs I/O. It holds the names the seed controller
-//! (sig-storage-lib-external-provisioner v8) reads and writes on Kubernetes
-//! objects, the API calls each service declares, and the versioned schema of
-//! the records kept in Redis ([`queue::QueuedPvWrite`],
-//! [`queue::ProvisionIntent`]). The backend contract (options, states, errors)
-//! lives in the `provisioner-api` crate.
+//! Plain data shared across the provisioner services, no I/O: the names the seed
+//! controller reads and writes on Kubernetes objects, each service's API calls,
+//! and the versioned schema of the records kept in Redis.
 
 pub mod annotations;
 pub mod api_calls;

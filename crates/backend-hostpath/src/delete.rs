@@ -94,7 +94,11 @@ pub async fn volumes_in_use(
 
 /// The base directory's entries that `paths` lie in (all of them for a path at or above it).
 fn names_under(base: &Path, paths: &[String]) -> Result<Vec<String>, String> {
-    let resolved = |p: &Path| [lexical(p)].into_iter().chain(std::fs::canonicalize(p).ok());
+    let resolved = |p: &Path| {
+        [lexical(p)]
+            .into_iter()
+            .chain(std::fs::canonicalize(p).ok())
+    };
     let bases: Vec<PathBuf> = resolved(base).collect();
     let (mut names, mut all) = (Vec::new(), false);
     for form in paths.iter().flat_map(|p| resolved(Path::new(p))) {
@@ -133,7 +137,11 @@ fn lexical(path: &Path) -> PathBuf {
 /// so an orphaned directory goes through every check of [`delete`].
 pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolume {
     use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
-    let path = backend.base_dir.join(pv_name).to_string_lossy().into_owned();
+    let path = backend
+        .base_dir
+        .join(pv_name)
+        .to_string_lossy()
+        .into_owned();
     PersistentVolume {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(pv_name.to_string()),

@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use backend_kit::safe_fs::{self, WalkError};
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::HostPath;

@@ -1,8 +1,8 @@
 //! Claim checks shared by the filesystem backends (hostpath, nfs-subdir).
 
-use provisioner_api::{ProvisionError, ProvisionOptions};
 use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use provisioner_api::{ProvisionError, ProvisionOptions};
 
 /// The claim fields every built-in (filesystem) backend needs, checked once:
 /// `(spec, storage request, access modes)`.

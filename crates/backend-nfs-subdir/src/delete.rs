@@ -17,8 +17,8 @@ use provisioner_api::{DeleteError, ProvisionOptions};
 
 use super::pattern::RelPath;
 use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
-use backend_kit::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use backend_kit::safe_fs::{self, Entry, WalkError};
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
 

@@ -14,7 +14,6 @@ pub mod pattern;
 pub mod provision;
 pub mod registry;
 
-
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;

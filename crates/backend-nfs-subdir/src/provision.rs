@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
-use backend_kit::safe_fs::{self, Entry, WalkError};
 use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use backend_kit::safe_fs::{self, Entry, WalkError};
 
 /// StorageClass parameters the backend accepts (upstream's names).
 pub const ACCEPTED_PARAMETERS: &[&str] =

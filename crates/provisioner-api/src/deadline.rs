@@ -1,25 +1,8 @@
-//! Per-operation deadlines: the Rust counterpart of the seed's
-//! `context.WithTimeout` around one claim or volume sync
-//! (`--provision-timeout`, `--deletion-timeout`).
-//!
-//! In the seed the timeout is a context cancellation that flows *through* the
-//! operation: the provisioner's `Provision`/`Delete` see `ctx.Done()`, return
-//! an error, and that error is handled like any other (event, failure metric,
-//! in-background state). Dropping the operation's future instead (what
-//! `tokio::time::timeout` does) loses all three, so here:
-//!
-//! * the caller runs the operation inside [`scope`] with a [`Deadline`]; the
-//!   deadline is a task-local, so every backend call made by that task sees it
-//!   through [`current`] / [`cancelled`] without a change to the
-//!   [`Provisioner`](crate::Provisioner) signatures (a backend that spawns its
-//!   own tasks passes the deadline on itself);
-//! * a call that must not outlive the deadline is wrapped in [`bound`]: it
-//!   gets until the deadline plus [`ABANDON_GRACE`] to return on its own
-//!   (a cooperative backend returns its own error at the deadline), after
-//!   which it is abandoned and [`Exceeded`] is returned for the caller to
-//!   handle as a failed attempt.
-//!
-//! Times are [`tokio::time::Instant`]s, so tests can use paused time.
+//! Per-operation deadlines, the seed's `context.WithTimeout` around one sync
+//! (`--provision-timeout`, `--deletion-timeout`): [`scope`] sets the task's
+//! [`Deadline`], backends read it with [`current`]/[`cancelled`], and [`bound`]
+//! abandons a call [`ABANDON_GRACE`] after it. Why a task-local:
+//! docs/decisions/0002-operation-deadline-is-task-local.md.
 
 use std::future::Future;
 use std::time::Duration;

@@ -27,45 +27,29 @@ pub enum OrphanOutcome {
     Absent,
 }
 
-/// A storage backend.
-///
-/// Implementations must be idempotent per PV name: `provision` called twice for
-/// the same `options.pv_name` (after a crash, or by a new leader) must return the
-/// same volume and not create a second asset; `delete` of an asset that no longer
-/// exists must succeed.
+/// A storage backend (seed `Provisioner` plus its optional interfaces); the
+/// optional capabilities have defaults.
 #[async_trait]
 pub trait Provisioner: Send + Sync + 'static {
-    /// Create the storage asset for `options.pvc` and return the PV describing it
-    /// (named `options.pv_name`). The caller fills in `claimRef`, the finalizer,
-    /// `pv.kubernetes.io/provisioned-by` and `storageClassName`.
-    ///
-    /// Errors: [`ProvisionError::Ignored`] to leave the claim to another
-    /// provisioner; [`ProvisionError::Failed`] with the [`crate::ProvisioningState`]
-    /// that tells the caller whether to retry, remember the claim, or reschedule.
+    /// Create the asset for `options.pvc` and return its PV (seed `Provision`);
+    /// idempotent per PV name. Errors: [`ProvisionError`] with its state.
     async fn provision(
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError>;
 
-    /// Delete the storage asset behind `volume`.
-    ///
-    /// Errors: [`DeleteError::Ignored`] (nothing is done), [`DeleteError::Failed`]
-    /// (retried with backoff), [`DeleteError::Refused`] (unsafe: reported, never forced).
+    /// Delete the asset behind `volume` (seed `Delete`); idempotent.
+    /// Errors: [`DeleteError`]; `Ignored` leaves the PV alone.
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError>;
 
-    /// Whether deleting `volume` depends on its StorageClass as it is now
-    /// (nfs-subdir: a PV provisioned before a migration, with no recorded
-    /// policy). reclaim-svc then reads the class right before the delete and
-    /// calls [`Provisioner::delete_with_class`]. Default: false.
+    /// Whether deleting `volume` needs its StorageClass as read now (then reclaim-svc
+    /// calls [`Provisioner::delete_with_class`]). Default: false.
     fn reads_class_at_delete(&self, _volume: &PersistentVolume) -> bool {
         false
     }
 
-    /// [`Provisioner::delete`] given the volume's StorageClass as just read
-    /// from the API server (`None`: the PV names no class, or it does not
-    /// exist). Default: `delete(volume)`.
-    ///
-    /// Errors: as [`Provisioner::delete`].
+    /// [`Provisioner::delete`] given the volume's StorageClass as just read (`None`:
+    /// none). Default: `delete`. Errors: as `delete`.
     async fn delete_with_class(
         &self,
         volume: &PersistentVolume,
@@ -74,17 +58,8 @@ pub trait Provisioner: Send + Sync + 'static {
         self.delete(volume).await
     }
 
-    /// Recovery of a claim deleted mid-provisioning (provision-svc's start-up
-    /// walk, beyond the seed): remove, per the backend's delete policy, the
-    /// asset that `provision(options)` created or would have created, from the
-    /// recorded `options` alone (class as recorded in the intent, claim
-    /// snapshot or a claim carrying only its namespace, name and uid, selected
-    /// node). Never creates anything; an asset that does not exist is success.
-    ///
-    /// Errors: [`DeleteError::Failed`] (retried with backoff),
-    /// [`DeleteError::Refused`] (unsafe or impossible: reported, the intent is
-    /// kept for an operator, never retried in a loop). Default:
-    /// `Refused` — the backend cannot delete by PV name.
+    /// Delete what `provision(options)` may have made for a claim deleted while it
+    /// was provisioned; creates nothing. Default: refused (cannot delete by PV name).
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
         Err(DeleteError::Refused {
             reason: format!(
@@ -94,13 +69,8 @@ pub trait Provisioner: Send + Sync + 'static {
         })
     }
 
-    /// pv-writer's check that a PV taken from the queue is one this backend could
-    /// have produced (hostpath: the only volume source is `hostPath` and its path
-    /// is exactly `<base-dir>/<pv name>`). Required (no default): an unchecked
-    /// volume source is never written.
-    ///
-    /// Errors: a human-readable reason, which pv-writer puts in the dead letter
-    /// and the claim's Warning event.
+    /// pv-writer's check that a queued PV is one this backend could have produced;
+    /// required, so no unchecked volume source is written. Errors: the reason.
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String>;
 
     /// Seed `Qualifier.ShouldProvision`: a cheap, synchronous pre-check that may
@@ -121,20 +91,14 @@ pub trait Provisioner: Send + Sync + 'static {
         false
     }
 
-    /// Names of the PVs whose assets exist in the backend, for reclaim-svc's
-    /// orphan sweep. `None` (the default) means the backend cannot list its
-    /// assets and the sweep is skipped.
+    /// Names of the PVs whose assets exist, for the orphan sweep; `None` (default):
+    /// cannot list. Errors: the listing failed.
     async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
         None
     }
 
-    /// The names among [`Provisioner::list_volumes`]' whose data any of `pvs`
-    /// uses, whatever the PV is called (a hand-made PV pointing at a retained
-    /// volume's directory included), for the orphan sweep. Default: the PVs'
-    /// names.
-    ///
-    /// Errors: the backend's own records cannot be read (the sweep is then
-    /// abandoned: "unknown" is never "orphan").
+    /// The listed names whose data any of `pvs` uses, whatever the PV is called, for
+    /// the orphan sweep. Default: the PVs' names. Errors: the records are unreadable.
     async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
         Ok(pvs
             .iter()
@@ -142,18 +106,8 @@ pub trait Provisioner: Send + Sync + 'static {
             .collect())
     }
 
-    /// reclaim-svc's orphan sweep with `--sweep-orphans` (beyond the seed):
-    /// archive the volume of `pv_name`, one of [`Provisioner::list_volumes`]'
-    /// names that nothing accounts for (no PV, no pending PV write, no
-    /// provisioning intent), if its data is at least `min_age` old (the newer
-    /// of its mtime and ctime). Archiving renames it to `archived-<name>` and
-    /// never removes data, whatever the backend's delete policy says.
-    /// `None` (the default) means the backend cannot archive: the sweep only
-    /// reports orphans.
-    ///
-    /// Errors: [`DeleteError::Refused`] (unsafe: a check failed or the archive
-    /// destination exists), [`DeleteError::Failed`] (filesystem errors); the
-    /// sweep logs them and leaves the volume in place.
+    /// Archive (never remove) the orphaned volume of `pv_name` once at least
+    /// `min_age` old; `None` (default): cannot archive. Errors: refused or failed.
     async fn archive_orphan(
         &self,
         _pv_name: &str,

@@ -1,8 +1,5 @@
-//! reclaim-svc's flags (each with an environment-variable twin). The shared
-//! ones (`--worker-threads`, default 4 = seed threadiness;
-//! `--retry-interval-start`/`--retry-interval-max`, default 15s/1000s as the
-//! seed's work queue) are in `common::runtime::config`. The backend's flags
-//! (`--backend`, `--on-delete`, ...) are added by the binary (`backends` crate).
+//! reclaim-svc's flags (each with an environment twin); the shared ones are in
+//! `common::runtime::config`, the backend's are added by the binary.
 
 use std::time::Duration;
 
@@ -13,12 +10,8 @@ use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Reclaiming")]
 pub struct ReclaimArgs {
-    /// Add the provisioner finalizer to our PVs with reclaim policy `Delete`, so
-    /// a PV object outlives its asset's deletion; when off, the finalizer is
-    /// removed from our PVs (seed `AddFinalizer`, whose rollback path this is:
-    /// no guard keeps it). One setting with provision-svc's `--add-finalizer`:
-    /// set both alike (the deploy reads one ConfigMap key for both), or this
-    /// service strips the finalizer provision-svc adds.
+    /// Add the provisioner finalizer to our PVs with policy `Delete` (off: remove
+    /// it; seed `AddFinalizer`). Set alike with provision-svc's `--add-finalizer`.
     #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
     pub add_finalizer: bool,
 
@@ -27,11 +20,8 @@ pub struct ReclaimArgs {
     #[arg(long, env = "FAILED_DELETE_THRESHOLD", default_value_t = 15)]
     pub failed_delete_threshold: u32,
 
-    /// Upper bound of one PV sync including the backend's delete; `0s` means
-    /// unlimited (seed `DeletionTimeout`, default unlimited). As the seed's
-    /// context timeout, the backend's delete sees the deadline
-    /// (`provisioner_api::deadline`) and a timed-out attempt is a failure: a
-    /// `VolumeFailedDelete` event, `..._delete_failed_total`, a retry.
+    /// Upper bound of one PV sync including the backend's delete; `0s`: unlimited
+    /// (seed `DeletionTimeout`). The backend sees it as its deadline.
     #[arg(long, env = "DELETION_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     pub deletion_timeout: Duration,
 
@@ -40,12 +30,8 @@ pub struct ReclaimArgs {
     #[arg(long, env = "RESYNC_PERIOD", default_value = "15m", value_parser = parse_duration)]
     pub resync_period: Duration,
 
-    /// Archive orphaned backend volumes the leader-start sweep finds (no PV, no
-    /// pending PV write, no provisioning intent) once their directory is older
-    /// than --sweep-min-age: renamed `archived-<name>` in the base directory,
-    /// never removed, whatever --on-delete says — such a directory may be a
-    /// Retain volume whose PV an admin deleted, or another provisioner's
-    /// in-flight volume in a shared base directory. Off: report them only.
+    /// Archive (rename `archived-<name>`, never remove) orphans the leader-start
+    /// sweep finds once older than --sweep-min-age; off: report them only.
     #[arg(long, env = "SWEEP_ORPHANS", default_value_t = false, action = clap::ArgAction::Set)]
     pub sweep_orphans: bool,
 
@@ -66,8 +52,7 @@ pub struct Cli {
     /// Shared flags.
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Overall retry limit (`--retry-qps`/`--retry-burst`; the per-PV backoff
-    /// is the shared `--retry-interval-start`/`--retry-interval-max`).
+    /// Overall retry limit (`--retry-qps`/`--retry-burst`).
     #[command(flatten)]
     pub retry: RetryArgs,
     /// reclaim-svc's own flags.

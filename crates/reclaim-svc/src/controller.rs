@@ -4,7 +4,7 @@
 //! twice at once for one PV; [`error_policy`] applies the seed's retry rules;
 //! a deleted PV's retry state is forgotten ([`Context::observe`]). [`run_term`]
 //! runs one leader term: this loop and one orphan sweep. The only module that
-//! spawns. Why `Controller` here: docs/ARCHITECTURE.md.
+//! spawns. Why `Controller`: docs/decisions/0003-reclaim-on-kube-runtime-controller.md.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -136,8 +136,7 @@ pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Ac
 }
 
 /// Run the loop until `shutdown` fires, reporting to `observers`; `on_synced`
-/// runs once the first list is in the store. In-flight syncs finish before it
-/// returns; dropping it cancels them. Errors: none once running.
+/// runs once the first list is in the store; in-flight syncs finish first.
 pub async fn run_loop(
     observers: LoopObservers,
     api: Api<PersistentVolume>,

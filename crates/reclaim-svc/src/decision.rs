@@ -15,11 +15,8 @@ pub const POLICY_RECYCLE: &str = "Recycle";
 /// PV phase value `Released`: the bound claim was deleted.
 pub const PHASE_RELEASED: &str = "Released";
 
-/// Whether `volume` belongs to `provisioner_name`: it carries
-/// `pv.kubernetes.io/provisioned-by`, and either that annotation or
-/// `pv.kubernetes.io/migrated-to` equals the provisioner name (seed: the
-/// ownership checks of `shouldDelete` and `updatePersistentVolume`). A PV
-/// without `provisioned-by` is never ours, even if `migrated-to` names us.
+/// Whether `volume` is ours: `pv.kubernetes.io/provisioned-by` is set and it or
+/// `pv.kubernetes.io/migrated-to` names the provisioner (seed `shouldDelete`).
 pub fn is_ours(volume: &PersistentVolume, provisioner_name: &str) -> bool {
     let Some(annotations) = volume.metadata.annotations.as_ref() else {
         return false;
@@ -50,13 +47,8 @@ pub enum Skip {
     NotOurs,
 }
 
-/// Seed `shouldDelete`: whether the storage asset behind `volume` should be
-/// deleted now. Checks, in order: the backend's deletion guard (`guard`,
-/// called first and only once); with `add_finalizer`, a PV being deleted
-/// whose finalizer is gone is done; without it, any PV being deleted is left
-/// alone; phase `Released`; reclaim policy `Delete`; [`is_ours`].
-///
-/// Returns `Ok(())` to delete, or the first [`Skip`] reason.
+/// Seed `shouldDelete`: `Ok` to delete `volume`'s asset now, else the first
+/// [`Skip`] in the seed's order (the backend's `guard` first, called once).
 pub fn should_delete(
     volume: &PersistentVolume,
     provisioner_name: &str,
@@ -116,17 +108,9 @@ pub fn still_to_delete(
     Ok(fresh)
 }
 
-/// Seed `handleProtectionFinalizer`, as a pure function: the complete new
-/// `metadata.finalizers` list for `volume`, or `None` when nothing changes.
-///
-/// * `add_finalizer` off, or policy `Retain`/`Recycle` → our finalizer removed;
-/// * `add_finalizer` on, policy `Delete` and no `deletionTimestamp` → our
-///   finalizer appended;
-/// * PVs that are not ours ([`is_ours`]) are never changed (the seed skips the
-///   update for them too);
-/// * other controllers' finalizers are kept, in their order.
-///
-/// An empty result (`Some(vec![])`) means "no finalizers left".
+/// Seed `handleProtectionFinalizer`: the complete new finalizer list of one of
+/// our PVs (ours added for policy `Delete` with `add_finalizer`, else removed;
+/// others kept in order), or `None` when nothing changes.
 pub fn finalizer_update(
     volume: &PersistentVolume,
     provisioner_name: &str,
@@ -202,10 +186,8 @@ pub fn storage_class(volume: &PersistentVolume) -> &str {
         .unwrap_or("")
 }
 
-/// The PV's StorageClass name as Kubernetes reads it
-/// (`storagehelpers.GetPersistentVolumeClass`): the beta annotation
-/// `volume.beta.kubernetes.io/storage-class` if present, else
-/// `spec.storageClassName`; `""` for none.
+/// The PV's class as Kubernetes reads it (`GetPersistentVolumeClass`): the beta
+/// annotation, else `spec.storageClassName`; `""` for none.
 pub fn class_name(volume: &PersistentVolume) -> &str {
     volume
         .metadata

@@ -1,12 +1,6 @@
-//! Writing a PV's `metadata.finalizers` and nothing else.
-//!
-//! The seed sends a full `Update` of its (mutated) cached PV. We instead send a
-//! JSON merge patch carrying only the complete new finalizer list and the
-//! `metadata.resourceVersion` the list was computed from, so the API server
-//! rejects it with 409 Conflict if anyone changed the PV in between (another
-//! controller adding or removing its own finalizer, for instance). On 409 the PV
-//! is read again and the list recomputed from the fresh copy: a concurrent
-//! change is never overwritten and other controllers' finalizers are never lost.
+//! Writing a PV's `metadata.finalizers` and nothing else: a JSON merge patch of
+//! the complete list guarded by the `resourceVersion` it was computed from; on
+//! 409 the PV is re-read and the list recomputed, so no concurrent change is lost.
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, Patch, PatchParams};
@@ -31,18 +25,9 @@ pub fn finalizers_patch(finalizers: &[String], resource_version: &str) -> serde_
     })
 }
 
-/// Apply `compute` to `volume` and, when it asks for a change (`Some(list)`),
-/// PATCH the PV's finalizers to that list with optimistic concurrency.
-///
-/// `compute` receives an unmodified copy of the PV each time (first `volume`,
-/// after a conflict the freshly read PV) and returns the complete new list, or
-/// `None` for "no change".
-///
-/// Returns the PV after the change (or the last copy read, if no change was
-/// needed); `Ok(None)` when the PV no longer exists (404 on patch or re-read).
-///
-/// Errors: any API error other than 404, and 409 after
-/// [`MAX_CONFLICT_RETRIES`] recomputations.
+/// Patch the PV's finalizers to `compute(pv)` when it returns `Some`, re-reading
+/// and recomputing on 409. Returns the PV after it; `None` when the PV is gone.
+/// Errors: API errors other than 404, 409 after [`MAX_CONFLICT_RETRIES`].
 pub async fn update_finalizers<F>(
     api: &Api<PersistentVolume>,
     volume: &PersistentVolume,

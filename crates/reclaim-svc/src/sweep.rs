@@ -1,35 +1,12 @@
-//! The orphan sweep (beyond the seed): when this replica becomes leader and the
-//! PV reflector has synced, list the backend's volumes and find those that
-//! nothing accounts for — no provisioning intent, no pending PV write in the
-//! durable queue, and no PV of that name or using its data whatever its name
-//! (every PV listed live from the API server, not from the possibly lagging
-//! cache, and mapped to volumes by the backend's
-//! [`Provisioner::volumes_in_use`]). They are reported (log, gauge `reclaim_orphan_volumes`,
-//! and the Redis report of [`common::handoff::orphan_report`] that `pv-writer status` shows).
-//!
-//! The checks run in the reverse order of a volume's life (intent → queue
-//! entry → PV), so a volume moving along that path while the sweep runs is
-//! always seen in at least one place. Any lookup error aborts the sweep:
-//! "unknown" is never treated as "orphan".
-//!
-//! # The sweep never destroys data
-//!
-//! "Nothing accounts for it" is also the normal state of data that must be
-//! kept: the directory of a `Retain` PV that an admin deleted, or a volume of
-//! *another* provisioner name sharing the base directory while it is in flight
-//! or dead-lettered (our Redis prefix does not see its intents or queue
-//! entries). So with `--sweep-orphans` an orphan is only acted on when
-//!
-//! * its directory is older than `--sweep-min-age` (default 1h), and
-//! * it is still an orphan when re-checked right before acting, and
-//! * the service is not shutting down (the sweep runs inside the leader's work
-//!   future, so it also stops when the Lease is lost);
-//!
-//! and the action is always an **archive** through the backend's
-//! [`Provisioner::archive_orphan`] (hostpath: rename to `archived-<name>` in
-//! the base directory; nfs-subdir: in the directory's parent), whatever the
-//! delete policy says; a backend that cannot archive is only reported. An
-//! admin removes archived directories by hand.
+//! The orphan sweep, once per leader term after the PV reflector synced: the
+//! backend's volumes that nothing accounts for (no intent, no pending PV write,
+//! no PV using them, every PV listed live and mapped by
+//! [`Provisioner::volumes_in_use`]) are reported (log, gauge, the Redis report
+//! `pv-writer status` shows). Checks run in the reverse order of a volume's life
+//! (intent → queue entry → PV); any lookup error abandons the sweep. With
+//! `--sweep-orphans` an orphan older than `--sweep-min-age`, still an orphan on
+//! a re-check and before shutdown is archived through
+//! [`Provisioner::archive_orphan`], never removed (docs/ARCHITECTURE.md).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,13 +66,8 @@ impl Accounting for LiveAccounting {
     }
 }
 
-/// The volumes among `volumes` that nothing accounts for, in input order.
-/// `cached_pv` short-cuts the common case (the reflector already has the PV
-/// of that name); the rest are checked against the intents, the queue, and
-/// every PV on the API server through `backend`'s
-/// [`Provisioner::volumes_in_use`].
-///
-/// Errors: the first lookup failure (the sweep must then be abandoned).
+/// The `volumes` nothing accounts for, in order (`cached_pv` short-cuts a PV the
+/// reflector holds). Errors: the first lookup failure.
 pub async fn find_orphans(
     volumes: &[String],
     cached_pv: &impl Fn(&str) -> bool,
@@ -134,14 +106,9 @@ pub struct SweepAction<'a> {
     pub shutdown: &'a CancellationToken,
 }
 
-/// Run one sweep: list the backend's volumes (skipped if the backend cannot
-/// list), find orphans, log each, set the gauges and, when `action.archive`
-/// is set, archive through [`Provisioner::archive_orphan`] each orphan that is
-/// still unaccounted for on a re-check and at least `action.min_age` old (a
-/// failure is logged and the rest continue; a backend that cannot archive and
-/// shutdown stop the archiving). Returns the orphans found.
-///
-/// Errors: listing or a lookup failed (nothing was archived after it).
+/// One sweep: list, find orphans, set the gauges and with `action.archive`
+/// archive each re-checked orphan old enough. Returns the orphans found.
+/// Errors: listing or a lookup failed.
 pub async fn sweep(
     backend: &dyn Provisioner,
     cached_pv: impl Fn(&str) -> bool,
@@ -229,10 +196,8 @@ pub struct SweepJob {
     pub reporter: String,
 }
 
-/// Connect to Redis and run [`sweep`] once; every failure is logged (the
-/// sweep is a report, never a reason to stop the service). Run it inside the
-/// leader's work future (not a detached task) so that dropping that future on
-/// a lost Lease stops it.
+/// Connect to Redis, run [`sweep`] once and store its report; failures are only
+/// logged. Run inside the leader's work future, so a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
     let SweepJob {
         redis,
