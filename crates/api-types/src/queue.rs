@@ -13,16 +13,12 @@ use serde::{Deserialize, Serialize};
 /// writes and reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// The version of [`QueuedPvWrite`] entries this release writes. Version 2
-/// added `first_attempt_at_ms`; version 1 entries (without it, written by
-/// earlier releases) are still read. pv-writer must be upgraded before
-/// provision-svc: an earlier pv-writer reads only version 1.
+/// The version of [`QueuedPvWrite`] entries this release writes; 2 added
+/// `first_attempt_at_ms`, 1 is still read (upgrade pv-writer before provision-svc).
 pub const QUEUE_ENTRY_VERSION: u32 = 2;
 
-/// The version of [`ProvisionIntent`] records this release writes. Version 2
-/// added the recorded StorageClass and selected node (so a claim deleted
-/// mid-provisioning can be cleaned up from the intent alone); version 1
-/// records (without them) are still read.
+/// The version of [`ProvisionIntent`] records this release writes; 2 added the
+/// StorageClass and selected node, 1 is still read.
 pub const INTENT_VERSION: u32 = 2;
 
 /// Identity of the claim a record is about.
@@ -55,7 +51,6 @@ impl std::fmt::Display for ClaimKey {
 }
 
 /// A PV that provision-svc provisioned and pv-writer must create.
-///
 /// Versions: 1 and 2 (adds `first_attempt_at_ms`); this release writes
 /// [`QUEUE_ENTRY_VERSION`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,27 +65,19 @@ pub struct QueuedPvWrite {
     pub class: String,
     /// When provision-svc enqueued it, in milliseconds since the Unix epoch.
     pub enqueued_at_ms: u64,
-    /// When provision-svc first attempted to provision the claim (this
-    /// leader term), in milliseconds since the Unix epoch: pv-writer measures
-    /// `controller_persistentvolumeclaim_provision_duration_seconds` from it to
-    /// the PV created. `None` in version-1 entries (the duration then starts
-    /// at `enqueued_at_ms`). Covered by the HMAC like every other field.
+    /// When provision-svc first attempted the claim (this term), in ms since the
+    /// Unix epoch: the start of the provision duration metric; `None` in version 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_attempt_at_ms: Option<u64>,
-    /// Lower-case hex HMAC-SHA256 of the record without this field, keyed with
-    /// the queue key only provision-svc and pv-writer hold (see
-    /// `common::handoff::queue_auth`). Absent in records of earlier releases and in
-    /// records written with the insecure unsigned-queue dev flag.
+    /// Lower-case hex HMAC-SHA256 of the record without this field, keyed with the
+    /// queue key (`common::handoff::queue_auth`); absent when unsigned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
 }
 
-/// A durable note that provision-svc is about to call the backend for a claim.
-/// It is cleared once the PV is queued or the outcome is final; a leader finding
-/// one on start either provisions again (claim present) or deletes the asset.
-///
-/// Versions: 1 (name-only class) and 2 (adds `storage_class` and
-/// `selected_node`); this release writes [`INTENT_VERSION`].
+/// A durable note that provision-svc is about to call the backend for a claim,
+/// cleared once the PV is queued or the outcome is final. Versions 1 and 2
+/// (adds `storage_class`, `selected_node`); this release writes [`INTENT_VERSION`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProvisionIntent {
     /// Always [`INTENT_VERSION`] when written by this release.
@@ -175,10 +162,8 @@ impl QueuedPvWrite {
         decode_versions(bytes, 1..=QUEUE_ENTRY_VERSION)
     }
 
-    /// When the claim's provisioning started, in milliseconds since the Unix
-    /// epoch: `first_attempt_at_ms`, or `enqueued_at_ms` for version-1 entries
-    /// (and for a first attempt recorded later than the enqueue, which a
-    /// clock step can produce).
+    /// When the claim's provisioning started, in ms since the Unix epoch: the
+    /// earlier of `first_attempt_at_ms` (if any) and `enqueued_at_ms`.
     pub fn provisioning_started_ms(&self) -> u64 {
         self.first_attempt_at_ms
             .map_or(self.enqueued_at_ms, |t| t.min(self.enqueued_at_ms))

@@ -27,7 +27,6 @@ pub const VOLUME_PREFIX: &str = "pvc-";
 
 /// Remove (`delete`), rename to `archived-<name>` (`archive`) or leave
 /// (`retain`) the directory behind `volume`, per `--on-delete`.
-///
 /// Errors: [`DeleteError::Refused`] when a rule fails; [`DeleteError::Failed`] on I/O errors.
 pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
     let (base, node) = (backend.base_dir.clone(), backend.node_name.clone());
@@ -39,7 +38,6 @@ pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(),
 }
 
 /// `delete_unprovisioned`: [`delete`] of `<base-dir>/<options.pv_name>`; never creates.
-///
 /// Errors: [`DeleteError::Refused`] when the claim's selected node is not
 /// `--node-name`, else as [`delete`].
 pub async fn delete_unprovisioned(
@@ -69,11 +67,8 @@ pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
     blocking("hostpath listing", move || list_blocking(&base)).await
 }
 
-/// The volume directories `pvs` use, plus the PVs' names: a `hostPath` or
-/// `local` path at or below `<base-dir>/<name>` uses `<name>`; one at or above
-/// the base directory uses all. Compared as written and with symlinks resolved.
-///
-/// Errors: the base directory cannot be listed.
+/// The volume directories `pvs` use (a `hostPath`/`local` path at, below or
+/// above them, as written and resolved), plus the PVs' names. Errors: listing failed.
 pub async fn volumes_in_use(
     backend: &HostPath,
     pvs: &[PersistentVolume],
@@ -155,11 +150,8 @@ pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolu
     }
 }
 
-/// The orphan sweep's archive: rename `<base-dir>/<name>` to
-/// `archived-<name>` (rules 1–4, whatever `--on-delete` says) once its age
-/// (newer of mtime and ctime) is at least `min_age`.
-///
-/// Errors: as [`delete`], and [`DeleteError::Refused`] when the archive exists.
+/// The orphan sweep's archive: `<base-dir>/<name>` renamed `archived-<name>`
+/// (rules 1–4) once its age is at least `min_age`. Errors: as [`delete`].
 pub async fn archive_orphan(
     backend: &HostPath,
     volume: &PersistentVolume,

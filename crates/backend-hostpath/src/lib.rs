@@ -37,12 +37,9 @@ pub struct HostPathArgs {
     )]
     pub base_dir: PathBuf,
 
-    /// The node this service runs on (where `--base-dir` lives). Used for the
-    /// PV's node affinity when the claim has no selected node. When set, a
-    /// claim whose selected node is another node is rescheduled (its
-    /// selected-node annotation is removed), and reclaim refuses to delete a PV
-    /// whose `kubernetes.io/hostname` affinity names another node. Unset: any
-    /// selected node is used and no node check is made at reclaim.
+    /// The node this service runs on: the PV's node affinity when the claim has no
+    /// selected node; when set, a claim selected for another node is rescheduled and
+    /// reclaim refuses a PV pinned to another node.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
 

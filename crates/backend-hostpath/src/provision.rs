@@ -31,15 +31,9 @@ pub const HOST_PATH_TYPE: &str = "DirectoryOrCreate";
 /// provisioners, so a pod running as any user can write to its volume.
 pub const VOLUME_DIR_MODE: u32 = 0o777;
 
-/// Create `<base-dir>/<pv name>` (and the base directory if missing) and return
-/// its PV. See the module docs for the PV's shape and the rejections.
-///
-/// Errors: [`ProvisionError::Failed`] with state `Reschedule` when `--node-name`
-/// is set and the claim's selected node is another node; state `Finished`
-/// for a StorageClass
-/// parameter, `Block` volume mode, a missing or non-positive storage request,
-/// a claim without access modes, no node to pin to, a PV name that is not a
-/// single path component, or a filesystem error.
+/// Create `<base-dir>/<pv name>` (and the base directory) and return its PV.
+/// Errors: [`ProvisionError::Failed`], state `Reschedule` for another selected
+/// node than `--node-name`, else `Finished` (module docs).
 pub async fn provision(
     backend: &HostPath,
     options: &ProvisionOptions,
@@ -109,7 +103,6 @@ pub async fn provision(
 }
 
 /// Reject every StorageClass parameter not in [`ACCEPTED_PARAMETERS`].
-///
 /// Errors: [`ProvisionError::Failed`] (state `Finished`) naming the class and
 /// the unknown keys, sorted.
 pub fn validate_parameters(
@@ -148,10 +141,7 @@ pub fn node_affinity(node: &str) -> VolumeNodeAffinity {
     }
 }
 
-/// A PV name must be one plain path component, so the volume directory stays
-/// directly under the base directory.
-/// Volume sources of a PV spec other than `hostPath` (their JSON names); a
-/// hostpath PV carries none of them.
+/// Volume sources of a PV spec other than `hostPath` (their JSON names).
 const OTHER_VOLUME_SOURCES: &[&str] = &[
     "awsElasticBlockStore",
     "azureDisk",
@@ -176,12 +166,9 @@ const OTHER_VOLUME_SOURCES: &[&str] = &[
     "vsphereVolume",
 ];
 
-/// [`Provisioner::validate_volume`](provisioner_api::Provisioner::validate_volume) of the
-/// hostpath backend: `pv` must be one [`provision`] could have returned, i.e. a
-/// PV name that is a single path component, `hostPath` as its only volume
-/// source, of type `DirectoryOrCreate`, with the path exactly `<base-dir>/<pv name>`.
-///
-/// Errors: the first check that fails, as a sentence naming the PV.
+/// `validate_volume`: `pv` is one [`provision`] could have made (one-component
+/// name, only `hostPath`, `DirectoryOrCreate`, path `<base-dir>/<pv name>`).
+/// Errors: the first failed check, naming the PV.
 pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), String> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     check_pv_name(name).map_err(|e| format!("PV name {name:?}: {e}"))?;
@@ -228,12 +215,8 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     )))
 }
 
-/// Create `<base>/<name>` with [`VOLUME_DIR_MODE`], or reuse it when it is
-/// already a real directory. The base directory is created if missing (by
-/// path: it is the operator's configured `--base-dir`), then opened once as a
-/// cap-std handle; the volume directory is created, checked and chmod-ed
-/// relative to that handle (`mkdirat`, `O_NOFOLLOW` open, `fchmod`), so a
-/// symlink planted under the volume's name is refused, never followed.
+/// Create `<base>/<name>` with [`VOLUME_DIR_MODE`] (reused when a real directory)
+/// relative to a handle on `base`, which is created by path if missing.
 async fn create_volume_dir(base: &Path, name: &str) -> Result<(), ProvisionError> {
     let base = base.to_path_buf();
     let name = name.to_string();

@@ -4,14 +4,9 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
-/// The claim fields every built-in (filesystem) backend needs, checked once:
-/// `(spec, storage request, access modes)`.
-///
-/// Errors (final, [`ProvisionError::finished`]): `volumeMode: Block` (neither
-/// backend supports it, the seed's `SupportsBlock` default), no
-/// `resources.requests.storage`, no access modes, a `volumeAttributesClassName`
-/// (VolumeAttributesClasses are applied by CSI drivers; a filesystem backend
-/// cannot honour one). `backend` names the backend in the messages.
+/// The claim's `(spec, storage request, access modes)`, checked for a filesystem
+/// backend named `backend`. Errors (final): `Block` mode, no storage request, no
+/// access modes, or a `volumeAttributesClassName` (only CSI drivers apply one).
 pub fn filesystem_claim(
     options: &ProvisionOptions,
     backend: &str,

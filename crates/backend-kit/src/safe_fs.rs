@@ -36,12 +36,8 @@ impl std::fmt::Display for WalkError {
     }
 }
 
-/// Open the root directory itself (`--base-dir`, `--nfs-mount`): the only
-/// ambient-authority call of a backend. A symlink in the configured path is
-/// followed here (the operator chose it); nothing below it is.
-///
-/// Errors: the root cannot be opened as a directory (missing, not a directory,
-/// no permission).
+/// Open the root itself (`--base-dir`, `--nfs-mount`), the only ambient-authority
+/// call; a symlink in the configured path is followed. Errors: cannot open it.
 pub fn open_root(root: &Path) -> io::Result<Dir> {
     Dir::open_ambient_dir(root, ambient_authority())
 }
@@ -64,7 +60,6 @@ fn step(dir: &Dir, name: &str, shown: &str) -> Result<Dir, WalkError> {
 
 /// Open the directory at `components` below `root` (every component a real
 /// directory, none a symlink). An empty slice opens `root` again.
-///
 /// Errors: [`WalkError`] naming the first offending prefix.
 pub fn open_path(root: &Dir, components: &[String]) -> Result<Dir, WalkError> {
     let mut dir = root
@@ -76,13 +71,9 @@ pub fn open_path(root: &Dir, components: &[String]) -> Result<Dir, WalkError> {
     Ok(dir)
 }
 
-/// Open the directory at `components` below `root`, creating missing ones with
-/// permissions `mode` (applied explicitly, so the umask does not narrow it).
-/// Existing components are kept as they are. Returns the handle and whether
-/// the last component was created by this call.
-///
-/// Errors: [`WalkError`] naming the first offending prefix (a symlink or a
-/// file in the way is never replaced).
+/// Open (creating missing ones with `mode`, despite the umask) the directory at
+/// `components` below `root`; returns it and whether the last was created.
+/// Errors: [`WalkError`] at the first offending prefix (nothing is replaced).
 pub fn create_path(root: &Dir, components: &[String], mode: u32) -> Result<(Dir, bool), WalkError> {
     let mut dir = root
         .try_clone()
@@ -119,7 +110,6 @@ fn as_file(dir: &Dir) -> io::Result<std::fs::File> {
 
 /// Time since the directory behind `dir` last changed: now minus the newer of
 /// its mtime and ctime, in whole seconds (zero if in the future).
-///
 /// Errors: `fstat` failed.
 pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
     use std::os::unix::fs::MetadataExt;
@@ -136,7 +126,6 @@ pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
 
 /// Change the owner and/or group of the directory behind `dir` (`fchown`);
 /// `None` keeps the current value.
-///
 /// Errors: the underlying `fchown` failed (e.g. not permitted).
 pub fn set_owner(dir: &Dir, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
     std::os::unix::fs::fchown(as_file(dir)?, uid, gid)

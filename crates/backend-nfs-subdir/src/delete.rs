@@ -38,7 +38,6 @@ const NON_SOURCE_KEYS: &[&str] = &[
 
 /// The sub-directory (below the mount) that `pv` names, after the module
 /// docs' checks; also pv-writer's `validate_volume`.
-///
 /// Errors: a message naming the failed check.
 pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, String> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
@@ -115,13 +114,9 @@ pub fn reads_class_at_delete(volume: &PersistentVolume) -> bool {
         .is_none_or(|a| !a.contains_key(ANN_ON_DELETE))
 }
 
-/// Upstream's delete policy from the class as read at delete time:
-/// `onDelete` `delete`/`retain` wins; else `archiveOnDelete` (a Go boolean,
-/// `false` → delete); else archive.
-///
-/// Errors: [`DeleteError::Failed`] when there is no class (as upstream, the
-/// delete fails and is retried; nothing is touched) or `archiveOnDelete` is
-/// not a Go boolean.
+/// Upstream's delete policy from the class read at delete time: `onDelete` wins,
+/// else `archiveOnDelete` (`false` deletes), else archive. Errors:
+/// [`DeleteError::Failed`] without a class or for a non-boolean `archiveOnDelete`.
 pub fn upstream_policy(
     pv_name: &str,
     class: Option<&StorageClass>,
@@ -155,20 +150,13 @@ pub fn upstream_policy(
 }
 
 /// Delete, archive or retain the directory behind `volume` (module docs).
-///
-/// Errors: [`DeleteError::Refused`] for the checks of the module docs, an
-/// unknown [`ANN_ON_DELETE`] value, a directory recorded for another PV, or
-/// both archive names taken; [`DeleteError::Failed`] on I/O errors (retried).
+/// Errors: [`DeleteError::Refused`] when a check fails, [`DeleteError::Failed`] on I/O.
 pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<(), DeleteError> {
     delete_with_class(backend, volume, None).await
 }
 
-/// [`delete`] of a PV whose StorageClass, as read right before the delete,
-/// is `class`: a PV without [`ANN_ON_DELETE`] follows [`upstream_policy`]
-/// (a directory already absent is success without a class, as upstream);
-/// one with it keeps the policy recorded at provisioning.
-///
-/// Errors: as [`delete`], plus those of [`upstream_policy`].
+/// [`delete`] given the PV's class as just read: a PV without [`ANN_ON_DELETE`]
+/// follows [`upstream_policy`]. Errors: as [`delete`] and [`upstream_policy`].
 pub async fn delete_with_class(
     backend: &NfsSubdir,
     volume: &PersistentVolume,
@@ -216,11 +204,8 @@ pub async fn delete_with_class(
     .await
 }
 
-/// The PVs among the registry's records whose directory any of `pvs` uses
-/// (an `nfs.path` below the export equal to it, inside it or containing it,
-/// whatever the PV's name or server), plus the PVs' own names.
-///
-/// Errors: the mount or the records cannot be read.
+/// The recorded PVs whose directory any of `pvs` uses (an `nfs.path` equal to,
+/// inside or around it), plus the PVs' names. Errors: unreadable mount or records.
 pub async fn volumes_in_use(
     backend: &NfsSubdir,
     pvs: &[PersistentVolume],
@@ -244,13 +229,8 @@ pub async fn volumes_in_use(
     Ok(used)
 }
 
-/// Recovery of a claim deleted mid-provisioning: apply the class's policy to
-/// the directory recorded for `options.pv_name` — only a recorded directory
-/// is touched (the record is written before the directory is created), so a
-/// directory of another claim that `options` happens to resolve to is never
-/// affected. Nothing recorded is success; never creates anything.
-///
-/// Errors: as [`delete`].
+/// `delete_unprovisioned`: the class's policy on the directory recorded for
+/// `options.pv_name` only (recorded before creation); never creates. Errors: as [`delete`].
 pub async fn delete_unprovisioned(
     backend: &NfsSubdir,
     options: &ProvisionOptions,
@@ -283,7 +263,6 @@ pub async fn delete_unprovisioned(
 
 /// PV names whose recorded directory exists (a real directory reached without
 /// crossing a symlink), sorted.
-///
 /// Errors: the mount or the records cannot be read.
 pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
     let mount = backend.mount.clone();
@@ -322,10 +301,8 @@ fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
     }
 }
 
-/// Apply `policy` to `rel` (an unresolved policy fails only when the
-/// directory exists); returns the archived directory's new path (relative to
-/// the mount) when it was archived. A directory containing another volume's
-/// is never deleted or archived.
+/// Apply `policy` to `rel` (an unresolved one fails only when the directory
+/// exists), refusing a directory holding another volume's; returns an archive's path.
 fn apply_policy(
     root: &Dir,
     pv_name: &str,
@@ -407,14 +384,8 @@ fn apply_policy(
     forget()
 }
 
-/// reclaim-svc's orphan sweep (`--sweep-orphans`), which never removes data:
-/// archive the directory recorded for `pv_name` (as [`delete`] with policy
-/// `archive` does, with every check) when its age — now minus the newer of
-/// its mtime and ctime — is at least `min_age`. Returns the archived path
-/// (below the mount), [`OrphanOutcome::TooYoung`] or
-/// [`OrphanOutcome::Absent`] (nothing recorded, or the directory is gone).
-///
-/// Errors: as [`delete`].
+/// The orphan sweep's archive of the directory recorded for `pv_name`, with
+/// every check, once its age is at least `min_age`. Errors: as [`delete`].
 pub async fn archive_orphan(
     backend: &NfsSubdir,
     pv_name: &str,
@@ -454,7 +425,6 @@ pub async fn archive_orphan(
 
 /// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in
 /// `parent` (module docs).
-///
 /// Errors: [`DeleteError::Refused`] when both exist.
 fn archive_name(parent: &Dir, pv_name: &str, last: &str) -> Result<String, DeleteError> {
     let first = format!("{ARCHIVE_PREFIX}{last}");

@@ -95,7 +95,6 @@ pub struct NfsSubdir {
 
 impl NfsSubdir {
     /// A backend from its flags.
-    ///
     /// Errors: `--nfs-server` or `--nfs-path` missing or empty, or the path not
     /// absolute or containing `..`.
     pub fn from_args(args: &NfsSubdirArgs) -> Result<Self, String> {

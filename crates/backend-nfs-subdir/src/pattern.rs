@@ -15,12 +15,8 @@ use std::collections::BTreeMap;
 pub struct RelPath(Vec<String>);
 
 impl RelPath {
-    /// Parse `text` (components separated by `/`; empty and `.` components
-    /// dropped).
-    ///
-    /// Errors: absolute (leading `/`), a `..` component, a NUL byte, a
-    /// component longer than 255 bytes, the bookkeeping directory as first
-    /// component, or nothing left after dropping empty components.
+    /// Parse `text` (`/`-separated; empty and `.` components dropped). Errors:
+    /// absolute, `..`, NUL, a component over 255 bytes, the bookkeeping directory, empty.
     pub fn parse(text: &str) -> Result<RelPath, String> {
         if text.starts_with('/') {
             return Err(format!("{text:?} is an absolute path"));
@@ -104,11 +100,8 @@ pub fn default_name(input: &PatternInput<'_>) -> String {
     format!("{}-{}-{}", input.namespace, input.name, input.pv_name)
 }
 
-/// The volume directory for `input`: `pattern` rendered (see the module docs)
-/// or, when there is no pattern or it renders to nothing, [`default_name`].
-///
-/// Errors: a message naming the problem (unknown placeholder, missing
-/// label/annotation, unterminated `${`, or a [`RelPath::parse`] refusal).
+/// The volume directory for `input`: `pattern` rendered, else [`default_name`].
+/// Errors: an unknown placeholder, a missing key, `${` unterminated, or a bad path.
 pub fn volume_path(pattern: Option<&str>, input: &PatternInput<'_>) -> Result<RelPath, String> {
     let rendered = match pattern {
         Some(p) => render(p, input)?,

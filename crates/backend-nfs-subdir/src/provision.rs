@@ -55,7 +55,6 @@ pub struct CreateAttrs {
 }
 
 /// Parse the claim's `nfs.io/create*` annotations.
-///
 /// Errors: a value that is not octal `0`–`7777` (mode) or a decimal `u32`
 /// (uid/gid); the message names the annotation and the value.
 pub fn create_attrs(annotations: Option<&BTreeMap<String, String>>) -> Result<CreateAttrs, String> {
@@ -100,12 +99,9 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
     }
 }
 
-/// Check the class's parameters and resolve its delete policy: `onDelete`
-/// (`delete`/`retain`) wins, else `archiveOnDelete` (`false` → delete), else
-/// archive.
-///
-/// Errors: an unknown parameter (all named, sorted), a bad `onDelete`, or an
-/// `archiveOnDelete` that is not a Go boolean.
+/// Check the class's parameters and resolve its delete policy (as
+/// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
+/// parameter, a bad `onDelete` or a non-boolean `archiveOnDelete`.
 pub fn class_policy(
     class_name: &str,
     parameters: Option<&BTreeMap<String, String>>,
@@ -177,7 +173,6 @@ pub fn server_path(backend: &NfsSubdir, rel: &RelPath) -> String {
 }
 
 /// Create the claim's sub-directory and return its PV (module docs).
-///
 /// Errors: [`ProvisionError::Failed`] (state `Finished`) for every refusal of
 /// the backend docs and for filesystem errors.
 pub async fn provision(

@@ -53,7 +53,6 @@ fn open_volumes(root: &Dir, create: bool) -> io::Result<Option<Dir>> {
 }
 
 /// The directory recorded for `pv_name`, if any.
-///
 /// Errors: I/O, an invalid PV name, or a record that does not parse as a
 /// [`RelPath`] (reported, never guessed at).
 pub fn get(root: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
@@ -113,11 +112,8 @@ pub fn remove(root: &Dir, pv_name: &str) -> io::Result<()> {
     }
 }
 
-/// Every record, as (PV name, directory), sorted by PV name. Files whose
-/// name is not a valid PV name (temporaries) are skipped; a corrupt record is
-/// an error.
-///
-/// Errors: I/O or a corrupt record.
+/// Every record as (PV name, directory), sorted; non-PV file names (temporaries)
+/// skipped. Errors: I/O or a corrupt record.
 pub fn all(root: &Dir) -> io::Result<Vec<(String, RelPath)>> {
     let Some(dir) = open_volumes(root, false)? else {
         return Ok(Vec::new());
@@ -152,7 +148,6 @@ pub fn other_owners(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<Vec
 
 /// The records of PVs other than `pv_name` whose directory lies strictly
 /// inside `path` or strictly contains it, as (PV name, directory).
-///
 /// Errors: as [`all`].
 pub fn nested_with(
     root: &Dir,

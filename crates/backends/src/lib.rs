@@ -42,7 +42,6 @@ pub struct BackendArgs {
 
 impl BackendArgs {
     /// Build the chosen backend from its flags.
-    ///
     /// Errors: the chosen backend's flags are invalid (e.g. nfs-subdir without
     /// `--nfs-server`); the message names the flag.
     pub fn build(&self) -> Result<Arc<dyn Provisioner>, String> {

@@ -94,7 +94,6 @@ pub async fn cancelled() {
 
 /// Run `fut`, giving up on it [`ABANDON_GRACE`] after the current deadline
 /// (unbounded when there is none).
-///
 /// Errors: [`Exceeded`] when `fut` was abandoned.
 pub async fn bound<F: Future>(fut: F) -> Result<F::Output, Exceeded> {
     match current() {

@@ -7,7 +7,6 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use serde::{Deserialize, Serialize};
 
 /// Where provisioning of one claim stands after a backend call (seed `ProvisioningState`).
-///
 /// Only meaningful together with an error: on success the state is always
 /// [`ProvisioningState::Finished`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

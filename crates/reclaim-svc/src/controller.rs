@@ -244,7 +244,6 @@ pub struct TermDeps {
 
 /// One leader term: the PV control loop and, once the reflector has synced
 /// (readiness), one orphan sweep; a new reflector and reclaimer each term.
-///
 /// Errors: as [`run_loop`].
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
     let TermDeps {

@@ -127,7 +127,6 @@ impl Reclaimer {
 
     /// Seed `syncVolume`: our finalizer in line, then the delete operation when
     /// [`decision::should_delete`] says so, with the seed's delete metrics (label `class`).
-    ///
     /// Errors: [`SyncError`]; the caller retries the PV with backoff.
     pub async fn sync_volume(&self, volume: &PersistentVolume) -> Result<(), SyncError> {
         let name = volume.name_any();
