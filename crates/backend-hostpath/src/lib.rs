@@ -11,20 +11,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provisioner_api::{DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner};
 
-/// What reclaim does with a released volume's directory (nfs-subdir's `onDelete`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnDelete {
-    /// Remove the directory and its contents.
-    Delete,
-    /// Leave the directory in place.
-    Retain,
-    /// Rename it to `archived-<name>` inside the base directory.
-    Archive,
-}
+pub use backend_kit::OnDelete;
 
 /// Flags of the hostpath backend.
 #[derive(Debug, Clone, Args)]

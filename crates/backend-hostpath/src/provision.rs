@@ -11,9 +11,8 @@ use std::path::Path;
 use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
+    PersistentVolume, VolumeNodeAffinity,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::HostPath;
@@ -38,18 +37,14 @@ pub async fn provision(
     backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
-    let class_name = options
-        .storage_class
-        .metadata
-        .name
-        .clone()
-        .unwrap_or_default();
-    validate_parameters(&class_name, options.storage_class.parameters.as_ref())?;
+    let class = &options.storage_class;
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    validate_parameters(class_name, class.parameters.as_ref())?;
     check_pv_name(&options.pv_name)?;
-
-    let (claim_spec, request, access_modes) =
-        backend_kit::claim::filesystem_claim(options, "hostpath")?;
-    if !provisioner_api::quantity::is_positive(&request) {
+    let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
+    let spec = pv.spec.get_or_insert_with(Default::default);
+    let request = &spec.capacity.as_ref().expect("filesystem_pv sets capacity")["storage"];
+    if !provisioner_api::quantity::is_positive(request) {
         return Err(ProvisionError::finished(format!(
             "claim's storage request {:?} is not a positive quantity",
             request.0
@@ -73,56 +68,28 @@ pub async fn provision(
         .or_else(|| backend.node_name.clone())
         .ok_or_else(|| {
             ProvisionError::finished(
-                "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
-            )
+            "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
+        )
         })?;
-
-    let path = backend.base_dir.join(&options.pv_name);
     create_volume_dir(&backend.base_dir, &options.pv_name).await?;
-
-    Ok(PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(options.pv_name.clone()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            host_path: Some(HostPathVolumeSource {
-                path: path.to_string_lossy().into_owned(),
-                type_: Some(HOST_PATH_TYPE.to_string()),
-            }),
-            capacity: Some(BTreeMap::from([("storage".to_string(), request)])),
-            access_modes: Some(access_modes),
-            volume_mode: claim_spec.volume_mode.clone(),
-            persistent_volume_reclaim_policy: Some(options.reclaim_policy()),
-            mount_options: options.storage_class.mount_options.clone(),
-            node_affinity: Some(node_affinity(&node)),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    let path = backend.base_dir.join(&options.pv_name);
+    spec.host_path = Some(HostPathVolumeSource {
+        path: path.to_string_lossy().into_owned(),
+        type_: Some(HOST_PATH_TYPE.to_string()),
+    });
+    spec.node_affinity = Some(node_affinity(&node));
+    Ok(pv)
 }
 
-/// Reject every StorageClass parameter not in [`ACCEPTED_PARAMETERS`].
-/// Errors: [`ProvisionError::Failed`] (state `Finished`) naming the class and
-/// the unknown keys, sorted.
+/// Refuse every StorageClass parameter (the backend accepts none).
+/// Errors: [`ProvisionError::Failed`] (state `Finished`) naming the keys, sorted.
 pub fn validate_parameters(
     class_name: &str,
     parameters: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ProvisionError> {
-    let unknown: Vec<&str> = parameters
-        .into_iter()
-        .flat_map(|p| p.keys())
-        .map(String::as_str)
-        .filter(|k| !ACCEPTED_PARAMETERS.contains(k))
-        .collect();
-    if unknown.is_empty() {
-        Ok(())
-    } else {
-        Err(ProvisionError::finished(format!(
-            "StorageClass {class_name:?} has parameters the hostpath backend does not know: {} (it accepts none)",
-            unknown.join(", ")
-        )))
-    }
+    let accepted = ACCEPTED_PARAMETERS;
+    backend_kit::claim::check_parameters("hostpath", class_name, parameters, accepted)
+        .map_err(ProvisionError::finished)
 }
 
 /// Required node affinity `kubernetes.io/hostname In [node]`.
@@ -141,31 +108,6 @@ pub fn node_affinity(node: &str) -> VolumeNodeAffinity {
     }
 }
 
-/// Volume sources of a PV spec other than `hostPath` (their JSON names).
-const OTHER_VOLUME_SOURCES: &[&str] = &[
-    "awsElasticBlockStore",
-    "azureDisk",
-    "azureFile",
-    "cephfs",
-    "cinder",
-    "csi",
-    "fc",
-    "flexVolume",
-    "flocker",
-    "gcePersistentDisk",
-    "glusterfs",
-    "iscsi",
-    "local",
-    "nfs",
-    "photonPersistentDisk",
-    "portworxVolume",
-    "quobyte",
-    "rbd",
-    "scaleIO",
-    "storageos",
-    "vsphereVolume",
-];
-
 /// `validate_volume`: `pv` is one [`provision`] could have made (one-component
 /// name, only `hostPath`, `DirectoryOrCreate`, path `<base-dir>/<pv name>`).
 /// Errors: the first failed check, naming the PV.
@@ -176,11 +118,7 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
         .spec
         .as_ref()
         .ok_or_else(|| format!("PV {name} has no spec"))?;
-    let spec_json = serde_json::to_value(spec).map_err(|e| e.to_string())?;
-    if let Some(other) = OTHER_VOLUME_SOURCES
-        .iter()
-        .find(|k| spec_json.get(**k).is_some_and(|v| !v.is_null()))
-    {
+    if let Some(other) = backend_kit::claim::other_sources(spec, "hostPath").first() {
         return Err(format!(
             "PV {name} has a {other} volume source; the hostpath backend only makes hostPath volumes"
         ));
@@ -260,11 +198,13 @@ fn create_volume_dir_blocking(base: &Path, name: &str) -> Result<(), ProvisionEr
 mod tests {
     use super::*;
     use crate::OnDelete;
+    use k8s_openapi::api::core::v1::PersistentVolumeSpec;
     use k8s_openapi::api::core::v1::{
         Node, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
     };
     use k8s_openapi::api::storage::v1::StorageClass;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn backend(base: &Path, node: Option<&str>) -> HostPath {
         HostPath {

@@ -1,7 +1,12 @@
-//! Claim checks shared by the filesystem backends (hostpath, nfs-subdir).
+//! Claim, class and PV checks shared by the filesystem backends (hostpath, nfs-subdir).
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaimSpec, PersistentVolumeSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 /// The claim's `(spec, storage request, access modes)`, checked for a filesystem
@@ -40,4 +45,78 @@ pub fn filesystem_claim(
         return Err(ProvisionError::finished("claim has no access modes"));
     }
     Ok((claim_spec, request, access_modes))
+}
+
+/// The PV named `options.pv_name` for the checked claim: its request as
+/// capacity, access modes and volume mode, the class's reclaim policy and mount
+/// options; the backend adds its volume source. Errors: as [`filesystem_claim`].
+pub fn filesystem_pv(
+    options: &ProvisionOptions,
+    backend: &str,
+) -> Result<PersistentVolume, ProvisionError> {
+    let (claim_spec, request, access_modes) = filesystem_claim(options, backend)?;
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(options.pv_name.clone()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            capacity: Some(BTreeMap::from([("storage".to_string(), request)])),
+            access_modes: Some(access_modes),
+            volume_mode: claim_spec.volume_mode,
+            persistent_volume_reclaim_policy: Some(options.reclaim_policy()),
+            mount_options: options.storage_class.mount_options.clone(),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Refuse every StorageClass parameter not in `accepted`.
+/// Errors: a message naming the class, the unknown keys (sorted) and `accepted`.
+pub fn check_parameters(
+    backend: &str,
+    class_name: &str,
+    parameters: Option<&BTreeMap<String, String>>,
+    accepted: &[&str],
+) -> Result<(), String> {
+    let keys = parameters.into_iter().flat_map(|p| p.keys());
+    let unknown: Vec<&str> = keys
+        .map(String::as_str)
+        .filter(|k| !accepted.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let accepts = if accepted.is_empty() {
+        "none".to_string()
+    } else {
+        accepted.join(", ")
+    };
+    Err(format!(
+        "StorageClass {class_name:?} has parameters the {backend} backend does not know: {} (it accepts {accepts})",
+        unknown.join(", ")
+    ))
+}
+
+/// `spec` keys of a PV that are not volume sources.
+const NON_SOURCE_KEYS: &[&str] = &[
+    "accessModes",
+    "capacity",
+    "claimRef",
+    "mountOptions",
+    "nodeAffinity",
+    "persistentVolumeReclaimPolicy",
+    "storageClassName",
+    "volumeAttributesClassName",
+    "volumeMode",
+];
+
+/// The volume sources of `spec` (JSON names, sorted) other than `source`.
+pub fn other_sources(spec: &PersistentVolumeSpec, source: &str) -> Vec<String> {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(spec) else {
+        return Vec::new();
+    };
+    let source = |k: &&String| k.as_str() != source && !NON_SOURCE_KEYS.contains(&k.as_str());
+    fields.keys().filter(source).cloned().collect()
 }

@@ -14,6 +14,33 @@ use provisioner_api::DeleteError;
 /// Name prefix of archived volume directories.
 pub const ARCHIVE_PREFIX: &str = "archived-";
 
+/// What reclaim does with a released volume's directory (`--on-delete`, nfs-subdir's policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnDelete {
+    /// Remove the directory and its contents.
+    Delete,
+    /// Leave the directory in place.
+    Retain,
+    /// Rename it to `archived-<name>` beside it.
+    Archive,
+}
+
+impl OnDelete {
+    /// The flag and annotation value: `delete`, `retain` or `archive`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDelete::Delete => "delete",
+            OnDelete::Retain => "retain",
+            OnDelete::Archive => "archive",
+        }
+    }
+
+    /// Parse [`as_str`](Self::as_str)'s values (case-sensitive).
+    pub fn from_annotation(value: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(value, false).ok()
+    }
+}
+
 /// A backend task on the blocking pool panicked or was cancelled.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} task failed: {source}")]

@@ -22,20 +22,6 @@ use backend_kit::safe_fs::{self, Entry, WalkError};
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
 
-/// `spec` keys of a PV that are not volume sources.
-const NON_SOURCE_KEYS: &[&str] = &[
-    "accessModes",
-    "capacity",
-    "claimRef",
-    "mountOptions",
-    "nodeAffinity",
-    "persistentVolumeReclaimPolicy",
-    "storageClassName",
-    "volumeAttributesClassName",
-    "volumeMode",
-    "nfs",
-];
-
 /// The sub-directory (below the mount) that `pv` names, after the module
 /// docs' checks; also pv-writer's `validate_volume`.
 /// Errors: a message naming the failed check.
@@ -52,18 +38,12 @@ pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<Re
         .nfs
         .as_ref()
         .ok_or_else(|| format!("PV {name} has no spec.nfs; it is not an nfs-subdir volume"))?;
-    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(spec) {
-        let extra: Vec<&str> = fields
-            .keys()
-            .map(String::as_str)
-            .filter(|k| !NON_SOURCE_KEYS.contains(k))
-            .collect();
-        if !extra.is_empty() {
-            return Err(format!(
-                "PV {name} has volume sources besides nfs: {}",
-                extra.join(", ")
-            ));
-        }
+    let extra = backend_kit::claim::other_sources(spec, "nfs");
+    if !extra.is_empty() {
+        return Err(format!(
+            "PV {name} has volume sources besides nfs: {}",
+            extra.join(", ")
+        ));
     }
     if nfs.server != backend.server {
         return Err(format!(

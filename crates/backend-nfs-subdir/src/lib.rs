@@ -49,37 +49,8 @@ pub struct NfsSubdirArgs {
     pub nfs_mount: PathBuf,
 }
 
-/// What reclaim does with a released volume's directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeletePolicy {
-    /// Remove the directory and its contents (`onDelete: delete`, `archiveOnDelete: "false"`).
-    Delete,
-    /// Leave it in place (`onDelete: retain`).
-    Retain,
-    /// Rename it to `archived-<name>` in its parent directory (the default).
-    Archive,
-}
-
-impl DeletePolicy {
-    /// The value stored in [`ANN_ON_DELETE`].
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeletePolicy::Delete => "delete",
-            DeletePolicy::Retain => "retain",
-            DeletePolicy::Archive => "archive",
-        }
-    }
-
-    /// Parse an [`ANN_ON_DELETE`] value.
-    pub fn from_annotation(value: &str) -> Option<Self> {
-        match value {
-            "delete" => Some(DeletePolicy::Delete),
-            "retain" => Some(DeletePolicy::Retain),
-            "archive" => Some(DeletePolicy::Archive),
-            _ => None,
-        }
-    }
-}
+/// What reclaim does with a released volume's directory; the default is `Archive`.
+pub use backend_kit::OnDelete as DeletePolicy;
 
 /// The nfs-subdir backend. Idempotent per PV name.
 #[derive(Debug, Clone)]

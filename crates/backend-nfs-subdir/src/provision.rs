@@ -13,8 +13,7 @@
 use std::collections::BTreeMap;
 
 use cap_std::fs::Dir;
-use k8s_openapi::api::core::v1::{NFSVolumeSource, PersistentVolume, PersistentVolumeSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::{NFSVolumeSource, PersistentVolume};
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
@@ -106,20 +105,14 @@ pub fn class_policy(
     class_name: &str,
     parameters: Option<&BTreeMap<String, String>>,
 ) -> Result<DeletePolicy, String> {
+    backend_kit::claim::check_parameters(
+        "nfs-subdir",
+        class_name,
+        parameters,
+        ACCEPTED_PARAMETERS,
+    )?;
     let empty = BTreeMap::new();
     let params = parameters.unwrap_or(&empty);
-    let unknown: Vec<&str> = params
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !ACCEPTED_PARAMETERS.contains(k))
-        .collect();
-    if !unknown.is_empty() {
-        return Err(format!(
-            "StorageClass {class_name:?} has parameters the nfs-subdir backend does not know: {} (it accepts {})",
-            unknown.join(", "),
-            ACCEPTED_PARAMETERS.join(", ")
-        ));
-    }
     match params.get(PARAM_ON_DELETE).map(String::as_str) {
         Some("delete") => return Ok(DeletePolicy::Delete),
         Some("retain") => return Ok(DeletePolicy::Retain),
@@ -197,8 +190,7 @@ pub async fn provision(
             "claim Selector is not supported by the nfs-subdir backend",
         ));
     }
-    let (claim_spec, request, access_modes) =
-        backend_kit::claim::filesystem_claim(options, "nfs-subdir")?;
+    let mut pv = backend_kit::claim::filesystem_pv(options, "nfs-subdir")?;
     if !registry::valid_pv_name(&options.pv_name) {
         return Err(ProvisionError::finished(format!(
             "PV name {:?} is not a valid object name",
@@ -217,30 +209,14 @@ pub async fn provision(
         .map_err(|e| ProvisionError::finished(format!("nfs-subdir provision task failed: {e}")))?
         .map_err(ProvisionError::finished)?;
 
-    Ok(PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(options.pv_name.clone()),
-            annotations: Some(BTreeMap::from([(
-                ANN_ON_DELETE.to_string(),
-                policy.as_str().to_string(),
-            )])),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            nfs: Some(NFSVolumeSource {
-                server: backend.server.clone(),
-                path: server_path(backend, &rel),
-                read_only: None,
-            }),
-            capacity: Some(BTreeMap::from([("storage".to_string(), request)])),
-            access_modes: Some(access_modes),
-            volume_mode: claim_spec.volume_mode.clone(),
-            persistent_volume_reclaim_policy: Some(options.reclaim_policy()),
-            mount_options: options.storage_class.mount_options.clone(),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
+    pv.metadata.annotations = Some(BTreeMap::from([annotation]));
+    pv.spec.get_or_insert_with(Default::default).nfs = Some(NFSVolumeSource {
+        server: backend.server.clone(),
+        path: server_path(backend, &rel),
+        read_only: None,
+    });
+    Ok(pv)
 }
 
 fn create_blocking(
