@@ -18,7 +18,7 @@ use backend_kit::safe_fs::{self, Entry};
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions};
+use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions, VolumeError};
 
 use super::{HostPath, OnDelete};
 
@@ -62,7 +62,7 @@ pub async fn delete_unprovisioned(
 /// Names of the real directories (not symlinks) starting with `pvc-` in the base directory, sorted.
 ///
 /// Errors: the base directory cannot be opened or read.
-pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
+pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
     let base = backend.base_dir.clone();
     blocking("hostpath listing", move || list_blocking(&base)).await
 }
@@ -72,7 +72,7 @@ pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, String> {
 pub async fn volumes_in_use(
     backend: &HostPath,
     pvs: &[PersistentVolume],
-) -> Result<HashSet<String>, String> {
+) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
         let host = spec.host_path.as_ref().map(|h| h.path.clone());
         host.into_iter()
@@ -88,7 +88,7 @@ pub async fn volumes_in_use(
 }
 
 /// The base directory's entries that `paths` lie in (all of them for a path at or above it).
-fn names_under(base: &Path, paths: &[String]) -> Result<Vec<String>, String> {
+fn names_under(base: &Path, paths: &[String]) -> Result<Vec<String>, VolumeError> {
     let resolved = |p: &Path| {
         [lexical(p)]
             .into_iter()
@@ -197,8 +197,13 @@ fn archive_orphan_blocking(
     ))
 }
 
-fn list_blocking(base: &Path) -> Result<Vec<String>, String> {
-    let shown = |e: io::Error| format!("cannot list base directory {}: {e}", base.display());
+fn list_blocking(base: &Path) -> Result<Vec<String>, VolumeError> {
+    let shown = |e: io::Error| {
+        VolumeError::Unreadable(format!(
+            "cannot list base directory {}: {e}",
+            base.display()
+        ))
+    };
     let root = safe_fs::open_root(base).map_err(shown)?;
     let mut names = Vec::new();
     for entry in root.entries().map_err(shown)? {
@@ -925,6 +930,10 @@ mod tests {
         let b = backend(&base, OnDelete::Delete);
         assert_eq!(list_volumes(&b).await.unwrap(), vec!["pvc-0", "pvc-1"]);
         let missing = backend(&tmp.path().join("nope"), OnDelete::Delete);
-        assert!(list_volumes(&missing).await.unwrap_err().contains("nope"));
+        assert!(list_volumes(&missing)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("nope"));
     }
 }

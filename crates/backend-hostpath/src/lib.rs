@@ -13,7 +13,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use provisioner_api::{DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner};
+use provisioner_api::{
+    DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner, VolumeError,
+};
 
 pub use backend_kit::OnDelete;
 
@@ -80,14 +82,14 @@ impl Provisioner for HostPath {
         delete::delete_unprovisioned(self, options).await
     }
 
-    async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+    async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
         Some(delete::list_volumes(self).await)
     }
 
     async fn volumes_in_use(
         &self,
         pvs: &[PersistentVolume],
-    ) -> Result<std::collections::HashSet<String>, String> {
+    ) -> Result<std::collections::HashSet<String>, VolumeError> {
         delete::volumes_in_use(self, pvs).await
     }
 
@@ -100,8 +102,8 @@ impl Provisioner for HostPath {
         Some(delete::archive_orphan(self, &volume, min_age).await)
     }
 
-    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {
-        provision::validate_volume(self, pv)
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
+        provision::validate_volume(self, pv).map_err(VolumeError::NotOurs)
     }
 }
 

@@ -9,7 +9,7 @@ pub mod safe_fs;
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
-use provisioner_api::DeleteError;
+use provisioner_api::{DeleteError, ProvisionError, VolumeError};
 
 /// Name prefix of archived volume directories.
 pub const ARCHIVE_PREFIX: &str = "archived-";
@@ -57,9 +57,15 @@ impl From<TaskFailed> for DeleteError {
     }
 }
 
-impl From<TaskFailed> for String {
+impl From<TaskFailed> for VolumeError {
     fn from(e: TaskFailed) -> Self {
-        e.to_string()
+        VolumeError::Unreadable(e.to_string())
+    }
+}
+
+impl From<TaskFailed> for ProvisionError {
+    fn from(e: TaskFailed) -> Self {
+        ProvisionError::finished(e.to_string())
     }
 }
 

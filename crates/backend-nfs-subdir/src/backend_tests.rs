@@ -449,6 +449,7 @@ async fn foreign_pvs_are_refused_and_left_alone() {
         .backend
         .validate_volume(&other_server)
         .unwrap_err()
+        .to_string()
         .contains("not this provisioner's"));
     assert!(f.backend.delete(&other_server).await.is_err());
     let mut two_sources = pv_at("pvc-1", "/srv/k8s/victim", "delete");
@@ -460,6 +461,7 @@ async fn foreign_pvs_are_refused_and_left_alone() {
         .backend
         .validate_volume(&two_sources)
         .unwrap_err()
+        .to_string()
         .contains("hostPath"));
     assert!(f.mount.join("victim").is_dir());
     // A PV without the policy annotation (provisioned by upstream) needs its

@@ -13,7 +13,8 @@ use std::io;
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
-use provisioner_api::{DeleteError, ProvisionOptions};
+use provisioner_api::{DeleteError, ProvisionOptions, VolumeError};
+use VolumeError::Unreadable as unreadable;
 
 use super::pattern::RelPath;
 use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
@@ -189,7 +190,7 @@ pub async fn delete_with_class(
 pub async fn volumes_in_use(
     backend: &NfsSubdir,
     pvs: &[PersistentVolume],
-) -> Result<HashSet<String>, String> {
+) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
         let below = |nfs: &k8s_openapi::api::core::v1::NFSVolumeSource| {
             RelPath::parse(&below_export(backend, &nfs.path)?).ok()
@@ -244,12 +245,11 @@ pub async fn delete_unprovisioned(
 /// PV names whose recorded directory exists (a real directory reached without
 /// crossing a symlink), sorted.
 /// Errors: the mount or the records cannot be read.
-pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
+pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, VolumeError> {
     let mount = backend.mount.clone();
     blocking("nfs-subdir listing", move || {
-        let root = safe_fs::open_root(&mount).map_err(|e| mount_error(&mount, e))?;
-        let records =
-            registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))?;
+        let root = safe_fs::open_root(&mount).map_err(|e| unreadable(mount_error(&mount, e)))?;
+        let records = registry::all(&root).map_err(records_error)?;
         Ok(records
             .into_iter()
             .filter(|(_, rel)| safe_fs::open_path(&root, rel.components()).is_ok())
@@ -260,9 +260,13 @@ pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, String> {
 }
 
 /// Every (PV name, directory) the registry on the export at `mount` records.
-fn records_at(mount: &std::path::Path) -> Result<Vec<(String, RelPath)>, String> {
-    let root = safe_fs::open_root(mount).map_err(|e| mount_error(mount, e))?;
-    registry::all(&root).map_err(|e| format!("cannot read the volume records: {e}"))
+fn records_at(mount: &std::path::Path) -> Result<Vec<(String, RelPath)>, VolumeError> {
+    let root = safe_fs::open_root(mount).map_err(|e| unreadable(mount_error(mount, e)))?;
+    registry::all(&root).map_err(records_error)
+}
+
+fn records_error(e: io::Error) -> VolumeError {
+    unreadable(format!("cannot read the volume records: {e}"))
 }
 
 fn mount_error(mount: &std::path::Path, e: io::Error) -> String {

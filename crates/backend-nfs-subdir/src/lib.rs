@@ -22,7 +22,9 @@ use async_trait::async_trait;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
-use provisioner_api::{DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner};
+use provisioner_api::{
+    DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner, VolumeError,
+};
 
 /// PV annotation recording the delete policy resolved at provisioning time:
 /// `delete`, `retain` or `archive`.
@@ -131,11 +133,14 @@ impl Provisioner for NfsSubdir {
         delete::delete_with_class(self, volume, class).await
     }
 
-    async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+    async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
         Some(delete::list_volumes(self).await)
     }
 
-    async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
+    async fn volumes_in_use(
+        &self,
+        pvs: &[PersistentVolume],
+    ) -> Result<HashSet<String>, VolumeError> {
         delete::volumes_in_use(self, pvs).await
     }
 
@@ -151,8 +156,10 @@ impl Provisioner for NfsSubdir {
         delete::delete_unprovisioned(self, options).await
     }
 
-    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {
-        delete::volume_directory(self, pv).map(|_| ())
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
+        delete::volume_directory(self, pv)
+            .map(|_| ())
+            .map_err(VolumeError::NotOurs)
     }
 }
 

@@ -139,7 +139,12 @@ mod tests {
         assert_eq!(backend.nfs.nfs_server.as_deref(), Some("nfs.example"));
         assert_eq!(backend.nfs.nfs_mount, PathBuf::from("/mnt/export"));
         // The built backend is nfs-subdir: a hostPath PV is not one it produced.
-        let err = backend.build().unwrap().validate_volume(&pv).unwrap_err();
+        let err = backend
+            .build()
+            .unwrap()
+            .validate_volume(&pv)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("nfs"), "{err}");
         assert!(try_parse_from::<Cli, _, _>(["svc", "--backend", "nfs"]).is_err());
     }

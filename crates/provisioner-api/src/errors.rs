@@ -65,3 +65,15 @@ pub enum DeleteError {
         reason: String,
     },
 }
+
+/// Failure of the volume checks and listings ([`validate_volume`](crate::Provisioner::validate_volume),
+/// [`list_volumes`](crate::Provisioner::list_volumes), [`volumes_in_use`](crate::Provisioner::volumes_in_use)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeError {
+    /// The PV is not one this backend could have made; the reason names the check.
+    #[error("{0}")]
+    NotOurs(String),
+    /// The backend's volumes or records cannot be read; the reason names the cause.
+    #[error("{0}")]
+    Unreadable(String),
+}

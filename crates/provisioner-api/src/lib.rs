@@ -12,6 +12,6 @@ pub mod quantity;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use errors::{DeleteError, ProvisionError};
+pub use errors::{DeleteError, ProvisionError, VolumeError};
 pub use provisioner::{OrphanOutcome, Provisioner};
 pub use provisioning::{ProvisionOptions, ProvisioningState};

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{DeleteError, ProvisionError, ProvisionOptions};
+use crate::{DeleteError, ProvisionError, ProvisionOptions, VolumeError};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -71,7 +71,7 @@ pub trait Provisioner: Send + Sync + 'static {
 
     /// pv-writer's check that a queued PV is one this backend could have produced;
     /// required, so no unchecked volume source is written. Errors: the reason.
-    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String>;
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError>;
 
     /// Seed `Qualifier.ShouldProvision`: a cheap, synchronous pre-check that may
     /// decline a claim before any other work. Default: accept every claim.
@@ -93,13 +93,16 @@ pub trait Provisioner: Send + Sync + 'static {
 
     /// Names of the PVs whose assets exist, for the orphan sweep; `None` (default):
     /// cannot list. Errors: the listing failed.
-    async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+    async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
         None
     }
 
     /// The listed names whose data any of `pvs` uses, whatever the PV is called, for
     /// the orphan sweep. Default: the PVs' names. Errors: the records are unreadable.
-    async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
+    async fn volumes_in_use(
+        &self,
+        pvs: &[PersistentVolume],
+    ) -> Result<HashSet<String>, VolumeError> {
         Ok(pvs
             .iter()
             .filter_map(|pv| pv.metadata.name.clone())

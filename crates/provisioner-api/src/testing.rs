@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::{
     deadline, DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner,
-    ProvisioningState,
+    ProvisioningState, VolumeError,
 };
 
 /// A backend whose answers are scripted by its public fields and which records
@@ -193,7 +193,10 @@ impl Provisioner for FakeProvisioner {
         self.delete(volume).await
     }
 
-    async fn volumes_in_use(&self, pvs: &[PersistentVolume]) -> Result<HashSet<String>, String> {
+    async fn volumes_in_use(
+        &self,
+        pvs: &[PersistentVolume],
+    ) -> Result<HashSet<String>, VolumeError> {
         let names = pvs.iter().filter_map(|pv| pv.metadata.name.clone());
         Ok(names
             .flat_map(|n| [self.uses.get(&n).cloned(), Some(n)])
@@ -226,18 +229,18 @@ impl Provisioner for FakeProvisioner {
         Ok(())
     }
 
-    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), String> {
-        Err(format!(
+    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
+        Err(VolumeError::NotOurs(format!(
             "the fake backend validates no PV ({:?})",
             pv.metadata.name
-        ))
+        )))
     }
 
     fn should_provision(&self, _claim: &PersistentVolumeClaim) -> bool {
         !self.decline
     }
 
-    async fn list_volumes(&self) -> Option<Result<Vec<String>, String>> {
+    async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
         self.volumes.clone().map(Ok)
     }
 

@@ -17,20 +17,41 @@ use common::handoff::queue::PvQueue;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::ListParams;
 use kube::Api;
-use provisioner_api::{OrphanOutcome, Provisioner};
+use provisioner_api::{OrphanOutcome, Provisioner, VolumeError};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::metrics::SweepMetrics;
+
+/// Why a sweep was abandoned ("unknown" is never "orphan").
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// Reaching or reading Redis (intents, queue, report) or the PVs failed.
+    #[error("{0}: {1}")]
+    Lookup(
+        &'static str,
+        #[source] Box<dyn std::error::Error + Send + Sync>,
+    ),
+    /// The backend could not list its volumes or map PVs to them.
+    #[error("backend volumes: {0}")]
+    Backend(#[from] VolumeError),
+}
+
+/// A [`SweepError::Lookup`] of `what`.
+fn lookup<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+) -> impl Fn(E) -> SweepError {
+    move |e| SweepError::Lookup(what, Box::new(e))
+}
 
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
 pub trait Accounting: Send + Sync {
     /// Whether a provisioning intent is recorded for `pv_name`.
-    async fn has_intent(&self, pv_name: &str) -> Result<bool, String>;
+    async fn has_intent(&self, pv_name: &str) -> Result<bool, SweepError>;
     /// Whether a PV write for `pv_name` is pending in the durable queue.
-    async fn is_queued(&self, pv_name: &str) -> Result<bool, String>;
+    async fn is_queued(&self, pv_name: &str) -> Result<bool, SweepError>;
     /// Every PV on the API server (a quorum read).
-    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, String>;
+    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError>;
 }
 
 /// [`Accounting`] backed by Redis (intents, queue) and the API server (PVs).
@@ -45,24 +66,21 @@ pub struct LiveAccounting {
 
 #[async_trait::async_trait]
 impl Accounting for LiveAccounting {
-    async fn has_intent(&self, pv_name: &str) -> Result<bool, String> {
+    async fn has_intent(&self, pv_name: &str) -> Result<bool, SweepError> {
         self.intents
             .contains(pv_name)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(lookup("intents"))
     }
-    async fn is_queued(&self, pv_name: &str) -> Result<bool, String> {
+    async fn is_queued(&self, pv_name: &str) -> Result<bool, SweepError> {
         self.queue
             .is_pending(pv_name)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(lookup("queue"))
     }
-    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, String> {
-        self.pvs
-            .list(&ListParams::default())
-            .await
-            .map(|list| list.items)
-            .map_err(|e| e.to_string())
+    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError> {
+        let list = self.pvs.list(&ListParams::default()).await;
+        list.map(|l| l.items).map_err(lookup("PVs"))
     }
 }
 
@@ -73,7 +91,7 @@ pub async fn find_orphans(
     cached_pv: &impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
     backend: &dyn Provisioner,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, SweepError> {
     let mut candidates = Vec::new();
     for name in volumes {
         if cached_pv(name) {
@@ -88,10 +106,7 @@ pub async fn find_orphans(
         return Ok(candidates);
     }
     let pvs = accounting.list_pvs().await?;
-    let in_use = backend
-        .volumes_in_use(&pvs)
-        .await
-        .map_err(|e| format!("mapping PVs to backend volumes: {e}"))?;
+    let in_use = backend.volumes_in_use(&pvs).await?;
     candidates.retain(|name| !in_use.contains(name));
     Ok(candidates)
 }
@@ -115,12 +130,12 @@ pub async fn sweep(
     accounting: &dyn Accounting,
     action: SweepAction<'_>,
     metrics: &SweepMetrics,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, SweepError> {
     let Some(listed) = backend.list_volumes().await else {
         tracing::info!("orphan sweep skipped: the backend cannot list its volumes");
         return Ok(Vec::new());
     };
-    let volumes = listed.map_err(|e| format!("listing backend volumes: {e}"))?;
+    let volumes = listed?;
     let orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
     metrics.found.set(orphans.len() as i64);
     metrics.archived.set(0);
@@ -199,67 +214,46 @@ pub struct SweepJob {
 /// Connect to Redis, run [`sweep`] once and store its report; failures are only
 /// logged. Run inside the leader's work future, so a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
-    let SweepJob {
-        redis,
-        provisioner_name,
-        pvs,
-        backend,
-        archive,
-        min_age,
-        shutdown,
-        metrics,
-        reporter,
-    } = job;
-    let provisioner_name = provisioner_name.as_str();
-    let intents = match IntentStore::connect(&redis, provisioner_name).await {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "orphan sweep skipped: provisioning intents unreachable");
-            return;
-        }
-    };
-    let queue = match PvQueue::connect(&redis, provisioner_name).await {
-        Ok(q) => q,
-        Err(e) => {
-            tracing::warn!(error = %e, "orphan sweep skipped: PV-write queue unreachable");
-            return;
-        }
-    };
+    if let Err(error) = sweep_and_report(&job, cached_pv).await {
+        tracing::warn!(%error, "orphan sweep abandoned");
+    }
+}
+
+async fn sweep_and_report(
+    job: &SweepJob,
+    cached_pv: impl Fn(&str) -> bool,
+) -> Result<(), SweepError> {
+    let (redis, name) = (&job.redis, job.provisioner_name.as_str());
     let accounting = LiveAccounting {
-        intents,
-        queue,
-        pvs,
+        intents: IntentStore::connect(redis, name)
+            .await
+            .map_err(lookup("intents"))?,
+        queue: PvQueue::connect(redis, name)
+            .await
+            .map_err(lookup("queue"))?,
+        pvs: job.pvs.clone(),
     };
     let action = SweepAction {
-        archive,
-        min_age,
-        shutdown: &shutdown,
+        archive: job.archive,
+        min_age: job.min_age,
+        shutdown: &job.shutdown,
     };
-    let mut orphans = match sweep(backend.as_ref(), cached_pv, &accounting, action, &metrics).await
-    {
-        Ok(orphans) => orphans,
-        Err(e) => {
-            tracing::warn!(error = %e, "orphan sweep abandoned");
-            return;
-        }
-    };
+    let backend = job.backend.as_ref();
+    let mut orphans = sweep(backend, cached_pv, &accounting, action, &job.metrics).await?;
     orphans.sort();
     let report = OrphanReport {
         version: orphan_report::REPORT_VERSION,
         swept_at_ms: common::kube::time::now_ms(),
-        reporter,
+        reporter: job.reporter.clone(),
         orphans,
-        archived: metrics.archived.get().max(0) as u64,
+        archived: job.metrics.archived.get().max(0) as u64,
     };
-    let stored = match common::handoff::redis_store::connect(&redis).await {
-        Ok(mut conn) => orphan_report::write(&mut conn, provisioner_name, &report)
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
-    };
-    if let Err(e) = stored {
-        tracing::warn!(error = %e, "orphan sweep: storing the report for `pv-writer status` failed (the gauges are set)");
-    }
+    let mut conn = common::handoff::redis_store::connect(redis)
+        .await
+        .map_err(lookup("report"))?;
+    orphan_report::write(&mut conn, name, &report)
+        .await
+        .map_err(lookup("report"))
 }
 
 #[cfg(test)]
@@ -277,16 +271,16 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Accounting for Fake {
-        async fn has_intent(&self, n: &str) -> Result<bool, String> {
+        async fn has_intent(&self, n: &str) -> Result<bool, SweepError> {
             Ok(self.intents.contains(&n))
         }
-        async fn is_queued(&self, n: &str) -> Result<bool, String> {
+        async fn is_queued(&self, n: &str) -> Result<bool, SweepError> {
             if self.fail {
-                return Err("redis down".into());
+                return Err(SweepError::Lookup("queue", "redis down".into()));
             }
             Ok(self.queued.contains(&n))
         }
-        async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, String> {
+        async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError> {
             Ok(self
                 .pvs
                 .iter()
@@ -432,7 +426,7 @@ mod tests {
         let err = sweep(&backend, |_| false, &acc, action(true, &token), &m)
             .await
             .unwrap_err();
-        assert_eq!(err, "redis down");
+        assert_eq!(err.to_string(), "queue: redis down");
         assert!(backend.archived().is_empty());
     }
 
