@@ -39,18 +39,6 @@ use provisioner_api::Provisioner;
 /// decoded by [`reconcile`] for each sync ([`Compact`]).
 pub type CachedPv = Compact<PersistentVolume>;
 
-/// What the loop reports to, besides logs.
-#[derive(Clone)]
-pub struct LoopObservers {
-    /// The PV queue's `workqueue_*` series (`name="volumes"`).
-    pub queue_metrics: WorkQueueMetrics,
-    /// The runtime's work-loop heartbeat (`ServiceContext::heartbeat`).
-    pub heartbeat: Heartbeat,
-    /// `--healthz-stall-timeout`: stop beating once PVs have waited this long
-    /// with no worker taking one.
-    pub stall_timeout: Duration,
-}
-
 /// Tuning of the control loop.
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
@@ -135,98 +123,88 @@ pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Ac
     }
 }
 
-/// Run the loop until `shutdown` fires, reporting to `observers`; `on_synced`
-/// runs once the first list is in the store; in-flight syncs finish first.
+/// Run the loop until `shutdown` fires, beating `heartbeat` unless every
+/// slot stays busy for `stall`; `on_synced` runs once the first list is in the
+/// store; in-flight syncs finish first. Errors: none once running.
 pub async fn run_loop(
-    observers: LoopObservers,
+    ctx: Arc<Context>,
     api: Api<PersistentVolume>,
-    reclaimer: Arc<Reclaimer>,
-    retry: Arc<RetryPolicy<String>>,
-    config: LoopConfig,
+    (heartbeat, stall): (Heartbeat, Duration),
     shutdown: CancellationToken,
     on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
 ) -> anyhow::Result<()> {
     let (store, writer) = reflector::store::<CachedPv>();
-    // The same PVs through the compact type (`api` is cluster-wide: PVs have
-    // no namespace).
-    let cached_api = Api::<CachedPv>::all(api.into_client());
-    let workers = u16::try_from(config.workers.max(1)).unwrap_or(u16::MAX);
-    let resync = resync_interval(config.resync_period);
-    let queue_metrics = observers.queue_metrics.clone();
-    let ctx = Arc::new(Context {
-        reclaimer,
-        retry,
-        config,
-        queue_metrics: Some(queue_metrics.clone()),
-    });
+    let workers = u16::try_from(ctx.config.workers.max(1)).unwrap_or(u16::MAX);
     // Held by this future: dropped (and the heartbeat task aborted) with the loop.
     let mut beater = tokio::task::JoinSet::new();
-    let (metrics, busy) = (queue_metrics.clone(), usize::from(workers));
-    let stall = observers.stall_timeout;
-    beater.spawn(common::runtime::health::beat_while_progressing(
-        observers.heartbeat,
-        common::runtime::health::beat_period(stall),
-        stall,
-        // Stalled: every reconcile slot busy for longer than the timeout.
-        move || metrics.stalled_when_busy(busy),
-        shutdown.clone(),
-    ));
-
-    let mut on_synced = Some(on_synced);
-    let (hook_ctx, hook_store) = (Arc::clone(&ctx), store.clone());
-    let trigger = reflector::reflector(writer, watcher(cached_api, watcher::Config::default()))
-        .backoff(watch_backoff())
-        .inspect(move |event| match event {
-            Ok(event) => {
-                hook_ctx.observe(event, &hook_store);
-                if matches!(event, watcher::Event::InitDone) {
-                    if let Some(f) = on_synced.take() {
-                        tracing::info!(
-                            pvs = hook_store.state().len(),
-                            "PV reflector synced; reconciling"
-                        );
-                        f(&hook_store);
-                    }
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "PV watch failed; the reflector retries with backoff")
-            }
-        })
-        .applied_objects()
-        .inspect(move |pv| {
-            if pv.is_ok() {
-                queue_metrics.add();
-            }
-        });
-
+    if let Some(metrics) = ctx.queue_metrics.clone() {
+        let period = common::runtime::health::beat_period(stall);
+        // Stalled: every reconcile slot busy for longer than `stall`.
+        let stalled = move || metrics.stalled_when_busy(usize::from(workers));
+        let beat = common::runtime::health::beat_while_progressing;
+        beater.spawn(beat(heartbeat, period, stall, stalled, shutdown.clone()));
+    }
+    let trigger = pv_events(Arc::clone(&ctx), api, writer, store.clone(), on_synced);
     let mut controller = Controller::for_stream(trigger, store)
         .with_config(controller::Config::default().concurrency(workers))
         .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
-    if let Some(tick) = resync {
+    if let Some(tick) = resync_interval(ctx.config.resync_period) {
         let ticks = futures::stream::unfold(tick, |mut tick| async move {
             tick.tick().await;
             Some(((), tick))
         });
         controller = controller.reconcile_all_on(ticks);
     }
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok(_) => {}
-                // Logged by `error_policy`.
-                Err(controller::Error::ReconcilerFailed(..)) => {}
-                // The PV was deleted before its turn: nothing to do.
-                Err(controller::Error::ObjectNotFound(obj)) => {
-                    tracing::debug!(pv = %obj.name, "PV gone before its sync")
-                }
-                Err(err) => tracing::warn!(error = %err, "PV controller"),
-            }
-        })
+    let results = controller.run(reconcile, error_policy, ctx);
+    results
+        .for_each(|result| async move { log_outcome(result) })
         .await;
     tracing::info!("PV controller stopped; in-flight syncs finished");
     Ok(())
+}
+
+/// The PVs the reflector applies (all PVs, as [`CachedPv`]), after
+/// [`Context::observe`], `on_synced` once the first list is in, and the queue's adds.
+fn pv_events(
+    ctx: Arc<Context>,
+    api: Api<PersistentVolume>,
+    writer: reflector::store::Writer<CachedPv>,
+    store: Store<CachedPv>,
+    on_synced: impl FnOnce(&Store<CachedPv>) + Send + 'static,
+) -> impl futures::Stream<Item = Result<CachedPv, watcher::Error>> + Send + 'static {
+    let cached_api = Api::<CachedPv>::all(api.into_client());
+    let queue_metrics = ctx.queue_metrics.clone();
+    let mut on_synced = Some(on_synced);
+    reflector::reflector(writer, watcher(cached_api, watcher::Config::default()))
+        .backoff(watch_backoff())
+        .inspect(move |event| match event {
+            Ok(event) => {
+                ctx.observe(event, &store);
+                let first_list = matches!(event, watcher::Event::InitDone);
+                if let Some(f) = on_synced.take_if(|_| first_list) {
+                    tracing::info!(pvs = store.state().len(), "PV reflector synced");
+                    f(&store);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "PV watch failed; retrying with backoff"),
+        })
+        .applied_objects()
+        .inspect(move |pv| {
+            if let (Ok(_), Some(m)) = (pv, &queue_metrics) {
+                m.add();
+            }
+        })
+}
+
+/// Log what `Controller` reports beyond [`error_policy`].
+fn log_outcome<T>(result: Result<T, controller::Error<SyncError, watcher::Error>>) {
+    match result {
+        Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+        Err(controller::Error::ObjectNotFound(obj)) => {
+            tracing::debug!(pv = %obj.name, "PV gone before its sync")
+        }
+        Err(error) => tracing::warn!(%error, "PV controller"),
+    }
 }
 
 /// What a leader term needs besides the [`ServiceContext`]; cloned per term.
@@ -264,7 +242,6 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         add,
     )
     .with_term(ctx.term.clone());
-    let policy = RetryPolicy::from_args(ctx.args.retry_backoff(ServiceKind::Reclaim), &retry);
     let config = LoopConfig {
         workers: ctx.args.worker_threads_for(ServiceKind::Reclaim),
         threshold: FailureThreshold(reclaim.failed_delete_threshold),
@@ -272,6 +249,15 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         resync_period: reclaim.resync_period,
     };
     tracing::info!(provisioner = %ctx.args.provisioner_name, add_finalizer = add, failed_delete_threshold = reclaim.failed_delete_threshold, workers = config.workers, "starting PV reclaim loop");
+    let loop_ctx = Arc::new(Context {
+        reclaimer: Arc::new(reclaimer),
+        retry: Arc::new(RetryPolicy::from_args(
+            ctx.args.retry_backoff(ServiceKind::Reclaim),
+            &retry,
+        )),
+        config,
+        queue_metrics: Some(metrics.queue),
+    });
     let readiness = ctx.readiness.clone();
     let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<CachedPv>>();
     let on_synced = move |store: &Store<CachedPv>| {
@@ -299,21 +285,8 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             _ = sweep::run_once(job, cached) => {}
         }
     };
-    let observers = LoopObservers {
-        queue_metrics: metrics.queue,
-        heartbeat: ctx.heartbeat.clone(),
-        stall_timeout: ctx.args.healthz_stall_timeout,
-    };
-    let (reclaimer, policy) = (Arc::new(reclaimer), Arc::new(policy));
-    let control_loop = run_loop(
-        observers,
-        api,
-        reclaimer,
-        policy,
-        config,
-        ctx.shutdown.clone(),
-        on_synced,
-    );
+    let liveness = (ctx.heartbeat.clone(), ctx.args.healthz_stall_timeout);
+    let control_loop = run_loop(loop_ctx, api, liveness, ctx.shutdown.clone(), on_synced);
     tokio::pin!(control_loop, sweep_task);
     tokio::select! {
         result = &mut control_loop => result,

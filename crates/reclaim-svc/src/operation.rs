@@ -120,11 +120,6 @@ impl Reclaimer {
         self
     }
 
-    /// The provisioner name this reclaimer acts for.
-    pub fn provisioner_name(&self) -> &str {
-        &self.provisioner_name
-    }
-
     /// Seed `syncVolume`: our finalizer in line, then the delete operation when
     /// [`decision::should_delete`] says so, with the seed's delete metrics (label `class`).
     /// Errors: [`SyncError`]; the caller retries the PV with backoff.
