@@ -216,16 +216,9 @@ pub async fn delete_unprovisioned(
     backend: &NfsSubdir,
     options: &ProvisionOptions,
 ) -> Result<(), DeleteError> {
-    let class_name = options
-        .storage_class
-        .metadata
-        .name
-        .clone()
-        .unwrap_or_default();
-    // A class that fails the checks made provision refuse before recording
-    // anything; archive keeps the data if it changed since.
-    let policy = class_policy(&class_name, options.storage_class.parameters.as_ref())
-        .unwrap_or(DeletePolicy::Archive);
+    // A class failing the checks made provision refuse before recording anything;
+    // archive keeps the data if it changed since.
+    let policy = class_policy(&options.storage_class).unwrap_or(DeletePolicy::Archive);
     let name = options.pv_name.clone();
     if !registry::valid_pv_name(&name) {
         return Ok(());
@@ -303,36 +296,10 @@ fn apply_policy(
         return forget();
     }
     let (parent_comps, last) = rel.split_last();
-    let parent = match safe_fs::open_path(root, parent_comps) {
-        Ok(p) => p,
-        Err(WalkError::Missing(_)) => {
-            tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
-            return forget();
-        }
-        Err(WalkError::Io(p, e)) => {
-            return Err(DeleteError::Failed {
-                reason: format!("cannot open \"{p}\" below the NFS mount: {e}"),
-            })
-        }
-        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+    let Some(parent) = existing_parent(root, pv_name, rel)? else {
+        tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
+        return forget();
     };
-    match safe_fs::entry(&parent, last).map_err(io_failed("inspect the volume directory"))? {
-        Entry::Absent => {
-            tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
-            return forget();
-        }
-        Entry::Directory => {}
-        Entry::Symlink => {
-            return Err(refused(format!(
-                "\"{rel}\" of PV {pv_name} is a symlink; refusing to follow it"
-            )))
-        }
-        Entry::Other => {
-            return Err(refused(format!(
-                "\"{rel}\" of PV {pv_name} is not a directory; refusing"
-            )))
-        }
-    }
     let policy = policy?;
     let inside: Vec<(String, RelPath)> = registry::nested_with(root, pv_name, rel)
         .map_err(io_failed("read the volume records"))?
@@ -366,6 +333,32 @@ fn apply_policy(
         DeletePolicy::Retain => unreachable!("handled above"),
     }
     forget()
+}
+
+/// The parent of `rel` when `rel` is a real directory reached without crossing
+/// a symlink; `None` when absent. Errors: a symlink or a file there, or I/O.
+fn existing_parent(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<Option<Dir>, DeleteError> {
+    let (parent_comps, last) = rel.split_last();
+    let parent = match safe_fs::open_path(root, parent_comps) {
+        Ok(p) => p,
+        Err(WalkError::Missing(_)) => return Ok(None),
+        Err(WalkError::Io(p, e)) => {
+            return Err(DeleteError::Failed {
+                reason: format!("cannot open \"{p}\" below the NFS mount: {e}"),
+            })
+        }
+        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+    };
+    match safe_fs::entry(&parent, last).map_err(io_failed("inspect the volume directory"))? {
+        Entry::Absent => Ok(None),
+        Entry::Directory => Ok(Some(parent)),
+        Entry::Symlink => Err(refused(format!(
+            "\"{rel}\" of PV {pv_name} is a symlink; refusing to follow it"
+        ))),
+        Entry::Other => Err(refused(format!(
+            "\"{rel}\" of PV {pv_name} is not a directory; refusing"
+        ))),
+    }
 }
 
 /// The orphan sweep's archive of the directory recorded for `pv_name`, with

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::{NFSVolumeSource, PersistentVolume};
+use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
@@ -101,10 +102,9 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
 /// Check the class's parameters and resolve its delete policy (as
 /// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
 /// parameter, a bad `onDelete` or a non-boolean `archiveOnDelete`.
-pub fn class_policy(
-    class_name: &str,
-    parameters: Option<&BTreeMap<String, String>>,
-) -> Result<DeletePolicy, String> {
+pub fn class_policy(class: &StorageClass) -> Result<DeletePolicy, String> {
+    let class_name = class.metadata.name.as_deref().unwrap_or_default();
+    let parameters = class.parameters.as_ref();
     backend_kit::claim::check_parameters(
         "nfs-subdir",
         class_name,
@@ -172,14 +172,7 @@ pub async fn provision(
     backend: &NfsSubdir,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
-    let class_name = options
-        .storage_class
-        .metadata
-        .name
-        .clone()
-        .unwrap_or_default();
-    let policy = class_policy(&class_name, options.storage_class.parameters.as_ref())
-        .map_err(ProvisionError::finished)?;
+    let policy = class_policy(&options.storage_class).map_err(ProvisionError::finished)?;
     if options
         .pvc
         .spec
