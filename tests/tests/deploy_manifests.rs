@@ -2102,7 +2102,7 @@ fn nfs_overlay_is_a_drop_in_for_nfs_subdir() {
         "k8s-sigs.io/nfs-subdir-external-provisioner"
     );
     assert_eq!(
-        backend_nfs_subdir::provision::class_policy("nfs-client", sc.parameters.as_ref()),
+        backend_nfs_subdir::provision::class_policy(&sc),
         Ok(backend_nfs_subdir::DeletePolicy::Delete)
     );
 
