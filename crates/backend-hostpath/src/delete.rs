@@ -368,7 +368,7 @@ fn delete_blocking(
     let name = checked_name(base, volume)?;
     check_node(node_name, name, volume)?;
     if on_delete == OnDelete::Retain {
-        tracing::info!(pv = name, path = %base.join(name).display(), "on-delete retain: leaving hostpath volume directory in place");
+        tracing::info!(pv = name, path = %base.join(name).display(), "retaining hostpath volume directory");
         return Ok(());
     }
     let root = open_base(base)?;

@@ -176,7 +176,7 @@ fn create_volume_dir_blocking(base: &Path, name: &str) -> Result<(), ProvisionEr
             Ok(())
         }
         Ok((_, false)) => {
-            tracing::info!(path = %path.display(), "hostpath volume directory already exists; reusing it");
+            tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
             Ok(())
         }
         Err(WalkError::NotADirectory(_)) => Err(ProvisionError::finished(format!(

@@ -120,3 +120,40 @@ pub fn other_sources(spec: &PersistentVolumeSpec, source: &str) -> Vec<String> {
     let source = |k: &&String| k.as_str() != source && !NON_SOURCE_KEYS.contains(&k.as_str());
     fields.keys().filter(source).cloned().collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{HostPathVolumeSource, NFSVolumeSource};
+
+    #[test]
+    fn unknown_parameters_are_named_with_what_is_accepted() {
+        let params = BTreeMap::from([
+            ("b".to_string(), String::new()),
+            ("a".to_string(), String::new()),
+        ]);
+        assert_eq!(
+            check_parameters("hostpath", "c", Some(&params), &[]).unwrap_err(),
+            "StorageClass \"c\" has parameters the hostpath backend does not know: a, b (it accepts none)"
+        );
+        assert_eq!(
+            check_parameters("x", "c", Some(&params), &["b"]).unwrap_err(),
+            "StorageClass \"c\" has parameters the x backend does not know: a (it accepts b)"
+        );
+        assert!(check_parameters("x", "c", None, &[]).is_ok());
+    }
+
+    #[test]
+    fn other_sources_ignore_the_non_source_fields() {
+        let mut spec = PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: Some("fast".into()),
+            host_path: Some(HostPathVolumeSource::default()),
+            ..Default::default()
+        };
+        assert!(other_sources(&spec, "hostPath").is_empty());
+        spec.nfs = Some(NFSVolumeSource::default());
+        assert_eq!(other_sources(&spec, "hostPath"), vec!["nfs"]);
+        assert_eq!(other_sources(&spec, "nfs"), vec!["hostPath"]);
+    }
+}

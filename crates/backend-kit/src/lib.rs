@@ -109,3 +109,22 @@ pub fn is_single_component(name: &str) -> bool {
         (Some(std::path::Component::Normal(c)), None) if c == name
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_components_and_on_delete_values() {
+        for ok in ["pvc-1", "a.b"] {
+            assert!(is_single_component(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "a/b", "a/", "/a", "./a"] {
+            assert!(!is_single_component(bad), "{bad}");
+        }
+        for p in [OnDelete::Delete, OnDelete::Retain, OnDelete::Archive] {
+            assert_eq!(OnDelete::from_annotation(p.as_str()), Some(p));
+        }
+        assert_eq!(OnDelete::from_annotation("Delete"), None);
+    }
+}

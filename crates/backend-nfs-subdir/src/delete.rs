@@ -292,7 +292,7 @@ fn apply_policy(
             .map_err(io_failed("remove the record of PV"))
     };
     if matches!(policy, Ok(DeletePolicy::Retain)) {
-        tracing::info!(pv = pv_name, directory = %rel, "onDelete retain: leaving nfs-subdir directory in place");
+        tracing::info!(pv = pv_name, directory = %rel, "retaining nfs-subdir directory");
         return forget();
     }
     let (parent_comps, last) = rel.split_last();

@@ -159,7 +159,7 @@ pub async fn run_loop(
     results
         .for_each(|result| async move { log_outcome(result) })
         .await;
-    tracing::info!("PV controller stopped; in-flight syncs finished");
+    tracing::info!("PV controller stopped");
     Ok(())
 }
 
@@ -186,7 +186,7 @@ fn pv_events(
                     f(&store);
                 }
             }
-            Err(error) => tracing::warn!(%error, "PV watch failed; retrying with backoff"),
+            Err(error) => tracing::warn!(%error, "PV watch failed, retrying"),
         })
         .applied_objects()
         .inspect(move |pv| {

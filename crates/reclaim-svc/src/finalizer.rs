@@ -73,7 +73,7 @@ where
                 if status.is_conflict() && conflicts < MAX_CONFLICT_RETRIES =>
             {
                 conflicts += 1;
-                tracing::debug!(pv = %name, conflicts, "PV changed concurrently; re-reading to recompute finalizers");
+                tracing::debug!(pv = %name, conflicts, "PV changed concurrently, recomputing finalizers");
                 match api.get_opt(&name).await? {
                     Some(fresh) => current = fresh,
                     None => return Ok(None),

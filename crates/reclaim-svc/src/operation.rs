@@ -191,7 +191,7 @@ impl Reclaimer {
         let uid = volume.metadata.uid.clone().unwrap_or_default();
         tracing::info!(pv = %name, "delete started");
         if !uid.is_empty() && self.asset_deleted(&uid) {
-            tracing::info!(pv = %name, %uid, "volume already deleted by the backend; deleting the PV");
+            tracing::info!(pv = %name, %uid, "volume already deleted, deleting the PV");
         } else if !self.delete_asset(volume, &name).await? {
             return Ok(());
         } else if !uid.is_empty() {
@@ -212,7 +212,7 @@ impl Reclaimer {
         let fresh = match decision::still_to_delete(volume, fresh, |v| self.should_delete(v)) {
             Ok(fresh) => fresh,
             Err(stale) => {
-                tracing::info!(pv = %name, ?stale, "PV changed since the decision; volume not deleted");
+                tracing::info!(pv = %name, ?stale, "PV changed since the decision to delete it");
                 return Ok(false);
             }
         };
@@ -220,7 +220,7 @@ impl Reclaimer {
             Err(err) => Err(err),
             Ok(class) => {
                 if let Err(reason) = self.term.check() {
-                    tracing::warn!(pv = %name, %reason, "leader term not current; volume not deleted");
+                    tracing::warn!(pv = %name, %reason, "leader term not current, volume not deleted");
                     return Err(SyncError::NotLeader(name.into(), reason));
                 }
                 let call = async {
@@ -268,7 +268,7 @@ impl Reclaimer {
             Ok(either) => either.left(),
             Err(kube::Error::Api(status)) if status.is_not_found() => None,
             Err(kube::Error::Api(status)) if status.is_conflict() => {
-                tracing::warn!(pv = %name, %uid, "PV replaced by a new object of the same name; leaving it");
+                tracing::warn!(pv = %name, %uid, "PV replaced by a same-named object, left alone");
                 None
             }
             Err(source) => {

@@ -132,7 +132,7 @@ pub async fn sweep(
     metrics: &SweepMetrics,
 ) -> Result<Vec<String>, SweepError> {
     let Some(listed) = backend.list_volumes().await else {
-        tracing::info!("orphan sweep skipped: the backend cannot list its volumes");
+        tracing::info!("orphan sweep skipped, backend cannot list volumes");
         return Ok(Vec::new());
     };
     let volumes = listed?;
@@ -142,11 +142,11 @@ pub async fn sweep(
     let mut archived = 0;
     for name in &orphans {
         if !action.archive {
-            tracing::warn!(pv = %name, "orphan sweep: orphaned volume found (no PV, no pending write, no intent); --sweep-orphans=true archives such volumes once older than --sweep-min-age");
+            tracing::warn!(pv = %name, "orphaned volume found");
             continue;
         }
         if action.shutdown.is_cancelled() {
-            tracing::info!("orphan sweep stopped: shutting down");
+            tracing::info!("orphan sweep stopped for shutdown");
             break;
         }
         // Re-check right before acting: the volume may have moved on meanwhile.
@@ -154,27 +154,27 @@ pub async fn sweep(
             .await?
             .is_empty()
         {
-            tracing::info!(pv = %name, "orphan sweep: volume is accounted for on re-check; left alone");
+            tracing::info!(pv = %name, "volume accounted for on re-check");
             continue;
         }
         let Some(outcome) = backend.archive_orphan(name, action.min_age).await else {
-            tracing::warn!(pv = %name, "orphan sweep: the backend cannot archive its volumes; orphans are only reported");
+            tracing::warn!(pv = %name, "backend cannot archive, orphans only reported");
             break;
         };
         match outcome {
             Ok(OrphanOutcome::Archived(to)) => {
                 archived += 1;
                 metrics.archived.set(archived);
-                tracing::warn!(pv = %name, to = %to.display(), "orphan sweep: archived orphaned volume (no PV, no pending write, no intent); remove it by hand if it is not wanted");
+                tracing::warn!(pv = %name, to = %to.display(), "orphan sweep archived an orphaned volume");
             }
             Ok(OrphanOutcome::TooYoung(age)) => {
-                tracing::info!(pv = %name, age_seconds = age.as_secs(), min_age_seconds = action.min_age.as_secs(), "orphan sweep: orphaned volume younger than --sweep-min-age; left alone");
+                tracing::info!(pv = %name, age_seconds = age.as_secs(), min_age_seconds = action.min_age.as_secs(), "orphaned volume younger than --sweep-min-age");
             }
             Ok(OrphanOutcome::Absent) => {
-                tracing::info!(pv = %name, "orphan sweep: orphaned volume disappeared meanwhile");
+                tracing::info!(pv = %name, "orphaned volume disappeared before archiving");
             }
             Err(err) => {
-                tracing::error!(pv = %name, error = %err, "orphan sweep: archiving orphaned volume failed; left in place")
+                tracing::error!(pv = %name, error = %err, "orphan sweep failed to archive a volume")
             }
         }
     }
