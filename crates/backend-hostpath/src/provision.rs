@@ -158,9 +158,10 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
 async fn create_volume_dir(base: &Path, name: &str) -> Result<(), ProvisionError> {
     let base = base.to_path_buf();
     let name = name.to_string();
-    tokio::task::spawn_blocking(move || create_volume_dir_blocking(&base, &name))
-        .await
-        .map_err(|e| ProvisionError::finished(format!("hostpath provision task failed: {e}")))?
+    backend_kit::blocking("hostpath provision", move || {
+        create_volume_dir_blocking(&base, &name)
+    })
+    .await
 }
 
 fn create_volume_dir_blocking(base: &Path, name: &str) -> Result<(), ProvisionError> {

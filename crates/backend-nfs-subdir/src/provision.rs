@@ -197,10 +197,10 @@ pub async fn provision(
     let mount = backend.mount.clone();
     let pv_name = options.pv_name.clone();
     let rel_for_task = rel.clone();
-    tokio::task::spawn_blocking(move || create_blocking(&mount, &pv_name, &rel_for_task, attrs))
-        .await
-        .map_err(|e| ProvisionError::finished(format!("nfs-subdir provision task failed: {e}")))?
-        .map_err(ProvisionError::finished)?;
+    backend_kit::blocking("nfs-subdir provision", move || {
+        create_blocking(&mount, &pv_name, &rel_for_task, attrs).map_err(ProvisionError::finished)
+    })
+    .await?;
 
     let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
     pv.metadata.annotations = Some(BTreeMap::from([annotation]));
