@@ -68,7 +68,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Authentication and TLS flags of the Redis connection, flattened into
-/// [`crate::runtime::config::CommonArgs`] next to `--redis-url` (see the module docs).
+/// the runtime's common flags next to `--redis-url` (see the module docs).
 #[derive(Debug, Clone, Default, Args)]
 pub struct RedisAuthArgs {
     /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
@@ -422,11 +422,15 @@ pub const REACHABLE_GAUGE: &str = "redis_reachable";
 /// Register the `redis_reachable` gauge into `registry` (starting at 0: not
 /// known to be reachable yet).
 pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge {
-    crate::runtime::metrics::gauge(
-        registry,
+    let gauge = prometheus::IntGauge::new(
         REACHABLE_GAUGE,
         "1 while Redis (--redis-url, with the service's credentials) answered the last PING (probed every 5 s, 2 s timeout), 0 otherwise.",
     )
+    .expect("valid metric");
+    registry
+        .register(Box::new(gauge.clone()))
+        .expect("metric registered twice");
+    gauge
 }
 
 /// Probe Redis at `config` every `interval` until `stop` fires: connect (once,

@@ -19,7 +19,31 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::config::RetryArgs;
+use clap::Args;
+
+/// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
+/// burst 100 across all items); the per-item backoff is
+/// `--retry-interval-start`/`--retry-interval-max` of the runtime's common flags.
+#[derive(Debug, Clone, Args)]
+pub struct RetryArgs {
+    /// Overall retries per second across all items (token bucket refill). 0 disables.
+    #[arg(
+        long,
+        env = "RETRY_QPS",
+        default_value_t = 10.0,
+        help_heading = "Workers and retries"
+    )]
+    pub retry_qps: f64,
+
+    /// Overall retry burst (token bucket size).
+    #[arg(
+        long,
+        env = "RETRY_BURST",
+        default_value_t = 100,
+        help_heading = "Workers and retries"
+    )]
+    pub retry_burst: u32,
+}
 
 /// A retry delay policy: after the `n`-th consecutive failure (1-based) wait
 /// `initial · 2^(n-1)`, capped at `max` (a constant policy has
@@ -151,8 +175,7 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
         }
     }
 
-    /// Policy from the per-item `per_item` backoff
-    /// ([`CommonArgs::retry_backoff`](crate::runtime::config::CommonArgs::retry_backoff))
+    /// Policy from the per-item `per_item` backoff (`--retry-interval-start`/`-max`)
     /// and the `--retry-qps`/`--retry-burst` flags.
     pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
         Self::new(

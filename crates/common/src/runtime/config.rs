@@ -430,29 +430,7 @@ pub struct CommonArgs {
     pub healthz_stall_timeout: Duration,
 }
 
-/// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
-/// burst 100 across all items); the per-item backoff is
-/// `--retry-interval-start`/`--retry-interval-max` in [`CommonArgs`].
-#[derive(Debug, Clone, Args)]
-pub struct RetryArgs {
-    /// Overall retries per second across all items (token bucket refill). 0 disables.
-    #[arg(
-        long,
-        env = "RETRY_QPS",
-        default_value_t = 10.0,
-        help_heading = "Workers and retries"
-    )]
-    pub retry_qps: f64,
-
-    /// Overall retry burst (token bucket size).
-    #[arg(
-        long,
-        env = "RETRY_BURST",
-        default_value_t = 100,
-        help_heading = "Workers and retries"
-    )]
-    pub retry_burst: u32,
-}
+pub use crate::kube::retry::RetryArgs;
 
 /// Environment variables that earlier releases read for flags now named as in
 /// kubernetes-csi/external-provisioner, each with the variable that replaces

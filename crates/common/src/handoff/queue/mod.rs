@@ -1,0 +1,753 @@
+//! The durable PV-write queue in Redis: provision-svc enqueues the PVs it
+//! provisioned, pv-writer drains them into the API server.
+//!
+//! Keys: docs/ARCHITECTURE.md ("The durable store"); delivery (at least once),
+//! fencing by term ([`PvQueue::begin_term`]), durability and upgrades:
+//! docs/decisions/0002-pv-write-queue.md. Every change touching more than one
+//! key is one Lua script (module `scripts`), timed by Redis' own `TIME`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use api_types::queue::{ClaimKey, QueuedPvWrite};
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, ScriptInvocation};
+use serde::{Deserialize, Serialize};
+
+use crate::handoff::redis_store::{self, RedisConfig};
+use scripts::{
+    Key, Keys, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
+    REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
+};
+
+mod scripts;
+
+/// Failure of a queue operation. Every variant is transient from the caller's
+/// point of view: retry later (and report not-ready while it lasts).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// No connection: bad configuration, refused credentials, failed TLS, or
+    /// Redis unreachable at the first connection ([`redis_store::ConnectError`]
+    /// names which).
+    #[error(transparent)]
+    Connect(#[from] redis_store::ConnectError),
+    /// A command or script failed (Redis down, timeout, wrong key type, ...).
+    #[error("Redis command {operation} failed: {source}")]
+    Command {
+        /// The queue operation, e.g. `enqueue`.
+        operation: &'static str,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A stored record the queue itself maintains (not a payload) is unreadable.
+    #[error("corrupt queue record for PV {pv_name}: {detail}")]
+    Corrupt {
+        /// The PV name whose record is unreadable.
+        pv_name: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+/// Re-exported for callers that already import it from here; the one
+/// definition is [`crate::kube::time::now_ms`].
+pub use crate::kube::time::now_ms;
+
+/// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
+/// writer, which dead-letters it when garbled) and its failure count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenEntry {
+    /// The PV name (the queue key), known even when the payload is garbled.
+    pub pv_name: String,
+    /// The stored [`QueuedPvWrite`] JSON, as enqueued.
+    pub payload: Vec<u8>,
+    /// Failed write attempts before this one.
+    pub attempts: u32,
+}
+
+/// Why and when an entry was dead-lettered (stored JSON in `pv-queue:dead`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The PV name.
+    pub pv_name: String,
+    /// Human-readable reason, e.g. `PV "pvc-1" already exists for claim uid 9`.
+    pub reason: String,
+    /// When it was dead-lettered, ms since the Unix epoch.
+    pub dead_at_ms: u64,
+    /// Failed write attempts before it was dead-lettered.
+    pub attempts: u32,
+    /// The claim, when the payload could be decoded.
+    pub claim: Option<ClaimKey>,
+}
+
+/// Where a pending (not dead) entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PendingState {
+    /// Waiting to be taken at `.0` (ms since the Unix epoch; in the past = now).
+    Due(u64),
+    /// Taken by a writer; returns to `Due` at `.0` (ms) unless completed first.
+    InFlight(u64),
+}
+
+/// One pending entry as [`PvQueue::list_pending`] reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingEntry {
+    /// The PV name.
+    pub pv_name: String,
+    /// Due or in flight, with the time.
+    pub state: PendingState,
+    /// Failed write attempts so far.
+    pub attempts: u32,
+    /// The decoded payload, or the decode error's message when garbled.
+    pub entry: Result<QueuedPvWrite, String>,
+}
+
+/// Counts for the queue metrics, read in one round trip ([`PvQueue::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueStats {
+    /// Pending entries (due + in flight), dead letters excluded.
+    pub depth: u64,
+    /// Dead-lettered entries.
+    pub dead: u64,
+    /// Enqueue time of the oldest pending entry (ms, Redis' clock), if any.
+    pub oldest_enqueued_ms: Option<u64>,
+    /// Redis' clock when the counts were read (ms since the Unix epoch); age
+    /// the oldest entry against this, not the pod's clock.
+    pub redis_now_ms: u64,
+}
+
+impl QueueStats {
+    /// Age of the oldest pending entry at `now_ms`, in seconds (0 when empty).
+    pub fn oldest_age_seconds(&self, now_ms: u64) -> f64 {
+        self.oldest_enqueued_ms
+            .map(|t| now_ms.saturating_sub(t) as f64 / 1000.0)
+            .unwrap_or(0.0)
+    }
+}
+
+/// Handle on one provisioner's queue; cheap to clone (shares one reconnecting
+/// connection).
+#[derive(Clone)]
+pub struct PvQueue {
+    conn: ConnectionManager,
+    keys: Keys,
+    /// Client for the dedicated connection that blocks on the wake-up list
+    /// (a blocking command would stall every other command on `conn`).
+    waker: Option<Waker>,
+    /// Whether the server answers `WAITAOF` (0 unknown, 1 yes, 2 no).
+    waitaof: std::sync::Arc<AtomicU8>,
+}
+
+/// What [`PvQueue::enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueOutcome {
+    /// True when the entry was newly queued, false when the PV name was already
+    /// in the queue (pending or dead-lettered).
+    pub added: bool,
+    /// True when the same script removed a provisioning intent of the PV.
+    pub intent_cleared: bool,
+    /// True when Redis confirmed (`WAITAOF`, Redis ≥ 7.2) that its AOF holds the
+    /// entry on disk; false on older servers or without AOF.
+    pub fsynced: bool,
+}
+
+/// Result of settling an entry ([`PvQueue::complete`], [`PvQueue::schedule_retry`],
+/// [`PvQueue::dead_letter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The entry moved as asked.
+    Done,
+    /// The entry is not in flight under this term (already settled, or taken
+    /// again after its visibility timeout); nothing changed.
+    NotInFlight,
+    /// The caller's term is stale (a newer pv-writer leader began); nothing
+    /// changed, and the refusal was counted ([`PvQueue::fenced_operations`]).
+    Fenced,
+}
+
+impl Settled {
+    fn from_code(code: i64) -> Self {
+        match code {
+            1 => Settled::Done,
+            -1 => Settled::Fenced,
+            _ => Settled::NotInFlight,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Waker {
+    client: redis::Client,
+    conn: std::sync::Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
+}
+
+impl PvQueue {
+    /// Connect as `redis` describes (a URL, or [`RedisConfig`] with
+    /// credentials and TLS; [`redis_store::connect`]) and use the keys of
+    /// `provisioner_name` (see the module docs for the layout). The wake-up
+    /// connection of [`wait_for_work`](Self::wait_for_work) uses the same
+    /// credentials and TLS.
+    ///
+    /// Errors: [`QueueError::Connect`] naming the cause (configuration,
+    /// credentials, TLS, unreachable).
+    pub async fn connect(
+        redis: impl Into<RedisConfig>,
+        provisioner_name: &str,
+    ) -> Result<Self, QueueError> {
+        let redis = redis.into();
+        let conn = redis_store::connect(&redis).await?;
+        let mut queue = Self::with_connection(conn, provisioner_name);
+        queue.waker = Some(Waker {
+            client: redis.client()?,
+            conn: Default::default(),
+        });
+        Ok(queue)
+    }
+
+    /// A queue over an existing connection (embedding, tests).
+    pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
+        PvQueue {
+            conn,
+            keys: Keys::new(provisioner_name),
+            waker: None,
+            waitaof: Default::default(),
+        }
+    }
+
+    /// Atomically store the payload and the pending marker for
+    /// `entry.pv_name()`, in `incoming` (made due, at Redis' now, by the next
+    /// [`take_due`](Self::take_due)), and remove the PV's
+    /// provisioning intent ([`crate::handoff::intents`]) in the same script. Idempotent:
+    /// while the PV name is in the queue (pending or dead-lettered) a second
+    /// enqueue changes nothing but the intent. Then waits for the local AOF
+    /// fsync where the server has `WAITAOF` (see [`EnqueueOutcome::fsynced`]).
+    ///
+    /// Errors: [`QueueError::Command`]; the entry is then not queued and the
+    /// intent stays.
+    pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
+        self.enqueue_raw(entry.pv_name(), &entry.encode()).await
+    }
+
+    /// Store a raw payload under `pv_name` (operators' repair tools and tests of
+    /// garbled entries); same atomicity, idempotence and fsync wait as
+    /// [`enqueue`](Self::enqueue).
+    pub async fn enqueue_raw(
+        &self,
+        pv_name: &str,
+        payload: &[u8],
+    ) -> Result<EnqueueOutcome, QueueError> {
+        let (added, cleared): (i64, i64) = self
+            .run(
+                "enqueue",
+                ENQUEUE.bind(&self.keys).arg(pv_name).arg(payload),
+            )
+            .await?;
+        let fsynced = self.wait_aof().await;
+        Ok(EnqueueOutcome {
+            added: added == 1,
+            intent_cleared: cleared == 1,
+            fsynced,
+        })
+    }
+
+    /// `WAITAOF 1 0 1000` when the server supports it (Redis ≥ 7.2): true once the
+    /// local AOF holds every write so far. An older server (unknown command) or
+    /// one without AOF is remembered and logged once; the enqueue is then only as
+    /// durable as `appendfsync` makes it (`everysec`: up to ~1 s of acknowledged
+    /// writes lost on a Redis crash, which the intents and the resync repair).
+    async fn wait_aof(&self) -> bool {
+        const UNKNOWN: u8 = 0;
+        const SUPPORTED: u8 = 1;
+        const UNSUPPORTED: u8 = 2;
+        if self.waitaof.load(Ordering::Relaxed) == UNSUPPORTED {
+            return false;
+        }
+        let answer: Result<(i64, i64), _> = redis::cmd("WAITAOF")
+            .arg(1)
+            .arg(0)
+            .arg(1000)
+            .query_async(&mut self.conn.clone())
+            .await;
+        match answer {
+            Ok((local, _)) => {
+                self.waitaof.store(SUPPORTED, Ordering::Relaxed);
+                if local < 1 {
+                    tracing::warn!("Redis did not fsync its AOF within 1 s of an enqueue");
+                }
+                local >= 1
+            }
+            Err(err) => {
+                let text = err.to_string().to_ascii_lowercase();
+                if text.contains("unknown command") || text.contains("appendonly") {
+                    if self.waitaof.swap(UNSUPPORTED, Ordering::Relaxed) == UNKNOWN {
+                        tracing::warn!(error = %err, "Redis cannot confirm AOF fsyncs (WAITAOF needs Redis >= 7.2 with appendonly yes): an acknowledged enqueue can be lost in a Redis crash within the appendfsync window (everysec: ~1 s); the provisioning intent and the claim resync provision such a claim again");
+                    }
+                } else {
+                    tracing::warn!(error = %err, "WAITAOF failed; the enqueue is stored but its fsync is unconfirmed");
+                }
+                false
+            }
+        }
+    }
+
+    /// Wait until an enqueue signals new work, or `timeout` passes (the caller
+    /// then polls anyway, so a lost signal costs at most `timeout`). Blocks on
+    /// the wake-up list over a dedicated connection; a queue made with
+    /// [`with_connection`](Self::with_connection) just sleeps `timeout`.
+    ///
+    /// Returns `true` when woken by an enqueue.
+    ///
+    /// Errors: [`QueueError::Command`] when Redis cannot be reached; the
+    /// connection is re-made on the next call.
+    pub async fn wait_for_work(&self, timeout: Duration) -> Result<bool, QueueError> {
+        let Some(waker) = &self.waker else {
+            tokio::time::sleep(timeout).await;
+            return Ok(false);
+        };
+        let mut slot = waker.conn.lock().await;
+        if slot.is_none() {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_response_timeout(Some(timeout + Duration::from_secs(2)));
+            let conn = waker
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(cmd("wait_for_work"))?;
+            *slot = Some(conn);
+        }
+        let conn = slot.as_mut().expect("connection just made");
+        let popped: Result<Option<(String, String)>, _> = conn
+            .blpop(self.keys.get(Key::Wakeup), timeout.as_secs_f64().max(0.01))
+            .await;
+        match popped {
+            Ok(token) => Ok(token.is_some()),
+            Err(err) => {
+                *slot = None;
+                Err(cmd("wait_for_work")(err))
+            }
+        }
+    }
+
+    /// True while `pv_name` is in the queue: pending, in flight or dead-lettered.
+    /// provision-svc treats such a PV as existing (seed: "skip if the PV exists").
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn is_pending(&self, pv_name: &str) -> Result<bool, QueueError> {
+        self.conn
+            .clone()
+            .hexists(self.keys.get(Key::Payloads), pv_name)
+            .await
+            .map_err(cmd("is_pending"))
+    }
+
+    /// Start a new pv-writer term: `INCR` the epoch and return it. The leader
+    /// calls this once when it takes the Lease; from then on every take and
+    /// settlement of an older term is refused ([`Settled::Fenced`]), so a
+    /// paused ex-leader that wakes up cannot move an entry.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn begin_term(&self) -> Result<u64, QueueError> {
+        self.run("begin_term", &BEGIN_TERM.bind(&self.keys)).await
+    }
+
+    /// The current term (0 before the first [`begin_term`](Self::begin_term)).
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn current_term(&self) -> Result<u64, QueueError> {
+        let epoch: Option<u64> = self
+            .conn
+            .clone()
+            .get(self.keys.get(Key::Epoch))
+            .await
+            .map_err(cmd("current_term"))?;
+        Ok(epoch.unwrap_or(0))
+    }
+
+    /// How many takes and settlements were refused because their term was stale
+    /// (a counter kept in Redis, for tests and operators).
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn fenced_operations(&self) -> Result<u64, QueueError> {
+        let n: Option<u64> = self
+            .conn
+            .clone()
+            .get(self.keys.get(Key::Fenced))
+            .await
+            .map_err(cmd("fenced_operations"))?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// Take up to `limit` due entries for term `epoch`, marking them in flight
+    /// (owned by `epoch`) until Redis' now + `visibility`. Entries whose earlier
+    /// visibility timeout has passed (a killed or stalled writer) are due again
+    /// first. Oldest due time first. All times come from Redis (`TIME`).
+    ///
+    /// Returns `None` when `epoch` is not the current term (this writer was
+    /// superseded and must stop taking).
+    ///
+    /// Errors: [`QueueError::Command`]; nothing is taken then.
+    pub async fn take_due(
+        &self,
+        epoch: u64,
+        limit: usize,
+        visibility: Duration,
+    ) -> Result<Option<Vec<TakenEntry>>, QueueError> {
+        if limit == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let (current, raw): (i64, Vec<(String, Vec<u8>, String)>) = self
+            .run(
+                "take_due",
+                TAKE_DUE
+                    .bind(&self.keys)
+                    .arg(epoch)
+                    .arg(visibility.as_millis() as u64)
+                    .arg(limit),
+            )
+            .await?;
+        if current != 1 {
+            return Ok(None);
+        }
+        Ok(Some(
+            raw.into_iter()
+                .map(|(pv_name, payload, attempts)| TakenEntry {
+                    attempts: attempts.parse().unwrap_or(0),
+                    pv_name,
+                    payload,
+                })
+                .collect(),
+        ))
+    }
+
+    /// Make every in-flight entry owned by a term before `epoch` (or by none:
+    /// entries of the previous queue layout) due now. The pv-writer leader calls
+    /// this right after [`begin_term`](Self::begin_term): such entries belong
+    /// to a previous leader that is gone or fenced. Entries of `epoch` itself
+    /// are never taken back. Returns how many entries were recovered.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn recover_inflight(&self, epoch: u64) -> Result<u64, QueueError> {
+        self.run(
+            "recover_inflight",
+            RECOVER_INFLIGHT.bind(&self.keys).arg(epoch),
+        )
+        .await
+    }
+
+    /// Make every entry in flight under the current term `epoch` that none of
+    /// this term's workers holds (`held`: the PV names they are working on) due
+    /// now. Such an entry was taken by a [`take_due`](Self::take_due) whose
+    /// reply never arrived: Redis ran the script, then the connection broke
+    /// (Redis shutting down answers nothing more). Without this it would wait
+    /// out its whole visibility timeout. The writer calls it from its
+    /// dispatcher, never while a take is outstanding.
+    ///
+    /// Returns `None` when `epoch` is stale (counted as fenced), else how many
+    /// entries were made due.
+    ///
+    /// Errors: [`QueueError::Command`]; nothing changed then.
+    pub async fn requeue_unheld(
+        &self,
+        epoch: u64,
+        held: &[String],
+    ) -> Result<Option<u64>, QueueError> {
+        let n: i64 = self
+            .run(
+                "requeue_unheld",
+                REQUEUE_UNHELD.bind(&self.keys).arg(epoch).arg(held),
+            )
+            .await?;
+        Ok(u64::try_from(n).ok())
+    }
+
+    /// Whether `pv_name` is still in flight under the current term `epoch`
+    /// ([`Settled::Done`]); [`Settled::Fenced`] (counted) when `epoch` is stale.
+    /// Changes no entry. The writer asks this before it announces a written PV,
+    /// so a superseded writer announces nothing.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        let code: i64 = self
+            .run("holds", HOLDS.bind(&self.keys).arg(epoch).arg(pv_name))
+            .await?;
+        Ok(Settled::from_code(code))
+    }
+
+    /// Remove `pv_name` entirely (payload, pending marker, retry and dead-letter
+    /// state): the PV exists. Only for an entry in flight under `epoch`.
+    ///
+    /// Errors: [`QueueError::Command`]; the entry stays queued and is written again
+    /// (idempotently) later.
+    pub async fn complete(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        let code: i64 = self
+            .run(
+                "complete",
+                COMPLETE.bind(&self.keys).arg(epoch).arg(pv_name),
+            )
+            .await?;
+        Ok(Settled::from_code(code))
+    }
+
+    /// Put an entry in flight under `epoch` back, due `delay` after Redis' now,
+    /// recording `attempts` failed attempts so far.
+    ///
+    /// Errors: [`QueueError::Command`]; the visibility timeout then retries it.
+    pub async fn schedule_retry(
+        &self,
+        epoch: u64,
+        pv_name: &str,
+        delay: Duration,
+        attempts: u32,
+    ) -> Result<Settled, QueueError> {
+        let code: i64 = self
+            .run(
+                "schedule_retry",
+                RETRY
+                    .bind(&self.keys)
+                    .arg(epoch)
+                    .arg(pv_name)
+                    .arg(delay.as_millis() as u64)
+                    .arg(attempts),
+            )
+            .await?;
+        Ok(Settled::from_code(code))
+    }
+
+    /// Move an entry in flight under `epoch` to the dead-letter set with
+    /// `letter`. Its payload stays stored (and [`is_pending`](Self::is_pending)
+    /// stays true, so the claim is not provisioned again) until an operator
+    /// requeues it.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn dead_letter(
+        &self,
+        epoch: u64,
+        letter: &DeadLetter,
+    ) -> Result<Settled, QueueError> {
+        let json = serde_json::to_vec(letter).expect("DeadLetter always serializes");
+        let code: i64 = self
+            .run(
+                "dead_letter",
+                DEAD_LETTER
+                    .bind(&self.keys)
+                    .arg(epoch)
+                    .arg(&letter.pv_name)
+                    .arg(json),
+            )
+            .await?;
+        Ok(Settled::from_code(code))
+    }
+
+    /// Move a dead letter back to the pending queue, due now (Redis' clock) with
+    /// its attempt count reset. Returns `false` when `pv_name` is not dead-lettered.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn requeue_dead(&self, pv_name: &str) -> Result<bool, QueueError> {
+        let moved: i64 = self
+            .run("requeue_dead", REQUEUE_DEAD.bind(&self.keys).arg(pv_name))
+            .await?;
+        Ok(moved == 1)
+    }
+
+    /// Make every entry waiting for a later retry due now (Redis' clock; the API
+    /// server is back). Returns how many were pulled forward.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn pull_forward_retries(&self) -> Result<u64, QueueError> {
+        self.run("pull_forward_retries", &PULL_FORWARD.bind(&self.keys))
+            .await
+    }
+
+    /// Redis' clock (`TIME`), in ms since the Unix epoch.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn redis_time_ms(&self) -> Result<u64, QueueError> {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("time"))?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// Depth (incoming, due and in flight), dead-letter count and oldest
+    /// enqueue time, in one pipeline.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn stats(&self) -> Result<QueueStats, QueueError> {
+        let (incoming, due, inflight, dead, oldest, (secs, micros)): StatsScan = redis::pipe()
+            .llen(self.keys.get(Key::Incoming))
+            .zcard(self.keys.get(Key::Due))
+            .zcard(self.keys.get(Key::InFlight))
+            .hlen(self.keys.get(Key::Dead))
+            .zrange_withscores(self.keys.get(Key::Enqueued), 0, 0)
+            .cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd("stats"))?;
+        Ok(QueueStats {
+            depth: incoming + due + inflight,
+            dead,
+            oldest_enqueued_ms: oldest.first().map(|(_, t)| *t as u64),
+            redis_now_ms: secs * 1000 + micros / 1000,
+        })
+    }
+
+    /// Every pending (not dead) entry, sorted by PV name.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn list_pending(&self) -> Result<Vec<PendingEntry>, QueueError> {
+        let mut conn = self.conn.clone();
+        let (incoming, due, inflight, attempts, enqueued): PendingScan = redis::pipe()
+            .lrange(self.keys.get(Key::Incoming), 0, -1)
+            .zrange_withscores(self.keys.get(Key::Due), 0, -1)
+            .zrange_withscores(self.keys.get(Key::InFlight), 0, -1)
+            .hgetall(self.keys.get(Key::Attempts))
+            .zrange_withscores(self.keys.get(Key::Enqueued), 0, -1)
+            .query_async(&mut conn)
+            .await
+            .map_err(cmd("list_pending"))?;
+        // An incoming name is due from its enqueue; the next take makes it so.
+        let incoming = incoming.into_iter().map(|n| {
+            let t = enqueued.get(&n).copied().unwrap_or(0.0);
+            (n, t)
+        });
+        let mut states: Vec<(String, PendingState)> = due
+            .into_iter()
+            .chain(incoming)
+            .map(|(n, t)| (n, PendingState::Due(t as u64)))
+            .chain(
+                inflight
+                    .into_iter()
+                    .map(|(n, t)| (n, PendingState::InFlight(t as u64))),
+            )
+            .collect();
+        states.sort_by(|a, b| a.0.cmp(&b.0));
+        states.dedup_by(|a, b| a.0 == b.0);
+        let mut out = Vec::with_capacity(states.len());
+        for chunk in states.chunks(500) {
+            let names: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
+            let payloads: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+                .arg(self.keys.get(Key::Payloads))
+                .arg(&names)
+                .query_async(&mut conn)
+                .await
+                .map_err(cmd("list_pending"))?;
+            for ((name, state), payload) in chunk.iter().zip(payloads) {
+                let entry = match payload {
+                    Some(bytes) => QueuedPvWrite::decode(&bytes).map_err(|e| e.to_string()),
+                    None => Err("payload missing".to_string()),
+                };
+                out.push(PendingEntry {
+                    pv_name: name.clone(),
+                    state: *state,
+                    attempts: attempts.get(name).copied().unwrap_or(0),
+                    entry,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every dead letter, sorted by PV name.
+    ///
+    /// Errors: [`QueueError::Command`], [`QueueError::Corrupt`] for an unreadable record.
+    pub async fn list_dead(&self) -> Result<Vec<DeadLetter>, QueueError> {
+        let raw: Vec<(String, Vec<u8>)> = self
+            .conn
+            .clone()
+            .hgetall(self.keys.get(Key::Dead))
+            .await
+            .map_err(cmd("list_dead"))?;
+        let mut out = raw
+            .into_iter()
+            .map(|(pv_name, bytes)| {
+                serde_json::from_slice::<DeadLetter>(&bytes).map_err(|e| QueueError::Corrupt {
+                    pv_name,
+                    detail: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+        Ok(out)
+    }
+
+    /// Owner of every in-flight entry: PV name → epoch of the pv-writer term
+    /// that took it (`pv-queue:owners`), for operators (`pv-writer status`).
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn inflight_owners(&self) -> Result<HashMap<String, u64>, QueueError> {
+        self.conn
+            .clone()
+            .hgetall(self.keys.get(Key::Owners))
+            .await
+            .map_err(cmd("inflight_owners"))
+    }
+
+    /// The dead letter of `pv_name`, if it is dead-lettered.
+    ///
+    /// Errors: [`QueueError::Command`], [`QueueError::Corrupt`] for an unreadable record.
+    pub async fn dead_letter_of(&self, pv_name: &str) -> Result<Option<DeadLetter>, QueueError> {
+        let raw: Option<Vec<u8>> = self
+            .conn
+            .clone()
+            .hget(self.keys.get(Key::Dead), pv_name)
+            .await
+            .map_err(cmd("dead_letter_of"))?;
+        raw.map(|bytes| {
+            serde_json::from_slice(&bytes).map_err(|e| QueueError::Corrupt {
+                pv_name: pv_name.to_string(),
+                detail: e.to_string(),
+            })
+        })
+        .transpose()
+    }
+
+    /// The stored payload of `pv_name` (pending or dead), if any.
+    ///
+    /// Errors: [`QueueError::Command`].
+    pub async fn payload(&self, pv_name: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        self.conn
+            .clone()
+            .hget(self.keys.get(Key::Payloads), pv_name)
+            .await
+            .map_err(cmd("payload"))
+    }
+}
+
+/// `LLEN incoming`, `ZCARD due`, `ZCARD inflight`, `HLEN dead`, oldest of
+/// `enqueued`, `TIME`.
+type StatsScan = (u64, u64, u64, u64, Vec<(String, f64)>, (u64, u64));
+
+/// `LRANGE incoming`, `ZRANGE due`, `ZRANGE inflight` (with scores),
+/// `HGETALL attempts` and `ZRANGE enqueued` (with scores).
+type PendingScan = (
+    Vec<String>,
+    Vec<(String, f64)>,
+    Vec<(String, f64)>,
+    std::collections::HashMap<String, u32>,
+    HashMap<String, f64>,
+);
+
+impl PvQueue {
+    /// Run `invocation` (a script bound to this queue's keys); `operation` names it in errors.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, QueueError> {
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd(operation))
+    }
+}
+
+fn cmd(operation: &'static str) -> impl Fn(redis::RedisError) -> QueueError {
+    move |source| QueueError::Command { operation, source }
+}
+
+#[cfg(test)]
+mod tests;
