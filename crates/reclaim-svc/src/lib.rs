@@ -30,11 +30,12 @@ pub mod operation;
 pub mod sweep;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::kube::events::EventSink;
 use common::kube::retry::{FailureThreshold, RetryPolicy};
-use common::runtime::config::{CommonArgs, RetryArgs, ServiceKind};
-use common::runtime::frame::run_service;
+use common::runtime::config::{CommonArgs, RetryArgs, ServiceSpec};
+use common::runtime::frame::{run_service, Launch};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Api;
@@ -42,6 +43,16 @@ use prometheus::Registry;
 use provisioner_api::Provisioner;
 
 pub use crate::config::{Cli, ReclaimArgs};
+
+/// This service as the runtime knows it: component name, Lease suffix, default
+/// HTTP port, worker threads and retry intervals.
+pub const SPEC: ServiceSpec = ServiceSpec {
+    name: "reclaim-svc",
+    lease_suffix: "reclaim",
+    http_port: 9103,
+    worker_threads: 4,
+    retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
+};
 use crate::controller::LoopConfig;
 use crate::metrics::ReclaimMetrics;
 use crate::operation::Reclaimer;
@@ -69,9 +80,10 @@ pub async fn run(
     let queue_metrics =
         common::kube::workqueue_metrics::WorkQueueMetrics::register(&registry, "volumes");
     run_service(
-        ServiceKind::Reclaim,
+        SPEC,
         common,
         registry,
+        Launch::default(),
         // Called once per leader term: each term starts from scratch (new
         // reflector, reclaimer and orphan sweep); the metrics live on.
         move |ctx| {
@@ -87,7 +99,7 @@ pub async fn run(
                 let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
                 let events = Arc::new(EventSink::new(
                     ctx.client.clone(),
-                    ctx.kind.component(),
+                    ctx.spec.name,
                     &ctx.identity,
                 ));
                 let reclaimer = Arc::new(
@@ -101,12 +113,9 @@ pub async fn run(
                     )
                     .with_term(ctx.term.clone()),
                 );
-                let policy = Arc::new(RetryPolicy::from_args(
-                    ctx.args.retry_backoff(ServiceKind::Reclaim),
-                    &retry,
-                ));
+                let policy = Arc::new(RetryPolicy::from_args(ctx.args.retry_backoff(SPEC), &retry));
                 let config = LoopConfig {
-                    workers: ctx.args.worker_threads_for(ServiceKind::Reclaim),
+                    workers: ctx.args.worker_threads_for(SPEC),
                     threshold: FailureThreshold(reclaim.failed_delete_threshold),
                     deletion_timeout: reclaim.deletion_timeout,
                     resync_period: reclaim.resync_period,

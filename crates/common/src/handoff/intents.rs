@@ -1,29 +1,11 @@
-//! Durable provisioning intents in Redis.
-//!
-//! Before provision-svc calls a backend's `provision` it records a
-//! [`ProvisionIntent`] (claim, PV name, StorageClass), together with a snapshot
-//! of the claim; it clears both once the PV is in pv-writer's durable queue or
-//! the outcome is final. A leader starting up walks the intents: a claim still
-//! present is provisioned again (backends are idempotent per PV name), a claim
-//! that is gone gets the backend's delete. reclaim-svc's orphan sweep asks
-//! [`IntentStore::contains`] so it never deletes an asset whose provisioning is
-//! under way.
-//!
-//! The snapshot also carries the seed's "claims in progress" state
-//! (`claimsInProgress`, claims whose backend reported `InBackground`): such a
-//! claim is retried even after its PVC was deleted, so a half-made volume is
-//! found again — across restarts too, because it lives in Redis.
-//!
-//! Keys (all under [`key_prefix`](crate::handoff::redis_store::key_prefix)):
-//! * `<prefix>provision-intents` — hash, field = PV name, value = versioned
-//!   [`ProvisionIntent`] JSON;
-//! * `<prefix>provision-intent-claims` — hash, field = PV name, value =
-//!   versioned [`IntentClaim`] JSON (claim snapshot and in-background flag).
-//!
-//! Both fields of one PV are written and removed in one MULTI/EXEC transaction,
-//! and removed by pv-writer's enqueue script in the same atomic step that queues
-//! the PV ([`crate::handoff::queue::PvQueue::enqueue`]): there is no moment where a PV is
-//! neither queued nor covered by an intent.
+//! Durable provisioning intents in Redis: before a backend's `provision`,
+//! provision-svc records a [`ProvisionIntent`] and a claim snapshot
+//! ([`IntentClaim`], also the seed's "claims in progress"); both go when the PV is
+//! queued (in the enqueue script) or the outcome is final. A starting leader walks
+//! them; reclaim-svc's orphan sweep asks [`IntentStore::contains`].
+//! Keys `<prefix>provision-intents` and `<prefix>provision-intent-claims` (hash by
+//! PV name), written and removed together in one MULTI/EXEC.
+//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::collections::HashMap;
 

@@ -1,38 +1,11 @@
-//! Redis connection shared by the durable queue and the provisioning intents:
-//! the one place that turns the `--redis-*` flags into a client, with
-//! authentication (ACL user + password) and TLS.
-//!
-//! All keys of one provisioner live under one prefix, `provisioner:{<name>}:`,
-//! where `<name>` is the provisioner name. The braces make it a Redis Cluster
-//! hash tag, so multi-key transactions (MULTI/EXEC, Lua) on one provisioner's
-//! keys stay on one shard. The deploy's ACL users are limited to this prefix
-//! (`deploy/base/redis/users.acl`).
-//!
-//! # Credentials and TLS
-//!
-//! * user: `--redis-username` (env `REDIS_USERNAME`), or the URL's user part;
-//!   without either the connection authenticates as Redis' `default` user;
-//! * password: the first line of `--redis-password-file` (env
-//!   `REDIS_PASSWORD_FILE`, e.g. a mounted Secret key), or env
-//!   `REDIS_PASSWORD`, or the URL's password part: at most one of the three.
-//!   The file is read at every connection attempt, so a corrected or rotated
-//!   Secret is picked up by the next retry without a restart;
-//! * TLS: a `rediss://` URL. `--redis-ca-file` (PEM bundle) replaces the
-//!   system roots as the only trusted CAs; `--redis-client-cert-file` and
-//!   `--redis-client-key-file` (PEM) add a client certificate (mutual TLS).
-//!   TLS is redis-rs' own (`tokio-rustls-comp`, rustls with the ring
-//!   provider kube already uses), not hand-written.
-//!
-//! Passwords never appear in logs or errors: URLs pass through [`redact_url`]
-//! and [`RedisConfig`]'s `Debug` hides the password.
-//!
-//! # Errors
-//!
-//! [`connect`] checks the connection with `PING` before returning, so wrong
-//! credentials (`WRONGPASS`, `NOAUTH`, `NOPERM`) or an untrusted server
-//! certificate fail there with a [`ConnectError`] naming the cause and the
-//! flag to fix, instead of surfacing later as a failed queue operation.
-//! Callers retry (and report not ready meanwhile).
+//! The Redis connection shared by the queue and the intents: the one place that
+//! turns the `--redis-*` flags into a client, with ACL user, password (file, env or
+//! URL; at most one) and TLS (`rediss://`, optional CA and client certificate).
+//! Every key of one provisioner lives under [`key_prefix`] (`provisioner:{<name>}:`,
+//! a Redis Cluster hash tag). [`connect`] checks the connection with `PING`, so
+//! refused credentials or an untrusted certificate fail there ([`ConnectError`]
+//! names the cause and the flag). Passwords never reach logs ([`redact_url`]).
+//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

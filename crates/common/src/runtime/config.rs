@@ -127,69 +127,19 @@ pub enum LogFormat {
     Json,
 }
 
-/// The service a process runs; fixes its Lease suffix and default HTTP port.
+/// What a service passes to the runtime: its name, Lease, default port and defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServiceKind {
-    /// Claims → volumes.
-    Provision,
-    /// Durable queue → PV objects.
-    PvWriter,
-    /// Released volumes → deletion.
-    Reclaim,
-}
-
-impl ServiceKind {
+pub struct ServiceSpec {
     /// Binary / component name, e.g. `provision-svc`; used as the event reporter.
-    pub fn component(self) -> &'static str {
-        match self {
-            ServiceKind::Provision => "provision-svc",
-            ServiceKind::PvWriter => "pv-writer",
-            ServiceKind::Reclaim => "reclaim-svc",
-        }
-    }
-
+    pub name: &'static str,
     /// Suffix of the service's Lease name (`<provisioner>-<suffix>`).
-    pub fn lease_suffix(self) -> &'static str {
-        match self {
-            ServiceKind::Provision => "provision",
-            ServiceKind::PvWriter => "pv-writer",
-            ServiceKind::Reclaim => "reclaim",
-        }
-    }
-
-    /// Default HTTP port for `/metrics`, `/healthz`, `/readyz`: 9101, 9102, 9103,
-    /// distinct so all three services can run on one host.
-    pub fn default_http_port(self) -> u16 {
-        match self {
-            ServiceKind::Provision => 9101,
-            ServiceKind::PvWriter => 9102,
-            ServiceKind::Reclaim => 9103,
-        }
-    }
-
-    /// Default `--worker-threads`: 8 claims (the seed's 4 is too few when the
-    /// Redis round trips per claim are the limit), 16 PV writes, 4 PVs (seed
-    /// threadiness).
-    pub fn default_worker_threads(self) -> u32 {
-        match self {
-            ServiceKind::Provision => 8,
-            ServiceKind::PvWriter => 16,
-            ServiceKind::Reclaim => 4,
-        }
-    }
-
-    /// Default `--retry-interval-start` / `--retry-interval-max`: the seed's
-    /// work-queue backoff (15s doubling to 1000s) for claims and PVs;
-    /// 1s doubling to 5m for pv-writer's queue entries (a PV write is cheap
-    /// and retried forever).
-    pub fn default_retry_intervals(self) -> (Duration, Duration) {
-        match self {
-            ServiceKind::Provision | ServiceKind::Reclaim => {
-                (Duration::from_secs(15), Duration::from_secs(1000))
-            }
-            ServiceKind::PvWriter => (Duration::from_secs(1), Duration::from_secs(300)),
-        }
-    }
+    pub lease_suffix: &'static str,
+    /// Default HTTP port for `/metrics`, `/healthz`, `/readyz`.
+    pub http_port: u16,
+    /// Default `--worker-threads`.
+    pub worker_threads: u32,
+    /// Default `--retry-interval-start` / `--retry-interval-max`.
+    pub retry_intervals: (Duration, Duration),
 }
 
 /// Flags every service takes.
@@ -480,33 +430,29 @@ impl CommonArgs {
 
     /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
     /// service's default.
-    pub fn http_port_for(&self, kind: ServiceKind) -> u16 {
+    pub fn http_port_for(&self, spec: ServiceSpec) -> u16 {
         match self.http_endpoint {
             Some(endpoint) => endpoint.port(),
-            None => self.http_port.unwrap_or_else(|| kind.default_http_port()),
+            None => self.http_port.unwrap_or(spec.http_port),
         }
     }
 
     /// The HTTP server's address: `--http-endpoint`, else
     /// `--http-address`:[`http_port_for`](Self::http_port_for).
-    pub fn http_socket_addr(&self, kind: ServiceKind) -> SocketAddr {
+    pub fn http_socket_addr(&self, spec: ServiceSpec) -> SocketAddr {
         self.http_endpoint
-            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(kind)))
+            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(spec)))
     }
 
-    /// `--worker-threads`, else the service's default (see
-    /// [`ServiceKind::default_worker_threads`]); at least 1.
-    pub fn worker_threads_for(&self, kind: ServiceKind) -> usize {
-        self.worker_threads
-            .unwrap_or_else(|| kind.default_worker_threads())
-            .max(1) as usize
+    /// `--worker-threads`, else the service's default; at least 1.
+    pub fn worker_threads_for(&self, spec: ServiceSpec) -> usize {
+        self.worker_threads.unwrap_or(spec.worker_threads).max(1) as usize
     }
 
     /// The per-item retry backoff: `--retry-interval-start` doubling up to
-    /// `--retry-interval-max`, each defaulting per service (see
-    /// [`ServiceKind::default_retry_intervals`]).
-    pub fn retry_backoff(&self, kind: ServiceKind) -> crate::kube::retry::Backoff {
-        let (start, max) = kind.default_retry_intervals();
+    /// `--retry-interval-max`, each defaulting per service.
+    pub fn retry_backoff(&self, spec: ServiceSpec) -> crate::kube::retry::Backoff {
+        let (start, max) = spec.retry_intervals;
         crate::kube::retry::Backoff::exponential(
             self.retry_interval_start.unwrap_or(start),
             self.retry_interval_max.unwrap_or(max),
@@ -524,6 +470,29 @@ impl CommonArgs {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// Specs shaped like the services' own (ports 9101-9103, the seed's backoff).
+    const PROVISION: ServiceSpec = ServiceSpec {
+        name: "provision-svc",
+        lease_suffix: "provision",
+        http_port: 9101,
+        worker_threads: 8,
+        retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
+    };
+    const PV_WRITER: ServiceSpec = ServiceSpec {
+        name: "pv-writer",
+        lease_suffix: "pv-writer",
+        http_port: 9102,
+        worker_threads: 16,
+        retry_intervals: (Duration::from_secs(1), Duration::from_secs(300)),
+    };
+    const RECLAIM: ServiceSpec = ServiceSpec {
+        name: "reclaim-svc",
+        lease_suffix: "reclaim",
+        http_port: 9103,
+        worker_threads: 4,
+        retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
+    };
 
     #[derive(Parser)]
     struct Cli {
@@ -550,23 +519,23 @@ mod tests {
             Duration::from_secs(15),
             Duration::from_secs(1000),
         );
-        assert_eq!(cli.common.retry_backoff(ServiceKind::Provision), seed);
-        assert_eq!(cli.common.retry_backoff(ServiceKind::Reclaim), seed);
+        assert_eq!(cli.common.retry_backoff(PROVISION), seed);
+        assert_eq!(cli.common.retry_backoff(RECLAIM), seed);
         assert_eq!(
-            cli.common.retry_backoff(ServiceKind::PvWriter),
+            cli.common.retry_backoff(PV_WRITER),
             crate::kube::retry::Backoff::exponential(
                 Duration::from_secs(1),
                 Duration::from_secs(300)
             )
         );
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::Provision), 8);
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::PvWriter), 16);
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::Reclaim), 4);
+        assert_eq!(cli.common.worker_threads_for(PROVISION), 8);
+        assert_eq!(cli.common.worker_threads_for(PV_WRITER), 16);
+        assert_eq!(cli.common.worker_threads_for(RECLAIM), 4);
         assert_eq!(cli.retry.retry_qps, 10.0);
         assert_eq!(cli.retry.retry_burst, 100);
-        assert_eq!(cli.common.http_port_for(ServiceKind::PvWriter), 9102);
+        assert_eq!(cli.common.http_port_for(PV_WRITER), 9102);
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            cli.common.http_socket_addr(RECLAIM),
             "0.0.0.0:9103".parse().unwrap()
         );
     }
@@ -584,7 +553,7 @@ mod tests {
         .unwrap();
         assert!(!cli.common.leader_election);
         assert_eq!(cli.common.lease_duration, Duration::from_secs(90));
-        assert_eq!(cli.common.http_port_for(ServiceKind::Provision), 0);
+        assert_eq!(cli.common.http_port_for(PROVISION), 0);
         assert!(Cli::try_parse_from(["x", "--leader-election-lease-duration", "soon"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "1025"]).is_err());
@@ -594,14 +563,14 @@ mod tests {
     fn renamed(args: &[&str]) -> (Duration, Duration, Duration, Duration, Duration, usize) {
         let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
         let c = cli.common;
-        let b = c.retry_backoff(ServiceKind::Provision);
+        let b = c.retry_backoff(PROVISION);
         (
             c.lease_duration,
             c.renew_deadline,
             c.retry_period,
             b.initial,
             b.max,
-            c.worker_threads_for(ServiceKind::Provision),
+            c.worker_threads_for(PROVISION),
         )
     }
 
@@ -656,25 +625,25 @@ mod tests {
     fn http_endpoint_or_address_and_port() {
         let cli = Cli::try_parse_from(["x", "--http-endpoint", ":8080"]).unwrap();
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Provision),
+            cli.common.http_socket_addr(PROVISION),
             "0.0.0.0:8080".parse().unwrap()
         );
-        assert_eq!(cli.common.http_port_for(ServiceKind::Provision), 8080);
+        assert_eq!(cli.common.http_port_for(PROVISION), 8080);
         let cli = Cli::try_parse_from(["x", "--http-endpoint=127.0.0.1:0"]).unwrap();
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            cli.common.http_socket_addr(RECLAIM),
             "127.0.0.1:0".parse().unwrap()
         );
         let cli = Cli::try_parse_from(["x", "--http-endpoint=[::1]:9"]).unwrap();
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            cli.common.http_socket_addr(RECLAIM),
             "[::1]:9".parse().unwrap()
         );
         let split =
             Cli::try_parse_from(["x", "--http-address", "127.0.0.1", "--http-port", "8080"])
                 .unwrap();
         assert_eq!(
-            split.common.http_socket_addr(ServiceKind::PvWriter),
+            split.common.http_socket_addr(PV_WRITER),
             "127.0.0.1:8080".parse().unwrap()
         );
         assert!(Cli::try_parse_from(["x", "--http-endpoint=:1", "--http-port=2"]).is_err());
