@@ -63,8 +63,8 @@ pub struct IntentEntry {
     pub claim: Option<IntentClaim>,
 }
 
-/// Durable provisioning intents of one provisioner. Cheap to clone (one
-/// multiplexed, reconnecting connection).
+/// Durable provisioning intents of one provisioner; cheap to clone. Every method
+/// fails with [`IntentError::Redis`] when a Redis command fails.
 #[derive(Clone)]
 pub struct IntentStore {
     conn: ConnectionManager,
@@ -73,12 +73,9 @@ pub struct IntentStore {
 }
 
 impl IntentStore {
-    /// Connect as `redis` describes (a URL, or a
-    /// [`RedisConfig`](redis_store::RedisConfig) with credentials and TLS) for
-    /// the intents of `provisioner_name`.
-    ///
-    /// Errors: [`IntentError::Connect`] naming the cause (configuration,
-    /// credentials, TLS, unreachable).
+    /// Connect as `redis` describes (a URL, or a [`RedisConfig`](redis_store::RedisConfig) with
+    /// credentials and TLS) for the intents of `provisioner_name`. Errors: [`IntentError::Connect`]
+    /// naming the cause (configuration, credentials, TLS, unreachable).
     pub async fn connect(
         redis: impl Into<redis_store::RedisConfig>,
         provisioner_name: &str,
@@ -98,8 +95,6 @@ impl IntentStore {
 
     /// Record `intent` (keyed by its PV name), replacing any earlier one, without
     /// a claim snapshot. Returns true when no intent existed for that PV before.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn record(&self, intent: &ProvisionIntent) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
         let added: usize = conn
@@ -111,8 +106,6 @@ impl IntentStore {
     /// Record `intent` together with a snapshot of `claim` and whether it is
     /// provisioning in background, atomically. Returns true when no intent
     /// existed for that PV before.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn record_with_claim(
         &self,
         intent: &ProvisionIntent,
@@ -136,8 +129,6 @@ impl IntentStore {
 
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
         let (removed, _): (usize, usize) = redis::pipe()
@@ -151,16 +142,12 @@ impl IntentStore {
 
     /// Whether an intent is recorded for `pv_name` (readable or not — a garbled
     /// record still protects its asset from the orphan sweep).
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn contains(&self, pv_name: &str) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
         Ok(conn.hexists(&self.intents_key, pv_name).await?)
     }
 
     /// Number of recorded intents (readable or not).
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn count(&self) -> Result<usize, IntentError> {
         let mut conn = self.conn.clone();
         Ok(conn.hlen(&self.intents_key).await?)
@@ -168,8 +155,6 @@ impl IntentStore {
 
     /// All readable intents, sorted by PV name. Unreadable records are logged
     /// and skipped (they stay stored; [`contains`](Self::contains) still sees them).
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn list(&self) -> Result<Vec<ProvisionIntent>, IntentError> {
         let mut conn = self.conn.clone();
         let raw: HashMap<String, Vec<u8>> = conn.hgetall(&self.intents_key).await?;
@@ -184,8 +169,6 @@ impl IntentStore {
     /// All readable intents with their claim snapshots, sorted by PV name.
     /// Unreadable intents are logged and skipped; an unreadable snapshot is
     /// logged and reported as `None`.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn list_with_claims(&self) -> Result<Vec<IntentEntry>, IntentError> {
         let intents = self.list().await?;
         let mut conn = self.conn.clone();

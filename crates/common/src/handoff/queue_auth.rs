@@ -47,11 +47,9 @@ pub struct QueueKeyArgs {
 }
 
 impl QueueKeyArgs {
-    /// The key to use: `Some` from the key file, `None` when running unsigned
-    /// on purpose.
-    ///
-    /// Errors: no key file and no `--insecure-unsigned-queue`; an unreadable or
-    /// too short key file ([`KeyError`]).
+    /// The key to use: `Some` from the key file, `None` when running unsigned on purpose. Errors:
+    /// no key file and no `--insecure-unsigned-queue`; an unreadable or too short key file
+    /// ([`KeyError`]).
     pub fn load(&self) -> Result<Option<QueueKey>, KeyError> {
         match &self.queue_hmac_key_file {
             Some(path) => {
@@ -195,10 +193,9 @@ impl QueueKey {
         entry.mac = Some(hex::encode(tag));
     }
 
-    /// Check `entry.mac` for the queue of `provisioner_name` against the
-    /// current key, then the previous one; each comparison in constant time.
-    ///
-    /// Errors: [`AuthError::Unsigned`], [`AuthError::BadMac`].
+    /// Check `entry.mac` for the queue of `provisioner_name` against the current key, then the
+    /// previous one; each comparison in constant time. Errors: [`AuthError::Unsigned`],
+    /// [`AuthError::BadMac`].
     pub fn verify(&self, provisioner_name: &str, entry: &QueuedPvWrite) -> Result<(), AuthError> {
         let given = entry.mac.as_deref().ok_or(AuthError::Unsigned)?;
         let given = hex::decode(given).map_err(|_| AuthError::BadMac)?;

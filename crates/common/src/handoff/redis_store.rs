@@ -95,10 +95,9 @@ impl std::fmt::Debug for Password {
     }
 }
 
-/// Everything needed to open a Redis connection: URL, credentials, TLS
-/// files. Built from the flags with [`RedisConfig::from_args`]; a bare URL
-/// converts into one (`"redis://…".into()`), which is how tests and embedders
-/// without credentials call [`connect`]. Cheap to clone; `Debug` hides the
+/// Everything needed to open a Redis connection: URL, credentials, TLS files. Built from the flags
+/// with [`RedisConfig::from_args`]; a bare URL converts into one (`"redis://…".into()`), which is
+/// how tests and embedders without credentials call [`connect`]. Cheap to clone; `Debug` hides the
 /// password.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedisConfig {
@@ -240,13 +239,10 @@ impl RedisConfig {
             .unwrap_or_else(|| "default".to_string())
     }
 
-    /// Build a redis-rs client: parse the URL, apply user and password (the
-    /// password file is read now), and for `rediss://` the CA and client
-    /// certificate files.
-    ///
-    /// Errors: [`ConnectError::Config`] for a bad URL, two password sources,
-    /// conflicting users, unreadable or empty files, TLS files with a
-    /// non-TLS URL, or unparsable PEM.
+    /// Build a redis-rs client: parse the URL, apply user and password (the password file is read
+    /// now), and for `rediss://` the CA and client certificate files. Errors:
+    /// [`ConnectError::Config`] for a bad URL, two password sources, conflicting users, unreadable
+    /// or empty files, TLS files with a non-TLS URL, or unparsable PEM.
     pub fn client(&self) -> Result<redis::Client, ConnectError> {
         let info: ConnectionInfo = self
             .url
@@ -364,11 +360,9 @@ fn read_password_file(path: &Path) -> Result<String, String> {
     Ok(first.to_string())
 }
 
-/// A reconnecting connection described by `config` (a URL converts: see
-/// [`RedisConfig`]), checked with `PING`. Commands fail fast while Redis is
-/// down (the manager reconnects in the background); callers retry.
-///
-/// Errors: [`ConnectError`] naming the cause: bad configuration, refused
+/// A reconnecting connection described by `config` (a URL converts: see [`RedisConfig`]), checked
+/// with `PING`. Commands fail fast while Redis is down (the manager reconnects in the background);
+/// callers retry. Errors: [`ConnectError`] naming the cause: bad configuration, refused
 /// credentials, failed TLS, or Redis unreachable at the first connection.
 pub async fn connect(config: impl Into<RedisConfig>) -> Result<ConnectionManager, ConnectError> {
     let config = config.into();
@@ -406,12 +400,11 @@ pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge 
     gauge
 }
 
-/// Probe Redis at `config` every `interval` until `stop` fires: connect (once,
-/// with the service's credentials and TLS; then the manager reconnects by
-/// itself) and `PING`, each bounded by 2 s, and set `gauge` to 1 on a `PONG`, 0
-/// on any failure (unreachable, refused credentials, bad TLS). Never returns an
-/// error: that is exactly what the gauge reports. Runs in every replica, leader
-/// or not, so a standby that cannot reach Redis is seen before it takes over.
+/// Probe Redis at `config` every `interval` until `stop` fires: connect (once, with the service's
+/// credentials and TLS; then the manager reconnects by itself) and `PING`, each bounded by 2 s, and
+/// set `gauge` to 1 on a `PONG`, 0 on any failure (unreachable, refused credentials, bad TLS).
+/// Never returns an error: that is exactly what the gauge reports. Runs in every replica, leader or
+/// not, so a standby that cannot reach Redis is seen before it takes over.
 pub async fn watch_reachability(
     config: RedisConfig,
     gauge: prometheus::IntGauge,

@@ -55,17 +55,9 @@ struct SeriesEntry {
     last: Timestamp,
 }
 
-/// Publishes events for one service; cheap to clone.
-///
-/// A small hand-written version of kube-runtime's events `Recorder`
-/// (create the Event, then on a repeat within [`SERIES_TTL`] patch its
-/// `series` count and `lastObservedTime`), for two reasons: the Recorder
-/// cannot put Events about cluster-scoped objects anywhere but `default`
-/// (see the module docs), and it keeps a clone of every Event it published
-/// for the whole series window — at 5,000 claims that cache was the largest
-/// item of pv-writer's heap profile (18 MB of 20 MB) and 14 MB of
-/// provision-svc's (BENCHMARKS.md). This cache keeps a hash of the series
-/// identity, the Event's name and namespace, the count and the last time.
+/// Publishes events for one service; cheap to clone. A small copy of kube-runtime's
+/// `Recorder` (create, then patch `series` on repeats within [`SERIES_TTL`]) that keeps
+/// only a hash per series (docs/decisions/0005-events-and-client-go-metrics.md).
 #[derive(Clone)]
 pub struct EventSink {
     client: Client,
@@ -110,11 +102,10 @@ impl EventSink {
         }
     }
 
-    /// [`EventSink::publish`] returning the API error (for tests and callers that count
-    /// failures). The Event is created the first time, then its `series` (count,
-    /// lastObservedTime) patched on repeats within [`SERIES_TTL`], as the Recorder does.
-    ///
-    /// Errors: the API server rejected or did not answer the create/patch.
+    /// [`EventSink::publish`] returning the API error (for tests and callers that count failures).
+    /// The Event is created the first time, then its `series` (count, lastObservedTime) patched on
+    /// repeats within [`SERIES_TTL`], as the Recorder does. Errors: the API server rejected or did
+    /// not answer the create/patch.
     pub async fn try_publish(
         &self,
         object: &ObjectReference,
@@ -232,11 +223,9 @@ impl EventSink {
         }
     }
 
-    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call
-    /// created the Event, `Ok(false)` when it already existed.
-    ///
-    /// Errors: the API server rejected (other than `409 AlreadyExists`) or did not answer
-    /// the create.
+    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call created the
+    /// Event, `Ok(false)` when it already existed. Errors: the API server rejected (other than `409
+    /// AlreadyExists`) or did not answer the create.
     pub async fn try_publish_once(
         &self,
         object: &ObjectReference,

@@ -69,10 +69,9 @@ impl WorkQueueMetrics {
         }
     }
 
-    /// [`new`](Self::new) and register the series into `registry`.
-    ///
-    /// Panics if a queue of the same `name` is already registered there (a
-    /// programming error caught by every test that builds the service).
+    /// [`new`](Self::new) and register the series into `registry`. Panics if a queue of the same
+    /// `name` is already registered there (a programming error caught by every test that builds the
+    /// service).
     pub fn register(registry: &Registry, name: &str) -> Self {
         let metrics = Self::new(name);
         registry
@@ -114,10 +113,9 @@ impl WorkQueueMetrics {
         }
     }
 
-    /// For a loop with `slots` concurrent workers that cannot see its own
-    /// queue (kube-runtime's `Controller`): how long every slot has been busy,
-    /// i.e. the age of the youngest running item when all `slots` run, else
-    /// zero (a free slot means nothing waits for one).
+    /// For a loop with `slots` concurrent workers that cannot see its own queue (kube-runtime's
+    /// `Controller`): how long every slot has been busy, i.e. the age of the youngest running item
+    /// when all `slots` run, else zero (a free slot means nothing waits for one).
     pub fn stalled_when_busy(&self, slots: usize) -> Duration {
         let running = self.running();
         if slots == 0 || running.len() < slots {

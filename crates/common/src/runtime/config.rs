@@ -1,17 +1,7 @@
-//! Command-line flags shared by every service, each with an environment-variable
-//! twin (flag `--kube-api-qps` ⇔ env `KUBE_API_QPS`). Services `#[command(flatten)]`
-//! [`CommonArgs`] into their own clap parser, so a flag with one meaning has one
-//! name in all three services.
-//!
-//! Where kubernetes-csi/external-provisioner has a flag with the same meaning,
-//! its name is used: `--leader-election-lease-duration`,
-//! `--leader-election-renew-deadline`, `--leader-election-retry-period`,
-//! `--http-endpoint`, `--retry-interval-start`, `--retry-interval-max`,
-//! `--worker-threads`. The names these flags had before keep working as
-//! aliases (`--lease-duration`, `--renew-deadline`, `--retry-period`,
-//! `--retry-initial-delay`/`--retry-initial`, `--retry-max-delay`/`--retry-max`,
-//! `--workers`; `--http-address`/`--http-port` stay as the split form of
-//! `--http-endpoint`).
+//! Command-line flags shared by every service, each with an environment twin
+//! (`--kube-api-qps` ⇔ `KUBE_API_QPS`), flattened into each service's parser.
+//! Names follow kubernetes-csi/external-provisioner where it has the flag; the
+//! earlier names stay as aliases (listed in the README).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -20,17 +10,13 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 /// Parse a human duration such as `15s`, `2m`, `1h30m` or `500ms`.
-///
 /// Errors: a message naming the bad input, for clap to print.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
-/// Parse `--http-endpoint`: `host:port` with an IP host, or `:port` for all
-/// IPv4 interfaces (external-provisioner's `--http-endpoint=:8080` form).
-/// IPv6 hosts take brackets (`[::1]:9101`).
-///
-/// Errors: a message naming the bad input, for clap to print.
+/// Parse `--http-endpoint`: `host:port` with an IP host (IPv6 in brackets), or
+/// `:port` for all IPv4 interfaces. Errors: a message naming the bad input.
 pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
     let bad = |e: &dyn std::fmt::Display| {
         format!("invalid HTTP endpoint {s:?} (want HOST:PORT or :PORT): {e}")
@@ -44,11 +30,8 @@ pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-/// Check a Redis URL as redis-rs will read it: scheme `redis://`, `rediss://`
-/// (TLS), `redis+unix://` or `unix://` (or their `valkey` twins), host and a
-/// numeric port.
-///
-/// Errors: a message naming the URL (password redacted) and what is wrong.
+/// Check a Redis URL as redis-rs reads it: `redis://`, `rediss://`, `redis+unix://`,
+/// `unix://` (or `valkey` twins), host and numeric port. Errors: what is wrong.
 pub fn check_redis_url(url: &str) -> Result<(), String> {
     use redis::IntoConnectionInfo as _;
     let shown = crate::handoff::redis_store::redact_url(url);
@@ -102,13 +85,8 @@ impl clap::builder::TypedValueParser for RedisUrlParser {
     }
 }
 
-/// Whether a `--resync-period` is on, and its ticker: `None` for `0s`
-/// ("off", as the seed's informer with resync period 0), else a
-/// [`tokio::time::Interval`] whose first tick comes one `period` from now and
-/// that delays (never bursts) missed ticks.
-///
-/// Why a helper: `tokio::time::interval(Duration::ZERO)` panics, which used to
-/// kill a service's resync task when an operator turned resync off.
+/// The `--resync-period` ticker: `None` for `0s` (off, as the seed), else an
+/// interval whose first tick is one `period` from now and that delays missed ticks.
 pub fn resync_interval(period: Duration) -> Option<tokio::time::Interval> {
     if period.is_zero() {
         return None;
@@ -382,11 +360,8 @@ pub struct CommonArgs {
 
 pub use crate::kube::retry::RetryArgs;
 
-/// Environment variables that earlier releases read for flags now named as in
-/// kubernetes-csi/external-provisioner, each with the variable that replaces
-/// it. The old flag names still parse (clap aliases), but clap reads one
-/// variable per flag, so an old variable would be ignored silently:
-/// [`check_renamed_env`] refuses to start instead.
+/// Environment variables of renamed flags, each with its replacement; clap reads
+/// one variable per flag, so [`check_renamed_env`] refuses the old ones.
 pub const RENAMED_ENV_VARS: &[(&str, &str)] = &[
     ("LEASE_DURATION", "LEADER_ELECTION_LEASE_DURATION"),
     ("RENEW_DEADLINE", "LEADER_ELECTION_RENEW_DEADLINE"),
@@ -399,11 +374,7 @@ pub const RENAMED_ENV_VARS: &[(&str, &str)] = &[
 ];
 
 /// Refuse a renamed environment variable ([`RENAMED_ENV_VARS`]) that `lookup`
-/// (e.g. `|k| std::env::var(k).ok()`) finds set.
-///
-/// Errors: names every old variable set and its replacement, so an upgrade
-/// that kept e.g. `LEASE_DURATION=60s` fails at start instead of running
-/// with the 15 s default.
+/// finds set. Errors: names every old variable set and its replacement.
 pub fn check_renamed_env(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
     let found: Vec<String> = RENAMED_ENV_VARS
         .iter()

@@ -60,11 +60,9 @@ pub struct Launch {
     pub shutdown: Option<CancellationToken>,
 }
 
-/// Run the service `spec` names: see the module docs. `work` is called each time
-/// this replica starts leading (once per leader term, with a fresh [`ServiceContext`])
-/// and should return when `ctx.shutdown` fires.
-///
-/// Errors: client or HTTP setup failures, or `work`'s own error. A lost Lease
+/// Run the service `spec` names: see the module docs. `work` is called each time this replica
+/// starts leading (once per leader term, with a fresh [`ServiceContext`]) and should return when
+/// `ctx.shutdown` fires. Errors: client or HTTP setup failures, or `work`'s own error. A lost Lease
 /// is not an error: the replica campaigns again.
 pub async fn run_service<F, Fut>(
     spec: ServiceSpec,
@@ -248,10 +246,9 @@ struct Campaign<'a> {
 }
 
 impl Campaign<'_> {
-    /// Prepare an elector, retrying every retry period while the API server
-    /// cannot be reached (`None` on shutdown). Once the Lease could be read
-    /// the replica is a healthy standby again: the not-ready state left by a
-    /// lost term is cleared.
+    /// Prepare an elector, retrying every retry period while the API server cannot be reached
+    /// (`None` on shutdown). Once the Lease could be read the replica is a healthy standby again:
+    /// the not-ready state left by a lost term is cleared.
     async fn elector(&self, readiness: &Readiness) -> Option<LeaderElector> {
         loop {
             match LeaderElector::new(

@@ -38,10 +38,9 @@ impl Heartbeat {
     }
 }
 
-/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop
-/// has been stuck, zero when idle or progressing) stays below `stall_timeout`,
-/// until `shutdown` fires. Spawn it in the work loop's own `JoinSet`, so it
-/// stops with the loop.
+/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop has been stuck, zero
+/// when idle or progressing) stays below `stall_timeout`, until `shutdown` fires. Spawn it in the
+/// work loop's own `JoinSet`, so it stops with the loop.
 pub async fn beat_while_progressing(
     heartbeat: Heartbeat,
     period: Duration,
@@ -66,10 +65,9 @@ pub fn beat_period(stall_timeout: Duration) -> Duration {
     (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
-/// When a leader counts as unable to renew: its renewal not confirmed for
-/// `renew_deadline + 3 × retry_period` (the watchdog reads the Lease every
-/// retry period, each read bounded by one retry period, so it ends the term
-/// within `renew_deadline + 2 × retry_period` while the runtime works).
+/// When a leader counts as unable to renew: its renewal not confirmed for `renew_deadline + 3 ×
+/// retry_period` (the watchdog reads the Lease every retry period, each read bounded by one retry
+/// period, so it ends the term within `renew_deadline + 2 × retry_period` while the runtime works).
 pub fn renew_tolerance(renew_deadline: Duration, retry_period: Duration) -> Duration {
     renew_deadline + 3 * retry_period
 }

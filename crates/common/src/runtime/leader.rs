@@ -140,10 +140,8 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
-    /// Prepare to compete for `namespace/lease_name` as `identity`. Creates the
-    /// Lease if it does not exist.
-    ///
-    /// Errors: the Lease cannot be read or created (API down, RBAC).
+    /// Prepare to compete for `namespace/lease_name` as `identity`. Creates the Lease if it does
+    /// not exist. Errors: the Lease cannot be read or created (API down, RBAC).
     pub async fn new(
         client: Client,
         namespace: &str,

@@ -54,8 +54,6 @@ impl QueueStats {
 
 impl PvQueue {
     /// Redis' clock (`TIME`), in ms since the Unix epoch.
-    ///
-    /// Errors: [`QueueError::Command`].
     pub async fn redis_time_ms(&self) -> Result<u64, QueueError> {
         let (secs, micros): (u64, u64) = redis::cmd("TIME")
             .query_async(&mut self.conn.clone())
@@ -66,8 +64,6 @@ impl PvQueue {
 
     /// Depth (incoming, due and in flight), dead-letter count and oldest
     /// enqueue time, in one pipeline.
-    ///
-    /// Errors: [`QueueError::Command`].
     pub async fn stats(&self) -> Result<QueueStats, QueueError> {
         let (incoming, due, inflight, dead, oldest, (secs, micros)): StatsScan = redis::pipe()
             .llen(self.keys.get(Key::Incoming))
@@ -88,8 +84,6 @@ impl PvQueue {
     }
 
     /// Every pending (not dead) entry, sorted by PV name.
-    ///
-    /// Errors: [`QueueError::Command`].
     pub async fn list_pending(&self) -> Result<Vec<PendingEntry>, QueueError> {
         let mut conn = self.conn.clone();
         let (incoming, due, inflight, attempts, enqueued): PendingScan = redis::pipe()
@@ -168,8 +162,6 @@ impl PvQueue {
 
     /// Owner of every in-flight entry: PV name → epoch of the pv-writer term
     /// that took it (`pv-queue:owners`), for operators (`pv-writer status`).
-    ///
-    /// Errors: [`QueueError::Command`].
     pub async fn inflight_owners(&self) -> Result<HashMap<String, u64>, QueueError> {
         self.conn
             .clone()
@@ -198,8 +190,6 @@ impl PvQueue {
     }
 
     /// The stored payload of `pv_name` (pending or dead), if any.
-    ///
-    /// Errors: [`QueueError::Command`].
     pub async fn payload(&self, pv_name: &str) -> Result<Option<Vec<u8>>, QueueError> {
         self.conn
             .clone()

@@ -84,8 +84,8 @@ pub struct DeadLetter {
     pub claim: Option<ClaimKey>,
 }
 
-/// Handle on one provisioner's queue; cheap to clone (shares one reconnecting
-/// connection).
+/// Handle on one provisioner's queue; cheap to clone (one reconnecting connection).
+/// Every method fails with [`QueueError::Command`] when a Redis command fails.
 #[derive(Clone)]
 pub struct PvQueue {
     conn: ConnectionManager,
@@ -141,14 +141,9 @@ struct Waker {
 }
 
 impl PvQueue {
-    /// Connect as `redis` describes (a URL, or [`RedisConfig`] with
-    /// credentials and TLS; [`redis_store::connect`]) and use the keys of
-    /// `provisioner_name` (see the module docs for the layout). The wake-up
-    /// connection of [`wait_for_work`](Self::wait_for_work) uses the same
-    /// credentials and TLS.
-    ///
-    /// Errors: [`QueueError::Connect`] naming the cause (configuration,
-    /// credentials, TLS, unreachable).
+    /// Connect as `redis` describes ([`redis_store::connect`]) and use the keys of
+    /// `provisioner_name`; the wake-up connection uses the same credentials and TLS.
+    /// Errors: [`QueueError::Connect`] naming the cause.
     pub async fn connect(
         redis: impl Into<RedisConfig>,
         provisioner_name: &str,
@@ -173,16 +168,9 @@ impl PvQueue {
         }
     }
 
-    /// Atomically store the payload and the pending marker for
-    /// `entry.pv_name()`, in `incoming` (made due, at Redis' now, by the next
-    /// [`take_due`](Self::take_due)), and remove the PV's
-    /// provisioning intent ([`crate::handoff::intents`]) in the same script. Idempotent:
-    /// while the PV name is in the queue (pending or dead-lettered) a second
-    /// enqueue changes nothing but the intent. Then waits for the local AOF
-    /// fsync where the server has `WAITAOF` (see [`EnqueueOutcome::fsynced`]).
-    ///
-    /// Errors: [`QueueError::Command`]; the entry is then not queued and the
-    /// intent stays.
+    /// Atomically queue `entry` in `incoming` and clear the PV's provisioning intent
+    /// (idempotent while the PV name is queued or dead), then wait for the AOF fsync
+    /// where Redis has `WAITAOF`. Errors: `Command`; nothing queued, the intent stays.
     pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
@@ -209,11 +197,8 @@ impl PvQueue {
         })
     }
 
-    /// `WAITAOF 1 0 1000` when the server supports it (Redis ≥ 7.2): true once the
-    /// local AOF holds every write so far. An older server (unknown command) or
-    /// one without AOF is remembered and logged once; the enqueue is then only as
-    /// durable as `appendfsync` makes it (`everysec`: up to ~1 s of acknowledged
-    /// writes lost on a Redis crash, which the intents and the resync repair).
+    /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): true once the local AOF holds every write so
+    /// far; an older server or one without AOF is remembered and logged once.
     async fn wait_aof(&self) -> bool {
         const UNKNOWN: u8 = 0;
         const SUPPORTED: u8 = 1;
@@ -249,15 +234,9 @@ impl PvQueue {
         }
     }
 
-    /// Wait until an enqueue signals new work, or `timeout` passes (the caller
-    /// then polls anyway, so a lost signal costs at most `timeout`). Blocks on
-    /// the wake-up list over a dedicated connection; a queue made with
-    /// [`with_connection`](Self::with_connection) just sleeps `timeout`.
-    ///
-    /// Returns `true` when woken by an enqueue.
-    ///
-    /// Errors: [`QueueError::Command`] when Redis cannot be reached; the
-    /// connection is re-made on the next call.
+    /// Wait until an enqueue signals new work (true) or `timeout` passes (false),
+    /// blocking on the wake-up list over a dedicated connection (a queue made with
+    /// [`with_connection`](Self::with_connection) just sleeps).
     pub async fn wait_for_work(&self, timeout: Duration) -> Result<bool, QueueError> {
         let Some(waker) = &self.waker else {
             tokio::time::sleep(timeout).await;
@@ -288,10 +267,8 @@ impl PvQueue {
         }
     }
 
-    /// True while `pv_name` is in the queue: pending, in flight or dead-lettered.
-    /// provision-svc treats such a PV as existing (seed: "skip if the PV exists").
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// True while `pv_name` is in the queue: pending, in flight or dead-lettered
+    /// (provision-svc treats such a PV as existing).
     pub async fn is_pending(&self, pv_name: &str) -> Result<bool, QueueError> {
         self.conn
             .clone()
@@ -300,19 +277,13 @@ impl PvQueue {
             .map_err(cmd("is_pending"))
     }
 
-    /// Start a new pv-writer term: `INCR` the epoch and return it. The leader
-    /// calls this once when it takes the Lease; from then on every take and
-    /// settlement of an older term is refused ([`Settled::Fenced`]), so a
-    /// paused ex-leader that wakes up cannot move an entry.
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// Start a new pv-writer term: `INCR` the epoch and return it; from then on every
+    /// take and settlement of an older term is refused ([`Settled::Fenced`]).
     pub async fn begin_term(&self) -> Result<u64, QueueError> {
         self.run("begin_term", &BEGIN_TERM.bind(&self.keys)).await
     }
 
     /// The current term (0 before the first [`begin_term`](Self::begin_term)).
-    ///
-    /// Errors: [`QueueError::Command`].
     pub async fn current_term(&self) -> Result<u64, QueueError> {
         let epoch: Option<u64> = self
             .conn
@@ -323,10 +294,7 @@ impl PvQueue {
         Ok(epoch.unwrap_or(0))
     }
 
-    /// How many takes and settlements were refused because their term was stale
-    /// (a counter kept in Redis, for tests and operators).
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// How many takes and settlements were refused because their term was stale.
     pub async fn fenced_operations(&self) -> Result<u64, QueueError> {
         let n: Option<u64> = self
             .conn
@@ -337,15 +305,9 @@ impl PvQueue {
         Ok(n.unwrap_or(0))
     }
 
-    /// Take up to `limit` due entries for term `epoch`, marking them in flight
-    /// (owned by `epoch`) until Redis' now + `visibility`. Entries whose earlier
-    /// visibility timeout has passed (a killed or stalled writer) are due again
-    /// first. Oldest due time first. All times come from Redis (`TIME`).
-    ///
-    /// Returns `None` when `epoch` is not the current term (this writer was
-    /// superseded and must stop taking).
-    ///
-    /// Errors: [`QueueError::Command`]; nothing is taken then.
+    /// Take up to `limit` due entries (oldest first, expired in-flight ones due again
+    /// first) for term `epoch`, in flight until Redis' now + `visibility`; `None` when
+    /// `epoch` is not the current term.
     pub async fn take_due(
         &self,
         epoch: u64,
@@ -379,13 +341,8 @@ impl PvQueue {
         ))
     }
 
-    /// Make every in-flight entry owned by a term before `epoch` (or by none:
-    /// entries of the previous queue layout) due now. The pv-writer leader calls
-    /// this right after [`begin_term`](Self::begin_term): such entries belong
-    /// to a previous leader that is gone or fenced. Entries of `epoch` itself
-    /// are never taken back. Returns how many entries were recovered.
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// Make every in-flight entry owned by a term before `epoch` (or by none) due now;
+    /// returns how many. The leader calls it right after [`begin_term`](Self::begin_term).
     pub async fn recover_inflight(&self, epoch: u64) -> Result<u64, QueueError> {
         self.run(
             "recover_inflight",
@@ -394,18 +351,9 @@ impl PvQueue {
         .await
     }
 
-    /// Make every entry in flight under the current term `epoch` that none of
-    /// this term's workers holds (`held`: the PV names they are working on) due
-    /// now. Such an entry was taken by a [`take_due`](Self::take_due) whose
-    /// reply never arrived: Redis ran the script, then the connection broke
-    /// (Redis shutting down answers nothing more). Without this it would wait
-    /// out its whole visibility timeout. The writer calls it from its
-    /// dispatcher, never while a take is outstanding.
-    ///
-    /// Returns `None` when `epoch` is stale (counted as fenced), else how many
-    /// entries were made due.
-    ///
-    /// Errors: [`QueueError::Command`]; nothing changed then.
+    /// Make due now every entry in flight under `epoch` that no worker holds (`held`):
+    /// taken by a take whose reply was lost. `None` when `epoch` is stale (counted),
+    /// else how many; called only while no take is outstanding.
     pub async fn requeue_unheld(
         &self,
         epoch: u64,
@@ -421,11 +369,7 @@ impl PvQueue {
     }
 
     /// Whether `pv_name` is still in flight under the current term `epoch`
-    /// ([`Settled::Done`]); [`Settled::Fenced`] (counted) when `epoch` is stale.
-    /// Changes no entry. The writer asks this before it announces a written PV,
-    /// so a superseded writer announces nothing.
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// ([`Settled::Done`]; [`Settled::Fenced`], counted, when stale). Changes no entry.
     pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
         let code: i64 = self
             .run("holds", HOLDS.bind(&self.keys).arg(epoch).arg(pv_name))
@@ -433,11 +377,8 @@ impl PvQueue {
         Ok(Settled::from_code(code))
     }
 
-    /// Remove `pv_name` entirely (payload, pending marker, retry and dead-letter
-    /// state): the PV exists. Only for an entry in flight under `epoch`.
-    ///
-    /// Errors: [`QueueError::Command`]; the entry stays queued and is written again
-    /// (idempotently) later.
+    /// Remove `pv_name` everywhere (the PV exists); only for an entry in flight under
+    /// `epoch`. On `Command` the entry stays queued and is written again later.
     pub async fn complete(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
         let code: i64 = self
             .run(
@@ -448,10 +389,8 @@ impl PvQueue {
         Ok(Settled::from_code(code))
     }
 
-    /// Put an entry in flight under `epoch` back, due `delay` after Redis' now,
-    /// recording `attempts` failed attempts so far.
-    ///
-    /// Errors: [`QueueError::Command`]; the visibility timeout then retries it.
+    /// Put an entry in flight under `epoch` back, due `delay` after Redis' now, with
+    /// `attempts` failed attempts so far.
     pub async fn schedule_retry(
         &self,
         epoch: u64,
@@ -473,12 +412,8 @@ impl PvQueue {
         Ok(Settled::from_code(code))
     }
 
-    /// Move an entry in flight under `epoch` to the dead-letter set with
-    /// `letter`. Its payload stays stored (and [`is_pending`](Self::is_pending)
-    /// stays true, so the claim is not provisioned again) until an operator
-    /// requeues it.
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// Move an entry in flight under `epoch` to the dead letters with `letter`; its
+    /// payload stays (so [`is_pending`](Self::is_pending) stays true) until requeued.
     pub async fn dead_letter(
         &self,
         epoch: u64,
@@ -498,10 +433,8 @@ impl PvQueue {
         Ok(Settled::from_code(code))
     }
 
-    /// Move a dead letter back to the pending queue, due now (Redis' clock) with
-    /// its attempt count reset. Returns `false` when `pv_name` is not dead-lettered.
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// Move a dead letter back to pending, due now with its attempts reset; `false`
+    /// when `pv_name` is not dead-lettered.
     pub async fn requeue_dead(&self, pv_name: &str) -> Result<bool, QueueError> {
         let moved: i64 = self
             .run("requeue_dead", REQUEUE_DEAD.bind(&self.keys).arg(pv_name))
@@ -509,10 +442,7 @@ impl PvQueue {
         Ok(moved == 1)
     }
 
-    /// Make every entry waiting for a later retry due now (Redis' clock; the API
-    /// server is back). Returns how many were pulled forward.
-    ///
-    /// Errors: [`QueueError::Command`].
+    /// Make every entry waiting for a later retry due now; returns how many.
     pub async fn pull_forward_retries(&self) -> Result<u64, QueueError> {
         self.run("pull_forward_retries", &PULL_FORWARD.bind(&self.keys))
             .await
