@@ -27,7 +27,6 @@ pub mod ports;
 pub mod recovery;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::runtime::config::ServiceSpec;
 use common::runtime::frame::{run_service, Launch};
@@ -36,13 +35,7 @@ use provisioner_api::Provisioner;
 
 /// This service as the runtime knows it: component name, Lease suffix, default
 /// HTTP port, worker threads and retry intervals.
-pub const SPEC: ServiceSpec = ServiceSpec {
-    name: "provision-svc",
-    lease_suffix: "provision",
-    http_port: 9101,
-    worker_threads: 8,
-    retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
-};
+pub const SPEC: ServiceSpec = ServiceSpec::new("provision-svc", "provision", 9101).with_workers(8);
 
 /// Run provision-svc with `backend` until SIGTERM (or a lost Lease): serves
 /// `/metrics`, `/healthz`, `/readyz`, elects a leader on the

@@ -50,13 +50,9 @@ use provisioner_api::Provisioner;
 
 /// This service as the runtime knows it: component name, Lease suffix, default
 /// HTTP port, worker threads and retry intervals.
-pub const SPEC: ServiceSpec = ServiceSpec {
-    name: "pv-writer",
-    lease_suffix: "pv-writer",
-    http_port: 9102,
-    worker_threads: 16,
-    retry_intervals: (Duration::from_secs(1), Duration::from_secs(300)),
-};
+pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
+    .with_workers(16)
+    .with_retry(Duration::from_secs(1), Duration::from_secs(300));
 
 pub use api_calls::API_CALLS;
 pub use config::{Cli, Command, OutputFormat, QueueCommand, StatusArgs, WriterArgs};

@@ -30,7 +30,6 @@ pub mod operation;
 pub mod sweep;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::kube::events::EventSink;
 use common::kube::retry::{FailureThreshold, RetryPolicy};
@@ -43,19 +42,13 @@ use prometheus::Registry;
 use provisioner_api::Provisioner;
 
 pub use crate::config::{Cli, ReclaimArgs};
-
-/// This service as the runtime knows it: component name, Lease suffix, default
-/// HTTP port, worker threads and retry intervals.
-pub const SPEC: ServiceSpec = ServiceSpec {
-    name: "reclaim-svc",
-    lease_suffix: "reclaim",
-    http_port: 9103,
-    worker_threads: 4,
-    retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
-};
 use crate::controller::LoopConfig;
 use crate::metrics::ReclaimMetrics;
 use crate::operation::Reclaimer;
+
+/// This service as the runtime knows it: component name, Lease suffix, default
+/// HTTP port, worker threads and retry intervals.
+pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103);
 
 /// Run reclaim-svc with `backend` until SIGTERM (a lost Lease stops the work
 /// and the replica campaigns again, see `common::runtime::frame`): serves

@@ -120,6 +120,35 @@ pub struct ServiceSpec {
     pub retry_intervals: (Duration, Duration),
 }
 
+impl ServiceSpec {
+    /// A service with the seed's defaults: 4 workers (threadiness), retries 15s doubling to 1000s.
+    pub const fn new(name: &'static str, lease_suffix: &'static str, http_port: u16) -> Self {
+        ServiceSpec {
+            name,
+            lease_suffix,
+            http_port,
+            worker_threads: 4,
+            retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
+        }
+    }
+
+    /// This spec with `n` default workers.
+    pub const fn with_workers(self, n: u32) -> Self {
+        ServiceSpec {
+            worker_threads: n,
+            ..self
+        }
+    }
+
+    /// This spec with default retry intervals `start` doubling to `max`.
+    pub const fn with_retry(self, start: Duration, max: Duration) -> Self {
+        ServiceSpec {
+            retry_intervals: (start, max),
+            ..self
+        }
+    }
+}
+
 /// Flags every service takes.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
@@ -443,27 +472,12 @@ mod tests {
     use clap::Parser;
 
     /// Specs shaped like the services' own (ports 9101-9103, the seed's backoff).
-    const PROVISION: ServiceSpec = ServiceSpec {
-        name: "provision-svc",
-        lease_suffix: "provision",
-        http_port: 9101,
-        worker_threads: 8,
-        retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
-    };
-    const PV_WRITER: ServiceSpec = ServiceSpec {
-        name: "pv-writer",
-        lease_suffix: "pv-writer",
-        http_port: 9102,
-        worker_threads: 16,
-        retry_intervals: (Duration::from_secs(1), Duration::from_secs(300)),
-    };
-    const RECLAIM: ServiceSpec = ServiceSpec {
-        name: "reclaim-svc",
-        lease_suffix: "reclaim",
-        http_port: 9103,
-        worker_threads: 4,
-        retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
-    };
+    const PROVISION: ServiceSpec =
+        ServiceSpec::new("provision-svc", "provision", 9101).with_workers(8);
+    const PV_WRITER: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
+        .with_workers(16)
+        .with_retry(Duration::from_secs(1), Duration::from_secs(300));
+    const RECLAIM: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103);
 
     #[derive(Parser)]
     struct Cli {
