@@ -285,24 +285,12 @@ impl PvQueue {
 
     /// The current term (0 before the first [`begin_term`](Self::begin_term)).
     pub async fn current_term(&self) -> Result<u64, QueueError> {
-        let epoch: Option<u64> = self
-            .conn
-            .clone()
-            .get(self.keys.get(Key::Epoch))
-            .await
-            .map_err(cmd("current_term"))?;
-        Ok(epoch.unwrap_or(0))
+        self.counter("current_term", Key::Epoch).await
     }
 
     /// How many takes and settlements were refused because their term was stale.
     pub async fn fenced_operations(&self) -> Result<u64, QueueError> {
-        let n: Option<u64> = self
-            .conn
-            .clone()
-            .get(self.keys.get(Key::Fenced))
-            .await
-            .map_err(cmd("fenced_operations"))?;
-        Ok(n.unwrap_or(0))
+        self.counter("fenced_operations", Key::Fenced).await
     }
 
     /// Take up to `limit` due entries (oldest first, expired in-flight ones due again
@@ -371,22 +359,18 @@ impl PvQueue {
     /// Whether `pv_name` is still in flight under the current term `epoch`
     /// ([`Settled::Done`]; [`Settled::Fenced`], counted, when stale). Changes no entry.
     pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
-        let code: i64 = self
-            .run("holds", HOLDS.bind(&self.keys).arg(epoch).arg(pv_name))
-            .await?;
-        Ok(Settled::from_code(code))
+        self.settle("holds", HOLDS.bind(&self.keys).arg(epoch).arg(pv_name))
+            .await
     }
 
     /// Remove `pv_name` everywhere (the PV exists); only for an entry in flight under
     /// `epoch`. On `Command` the entry stays queued and is written again later.
     pub async fn complete(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
-        let code: i64 = self
-            .run(
-                "complete",
-                COMPLETE.bind(&self.keys).arg(epoch).arg(pv_name),
-            )
-            .await?;
-        Ok(Settled::from_code(code))
+        self.settle(
+            "complete",
+            COMPLETE.bind(&self.keys).arg(epoch).arg(pv_name),
+        )
+        .await
     }
 
     /// Put an entry in flight under `epoch` back, due `delay` after Redis' now, with
@@ -398,18 +382,16 @@ impl PvQueue {
         delay: Duration,
         attempts: u32,
     ) -> Result<Settled, QueueError> {
-        let code: i64 = self
-            .run(
-                "schedule_retry",
-                RETRY
-                    .bind(&self.keys)
-                    .arg(epoch)
-                    .arg(pv_name)
-                    .arg(delay.as_millis() as u64)
-                    .arg(attempts),
-            )
-            .await?;
-        Ok(Settled::from_code(code))
+        self.settle(
+            "schedule_retry",
+            RETRY
+                .bind(&self.keys)
+                .arg(epoch)
+                .arg(pv_name)
+                .arg(delay.as_millis() as u64)
+                .arg(attempts),
+        )
+        .await
     }
 
     /// Move an entry in flight under `epoch` to the dead letters with `letter`; its
@@ -420,17 +402,15 @@ impl PvQueue {
         letter: &DeadLetter,
     ) -> Result<Settled, QueueError> {
         let json = serde_json::to_vec(letter).expect("DeadLetter always serializes");
-        let code: i64 = self
-            .run(
-                "dead_letter",
-                DEAD_LETTER
-                    .bind(&self.keys)
-                    .arg(epoch)
-                    .arg(&letter.pv_name)
-                    .arg(json),
-            )
-            .await?;
-        Ok(Settled::from_code(code))
+        self.settle(
+            "dead_letter",
+            DEAD_LETTER
+                .bind(&self.keys)
+                .arg(epoch)
+                .arg(&letter.pv_name)
+                .arg(json),
+        )
+        .await
     }
 
     /// Move a dead letter back to pending, due now with its attempts reset; `false`
@@ -460,6 +440,28 @@ impl PvQueue {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(cmd(operation))
+    }
+}
+
+impl PvQueue {
+    /// The integer at `key` (0 when absent).
+    async fn counter(&self, operation: &'static str, key: Key) -> Result<u64, QueueError> {
+        let n: Option<u64> = self
+            .conn
+            .clone()
+            .get(self.keys.get(key))
+            .await
+            .map_err(cmd(operation))?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// [`run`](Self::run) a script answering a settlement code (1, 0 or -1).
+    async fn settle(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Settled, QueueError> {
+        Ok(Settled::from_code(self.run(operation, invocation).await?))
     }
 }
 
