@@ -42,7 +42,7 @@ use api_types::api_calls::{ApiCall, LEASE_CALLS};
 use api_types::lease_name;
 use backends::{BackendArgs, BackendKind};
 use clap::FromArgMatches;
-use common::runtime::config::{CommonArgs, ServiceKind};
+use common::runtime::config::{CommonArgs, ServiceSpec as RuntimeSpec};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Namespace, PodSpec, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -63,7 +63,7 @@ use serde_json::Value;
 struct ServiceSpec {
     /// Binary, Deployment, ServiceAccount and container name.
     name: &'static str,
-    kind: ServiceKind,
+    kind: RuntimeSpec,
     /// The crate's `api_calls::API_CALLS`.
     api_calls: &'static [ApiCall],
     /// The binary's clap parser: the crate's `Cli` plus the backend flags
@@ -95,7 +95,7 @@ fn services() -> Vec<ServiceSpec> {
     vec![
         ServiceSpec {
             name: "provision-svc",
-            kind: ServiceKind::Provision,
+            kind: provision_svc::SPEC,
             api_calls: provision_svc::api_calls::API_CALLS,
             command: backends::command::<provision_svc::config::Cli>,
             backend: true,
@@ -106,7 +106,7 @@ fn services() -> Vec<ServiceSpec> {
         },
         ServiceSpec {
             name: "pv-writer",
-            kind: ServiceKind::PvWriter,
+            kind: pv_writer::SPEC,
             api_calls: pv_writer::api_calls::API_CALLS,
             command: backends::command::<pv_writer::Cli>,
             backend: false,
@@ -116,7 +116,7 @@ fn services() -> Vec<ServiceSpec> {
         },
         ServiceSpec {
             name: "reclaim-svc",
-            kind: ServiceKind::Reclaim,
+            kind: reclaim_svc::SPEC,
             api_calls: reclaim_svc::api_calls::API_CALLS,
             command: backends::command::<reclaim_svc::Cli>,
             backend: true,
@@ -443,7 +443,7 @@ fn check_rbac(
     let ns = spec.namespace.to_string();
     let mut problems = Vec::new();
     let grants = grants_of(r, spec.name, &ns, &mut problems);
-    let lease = lease_name(provisioner_name, spec.kind.lease_suffix());
+    let lease = lease_name(provisioner_name, spec.kind.lease_suffix);
     let own_scope = |call: &ApiCall| {
         if call.namespaced {
             Scope::Namespace(ns.clone())
@@ -2421,9 +2421,9 @@ fn dockerfile_matches_the_manifests() {
         .collect();
     for s in services() {
         assert!(
-            expose.contains(&s.kind.default_http_port()),
+            expose.contains(&s.kind.http_port),
             "EXPOSE lacks {}",
-            s.kind.default_http_port()
+            s.kind.http_port
         );
         let copy = format!("/{} /usr/local/bin/{}", s.name, s.name);
         assert!(

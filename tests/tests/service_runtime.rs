@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use common::runtime::config::{CommonArgs, ServiceKind};
-use common::runtime::frame::{run_service_with_client, run_service_with_shutdown};
+use common::runtime::config::CommonArgs;
+use common::runtime::frame::{run_service, Launch};
 use e2e::harness::{ControlPlane, Plane, Service};
 use e2e::sim::{FaultSpec, SimConfig, Simulator};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -110,12 +110,14 @@ async fn lost_lease_aborts_work_then_the_replica_stays_up_and_leads_again(choice
     let mut a = args_in("replica-a", &namespace, &provisioner);
     // The work below ignores shutdown: SIGTERM ends it after the grace period.
     a.shutdown_grace_period = Duration::from_millis(300);
-    let run = tokio::spawn(run_service_with_shutdown(
-        ServiceKind::Reclaim,
+    let run = tokio::spawn(run_service(
+        reclaim_svc::SPEC,
         a,
         prometheus::Registry::new(),
-        client,
-        shutdown.clone(),
+        Launch {
+            client: Some(client),
+            shutdown: Some(shutdown.clone()),
+        },
         move |ctx| {
             let (t, n, ad) = (t.clone(), n.clone(), ad.clone());
             async move {
@@ -197,11 +199,14 @@ async fn without_leader_election_work_runs_and_its_error_is_returned() {
     let sim = Simulator::start(SimConfig::bare()).await.unwrap();
     let mut a = args("solo");
     a.leader_election = false;
-    let result = run_service_with_client(
-        ServiceKind::PvWriter,
+    let result = run_service(
+        pv_writer::SPEC,
         a,
         prometheus::Registry::new(),
-        client(&sim),
+        Launch {
+            client: Some(client(&sim)),
+            shutdown: None,
+        },
         |_ctx| async { anyhow::bail!("backend unusable") },
     )
     .await;
@@ -256,12 +261,14 @@ async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease
     let (t, s, d) = (ticks.clone(), started.clone(), dropped.clone());
     let mut a = args("replica-a");
     a.shutdown_grace_period = Duration::from_millis(300);
-    let run = tokio::spawn(run_service_with_shutdown(
-        ServiceKind::Reclaim,
+    let run = tokio::spawn(run_service(
+        reclaim_svc::SPEC,
         a,
         prometheus::Registry::new(),
-        client(&sim),
-        shutdown.clone(),
+        Launch {
+            client: Some(client(&sim)),
+            shutdown: Some(shutdown.clone()),
+        },
         move |_ctx| {
             let (t, s, d) = (t.clone(), s.clone(), d.clone());
             async move {
@@ -333,12 +340,14 @@ async fn sigterm_does_not_restart_the_renew_deadline() {
     let mut a = args("replica-a");
     // Long enough that only the watchdog can end the drain.
     a.shutdown_grace_period = Duration::from_secs(20);
-    let run = tokio::spawn(run_service_with_shutdown(
-        ServiceKind::Reclaim,
+    let run = tokio::spawn(run_service(
+        reclaim_svc::SPEC,
         a,
         prometheus::Registry::new(),
-        client(&sim),
-        shutdown.clone(),
+        Launch {
+            client: Some(client(&sim)),
+            shutdown: Some(shutdown.clone()),
+        },
         move |_ctx| {
             let s = s.clone();
             async move {
@@ -406,12 +415,14 @@ async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
     a.healthz_stall_timeout = Duration::from_millis(600);
     a.shutdown_grace_period = Duration::from_millis(300);
     let registry = prometheus::Registry::new();
-    let run = tokio::spawn(run_service_with_shutdown(
-        ServiceKind::Provision,
+    let run = tokio::spawn(run_service(
+        provision_svc::SPEC,
         a,
         registry.clone(),
-        client(&sim),
-        shutdown.clone(),
+        Launch {
+            client: Some(client(&sim)),
+            shutdown: Some(shutdown.clone()),
+        },
         move |ctx| {
             let (p, ad) = (p.clone(), ad.clone());
             async move {

@@ -1,4 +1,5 @@
-//! Shared runtime of the provisioner services, organised by concern:
+//! Shared runtime of the provisioner services, organised by concern (each
+//! module imports only the ones below it: `runtime` → `handoff` → `kube`):
 //!
 //! * [`handoff`] — the Redis hand-off: the Redis PV-write queue, provisioning
 //!   intents, queue-entry authenticity and the Redis connection (the only code

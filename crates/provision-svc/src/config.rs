@@ -65,8 +65,7 @@ impl ProvisionArgs {
     /// seed's is 4): with a fast backend, the Redis round trips per claim are
     /// the limit.
     pub fn worker_threads(&self) -> usize {
-        self.common
-            .worker_threads_for(common::runtime::config::ServiceKind::Provision)
+        self.common.worker_threads_for(crate::SPEC)
     }
 }
 

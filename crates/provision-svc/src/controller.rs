@@ -27,7 +27,7 @@ use common::kube::cache::{strip_for_cache, watch_backoff, Compact, NameSet};
 
 use crate::ports::SignedQueue;
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
-use common::runtime::config::{resync_interval, ServiceKind};
+use common::runtime::config::resync_interval;
 use common::runtime::frame::ServiceContext;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -289,10 +289,7 @@ pub async fn work(
     // below watches it.
     let claims = Arc::new(ClaimQueue::new(
         claim_writer.as_reader(),
-        RetryPolicy::from_args(
-            args.common.retry_backoff(ServiceKind::Provision),
-            &args.retry,
-        ),
+        RetryPolicy::from_args(args.common.retry_backoff(crate::SPEC), &args.retry),
         WorkQueue::with_metrics(metrics.queue.clone()),
     ));
     // The heartbeat runs from the start (waiting for Redis, the first lists or
@@ -343,8 +340,7 @@ pub async fn work(
         classes: class_writer.as_reader(),
         volumes: volume_names.clone(),
     };
-    let (cluster, event_publisher) =
-        KubeCluster::new(client.clone(), ctx.kind.component(), &ctx.identity);
+    let (cluster, event_publisher) = KubeCluster::new(client.clone(), ctx.spec.name, &ctx.identity);
     let op = Arc::new(Operation::new(
         settings(&args),
         caches.clone(),
@@ -440,7 +436,7 @@ pub async fn work(
         tasks.spawn(recovery::cleanup_all(
             op.clone(),
             cleanups,
-            args.common.retry_backoff(ServiceKind::Provision),
+            args.common.retry_backoff(crate::SPEC),
             shutdown.clone(),
         ));
     }

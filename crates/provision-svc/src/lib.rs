@@ -28,9 +28,14 @@ pub mod recovery;
 
 use std::sync::Arc;
 
-use common::runtime::config::ServiceKind;
+use common::runtime::config::ServiceSpec;
+use common::runtime::frame::{run_service, Launch};
 use prometheus::Registry;
 use provisioner_api::Provisioner;
+
+/// This service as the runtime knows it: component name, Lease suffix, default
+/// HTTP port, worker threads and retry intervals.
+pub const SPEC: ServiceSpec = ServiceSpec::new("provision-svc", "provision", 9101).with_workers(8);
 
 /// Run provision-svc with `backend` until SIGTERM (or a lost Lease): serves
 /// `/metrics`, `/healthz`, `/readyz`, elects a leader on the
@@ -45,7 +50,7 @@ pub async fn run(args: config::ProvisionArgs, backend: Arc<dyn Provisioner>) -> 
     let common_args = args.common.clone();
     // Called once per leader term: each term starts from scratch (new
     // reflectors, operation and claim queue, a new start-up walk); the metrics live on.
-    common::runtime::frame::run_service(ServiceKind::Provision, common_args, registry, move |ctx| {
+    run_service(SPEC, common_args, registry, Launch::default(), move |ctx| {
         controller::work(
             ctx,
             args.clone(),

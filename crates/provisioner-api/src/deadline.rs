@@ -2,7 +2,7 @@
 //! (`--provision-timeout`, `--deletion-timeout`): [`scope`] sets the task's
 //! [`Deadline`], backends read it with [`current`]/[`cancelled`], and [`bound`]
 //! abandons a call [`ABANDON_GRACE`] after it. Why a task-local:
-//! docs/decisions/0002-operation-deadline-is-task-local.md.
+//! docs/decisions/0007-operation-deadline-is-task-local.md.
 
 use std::future::Future;
 use std::time::Duration;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use common::handoff::queue_auth::QueueKeyArgs;
-use common::runtime::config::{parse_duration, CommonArgs, ServiceKind};
+use common::runtime::config::{parse_duration, CommonArgs};
 
 /// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV> | status [-o json] [NAMES]]`,
 /// without the backend's flags: the binary adds `--backend` and the built-in
@@ -132,7 +132,7 @@ impl Cli {
     /// Errors: `--retry-interval-max` below `--retry-interval-start`, or any
     /// error of [`WriterArgs::validate`].
     pub fn validate(&self) -> anyhow::Result<()> {
-        let retry = self.common.retry_backoff(ServiceKind::PvWriter);
+        let retry = self.common.retry_backoff(crate::SPEC);
         if retry.max < retry.initial {
             anyhow::bail!(
                 "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
@@ -168,8 +168,8 @@ mod tests {
     #[test]
     fn defaults_and_subcommands() {
         let cli = Cli::try_parse_from(["pv-writer"]).unwrap();
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::PvWriter), 16);
-        let retry = cli.common.retry_backoff(ServiceKind::PvWriter);
+        assert_eq!(cli.common.worker_threads_for(crate::SPEC), 16);
+        let retry = cli.common.retry_backoff(crate::SPEC);
         assert_eq!(retry.initial, Duration::from_secs(1));
         assert_eq!(retry.max, Duration::from_secs(300));
         assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));

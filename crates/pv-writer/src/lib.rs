@@ -38,14 +38,21 @@ pub mod queue_cmd;
 pub mod status;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
-use common::runtime::config::ServiceKind;
-use common::runtime::frame::{run_service, ServiceContext};
+use common::runtime::config::ServiceSpec;
+use common::runtime::frame::{run_service, Launch, ServiceContext};
 use prometheus::Registry;
 use provisioner_api::Provisioner;
+
+/// This service as the runtime knows it: component name, Lease suffix, default
+/// HTTP port, worker threads and retry intervals.
+pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
+    .with_workers(16)
+    .with_retry(Duration::from_secs(1), Duration::from_secs(300));
 
 pub use api_calls::API_CALLS;
 pub use config::{Cli, Command, OutputFormat, QueueCommand, StatusArgs, WriterArgs};
@@ -74,9 +81,10 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
             let metrics = metrics::WriterMetrics::register(&registry);
             let writer_args = cli.writer.clone();
             run_service(
-                ServiceKind::PvWriter,
+                SPEC,
                 cli.common.clone(),
                 registry,
+                Launch::default(),
                 move |ctx| {
                     serve_with_metrics(
                         ctx,
@@ -138,9 +146,9 @@ pub async fn serve_with_metrics(
     else {
         return Ok(());
     };
-    let retry = ctx.args.retry_backoff(ServiceKind::PvWriter);
+    let retry = ctx.args.retry_backoff(SPEC);
     let config = operation::WriterConfig {
-        workers: ctx.args.worker_threads_for(ServiceKind::PvWriter),
+        workers: ctx.args.worker_threads_for(SPEC),
         retry_initial: retry.initial,
         retry_max: retry.max,
         redis_reconnect: ctx.args.redis_reconnect_period,

@@ -23,7 +23,6 @@ use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::{PendingState, PvQueue};
 use common::handoff::redis_store::RedisConfig;
-use common::runtime::config::ServiceKind;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use serde::Serialize;
@@ -237,12 +236,8 @@ async fn gather_one(
         Err(e) => status.errors.push(format!("redis: {e}")),
     }
     if let Some((client, namespace)) = leases {
-        for kind in [
-            ServiceKind::Provision,
-            ServiceKind::PvWriter,
-            ServiceKind::Reclaim,
-        ] {
-            let lease = lease_status(client, kind, name, namespace, now_ms).await;
+        for (service, lease_suffix) in SERVICES {
+            let lease = lease_status(client, service, lease_suffix, name, namespace, now_ms).await;
             if let Some(e) = &lease.error {
                 status.errors.push(format!("lease {}: {e}", lease.name));
             }
@@ -337,16 +332,24 @@ async fn find_lease(
     }
 }
 
+/// The services' component names and Lease suffixes (`<provisioner>-<suffix>`).
+const SERVICES: [(&str, &str); 3] = [
+    ("provision-svc", "provision"),
+    ("pv-writer", "pv-writer"),
+    ("reclaim-svc", "reclaim"),
+];
+
 async fn lease_status(
     client: &Client,
-    kind: ServiceKind,
+    service: &str,
+    lease_suffix: &str,
     provisioner_name: &str,
     namespace: Option<&str>,
     now_ms: u64,
 ) -> LeaseStatus {
-    let name = lease_name(provisioner_name, kind.lease_suffix());
+    let name = lease_name(provisioner_name, lease_suffix);
     let mut status = LeaseStatus {
-        service: kind.component().to_string(),
+        service: service.to_string(),
         name: name.clone(),
         namespace: namespace.map(str::to_string),
         found: false,

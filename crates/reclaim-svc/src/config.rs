@@ -71,11 +71,7 @@ mod tests {
         assert_eq!(cli.reclaim.failed_delete_threshold, 15);
         assert_eq!(cli.reclaim.deletion_timeout, Duration::ZERO);
         assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
-        assert_eq!(
-            cli.common
-                .worker_threads_for(common::runtime::config::ServiceKind::Reclaim),
-            4
-        );
+        assert_eq!(cli.common.worker_threads_for(crate::SPEC), 4);
         assert!(!cli.reclaim.sweep_orphans);
         assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(3600));
     }

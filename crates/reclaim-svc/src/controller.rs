@@ -4,7 +4,7 @@
 //! twice at once for one PV; [`error_policy`] applies the seed's retry rules;
 //! a deleted PV's retry state is forgotten ([`Context::observe`]). [`run_term`]
 //! runs one leader term: this loop and one orphan sweep. The only module that
-//! spawns. Why `Controller`: docs/decisions/0003-reclaim-on-kube-runtime-controller.md.
+//! spawns. Why `Controller`: docs/decisions/0008-reclaim-on-kube-runtime-controller.md.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ use crate::operation::{Reclaimer, SyncError};
 use crate::sweep;
 use common::kube::events::EventSink;
 use common::kube::workqueue_metrics::WorkQueueMetrics;
-use common::runtime::config::{RetryArgs, ServiceKind};
+use common::runtime::config::RetryArgs;
 use common::runtime::frame::ServiceContext;
 use common::runtime::health::Heartbeat;
 use kube::runtime::reflector::ObjectRef;
@@ -231,7 +231,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         reclaim,
     } = deps;
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let events = EventSink::new(ctx.client.clone(), ctx.kind.component(), &ctx.identity);
+    let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
     let (provisioner, add) = (ctx.args.provisioner_name.clone(), reclaim.add_finalizer);
     let reclaimer = Reclaimer::new(
         api.clone(),
@@ -243,7 +243,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     )
     .with_term(ctx.term.clone());
     let config = LoopConfig {
-        workers: ctx.args.worker_threads_for(ServiceKind::Reclaim),
+        workers: ctx.args.worker_threads_for(crate::SPEC),
         threshold: FailureThreshold(reclaim.failed_delete_threshold),
         deletion_timeout: reclaim.deletion_timeout,
         resync_period: reclaim.resync_period,
@@ -252,7 +252,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let loop_ctx = Arc::new(Context {
         reclaimer: Arc::new(reclaimer),
         retry: Arc::new(RetryPolicy::from_args(
-            ctx.args.retry_backoff(ServiceKind::Reclaim),
+            ctx.args.retry_backoff(crate::SPEC),
             &retry,
         )),
         config,

@@ -18,13 +18,16 @@ pub mod sweep;
 
 use std::sync::Arc;
 
-use common::runtime::config::{CommonArgs, RetryArgs, ServiceKind};
-use common::runtime::frame::run_service;
+use common::runtime::config::{CommonArgs, RetryArgs, ServiceSpec};
+use common::runtime::frame::{run_service, Launch};
 use provisioner_api::Provisioner;
 
 pub use crate::config::{Cli, ReclaimArgs};
 use crate::controller::TermDeps;
 use crate::metrics::ReclaimMetrics;
+
+/// This service as the runtime knows it: name, Lease suffix, default HTTP port.
+pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103);
 
 /// Run reclaim-svc with `backend` until SIGTERM: `/metrics`, `/healthz`,
 /// `/readyz`, and as leader of the `<provisioner>-reclaim` Lease one
@@ -43,7 +46,7 @@ pub async fn run(
         retry,
         reclaim,
     };
-    run_service(ServiceKind::Reclaim, common, registry, move |ctx| {
+    run_service(SPEC, common, registry, Launch::default(), move |ctx| {
         controller::run_term(ctx, deps.clone())
     })
     .await

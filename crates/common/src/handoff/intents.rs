@@ -1,29 +1,11 @@
-//! Durable provisioning intents in Redis.
-//!
-//! Before provision-svc calls a backend's `provision` it records a
-//! [`ProvisionIntent`] (claim, PV name, StorageClass), together with a snapshot
-//! of the claim; it clears both once the PV is in pv-writer's durable queue or
-//! the outcome is final. A leader starting up walks the intents: a claim still
-//! present is provisioned again (backends are idempotent per PV name), a claim
-//! that is gone gets the backend's delete. reclaim-svc's orphan sweep asks
-//! [`IntentStore::contains`] so it never deletes an asset whose provisioning is
-//! under way.
-//!
-//! The snapshot also carries the seed's "claims in progress" state
-//! (`claimsInProgress`, claims whose backend reported `InBackground`): such a
-//! claim is retried even after its PVC was deleted, so a half-made volume is
-//! found again — across restarts too, because it lives in Redis.
-//!
-//! Keys (all under [`key_prefix`](crate::handoff::redis_store::key_prefix)):
-//! * `<prefix>provision-intents` — hash, field = PV name, value = versioned
-//!   [`ProvisionIntent`] JSON;
-//! * `<prefix>provision-intent-claims` — hash, field = PV name, value =
-//!   versioned [`IntentClaim`] JSON (claim snapshot and in-background flag).
-//!
-//! Both fields of one PV are written and removed in one MULTI/EXEC transaction,
-//! and removed by pv-writer's enqueue script in the same atomic step that queues
-//! the PV ([`crate::handoff::queue::PvQueue::enqueue`]): there is no moment where a PV is
-//! neither queued nor covered by an intent.
+//! Durable provisioning intents in Redis: before a backend's `provision`,
+//! provision-svc records a [`ProvisionIntent`] and a claim snapshot
+//! ([`IntentClaim`], also the seed's "claims in progress"); both go when the PV is
+//! queued (in the enqueue script) or the outcome is final. A starting leader walks
+//! them; reclaim-svc's orphan sweep asks [`IntentStore::contains`].
+//! Keys `<prefix>provision-intents` and `<prefix>provision-intent-claims` (hash by
+//! PV name), written and removed together in one MULTI/EXEC.
+//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::collections::HashMap;
 
@@ -81,8 +63,8 @@ pub struct IntentEntry {
     pub claim: Option<IntentClaim>,
 }
 
-/// Durable provisioning intents of one provisioner. Cheap to clone (one
-/// multiplexed, reconnecting connection).
+/// Durable provisioning intents of one provisioner; cheap to clone. Every method
+/// fails with [`IntentError::Redis`] when a Redis command fails.
 #[derive(Clone)]
 pub struct IntentStore {
     conn: ConnectionManager,
@@ -91,12 +73,9 @@ pub struct IntentStore {
 }
 
 impl IntentStore {
-    /// Connect as `redis` describes (a URL, or a
-    /// [`RedisConfig`](redis_store::RedisConfig) with credentials and TLS) for
-    /// the intents of `provisioner_name`.
-    ///
-    /// Errors: [`IntentError::Connect`] naming the cause (configuration,
-    /// credentials, TLS, unreachable).
+    /// Connect as `redis` describes (a URL, or a [`RedisConfig`](redis_store::RedisConfig) with
+    /// credentials and TLS) for the intents of `provisioner_name`. Errors: [`IntentError::Connect`]
+    /// naming the cause (configuration, credentials, TLS, unreachable).
     pub async fn connect(
         redis: impl Into<redis_store::RedisConfig>,
         provisioner_name: &str,
@@ -116,8 +95,6 @@ impl IntentStore {
 
     /// Record `intent` (keyed by its PV name), replacing any earlier one, without
     /// a claim snapshot. Returns true when no intent existed for that PV before.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn record(&self, intent: &ProvisionIntent) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
         let added: usize = conn
@@ -129,8 +106,6 @@ impl IntentStore {
     /// Record `intent` together with a snapshot of `claim` and whether it is
     /// provisioning in background, atomically. Returns true when no intent
     /// existed for that PV before.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn record_with_claim(
         &self,
         intent: &ProvisionIntent,
@@ -154,8 +129,6 @@ impl IntentStore {
 
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
         let (removed, _): (usize, usize) = redis::pipe()
@@ -169,16 +142,12 @@ impl IntentStore {
 
     /// Whether an intent is recorded for `pv_name` (readable or not — a garbled
     /// record still protects its asset from the orphan sweep).
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn contains(&self, pv_name: &str) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
         Ok(conn.hexists(&self.intents_key, pv_name).await?)
     }
 
     /// Number of recorded intents (readable or not).
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn count(&self) -> Result<usize, IntentError> {
         let mut conn = self.conn.clone();
         Ok(conn.hlen(&self.intents_key).await?)
@@ -186,8 +155,6 @@ impl IntentStore {
 
     /// All readable intents, sorted by PV name. Unreadable records are logged
     /// and skipped (they stay stored; [`contains`](Self::contains) still sees them).
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn list(&self) -> Result<Vec<ProvisionIntent>, IntentError> {
         let mut conn = self.conn.clone();
         let raw: HashMap<String, Vec<u8>> = conn.hgetall(&self.intents_key).await?;
@@ -202,8 +169,6 @@ impl IntentStore {
     /// All readable intents with their claim snapshots, sorted by PV name.
     /// Unreadable intents are logged and skipped; an unreadable snapshot is
     /// logged and reported as `None`.
-    ///
-    /// Errors: [`IntentError::Redis`].
     pub async fn list_with_claims(&self) -> Result<Vec<IntentEntry>, IntentError> {
         let intents = self.list().await?;
         let mut conn = self.conn.clone();

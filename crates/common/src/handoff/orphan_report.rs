@@ -73,10 +73,9 @@ pub async fn write(
     Ok(())
 }
 
-/// The report of `provisioner_name`, `None` when no sweep has completed yet.
-///
-/// Errors: [`ReportError::Redis`]; [`ReportError::Corrupt`] for a value that
-/// does not decode or has another version (never guessed at).
+/// The report of `provisioner_name`, `None` when no sweep has completed yet. Errors:
+/// [`ReportError::Redis`]; [`ReportError::Corrupt`] for a value that does not decode or has another
+/// version (never guessed at).
 pub async fn read(
     conn: &mut ConnectionManager,
     provisioner_name: &str,

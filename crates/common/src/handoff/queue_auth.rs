@@ -1,26 +1,12 @@
-//! Authenticity of PV-write queue entries: an HMAC-SHA256 over each entry,
-//! keyed with a secret only provision-svc and pv-writer hold.
-//!
-//! Anyone who can write to Redis could otherwise make pv-writer create any PV
-//! (a `hostPath: /` volume bound to their claim). provision-svc signs every
-//! entry it enqueues ([`QueueKey::sign`]); pv-writer refuses an entry whose MAC
-//! is missing or wrong ([`QueueKey::verify`]) before any other use of it.
-//!
-//! The MAC covers `"split-provisioner pv-queue v1\0" + provisioner name + "\0" +`
-//! the entry's JSON without its `mac` field ([`QueuedPvWrite::canonical_bytes`]):
-//! the exact bytes pv-writer decodes and writes, bound to one provisioner's
-//! queue so an entry cannot be replayed into another provisioner's queue. The
-//! comparison is constant-time (`hmac`'s `verify_slice`).
-//!
-//! The key comes from `--queue-hmac-key-file` (env `QUEUE_HMAC_KEY_FILE`; the
-//! deploy mounts Secret `split-provisioner-queue-key`, key `hmac-key`): at least
-//! 32 bytes, a trailing newline ignored. During a rotation
-//! `--queue-hmac-previous-key-file` (key `hmac-key.previous`) names the key
-//! being retired: entries are signed with the current key and verified with
-//! either, so entries signed before a rolling restart are still written. Without a key file a service refuses to
-//! start unless `--insecure-unsigned-queue` is given (development only: entries
-//! are then enqueued unsigned and accepted unsigned; pv-writer's structural
-//! checks still apply).
+//! Authenticity of PV-write queue entries: an HMAC-SHA256 keyed with a secret
+//! only provision-svc and pv-writer hold. provision-svc signs every entry
+//! ([`QueueKey::sign`]); pv-writer refuses one whose MAC is missing or wrong
+//! ([`QueueKey::verify`]) before any other use of it. The MAC covers a domain tag,
+//! the provisioner name and the entry without its `mac` field
+//! ([`QueuedPvWrite::canonical_bytes`]). Keys: `--queue-hmac-key-file` (≥ 32
+//! bytes) and, during a rotation, `--queue-hmac-previous-key-file`; without a key a
+//! service refuses to start unless `--insecure-unsigned-queue`.
+//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::path::{Path, PathBuf};
 
@@ -61,11 +47,9 @@ pub struct QueueKeyArgs {
 }
 
 impl QueueKeyArgs {
-    /// The key to use: `Some` from the key file, `None` when running unsigned
-    /// on purpose.
-    ///
-    /// Errors: no key file and no `--insecure-unsigned-queue`; an unreadable or
-    /// too short key file ([`KeyError`]).
+    /// The key to use: `Some` from the key file, `None` when running unsigned on purpose. Errors:
+    /// no key file and no `--insecure-unsigned-queue`; an unreadable or too short key file
+    /// ([`KeyError`]).
     pub fn load(&self) -> Result<Option<QueueKey>, KeyError> {
         match &self.queue_hmac_key_file {
             Some(path) => {
@@ -209,10 +193,9 @@ impl QueueKey {
         entry.mac = Some(hex::encode(tag));
     }
 
-    /// Check `entry.mac` for the queue of `provisioner_name` against the
-    /// current key, then the previous one; each comparison in constant time.
-    ///
-    /// Errors: [`AuthError::Unsigned`], [`AuthError::BadMac`].
+    /// Check `entry.mac` for the queue of `provisioner_name` against the current key, then the
+    /// previous one; each comparison in constant time. Errors: [`AuthError::Unsigned`],
+    /// [`AuthError::BadMac`].
     pub fn verify(&self, provisioner_name: &str, entry: &QueuedPvWrite) -> Result<(), AuthError> {
         let given = entry.mac.as_deref().ok_or(AuthError::Unsigned)?;
         let given = hex::decode(given).map_err(|_| AuthError::BadMac)?;

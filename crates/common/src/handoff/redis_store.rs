@@ -1,38 +1,11 @@
-//! Redis connection shared by the durable queue and the provisioning intents:
-//! the one place that turns the `--redis-*` flags into a client, with
-//! authentication (ACL user + password) and TLS.
-//!
-//! All keys of one provisioner live under one prefix, `provisioner:{<name>}:`,
-//! where `<name>` is the provisioner name. The braces make it a Redis Cluster
-//! hash tag, so multi-key transactions (MULTI/EXEC, Lua) on one provisioner's
-//! keys stay on one shard. The deploy's ACL users are limited to this prefix
-//! (`deploy/base/redis/users.acl`).
-//!
-//! # Credentials and TLS
-//!
-//! * user: `--redis-username` (env `REDIS_USERNAME`), or the URL's user part;
-//!   without either the connection authenticates as Redis' `default` user;
-//! * password: the first line of `--redis-password-file` (env
-//!   `REDIS_PASSWORD_FILE`, e.g. a mounted Secret key), or env
-//!   `REDIS_PASSWORD`, or the URL's password part: at most one of the three.
-//!   The file is read at every connection attempt, so a corrected or rotated
-//!   Secret is picked up by the next retry without a restart;
-//! * TLS: a `rediss://` URL. `--redis-ca-file` (PEM bundle) replaces the
-//!   system roots as the only trusted CAs; `--redis-client-cert-file` and
-//!   `--redis-client-key-file` (PEM) add a client certificate (mutual TLS).
-//!   TLS is redis-rs' own (`tokio-rustls-comp`, rustls with the ring
-//!   provider kube already uses), not hand-written.
-//!
-//! Passwords never appear in logs or errors: URLs pass through [`redact_url`]
-//! and [`RedisConfig`]'s `Debug` hides the password.
-//!
-//! # Errors
-//!
-//! [`connect`] checks the connection with `PING` before returning, so wrong
-//! credentials (`WRONGPASS`, `NOAUTH`, `NOPERM`) or an untrusted server
-//! certificate fail there with a [`ConnectError`] naming the cause and the
-//! flag to fix, instead of surfacing later as a failed queue operation.
-//! Callers retry (and report not ready meanwhile).
+//! The Redis connection shared by the queue and the intents: the one place that
+//! turns the `--redis-*` flags into a client, with ACL user, password (file, env or
+//! URL; at most one) and TLS (`rediss://`, optional CA and client certificate).
+//! Every key of one provisioner lives under [`key_prefix`] (`provisioner:{<name>}:`,
+//! a Redis Cluster hash tag). [`connect`] checks the connection with `PING`, so
+//! refused credentials or an untrusted certificate fail there ([`ConnectError`]
+//! names the cause and the flag). Passwords never reach logs ([`redact_url`]).
+//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -68,7 +41,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Authentication and TLS flags of the Redis connection, flattened into
-/// [`crate::runtime::config::CommonArgs`] next to `--redis-url` (see the module docs).
+/// the runtime's common flags next to `--redis-url` (see the module docs).
 #[derive(Debug, Clone, Default, Args)]
 pub struct RedisAuthArgs {
     /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
@@ -122,10 +95,9 @@ impl std::fmt::Debug for Password {
     }
 }
 
-/// Everything needed to open a Redis connection: URL, credentials, TLS
-/// files. Built from the flags with [`RedisConfig::from_args`]; a bare URL
-/// converts into one (`"redis://…".into()`), which is how tests and embedders
-/// without credentials call [`connect`]. Cheap to clone; `Debug` hides the
+/// Everything needed to open a Redis connection: URL, credentials, TLS files. Built from the flags
+/// with [`RedisConfig::from_args`]; a bare URL converts into one (`"redis://…".into()`), which is
+/// how tests and embedders without credentials call [`connect`]. Cheap to clone; `Debug` hides the
 /// password.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedisConfig {
@@ -267,13 +239,10 @@ impl RedisConfig {
             .unwrap_or_else(|| "default".to_string())
     }
 
-    /// Build a redis-rs client: parse the URL, apply user and password (the
-    /// password file is read now), and for `rediss://` the CA and client
-    /// certificate files.
-    ///
-    /// Errors: [`ConnectError::Config`] for a bad URL, two password sources,
-    /// conflicting users, unreadable or empty files, TLS files with a
-    /// non-TLS URL, or unparsable PEM.
+    /// Build a redis-rs client: parse the URL, apply user and password (the password file is read
+    /// now), and for `rediss://` the CA and client certificate files. Errors:
+    /// [`ConnectError::Config`] for a bad URL, two password sources, conflicting users, unreadable
+    /// or empty files, TLS files with a non-TLS URL, or unparsable PEM.
     pub fn client(&self) -> Result<redis::Client, ConnectError> {
         let info: ConnectionInfo = self
             .url
@@ -391,11 +360,9 @@ fn read_password_file(path: &Path) -> Result<String, String> {
     Ok(first.to_string())
 }
 
-/// A reconnecting connection described by `config` (a URL converts: see
-/// [`RedisConfig`]), checked with `PING`. Commands fail fast while Redis is
-/// down (the manager reconnects in the background); callers retry.
-///
-/// Errors: [`ConnectError`] naming the cause: bad configuration, refused
+/// A reconnecting connection described by `config` (a URL converts: see [`RedisConfig`]), checked
+/// with `PING`. Commands fail fast while Redis is down (the manager reconnects in the background);
+/// callers retry. Errors: [`ConnectError`] naming the cause: bad configuration, refused
 /// credentials, failed TLS, or Redis unreachable at the first connection.
 pub async fn connect(config: impl Into<RedisConfig>) -> Result<ConnectionManager, ConnectError> {
     let config = config.into();
@@ -422,19 +389,22 @@ pub const REACHABLE_GAUGE: &str = "redis_reachable";
 /// Register the `redis_reachable` gauge into `registry` (starting at 0: not
 /// known to be reachable yet).
 pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge {
-    crate::runtime::metrics::gauge(
-        registry,
+    let gauge = prometheus::IntGauge::new(
         REACHABLE_GAUGE,
         "1 while Redis (--redis-url, with the service's credentials) answered the last PING (probed every 5 s, 2 s timeout), 0 otherwise.",
     )
+    .expect("valid metric");
+    registry
+        .register(Box::new(gauge.clone()))
+        .expect("metric registered twice");
+    gauge
 }
 
-/// Probe Redis at `config` every `interval` until `stop` fires: connect (once,
-/// with the service's credentials and TLS; then the manager reconnects by
-/// itself) and `PING`, each bounded by 2 s, and set `gauge` to 1 on a `PONG`, 0
-/// on any failure (unreachable, refused credentials, bad TLS). Never returns an
-/// error: that is exactly what the gauge reports. Runs in every replica, leader
-/// or not, so a standby that cannot reach Redis is seen before it takes over.
+/// Probe Redis at `config` every `interval` until `stop` fires: connect (once, with the service's
+/// credentials and TLS; then the manager reconnects by itself) and `PING`, each bounded by 2 s, and
+/// set `gauge` to 1 on a `PONG`, 0 on any failure (unreachable, refused credentials, bad TLS).
+/// Never returns an error: that is exactly what the gauge reports. Runs in every replica, leader or
+/// not, so a standby that cannot reach Redis is seen before it takes over.
 pub async fn watch_reachability(
     config: RedisConfig,
     gauge: prometheus::IntGauge,

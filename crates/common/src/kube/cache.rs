@@ -1,15 +1,7 @@
-//! Reflector helpers: trimming objects before they enter a reflector cache,
-//! keeping them compact there ([`Compact`]), and the watch backoff every
-//! reflector of the services uses.
-//!
-//! The services keep every claim and PV of the cluster in kube-runtime
-//! reflector stores. `metadata.managedFields` (server-side apply bookkeeping)
-//! and the `kubectl.kubernetes.io/last-applied-configuration` annotation are
-//! often larger than the rest of the object and nothing here reads them, so
-//! they are dropped on the way in (`watcher(..).modify(strip_for_cache)`), as
-//! kube-rs recommends for memory-bound controllers. Caches of many objects
-//! (provision-svc's claims, reclaim-svc's PVs) hold [`Compact`] objects, and
-//! a cache that only answers "does this name exist?" is a [`NameSet`].
+//! Reflector helpers: [`strip_for_cache`] drops `managedFields` and the
+//! last-applied annotation on the way in (`watcher(..).modify(strip_for_cache)`),
+//! [`Compact`] keeps many objects small, [`NameSet`] answers "does this name
+//! exist?", and [`watch_backoff`] is every reflector's watch backoff.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -27,14 +19,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 /// Longest pause between two watch attempts of a reflector ([`watch_backoff`]).
 pub const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// The backoff of every reflector's watch (`.backoff(watch_backoff())`):
-/// kube-runtime's default (client-go's reflector policy: 800 ms doubling with
-/// jitter, reset after 2 minutes without failures) but capped at
-/// [`WATCH_BACKOFF_MAX`] instead of 30 s. After an API-server outage the
-/// default left a reflector up to 30 s behind the API server's return (claims
-/// waited that long to be provisioned); a few services retrying one watch
-/// every 2–4 s (jitter adds up to one delay) cost a recovering API server
-/// nothing worth that delay.
+/// The backoff of every reflector's watch: kube-runtime's default (800 ms doubling
+/// with jitter, reset after 2 min) capped at [`WATCH_BACKOFF_MAX`] instead of 30 s.
 pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let builder = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(800))
@@ -59,10 +45,9 @@ pub fn strip_for_cache<K: ResourceExt>(obj: &mut K) {
     }
 }
 
-/// Keep only the identity of `meta`: `name`, `namespace`, `uid` and
-/// `resourceVersion` (what a reflector store keys and tracks objects by and
-/// what kube-runtime's `ObjectRef` carries). Labels, annotations, finalizers,
-/// owner references, timestamps and `managedFields` are dropped.
+/// Keep only the identity of `meta` (`name`, `namespace`, `uid`,
+/// `resourceVersion`); labels, annotations, finalizers, owners, timestamps and
+/// `managedFields` are dropped.
 pub fn identity_only(meta: &mut ObjectMeta) {
     *meta = ObjectMeta {
         name: meta.name.take(),
@@ -73,27 +58,9 @@ pub fn identity_only(meta: &mut ObjectMeta) {
     };
 }
 
-/// An object of kind `K` as a reflector cache keeps it when memory matters:
-/// its identity (`metadata.name`, `namespace`, `uid`, `resourceVersion`, see
-/// [`identity_only`]) as typed metadata, which is all a reflector store and
-/// kube-runtime's `Controller` read, and the whole object (after
-/// [`strip_for_cache`]) as compact JSON, decoded into a fresh `K` by
-/// [`Compact::object`] when a worker needs it.
-///
-/// Why: a k8s-openapi value is several times the size of its JSON. Each
-/// optional field is held inline (a `PersistentVolume`'s spec holds every
-/// volume source, so a hostPath PV is a few KB as a Rust value) and each
-/// non-empty map (annotations, `resources.requests`, `status.capacity`) is a
-/// B-tree node of about 0.5 KB however few entries it holds. A claim or PV
-/// of the benchmark is 0.7–1 KB as JSON. Nothing is lost: [`Compact::object`]
-/// returns the object as the API server sent it, minus what
-/// [`strip_for_cache`] drops.
-///
-/// Used as the resource type of a watcher/reflector
-/// (`watcher(Api::<Compact<PersistentVolume>>::all(client), cfg)`): it
-/// lists and watches `K`'s URL (same kind, group, version, plural and scope)
-/// and decodes each object as `K`, then compacts it, so the typed value only
-/// lives while one event is decoded.
+/// An object of kind `K` as a reflector cache keeps it: typed identity metadata
+/// (all a store and `Controller` read) plus the object as compact JSON, decoded by
+/// [`Compact::object`]; use it as a watcher's resource type (`Api::<Compact<K>>`).
 pub struct Compact<K> {
     metadata: ObjectMeta,
     json: Box<[u8]>,
@@ -120,12 +87,8 @@ impl<K: Resource + Serialize> Compact<K> {
 }
 
 impl<K: DeserializeOwned> Compact<K> {
-    /// The whole object, decoded from the cached JSON (a new value each call;
-    /// microseconds for a claim or PV).
-    ///
-    /// Panics: only if `K` cannot decode its own serialization, which would
-    /// be a bug in `K`'s serde code (the round trip is tested for claims and
-    /// PVs with every field the services or backends read).
+    /// The whole object, decoded from the cached JSON (a new value each call).
+    /// Panics only if `K` cannot decode its own serialization (a bug in `K`).
     pub fn object(&self) -> K {
         serde_json::from_slice(&self.json)
             .expect("a cached object decodes from the JSON it was encoded to")
@@ -201,14 +164,9 @@ impl<'de, K: Resource + Serialize + DeserializeOwned> Deserialize<'de> for Compa
     }
 }
 
-/// The names of every object of one cluster-scoped kind, kept from a
-/// kube-runtime watcher's events: the cache of a reader that only asks
-/// whether a name exists (provision-svc: "does PV `pvc-<claim uid>`
-/// exist?"). The same semantics as a reflector store — a (re-)list replaces
-/// the set at `InitDone`, so names deleted while the watch was down go — at
-/// one string per object instead of a store entry (an `ObjectRef` key with
-/// four strings and an `Arc` of `ObjectMeta`, about 0.8 KB per PV even with
-/// [`identity_only`] metadata). Clones share the set.
+/// The names of every object of one cluster-scoped kind, kept from a watcher's
+/// events with a reflector store's semantics (a re-list replaces the set at
+/// `InitDone`), one string per object. Clones share the set.
 #[derive(Clone)]
 pub struct NameSet {
     state: Arc<Mutex<NameSetState>>,
@@ -236,10 +194,8 @@ impl NameSet {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Apply one watcher event (as `reflector::store::Writer::apply_watcher_event`):
-    /// `Apply` adds the object's name, `Delete` removes it, `Init` starts a
-    /// list, `InitApply` adds to it, `InitDone` makes it the set and marks
-    /// the set ready. Objects without a name are ignored.
+    /// Apply one watcher event as a store writer does: `Apply` adds, `Delete` removes,
+    /// `Init`/`InitApply`/`InitDone` rebuild the set and mark it ready.
     pub fn apply_watcher_event<K: Resource>(&self, event: &Event<K>) {
         let name = |obj: &K| obj.meta().name.as_deref().map(Box::<str>::from);
         let mut state = self.state();

@@ -1,27 +1,11 @@
-//! Kubernetes events (events.k8s.io/v1), de-duplicated into series.
-//!
-//! Events about namespaced objects (claims) go into the object's namespace, as
-//! kube-runtime's events `Recorder` would put them.
-//!
-//! Events about cluster-scoped objects (PersistentVolumes) need a namespace of their own, and
-//! the Recorder picks `default`, which kube-apiserver before 1.23 rejects for an Event with
-//! `eventTime` set (every events.k8s.io/v1 Event): `involvedObject.namespace: Invalid value:
-//! "": does not match event.namespace`. Kubernetes 1.19–1.22 accept such an Event only in
-//! `kube-system`; 1.23+ (and the 1.20.12/1.21.6/1.22.3 backports, kubernetes/kubernetes#100125)
-//! accept `default` or `kube-system`. So these are written here, in [`CLUSTER_SCOPED_NAMESPACE`]
-//! (`kube-system`, where client-go's events recorder put them until 1.19 and kube-rs's did in
-//! 0.72), with `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
-//! [`EventSink`] is a small hand-written copy of the Recorder's create-then-patch-series
-//! logic, because the Recorder cannot be told to use another namespace than the object's,
-//! and because it remembers a whole Event per series (see [`EventSink`]).
-//!
-//! Events that must exist once per object, whoever publishes them and how often
-//! ([`EventSink::publish_once`]: pv-writer's `ProvisioningSucceeded`, which a deposed
-//! leader and its successor may both announce for the same PV write), get a deterministic
-//! name, `<object uid>.<reason in lower case>` ([`once_event_name`]): the first create
-//! wins and every later one answers `409 AlreadyExists`, which is the success of "already
-//! announced". The Recorder cannot do this either: it names every Event
-//! `<object name>.<timestamp>` and keeps its series only in one process's memory.
+//! Kubernetes events (events.k8s.io/v1), de-duplicated into series as
+//! kube-runtime's `Recorder` does. Events about claims go into the claim's
+//! namespace; events about PersistentVolumes into [`CLUSTER_SCOPED_NAMESPACE`]
+//! (`kube-system`, the only namespace Kubernetes 1.19–1.22 accept), with
+//! `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
+//! [`EventSink::publish_once`] names an event `<uid>.<reason>` ([`once_event_name`])
+//! so it exists once per object whoever publishes it.
+//! Why not the Recorder: docs/decisions/0005-events-and-client-go-metrics.md.
 
 use api_types::queue::ClaimKey;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
@@ -71,17 +55,9 @@ struct SeriesEntry {
     last: Timestamp,
 }
 
-/// Publishes events for one service; cheap to clone.
-///
-/// A small hand-written version of kube-runtime's events `Recorder`
-/// (create the Event, then on a repeat within [`SERIES_TTL`] patch its
-/// `series` count and `lastObservedTime`), for two reasons: the Recorder
-/// cannot put Events about cluster-scoped objects anywhere but `default`
-/// (see the module docs), and it keeps a clone of every Event it published
-/// for the whole series window — at 5,000 claims that cache was the largest
-/// item of pv-writer's heap profile (18 MB of 20 MB) and 14 MB of
-/// provision-svc's (BENCHMARKS.md). This cache keeps a hash of the series
-/// identity, the Event's name and namespace, the count and the last time.
+/// Publishes events for one service; cheap to clone. A small copy of kube-runtime's
+/// `Recorder` (create, then patch `series` on repeats within [`SERIES_TTL`]) that keeps
+/// only a hash per series (docs/decisions/0005-events-and-client-go-metrics.md).
 #[derive(Clone)]
 pub struct EventSink {
     client: Client,
@@ -126,11 +102,10 @@ impl EventSink {
         }
     }
 
-    /// [`EventSink::publish`] returning the API error (for tests and callers that count
-    /// failures). The Event is created the first time, then its `series` (count,
-    /// lastObservedTime) patched on repeats within [`SERIES_TTL`], as the Recorder does.
-    ///
-    /// Errors: the API server rejected or did not answer the create/patch.
+    /// [`EventSink::publish`] returning the API error (for tests and callers that count failures).
+    /// The Event is created the first time, then its `series` (count, lastObservedTime) patched on
+    /// repeats within [`SERIES_TTL`], as the Recorder does. Errors: the API server rejected or did
+    /// not answer the create/patch.
     pub async fn try_publish(
         &self,
         object: &ObjectReference,
@@ -248,11 +223,9 @@ impl EventSink {
         }
     }
 
-    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call
-    /// created the Event, `Ok(false)` when it already existed.
-    ///
-    /// Errors: the API server rejected (other than `409 AlreadyExists`) or did not answer
-    /// the create.
+    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call created the
+    /// Event, `Ok(false)` when it already existed. Errors: the API server rejected (other than `409
+    /// AlreadyExists`) or did not answer the create.
     pub async fn try_publish_once(
         &self,
         object: &ObjectReference,

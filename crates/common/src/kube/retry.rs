@@ -19,7 +19,31 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::config::RetryArgs;
+use clap::Args;
+
+/// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
+/// burst 100 across all items); the per-item backoff is
+/// `--retry-interval-start`/`--retry-interval-max` of the runtime's common flags.
+#[derive(Debug, Clone, Args)]
+pub struct RetryArgs {
+    /// Overall retries per second across all items (token bucket refill). 0 disables.
+    #[arg(
+        long,
+        env = "RETRY_QPS",
+        default_value_t = 10.0,
+        help_heading = "Workers and retries"
+    )]
+    pub retry_qps: f64,
+
+    /// Overall retry burst (token bucket size).
+    #[arg(
+        long,
+        env = "RETRY_BURST",
+        default_value_t = 100,
+        help_heading = "Workers and retries"
+    )]
+    pub retry_burst: u32,
+}
 
 /// A retry delay policy: after the `n`-th consecutive failure (1-based) wait
 /// `initial · 2^(n-1)`, capped at `max` (a constant policy has
@@ -49,13 +73,12 @@ impl Backoff {
         backoff(self.initial, self.max, failures.max(1))
     }
 
-    /// Run `op` until it returns `Ok`, waiting [`delay`](Self::delay)`(n)`
-    /// after its `n`-th failure; `on_error(&error, n, delay)` sees each
-    /// failure first (log it, report not-ready). Returns `Some(value)`, or
-    /// `None` once an attempt failed after `shutdown` fired (or it fires while
-    /// waiting). The first attempt is always made, even after shutdown: a
-    /// PV write finishing during a graceful shutdown still settles its entry.
-    /// Outcomes that must not be retried belong in `T`.
+    /// Run `op` until it returns `Ok`, waiting [`delay`](Self::delay)`(n)` after its `n`-th
+    /// failure; `on_error(&error, n, delay)` sees each failure first (log it, report not-ready).
+    /// Returns `Some(value)`, or `None` once an attempt failed after `shutdown` fired (or it fires
+    /// while waiting). The first attempt is always made, even after shutdown: a PV write finishing
+    /// during a graceful shutdown still settles its entry. Outcomes that must not be retried belong
+    /// in `T`.
     pub async fn retry<T, E, F, Fut>(
         &self,
         shutdown: &CancellationToken,
@@ -151,8 +174,7 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
         }
     }
 
-    /// Policy from the per-item `per_item` backoff
-    /// ([`CommonArgs::retry_backoff`](crate::runtime::config::CommonArgs::retry_backoff))
+    /// Policy from the per-item `per_item` backoff (`--retry-interval-start`/`-max`)
     /// and the `--retry-qps`/`--retry-burst` flags.
     pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
         Self::new(

@@ -1,25 +1,11 @@
-//! client-go's work-queue metrics (`k8s.io/client-go/util/workqueue`'s
-//! Prometheus provider), for any queue of keys: the hand-written
-//! [`WorkQueue`](crate::kube::workqueue::WorkQueue) reports through it, and so can a
-//! kube-runtime `Controller`'s reconcile wrapper (call [`WorkQueueMetrics::add`]
-//! when a request is scheduled, [`WorkQueueMetrics::queued_for`] when it is
-//! picked up, hold a [`WorkQueueMetrics::start_processing`] guard while
-//! reconciling and [`WorkQueueMetrics::retry`] when requeueing on error).
-//!
-//! Families, all with the const label `name` (the queue's name, e.g. `claims`):
-//!
-//! | family | type | meaning |
-//! |---|---|---|
-//! | `workqueue_depth` | gauge | keys waiting (not counting those being processed) |
-//! | `workqueue_adds_total` | counter | keys added (a duplicate add that is collapsed is not counted) |
-//! | `workqueue_retries_total` | counter | keys re-added with backoff after a failure |
-//! | `workqueue_queue_duration_seconds` | histogram | seconds a key waited before a worker took it |
-//! | `workqueue_work_duration_seconds` | histogram | seconds a worker spent on one key |
-//! | `workqueue_unfinished_work_seconds` | gauge | sum of the ages of the work in progress |
-//! | `workqueue_longest_running_processor_seconds` | gauge | age of the oldest work in progress |
-//!
-//! The two "unfinished" gauges are computed when the registry is scraped, so
-//! they are exact at scrape time (client-go refreshes them every 500 ms).
+//! client-go's work-queue metrics (`workqueue_depth`, `_adds_total`,
+//! `_retries_total`, `_queue_duration_seconds`, `_work_duration_seconds`,
+//! `_unfinished_work_seconds`, `_longest_running_processor_seconds`; const label
+//! `name`) for any queue of keys: call [`WorkQueueMetrics::add`] when a key is
+//! scheduled, [`WorkQueueMetrics::queued_for`] when it is picked up, hold
+//! [`WorkQueueMetrics::start_processing`] while working and
+//! [`WorkQueueMetrics::retry`] on a requeue. The "unfinished" gauges are computed
+//! at scrape time. Family meanings: docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,10 +69,9 @@ impl WorkQueueMetrics {
         }
     }
 
-    /// [`new`](Self::new) and register the series into `registry`.
-    ///
-    /// Panics if a queue of the same `name` is already registered there (a
-    /// programming error caught by every test that builds the service).
+    /// [`new`](Self::new) and register the series into `registry`. Panics if a queue of the same
+    /// `name` is already registered there (a programming error caught by every test that builds the
+    /// service).
     pub fn register(registry: &Registry, name: &str) -> Self {
         let metrics = Self::new(name);
         registry
@@ -128,10 +113,9 @@ impl WorkQueueMetrics {
         }
     }
 
-    /// For a loop with `slots` concurrent workers that cannot see its own
-    /// queue (kube-runtime's `Controller`): how long every slot has been busy,
-    /// i.e. the age of the youngest running item when all `slots` run, else
-    /// zero (a free slot means nothing waits for one).
+    /// For a loop with `slots` concurrent workers that cannot see its own queue (kube-runtime's
+    /// `Controller`): how long every slot has been busy, i.e. the age of the youngest running item
+    /// when all `slots` run, else zero (a free slot means nothing waits for one).
     pub fn stalled_when_busy(&self, slots: usize) -> Duration {
         let running = self.running();
         if slots == 0 || running.len() < slots {

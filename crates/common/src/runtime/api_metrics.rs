@@ -1,20 +1,9 @@
-//! Kubernetes API request metrics under client-go's names, as a tower layer
-//! on the kube client's service stack:
-//!
-//! * `rest_client_requests_total{code, method}` — finished requests by HTTP
-//!   status code (`"<error>"` when no response arrived: connect error,
-//!   timeout) and HTTP method (`GET`, `POST`, `PATCH`, ...);
-//! * `rest_client_request_duration_seconds{verb}` — seconds from sending the
-//!   request to the response head (a watch counts until its stream opens),
-//!   by HTTP method.
-//!
-//! client-go also labels them with `host`; each service here talks to one API
-//! server, so the label is left out. The layer sits *inside* the client-side
-//! rate limit ([`crate::runtime::kube_client::build_client_with_metrics`]), so, as in
-//! client-go, the time a request waits for the limiter is not in the latency.
-//!
-//! Hand-written because kube-rs ships no metrics layer; it is a plain
-//! [`tower::Layer`] around the stack kube builds.
+//! Kubernetes API request metrics under client-go's names, as a tower layer on
+//! the kube client's stack: `rest_client_requests_total{code, method}` (`"<error>"`
+//! when no response arrived) and `rest_client_request_duration_seconds{verb}` (to
+//! the response head). No `host` label (one API server per service). The layer sits
+//! inside the client-side rate limit, so limiter waits are not in the latency.
+//! See docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::future::Future;
 use std::pin::Pin;

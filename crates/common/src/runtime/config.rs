@@ -1,17 +1,7 @@
-//! Command-line flags shared by every service, each with an environment-variable
-//! twin (flag `--kube-api-qps` ⇔ env `KUBE_API_QPS`). Services `#[command(flatten)]`
-//! [`CommonArgs`] into their own clap parser, so a flag with one meaning has one
-//! name in all three services.
-//!
-//! Where kubernetes-csi/external-provisioner has a flag with the same meaning,
-//! its name is used: `--leader-election-lease-duration`,
-//! `--leader-election-renew-deadline`, `--leader-election-retry-period`,
-//! `--http-endpoint`, `--retry-interval-start`, `--retry-interval-max`,
-//! `--worker-threads`. The names these flags had before keep working as
-//! aliases (`--lease-duration`, `--renew-deadline`, `--retry-period`,
-//! `--retry-initial-delay`/`--retry-initial`, `--retry-max-delay`/`--retry-max`,
-//! `--workers`; `--http-address`/`--http-port` stay as the split form of
-//! `--http-endpoint`).
+//! Command-line flags shared by every service, each with an environment twin
+//! (`--kube-api-qps` ⇔ `KUBE_API_QPS`), flattened into each service's parser.
+//! Names follow kubernetes-csi/external-provisioner where it has the flag; the
+//! earlier names stay as aliases (listed in the README).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -20,17 +10,13 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 /// Parse a human duration such as `15s`, `2m`, `1h30m` or `500ms`.
-///
 /// Errors: a message naming the bad input, for clap to print.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
-/// Parse `--http-endpoint`: `host:port` with an IP host, or `:port` for all
-/// IPv4 interfaces (external-provisioner's `--http-endpoint=:8080` form).
-/// IPv6 hosts take brackets (`[::1]:9101`).
-///
-/// Errors: a message naming the bad input, for clap to print.
+/// Parse `--http-endpoint`: `host:port` with an IP host (IPv6 in brackets), or
+/// `:port` for all IPv4 interfaces. Errors: a message naming the bad input.
 pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
     let bad = |e: &dyn std::fmt::Display| {
         format!("invalid HTTP endpoint {s:?} (want HOST:PORT or :PORT): {e}")
@@ -44,11 +30,8 @@ pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
     }
 }
 
-/// Check a Redis URL as redis-rs will read it: scheme `redis://`, `rediss://`
-/// (TLS), `redis+unix://` or `unix://` (or their `valkey` twins), host and a
-/// numeric port.
-///
-/// Errors: a message naming the URL (password redacted) and what is wrong.
+/// Check a Redis URL as redis-rs reads it: `redis://`, `rediss://`, `redis+unix://`,
+/// `unix://` (or `valkey` twins), host and numeric port. Errors: what is wrong.
 pub fn check_redis_url(url: &str) -> Result<(), String> {
     use redis::IntoConnectionInfo as _;
     let shown = crate::handoff::redis_store::redact_url(url);
@@ -102,13 +85,8 @@ impl clap::builder::TypedValueParser for RedisUrlParser {
     }
 }
 
-/// Whether a `--resync-period` is on, and its ticker: `None` for `0s`
-/// ("off", as the seed's informer with resync period 0), else a
-/// [`tokio::time::Interval`] whose first tick comes one `period` from now and
-/// that delays (never bursts) missed ticks.
-///
-/// Why a helper: `tokio::time::interval(Duration::ZERO)` panics, which used to
-/// kill a service's resync task when an operator turned resync off.
+/// The `--resync-period` ticker: `None` for `0s` (off, as the seed), else an
+/// interval whose first tick is one `period` from now and that delays missed ticks.
 pub fn resync_interval(period: Duration) -> Option<tokio::time::Interval> {
     if period.is_zero() {
         return None;
@@ -127,67 +105,46 @@ pub enum LogFormat {
     Json,
 }
 
-/// The service a process runs; fixes its Lease suffix and default HTTP port.
+/// What a service passes to the runtime: its name, Lease, default port and defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServiceKind {
-    /// Claims → volumes.
-    Provision,
-    /// Durable queue → PV objects.
-    PvWriter,
-    /// Released volumes → deletion.
-    Reclaim,
+pub struct ServiceSpec {
+    /// Binary / component name, e.g. `provision-svc`; used as the event reporter.
+    pub name: &'static str,
+    /// Suffix of the service's Lease name (`<provisioner>-<suffix>`).
+    pub lease_suffix: &'static str,
+    /// Default HTTP port for `/metrics`, `/healthz`, `/readyz`.
+    pub http_port: u16,
+    /// Default `--worker-threads`.
+    pub worker_threads: u32,
+    /// Default `--retry-interval-start` / `--retry-interval-max`.
+    pub retry_intervals: (Duration, Duration),
 }
 
-impl ServiceKind {
-    /// Binary / component name, e.g. `provision-svc`; used as the event reporter.
-    pub fn component(self) -> &'static str {
-        match self {
-            ServiceKind::Provision => "provision-svc",
-            ServiceKind::PvWriter => "pv-writer",
-            ServiceKind::Reclaim => "reclaim-svc",
+impl ServiceSpec {
+    /// A service with the seed's defaults: 4 workers (threadiness), retries 15s doubling to 1000s.
+    pub const fn new(name: &'static str, lease_suffix: &'static str, http_port: u16) -> Self {
+        ServiceSpec {
+            name,
+            lease_suffix,
+            http_port,
+            worker_threads: 4,
+            retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
         }
     }
 
-    /// Suffix of the service's Lease name (`<provisioner>-<suffix>`).
-    pub fn lease_suffix(self) -> &'static str {
-        match self {
-            ServiceKind::Provision => "provision",
-            ServiceKind::PvWriter => "pv-writer",
-            ServiceKind::Reclaim => "reclaim",
+    /// This spec with `n` default workers.
+    pub const fn with_workers(self, n: u32) -> Self {
+        ServiceSpec {
+            worker_threads: n,
+            ..self
         }
     }
 
-    /// Default HTTP port for `/metrics`, `/healthz`, `/readyz`: 9101, 9102, 9103,
-    /// distinct so all three services can run on one host.
-    pub fn default_http_port(self) -> u16 {
-        match self {
-            ServiceKind::Provision => 9101,
-            ServiceKind::PvWriter => 9102,
-            ServiceKind::Reclaim => 9103,
-        }
-    }
-
-    /// Default `--worker-threads`: 8 claims (the seed's 4 is too few when the
-    /// Redis round trips per claim are the limit), 16 PV writes, 4 PVs (seed
-    /// threadiness).
-    pub fn default_worker_threads(self) -> u32 {
-        match self {
-            ServiceKind::Provision => 8,
-            ServiceKind::PvWriter => 16,
-            ServiceKind::Reclaim => 4,
-        }
-    }
-
-    /// Default `--retry-interval-start` / `--retry-interval-max`: the seed's
-    /// work-queue backoff (15s doubling to 1000s) for claims and PVs;
-    /// 1s doubling to 5m for pv-writer's queue entries (a PV write is cheap
-    /// and retried forever).
-    pub fn default_retry_intervals(self) -> (Duration, Duration) {
-        match self {
-            ServiceKind::Provision | ServiceKind::Reclaim => {
-                (Duration::from_secs(15), Duration::from_secs(1000))
-            }
-            ServiceKind::PvWriter => (Duration::from_secs(1), Duration::from_secs(300)),
+    /// This spec with default retry intervals `start` doubling to `max`.
+    pub const fn with_retry(self, start: Duration, max: Duration) -> Self {
+        ServiceSpec {
+            retry_intervals: (start, max),
+            ..self
         }
     }
 }
@@ -430,35 +387,10 @@ pub struct CommonArgs {
     pub healthz_stall_timeout: Duration,
 }
 
-/// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
-/// burst 100 across all items); the per-item backoff is
-/// `--retry-interval-start`/`--retry-interval-max` in [`CommonArgs`].
-#[derive(Debug, Clone, Args)]
-pub struct RetryArgs {
-    /// Overall retries per second across all items (token bucket refill). 0 disables.
-    #[arg(
-        long,
-        env = "RETRY_QPS",
-        default_value_t = 10.0,
-        help_heading = "Workers and retries"
-    )]
-    pub retry_qps: f64,
+pub use crate::kube::retry::RetryArgs;
 
-    /// Overall retry burst (token bucket size).
-    #[arg(
-        long,
-        env = "RETRY_BURST",
-        default_value_t = 100,
-        help_heading = "Workers and retries"
-    )]
-    pub retry_burst: u32,
-}
-
-/// Environment variables that earlier releases read for flags now named as in
-/// kubernetes-csi/external-provisioner, each with the variable that replaces
-/// it. The old flag names still parse (clap aliases), but clap reads one
-/// variable per flag, so an old variable would be ignored silently:
-/// [`check_renamed_env`] refuses to start instead.
+/// Environment variables of renamed flags, each with its replacement; clap reads
+/// one variable per flag, so [`check_renamed_env`] refuses the old ones.
 pub const RENAMED_ENV_VARS: &[(&str, &str)] = &[
     ("LEASE_DURATION", "LEADER_ELECTION_LEASE_DURATION"),
     ("RENEW_DEADLINE", "LEADER_ELECTION_RENEW_DEADLINE"),
@@ -471,11 +403,7 @@ pub const RENAMED_ENV_VARS: &[(&str, &str)] = &[
 ];
 
 /// Refuse a renamed environment variable ([`RENAMED_ENV_VARS`]) that `lookup`
-/// (e.g. `|k| std::env::var(k).ok()`) finds set.
-///
-/// Errors: names every old variable set and its replacement, so an upgrade
-/// that kept e.g. `LEASE_DURATION=60s` fails at start instead of running
-/// with the 15 s default.
+/// finds set. Errors: names every old variable set and its replacement.
 pub fn check_renamed_env(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
     let found: Vec<String> = RENAMED_ENV_VARS
         .iter()
@@ -502,33 +430,29 @@ impl CommonArgs {
 
     /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
     /// service's default.
-    pub fn http_port_for(&self, kind: ServiceKind) -> u16 {
+    pub fn http_port_for(&self, spec: ServiceSpec) -> u16 {
         match self.http_endpoint {
             Some(endpoint) => endpoint.port(),
-            None => self.http_port.unwrap_or_else(|| kind.default_http_port()),
+            None => self.http_port.unwrap_or(spec.http_port),
         }
     }
 
     /// The HTTP server's address: `--http-endpoint`, else
     /// `--http-address`:[`http_port_for`](Self::http_port_for).
-    pub fn http_socket_addr(&self, kind: ServiceKind) -> SocketAddr {
+    pub fn http_socket_addr(&self, spec: ServiceSpec) -> SocketAddr {
         self.http_endpoint
-            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(kind)))
+            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(spec)))
     }
 
-    /// `--worker-threads`, else the service's default (see
-    /// [`ServiceKind::default_worker_threads`]); at least 1.
-    pub fn worker_threads_for(&self, kind: ServiceKind) -> usize {
-        self.worker_threads
-            .unwrap_or_else(|| kind.default_worker_threads())
-            .max(1) as usize
+    /// `--worker-threads`, else the service's default; at least 1.
+    pub fn worker_threads_for(&self, spec: ServiceSpec) -> usize {
+        self.worker_threads.unwrap_or(spec.worker_threads).max(1) as usize
     }
 
     /// The per-item retry backoff: `--retry-interval-start` doubling up to
-    /// `--retry-interval-max`, each defaulting per service (see
-    /// [`ServiceKind::default_retry_intervals`]).
-    pub fn retry_backoff(&self, kind: ServiceKind) -> crate::kube::retry::Backoff {
-        let (start, max) = kind.default_retry_intervals();
+    /// `--retry-interval-max`, each defaulting per service.
+    pub fn retry_backoff(&self, spec: ServiceSpec) -> crate::kube::retry::Backoff {
+        let (start, max) = spec.retry_intervals;
         crate::kube::retry::Backoff::exponential(
             self.retry_interval_start.unwrap_or(start),
             self.retry_interval_max.unwrap_or(max),
@@ -546,6 +470,14 @@ impl CommonArgs {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// Specs shaped like the services' own (ports 9101-9103, the seed's backoff).
+    const PROVISION: ServiceSpec =
+        ServiceSpec::new("provision-svc", "provision", 9101).with_workers(8);
+    const PV_WRITER: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
+        .with_workers(16)
+        .with_retry(Duration::from_secs(1), Duration::from_secs(300));
+    const RECLAIM: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103);
 
     #[derive(Parser)]
     struct Cli {
@@ -572,23 +504,23 @@ mod tests {
             Duration::from_secs(15),
             Duration::from_secs(1000),
         );
-        assert_eq!(cli.common.retry_backoff(ServiceKind::Provision), seed);
-        assert_eq!(cli.common.retry_backoff(ServiceKind::Reclaim), seed);
+        assert_eq!(cli.common.retry_backoff(PROVISION), seed);
+        assert_eq!(cli.common.retry_backoff(RECLAIM), seed);
         assert_eq!(
-            cli.common.retry_backoff(ServiceKind::PvWriter),
+            cli.common.retry_backoff(PV_WRITER),
             crate::kube::retry::Backoff::exponential(
                 Duration::from_secs(1),
                 Duration::from_secs(300)
             )
         );
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::Provision), 8);
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::PvWriter), 16);
-        assert_eq!(cli.common.worker_threads_for(ServiceKind::Reclaim), 4);
+        assert_eq!(cli.common.worker_threads_for(PROVISION), 8);
+        assert_eq!(cli.common.worker_threads_for(PV_WRITER), 16);
+        assert_eq!(cli.common.worker_threads_for(RECLAIM), 4);
         assert_eq!(cli.retry.retry_qps, 10.0);
         assert_eq!(cli.retry.retry_burst, 100);
-        assert_eq!(cli.common.http_port_for(ServiceKind::PvWriter), 9102);
+        assert_eq!(cli.common.http_port_for(PV_WRITER), 9102);
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            cli.common.http_socket_addr(RECLAIM),
             "0.0.0.0:9103".parse().unwrap()
         );
     }
@@ -606,7 +538,7 @@ mod tests {
         .unwrap();
         assert!(!cli.common.leader_election);
         assert_eq!(cli.common.lease_duration, Duration::from_secs(90));
-        assert_eq!(cli.common.http_port_for(ServiceKind::Provision), 0);
+        assert_eq!(cli.common.http_port_for(PROVISION), 0);
         assert!(Cli::try_parse_from(["x", "--leader-election-lease-duration", "soon"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "1025"]).is_err());
@@ -616,14 +548,14 @@ mod tests {
     fn renamed(args: &[&str]) -> (Duration, Duration, Duration, Duration, Duration, usize) {
         let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
         let c = cli.common;
-        let b = c.retry_backoff(ServiceKind::Provision);
+        let b = c.retry_backoff(PROVISION);
         (
             c.lease_duration,
             c.renew_deadline,
             c.retry_period,
             b.initial,
             b.max,
-            c.worker_threads_for(ServiceKind::Provision),
+            c.worker_threads_for(PROVISION),
         )
     }
 
@@ -678,25 +610,25 @@ mod tests {
     fn http_endpoint_or_address_and_port() {
         let cli = Cli::try_parse_from(["x", "--http-endpoint", ":8080"]).unwrap();
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Provision),
+            cli.common.http_socket_addr(PROVISION),
             "0.0.0.0:8080".parse().unwrap()
         );
-        assert_eq!(cli.common.http_port_for(ServiceKind::Provision), 8080);
+        assert_eq!(cli.common.http_port_for(PROVISION), 8080);
         let cli = Cli::try_parse_from(["x", "--http-endpoint=127.0.0.1:0"]).unwrap();
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            cli.common.http_socket_addr(RECLAIM),
             "127.0.0.1:0".parse().unwrap()
         );
         let cli = Cli::try_parse_from(["x", "--http-endpoint=[::1]:9"]).unwrap();
         assert_eq!(
-            cli.common.http_socket_addr(ServiceKind::Reclaim),
+            cli.common.http_socket_addr(RECLAIM),
             "[::1]:9".parse().unwrap()
         );
         let split =
             Cli::try_parse_from(["x", "--http-address", "127.0.0.1", "--http-port", "8080"])
                 .unwrap();
         assert_eq!(
-            split.common.http_socket_addr(ServiceKind::PvWriter),
+            split.common.http_socket_addr(PV_WRITER),
             "127.0.0.1:8080".parse().unwrap()
         );
         assert!(Cli::try_parse_from(["x", "--http-endpoint=:1", "--http-port=2"]).is_err());

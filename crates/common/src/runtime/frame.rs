@@ -1,45 +1,12 @@
-//! The frame every service runs in: client, HTTP server, leader election,
-//! signal handling and graceful shutdown around a service-specific work loop.
+//! The frame every service runs in ([`run_service`]): kube client, `/metrics`
+//! `/healthz` `/readyz`, standby until the service's Lease is held, the work loop
+//! once per leader term with a [`ServiceContext`], and graceful shutdown.
 //!
-//! Life of a replica:
-//! 1. build the kube client and serve `/metrics`, `/healthz`, `/readyz`;
-//! 2. stand by (ready) until it holds the service's Lease (skipped with
-//!    `--leader-election=false`);
-//! 3. run the work loop with a [`ServiceContext`] whose `shutdown` token fires on
-//!    SIGTERM;
-//! 4. losing the Lease (another holder, or renewals failing for the renew
-//!    deadline, e.g. during an API-server outage) aborts the work loop at
-//!    once; the process then **stays up**, reports not ready on `/readyz`
-//!    and campaigns again (step 2). Each new term calls the work function
-//!    afresh, so it starts from scratch: new reflectors and caches, and for
-//!    provision-svc a new start-up walk. (The seed exits instead and relies on
-//!    a restart; under a kubelet's growing restart back-off that leaves the
-//!    service down for minutes after a long outage.) Not ready lasts until
-//!    the Lease can be read again (a healthy standby) or this replica leads
-//!    again with its work ready. Each lost term is counted in
-//!    `leader_election_lost_total`;
-//! 5. SIGTERM lets the loop finish in-flight work for `--shutdown-grace-period`,
-//!    then aborts it and releases the Lease so a standby takes over at once.
-//!
-//! # Stopping work before the Lease is released
-//!
-//! The work loop runs as one Tokio task. Whenever it has to stop (lost Lease,
-//! grace period over) the runtime aborts that task **and awaits it**, and
-//! releases the Lease only after it has returned. Aborting drops the work
-//! future, so a service must own every sub-task it spawns in a
-//! [`tokio::task::JoinSet`] (or an abort-on-drop guard) held by the work
-//! future: dropping the set aborts them, and an aborted task stops at its next
-//! `.await`. A bare `tokio::spawn` outlives the abort and is a bug.
-//!
-//! One thing cannot be stopped: a blocking call already running in
-//! [`tokio::task::spawn_blocking`] (the hostpath backend's filesystem work)
-//! finishes on its own after its awaiting task is gone. Those calls are
-//! idempotent (create/remove of one volume directory), so the new leader
-//! repeating them is harmless.
-//!
-//! While draining after SIGTERM the runtime keeps polling the *same*
-//! [`LeaderElector::hold`] future it polled while working, so a renew deadline
-//! that was already running out is not restarted by the signal.
+//! A lost Lease aborts the work loop and awaits it; the process stays up, not
+//! ready, and campaigns again. SIGTERM lets the loop finish for
+//! `--shutdown-grace-period`, then aborts it and releases the Lease. A service
+//! owns every task it spawns (a `JoinSet` held by the work future), so the abort
+//! stops them all. Details: docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -51,7 +18,7 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::api_reachability::unreachable_cause;
-use crate::runtime::config::{CommonArgs, ServiceKind};
+use crate::runtime::config::{CommonArgs, ServiceSpec};
 use crate::runtime::health::{self, Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
 use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
@@ -72,7 +39,7 @@ pub struct ServiceContext {
     /// This replica's identity (Lease holder, event reporter instance).
     pub identity: String,
     /// Which service this is.
-    pub kind: ServiceKind,
+    pub spec: ServiceSpec,
     /// Address the HTTP server is bound to.
     pub http_addr: SocketAddr,
     /// Beat it while the work loop makes progress or is idle; `/healthz` fails
@@ -83,62 +50,43 @@ pub struct ServiceContext {
     pub term: LeaderTerm,
 }
 
-/// Run a service: see the module docs. `work` is called each time this replica
-/// starts leading (once per leader term, with a fresh [`ServiceContext`] clone)
-/// and should return when `ctx.shutdown` fires.
-///
-/// Errors: client or HTTP setup failures, or `work`'s own error. A lost Lease
+/// How [`run_service`] gets its client and shutdown signal; the default builds the
+/// client from the flags and cancels on SIGTERM/SIGINT. Tests and embedders set either.
+#[derive(Default)]
+pub struct Launch {
+    /// A client the caller built, instead of one from `--kubeconfig`/in-cluster.
+    pub client: Option<Client>,
+    /// Stands for SIGTERM: cancelling it starts the graceful shutdown (no signal handler then).
+    pub shutdown: Option<CancellationToken>,
+}
+
+/// Run the service `spec` names: see the module docs. `work` is called each time this replica
+/// starts leading (once per leader term, with a fresh [`ServiceContext`]) and should return when
+/// `ctx.shutdown` fires. Errors: client or HTTP setup failures, or `work`'s own error. A lost Lease
 /// is not an error: the replica campaigns again.
 pub async fn run_service<F, Fut>(
-    kind: ServiceKind,
+    spec: ServiceSpec,
     args: CommonArgs,
     registry: Registry,
+    launch: Launch,
     work: F,
 ) -> anyhow::Result<()>
 where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    crate::runtime::config::check_renamed_env(|k| std::env::var(k).ok())?;
-    let client =
-        crate::runtime::kube_client::client_from_args_with_metrics(&args, &registry).await?;
-    run_service_with_client(kind, args, registry, client, work).await
-}
-
-/// [`run_service`] with a client the caller built (tests, embedding).
-pub async fn run_service_with_client<F, Fut>(
-    kind: ServiceKind,
-    args: CommonArgs,
-    registry: Registry,
-    client: Client,
-    work: F,
-) -> anyhow::Result<()>
-where
-    F: Fn(ServiceContext) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
-{
-    let shutdown = CancellationToken::new();
-    crate::runtime::shutdown::cancel_on_signal(shutdown.clone());
-    run_service_with_shutdown(kind, args, registry, client, shutdown, work).await
-}
-
-/// [`run_service_with_client`] where `shutdown` stands for SIGTERM: cancelling
-/// it starts the graceful shutdown (tests; embedding in a process that handles
-/// signals itself). No signal handler is installed.
-///
-/// Errors: as [`run_service`].
-pub async fn run_service_with_shutdown<F, Fut>(
-    kind: ServiceKind,
-    args: CommonArgs,
-    registry: Registry,
-    client: Client,
-    shutdown: CancellationToken,
-    work: F,
-) -> anyhow::Result<()>
-where
-    F: Fn(ServiceContext) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
-{
+    let client = match launch.client {
+        Some(client) => client,
+        None => {
+            crate::runtime::config::check_renamed_env(|k| std::env::var(k).ok())?;
+            crate::runtime::kube_client::client_from_args_with_metrics(&args, &registry).await?
+        }
+    };
+    let shutdown = launch.shutdown.unwrap_or_else(|| {
+        let shutdown = CancellationToken::new();
+        crate::runtime::shutdown::cancel_on_signal(shutdown.clone());
+        shutdown
+    });
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
     let liveness = Liveness::new(
@@ -148,7 +96,7 @@ where
     );
     let leader_gauge = crate::runtime::metrics::leader_gauge(&registry);
     crate::runtime::metrics::register_process_collector(&registry);
-    let addr = args.http_socket_addr(kind);
+    let addr = args.http_socket_addr(spec);
     let (http_addr, server) = http::serve(
         addr,
         http::router_with_liveness(
@@ -161,7 +109,7 @@ where
     )
     .await
     .with_context(|| format!("binding HTTP server to {addr}"))?;
-    tracing::info!(service = kind.component(), %http_addr, provisioner = %args.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
+    tracing::info!(service = spec.name, %http_addr, provisioner = %args.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
     let redis_probe = tokio::spawn(crate::handoff::redis_store::watch_reachability(
         args.redis(),
         crate::handoff::redis_store::reachable_gauge(&registry),
@@ -170,7 +118,7 @@ where
     ));
 
     let identity = leader::identity(args.leader_election_identity.as_deref());
-    let lease = lease_name(&args.provisioner_name, kind.lease_suffix());
+    let lease = lease_name(&args.provisioner_name, spec.lease_suffix);
     // Exported from the start (0 = standing by), so a service with replicas
     // up but no leader shows as 0 rather than as no series at all.
     leader_gauge.with_label_values(&[&lease]).set(0);
@@ -181,7 +129,7 @@ where
         readiness: readiness.clone(),
         shutdown: shutdown.clone(),
         identity: identity.clone(),
-        kind,
+        spec,
         http_addr,
         heartbeat: liveness.heartbeat().clone(),
         term: if args.leader_election {
@@ -298,10 +246,9 @@ struct Campaign<'a> {
 }
 
 impl Campaign<'_> {
-    /// Prepare an elector, retrying every retry period while the API server
-    /// cannot be reached (`None` on shutdown). Once the Lease could be read
-    /// the replica is a healthy standby again: the not-ready state left by a
-    /// lost term is cleared.
+    /// Prepare an elector, retrying every retry period while the API server cannot be reached
+    /// (`None` on shutdown). Once the Lease could be read the replica is a healthy standby again:
+    /// the not-ready state left by a lost term is cleared.
     async fn elector(&self, readiness: &Readiness) -> Option<LeaderElector> {
         loop {
             match LeaderElector::new(

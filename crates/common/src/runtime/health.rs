@@ -1,23 +1,9 @@
-//! What `/healthz` checks: that the process is still doing its job, so the
-//! kubelet's liveness probe restarts a replica that a restart would help, and
-//! only such a replica.
-//!
-//! * **Work-loop heartbeat.** While the work loop runs (this replica leads, or
-//!   leader election is off), it must [`Heartbeat::beat`] at least once per
-//!   `--healthz-stall-timeout`. A loop beats while it makes progress *or has
-//!   nothing to do* (an idle loop is healthy); it stops beating only when it is
-//!   stuck, e.g. every worker hung on one call while keys wait
-//!   ([`crate::kube::workqueue::WorkQueue::stalled_for`], [`beat_while_progressing`]).
-//! * **Lease renewal.** A leader whose own `renewTime` has not been confirmed
-//!   for longer than the renew deadline plus three retry periods is
-//!   unhealthy. The renew-deadline watchdog ([`crate::runtime::leader`]) normally ends
-//!   the term well before that and the replica goes back to campaigning, which
-//!   is healthy (not ready, see [`crate::runtime::http::Readiness`]); this check catches
-//!   a runtime that believes it leads but can no longer act on a lost Lease.
-//!
-//! A standby, a replica campaigning after a lost Lease, and a leader whose
-//! Redis is down are *healthy*: restarting them would not help, and `/readyz`
-//! reports them.
+//! What `/healthz` checks: a work-loop heartbeat ([`Heartbeat::beat`] at least
+//! once per `--healthz-stall-timeout` while the loop leads; an idle loop beats too)
+//! and, for a leader, a Lease renewal confirmed within the renew deadline plus
+//! three retry periods. Standbys, campaigning replicas and leaders whose Redis is
+//! down are healthy (`/readyz` reports them). Rationale:
+//! docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,10 +38,9 @@ impl Heartbeat {
     }
 }
 
-/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop
-/// has been stuck, zero when idle or progressing) stays below `stall_timeout`,
-/// until `shutdown` fires. Spawn it in the work loop's own `JoinSet`, so it
-/// stops with the loop.
+/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop has been stuck, zero
+/// when idle or progressing) stays below `stall_timeout`, until `shutdown` fires. Spawn it in the
+/// work loop's own `JoinSet`, so it stops with the loop.
 pub async fn beat_while_progressing(
     heartbeat: Heartbeat,
     period: Duration,
@@ -80,10 +65,9 @@ pub fn beat_period(stall_timeout: Duration) -> Duration {
     (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
-/// When a leader counts as unable to renew: its renewal not confirmed for
-/// `renew_deadline + 3 × retry_period` (the watchdog reads the Lease every
-/// retry period, each read bounded by one retry period, so it ends the term
-/// within `renew_deadline + 2 × retry_period` while the runtime works).
+/// When a leader counts as unable to renew: its renewal not confirmed for `renew_deadline + 3 ×
+/// retry_period` (the watchdog reads the Lease every retry period, each read bounded by one retry
+/// period, so it ends the term within `renew_deadline + 2 × retry_period` while the runtime works).
 pub fn renew_tolerance(renew_deadline: Duration, retry_period: Duration) -> Duration {
     renew_deadline + 3 * retry_period
 }

@@ -115,10 +115,8 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// Bind `addr` and serve `router` until `shutdown` is cancelled. Returns the
-/// bound address (useful with port 0) and the server task.
-///
-/// Errors: the address cannot be bound.
+/// Bind `addr` and serve `router` until `shutdown` is cancelled. Returns the bound address (useful
+/// with port 0) and the server task. Errors: the address cannot be bound.
 pub async fn serve(
     addr: SocketAddr,
     router: Router,

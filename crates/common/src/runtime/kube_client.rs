@@ -1,11 +1,7 @@
 //! Kubernetes client construction: kubeconfig or in-cluster config, with a
-//! client-side request rate limit applied as a tower layer.
-//!
-//! The limit is a token bucket (client-go's `flowcontrol` limiter: `--kube-api-qps`
-//! tokens per second, at most `--kube-api-burst` saved up), implemented by `governor`'s
-//! GCRA limiter. tower's own `RateLimit` is a fixed window that lets `2 × burst`
-//! requests through around a window edge; governor has no tower layer of its own, so
-//! [`TokenBucketLayer`] is the few lines that put its limiter in front of a service.
+//! client-side token bucket (client-go's `flowcontrol` semantics, `governor`'s GCRA
+//! limiter; tower's `RateLimit` is a fixed window that lets `2 × burst` through at
+//! an edge) put in front of the client by [`TokenBucketLayer`].
 
 use std::future::Future;
 use std::num::NonZeroU32;
@@ -27,15 +23,9 @@ use crate::runtime::api_metrics::ApiMetrics;
 use crate::runtime::api_reachability::{ApiReachability, ReachabilityLayer};
 use crate::runtime::config::CommonArgs;
 
-/// The token bucket of `--kube-api-qps`/`--kube-api-burst`: one token every `1 / qps`
-/// seconds, at most `burst` (at least 1) held, so `burst` requests may go at once and
-/// the long-run rate is `qps` per second (client-go's semantics). `None` when
-/// `qps <= 0` or not finite (limit disabled), or the period rounds to zero
-/// (`qps` above 10⁹).
-///
-/// The shipped 1000 qps / 2000 burst (see `--kube-api-qps`) keeps the limit a
-/// guard against runaway loops, not the pace of a burst of claims; client-go's
-/// 5 / 10 is what caps the seed at ~4 volumes/s.
+/// The token bucket of `--kube-api-qps`/`--kube-api-burst` (client-go's semantics:
+/// `burst` at once, `qps` per second long-run); `None` when `qps <= 0`, not finite
+/// or above 10⁹.
 pub fn token_bucket_quota(qps: f64, burst: u32) -> Option<Quota> {
     if qps <= 0.0 || !qps.is_finite() {
         return None;
@@ -118,10 +108,8 @@ where
     }
 }
 
-/// Load the client configuration: `--kubeconfig` if given, else the usual
-/// inference (`KUBECONFIG`, `~/.kube/config`, then the in-cluster service account).
-///
-/// Errors: unreadable or invalid kubeconfig, or no configuration found.
+/// Load `--kubeconfig`, else `KUBECONFIG`, `~/.kube/config`, then in-cluster.
+/// Errors: unreadable or invalid kubeconfig, or none found.
 pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
     match &args.kubeconfig {
         Some(path) => {
@@ -137,27 +125,14 @@ pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
     }
 }
 
-/// Build a client from `config` with the `--kube-api-qps`/`--kube-api-burst`
-/// token bucket (see [`token_bucket_quota`]) as a [`TokenBucketLayer`]; `qps <= 0`
-/// builds it without a limit.
-///
-/// Errors: TLS or connector setup failures from kube.
-///
-/// kube's built-in retry layer (`Config::default_retry`: up to 15 retries of
-/// 429/503/504 with backoff growing to 1000 s) is switched off: every caller
-/// here has its own retry policy (work-queue backoff, pv-writer's per-entry
-/// backoff, the Lease retry period), and a request hidden in minutes of retries
-/// would blind the leader's renew-deadline watchdog.
+/// Build a client from `config` with the [`token_bucket_quota`] limit and kube's
+/// retry layer off (every caller retries itself). Errors: TLS or connector setup.
 pub fn build_client(config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
     build_client_with_metrics(config, qps, burst, None)
 }
 
-/// [`build_client`] that also records every request in `metrics`
-/// (`rest_client_requests_total`, `rest_client_request_duration_seconds`,
-/// see [`crate::runtime::api_metrics`]), measured inside the rate limit as
-/// client-go does.
-///
-/// Errors: as [`build_client`].
+/// [`build_client`] that also records every request in `metrics`, inside the rate
+/// limit as client-go does. Errors: as [`build_client`].
 pub fn build_client_with_metrics(
     config: Config,
     qps: f64,
@@ -191,11 +166,8 @@ pub async fn client_from_args(args: &CommonArgs) -> anyhow::Result<Client> {
     build_client(config, args.kube_api_qps, args.kube_api_burst)
 }
 
-/// [`client_from_args`] with the API request metrics registered into `registry`
-/// and the API server's reachability logged once per change
-/// ([`crate::runtime::api_reachability`]); what [`crate::runtime::frame::run_service`] uses.
-///
-/// Errors: as [`client_from_args`].
+/// [`client_from_args`] with the request metrics in `registry` and the API server's
+/// reachability logged once per change. Errors: as [`client_from_args`].
 pub async fn client_from_args_with_metrics(
     args: &CommonArgs,
     registry: &prometheus::Registry,

@@ -1,45 +1,9 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease.
-//!
-//! Acquisition, renewal and release are done by [`kube_lease_manager`]: it is
-//! maintained and built on the same kube/k8s-openapi versions we use.
-//! (kube-leader-election, the other maintained crate, lags on an older kube;
-//! kubert's lease module too.)
-//!
-//! # What kube-lease-manager guarantees, and what it does not
-//!
-//! * Taking an **orphaned** Lease (no holder) is a server-side apply of
-//!   `holderIdentity` without force, so when two candidates race for it the
-//!   second one gets a field-manager conflict and only one wins. That is the
-//!   only point where the API server arbitrates.
-//! * Everything else is an unconditional strategic-merge patch, with no
-//!   `resourceVersion` precondition: the holder's renewal, the release, and
-//!   the standby's force-release of a Lease it considers expired.
-//! * "Expired" is decided with **wall clocks**: the standby compares the
-//!   holder's `renewTime + leaseDurationSeconds` (written from the holder's
-//!   clock) with its own `SystemTime::now()`. client-go instead times how long
-//!   it has watched an unchanged record on its local monotonic clock, so clock
-//!   skew does not matter there. Here, a standby whose clock runs ahead by more
-//!   than `lease duration − retry period` can take over from a healthy leader;
-//!   keep node clocks in sync (NTP).
-//! * Nothing in the crate tells the holder it has lost the Lease in time;
-//!   if renewals keep failing it goes on believing it leads.
-//!
-//! # The renew-deadline watchdog
-//!
-//! [`LeaderElector::hold`] adds client-go's *renew deadline*: every retry
-//! period it re-reads the Lease (the read bounded by one retry period) and
-//! reports the lead lost when another holder appears, the Lease is gone, or our
-//! own `renewTime` has not advanced for a whole renew deadline — measured on the
-//! local monotonic clock, before the Lease expires for the standbys (lease
-//! duration > renew deadline).
-//!
-//! This bounds, but does not close, the window with two leaders: after a
-//! standby takes the Lease over, the deposed leader notices at its next read,
-//! i.e. within about one retry period plus the read timeout (≈ 4 s with the
-//! 2 s default), and its in-flight work is then aborted by the runtime. Side
-//! effects are not fenced by a Lease check; the services rely on every write
-//! being idempotent (a PV create answers `AlreadyExists` for the same claim,
-//! a backend delete of a gone volume succeeds).
+//! Leader election on a `coordination.k8s.io/v1` Lease: acquisition, renewal
+//! and release by [`kube_lease_manager`], plus client-go's renew deadline
+//! ([`LeaderElector::hold`]: the lead is lost when another holder appears, the
+//! Lease is gone, or our `renewTime` has not advanced for a renew deadline).
+//! Guarantees and limits (wall-clock expiry, unfenced patches):
+//! docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::path::Path;
 use std::time::Duration;
@@ -176,10 +140,8 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
-    /// Prepare to compete for `namespace/lease_name` as `identity`. Creates the
-    /// Lease if it does not exist.
-    ///
-    /// Errors: the Lease cannot be read or created (API down, RBAC).
+    /// Prepare to compete for `namespace/lease_name` as `identity`. Creates the Lease if it does
+    /// not exist. Errors: the Lease cannot be read or created (API down, RBAC).
     pub async fn new(
         client: Client,
         namespace: &str,

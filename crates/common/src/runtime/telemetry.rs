@@ -8,10 +8,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::runtime::config::LogFormat;
 
-/// kube's client logs every failed request at error level ("failed with
-/// error client error (Connect)", once per retry, without the address);
-/// [`crate::runtime::api_reachability`] logs an unreachable API server once
-/// per change instead, and the callers log their other failures.
+/// kube's client logs every failed request at error level ("failed with error client error
+/// (Connect)", once per retry, without the address); [`crate::runtime::api_reachability`] logs an
+/// unreachable API server once per change instead, and the callers log their other failures.
 pub const QUIET_BY_DEFAULT: &str = "kube_client::client::builder=off";
 
 /// `filter` plus [`QUIET_BY_DEFAULT`], unless `filter` names kube's client.
@@ -23,10 +22,9 @@ pub fn effective_filter(filter: &str) -> String {
     }
 }
 
-/// Install the global subscriber. `filter` uses EnvFilter syntax (`info`,
-/// `debug,kube=warn`; see [`effective_filter`]); an invalid filter falls back
-/// to `info` with a warning. Calling it twice is harmless (the second call is
-/// ignored).
+/// Install the global subscriber. `filter` uses EnvFilter syntax (`info`, `debug,kube=warn`; see
+/// [`effective_filter`]); an invalid filter falls back to `info` with a warning. Calling it twice
+/// is harmless (the second call is ignored).
 pub fn init(format: LogFormat, filter: &str) {
     let (env_filter, bad) = match EnvFilter::try_new(effective_filter(filter)) {
         Ok(f) => (f, None),

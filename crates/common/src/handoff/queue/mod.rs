@@ -1,0 +1,473 @@
+//! The durable PV-write queue in Redis: provision-svc enqueues the PVs it
+//! provisioned, pv-writer drains them into the API server.
+//!
+//! Keys: docs/ARCHITECTURE.md ("The durable store"); delivery (at least once),
+//! fencing by term ([`PvQueue::begin_term`]), durability and upgrades:
+//! docs/decisions/0002-pv-write-queue.md. Every change touching more than one
+//! key is one Lua script (module `scripts`), timed by Redis' own `TIME`.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use api_types::queue::{ClaimKey, QueuedPvWrite};
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, ScriptInvocation};
+use serde::{Deserialize, Serialize};
+
+use crate::handoff::redis_store::{self, RedisConfig};
+use scripts::{
+    Key, Keys, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
+    REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
+};
+
+mod inspect;
+mod scripts;
+
+pub use inspect::{PendingEntry, PendingState, QueueStats};
+
+/// Failure of a queue operation. Every variant is transient from the caller's
+/// point of view: retry later (and report not-ready while it lasts).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// No connection: bad configuration, refused credentials, failed TLS, or
+    /// Redis unreachable at the first connection ([`redis_store::ConnectError`]
+    /// names which).
+    #[error(transparent)]
+    Connect(#[from] redis_store::ConnectError),
+    /// A command or script failed (Redis down, timeout, wrong key type, ...).
+    #[error("Redis command {operation} failed: {source}")]
+    Command {
+        /// The queue operation, e.g. `enqueue`.
+        operation: &'static str,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A stored record the queue itself maintains (not a payload) is unreadable.
+    #[error("corrupt queue record for PV {pv_name}: {detail}")]
+    Corrupt {
+        /// The PV name whose record is unreadable.
+        pv_name: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+}
+
+/// Re-exported for callers that already import it from here; the one
+/// definition is [`crate::kube::time::now_ms`].
+pub use crate::kube::time::now_ms;
+
+/// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
+/// writer, which dead-letters it when garbled) and its failure count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenEntry {
+    /// The PV name (the queue key), known even when the payload is garbled.
+    pub pv_name: String,
+    /// The stored [`QueuedPvWrite`] JSON, as enqueued.
+    pub payload: Vec<u8>,
+    /// Failed write attempts before this one.
+    pub attempts: u32,
+}
+
+/// Why and when an entry was dead-lettered (stored JSON in `pv-queue:dead`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// The PV name.
+    pub pv_name: String,
+    /// Human-readable reason, e.g. `PV "pvc-1" already exists for claim uid 9`.
+    pub reason: String,
+    /// When it was dead-lettered, ms since the Unix epoch.
+    pub dead_at_ms: u64,
+    /// Failed write attempts before it was dead-lettered.
+    pub attempts: u32,
+    /// The claim, when the payload could be decoded.
+    pub claim: Option<ClaimKey>,
+}
+
+/// Handle on one provisioner's queue; cheap to clone (one reconnecting connection).
+/// Every method fails with [`QueueError::Command`] when a Redis command fails.
+#[derive(Clone)]
+pub struct PvQueue {
+    conn: ConnectionManager,
+    keys: Keys,
+    /// Client for the dedicated connection that blocks on the wake-up list
+    /// (a blocking command would stall every other command on `conn`).
+    waker: Option<Waker>,
+    /// Whether the server answers `WAITAOF` (0 unknown, 1 yes, 2 no).
+    waitaof: std::sync::Arc<AtomicU8>,
+}
+
+/// What [`PvQueue::enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueOutcome {
+    /// True when the entry was newly queued, false when the PV name was already
+    /// in the queue (pending or dead-lettered).
+    pub added: bool,
+    /// True when the same script removed a provisioning intent of the PV.
+    pub intent_cleared: bool,
+    /// True when Redis confirmed (`WAITAOF`, Redis ≥ 7.2) that its AOF holds the
+    /// entry on disk; false on older servers or without AOF.
+    pub fsynced: bool,
+}
+
+/// Result of settling an entry ([`PvQueue::complete`], [`PvQueue::schedule_retry`],
+/// [`PvQueue::dead_letter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The entry moved as asked.
+    Done,
+    /// The entry is not in flight under this term (already settled, or taken
+    /// again after its visibility timeout); nothing changed.
+    NotInFlight,
+    /// The caller's term is stale (a newer pv-writer leader began); nothing
+    /// changed, and the refusal was counted ([`PvQueue::fenced_operations`]).
+    Fenced,
+}
+
+impl Settled {
+    fn from_code(code: i64) -> Self {
+        match code {
+            1 => Settled::Done,
+            -1 => Settled::Fenced,
+            _ => Settled::NotInFlight,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Waker {
+    client: redis::Client,
+    conn: std::sync::Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
+}
+
+impl PvQueue {
+    /// Connect as `redis` describes ([`redis_store::connect`]) and use the keys of
+    /// `provisioner_name`; the wake-up connection uses the same credentials and TLS.
+    /// Errors: [`QueueError::Connect`] naming the cause.
+    pub async fn connect(
+        redis: impl Into<RedisConfig>,
+        provisioner_name: &str,
+    ) -> Result<Self, QueueError> {
+        let redis = redis.into();
+        let conn = redis_store::connect(&redis).await?;
+        let mut queue = Self::with_connection(conn, provisioner_name);
+        queue.waker = Some(Waker {
+            client: redis.client()?,
+            conn: Default::default(),
+        });
+        Ok(queue)
+    }
+
+    /// A queue over an existing connection (embedding, tests).
+    pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
+        PvQueue {
+            conn,
+            keys: Keys::new(provisioner_name),
+            waker: None,
+            waitaof: Default::default(),
+        }
+    }
+
+    /// Atomically queue `entry` in `incoming` and clear the PV's provisioning intent
+    /// (idempotent while the PV name is queued or dead), then wait for the AOF fsync
+    /// where Redis has `WAITAOF`. Errors: `Command`; nothing queued, the intent stays.
+    pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
+        self.enqueue_raw(entry.pv_name(), &entry.encode()).await
+    }
+
+    /// Store a raw payload under `pv_name` (operators' repair tools and tests of
+    /// garbled entries); same atomicity, idempotence and fsync wait as
+    /// [`enqueue`](Self::enqueue).
+    pub async fn enqueue_raw(
+        &self,
+        pv_name: &str,
+        payload: &[u8],
+    ) -> Result<EnqueueOutcome, QueueError> {
+        let (added, cleared): (i64, i64) = self
+            .run(
+                "enqueue",
+                ENQUEUE.bind(&self.keys).arg(pv_name).arg(payload),
+            )
+            .await?;
+        let fsynced = self.wait_aof().await;
+        Ok(EnqueueOutcome {
+            added: added == 1,
+            intent_cleared: cleared == 1,
+            fsynced,
+        })
+    }
+
+    /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): true once the local AOF holds every write so
+    /// far; an older server or one without AOF is remembered and logged once.
+    async fn wait_aof(&self) -> bool {
+        const UNKNOWN: u8 = 0;
+        const SUPPORTED: u8 = 1;
+        const UNSUPPORTED: u8 = 2;
+        if self.waitaof.load(Ordering::Relaxed) == UNSUPPORTED {
+            return false;
+        }
+        let answer: Result<(i64, i64), _> = redis::cmd("WAITAOF")
+            .arg(1)
+            .arg(0)
+            .arg(1000)
+            .query_async(&mut self.conn.clone())
+            .await;
+        match answer {
+            Ok((local, _)) => {
+                self.waitaof.store(SUPPORTED, Ordering::Relaxed);
+                if local < 1 {
+                    tracing::warn!("Redis did not fsync its AOF within 1 s of an enqueue");
+                }
+                local >= 1
+            }
+            Err(err) => {
+                let text = err.to_string().to_ascii_lowercase();
+                if text.contains("unknown command") || text.contains("appendonly") {
+                    if self.waitaof.swap(UNSUPPORTED, Ordering::Relaxed) == UNKNOWN {
+                        tracing::warn!(error = %err, "Redis cannot confirm AOF fsyncs (WAITAOF needs Redis >= 7.2 with appendonly yes): an acknowledged enqueue can be lost in a Redis crash within the appendfsync window (everysec: ~1 s); the provisioning intent and the claim resync provision such a claim again");
+                    }
+                } else {
+                    tracing::warn!(error = %err, "WAITAOF failed; the enqueue is stored but its fsync is unconfirmed");
+                }
+                false
+            }
+        }
+    }
+
+    /// Wait until an enqueue signals new work (true) or `timeout` passes (false),
+    /// blocking on the wake-up list over a dedicated connection (a queue made with
+    /// [`with_connection`](Self::with_connection) just sleeps).
+    pub async fn wait_for_work(&self, timeout: Duration) -> Result<bool, QueueError> {
+        let Some(waker) = &self.waker else {
+            tokio::time::sleep(timeout).await;
+            return Ok(false);
+        };
+        let mut slot = waker.conn.lock().await;
+        if slot.is_none() {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_response_timeout(Some(timeout + Duration::from_secs(2)));
+            let conn = waker
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(cmd("wait_for_work"))?;
+            *slot = Some(conn);
+        }
+        let conn = slot.as_mut().expect("connection just made");
+        let popped: Result<Option<(String, String)>, _> = conn
+            .blpop(self.keys.get(Key::Wakeup), timeout.as_secs_f64().max(0.01))
+            .await;
+        match popped {
+            Ok(token) => Ok(token.is_some()),
+            Err(err) => {
+                *slot = None;
+                Err(cmd("wait_for_work")(err))
+            }
+        }
+    }
+
+    /// True while `pv_name` is in the queue: pending, in flight or dead-lettered
+    /// (provision-svc treats such a PV as existing).
+    pub async fn is_pending(&self, pv_name: &str) -> Result<bool, QueueError> {
+        self.conn
+            .clone()
+            .hexists(self.keys.get(Key::Payloads), pv_name)
+            .await
+            .map_err(cmd("is_pending"))
+    }
+
+    /// Start a new pv-writer term: `INCR` the epoch and return it; from then on every
+    /// take and settlement of an older term is refused ([`Settled::Fenced`]).
+    pub async fn begin_term(&self) -> Result<u64, QueueError> {
+        self.run("begin_term", &BEGIN_TERM.bind(&self.keys)).await
+    }
+
+    /// The current term (0 before the first [`begin_term`](Self::begin_term)).
+    pub async fn current_term(&self) -> Result<u64, QueueError> {
+        self.counter("current_term", Key::Epoch).await
+    }
+
+    /// How many takes and settlements were refused because their term was stale.
+    pub async fn fenced_operations(&self) -> Result<u64, QueueError> {
+        self.counter("fenced_operations", Key::Fenced).await
+    }
+
+    /// Take up to `limit` due entries (oldest first, expired in-flight ones due again
+    /// first) for term `epoch`, in flight until Redis' now + `visibility`; `None` when
+    /// `epoch` is not the current term.
+    pub async fn take_due(
+        &self,
+        epoch: u64,
+        limit: usize,
+        visibility: Duration,
+    ) -> Result<Option<Vec<TakenEntry>>, QueueError> {
+        if limit == 0 {
+            return Ok(Some(Vec::new()));
+        }
+        let (current, raw): (i64, Vec<(String, Vec<u8>, String)>) = self
+            .run(
+                "take_due",
+                TAKE_DUE
+                    .bind(&self.keys)
+                    .arg(epoch)
+                    .arg(visibility.as_millis() as u64)
+                    .arg(limit),
+            )
+            .await?;
+        if current != 1 {
+            return Ok(None);
+        }
+        Ok(Some(
+            raw.into_iter()
+                .map(|(pv_name, payload, attempts)| TakenEntry {
+                    attempts: attempts.parse().unwrap_or(0),
+                    pv_name,
+                    payload,
+                })
+                .collect(),
+        ))
+    }
+
+    /// Make every in-flight entry owned by a term before `epoch` (or by none) due now;
+    /// returns how many. The leader calls it right after [`begin_term`](Self::begin_term).
+    pub async fn recover_inflight(&self, epoch: u64) -> Result<u64, QueueError> {
+        self.run(
+            "recover_inflight",
+            RECOVER_INFLIGHT.bind(&self.keys).arg(epoch),
+        )
+        .await
+    }
+
+    /// Make due now every entry in flight under `epoch` that no worker holds (`held`):
+    /// taken by a take whose reply was lost. `None` when `epoch` is stale (counted),
+    /// else how many; called only while no take is outstanding.
+    pub async fn requeue_unheld(
+        &self,
+        epoch: u64,
+        held: &[String],
+    ) -> Result<Option<u64>, QueueError> {
+        let n: i64 = self
+            .run(
+                "requeue_unheld",
+                REQUEUE_UNHELD.bind(&self.keys).arg(epoch).arg(held),
+            )
+            .await?;
+        Ok(u64::try_from(n).ok())
+    }
+
+    /// Whether `pv_name` is still in flight under the current term `epoch`
+    /// ([`Settled::Done`]; [`Settled::Fenced`], counted, when stale). Changes no entry.
+    pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        self.settle("holds", HOLDS.bind(&self.keys).arg(epoch).arg(pv_name))
+            .await
+    }
+
+    /// Remove `pv_name` everywhere (the PV exists); only for an entry in flight under
+    /// `epoch`. On `Command` the entry stays queued and is written again later.
+    pub async fn complete(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
+        self.settle(
+            "complete",
+            COMPLETE.bind(&self.keys).arg(epoch).arg(pv_name),
+        )
+        .await
+    }
+
+    /// Put an entry in flight under `epoch` back, due `delay` after Redis' now, with
+    /// `attempts` failed attempts so far.
+    pub async fn schedule_retry(
+        &self,
+        epoch: u64,
+        pv_name: &str,
+        delay: Duration,
+        attempts: u32,
+    ) -> Result<Settled, QueueError> {
+        self.settle(
+            "schedule_retry",
+            RETRY
+                .bind(&self.keys)
+                .arg(epoch)
+                .arg(pv_name)
+                .arg(delay.as_millis() as u64)
+                .arg(attempts),
+        )
+        .await
+    }
+
+    /// Move an entry in flight under `epoch` to the dead letters with `letter`; its
+    /// payload stays (so [`is_pending`](Self::is_pending) stays true) until requeued.
+    pub async fn dead_letter(
+        &self,
+        epoch: u64,
+        letter: &DeadLetter,
+    ) -> Result<Settled, QueueError> {
+        let json = serde_json::to_vec(letter).expect("DeadLetter always serializes");
+        self.settle(
+            "dead_letter",
+            DEAD_LETTER
+                .bind(&self.keys)
+                .arg(epoch)
+                .arg(&letter.pv_name)
+                .arg(json),
+        )
+        .await
+    }
+
+    /// Move a dead letter back to pending, due now with its attempts reset; `false`
+    /// when `pv_name` is not dead-lettered.
+    pub async fn requeue_dead(&self, pv_name: &str) -> Result<bool, QueueError> {
+        let moved: i64 = self
+            .run("requeue_dead", REQUEUE_DEAD.bind(&self.keys).arg(pv_name))
+            .await?;
+        Ok(moved == 1)
+    }
+
+    /// Make every entry waiting for a later retry due now; returns how many.
+    pub async fn pull_forward_retries(&self) -> Result<u64, QueueError> {
+        self.run("pull_forward_retries", &PULL_FORWARD.bind(&self.keys))
+            .await
+    }
+}
+
+impl PvQueue {
+    /// Run `invocation` (a script bound to this queue's keys); `operation` names it in errors.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, QueueError> {
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(cmd(operation))
+    }
+}
+
+impl PvQueue {
+    /// The integer at `key` (0 when absent).
+    async fn counter(&self, operation: &'static str, key: Key) -> Result<u64, QueueError> {
+        let n: Option<u64> = self
+            .conn
+            .clone()
+            .get(self.keys.get(key))
+            .await
+            .map_err(cmd(operation))?;
+        Ok(n.unwrap_or(0))
+    }
+
+    /// [`run`](Self::run) a script answering a settlement code (1, 0 or -1).
+    async fn settle(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Settled, QueueError> {
+        Ok(Settled::from_code(self.run(operation, invocation).await?))
+    }
+}
+
+fn cmd(operation: &'static str) -> impl Fn(redis::RedisError) -> QueueError {
+    move |source| QueueError::Command { operation, source }
+}
+
+#[cfg(test)]
+mod tests;

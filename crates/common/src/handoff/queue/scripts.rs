@@ -1,0 +1,394 @@
+//! The queue's Lua scripts, each bound once to the keys it reads as `KEYS[1..n]`.
+
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
+use crate::handoff::{intents, redis_store};
+
+/// One Redis key of a provisioner's queue (see docs/ARCHITECTURE.md, "The durable store").
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Key {
+    Payloads,
+    Incoming,
+    Due,
+    InFlight,
+    Attempts,
+    Enqueued,
+    Dead,
+    Wakeup,
+    Epoch,
+    Owners,
+    Fenced,
+    Intents,
+    IntentClaims,
+}
+
+/// The key names of one provisioner, indexed by [`Key`].
+#[derive(Debug, Clone)]
+pub(super) struct Keys([String; 13]);
+
+impl Keys {
+    /// The keys under `provisioner_name`'s prefix (`provisioner:{<name>}:`).
+    pub(super) fn new(provisioner_name: &str) -> Self {
+        let p = redis_store::key_prefix(provisioner_name);
+        let q = |suffix: &str| format!("{p}pv-queue:{suffix}");
+        Keys([
+            q("payloads"),
+            q("incoming"),
+            q("due"),
+            q("inflight"),
+            q("attempts"),
+            q("enqueued"),
+            q("dead"),
+            q("wakeup"),
+            q("epoch"),
+            q("owners"),
+            q("fenced"),
+            intents::intents_key(provisioner_name),
+            intents::intent_claims_key(provisioner_name),
+        ])
+    }
+
+    /// The name of `key`.
+    pub(super) fn get(&self, key: Key) -> &str {
+        &self.0[key as usize]
+    }
+}
+
+/// A Lua script with the keys it takes, in `KEYS` order.
+pub(super) struct QueueScript {
+    keys: &'static [Key],
+    script: Script,
+}
+
+impl QueueScript {
+    fn new(keys: &'static [Key], preludes: &[&str], body: &str) -> Self {
+        let mut code = preludes.concat();
+        code.push_str(body);
+        QueueScript {
+            keys,
+            script: Script::new(&code),
+        }
+    }
+
+    /// An invocation with this script's keys of `keys` bound; the caller adds `ARGV`.
+    pub(super) fn bind(&self, keys: &Keys) -> ScriptInvocation<'_> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in self.keys {
+            invocation.key(keys.get(*key));
+        }
+        invocation
+    }
+}
+
+/// Lua prelude of every script that needs "now": Redis' own clock (`TIME`), in
+/// ms since the Unix epoch, so a pod whose clock is off cannot shorten a
+/// visibility timeout or misplace a due time. (Scripts calling `TIME` are
+/// replicated by effects, the only mode since Redis 7.0 and the default since 5.)
+const NOW_LUA: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"#;
+
+/// Lua prelude of every writer-side script: `term_ok(epoch_key, fenced_key, epoch)`
+/// is false (and counts a fenced operation) when `epoch` is not the current term.
+const TERM_LUA: &str = r#"
+local function term_ok(epoch_key, fenced_key, epoch)
+  local current = tonumber(redis.call('GET', epoch_key) or '0')
+  if current ~= tonumber(epoch) then
+    redis.call('INCR', fenced_key)
+    return false
+  end
+  return true
+end
+"#;
+
+// ARGV: pv name, payload. Returns {added, intent cleared}: added = 1 when newly
+// queued, 0 when the PV name was already in the queue. The provisioning intent of the
+// PV is removed in the same script either way: the PV is durably queued, so the
+// intent has done its job. A new entry goes to `incoming`, never to `due`: the next
+// take makes it due.
+pub(super) static ENQUEUE: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Payloads,
+            Key::Incoming,
+            Key::Enqueued,
+            Key::Wakeup,
+            Key::Intents,
+            Key::IntentClaims,
+        ],
+        &[NOW_LUA],
+        r#"
+local added = 0
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  redis.call('ZADD', KEYS[3], now, ARGV[1])
+  if redis.call('LLEN', KEYS[4]) == 0 then
+    redis.call('RPUSH', KEYS[4], '1')
+  end
+  added = 1
+end
+local cleared = redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('HDEL', KEYS[6], ARGV[1])
+return {added, cleared}
+"#,
+    )
+});
+
+// Starts a new term: returns the new epoch.
+pub(super) static BEGIN_TERM: LazyLock<QueueScript> =
+    LazyLock::new(|| QueueScript::new(&[Key::Epoch], &[], "return redis.call('INCR', KEYS[1])"));
+
+// ARGV: epoch, visibility ms, limit. Returns {1, triples} or {0, {}} when `epoch` is
+// stale (a newer term exists). Makes up to 1000 incoming names due (at their enqueue
+// time, never later than now), each only when it has a payload and is in no other
+// state (so a pushed name re-arms nothing and delays nothing); moves expired in-
+// flight entries back to due, then moves up to `limit` due entries to in-flight
+// (owned by `epoch`) and returns {name, payload, attempts} triples. A due name
+// without a payload (the payload hash was edited by hand) is dropped from every
+// index, so it cannot pin the oldest-pending age.
+pub(super) static TAKE_DUE: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Payloads,
+            Key::Due,
+            Key::InFlight,
+            Key::Attempts,
+            Key::Enqueued,
+            Key::Epoch,
+            Key::Owners,
+            Key::Fenced,
+            Key::Incoming,
+            Key::Dead,
+        ],
+        &[NOW_LUA, TERM_LUA],
+        r#"
+if not term_ok(KEYS[6], KEYS[8], ARGV[1]) then return {0, {}} end
+local incoming = redis.call('LPOP', KEYS[9], 1000)
+if incoming then
+  for _, name in ipairs(incoming) do
+    if redis.call('HEXISTS', KEYS[1], name) == 1
+      and not redis.call('ZSCORE', KEYS[2], name)
+      and not redis.call('ZSCORE', KEYS[3], name)
+      and redis.call('HEXISTS', KEYS[10], name) == 0 then
+      local at = tonumber(redis.call('ZSCORE', KEYS[5], name) or now)
+      if at > now then at = now end
+      redis.call('ZADD', KEYS[2], at, name)
+    end
+  end
+end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+for _, name in ipairs(expired) do
+  redis.call('ZREM', KEYS[3], name)
+  redis.call('HDEL', KEYS[7], name)
+  redis.call('ZADD', KEYS[2], now, name)
+end
+local names = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local out = {}
+for _, name in ipairs(names) do
+  redis.call('ZREM', KEYS[2], name)
+  local payload = redis.call('HGET', KEYS[1], name)
+  if payload then
+    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), name)
+    redis.call('HSET', KEYS[7], name, ARGV[1])
+    local attempts = redis.call('HGET', KEYS[4], name) or '0'
+    table.insert(out, {name, payload, attempts})
+  else
+    redis.call('ZREM', KEYS[5], name)
+    redis.call('HDEL', KEYS[4], name)
+  end
+end
+return {1, out}
+"#,
+    )
+});
+
+// ARGV: epoch. In-flight entries owned by an earlier term (or by none: the previous
+// layout) become due now; entries of this term or a later one are left alone. Returns
+// how many were recovered.
+pub(super) static RECOVER_INFLIGHT: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[Key::Due, Key::InFlight, Key::Owners],
+        &[NOW_LUA],
+        r#"
+local names = redis.call('ZRANGE', KEYS[2], 0, -1)
+local n = 0
+for _, name in ipairs(names) do
+  local owner = tonumber(redis.call('HGET', KEYS[3], name) or '0')
+  if owner < tonumber(ARGV[1]) then
+    redis.call('ZREM', KEYS[2], name)
+    redis.call('HDEL', KEYS[3], name)
+    redis.call('ZADD', KEYS[1], now, name)
+    n = n + 1
+  end
+end
+return n
+"#,
+    )
+});
+
+// ARGV: epoch, then the PV names this term's workers hold. Returns -1 when `epoch` is
+// stale, else how many entries in flight under `epoch` but not held were made due
+// now.
+pub(super) static REQUEUE_UNHELD: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Epoch,
+            Key::Fenced,
+            Key::Due,
+            Key::InFlight,
+            Key::Owners,
+        ],
+        &[NOW_LUA, TERM_LUA],
+        r#"
+if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
+local held = {}
+for i = 2, #ARGV do held[ARGV[i]] = true end
+local n = 0
+for _, name in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+  if not held[name] and redis.call('HGET', KEYS[5], name) == ARGV[1] then
+    redis.call('ZREM', KEYS[4], name)
+    redis.call('HDEL', KEYS[5], name)
+    redis.call('ZADD', KEYS[3], now, name)
+    n = n + 1
+  end
+end
+return n
+"#,
+    )
+});
+
+/// Lua check shared by the settle scripts: -1 for a stale term, 0 when `name`
+/// is not in flight under `epoch`. KEYS[1..3] of the settle scripts are always
+/// epoch, fenced, owners, and ARGV[1..2] epoch, name.
+const SETTLE_CHECK_LUA: &str = r#"
+if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
+if redis.call('HGET', KEYS[3], ARGV[2]) ~= ARGV[1] then return 0 end
+"#;
+
+// ARGV: epoch, pv name. Changes nothing but the fenced counter: 1 while the entry is
+// in flight under the current term `epoch`.
+pub(super) static HOLDS: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[Key::Epoch, Key::Fenced, Key::Owners],
+        &[TERM_LUA, SETTLE_CHECK_LUA],
+        "return 1",
+    )
+});
+
+// ARGV: epoch, pv name. Removes the entry everywhere.
+pub(super) static COMPLETE: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Epoch,
+            Key::Fenced,
+            Key::Owners,
+            Key::Payloads,
+            Key::Due,
+            Key::InFlight,
+            Key::Attempts,
+            Key::Enqueued,
+            Key::Dead,
+        ],
+        &[TERM_LUA, SETTLE_CHECK_LUA],
+        r#"
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[4], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+redis.call('ZREM', KEYS[6], ARGV[2])
+redis.call('HDEL', KEYS[7], ARGV[2])
+redis.call('ZREM', KEYS[8], ARGV[2])
+redis.call('HDEL', KEYS[9], ARGV[2])
+return 1
+"#,
+    )
+});
+
+// ARGV: epoch, pv name, delay ms, attempts. Due at Redis' now + delay.
+pub(super) static RETRY: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Epoch,
+            Key::Fenced,
+            Key::Owners,
+            Key::Payloads,
+            Key::Due,
+            Key::InFlight,
+            Key::Attempts,
+        ],
+        &[NOW_LUA, TERM_LUA, SETTLE_CHECK_LUA],
+        r#"
+if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
+if redis.call('ZREM', KEYS[6], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[5], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('HSET', KEYS[7], ARGV[2], ARGV[4])
+return 1
+"#,
+    )
+});
+
+// ARGV: epoch, pv name, dead-letter JSON.
+pub(super) static DEAD_LETTER: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Epoch,
+            Key::Fenced,
+            Key::Owners,
+            Key::Payloads,
+            Key::Due,
+            Key::InFlight,
+            Key::Enqueued,
+            Key::Dead,
+        ],
+        &[TERM_LUA, SETTLE_CHECK_LUA],
+        r#"
+if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+redis.call('ZREM', KEYS[6], ARGV[2])
+redis.call('ZREM', KEYS[7], ARGV[2])
+redis.call('HSET', KEYS[8], ARGV[2], ARGV[3])
+return 1
+"#,
+    )
+});
+
+// ARGV: pv name.
+pub(super) static REQUEUE_DEAD: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[
+            Key::Payloads,
+            Key::Due,
+            Key::Attempts,
+            Key::Enqueued,
+            Key::Dead,
+        ],
+        &[NOW_LUA],
+        r#"
+if redis.call('HDEL', KEYS[5], ARGV[1]) == 0 then return 0 end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('ZADD', KEYS[4], now, ARGV[1])
+return 1
+"#,
+    )
+});
+
+// Entries scheduled later than Redis' now become due now.
+pub(super) static PULL_FORWARD: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[Key::Due],
+        &[NOW_LUA],
+        r#"
+local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+for _, name in ipairs(names) do
+  redis.call('ZADD', KEYS[1], now, name)
+end
+return #names
+"#,
+    )
+});
