@@ -160,14 +160,14 @@ pub async fn serve_with_metrics(
         metrics,
         config,
     ));
-    writer
-        .run_with_heartbeat(
+    Ok(writer
+        .run_term(
             ctx.shutdown.clone(),
             ctx.readiness.clone(),
             ctx.heartbeat.clone(),
             ctx.args.healthz_stall_timeout,
         )
-        .await
+        .await?)
 }
 
 /// `pv-writer status`: gather ([`status::gather`]) and print as a table or
