@@ -1,19 +1,8 @@
 //! `pv-writer status`: one operator's view of a provisioner name across the
-//! three services — the PV-write queue (depth, oldest pending age, dead
-//! letters with their reasons, in-flight entries with the pv-writer term that
-//! owns them), provisioning intents (volumes being made), the last orphan
-//! sweep's report ([`common::handoff::orphan_report`]) and the three Leases (holder,
-//! time since the last renewal).
-//!
-//! It lives in pv-writer, next to `pv-writer queue`, because the queue is the
-//! heart of it, the binary is already in the image with the same flags
-//! (`--redis-url`, `--provisioner-name`, `--kubeconfig`), and everything else it
-//! reads goes through `common` (intents, report, Lease names); a separate
-//! binary would duplicate that flag handling and the image layout.
-//!
-//! Read-only: Redis reads and `get` of three Leases with the caller's
-//! kubeconfig. Each part is read on its own; a part that fails is reported in
-//! `errors` and the rest is still shown.
+//! three services — the PV-write queue (depth, oldest pending age, dead letters,
+//! in-flight entries and their owner term), provisioning intents, the last
+//! orphan sweep's report and the three Leases. Read-only; each part is read on
+//! its own, and one that fails is reported in `errors` while the rest is shown.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
