@@ -77,7 +77,7 @@ struct Fixture {
     registry: Registry,
     readiness: Readiness,
     shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    task: Option<tokio::task::JoinHandle<Result<(), pv_writer::operation::WriterError>>>,
     _dir: tempfile::TempDir,
 }
 

@@ -1,24 +1,12 @@
 //! What pv-writer checks before it writes a queued PV: the entry must be one
-//! provision-svc could have produced. Anyone able to write to Redis could
-//! otherwise have pv-writer create an arbitrary PV (say `hostPath: /` bound to
-//! their own claim).
-//!
-//! In order ([`EntryChecks::check`]); the first failure refuses the entry:
-//! 1. authenticity: the entry's HMAC verifies with the queue key
-//!    ([`common::handoff::queue_auth`]) — reasons `unsigned`, `bad_signature`;
+//! provision-svc could have produced (else anyone able to write to Redis could
+//! have an arbitrary PV created). In order, the first failure refuses it:
+//! 1. the HMAC verifies with the queue key — `unsigned`, `bad_signature`;
 //! 2. the PV name is the entry's queue key — `name_mismatch`;
-//! 3. the PV name is `pvc-<claim uid>` (seed `getProvisionedVolumeNameForClaim`)
-//!    — `pv_name`;
-//! 4. `spec.claimRef` names the entry's claim (namespace, name, uid) —
-//!    `claim_ref`;
-//! 5. annotation `pv.kubernetes.io/provisioned-by` is our provisioner name (or
-//!    one of `--additional-provisioner`) — `provisioned_by`;
-//! 6. the backend's own check of the volume source
-//!    ([`provisioner_api::Provisioner::validate_volume`]) — `volume_source`.
-//!
-//! A refused entry is dead-lettered (never written, never deleted: the asset
-//! stays), counted in `pv_writer_refused_entries_total{reason}` and reported as a
-//! Warning `ProvisioningFailed` event on the entry's claim.
+//! 3. the PV name is `pvc-<claim uid>` — `pv_name`;
+//! 4. `spec.claimRef` names the entry's claim (namespace, name, uid) — `claim_ref`;
+//! 5. `pv.kubernetes.io/provisioned-by` is one of our names — `provisioned_by`;
+//! 6. the backend's `validate_volume` accepts the volume source — `volume_source`.
 
 use std::sync::Arc;
 

@@ -1,8 +1,6 @@
-//! pv-writer's drain loop (the queue driver): begin a leader term, take due
-//! entries from the durable queue and run [`Writer::process`] on each with
-//! `--worker-threads` concurrency, probe the API server while writes fail, and
-//! keep the queue gauges fresh. See [`crate::operation`] for what happens to
-//! one entry.
+//! pv-writer's drain loop, the only place that spawns: begin a leader term,
+//! take due entries and run [`Writer::process`] on each with `--worker-threads`
+//! concurrency, probe the API server while writes fail, keep the queue gauges fresh.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::decision::is_transient_code;
-use crate::operation::Writer;
+use crate::operation::{Writer, WriterError};
 
 /// Longest the idle dispatcher waits before looking for due entries again;
 /// an enqueue wakes it at once ([`common::handoff::queue::PvQueue::wait_for_work`]), so
@@ -59,30 +57,27 @@ impl Writer {
         }
     }
 
-    /// Drain until `shutdown` fires, then wait for in-flight writes to settle.
-    /// Calls `readiness.set_ready(false)` while Redis is unreachable and `true`
-    /// while it answers. Returns only on shutdown.
+    /// Drain until `shutdown` fires, then wait for in-flight writes to settle;
+    /// `readiness` follows Redis. Errors: [`WriterError::Superseded`].
     pub async fn run(
         self: Arc<Self>,
         shutdown: CancellationToken,
         readiness: Readiness,
-    ) -> anyhow::Result<()> {
-        self.run_with_heartbeat(shutdown, readiness, Heartbeat::default(), Duration::MAX)
+    ) -> Result<(), WriterError> {
+        self.run_term(shutdown, readiness, Heartbeat::default(), Duration::MAX)
             .await
     }
 
-    /// [`run`](Self::run), beating `heartbeat` while the dispatcher makes
-    /// progress, is idle, or waits for Redis; it stops beating once the
-    /// dispatcher has been stuck with Redis up for `stall_timeout`.
-    ///
-    /// Errors: as [`run`](Self::run).
-    pub async fn run_with_heartbeat(
+    /// One leader term: [`run`](Self::run), beating `heartbeat` while the
+    /// dispatcher progresses, idles or waits for Redis, until stuck with Redis
+    /// up for `stall_timeout`. Errors: as [`run`](Self::run).
+    pub async fn run_term(
         self: Arc<Self>,
         shutdown: CancellationToken,
         readiness: Readiness,
         heartbeat: Heartbeat,
         stall_timeout: Duration,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
         let mut beater = JoinSet::new();
         {
@@ -237,10 +232,7 @@ impl Writer {
         background.shutdown().await;
         if self.superseded.load(Ordering::SeqCst) {
             readiness.set_ready(false);
-            anyhow::bail!(
-                "pv-writer term {} was superseded by a newer leader; stopped draining",
-                self.epoch.load(Ordering::SeqCst)
-            );
+            return Err(WriterError::Superseded(self.epoch.load(Ordering::SeqCst)));
         }
         Ok(())
     }

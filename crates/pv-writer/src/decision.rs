@@ -1,14 +1,52 @@
-//! pv-writer's rules as pure functions: what an API answer to a PV create
-//! means for the entry ([`WriteResult`]: written, retried, or dead-lettered),
-//! which HTTP codes mean "the API server cannot serve writes now", and the
-//! jittered per-entry retry delay.
+//! pv-writer's rules as pure functions: the [`Verdict`] on one taken entry,
+//! what an API answer to a PV create means ([`WriteResult`]), which HTTP codes
+//! mean "the API server cannot serve writes now", and the jittered retry delay.
 
 use std::time::Duration;
 
-use api_types::queue::QueuedPvWrite;
+use api_types::queue::{DecodeError, QueuedPvWrite};
 use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use rand::Rng;
+
+use crate::checks::Refusal;
+
+/// What one taken entry comes to; the operation settles it once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to settle: no longer held by this term, fenced, or shutdown came first.
+    Leave,
+    /// Unreadable payload: dead-lettered under `kind`, no event (no trusted claim).
+    Unreadable {
+        /// `garbled` or `unknown_version`.
+        kind: &'static str,
+        /// Dead-letter reason.
+        reason: String,
+    },
+    /// Failed an entry check: dead-lettered, counted as refused, Warning event.
+    Refused(Refusal),
+    /// The claim is gone or was re-created: completed without a PV (`claim_gone`).
+    ClaimGone(String),
+    /// The create was attempted at `started_ms` (ms since the epoch) with `result`.
+    Written {
+        /// The API server's answer.
+        result: WriteResult,
+        /// When the write started.
+        started_ms: u64,
+    },
+}
+
+/// The verdict on a payload that does not decode.
+pub fn unreadable(err: &DecodeError) -> Verdict {
+    let kind = match err {
+        DecodeError::Garbled(_) => "garbled",
+        DecodeError::UnknownVersion { .. } => "unknown_version",
+    };
+    Verdict::Unreadable {
+        kind,
+        reason: format!("unreadable queue entry: {err}"),
+    }
+}
 
 /// What the API server said about one PV write.
 #[derive(Debug, Clone, PartialEq, Eq)]

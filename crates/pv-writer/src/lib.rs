@@ -1,31 +1,13 @@
-//! pv-writer: drains the durable Redis PV-write queue ([`common::handoff::queue`]) and
-//! creates the PersistentVolumes that provision-svc provisioned.
+//! pv-writer: drains the durable Redis PV-write queue ([`common::handoff::queue`])
+//! and creates the PersistentVolumes that provision-svc provisioned, retrying
+//! transient failures forever and dead-lettering only what the API server
+//! refuses for good; a volume is never deleted.
 //!
-//! The seed saves a provisioned PV from memory and, after a few failed saves,
-//! deletes the storage asset; a restart loses it. pv-writer instead keeps every
-//! PV in Redis (AOF) until the PV object exists, retries transient failures
-//! forever with per-entry backoff, and dead-letters only what the API server
-//! refuses for good — never deleting a volume. See [`operation`] for the per-entry
-//! rules and [`common::handoff::queue`] for the Redis layout and delivery guarantees.
-//!
-//! Usage: `pv-writer [FLAGS]` runs the service (leader election on the
-//! `<provisioner>-pv-writer` Lease, `/metrics`, `/healthz`, `/readyz` on port
-//! 9102); `pv-writer queue list|dead|requeue <PV>` inspects and repairs the
-//! queue with Redis access only; `pv-writer status [-o json]` is the operator's
-//! overview of a provisioner name across the three services ([`status`]).
-//! Flags: [`config::Cli`].
-//!
-//! Metrics ([`metrics::WriterMetrics`]): `pv_writer_queue_depth`,
-//! `pv_writer_queue_oldest_pending_age_seconds`, `pv_writer_queue_dead_letters`,
-//! `pv_writer_dead_letters_total{reason}`, `pv_writer_writes_total{outcome}`,
-//! `pv_writer_write_duration_seconds`, `pv_writer_retries_total`,
-//! `pv_writer_refused_entries_total{reason}`, `pv_writer_fenced_operations_total`.
-//!
-//! Every entry is checked before it is written ([`checks`]): HMAC with the
-//! queue key (`--queue-hmac-key-file`; refusing to start without one unless
-//! `--insecure-unsigned-queue`), PV name, claimRef, provisioned-by annotation and
-//! the backend's own volume-source check ([`provisioner_api::Provisioner::validate_volume`],
-//! e.g. hostpath's `hostPath` = `<--base-dir>/<pv name>`).
+//! `pv-writer [FLAGS]` runs the service (Lease `<provisioner>-pv-writer`,
+//! `/metrics`, `/healthz`, `/readyz` on port 9102); `queue list|dead|requeue <PV>`
+//! and `status [-o json]` are the operator's commands. Flags: [`config::Cli`];
+//! metrics: [`metrics::WriterMetrics`]; checks before a write: [`checks`];
+//! per-entry rules: [`operation`].
 
 pub mod api_calls;
 pub mod checks;
@@ -100,14 +82,9 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
     }
 }
 
-/// The leader's work loop: connect to Redis (not ready until it answers,
-/// retrying every `--redis-reconnect-period`), then drain with [`operation::Writer`] until shutdown,
-/// writing only entries that pass [`checks::EntryChecks`] with `key` (`None`:
-/// `--insecure-unsigned-queue`) and `backend`'s own check.
-/// Embedders with their own [`ServiceContext`] may call it directly.
-///
-/// Errors: this replica's term was superseded by a newer leader (see
-/// [`operation`]); otherwise returns `Ok` on shutdown.
+/// The leader's work loop: connect to Redis (not ready until it answers), then
+/// drain with [`operation::Writer`] until shutdown, writing only entries that pass
+/// [`checks::EntryChecks`] with `key` (`None`: unsigned). Errors: a newer leader term.
 pub async fn serve(
     ctx: ServiceContext,
     args: WriterArgs,
@@ -118,10 +95,8 @@ pub async fn serve(
     serve_with_metrics(ctx, args, metrics, key, backend).await
 }
 
-/// [`serve`] with metrics already registered in `ctx.registry`, for a work
-/// function called once per leader term (registering twice would panic).
-///
-/// Errors: as [`serve`].
+/// [`serve`] with metrics already registered in `ctx.registry` (a work function
+/// runs once per leader term). Errors: as [`serve`].
 pub async fn serve_with_metrics(
     ctx: ServiceContext,
     args: WriterArgs,
@@ -168,24 +143,19 @@ pub async fn serve_with_metrics(
         metrics,
         config,
     ));
-    writer
-        .run_with_heartbeat(
+    Ok(writer
+        .run_term(
             ctx.shutdown.clone(),
             ctx.readiness.clone(),
             ctx.heartbeat.clone(),
             ctx.args.healthz_stall_timeout,
         )
-        .await
+        .await?)
 }
 
-/// `pv-writer status`: gather ([`status::gather`]) and print as a table or
-/// JSON. Redis is read with the `--redis-*` flags (the deploy's read-only
-/// `operator` ACL user); the Leases with `--kubeconfig` (or the inferred
-/// config) in `--leader-election-namespace`, else found by name in every
-/// namespace (the deploy splits the services over two), unless `--no-leases`;
-/// a client that cannot be built is reported as an error of the Lease part.
-///
-/// Errors: after printing, when any part could not be read (exit status 1).
+/// `pv-writer status`: gather ([`status::gather`]) with the `--redis-*` flags and
+/// `--kubeconfig` (unless `--no-leases`), print a table or JSON.
+/// Errors: after printing, the count of parts that could not be read (exit 1).
 async fn run_status(
     common_args: &common::runtime::config::CommonArgs,
     args: &StatusArgs,
@@ -203,7 +173,8 @@ async fn run_status(
         match common::runtime::kube_client::client_from_args(common_args).await {
             Ok(c) => Some(c),
             Err(e) => {
-                client_error = Some(format!("leases: {e:#}"));
+                let cause = common::runtime::telemetry::error_chain(e.as_ref());
+                client_error = Some(format!("leases: {cause}"));
                 None
             }
         }
@@ -227,11 +198,8 @@ async fn run_status(
             serde_json::to_string_pretty(&status).expect("status always serializes")
         ),
     }
-    let errors = status.errors();
-    anyhow::ensure!(
-        errors.is_empty(),
-        "some parts could not be read: {}",
-        errors.join("; ")
-    );
+    // The causes are in the output already; the exit error only counts them.
+    let errors = status.errors().len();
+    anyhow::ensure!(errors == 0, "{errors} part(s) could not be read");
     Ok(())
 }

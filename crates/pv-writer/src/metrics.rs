@@ -1,9 +1,5 @@
-//! pv-writer's Prometheus families.
-//!
-//! pv-writer stores the PV, so it exports the seed's provisioning families
-//! (`controller_persistentvolumeclaim_provision_*`, label `class`) with the
-//! seed's meaning: a provisioning counts once its PV is stored. provision-svc
-//! counts its own stage under `provision_svc_*` names.
+//! pv-writer's Prometheus families, with the seed's provisioning families
+//! (`controller_persistentvolumeclaim_provision_*`): pv-writer stores the PV.
 
 use common::runtime::metrics::{gauge, register, seconds_histogram, ProvisionMetrics};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts};
@@ -26,17 +22,9 @@ pub mod outcome {
 /// The queue and write metrics.
 #[derive(Clone)]
 pub struct WriterMetrics {
-    /// The seed's families, label `class` (the entry's StorageClass name):
-    /// * `controller_persistentvolumeclaim_provision_total`: PVs stored (created,
-    ///   or found already created for the same claim) and their entry completed;
-    ///   counted once per entry;
-    /// * `controller_persistentvolumeclaim_provision_duration_seconds`: from the
-    ///   claim's first provision attempt in provision-svc (carried in the
-    ///   entry; its enqueue time for version-1 entries) to the PV stored;
-    /// * `controller_persistentvolumeclaim_provision_failed_total`: entries
-    ///   dead-lettered (refused by the API server, refused by the entry checks,
-    ///   unreadable). The class of an entry that failed its HMAC check, or
-    ///   could not be read, is not trusted: it counts under `class=""`.
+    /// The seed's families by `class`: PVs stored, time from the claim's first
+    /// provision attempt to the PV stored, entries dead-lettered (`class=""`
+    /// when the class is not trusted: unreadable or failed the HMAC check).
     pub provision: ProvisionMetrics,
     /// `pv_writer_queue_depth`: pending entries (due + in flight), dead letters excluded.
     pub depth: IntGauge,

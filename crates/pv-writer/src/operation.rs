@@ -1,77 +1,13 @@
-//! The seed's operation for pv-writer: write one taken entry's PV and settle
-//! the entry atomically in Redis ([`Writer::process`]), deciding with the pure
-//! rules of [`crate::decision`]. The drain loop that takes due entries and
-//! runs `--worker-threads` writes at once is in [`crate::controller`].
-//!
-//! Per entry (seed: `provisionClaimOperation`'s PV save, made durable):
-//! * created, or `AlreadyExists` with `claimRef.uid` equal to the entry's claim
-//!   uid → [`PvQueue::complete`] and a Normal `ProvisioningSucceeded` event on the claim;
-//! * `AlreadyExists` for another claim, `422 Invalid` or `400 BadRequest` → the
-//!   dead-letter set, a Warning `ProvisioningFailed` event on the claim and
-//!   `pv_writer_dead_letters_total`; never retried blindly, and the storage
-//!   asset is never deleted (an operator decides, then requeues);
-//! * anything else (5xx, 429, 403/401 while RBAC is fixed, timeouts, connection
-//!   errors) → retry after `initial · 2^(attempts-1)` capped at
-//!   `--retry-interval-max`, less up to 20 % jitter, forever. While failures
-//!   happen, a probe (`get` of the last failed PV, every
-//!   `--retry-interval-start` clamped to 100 ms..5 s) watches
-//!   the API server; when a probe fails the API server counts as down, and the
-//!   first probe or write that succeeds afterwards pulls every waiting retry
-//!   forward to now, so the queue starts again as soon as the API server is back.
-//!   A write that failed while the API server was down but settles after it came
-//!   back is retried at once too. One entry failing on its own (API server up)
-//!   keeps its backoff;
-//! * a garbled or unknown-version payload → dead-lettered with an error log line
-//!   naming the PV; the worker carries on;
-//! * an entry provision-svc could not have produced (no or a bad HMAC, PV name,
-//!   claimRef, provisioned-by annotation or volume source not ours: see
-//!   [`crate::checks`]) → refused before any API call: dead-lettered,
-//!   `pv_writer_refused_entries_total{reason}` and a Warning event on the claim.
-//!
-//! * before the create, the entry must still be in flight under this term
-//!   ([`PvQueue::holds`]) and its claim must exist with the entry's uid (a live
-//!   GET, [`claim_live`]); a claim that is gone or was re-created → the entry
-//!   is dropped, no PV written, counted in
-//!   `pv_writer_refused_entries_total{reason="claim_gone"}`: a replayed entry
-//!   re-creates no PV, and provision-svc deletes the volume of a claim deleted
-//!   while its write was queued (else the orphan sweep reports it).
-//!
-//! Redis failures while settling an entry are retried every
-//! `--redis-reconnect-period` (default 500 ms) until they
-//! succeed or shutdown; an unsettled entry stays in flight and is taken again
-//! by the next leader, and the repeated create answers `AlreadyExists` for the
-//! same claim, so no PV is written twice.
-//!
-//! Metrics: the seed's `controller_persistentvolumeclaim_provision_*` families
-//! are counted here, where the PV is stored (see [`crate::metrics`]). Logs:
-//! each entry is processed in one `pv_write` span carrying `pv`, `claim`
-//! (namespace/name), `claim_uid`, `class` and `attempt`, the same field names
-//! provision-svc's `claim` span uses, so one claim can be followed across both
-//! services' logs (`--log-format json` shows them on every line).
-//!
-//! Health: the dispatcher beats the runtime's heartbeat while it loops (idle
-//! polls included) or while Redis is unreachable (not ready, which a restart
-//! would not fix); it stops beating when it has been stuck, with Redis up, for
-//! `--healthz-stall-timeout` ([`common::runtime::health`]).
-//!
-//! Fencing: [`Writer::run`] starts a leader term ([`PvQueue::begin_term`]) and
-//! every take and settlement carries its epoch. Once a newer term exists (this
-//! replica was paused past its Lease and another took over), Redis refuses
-//! them ([`Settled::Fenced`]): the stale replica moves no entry, counts
-//! `pv_writer_fenced_operations_total` and its drain loop ends with an error
-//! (the process exits and restarts as a standby). Before announcing a written
-//! PV (`ProvisioningSucceeded`) a worker asks Redis whether its term still holds
-//! the entry ([`PvQueue::holds`]), so a replica that wakes up superseded
-//! announces nothing. The event itself is idempotent
-//! ([`EventSink::publish_once`]: one Event named `<claim uid>.provisioningsucceeded`),
-//! so a replica stopped between that check and the event reaching the API
-//! server, or a write retried after a crash, finds the Event already there and
-//! adds none: exactly one `ProvisioningSucceeded` per claim.
+//! pv-writer's operation: each taken entry gets a [`Verdict`] (decode, the
+//! entry checks, this term's hold, the claim's liveness, the create) and one
+//! settle applies it in Redis (complete, retry or dead-letter) with its event
+//! and metrics. Every settlement carries the leader term's epoch (fencing).
+//! Rules and rationale: docs/decisions/0009-pv-writer-entry-rules.md.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use api_types::queue::{DecodeError, QueuedPvWrite};
+use api_types::queue::QueuedPvWrite;
 use common::handoff::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
 use common::kube::events::{claim_reference, reason, EventSink};
 use common::kube::retry::Backoff;
@@ -85,13 +21,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::checks::EntryChecks;
-use crate::decision::{already_exists, refused_create, retry_delay, WriteResult};
+use crate::decision::{
+    already_exists, refused_create, retry_delay, unreadable, Verdict, WriteResult,
+};
 use crate::metrics::{outcome, WriterMetrics};
 
-/// Longest a worker waits for the API server to take a claim event
-/// (`ProvisioningSucceeded`, `ProvisioningFailed`). Bounded so a slow API server
-/// (client read timeout ~295 s) cannot hold a taken entry past its
-/// `--visibility-timeout`; an event not accepted in time is logged and dropped.
+/// Longest a worker waits for the API server to take a claim event, so a slow
+/// API server cannot hold a taken entry past its `--visibility-timeout`.
 pub const EVENT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Tuning of the drain loop (from [`crate::config::WriterArgs`] and the shared flags).
@@ -107,14 +43,21 @@ pub struct WriterConfig {
     pub write_timeout: Duration,
     /// Visibility timeout of a taken entry.
     pub visibility_timeout: Duration,
-    /// Pause between attempts while Redis is unreachable
-    /// (`--redis-reconnect-period`).
+    /// Pause between attempts while Redis is unreachable (`--redis-reconnect-period`).
     pub redis_reconnect: Duration,
 }
 
 /// `pv_writer_refused_entries_total` reason of an entry dropped because its
 /// claim no longer exists with the entry's uid.
 pub const CLAIM_GONE: &str = "claim_gone";
+
+/// The drain loop's failure.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// Redis refused this replica's term: a newer leader runs.
+    #[error("pv-writer term {0} was superseded by a newer leader; stopped draining")]
+    Superseded(u64),
+}
 
 /// Whether an entry's claim still exists with the entry's uid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,9 +128,8 @@ pub async fn write_pv(
     refused_create(name, status.code, &status.reason, &status.message)
 }
 
-/// The PV writer of one leader term: the operation ([`process`](Self::process))
-/// and, in [`crate::controller`], the drain loop ([`run`](Self::run)). Cheap
-/// to share (`Arc`).
+/// The PV writer of one leader term: [`process`](Self::process) per entry and
+/// the drain loop ([`run`](Self::run)). Cheap to share (`Arc`).
 pub struct Writer {
     pub(crate) queue: PvQueue,
     checks: EntryChecks,
@@ -209,9 +151,7 @@ pub struct Writer {
     pub(crate) recovered_at_ms: AtomicU64,
     /// PV name of the last transient failure, probed with `get`.
     pub(crate) probe_name: std::sync::Mutex<String>,
-    /// `/readyz` of the running drain ([`run`](Self::run) sets it), so a worker
-    /// that cannot settle an entry in Redis reports not-ready too — the
-    /// dispatcher may be waiting for that worker's permit and see nothing.
+    /// `/readyz` of the running drain, which a worker stuck on Redis clears too.
     pub(crate) readiness: std::sync::OnceLock<Readiness>,
     /// Beaten by the dispatcher at each turn of its loop.
     pub(crate) dispatched: Heartbeat,
@@ -254,6 +194,10 @@ impl Writer {
         self.epoch.store(epoch, Ordering::SeqCst);
     }
 
+    fn term(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// The API server answered: if it was down, pull every waiting retry forward.
     pub(crate) async fn api_is_up(&self) {
         if self.api_down.swap(false, Ordering::SeqCst) {
@@ -261,7 +205,7 @@ impl Writer {
             match self.queue.pull_forward_retries().await {
                 Ok(n) => tracing::info!(
                     entries = n,
-                    "API server accepts requests again; retrying waiting PV writes now"
+                    "API server is back; retrying waiting PV writes now"
                 ),
                 Err(err) => tracing::warn!(error = %err, "could not pull waiting retries forward"),
             }
@@ -273,17 +217,16 @@ impl Writer {
         self.metrics.fenced_operations_total.inc();
         if !self.superseded.swap(true, Ordering::SeqCst) {
             tracing::error!(
-                term = self.epoch.load(Ordering::SeqCst),
+                term = self.term(),
                 operation,
-                "a newer pv-writer leader term began (this replica was paused or lost its Lease); Redis refused this replica's queue operations, stopping"
+                "a newer pv-writer leader term began; stopping"
             );
         }
     }
 
     /// Write one taken entry and settle it in Redis (complete, retry or
     /// dead-letter), in a `pv_write` span carrying `pv`, `attempt` and, once
-    /// the entry is read, `claim`, `claim_uid` and `class`. Never panics on
-    /// bad input.
+    /// the entry is read, `claim`, `claim_uid` and `class`. Never panics on bad input.
     pub async fn process(&self, taken: TakenEntry, shutdown: &CancellationToken) {
         let span = tracing::info_span!(
             "pv_write",
@@ -297,234 +240,200 @@ impl Writer {
     }
 
     async fn process_entry(&self, taken: TakenEntry, shutdown: &CancellationToken) {
-        let pv_name = taken.pv_name.clone();
         let entry = match QueuedPvWrite::decode(&taken.payload) {
             Ok(entry) => entry,
             Err(err) => {
-                let kind = match err {
-                    DecodeError::Garbled(_) => "garbled",
-                    DecodeError::UnknownVersion { .. } => "unknown_version",
-                };
                 tracing::error!(error = %err, "unreadable PV write in the queue; moving it to the dead-letter set");
-                self.dead_letter(
-                    &taken,
-                    None,
-                    kind,
-                    format!("unreadable queue entry: {err}"),
-                    shutdown,
-                )
-                .await;
-                return;
+                return self.settle(&taken, None, unreadable(&err), shutdown).await;
             }
         };
         let span = tracing::Span::current();
         span.record("claim", tracing::field::display(&entry.claim));
         span.record("claim_uid", entry.claim.uid.as_str());
         span.record("class", entry.class.as_str());
-        if let Err(refusal) = self.checks.check(&pv_name, &entry) {
-            tracing::error!(reason = %refusal.reason, kind = refusal.kind, "refusing a queue entry provision-svc could not have produced; moving it to the dead-letter set");
-            if self
-                .dead_letter(
-                    &taken,
-                    Some(&entry),
-                    refusal.kind,
-                    refusal.reason.clone(),
-                    shutdown,
-                )
-                .await
-            {
-                self.metrics
-                    .refused_entries_total
-                    .with_label_values(&[refusal.kind])
-                    .inc();
-                publish_bounded(
-                    EVENT_PUBLISH_TIMEOUT,
-                    &pv_name,
-                    self.events.publish(
-                        &claim_reference(&entry.claim),
-                        true,
-                        reason::PROVISIONING_FAILED,
-                        "Provision",
-                        refusal.reason,
-                    ),
-                )
-                .await;
-            }
-            return;
-        }
-
-        // Before the create: this term still holds the entry, and the claim
-        // still exists with the entry's uid (a replayed entry of a deleted
-        // claim, or a paused ex-leader, creates nothing).
-        let epoch = self.epoch.load(Ordering::SeqCst);
-        match self
-            .settle("holds", shutdown, || self.queue.holds(epoch, &pv_name))
-            .await
-        {
-            Some(Settled::Done) => {}
-            Some(Settled::Fenced) => return self.fenced("holds"),
-            Some(Settled::NotInFlight) => {
-                tracing::warn!("queue entry no longer in flight under this term (taken again after its visibility timeout); not writing it");
-                return;
-            }
-            None => return,
-        }
-        let claim_state = claim_live(&self.client, &entry, self.config.write_timeout).await;
-        let result = match claim_state {
-            ClaimLive::Yes => None,
-            ClaimLive::Unknown(reason) => Some(WriteResult::Transient(reason)),
-            ClaimLive::Gone(reason) => {
-                // Dropped, not dead-lettered: provision-svc deletes the volume of
-                // a claim deleted while its PV write was queued (or the orphan
-                // sweep reports it); a dead letter would keep it accounted for.
-                match self
-                    .settle("complete", shutdown, || {
-                        self.queue.complete(epoch, &pv_name)
-                    })
-                    .await
-                {
-                    Some(Settled::Done) => {
-                        tracing::warn!(%reason, "dropped a queue entry whose claim is gone; no PV written");
-                        self.metrics
-                            .refused_entries_total
-                            .with_label_values(&[CLAIM_GONE])
-                            .inc();
-                    }
-                    Some(Settled::Fenced) => self.fenced("complete"),
-                    Some(Settled::NotInFlight) | None => {}
-                }
-                return;
-            }
+        let verdict = match self.checks.check(&taken.pv_name, &entry) {
+            Err(refusal) => Verdict::Refused(refusal),
+            Ok(()) => self.write(&taken.pv_name, &entry, shutdown).await,
         };
-        let started_ms = now_ms();
-        let started = Instant::now();
-        let result = match result {
-            Some(r) => r,
-            None => write_pv(&self.api, &entry, self.config.write_timeout).await,
+        self.settle(&taken, Some(&entry), verdict, shutdown).await
+    }
+
+    /// The create of a checked entry, made only while this term holds it and
+    /// its claim exists with the entry's uid.
+    async fn write(
+        &self,
+        pv_name: &str,
+        entry: &QueuedPvWrite,
+        shutdown: &CancellationToken,
+    ) -> Verdict {
+        if !self.still_holds(pv_name, "before create", shutdown).await {
+            return Verdict::Leave;
+        }
+        let live = claim_live(&self.client, entry, self.config.write_timeout).await;
+        let (started_ms, started) = (now_ms(), Instant::now());
+        let result = match live {
+            ClaimLive::Gone(reason) => return Verdict::ClaimGone(reason),
+            ClaimLive::Unknown(reason) => WriteResult::Transient(reason),
+            ClaimLive::Yes => write_pv(&self.api, entry, self.config.write_timeout).await,
         };
         self.metrics
             .write_duration_seconds
             .observe(started.elapsed().as_secs_f64());
-        match result {
-            WriteResult::Created | WriteResult::AlreadyExists => {
-                let label = if result == WriteResult::Created {
-                    outcome::CREATED
-                } else {
-                    outcome::ALREADY_EXISTS
-                };
-                self.api_is_up().await;
-                // Announce only while this term still holds the entry: a
-                // superseded writer (paused past its Lease) announces nothing;
-                // the new leader re-takes the entry, finds the PV and announces.
-                // The event goes out before the completion, so a writer killed
-                // in between announces again on the retried write; the Event's
-                // name is fixed by the claim uid (publish_once), so the repeat
-                // finds it and the claim keeps one. Bounded by EVENT_PUBLISH_TIMEOUT so the
-                // entry is completed well within its visibility timeout.
-                let epoch = self.epoch.load(Ordering::SeqCst);
-                match self
-                    .settle("holds", shutdown, || self.queue.holds(epoch, &pv_name))
-                    .await
-                {
-                    Some(Settled::Done) => {}
-                    Some(Settled::Fenced) => return self.fenced("holds"),
-                    Some(Settled::NotInFlight) => {
-                        tracing::warn!("PV written but its queue entry is no longer in flight under this term (taken again after its visibility timeout); the other take settles it");
-                        return;
-                    }
-                    None => return,
-                }
-                publish_bounded(
-                    EVENT_PUBLISH_TIMEOUT,
-                    &pv_name,
-                    self.events.publish_once(
-                        &claim_reference(&entry.claim),
-                        false,
-                        reason::PROVISIONING_SUCCEEDED,
-                        "Provision",
-                        format!("Successfully provisioned volume {pv_name}"),
-                    ),
-                )
-                .await;
-                match self
-                    .settle("complete", shutdown, || {
-                        self.queue.complete(epoch, &pv_name)
-                    })
-                    .await
-                {
-                    Some(Settled::Done) => {}
-                    Some(Settled::Fenced) => return self.fenced("complete"),
-                    Some(Settled::NotInFlight) | None => return,
-                }
-                self.metrics.writes_total.with_label_values(&[label]).inc();
-                let provisioning_seconds =
-                    now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
-                self.metrics
-                    .provision
-                    .total
-                    .with_label_values(&[&entry.class])
-                    .inc();
-                self.metrics
-                    .provision
-                    .duration_seconds
-                    .with_label_values(&[&entry.class])
-                    .observe(provisioning_seconds);
-                tracing::info!(outcome = label, provisioning_seconds, "PV written");
+        Verdict::Written { result, started_ms }
+    }
+
+    /// Apply `verdict` to `taken` once: Redis, then events and metrics.
+    async fn settle(
+        &self,
+        taken: &TakenEntry,
+        entry: Option<&QueuedPvWrite>,
+        verdict: Verdict,
+        shutdown: &CancellationToken,
+    ) {
+        let pv_name = taken.pv_name.as_str();
+        match (verdict, entry) {
+            (Verdict::Unreadable { kind, reason }, _) => {
+                self.dead_letter(taken, None, kind, reason, shutdown).await;
             }
-            WriteResult::Refused { kind, reason } => {
-                tracing::warn!(%reason, "PV write refused; moving it to the dead-letter set");
+            (Verdict::Refused(refusal), Some(entry)) => {
+                tracing::error!(reason = %refusal.reason, kind = refusal.kind, "refusing a queue entry provision-svc could not have produced");
                 if self
-                    .dead_letter(&taken, Some(&entry), kind, reason.clone(), shutdown)
+                    .dead_letter(
+                        taken,
+                        Some(entry),
+                        refusal.kind,
+                        refusal.reason.clone(),
+                        shutdown,
+                    )
                     .await
                 {
-                    publish_bounded(
-                        EVENT_PUBLISH_TIMEOUT,
-                        &pv_name,
-                        self.events.publish(
-                            &claim_reference(&entry.claim),
-                            true,
-                            reason::PROVISIONING_FAILED,
-                            "Provision",
-                            reason,
-                        ),
-                    )
-                    .await;
-                }
-            }
-            WriteResult::Transient(reason) => {
-                *self.probe_name.lock().expect("probe name poisoned") = pv_name.clone();
-                self.degraded.store(true, Ordering::SeqCst);
-                let attempts = taken.attempts.saturating_add(1);
-                // Sent while the API server was down, and it is back now: retry at
-                // once instead of waiting out the backoff.
-                let delay = if started_ms < self.recovered_at_ms.load(Ordering::SeqCst) {
-                    Duration::ZERO
-                } else {
-                    retry_delay(self.config.retry_initial, self.config.retry_max, attempts)
-                };
-                let settled = self
-                    .settle("schedule_retry", shutdown, || {
-                        self.queue.schedule_retry(
-                            self.epoch.load(Ordering::SeqCst),
-                            &pv_name,
-                            delay,
-                            attempts,
-                        )
-                    })
-                    .await;
-                if settled == Some(Settled::Fenced) {
-                    self.fenced("schedule_retry");
-                }
-                if settled == Some(Settled::Done) {
-                    self.metrics.retries_total.inc();
                     self.metrics
-                        .writes_total
-                        .with_label_values(&[outcome::RETRY])
+                        .refused_entries_total
+                        .with_label_values(&[refusal.kind])
                         .inc();
-                    tracing::warn!(attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
+                    self.claim_failed(entry, refusal.reason).await;
                 }
             }
+            (Verdict::ClaimGone(reason), Some(_)) => {
+                let epoch = self.term();
+                if self
+                    .done("complete", shutdown, || self.queue.complete(epoch, pv_name))
+                    .await
+                {
+                    tracing::warn!(%reason, "dropped a queue entry whose claim is gone; no PV written");
+                    self.metrics
+                        .refused_entries_total
+                        .with_label_values(&[CLAIM_GONE])
+                        .inc();
+                }
+            }
+            (Verdict::Written { result, started_ms }, Some(entry)) => match result {
+                WriteResult::Created => {
+                    self.complete_written(taken, entry, outcome::CREATED, shutdown)
+                        .await
+                }
+                WriteResult::AlreadyExists => {
+                    self.complete_written(taken, entry, outcome::ALREADY_EXISTS, shutdown)
+                        .await
+                }
+                WriteResult::Refused { kind, reason } => {
+                    tracing::warn!(%reason, "PV write refused; moving it to the dead-letter set");
+                    if self
+                        .dead_letter(taken, Some(entry), kind, reason.clone(), shutdown)
+                        .await
+                    {
+                        self.claim_failed(entry, reason).await;
+                    }
+                }
+                WriteResult::Transient(reason) => {
+                    self.retry(taken, reason, started_ms, shutdown).await
+                }
+            },
+            (Verdict::Leave, _) | (_, None) => {}
         }
+    }
+
+    /// A stored PV: announce it (only while this term holds the entry; the
+    /// event is idempotent), then complete the entry and count the provisioning.
+    async fn complete_written(
+        &self,
+        taken: &TakenEntry,
+        entry: &QueuedPvWrite,
+        label: &'static str,
+        shutdown: &CancellationToken,
+    ) {
+        let pv_name = taken.pv_name.as_str();
+        self.api_is_up().await;
+        if !self.still_holds(pv_name, "after create", shutdown).await {
+            return;
+        }
+        let claim = claim_reference(&entry.claim);
+        let event = self.events.publish_once(
+            &claim,
+            false,
+            reason::PROVISIONING_SUCCEEDED,
+            "Provision",
+            format!("Successfully provisioned volume {pv_name}"),
+        );
+        publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, event).await;
+        let epoch = self.term();
+        if !self
+            .done("complete", shutdown, || self.queue.complete(epoch, pv_name))
+            .await
+        {
+            return;
+        }
+        self.metrics.writes_total.with_label_values(&[label]).inc();
+        let provisioning_seconds =
+            now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
+        let provision = &self.metrics.provision;
+        provision.total.with_label_values(&[&entry.class]).inc();
+        provision
+            .duration_seconds
+            .with_label_values(&[&entry.class])
+            .observe(provisioning_seconds);
+        tracing::info!(outcome = label, provisioning_seconds, "PV written");
+    }
+
+    /// A transient failure: schedule the retry (at once when the write started
+    /// before the API server came back) and mark the API server degraded.
+    async fn retry(
+        &self,
+        taken: &TakenEntry,
+        reason: String,
+        started_ms: u64,
+        shutdown: &CancellationToken,
+    ) {
+        let pv_name = taken.pv_name.as_str();
+        *self.probe_name.lock().expect("probe name poisoned") = pv_name.to_string();
+        self.degraded.store(true, Ordering::SeqCst);
+        let attempts = taken.attempts.saturating_add(1);
+        let delay = if started_ms < self.recovered_at_ms.load(Ordering::SeqCst) {
+            Duration::ZERO
+        } else {
+            retry_delay(self.config.retry_initial, self.config.retry_max, attempts)
+        };
+        let retried = self.done("schedule_retry", shutdown, || {
+            self.queue
+                .schedule_retry(self.term(), pv_name, delay, attempts)
+        });
+        if retried.await {
+            self.metrics.retries_total.inc();
+            self.metrics
+                .writes_total
+                .with_label_values(&[outcome::RETRY])
+                .inc();
+            tracing::warn!(attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
+        }
+    }
+
+    /// A Warning `ProvisioningFailed` event with `note` on `entry`'s claim.
+    async fn claim_failed(&self, entry: &QueuedPvWrite, note: String) {
+        let claim = claim_reference(&entry.claim);
+        let event =
+            self.events
+                .publish(&claim, true, reason::PROVISIONING_FAILED, "Provision", note);
+        publish_bounded(EVENT_PUBLISH_TIMEOUT, entry.pv_name(), event).await;
     }
 
     /// Dead-letter `taken`; returns whether it was moved (false: Redis gave up
@@ -544,42 +453,86 @@ impl Writer {
             attempts: taken.attempts,
             claim: entry.map(|e| e.claim.clone()),
         };
-        let settled = self
-            .settle("dead_letter", shutdown, || {
-                self.queue
-                    .dead_letter(self.epoch.load(Ordering::SeqCst), &letter)
-            })
-            .await;
-        if settled == Some(Settled::Fenced) {
-            self.fenced("dead_letter");
+        let moved = self.done("dead_letter", shutdown, || {
+            self.queue.dead_letter(self.term(), &letter)
+        });
+        if !moved.await {
+            return false;
         }
-        let moved = settled == Some(Settled::Done);
-        if moved {
-            // The class of an entry whose MAC failed is attacker-chosen: not a label.
-            let class = match (entry, kind) {
-                (Some(e), k) if k != "unsigned" && k != "bad_signature" => e.class.as_str(),
-                _ => "",
-            };
-            self.metrics
-                .provision
-                .failed_total
-                .with_label_values(&[class])
-                .inc();
-            self.metrics
-                .writes_total
-                .with_label_values(&[outcome::DEAD_LETTER])
-                .inc();
-            self.metrics
-                .dead_lettered_total
-                .with_label_values(&[kind])
-                .inc();
-        }
-        moved
+        // The class of an entry whose MAC failed is attacker-chosen: not a label.
+        let class = match (entry, kind) {
+            (Some(e), k) if k != "unsigned" && k != "bad_signature" => e.class.as_str(),
+            _ => "",
+        };
+        self.metrics
+            .provision
+            .failed_total
+            .with_label_values(&[class])
+            .inc();
+        self.metrics
+            .writes_total
+            .with_label_values(&[outcome::DEAD_LETTER])
+            .inc();
+        self.metrics
+            .dead_lettered_total
+            .with_label_values(&[kind])
+            .inc();
+        true
     }
 
-    /// Run a Redis settle operation until it succeeds; `None` if shutdown came
-    /// first (the entry then stays in flight for the next leader).
-    async fn settle<T, F, Fut>(
+    /// Whether this term still holds `pv_name` in flight (asked at `stage`).
+    async fn still_holds(
+        &self,
+        pv_name: &str,
+        stage: &'static str,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let epoch = self.term();
+        match self
+            .redis("holds", shutdown, || self.queue.holds(epoch, pv_name))
+            .await
+        {
+            Some(Settled::Done) => true,
+            Some(Settled::Fenced) => {
+                self.fenced("holds");
+                false
+            }
+            Some(Settled::NotInFlight) => {
+                tracing::warn!(
+                    stage,
+                    "queue entry no longer in flight under this term; the other take settles it"
+                );
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Run settlement `operation` until Redis answers; whether it was done
+    /// (a fenced one is counted).
+    async fn done<F, Fut>(
+        &self,
+        operation: &'static str,
+        shutdown: &CancellationToken,
+        op: F,
+    ) -> bool
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<Settled, QueueError>>,
+    {
+        match self.redis(operation, shutdown, op).await {
+            Some(Settled::Done) => true,
+            Some(Settled::Fenced) => {
+                self.fenced(operation);
+                false
+            }
+            Some(Settled::NotInFlight) | None => false,
+        }
+    }
+
+    /// Run a Redis operation until it succeeds; `None` if shutdown came first
+    /// (the entry then stays in flight for the next leader).
+    async fn redis<T, F, Fut>(
         &self,
         operation: &str,
         shutdown: &CancellationToken,
@@ -614,9 +567,8 @@ impl Writer {
     }
 }
 
-/// Await `publish` (an [`EventSink::publish`] future) for at most `limit`;
-/// returns whether it finished. A timeout is logged with the PV name and the
-/// event is dropped (events are informative; the write is what counts).
+/// Await `publish` for at most `limit`; returns whether it finished. A timeout
+/// is logged with the PV name and the event dropped (the write is what counts).
 pub async fn publish_bounded(
     limit: Duration,
     pv_name: &str,

@@ -1,19 +1,8 @@
 //! `pv-writer status`: one operator's view of a provisioner name across the
-//! three services — the PV-write queue (depth, oldest pending age, dead
-//! letters with their reasons, in-flight entries with the pv-writer term that
-//! owns them), provisioning intents (volumes being made), the last orphan
-//! sweep's report ([`common::handoff::orphan_report`]) and the three Leases (holder,
-//! time since the last renewal).
-//!
-//! It lives in pv-writer, next to `pv-writer queue`, because the queue is the
-//! heart of it, the binary is already in the image with the same flags
-//! (`--redis-url`, `--provisioner-name`, `--kubeconfig`), and everything else it
-//! reads goes through `common` (intents, report, Lease names); a separate
-//! binary would duplicate that flag handling and the image layout.
-//!
-//! Read-only: Redis reads and `get` of three Leases with the caller's
-//! kubeconfig. Each part is read on its own; a part that fails is reported in
-//! `errors` and the rest is still shown.
+//! three services — the PV-write queue (depth, oldest pending age, dead letters,
+//! in-flight entries and their owner term), provisioning intents, the last
+//! orphan sweep's report and the three Leases. Read-only; each part is read on
+//! its own, and one that fails is reported in `errors` while the rest is shown.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -23,6 +12,7 @@ use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::{PendingState, PvQueue};
 use common::handoff::redis_store::RedisConfig;
+use common::runtime::telemetry::error_chain;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use serde::Serialize;
@@ -67,6 +57,10 @@ pub struct ProvisionerStatus {
     pub leases: Vec<LeaseStatus>,
     /// Parts that could not be read.
     pub errors: Vec<String>,
+    /// Sections whose source could not be read (`queue`, `intents`, `orphan sweep`):
+    /// the table says `unavailable` instead of empty; the cause is in `errors`.
+    #[serde(skip)]
+    pub unavailable: Vec<&'static str>,
 }
 
 /// The durable PV-write queue.
@@ -196,13 +190,18 @@ async fn gather_one(
         orphan_report_age_seconds: None,
         leases: Vec::new(),
         errors: Vec::new(),
+        unavailable: Vec::new(),
+    };
+    let fail = |status: &mut ProvisionerStatus, part: &'static str, e: String| {
+        status.errors.push(format!("{part}: {e}"));
+        status.unavailable.push(part);
     };
     match common::handoff::redis_store::connect(redis).await {
         Ok(conn) => {
             let queue = PvQueue::with_connection(conn.clone(), name);
             match queue_status(&queue).await {
                 Ok(q) => status.queue = Some(q),
-                Err(e) => status.errors.push(format!("queue: {e}")),
+                Err(e) => fail(&mut status, "queue", e.to_string()),
             }
             match IntentStore::with_connection(conn.clone(), name)
                 .list_with_claims()
@@ -221,7 +220,7 @@ async fn gather_one(
                         .collect();
                     status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
                 }
-                Err(e) => status.errors.push(format!("intents: {e}")),
+                Err(e) => fail(&mut status, "intents", e.to_string()),
             }
             match orphan_report::read(&mut conn.clone(), name).await {
                 Ok(report) => {
@@ -229,11 +228,14 @@ async fn gather_one(
                         report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
                     status.orphan_report = report;
                 }
-                Err(e) => status.errors.push(format!("orphan report: {e}")),
+                Err(e) => fail(&mut status, "orphan sweep", e.to_string()),
             }
         }
-        // The error names the (redacted) URL.
-        Err(e) => status.errors.push(format!("redis: {e}")),
+        // The error names the (redacted) URL; once, for the three parts it hides.
+        Err(e) => {
+            status.errors.push(format!("redis: {e}"));
+            status.unavailable = vec!["queue", "intents", "orphan sweep"];
+        }
     }
     if let Some((client, namespace)) = leases {
         for (service, lease_suffix) in SERVICES {
@@ -311,13 +313,13 @@ async fn find_lease(
 ) -> Result<Option<Lease>, String> {
     if let Some(ns) = namespace {
         let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-        return api.get_opt(name).await.map_err(|e| e.to_string());
+        return api.get_opt(name).await.map_err(|e| error_chain(&e));
     }
     let api: Api<Lease> = Api::all(client.clone());
     let found = api
         .list(&kube::api::ListParams::default().fields(&format!("metadata.name={name}")))
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(|e| error_chain(&e))?
         .items;
     match found.len() {
         0 | 1 => Ok(found.into_iter().next()),
@@ -476,20 +478,25 @@ pub fn render_table(status: &Status) -> String {
                 }),
             );
         }
-        section(
-            &mut out,
-            "intents (volumes being made)",
-            &["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"],
-            p.intents.iter().map(|i| {
-                vec![
-                    i.pv_name.clone(),
-                    i.claim.clone(),
-                    i.class.clone(),
-                    secs(i.age_seconds),
-                    i.in_background.to_string(),
-                ]
-            }),
-        );
+        let intents = "intents (volumes being made)";
+        if p.unavailable.contains(&"intents") {
+            let _ = writeln!(out, "  {intents}: unavailable");
+        } else {
+            section(
+                &mut out,
+                intents,
+                &["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"],
+                p.intents.iter().map(|i| {
+                    vec![
+                        i.pv_name.clone(),
+                        i.claim.clone(),
+                        i.class.clone(),
+                        secs(i.age_seconds),
+                        i.in_background.to_string(),
+                    ]
+                }),
+            );
+        }
         match &p.orphan_report {
             Some(r) => {
                 let _ = writeln!(
@@ -503,6 +510,9 @@ pub fn render_table(status: &Status) -> String {
                 for o in &r.orphans {
                     let _ = writeln!(out, "    {o}");
                 }
+            }
+            None if p.unavailable.contains(&"orphan sweep") => {
+                out.push_str("  orphan sweep: unavailable\n")
             }
             None => out.push_str("  orphan sweep: no report yet\n"),
         }
@@ -596,6 +606,7 @@ mod tests {
                     error: None,
                 }],
                 errors: vec!["intents: redis: boom".into()],
+                unavailable: vec![],
             }],
         }
     }
@@ -664,5 +675,49 @@ mod tests {
             sample().errors(),
             ["example.com/hostpath: intents: redis: boom"]
         );
+    }
+
+    #[tokio::test]
+    async fn unreadable_redis_shows_each_part_unavailable_with_the_cause_once() {
+        let redis = RedisConfig::from("redis://127.0.0.1:1/0");
+        let status = gather(&["a.io/x".into()], &redis, None, 0).await;
+        let text = render_table(&status);
+        for line in [
+            "queue: unavailable",
+            "intents (volumes being made): unavailable",
+            "orphan sweep: unavailable",
+        ] {
+            assert!(text.contains(line), "{text}");
+        }
+        assert!(
+            !text.contains("none") && !text.contains("no report yet"),
+            "{text}"
+        );
+        assert_eq!(text.matches("ERROR").count(), 1, "{text}");
+        assert_eq!(text.matches("127.0.0.1:1").count(), 1, "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_api_server_names_the_cause() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let lease = lease_status(&client, "pv-writer", "pv-writer", "a.io/x", Some("ns"), 0).await;
+        let error = lease.error.expect("unreadable");
+        assert!(
+            error.to_lowercase().contains("connection refused"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_names_its_path_and_cause_once() {
+        use clap::Parser;
+        let cli = crate::Cli::parse_from(["pv-writer", "--kubeconfig", "/nonexistent/kc"]);
+        let Err(err) = common::runtime::kube_client::client_from_args(&cli.common).await else {
+            panic!("no kubeconfig there");
+        };
+        let text = error_chain(err.as_ref());
+        assert_eq!(text.matches("/nonexistent/kc").count(), 1, "{text}");
+        assert_eq!(text.matches("os error 2").count(), 1, "{text}");
     }
 }

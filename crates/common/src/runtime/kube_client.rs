@@ -113,8 +113,8 @@ where
 pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
     match &args.kubeconfig {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            // kube's error names the path already.
+            let kubeconfig = Kubeconfig::read_from(path).context("reading kubeconfig")?;
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .with_context(|| format!("loading kubeconfig {}", path.display()))
