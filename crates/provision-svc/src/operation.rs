@@ -1,27 +1,9 @@
 //! The seed's claim operation: `provisionClaimOperation`,
 //! `provisionVolumeErrorHandling`, `rescheduleProvisioning` and `syncClaim`,
-//! executing the decisions of [`decision`] (`shouldProvision`) over reflector
-//! caches and the [`ports`](crate::ports) traits, and the seed's
-//! `claimsInProgress` ([`InBackground`]). The work queue that drives it (the
-//! failure handling of `processNextClaimWorkItem`) is in
-//! [`controller`](crate::controller).
-//!
-//! Differences from the seed, all on the durable side:
-//! * the PV goes to pv-writer's durable queue instead of being created here;
-//!   a PV that is queued but not yet written counts as existing. "Queued?" is
-//!   always asked of Redis (no in-memory shadow): an entry lost in a Redis
-//!   crash is provisioned again (idempotently) at the next sync or resync;
-//! * an intent (claim, PV name, class, claim snapshot) is recorded in Redis
-//!   before the backend is called and cleared in the same atomic script that
-//!   queues the PV, or once the outcome is final; claims provisioning in background are flagged in it, so
-//!   the seed's `claimsInProgress` survives a restart;
-//! * giving up on a claim at the failure threshold keeps its intent, so the next
-//!   leader's start-up walk cleans up a half-made volume instead of leaking it;
-//! * something queued under the claim's PV name that pv-writer will never write
-//!   (dead-lettered, or not signed by us for this claim) is never taken for
-//!   "queued": a Warning `ProvisioningFailed` naming the operator action,
-//!   `provision_svc_stalled_queue_entries_total{reason}` and a retry with
-//!   backoff (so at most `--failed-provision-threshold` Warnings per resync).
+//! executing the decisions of [`decision`] over reflector caches and the
+//! ports traits, with the seed's `claimsInProgress` ([`InBackground`]).
+//! Where it differs from the seed (durable hand-off, intents, stalled queue
+//! entries): docs/ARCHITECTURE.md, "provision-svc beyond the seed".
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,7 +15,7 @@ use api_types::queue::{
 use api_types::{
     pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, FINALIZER_PV,
 };
-use common::kube::cache::NameSet;
+use common::kube::cache::{Compact, NameSet};
 use common::kube::events::{claim_ref_of, reason};
 use common::kube::retry::FailureThreshold;
 use common::kube::time::now_ms;
@@ -84,18 +66,19 @@ pub struct Settings {
     pub provision_timeout: Option<Duration>,
 }
 
+/// A claim as the claims cache holds it: its identity typed, the rest as
+/// compact JSON ([`Compact`]), decoded when worked on.
+pub type CachedClaim = Compact<PersistentVolumeClaim>;
+
 /// The reflector caches the claim logic reads.
 #[derive(Clone)]
 pub struct Caches {
-    /// Claims, all namespaces, compact ([`crate::controller::CachedClaim`]).
-    pub claims: Store<crate::controller::CachedClaim>,
+    /// Claims, all namespaces, compact ([`CachedClaim`]).
+    pub claims: Store<CachedClaim>,
     /// StorageClasses.
     pub classes: Store<StorageClass>,
-    /// The names of all PVs, from a metadata-only watch: the claim logic
-    /// only asks whether `pvc-<uid>` exists. A whole `PersistentVolume` in a
-    /// store costs kilobytes each (k8s-openapi's spec holds every volume
-    /// source inline), the largest item of a 5,000-volume heap profile; a
-    /// store entry of its metadata still about 0.8 KB, a name about 0.1 KB.
+    /// The names of all PVs, from a metadata-only watch (the claim logic
+    /// only asks whether `pvc-<uid>` exists).
     pub volumes: NameSet,
 }
 
