@@ -81,7 +81,7 @@ impl ClaimQueue {
 
     /// Queue a deleted claim's uid: [`process`] finds it gone and deletes the
     /// volume of a PV write still queued for it
-    /// ([`Operation::cleanup_unwritten_volume`]).
+    /// ([`recovery::cleanup_unwritten_volume`]).
     pub fn claim_deleted(&self, claim: &CachedClaim) {
         if let Some(uid) = claim.meta().uid.as_deref() {
             self.queue.add(uid);
@@ -102,7 +102,6 @@ impl ClaimQueue {
         })?;
         Some(cached.object())
     }
-
 }
 
 impl ClaimRequeue for ClaimQueue {
@@ -145,7 +144,7 @@ pub async fn process(op: &Operation, claims: &ClaimQueue, uid: &str) {
             Some(c) => c,
             None => {
                 tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
-                op.cleanup_unwritten_volume(uid).await;
+                recovery::cleanup_unwritten_volume(op, uid).await;
                 claims.index().remove(uid);
                 claims.retry.forget(&uid.to_string());
                 op.forget_first_attempt(uid);

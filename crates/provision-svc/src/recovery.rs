@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use api_types::queue::ClaimKey;
-use api_types::ANN_SELECTED_NODE;
+use api_types::{pv_name_for_claim_uid, ANN_SELECTED_NODE};
 use common::handoff::intents::IntentEntry;
 use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
@@ -193,6 +193,64 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
             ..Default::default()
         },
         ..Default::default()
+    }
+}
+
+/// The claim `uid` is gone: if a PV write of ours is still queued for it, a
+/// live lookup confirms the claim gone and no PV exists, delete its volume
+/// (`delete_unprovisioned`). Failures are logged (left to the orphan sweep).
+pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
+    let pv_name = pv_name_for_claim_uid(uid);
+    let entry = match op.ports.handoff.queued_entry(&pv_name, uid).await {
+        Ok(Some(entry)) => entry,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot read its queued PV write; its volume, if unwritten, is left to the orphan sweep");
+            return;
+        }
+    };
+    let key = &entry.claim;
+    match op
+        .ports
+        .cluster
+        .claim_exists(&key.namespace, &key.name, uid)
+        .await
+    {
+        Ok(false) => {}
+        Ok(true) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot confirm it is gone; its volume is left to the orphan sweep");
+            return;
+        }
+    }
+    match op.ports.cluster.pv_exists(&pv_name).await {
+        Ok(false) => {}
+        Ok(true) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot tell whether its PV exists; its volume is left to reclaim or the orphan sweep");
+            return;
+        }
+    }
+    let class = match op.caches.classes.get(&ObjectRef::new(&entry.class)) {
+        Some(c) => c.as_ref().clone(),
+        None => {
+            tracing::warn!(pv = %pv_name, class = %entry.class, "deleted claim with an unwritten PV: its StorageClass is gone; its volume is left to the orphan sweep");
+            return;
+        }
+    };
+    let options = ProvisionOptions {
+        storage_class: class,
+        pv_name: pv_name.clone(),
+        pvc: claim_from_key(key),
+        selected_node: None,
+    };
+    match op.ports.backend.delete_unprovisioned(&options).await {
+        Ok(()) => {
+            tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
+        }
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, "deleted claim: its unwritten volume could not be deleted; left to the orphan sweep")
+        }
     }
 }
 
