@@ -22,35 +22,29 @@ use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
-use prometheus::IntGauge;
 use provisioner_api::deadline::{self, Deadline};
 use provisioner_api::Provisioner;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::{self, ProvisionerNames};
+use crate::in_progress::{InBackground, InFlight};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
     /// Seed `errStopProvision`: provisioning is impossible or already done; do
     /// not retry.
+    #[error("stop provisioning")]
     Stop,
     /// A failure to retry (with backoff, up to the failure threshold).
+    #[error("{0}")]
     Failed(String),
     /// The backend made the volume but handing the PV to pv-writer failed:
     /// retried like [`OpError::Failed`], and the intent is kept.
+    #[error("{0}")]
     NotQueued(String),
-}
-
-impl std::fmt::Display for OpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpError::Stop => f.write_str("stop provisioning"),
-            OpError::Failed(e) | OpError::NotQueued(e) => f.write_str(e),
-        }
-    }
 }
 
 /// Settings of the claim logic (from the flags).
@@ -95,58 +89,6 @@ pub struct Ports {
     pub intents: Arc<dyn IntentLog>,
 }
 
-/// Seed `claimsInProgress`: claim uid → claim snapshot, for the claims whose
-/// provisioning went on in background (the backend may still be making the
-/// volume). Kept in the `provision_svc_claims_in_background` gauge.
-pub struct InBackground {
-    claims: Mutex<HashMap<String, PersistentVolumeClaim>>,
-    gauge: IntGauge,
-}
-
-impl InBackground {
-    /// An empty set reported in `gauge`.
-    pub fn new(gauge: IntGauge) -> Self {
-        Self {
-            claims: Mutex::default(),
-            gauge,
-        }
-    }
-
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, PersistentVolumeClaim>> {
-        self.claims.lock().expect("in-background poisoned")
-    }
-
-    /// Remember `claim` (by its uid) as provisioning in background.
-    pub fn insert(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        let mut map = self.map();
-        map.insert(uid.to_string(), claim.clone());
-        self.gauge.set(map.len() as i64);
-    }
-
-    /// Forget `uid`; whether it was there.
-    pub fn remove(&self, uid: &str) -> bool {
-        let mut map = self.map();
-        let was = map.remove(uid).is_some();
-        self.gauge.set(map.len() as i64);
-        was
-    }
-
-    /// Whether `uid` is provisioning in background.
-    pub fn contains(&self, uid: &str) -> bool {
-        self.map().contains_key(uid)
-    }
-
-    /// The snapshot of `uid`'s claim, if in background.
-    pub fn get(&self, uid: &str) -> Option<PersistentVolumeClaim> {
-        self.map().get(uid).cloned()
-    }
-
-    /// Uids of the claims in background, for the resync.
-    pub fn uids(&self) -> Vec<String> {
-        self.map().keys().cloned().collect()
-    }
-}
-
 /// The claim operation: one per leader term, shared by all workers.
 pub struct Operation {
     /// Settings from the flags.
@@ -159,9 +101,8 @@ pub struct Operation {
     pub metrics: ServiceMetrics,
     /// Seed `claimsInProgress`.
     pub in_background: InBackground,
-    /// uid → when this leader term first attempted to provision the claim (ms
-    /// since the Unix epoch); carried in the queue entry so pv-writer measures
-    /// the seed's provision duration from it. Dropped when the claim is done.
+    /// uid → this term's first provision attempt (ms since the Unix epoch),
+    /// carried in the queue entry for pv-writer's provision duration.
     first_attempts: Mutex<HashMap<String, u64>>,
 }
 
@@ -214,10 +155,8 @@ impl Operation {
             .ok_or_else(|| format!("storageClass {name:?} not found"))
     }
 
-    /// Seed `shouldProvision` ([`decision::should_provision`]) over the
-    /// backend's qualifier and the StorageClass cache.
-    ///
-    /// Errors: the claim is for us but its StorageClass is not in the cache.
+    /// Seed `shouldProvision` ([`decision::should_provision`]) over the backend's
+    /// qualifier and the class cache. Errors: our claim's class is not cached.
     pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, String> {
         decision::should_provision(
             claim,
@@ -246,9 +185,7 @@ impl Operation {
             );
         };
         let pv_name = pv_name_for_claim_uid(&key.uid);
-        // Redis is the only truth about what is queued: no in-memory shadow, so
-        // an entry lost with a Redis crash (or removed by an operator) is
-        // provisioned again instead of being skipped until a restart.
+        // Redis is the only truth about what is queued (no in-memory shadow).
         if self.caches.volumes.contains(&pv_name) {
             tracing::info!(pv = %pv_name, "PV already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
@@ -383,10 +320,8 @@ impl Operation {
             ),
         );
 
-        // The backend sees the operation's deadline (provisioner_api::deadline) and may
-        // stop on its own; one that overruns it is abandoned, and the attempt
-        // fails as `InBackground` (the asset may still be in the making), as a
-        // cancelled context does for the seed's provisioners.
+        // A backend overrunning the deadline is abandoned: the attempt fails as
+        // `InBackground`, as a cancelled context does for the seed's provisioners.
         let provisioned = deadline::bound(self.ports.backend.provision(&options))
             .await
             .unwrap_or_else(|e| {
@@ -546,7 +481,7 @@ impl Operation {
             if matches!(result, Err(OpError::NotQueued(_))) {
                 // The volume exists but its PV write is not queued: keep the
                 // intent, without the in-background flag.
-                self.drop_in_background(&uid, claim).await;
+                self.done_with(&uid, claim).await;
             } else {
                 self.set_in_background(&uid, None);
                 self.clear_intent(&pv_name_for_claim_uid(&uid)).await;
@@ -559,23 +494,16 @@ impl Operation {
         if state == ProvisioningState::InBackground {
             tracing::info!("temporary error; claim is provisioning in background");
             self.set_in_background(&uid, Some(claim));
-            self.mark_in_background(claim).await;
+            self.record_in_background_flag(claim, true).await;
         }
         // NoChange: keep whatever in-progress state exists.
         Err(result.err().map(|e| e.to_string()).unwrap_or_default())
     }
 
-    async fn mark_in_background(&self, claim: &PersistentVolumeClaim) {
-        self.record_in_background_flag(claim, true).await;
-    }
-
-    /// Seed `claimsInProgress.Delete` for a claim that may still have a durable
-    /// intent: drop it from the in-memory in-background set and, if it was
-    /// there, re-record its intent with `in_background = false`, so the next
-    /// leader's walk does not resurrect a stale snapshot and provision it
-    /// again. The intent itself is kept: it still protects a possibly
-    /// half-made volume until the claim is provisioned or gone.
-    async fn drop_in_background(&self, uid: &str, claim: &PersistentVolumeClaim) {
+    /// Seed `claimsInProgress.Delete` after an attempt that ended the claim's
+    /// in-progress state: if it was in background, re-record its intent with
+    /// `in_background = false` (the intent itself is kept).
+    pub async fn done_with(&self, uid: &str, claim: &PersistentVolumeClaim) {
         if self.in_background.remove(uid) {
             self.record_in_background_flag(claim, false).await;
         }
@@ -632,20 +560,9 @@ impl Operation {
         }
     }
 
-    /// Seed `claimsInProgress.Delete` after an attempt that ended the claim's
-    /// in-progress state (success, or given up): see `drop_in_background`.
-    pub async fn done_with(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        self.drop_in_background(uid, claim).await;
-    }
-
-    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout`, as the
-    /// seed's `context.WithTimeout`: the backend call sees `deadline` and is
-    /// abandoned shortly after it (see [`provisioner_api::deadline`]), failing the
-    /// attempt through the normal error handling. Should anything else of the
-    /// sync (an API or Redis call) still hang [`deadline::ABANDON_GRACE`] after
-    /// that, the sync is stopped and counted here the same way: a
-    /// `ProvisioningFailed` event, `..._failed_total`, and the claim kept in
-    /// background (its backend may have been called).
+    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (seed
+    /// `context.WithTimeout`); a sync still hanging 2 × [`deadline::ABANDON_GRACE`]
+    /// after `deadline` is stopped, failed and kept in background.
     pub async fn sync_claim_within(
         &self,
         claim: &PersistentVolumeClaim,
@@ -673,28 +590,10 @@ impl Operation {
                     .inc();
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     self.set_in_background(uid, Some(claim));
-                    self.mark_in_background(claim).await;
+                    self.record_in_background_flag(claim, true).await;
                 }
                 Err(err)
             }
         }
-    }
-}
-
-/// Counts one provision operation in `provision_svc_operations_in_flight` for
-/// as long as it lives: the gauge goes down on drop, so an operation cancelled
-/// by `--provision-timeout` (its future dropped mid-await) is not left counted.
-struct InFlight(prometheus::IntGauge);
-
-impl InFlight {
-    fn start(gauge: &prometheus::IntGauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
