@@ -680,7 +680,7 @@ async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() 
     w.cluster.pvs.lock().unwrap().insert("pvc-u2".into());
     w.cluster.live_claims.lock().unwrap().insert("u3".into());
     for uid in ["u1", "u2", "u3", "never-queued"] {
-        w.op.cleanup_unwritten_volume(uid).await;
+        recovery::cleanup_unwritten_volume(&w.op, uid).await;
     }
     let deleted = w.backend.unprovisioned.lock().unwrap().clone();
     assert_eq!(deleted.len(), 1, "{deleted:?}");

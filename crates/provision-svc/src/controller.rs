@@ -1,19 +1,8 @@
 //! The leader's work loop: reflectors for claims, StorageClasses and PVs, the
 //! start-up walk over intents, the claim work queue and its workers (seed
 //! `processNextClaimWorkItem`: [`ClaimQueue`], [`process`]) and the periodic
-//! resync.
-//!
-//! Why the hand-written [`WorkQueue`] (and not kube-runtime's `Controller`,
-//! which reclaim-svc uses): claims are keyed by uid, and a claim whose
-//! provisioning went on in background must be retried from its snapshot even
-//! after it left the cache (seed `claimsInProgress`); `Controller` only
-//! reconciles objects still in its store.
-//!
-//! Health: the claim queue reports client-go's `workqueue_*` metrics
-//! (`name="claims"`); the loop beats the runtime's heartbeat while workers take
-//! claims or none wait ([`common::runtime::health`]); and it reports not ready
-//! while Redis (queue and intents, which every provisioning needs) does not
-//! answer a probe every [`REDIS_PROBE_INTERVAL`].
+//! resync. Health: the queue's stall time beats the runtime's heartbeat, and
+//! readiness follows a Redis probe every [`REDIS_PROBE_INTERVAL`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,7 +12,7 @@ use anyhow::Context;
 use common::handoff::intents::IntentStore;
 use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
-use common::kube::cache::{strip_for_cache, watch_backoff, Compact, NameSet};
+use common::kube::cache::{strip_for_cache, watch_backoff, NameSet};
 
 use crate::ports::SignedQueue;
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
@@ -46,12 +35,10 @@ use crate::decision::ProvisionerNames;
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, Operation, Ports, Settings};
 use crate::ports::KubeCluster;
-use crate::recovery::{self, Recovery};
+use crate::recovery::{self, ClaimRequeue, Recovery};
 use common::kube::workqueue::WorkQueue;
 
-/// A claim as the claims cache holds it: its identity typed, the rest as
-/// compact JSON ([`Compact`]); [`ClaimQueue::claim_by_uid`] decodes it.
-pub type CachedClaim = Compact<PersistentVolumeClaim>;
+pub use crate::operation::CachedClaim;
 
 /// The claim work queue (keyed by claim uid) with its per-claim retry state
 /// and the uid → claim index the claim watch keeps.
@@ -94,7 +81,7 @@ impl ClaimQueue {
 
     /// Queue a deleted claim's uid: [`process`] finds it gone and deletes the
     /// volume of a PV write still queued for it
-    /// ([`Operation::cleanup_unwritten_volume`]).
+    /// ([`recovery::cleanup_unwritten_volume`]).
     pub fn claim_deleted(&self, claim: &CachedClaim) {
         if let Some(uid) = claim.meta().uid.as_deref() {
             self.queue.add(uid);
@@ -115,14 +102,22 @@ impl ClaimQueue {
         })?;
         Some(cached.object())
     }
+}
 
-    /// Remember `claim` as provisioning in background in `op` and queue it
-    /// (the start-up walk restoring the seed's `claimsInProgress`).
-    pub fn restore_in_background(&self, op: &Operation, claim: PersistentVolumeClaim) {
+impl ClaimRequeue for ClaimQueue {
+    fn restore_in_background(&self, op: &Operation, claim: PersistentVolumeClaim) {
         if let Some(uid) = claim.metadata.uid.clone() {
             op.in_background.insert(&uid, &claim);
             self.queue.add(&uid);
         }
+    }
+
+    fn requeue_if_cached(&self, uid: &str) -> bool {
+        let cached = self.claim_by_uid(uid).is_some();
+        if cached {
+            self.queue.add(uid);
+        }
+        cached
     }
 }
 
@@ -149,7 +144,7 @@ pub async fn process(op: &Operation, claims: &ClaimQueue, uid: &str) {
             Some(c) => c,
             None => {
                 tracing::debug!(claim_uid = uid, "claim in work queue no longer exists");
-                op.cleanup_unwritten_volume(uid).await;
+                recovery::cleanup_unwritten_volume(op, uid).await;
                 claims.index().remove(uid);
                 claims.retry.forget(&uid.to_string());
                 op.forget_first_attempt(uid);

@@ -21,6 +21,7 @@ pub mod api_calls;
 pub mod config;
 pub mod controller;
 pub mod decision;
+pub mod in_progress;
 pub mod metrics;
 pub mod operation;
 pub mod ports;

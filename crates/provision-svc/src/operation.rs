@@ -1,27 +1,9 @@
 //! The seed's claim operation: `provisionClaimOperation`,
 //! `provisionVolumeErrorHandling`, `rescheduleProvisioning` and `syncClaim`,
-//! executing the decisions of [`decision`] (`shouldProvision`) over reflector
-//! caches and the [`ports`](crate::ports) traits, and the seed's
-//! `claimsInProgress` ([`InBackground`]). The work queue that drives it (the
-//! failure handling of `processNextClaimWorkItem`) is in
-//! [`controller`](crate::controller).
-//!
-//! Differences from the seed, all on the durable side:
-//! * the PV goes to pv-writer's durable queue instead of being created here;
-//!   a PV that is queued but not yet written counts as existing. "Queued?" is
-//!   always asked of Redis (no in-memory shadow): an entry lost in a Redis
-//!   crash is provisioned again (idempotently) at the next sync or resync;
-//! * an intent (claim, PV name, class, claim snapshot) is recorded in Redis
-//!   before the backend is called and cleared in the same atomic script that
-//!   queues the PV, or once the outcome is final; claims provisioning in background are flagged in it, so
-//!   the seed's `claimsInProgress` survives a restart;
-//! * giving up on a claim at the failure threshold keeps its intent, so the next
-//!   leader's start-up walk cleans up a half-made volume instead of leaking it;
-//! * something queued under the claim's PV name that pv-writer will never write
-//!   (dead-lettered, or not signed by us for this claim) is never taken for
-//!   "queued": a Warning `ProvisioningFailed` naming the operator action,
-//!   `provision_svc_stalled_queue_entries_total{reason}` and a retry with
-//!   backoff (so at most `--failed-provision-threshold` Warnings per resync).
+//! executing the decisions of [`decision`] over reflector caches and the
+//! ports traits, with the seed's `claimsInProgress` ([`InBackground`]).
+//! Where it differs from the seed (durable hand-off, intents, stalled queue
+//! entries): docs/ARCHITECTURE.md, "provision-svc beyond the seed".
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,42 +15,36 @@ use api_types::queue::{
 use api_types::{
     pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, FINALIZER_PV,
 };
-use common::kube::cache::NameSet;
+use common::kube::cache::{Compact, NameSet};
 use common::kube::events::{claim_ref_of, reason};
 use common::kube::retry::FailureThreshold;
 use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
-use prometheus::IntGauge;
 use provisioner_api::deadline::{self, Deadline};
 use provisioner_api::Provisioner;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::{self, ProvisionerNames};
+use crate::in_progress::{InBackground, InFlight};
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OpError {
     /// Seed `errStopProvision`: provisioning is impossible or already done; do
     /// not retry.
+    #[error("stop provisioning")]
     Stop,
     /// A failure to retry (with backoff, up to the failure threshold).
+    #[error("{0}")]
     Failed(String),
     /// The backend made the volume but handing the PV to pv-writer failed:
     /// retried like [`OpError::Failed`], and the intent is kept.
+    #[error("{0}")]
     NotQueued(String),
-}
-
-impl std::fmt::Display for OpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpError::Stop => f.write_str("stop provisioning"),
-            OpError::Failed(e) | OpError::NotQueued(e) => f.write_str(e),
-        }
-    }
 }
 
 /// Settings of the claim logic (from the flags).
@@ -84,18 +60,19 @@ pub struct Settings {
     pub provision_timeout: Option<Duration>,
 }
 
+/// A claim as the claims cache holds it: its identity typed, the rest as
+/// compact JSON ([`Compact`]), decoded when worked on.
+pub type CachedClaim = Compact<PersistentVolumeClaim>;
+
 /// The reflector caches the claim logic reads.
 #[derive(Clone)]
 pub struct Caches {
-    /// Claims, all namespaces, compact ([`crate::controller::CachedClaim`]).
-    pub claims: Store<crate::controller::CachedClaim>,
+    /// Claims, all namespaces, compact ([`CachedClaim`]).
+    pub claims: Store<CachedClaim>,
     /// StorageClasses.
     pub classes: Store<StorageClass>,
-    /// The names of all PVs, from a metadata-only watch: the claim logic
-    /// only asks whether `pvc-<uid>` exists. A whole `PersistentVolume` in a
-    /// store costs kilobytes each (k8s-openapi's spec holds every volume
-    /// source inline), the largest item of a 5,000-volume heap profile; a
-    /// store entry of its metadata still about 0.8 KB, a name about 0.1 KB.
+    /// The names of all PVs, from a metadata-only watch (the claim logic
+    /// only asks whether `pvc-<uid>` exists).
     pub volumes: NameSet,
 }
 
@@ -112,58 +89,6 @@ pub struct Ports {
     pub intents: Arc<dyn IntentLog>,
 }
 
-/// Seed `claimsInProgress`: claim uid → claim snapshot, for the claims whose
-/// provisioning went on in background (the backend may still be making the
-/// volume). Kept in the `provision_svc_claims_in_background` gauge.
-pub struct InBackground {
-    claims: Mutex<HashMap<String, PersistentVolumeClaim>>,
-    gauge: IntGauge,
-}
-
-impl InBackground {
-    /// An empty set reported in `gauge`.
-    pub fn new(gauge: IntGauge) -> Self {
-        Self {
-            claims: Mutex::default(),
-            gauge,
-        }
-    }
-
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, PersistentVolumeClaim>> {
-        self.claims.lock().expect("in-background poisoned")
-    }
-
-    /// Remember `claim` (by its uid) as provisioning in background.
-    pub fn insert(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        let mut map = self.map();
-        map.insert(uid.to_string(), claim.clone());
-        self.gauge.set(map.len() as i64);
-    }
-
-    /// Forget `uid`; whether it was there.
-    pub fn remove(&self, uid: &str) -> bool {
-        let mut map = self.map();
-        let was = map.remove(uid).is_some();
-        self.gauge.set(map.len() as i64);
-        was
-    }
-
-    /// Whether `uid` is provisioning in background.
-    pub fn contains(&self, uid: &str) -> bool {
-        self.map().contains_key(uid)
-    }
-
-    /// The snapshot of `uid`'s claim, if in background.
-    pub fn get(&self, uid: &str) -> Option<PersistentVolumeClaim> {
-        self.map().get(uid).cloned()
-    }
-
-    /// Uids of the claims in background, for the resync.
-    pub fn uids(&self) -> Vec<String> {
-        self.map().keys().cloned().collect()
-    }
-}
-
 /// The claim operation: one per leader term, shared by all workers.
 pub struct Operation {
     /// Settings from the flags.
@@ -176,9 +101,8 @@ pub struct Operation {
     pub metrics: ServiceMetrics,
     /// Seed `claimsInProgress`.
     pub in_background: InBackground,
-    /// uid → when this leader term first attempted to provision the claim (ms
-    /// since the Unix epoch); carried in the queue entry so pv-writer measures
-    /// the seed's provision duration from it. Dropped when the claim is done.
+    /// uid → this term's first provision attempt (ms since the Unix epoch),
+    /// carried in the queue entry for pv-writer's provision duration.
     first_attempts: Mutex<HashMap<String, u64>>,
 }
 
@@ -231,10 +155,8 @@ impl Operation {
             .ok_or_else(|| format!("storageClass {name:?} not found"))
     }
 
-    /// Seed `shouldProvision` ([`decision::should_provision`]) over the
-    /// backend's qualifier and the StorageClass cache.
-    ///
-    /// Errors: the claim is for us but its StorageClass is not in the cache.
+    /// Seed `shouldProvision` ([`decision::should_provision`]) over the backend's
+    /// qualifier and the class cache. Errors: our claim's class is not cached.
     pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, String> {
         decision::should_provision(
             claim,
@@ -263,9 +185,7 @@ impl Operation {
             );
         };
         let pv_name = pv_name_for_claim_uid(&key.uid);
-        // Redis is the only truth about what is queued: no in-memory shadow, so
-        // an entry lost with a Redis crash (or removed by an operator) is
-        // provisioned again instead of being skipped until a restart.
+        // Redis is the only truth about what is queued (no in-memory shadow).
         if self.caches.volumes.contains(&pv_name) {
             tracing::info!(pv = %pv_name, "PV already exists, skipping");
             return (ProvisioningState::Finished, Err(OpError::Stop));
@@ -400,10 +320,8 @@ impl Operation {
             ),
         );
 
-        // The backend sees the operation's deadline (provisioner_api::deadline) and may
-        // stop on its own; one that overruns it is abandoned, and the attempt
-        // fails as `InBackground` (the asset may still be in the making), as a
-        // cancelled context does for the seed's provisioners.
+        // A backend overrunning the deadline is abandoned: the attempt fails as
+        // `InBackground`, as a cancelled context does for the seed's provisioners.
         let provisioned = deadline::bound(self.ports.backend.provision(&options))
             .await
             .unwrap_or_else(|e| {
@@ -563,7 +481,7 @@ impl Operation {
             if matches!(result, Err(OpError::NotQueued(_))) {
                 // The volume exists but its PV write is not queued: keep the
                 // intent, without the in-background flag.
-                self.drop_in_background(&uid, claim).await;
+                self.done_with(&uid, claim).await;
             } else {
                 self.set_in_background(&uid, None);
                 self.clear_intent(&pv_name_for_claim_uid(&uid)).await;
@@ -576,23 +494,16 @@ impl Operation {
         if state == ProvisioningState::InBackground {
             tracing::info!("temporary error; claim is provisioning in background");
             self.set_in_background(&uid, Some(claim));
-            self.mark_in_background(claim).await;
+            self.record_in_background_flag(claim, true).await;
         }
         // NoChange: keep whatever in-progress state exists.
         Err(result.err().map(|e| e.to_string()).unwrap_or_default())
     }
 
-    async fn mark_in_background(&self, claim: &PersistentVolumeClaim) {
-        self.record_in_background_flag(claim, true).await;
-    }
-
-    /// Seed `claimsInProgress.Delete` for a claim that may still have a durable
-    /// intent: drop it from the in-memory in-background set and, if it was
-    /// there, re-record its intent with `in_background = false`, so the next
-    /// leader's walk does not resurrect a stale snapshot and provision it
-    /// again. The intent itself is kept: it still protects a possibly
-    /// half-made volume until the claim is provisioned or gone.
-    async fn drop_in_background(&self, uid: &str, claim: &PersistentVolumeClaim) {
+    /// Seed `claimsInProgress.Delete` after an attempt that ended the claim's
+    /// in-progress state: if it was in background, re-record its intent with
+    /// `in_background = false` (the intent itself is kept).
+    pub async fn done_with(&self, uid: &str, claim: &PersistentVolumeClaim) {
         if self.in_background.remove(uid) {
             self.record_in_background_flag(claim, false).await;
         }
@@ -640,75 +551,6 @@ impl Operation {
         }
     }
 
-    /// The claim `uid` is gone (not in the cache, not in background, and not
-    /// found by a live list): if a PV write of ours is still queued for it and
-    /// no PV exists, delete the volume
-    /// the backend made (`delete_unprovisioned`). pv-writer creates no PV for
-    /// a gone claim (it drops the entry), so nothing else would. Failures are
-    /// logged; the volume is then left to reclaim-svc's orphan sweep.
-    pub async fn cleanup_unwritten_volume(&self, uid: &str) {
-        let pv_name = pv_name_for_claim_uid(uid);
-        let entry = match self.ports.handoff.queued_entry(&pv_name, uid).await {
-            Ok(Some(entry)) => entry,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot read its queued PV write; its volume, if unwritten, is left to the orphan sweep");
-                return;
-            }
-        };
-        let key = &entry.claim;
-        match self
-            .ports
-            .cluster
-            .claim_exists(&key.namespace, &key.name, uid)
-            .await
-        {
-            Ok(false) => {}
-            Ok(true) => return,
-            Err(e) => {
-                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot confirm it is gone; its volume is left to the orphan sweep");
-                return;
-            }
-        }
-        match self.ports.cluster.pv_exists(&pv_name).await {
-            Ok(false) => {}
-            Ok(true) => return,
-            Err(e) => {
-                tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot tell whether its PV exists; its volume is left to reclaim or the orphan sweep");
-                return;
-            }
-        }
-        let class = match self.class(&entry.class) {
-            Ok(c) => c.as_ref().clone(),
-            Err(e) => {
-                tracing::warn!(pv = %pv_name, error = %e, "deleted claim with an unwritten PV: its volume is left to the orphan sweep");
-                return;
-            }
-        };
-        let options = ProvisionOptions {
-            storage_class: class,
-            pv_name: pv_name.clone(),
-            pvc: PersistentVolumeClaim {
-                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                    namespace: Some(key.namespace.clone()),
-                    name: Some(key.name.clone()),
-                    uid: Some(key.uid.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-            selected_node: None,
-        };
-        match self.ports.backend.delete_unprovisioned(&options).await {
-            Ok(()) => {
-                tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
-            }
-            Err(e) => {
-                tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, "deleted claim: its unwritten volume could not be deleted; left to the orphan sweep")
-            }
-        }
-    }
-
     /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (`None` or
     /// zero: unbounded), the operation of one attempt.
     pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
@@ -718,20 +560,9 @@ impl Operation {
         }
     }
 
-    /// Seed `claimsInProgress.Delete` after an attempt that ended the claim's
-    /// in-progress state (success, or given up): see `drop_in_background`.
-    pub async fn done_with(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        self.drop_in_background(uid, claim).await;
-    }
-
-    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout`, as the
-    /// seed's `context.WithTimeout`: the backend call sees `deadline` and is
-    /// abandoned shortly after it (see [`provisioner_api::deadline`]), failing the
-    /// attempt through the normal error handling. Should anything else of the
-    /// sync (an API or Redis call) still hang [`deadline::ABANDON_GRACE`] after
-    /// that, the sync is stopped and counted here the same way: a
-    /// `ProvisioningFailed` event, `..._failed_total`, and the claim kept in
-    /// background (its backend may have been called).
+    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (seed
+    /// `context.WithTimeout`); a sync still hanging 2 × [`deadline::ABANDON_GRACE`]
+    /// after `deadline` is stopped, failed and kept in background.
     pub async fn sync_claim_within(
         &self,
         claim: &PersistentVolumeClaim,
@@ -759,28 +590,10 @@ impl Operation {
                     .inc();
                 if let Some(uid) = claim.metadata.uid.as_deref() {
                     self.set_in_background(uid, Some(claim));
-                    self.mark_in_background(claim).await;
+                    self.record_in_background_flag(claim, true).await;
                 }
                 Err(err)
             }
         }
-    }
-}
-
-/// Counts one provision operation in `provision_svc_operations_in_flight` for
-/// as long as it lives: the gauge goes down on drop, so an operation cancelled
-/// by `--provision-timeout` (its future dropped mid-await) is not left counted.
-struct InFlight(prometheus::IntGauge);
-
-impl InFlight {
-    fn start(gauge: &prometheus::IntGauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }

@@ -1,39 +1,15 @@
-//! The leader's start-up walk over the recorded provisioning intents (beyond
-//! the seed, which forgets everything on restart):
-//!
-//! * a claim flagged as provisioning in background is remembered again (seed
-//!   `claimsInProgress`) and queued, so it is retried even if its PVC is gone;
-//! * a claim still present is queued: it is provisioned again, which the
-//!   backend answers idempotently for the same PV name;
-//! * a claim that is gone: if its PV write is queued or its PV exists, the PV
-//!   carries the volume from here and the intent is cleared; otherwise the
-//!   volume is removed through the backend's
-//!   [`delete_unprovisioned`](provisioner_api::Provisioner::delete_unprovisioned), from
-//!   the intent record alone (the StorageClass and selected node it recorded,
-//!   the claim snapshot or just the claim's identity). The backend's
-//!   `provision` is never called for a claim that is gone: on a real backend
-//!   that would create an asset only to destroy it.
-//!
-//! "Queued or exists" is checked in the order a volume moves — the durable
-//! queue first, then a **live** GET of the PV (never the reflector cache, which
-//! may lag) — so a PV that pv-writer creates and completes between the two
-//! reads is still seen. Any lookup error keeps the intent and the volume: the
-//! check is retried (the cleanup re-checks before every delete attempt), never
-//! treated as "absent".
-//!
-//! Entries are decided and cleaned up concurrently, at most
-//! [`WALK_CONCURRENCY`] at a time, each with its own backoff. A *poisoned*
-//! intent — one whose volume cannot be deleted from the record (no
-//! StorageClass recorded and none in the cache, or the backend refuses) — is
-//! logged, counted in `provision_svc_poisoned_intents_total` and left in Redis
-//! for an operator; it is not retried in this leader term and never holds up
-//! the other entries. (Unreadable records are counted by the caller: they
-//! never reach the walk.)
+//! The leader's start-up walk over the recorded provisioning intents: a claim
+//! in background is restored and queued, a claim still present is queued, a
+//! gone claim's volume is kept if its PV write is queued or its PV exists
+//! (checked in that order, the PV by a live GET) and otherwise deleted through
+//! the backend's `delete_unprovisioned`, from the intent record alone. Lookup
+//! errors keep the intent; poisoned intents are counted and left for an
+//! operator. Rationale: docs/ARCHITECTURE.md, "The start-up walk".
 
 use std::sync::Arc;
 
 use api_types::queue::ClaimKey;
-use api_types::ANN_SELECTED_NODE;
+use api_types::{pv_name_for_claim_uid, ANN_SELECTED_NODE};
 use common::handoff::intents::IntentEntry;
 use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
@@ -43,12 +19,19 @@ use kube::runtime::reflector::ObjectRef;
 use provisioner_api::{DeleteError, ProvisionOptions};
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::ClaimQueue;
 use crate::decision;
 use crate::operation::Operation;
 
 /// How many intents the walk decides, and cleans up, at once.
 pub const WALK_CONCURRENCY: usize = 8;
+
+/// Where the walk queues the claims it finds (the controller's claim queue).
+pub trait ClaimRequeue: Send + Sync + 'static {
+    /// Remember `claim` as provisioning in background in `op` and queue it.
+    fn restore_in_background(&self, op: &Operation, claim: PersistentVolumeClaim);
+    /// Queue the claim `uid` if the claims cache holds it; whether it did.
+    fn requeue_if_cached(&self, uid: &str) -> bool;
+}
 
 /// What the walk decided for one intent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +64,7 @@ pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Result<bool, Str
     op.ports.cluster.pv_exists(pv_name).await
 }
 
-async fn decide(op: &Operation, claims: &ClaimQueue, entry: &IntentEntry) -> Recovery {
+async fn decide(op: &Operation, claims: &impl ClaimRequeue, entry: &IntentEntry) -> Recovery {
     let pv_name = &entry.intent.pv_name;
     let uid = &entry.intent.claim.uid;
     let decision = match &entry.claim {
@@ -89,10 +72,7 @@ async fn decide(op: &Operation, claims: &ClaimQueue, entry: &IntentEntry) -> Rec
             claims.restore_in_background(op, snap.claim.clone());
             Recovery::InBackground
         }
-        _ if claims.claim_by_uid(uid).is_some() => {
-            claims.queue().add(uid);
-            Recovery::Requeued
-        }
+        _ if claims.requeue_if_cached(uid) => Recovery::Requeued,
         _ => match pv_accounted_for(op, pv_name).await {
             Ok(true) => {
                 op.clear_intent(pv_name).await;
@@ -116,9 +96,9 @@ async fn decide(op: &Operation, claims: &ClaimQueue, entry: &IntentEntry) -> Rec
 ///
 /// The entries run as tasks in a `JoinSet` owned by this future, so dropping
 /// it (a lost Lease) aborts them.
-pub async fn walk(
+pub async fn walk<Q: ClaimRequeue>(
     op: &Arc<Operation>,
-    claims: &Arc<ClaimQueue>,
+    claims: &Arc<Q>,
     entries: &[IntentEntry],
 ) -> Vec<(String, Recovery)> {
     let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
@@ -127,7 +107,7 @@ pub async fn walk(
         let (op, claims, limit) = (op.clone(), claims.clone(), limit.clone());
         tasks.spawn(async move {
             let _permit = limit.acquire_owned().await.expect("semaphore never closed");
-            (i, decide(&op, &claims, &entry).await)
+            (i, decide(&op, claims.as_ref(), &entry).await)
         });
     }
     let mut out: Vec<Option<Recovery>> = vec![None; entries.len()];
@@ -213,6 +193,64 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
             ..Default::default()
         },
         ..Default::default()
+    }
+}
+
+/// The claim `uid` is gone: if a PV write of ours is still queued for it, a
+/// live lookup confirms the claim gone and no PV exists, delete its volume
+/// (`delete_unprovisioned`). Failures are logged (left to the orphan sweep).
+pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
+    let pv_name = pv_name_for_claim_uid(uid);
+    let entry = match op.ports.handoff.queued_entry(&pv_name, uid).await {
+        Ok(Some(entry)) => entry,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot read its queued PV write; its volume, if unwritten, is left to the orphan sweep");
+            return;
+        }
+    };
+    let key = &entry.claim;
+    match op
+        .ports
+        .cluster
+        .claim_exists(&key.namespace, &key.name, uid)
+        .await
+    {
+        Ok(false) => {}
+        Ok(true) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot confirm it is gone; its volume is left to the orphan sweep");
+            return;
+        }
+    }
+    match op.ports.cluster.pv_exists(&pv_name).await {
+        Ok(false) => {}
+        Ok(true) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot tell whether its PV exists; its volume is left to reclaim or the orphan sweep");
+            return;
+        }
+    }
+    let class = match op.caches.classes.get(&ObjectRef::new(&entry.class)) {
+        Some(c) => c.as_ref().clone(),
+        None => {
+            tracing::warn!(pv = %pv_name, class = %entry.class, "deleted claim with an unwritten PV: its StorageClass is gone; its volume is left to the orphan sweep");
+            return;
+        }
+    };
+    let options = ProvisionOptions {
+        storage_class: class,
+        pv_name: pv_name.clone(),
+        pvc: claim_from_key(key),
+        selected_node: None,
+    };
+    match op.ports.backend.delete_unprovisioned(&options).await {
+        Ok(()) => {
+            tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
+        }
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, "deleted claim: its unwritten volume could not be deleted; left to the orphan sweep")
+        }
     }
 }
 
