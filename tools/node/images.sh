@@ -5,8 +5,9 @@
 #                          the three service binaries (cargo profile $IMAGE_PROFILE, default
 #                          dist) in /usr/local/bin on a Debian 12 minbase with CA certificates,
 #                          user 65532:65532;
-#   redis.tar              docker.io/library/redis:node-test — Debian 12's redis-server (and
-#                          redis-cli), also the scenarios' workload image (it has a shell);
+#   redis.tar              docker.io/library/redis:node-test — Debian 13's redis-server and
+#                          redis-cli (Debian 12's 7.0 rejects the ACL's Redis 7.2 commands;
+#                          docs/decisions/0002), also the scenarios' workload image;
 #   pause.tar              registry.k8s.io/pause:3.10 — tools/node/build.sh's pause, user 65535.
 # The Debian root filesystems come from debootstrap (Debian's mirror), once per machine, in
 # ${SPLIT_PROVISIONER_CACHE:-$HOME/.cache/split-provisioner}/node/rootfs. Needs root.
@@ -26,13 +27,13 @@ case "$target" in /*) ;; *) target=$repo/$target ;; esac
 out=$target/node/images
 mkdir -p "$out" "$cache/node/rootfs"
 
-# rootfs NAME PACKAGES: a Debian 12 minbase with PACKAGES, built once (apt lists and caches dropped).
+# rootfs NAME PACKAGES SUITE: a Debian minbase with PACKAGES, built once (apt lists and caches dropped).
 rootfs() {
-  local dir=$cache/node/rootfs/$1-bookworm-1
+  local dir=$cache/node/rootfs/$1-$3-1
   if [ ! -f "$dir.complete" ]; then
     echo "node images: debootstrap $1 ($2)" >&2
     rm -rf "$dir.tmp"
-    debootstrap --variant=minbase --include="$2" bookworm "$dir.tmp" "$mirror" >&2
+    debootstrap --variant=minbase --include="$2" "$3" "$dir.tmp" "$mirror" >&2
     rm -rf "$dir.tmp"/var/cache/apt/* "$dir.tmp"/var/lib/apt/lists/* "$dir.tmp"/var/log/*
     rm -rf "$dir"
     mv "$dir.tmp" "$dir"
@@ -42,8 +43,8 @@ rootfs() {
 }
 exec 9>"$cache/node/rootfs/.lock"
 flock 9
-service_root=$(rootfs service ca-certificates)
-redis_root=$(rootfs redis redis-server)
+service_root=$(rootfs service ca-certificates bookworm)
+redis_root=$(rootfs redis redis-server trixie)
 flock -u 9
 
 start=$(date +%s)
