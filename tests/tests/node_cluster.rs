@@ -7,6 +7,7 @@
 //!
 //! Opt-in with `E2E_NODE=1` (root, tools/node/build.sh and images.sh); otherwise, or when
 //! the machine lacks what the node needs, it is skipped with one line saying why.
+//! `E2E_NODE_HOLD=1` keeps the cluster up afterwards and prints its kubeconfig.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -314,6 +315,7 @@ async fn node_scenarios() {
         keep_dir: std::env::var("E2E_NODE_KEEP").is_ok(),
         ..Default::default()
     };
+    let before = base_dir_entries();
     let cluster = RealCluster::start(&assets, opts).await.unwrap();
     let node = RealNode::start(&cluster, &node_assets).await.unwrap();
     // The Redis StatefulSet's claim names no class: a class-less local PV serves it.
@@ -327,5 +329,22 @@ async fn node_scenarios() {
         "node: scenarios 1-2 passed in {:.0} s",
         start.elapsed().as_secs_f64()
     );
+    if std::env::var("E2E_NODE_HOLD").as_deref() == Ok("1") {
+        eprintln!(
+            "node: cluster kept up; export KUBECONFIG={} (Ctrl-C stops it; the next run cleans up)",
+            cluster.admin_kubeconfig().display()
+        );
+        std::future::pending::<()>().await;
+    }
     drop(node);
+    // Volumes the run made in the node's base dir (the example claim's) go with the cluster.
+    for entry in base_dir_entries().difference(&before) {
+        let _ = std::fs::remove_dir_all(std::path::Path::new(BASE_DIR).join(entry));
+    }
+}
+
+fn base_dir_entries() -> std::collections::HashSet<std::ffi::OsString> {
+    std::fs::read_dir(BASE_DIR)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default()
 }

@@ -548,21 +548,9 @@ fn teardown(root: &Path, kube_proxy: &Path) {
     if kube_proxy.is_file() {
         let _ = run(&kube_proxy.display().to_string(), &["--cleanup"]);
     }
-    // CNI's masquerade chains (CNI-<id>), left when a sandbox was not torn down by CNI.
-    if let Ok(rules) = run("iptables", &["-t", "nat", "-S", "POSTROUTING"]) {
-        for rule in rules.lines().filter(|r| r.contains("CNI-")) {
-            let args: Vec<&str> = rule.split_whitespace().skip(1).collect();
-            let mut del = vec!["-t", "nat", "-D"];
-            del.extend(args.iter().copied());
-            let _ = run("iptables", &del);
-        }
-    }
-    if let Ok(chains) = run("iptables", &["-t", "nat", "-S"]) {
-        for chain in chains.lines().filter_map(|l| l.strip_prefix("-N CNI-")) {
-            let name = format!("CNI-{chain}");
-            let _ = run("iptables", &["-t", "nat", "-F", &name]);
-            let _ = run("iptables", &["-t", "nat", "-X", &name]);
-        }
+    // The kubelet's and CNI's chains (KUBE-*, CNI-<id>) and the jumps to them.
+    for table in ["nat", "filter", "mangle"] {
+        remove_chains(table);
     }
     if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
         for e in entries.flatten() {
@@ -570,6 +558,45 @@ fn teardown(root: &Path, kube_proxy: &Path) {
         }
     }
     let _ = std::fs::remove_dir_all(root);
+}
+
+/// Delete the rules of `table`'s built-in chains that jump to a `KUBE-` or `CNI-` chain
+/// (by number, last first), then flush and delete those chains.
+fn remove_chains(table: &str) {
+    let Ok(rules) = run("iptables", &["-t", table, "-S"]) else {
+        return;
+    };
+    let ours = |chain: &str| chain.starts_with("KUBE-") || chain.starts_with("CNI-");
+    let chains: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.strip_prefix("-N "))
+        .filter(|c| ours(c))
+        .collect();
+    for builtin in ["PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"] {
+        let Ok(listing) = run(
+            "iptables",
+            &["-t", table, "-L", builtin, "-n", "--line-numbers"],
+        ) else {
+            continue;
+        };
+        let numbers: Vec<String> = listing
+            .lines()
+            .filter_map(|l| {
+                let mut words = l.split_whitespace();
+                let number = words.next()?.parse::<u32>().ok()?;
+                ours(words.next()?).then(|| number.to_string())
+            })
+            .collect();
+        for number in numbers.iter().rev() {
+            let _ = run("iptables", &["-t", table, "-D", builtin, number]);
+        }
+    }
+    for chain in &chains {
+        let _ = run("iptables", &["-t", table, "-F", chain]);
+    }
+    for chain in &chains {
+        let _ = run("iptables", &["-t", table, "-X", chain]);
+    }
 }
 
 fn collect_cgroup_pids(dir: &Path, pids: &mut Vec<i32>) {
