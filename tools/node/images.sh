@@ -20,6 +20,8 @@ fail() { echo "node images: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || fail "debootstrap needs root"
 command -v debootstrap >/dev/null || fail "debootstrap is missing (apt-get install debootstrap)"
 profile=${IMAGE_PROFILE:-dist}
+profile_dir=$profile
+[ "$profile" = dev ] && profile_dir=debug
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cache=${SPLIT_PROVISIONER_CACHE:-$HOME/.cache/split-provisioner}
 target=${CARGO_TARGET_DIR:-target}
@@ -54,7 +56,7 @@ stage=$(mktemp -d "$out/stage.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin/usr/local/bin" "$stage/pause"
 for b in provision-svc pv-writer reclaim-svc; do
-  install -m 0755 "$target/$profile/$b" "$stage/bin/usr/local/bin/$b"
+  install -m 0755 "$target/$profile_dir/$b" "$stage/bin/usr/local/bin/$b"
 done
 install -m 0755 "$node_bin/pause" "$stage/pause/pause"
 
