@@ -3,7 +3,10 @@
 //! `tools/node/images.sh`. Scenarios run in order on one cluster:
 //! 1. every pod Ready with no restarts, each service holding its Lease;
 //! 2. a Pod writes a file to a claim, a second Pod reads it back, deleting the claim
-//!    removes the directory on the node.
+//!    removes the directory on the node;
+//! 6. provision-svc scaled to 3, pv-writer (and reclaim-svc) to 2: one leader each, one
+//!    PV and one ProvisioningSucceeded event per claim of a burst;
+//! 5. each leader pod deleted: a standby holds the Lease within the Lease's duration.
 //!
 //! Opt-in with `E2E_NODE=1` (root, tools/node/build.sh and images.sh); otherwise, or when
 //! the machine lacks what the node needs, it is skipped with one line saying why.
@@ -298,6 +301,317 @@ async fn claim_survives_pods_and_goes_with_claim(cluster: &RealCluster) {
     eprintln!("node scenario 2: data kept across pods, directory removed with the claim");
 }
 
+/// GET `http://ip:port/metrics` (HTTP/1.0) and sum the samples of `metric`.
+async fn scrape_sum(ip: &str, port: u16, metric: &str) -> Result<f64, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect((ip, port)).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: pod\r\n\r\n")
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .map_err(|_| format!("{ip}:{port} timed out"))?
+        .map_err(|e| format!("{ip}:{port}: {e}"))?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// (namespace, metrics port) of each service's Deployment.
+fn service_home(service: &str) -> (&'static str, u16) {
+    match service {
+        "provision-svc" => ("split-provisioner-volumes", 9101),
+        "pv-writer" => ("split-provisioner", 9102),
+        _ => ("split-provisioner-volumes", 9103),
+    }
+}
+
+/// Running, Ready pods of `service` (name, IP).
+async fn service_pods(client: &kube::Client, service: &str) -> Vec<(String, String)> {
+    let (ns, _) = service_home(service);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/name={service}"));
+    pods.list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| pod_ready(p) && p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let ip = p.status.as_ref()?.pod_ip.clone()?;
+            Some((p.metadata.name?, ip))
+        })
+        .collect()
+}
+
+/// The Lease of `service` (the one whose holder is one of its pods): (name, holder, duration s).
+async fn lease_of(client: &kube::Client, service: &str) -> Option<(String, String, i32)> {
+    for ns in NAMESPACES {
+        let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+        for l in leases.list(&ListParams::default()).await.ok()?.items {
+            let spec = l.spec.clone().unwrap_or_default();
+            if let Some(h) = spec
+                .holder_identity
+                .filter(|h| h.starts_with(&format!("{service}-")))
+            {
+                return Some((
+                    l.metadata.name.clone()?,
+                    h,
+                    spec.lease_duration_seconds.unwrap_or(15),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Scale `service` to `replicas` and wait until that many pods are Ready and exactly one
+/// of them reports `leader_election_master_status` 1 (the Lease holder).
+async fn scale_and_one_leader(cluster: &RealCluster, service: &str, replicas: usize) {
+    let (ns, port) = service_home(service);
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            ns,
+            "scale",
+            &format!("deployment/{service}"),
+            &format!("--replicas={replicas}"),
+        ],
+    );
+    let client = cluster.client();
+    wait_for(
+        &format!("{service}: {replicas} Ready, one leader"),
+        Duration::from_secs(180),
+        || {
+            let client = client.clone();
+            async move {
+                let pods = service_pods(&client, service).await;
+                if pods.len() != replicas {
+                    return Err(format!("{} Ready pods", pods.len()));
+                }
+                let mut leaders = Vec::new();
+                for (name, ip) in &pods {
+                    if scrape_sum(ip, port, "leader_election_master_status").await? > 0.0 {
+                        leaders.push(name.clone());
+                    }
+                }
+                let holder = lease_of(&client, service).await.map(|l| l.1);
+                match (leaders.as_slice(), &holder) {
+                    ([one], Some(h)) if h.starts_with(one.as_str()) => Ok(()),
+                    _ => Err(format!(
+                        "leaders by metrics {leaders:?}, Lease holder {holder:?}"
+                    )),
+                }
+            }
+        },
+    )
+    .await;
+}
+
+/// Create `n` claims `<prefix>-<i>` of the example class in `default` at once.
+async fn create_claims(client: &kube::Client, prefix: &str, n: usize) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let creates = (0..n).map(|i| {
+        let claims = claims.clone();
+        async move {
+            let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+                "metadata": {"name": format!("{prefix}-{i}")},
+                "spec": {"storageClassName": "example-hostpath", "accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}}
+            }))
+            .unwrap();
+            claims.create(&PostParams::default(), &claim).await.unwrap();
+        }
+    });
+    futures::future::join_all(creates).await;
+}
+
+/// Wait until every claim `<prefix>-*` is Bound; returns their PV names.
+async fn wait_bound(
+    client: &kube::Client,
+    prefix: &str,
+    n: usize,
+    timeout: Duration,
+) -> Vec<String> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    wait_for(&format!("{n} claims {prefix}-* Bound"), timeout, || async {
+        let list = claims
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ours: Vec<_> = list
+            .items
+            .iter()
+            .filter(|c| {
+                c.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&format!("{prefix}-")))
+            })
+            .collect();
+        let bound: Vec<String> = ours
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .filter_map(|c| c.spec.as_ref()?.volume_name.clone())
+            .collect();
+        if ours.len() == n && bound.len() == n {
+            Ok(bound)
+        } else {
+            Err(format!("{} of {} Bound", bound.len(), ours.len()))
+        }
+    })
+    .await
+}
+
+/// Delete the claims `<prefix>-*` and wait until their PVs and directories are gone.
+async fn delete_claims(client: &kube::Client, prefix: &str, pvs_of: &[String]) {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let names: Vec<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .collect();
+    let dp = DeleteParams::default();
+    futures::future::join_all(names.iter().map(|n| claims.delete(n, &dp))).await;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    wait_for(
+        &format!("PVs and dirs of {prefix}-* gone"),
+        Duration::from_secs(300),
+        || async {
+            let left: Vec<&String> = pvs_of
+                .iter()
+                .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).exists())
+                .collect();
+            let all = pvs
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let pv_left = all
+                .items
+                .iter()
+                .filter(|p| p.metadata.name.as_ref().is_some_and(|n| pvs_of.contains(n)))
+                .count();
+            if left.is_empty() && pv_left == 0 {
+                Ok(())
+            } else {
+                Err(format!("{} dirs, {pv_left} PVs left", left.len()))
+            }
+        },
+    )
+    .await;
+}
+
+/// Scenario 6: provision-svc ×3, pv-writer ×2 (reclaim-svc ×2 for scenario 5): one leader
+/// each; a burst of claims gets one PV and one ProvisioningSucceeded event per claim.
+async fn scaled_one_leader_no_duplicates(cluster: &RealCluster) {
+    for (service, replicas) in [("provision-svc", 3), ("pv-writer", 2), ("reclaim-svc", 2)] {
+        scale_and_one_leader(cluster, service, replicas).await;
+    }
+    let client = cluster.client();
+    let n = 30;
+    create_claims(&client, "scaled", n).await;
+    let pv_names = wait_bound(&client, "scaled", n, Duration::from_secs(180)).await;
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let all = pvs.list(&ListParams::default()).await.unwrap();
+    let for_claims = all
+        .items
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|r| r.name.as_deref())
+                .is_some_and(|n| n.starts_with("scaled-"))
+        })
+        .count();
+    assert_eq!(for_claims, n, "one PV per claim, no duplicates");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let succeeded: Vec<_> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("ProvisioningSucceeded")
+                && e.involved_object
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("scaled-"))
+        })
+        .collect();
+    let mut per_claim = std::collections::HashMap::new();
+    for e in &succeeded {
+        *per_claim
+            .entry(e.involved_object.name.clone().unwrap())
+            .or_insert(0) += e.count.unwrap_or(1);
+    }
+    assert!(
+        per_claim.len() == n && per_claim.values().all(|c| *c == 1),
+        "one ProvisioningSucceeded per claim: {per_claim:?}"
+    );
+    delete_claims(&client, "scaled", &pv_names).await;
+    eprintln!(
+        "node scenario 6: one leader each at 3/2/2 replicas; {n} claims, {n} PVs, {n} events"
+    );
+}
+
+/// Scenario 5: delete each service's leader pod; a standby holds the Lease within the
+/// Lease's duration.
+async fn standby_takes_over(cluster: &RealCluster) {
+    let client = cluster.client();
+    for service in SERVICES {
+        let (ns, _) = service_home(service);
+        let (lease, holder, duration) = lease_of(&client, service).await.expect("a held Lease");
+        let leader = service_pods(&client, service)
+            .await
+            .into_iter()
+            .find(|(name, _)| holder.starts_with(name.as_str()))
+            .map(|(name, _)| name)
+            .unwrap_or_else(|| panic!("{service}: holder {holder} is a Ready pod"));
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let start = Instant::now();
+        pods.delete(&leader, &DeleteParams::default())
+            .await
+            .unwrap();
+        let new_holder = wait_for(
+            &format!("{service}: a standby holds Lease {lease}"),
+            Duration::from_secs(duration as u64 * 3),
+            || {
+                let client = client.clone();
+                let leader = leader.clone();
+                async move {
+                    match lease_of(&client, service).await {
+                        Some((_, h, _)) if !h.starts_with(leader.as_str()) => Ok(h),
+                        other => Err(format!("{other:?}")),
+                    }
+                }
+            },
+        )
+        .await;
+        let took = start.elapsed();
+        assert!(
+            took <= Duration::from_secs(duration as u64),
+            "{service}: the standby took Lease {lease} after {took:?}, over its {duration} s"
+        );
+        eprintln!(
+            "node scenario 5: {service}: {leader} deleted, {new_holder} leads after {:.1} s",
+            took.as_secs_f64()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_scenarios() {
     if std::env::var("E2E_NODE").as_deref() != Ok("1") {
@@ -325,8 +639,10 @@ async fn node_scenarios() {
     let start = Instant::now();
     apply_and_everything_ready(&cluster).await;
     claim_survives_pods_and_goes_with_claim(&cluster).await;
+    scaled_one_leader_no_duplicates(&cluster).await;
+    standby_takes_over(&cluster).await;
     eprintln!(
-        "node: scenarios 1-2 passed in {:.0} s",
+        "node: scenarios 1, 2, 6, 5 passed in {:.0} s",
         start.elapsed().as_secs_f64()
     );
     if std::env::var("E2E_NODE_HOLD").as_deref() == Ok("1") {
