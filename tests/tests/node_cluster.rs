@@ -6,7 +6,9 @@
 //!    removes the directory on the node;
 //! 6. provision-svc scaled to 3, pv-writer (and reclaim-svc) to 2: one leader each, one
 //!    PV and one ProvisioningSucceeded event per claim of a burst;
-//! 5. each leader pod deleted: a standby holds the Lease within the Lease's duration.
+//! 5. each leader pod deleted: a standby holds the Lease within the Lease's duration;
+//! 3. 100 claims and 100 pods at once: all Running; deleted: no directory, no PV left;
+//! 4. the Redis pod deleted in a 200-claim burst: every claim Bound, a directory each.
 //!
 //! Opt-in with `E2E_NODE=1` (root, tools/node/build.sh and images.sh); otherwise, or when
 //! the machine lacks what the node needs, it is skipped with one line saying why.
@@ -612,6 +614,139 @@ async fn standby_takes_over(cluster: &RealCluster) {
     }
 }
 
+/// Scenario 3: 100 claims and 100 pods using them at once: all Running; deleted, no
+/// directory and no PV of them is left.
+async fn hundred_pods_on_hundred_claims(cluster: &RealCluster) {
+    let client = cluster.client();
+    let n = 100;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let start = Instant::now();
+    let make_pods = (0..n).map(|i| {
+        let pods = pods.clone();
+        async move {
+            let mut pod = workload_pod(
+                &format!("many-{i}"),
+                &format!("many-{i}"),
+                "echo x > /data/x && exec sleep 3600",
+            );
+            pod.spec.as_mut().unwrap().restart_policy = Some("Always".into());
+            pods.create(&PostParams::default(), &pod).await.unwrap();
+        }
+    });
+    futures::future::join(
+        create_claims(&client, "many", n),
+        futures::future::join_all(make_pods),
+    )
+    .await;
+    let pv_names = wait_bound(&client, "many", n, Duration::from_secs(300)).await;
+    wait_for(
+        &format!("{n} pods Running"),
+        Duration::from_secs(600),
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let running = list
+                .items
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("many-"))
+                })
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            if running == n {
+                Ok(())
+            } else {
+                Err(format!("{running} Running"))
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "node scenario 3: {n} claims Bound and {n} pods Running {:.0} s after creation",
+        start.elapsed().as_secs_f64()
+    );
+    for pv in &pv_names {
+        assert!(
+            std::path::Path::new(BASE_DIR).join(pv).join("x").is_file(),
+            "{pv}: the pod wrote into its directory"
+        );
+    }
+    let dp = DeleteParams::default();
+    futures::future::join_all((0..n).map(|i| {
+        let pods = pods.clone();
+        let dp = dp.clone();
+        async move { pods.delete(&format!("many-{i}"), &dp).await }
+    }))
+    .await;
+    wait_for("the pods gone", Duration::from_secs(300), || async {
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let left = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("many-"))
+            })
+            .count();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} pods left"))
+        }
+    })
+    .await;
+    delete_claims(&client, "many", &pv_names).await;
+    eprintln!(
+        "node scenario 3: deleted; 0 directories, 0 PVs left after {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// Scenario 4: the Redis pod deleted during a 200-claim burst: every claim Bound, one
+/// directory per claim.
+async fn redis_restart_in_a_burst(cluster: &RealCluster) {
+    let client = cluster.client();
+    let n = 200;
+    let redis: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
+    let burst = create_claims(&client, "burst", n);
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        redis
+            .delete("redis-0", &DeleteParams::default())
+            .await
+            .unwrap();
+    };
+    futures::future::join(burst, kill).await;
+    let pv_names = wait_bound(&client, "burst", n, Duration::from_secs(600)).await;
+    let mut unique = pv_names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), n, "one PV per claim");
+    let dirs = pv_names
+        .iter()
+        .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).is_dir())
+        .count();
+    assert_eq!(dirs, n, "one directory per claim on the node");
+    let redis_pod = redis.get("redis-0").await.unwrap();
+    assert!(
+        pod_ready(&redis_pod),
+        "Redis is back: {:?}",
+        redis_pod.status
+    );
+    delete_claims(&client, "burst", &pv_names).await;
+    eprintln!("node scenario 4: Redis deleted in a {n}-claim burst; {n} Bound, {n} directories");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_scenarios() {
     if std::env::var("E2E_NODE").as_deref() != Ok("1") {
@@ -641,8 +776,10 @@ async fn node_scenarios() {
     claim_survives_pods_and_goes_with_claim(&cluster).await;
     scaled_one_leader_no_duplicates(&cluster).await;
     standby_takes_over(&cluster).await;
+    hundred_pods_on_hundred_claims(&cluster).await;
+    redis_restart_in_a_burst(&cluster).await;
     eprintln!(
-        "node: scenarios 1, 2, 6, 5 passed in {:.0} s",
+        "node: scenarios 1, 2, 6, 5, 3, 4 passed in {:.0} s",
         start.elapsed().as_secs_f64()
     );
     if std::env::var("E2E_NODE_HOLD").as_deref() == Ok("1") {
