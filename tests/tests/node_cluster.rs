@@ -8,7 +8,10 @@
 //!    PV and one ProvisioningSucceeded event per claim of a burst;
 //! 5. each leader pod deleted: a standby holds the Lease within the Lease's duration;
 //! 3. 100 claims and 100 pods at once: all Running; deleted: no directory, no PV left;
-//! 4. the Redis pod deleted in a 200-claim burst: every claim Bound, a directory each.
+//! 4. the Redis pod deleted in a 200-claim burst: every claim Bound, a directory each;
+//! 7. Prometheus (Debian's) scrapes the services as the ServiceMonitor describes; promtool
+//!    checks and unit-tests the PrometheusRule; SplitProvisionerRedisUnreachable fires with
+//!    Redis scaled to 0 and resolves after.
 //!
 //! Opt-in with `E2E_NODE=1` (root, tools/node/build.sh and images.sh); otherwise, or when
 //! the machine lacks what the node needs, it is skipped with one line saying why.
@@ -747,6 +750,258 @@ async fn redis_restart_in_a_burst(cluster: &RealCluster) {
     eprintln!("node scenario 4: Redis deleted in a {n}-claim burst; {n} Bound, {n} directories");
 }
 
+/// GET `path_and_query` from 127.0.0.1:`port` (HTTP/1.0) and parse the JSON body.
+async fn http_json(port: u16, path_and_query: &str) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        let head = format!("GET {path_and_query} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        s.write_all(head.as_bytes()).await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(10), attempt)
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| e.to_string())?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).map_err(|e| format!("{e}: {body}"))
+}
+
+fn percent_encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Replace `{{ $labels.X }}` in `text` with `labels[X]`.
+fn render_labels(text: &str, labels: &[(&str, &str)]) -> String {
+    let mut out = text.to_string();
+    for (k, v) in labels {
+        out = out.replace(&format!("{{{{ $labels.{k} }}}}"), v);
+    }
+    out
+}
+
+fn run_tool(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{program} {args:?} failed: {text}");
+    text
+}
+
+/// Scenario 7: the PrometheusRule passes `promtool check rules` and a `promtool test
+/// rules` case; Prometheus scrapes the three services as the ServiceMonitor describes;
+/// with Redis scaled to 0 SplitProvisionerRedisUnreachable fires, and resolves after.
+async fn prometheus_scrapes_and_alerts(cluster: &RealCluster, node: &RealNode) {
+    let dir = node.root().join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The rule groups of the PrometheusRule, as a Prometheus rule file.
+    let rule: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            repo_root().join("deploy/components/servicemonitor/prometheusrule.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let rules = dir.join("rules.yml");
+    std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).unwrap()).unwrap();
+    let checked = run_tool(
+        "promtool",
+        &["check", "rules", &rules.display().to_string()],
+    );
+    eprintln!(
+        "node scenario 7: promtool check rules: {}",
+        checked.trim().replace('\n', "; ")
+    );
+
+    // One unit test: Redis unreachable for 3 minutes fires the alert (its `for` is 2m).
+    let alert = rule["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|r| r["alert"].as_str() == Some("SplitProvisionerRedisUnreachable"))
+        .expect("the RedisUnreachable rule")
+        .clone();
+    let labels = [
+        ("namespace", "split-provisioner"),
+        ("job", "pv-writer"),
+        ("pod", "pv-writer-0"),
+    ];
+    let mut annotations = serde_yaml::Mapping::new();
+    for (k, v) in alert["annotations"].as_mapping().unwrap() {
+        annotations.insert(
+            k.clone(),
+            render_labels(v.as_str().unwrap(), &labels).into(),
+        );
+    }
+    let test = serde_json::json!({
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "30s",
+        "tests": [{
+            "interval": "30s",
+            "input_series": [{"series": "redis_reachable{namespace=\"split-provisioner\",job=\"pv-writer\",pod=\"pv-writer-0\"}",
+                              "values": "0x10"}],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "SplitProvisionerRedisUnreachable", "exp_alerts": []},
+                {"eval_time": "3m", "alertname": "SplitProvisionerRedisUnreachable", "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "namespace": "split-provisioner",
+                                   "job": "pv-writer", "pod": "pv-writer-0"},
+                    "exp_annotations": serde_json::to_value(&annotations).unwrap()}]}
+            ]
+        }]
+    });
+    let test_file = dir.join("rules-test.yml");
+    std::fs::write(&test_file, serde_yaml::to_string(&test).unwrap()).unwrap();
+    run_tool(
+        "promtool",
+        &["test", "rules", &test_file.display().to_string()],
+    );
+    eprintln!("node scenario 7: promtool test rules passed");
+
+    // The ServiceMonitor's scrape (endpoints of Services labelled part-of=split-provisioner,
+    // component=metrics, port `metrics`, job from app.kubernetes.io/name); 5 s instead of
+    // its 30 s interval to keep the test short.
+    let port = e2e::harness::process::free_port().unwrap();
+    let config = serde_json::json!({
+        "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
+        "rule_files": [rules.display().to_string()],
+        "scrape_configs": [{
+            "job_name": "split-provisioner/split-provisioner",
+            "scrape_interval": "5s", "scrape_timeout": "5s", "metrics_path": "/metrics",
+            "kubernetes_sd_configs": [{"role": "endpoints",
+                "kubeconfig_file": cluster.admin_kubeconfig().display().to_string(),
+                "namespaces": {"names": NAMESPACES}}],
+            "relabel_configs": [
+                {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_part_of"],
+                 "regex": "split-provisioner", "action": "keep"},
+                {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_component"],
+                 "regex": "metrics", "action": "keep"},
+                {"source_labels": ["__meta_kubernetes_endpoint_port_name"],
+                 "regex": "metrics", "action": "keep"},
+                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
+                {"source_labels": ["__meta_kubernetes_service_label_app_kubernetes_io_name"],
+                 "target_label": "job"}
+            ]
+        }]
+    });
+    let config_file = dir.join("prometheus.yml");
+    std::fs::write(&config_file, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let mut prometheus = e2e::harness::ManagedProcess::spawn(
+        "prometheus",
+        std::path::Path::new("prometheus"),
+        &[
+            format!("--config.file={}", config_file.display()),
+            format!("--storage.tsdb.path={}", dir.join("data").display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+        ],
+        &[],
+        &dir.join("prometheus.log"),
+    )
+    .unwrap();
+    let query = |q: &str| format!("/api/v1/query?query={}", percent_encode(q));
+    let up_query = query(r#"sum by (job) (up{job=~"provision-svc|pv-writer|reclaim-svc"})"#);
+    let up = wait_for(
+        "every service scraped",
+        Duration::from_secs(120),
+        || async {
+            let answer = http_json(port, &up_query).await?;
+            let result = answer["data"]["result"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let jobs: Vec<String> = result
+                .iter()
+                .filter(|r| r["value"][1].as_str().is_some_and(|v| v != "0"))
+                .filter_map(|r| r["metric"]["job"].as_str().map(str::to_string))
+                .collect();
+            if jobs.len() == 3 {
+                Ok(result)
+            } else {
+                Err(format!("{answer}"))
+            }
+        },
+    )
+    .await;
+    eprintln!("node scenario 7: scraped {up:?}");
+
+    let firing = |answer: &serde_json::Value| {
+        answer["data"]["alerts"].as_array().is_some_and(|alerts| {
+            alerts.iter().any(|a| {
+                a["labels"]["alertname"] == "SplitProvisionerRedisUnreachable"
+                    && a["state"] == "firing"
+            })
+        })
+    };
+    let start = Instant::now();
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "split-provisioner",
+            "scale",
+            "statefulset/redis",
+            "--replicas=0",
+        ],
+    );
+    wait_for(
+        "SplitProvisionerRedisUnreachable firing",
+        Duration::from_secs(300),
+        || async {
+            let answer = http_json(port, "/api/v1/alerts").await?;
+            if firing(&answer) {
+                Ok(())
+            } else {
+                Err(format!("{answer}"))
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "node scenario 7: SplitProvisionerRedisUnreachable firing {:.0} s after Redis went to 0",
+        start.elapsed().as_secs_f64()
+    );
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "split-provisioner",
+            "scale",
+            "statefulset/redis",
+            "--replicas=1",
+        ],
+    );
+    wait_for("the alert resolved", Duration::from_secs(300), || async {
+        let answer = http_json(port, "/api/v1/alerts").await?;
+        if firing(&answer) {
+            Err(format!("{answer}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    eprintln!(
+        "node scenario 7: resolved {:.0} s after the scale-down",
+        start.elapsed().as_secs_f64()
+    );
+    prometheus.kill();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_scenarios() {
     if std::env::var("E2E_NODE").as_deref() != Ok("1") {
@@ -778,8 +1033,13 @@ async fn node_scenarios() {
     standby_takes_over(&cluster).await;
     hundred_pods_on_hundred_claims(&cluster).await;
     redis_restart_in_a_burst(&cluster).await;
+    if Command::new("promtool").arg("--version").output().is_ok() {
+        prometheus_scrapes_and_alerts(&cluster, &node).await;
+    } else {
+        eprintln!("node: SKIPPED scenario 7 (no prometheus/promtool: apt-get install prometheus)");
+    }
     eprintln!(
-        "node: scenarios 1, 2, 6, 5, 3, 4 passed in {:.0} s",
+        "node: scenarios 1, 2, 6, 5, 3, 4, 7 passed in {:.0} s",
         start.elapsed().as_secs_f64()
     );
     if std::env::var("E2E_NODE_HOLD").as_deref() == Ok("1") {
