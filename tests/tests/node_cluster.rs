@@ -42,19 +42,10 @@ fn repo_root() -> PathBuf {
 
 /// `kubectl ARGS` as admin; panics with its output when it fails.
 fn kubectl(cluster: &RealCluster, args: &[&str]) -> String {
-    let out = Command::new("kubectl")
-        .args(args)
-        .env("KUBECONFIG", cluster.admin_kubeconfig())
-        .current_dir(repo_root())
-        .output()
-        .expect("running kubectl");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "kubectl {args:?} failed: {text}");
-    text
+    let mut cmd = Command::new("kubectl");
+    cmd.env("KUBECONFIG", cluster.admin_kubeconfig())
+        .current_dir(repo_root());
+    run_tool(cmd, args)
 }
 
 /// Poll `check` every 500 ms until it returns `Some`, or panic with `what` and the last state.
@@ -628,6 +619,36 @@ async fn standby_takes_over(cluster: &RealCluster) {
     }
 }
 
+/// Wait until exactly `n` pods named `<prefix>*` exist (only Running ones when `running`).
+async fn wait_pod_count(pods: &Api<Pod>, prefix: &str, running: bool, n: usize, timeout: Duration) {
+    let what = format!("{n} pods {prefix}* (running: {running})");
+    wait_for(&what, timeout, || async {
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let count = list
+            .items
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name.starts_with(prefix))
+            })
+            .filter(|p| {
+                !running || p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .count();
+        if count == n {
+            Ok(())
+        } else {
+            Err(format!("{count} pods"))
+        }
+    })
+    .await;
+}
+
 /// Scenario 3: 100 claims and 100 pods using them at once: all Running; deleted, no
 /// directory and no PV of them is left.
 async fn hundred_pods_on_hundred_claims(cluster: &RealCluster) {
@@ -653,33 +674,7 @@ async fn hundred_pods_on_hundred_claims(cluster: &RealCluster) {
     )
     .await;
     let pv_names = wait_bound(&client, "many", n, Duration::from_secs(300)).await;
-    wait_for(
-        &format!("{n} pods Running"),
-        Duration::from_secs(600),
-        || async {
-            let list = pods
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let running = list
-                .items
-                .iter()
-                .filter(|p| {
-                    p.metadata
-                        .name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with("many-"))
-                })
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            if running == n {
-                Ok(())
-            } else {
-                Err(format!("{running} Running"))
-            }
-        },
-    )
-    .await;
+    wait_pod_count(&pods, "many-", true, n, Duration::from_secs(600)).await;
     eprintln!(
         "node scenario 3: {n} claims Bound and {n} pods Running {:.0} s after creation",
         start.elapsed().as_secs_f64()
@@ -697,28 +692,7 @@ async fn hundred_pods_on_hundred_claims(cluster: &RealCluster) {
         async move { pods.delete(&format!("many-{i}"), &dp).await }
     }))
     .await;
-    wait_for("the pods gone", Duration::from_secs(300), || async {
-        let list = pods
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let left = list
-            .items
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with("many-"))
-            })
-            .count();
-        if left == 0 {
-            Ok(())
-        } else {
-            Err(format!("{left} pods left"))
-        }
-    })
-    .await;
+    wait_pod_count(&pods, "many-", false, 0, Duration::from_secs(300)).await;
     delete_claims(&client, "many", &pv_names).await;
     eprintln!(
         "node scenario 3: deleted; 0 directories, 0 PVs left after {:.0} s",
@@ -800,8 +774,10 @@ fn render_labels(text: &str, labels: &[(&str, &str)]) -> String {
     out
 }
 
-fn run_tool(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
+/// Run `cmd ARGS`; its stdout and stderr, or a panic with them when it fails.
+fn run_tool(mut cmd: Command, args: &[&str]) -> String {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running {program}: {e}"));
@@ -876,7 +852,7 @@ async fn prometheus_scrapes_and_alerts(cluster: &RealCluster, node: &RealNode) {
     let rules = dir.join("rules.yml");
     std::fs::write(&rules, serde_yaml::to_string(&rule["spec"]).unwrap()).unwrap();
     let checked = run_tool(
-        "promtool",
+        Command::new("promtool"),
         &["check", "rules", &rules.display().to_string()],
     );
     eprintln!(
@@ -923,7 +899,7 @@ async fn prometheus_scrapes_and_alerts(cluster: &RealCluster, node: &RealNode) {
     let test_file = dir.join("rules-test.yml");
     std::fs::write(&test_file, serde_yaml::to_string(&test).unwrap()).unwrap();
     run_tool(
-        "promtool",
+        Command::new("promtool"),
         &["test", "rules", &test_file.display().to_string()],
     );
     eprintln!("node scenario 7: promtool test rules passed");
