@@ -1714,7 +1714,7 @@ fn assert_no_problems(r: &Rendered, problems: &[String]) {
 }
 
 fn expected_replicas(overlay: &str) -> i32 {
-    if overlay == "dev" {
+    if overlay == "dev" || overlay == "node-test" {
         1
     } else {
         2
@@ -1724,6 +1724,41 @@ fn expected_replicas(overlay: &str) -> i32 {
 // ---------------------------------------------------------------------------
 // Tests.
 // ---------------------------------------------------------------------------
+
+/// `kubectl kustomize deploy/overlays/<name>` as text.
+fn kustomize_text(name: &str) -> String {
+    let out = std::process::Command::new("kubectl")
+        .args(["kustomize", &format!("deploy/overlays/{name}")])
+        .current_dir(repo_root())
+        .output()
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn node_test_overlay_differs_from_dev_only_in_its_images() {
+    if !kubectl_available("node_test_overlay_differs_from_dev_only_in_its_images") {
+        return;
+    }
+    let node = kustomize_text("node-test");
+    assert!(
+        node.contains("image: split-provisioner:node-test"),
+        "{node}"
+    );
+    assert!(node.contains("image: redis:node-test"), "{node}");
+    let as_dev = node
+        .replace(
+            "image: split-provisioner:node-test",
+            "image: split-provisioner:dev",
+        )
+        .replace("image: redis:node-test", "image: redis:7.4.2-bookworm");
+    assert_eq!(as_dev, kustomize_text("dev"));
+}
 
 #[test]
 fn every_overlay_renders_and_matches_the_services() {
@@ -1737,7 +1772,7 @@ fn every_overlay_renders_and_matches_the_services() {
     overlays.sort();
     assert_eq!(
         overlays,
-        ["dev", "ha", "ha-1.19", "nfs"],
+        ["dev", "ha", "ha-1.19", "nfs", "node-test"],
         "update expected_replicas for new overlays"
     );
     for name in &overlays {

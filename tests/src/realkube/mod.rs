@@ -47,6 +47,7 @@
 
 pub mod assets;
 pub mod audit;
+pub mod node;
 pub mod pki;
 pub mod shared;
 pub mod summary;

@@ -32,6 +32,40 @@ pub struct Pki {
     pub sa_key: PathBuf,
     /// Its public key (`sa.pub`): the API server's `--service-account-key-file`.
     pub sa_pub: PathBuf,
+    /// Client certificate and key of the node's kubelet (`kubelet.crt`, `kubelet.key`):
+    /// user `system:node:node-1`, group `system:nodes` (see [`NODE_NAME`]).
+    pub kubelet: (PathBuf, PathBuf),
+    /// Client certificate and key of kube-proxy (`kube-proxy.crt`, `kube-proxy.key`):
+    /// user `system:kube-proxy`.
+    pub kube_proxy: (PathBuf, PathBuf),
+}
+
+/// The one node's name in a cluster with a real node (`realkube::node`).
+pub const NODE_NAME: &str = "node-1";
+
+/// Sign a client certificate for `cn` in groups `orgs` with `issuer`; write it and its key.
+fn client_cert(
+    issuer: &Issuer<'_, KeyPair>,
+    cn: &str,
+    orgs: &[&str],
+    (cert_path, key_path): &(PathBuf, PathBuf),
+) -> anyhow::Result<()> {
+    let key = new_key()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, cn);
+    for org in orgs {
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, *org);
+    }
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    let cert = params
+        .signed_by(&key, issuer)
+        .with_context(|| format!("signing the client certificate of {cn}"))?;
+    std::fs::write(cert_path, cert.pem())?;
+    write_private(key_path, &key.serialize_pem())
 }
 
 fn new_key() -> anyhow::Result<KeyPair> {
@@ -65,6 +99,8 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
         serving_key: dir.join("apiserver.key"),
         sa_key: dir.join("sa.key"),
         sa_pub: dir.join("sa.pub"),
+        kubelet: (dir.join("kubelet.crt"), dir.join("kubelet.key")),
+        kube_proxy: (dir.join("kube-proxy.crt"), dir.join("kube-proxy.key")),
     };
 
     let ca_key = new_key()?;
@@ -91,6 +127,9 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
         "localhost".to_string(),
         "kubernetes".to_string(),
         "kubernetes.default.svc".to_string(),
+        "kubernetes.default.svc.cluster.local".to_string(),
+        // The `kubernetes` Service's cluster IP (first of 10.0.0.0/24), for pods on a real node.
+        "10.0.0.1".to_string(),
     ])?;
     params
         .distinguished_name
@@ -106,6 +145,14 @@ pub fn generate(dir: &Path) -> anyhow::Result<Pki> {
         .context("signing the serving certificate")?;
     std::fs::write(&pki.serving_cert, serving.pem())?;
     write_private(&pki.serving_key, &serving_key.serialize_pem())?;
+
+    client_cert(
+        &issuer,
+        &format!("system:node:{NODE_NAME}"),
+        &["system:nodes"],
+        &pki.kubelet,
+    )?;
+    client_cert(&issuer, "system:kube-proxy", &[], &pki.kube_proxy)?;
 
     let sa_key = new_key()?;
     write_private(&pki.sa_key, &sa_key.serialize_pem())?;
