@@ -8,7 +8,7 @@
 //! Needs root; [`node_or_skip`] says why a machine cannot run it. Dropping the node kills
 //! every container, process, mount, network namespace and iptables rule it made; the
 //! containers' logs stay in `<target dir>/node/pod-logs`.
-//! Choices and versions: docs/decisions/0002-real-node-versions.md.
+//! Choices and versions: docs/decisions/0010-real-node-versions.md.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
