@@ -7,7 +7,7 @@
 #                          user 65532:65532;
 #   redis.tar              docker.io/library/redis:node-test — Debian 13's redis-server and
 #                          redis-cli (Debian 12's 7.0 rejects the ACL's Redis 7.2 commands;
-#                          docs/decisions/0002), also the scenarios' workload image;
+#                          docs/decisions/0010), also the scenarios' workload image;
 #   pause.tar              registry.k8s.io/pause:3.10 — tools/node/build.sh's pause, user 65535.
 # The Debian root filesystems come from debootstrap (Debian's mirror), once per machine, in
 # ${SPLIT_PROVISIONER_CACHE:-$HOME/.cache/split-provisioner}/node/rootfs. Needs root.

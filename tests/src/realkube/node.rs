@@ -238,7 +238,7 @@ impl RealNode {
         )?;
 
         // containerd: its own root, state and socket; the kubelet may not lower
-        // oom_score_adj without CAP_SYS_RESOURCE (docs/decisions/0002).
+        // oom_score_adj without CAP_SYS_RESOURCE (docs/decisions/0010).
         let config = format!(
             "version = 2\nroot = \"{}\"\nstate = \"{}\"\n[grpc]\n  address = \"{}\"\n\
              [plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"registry.k8s.io/pause:3.10\"\n\
