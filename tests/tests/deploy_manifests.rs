@@ -2138,7 +2138,7 @@ fn nfs_overlay_is_a_drop_in_for_nfs_subdir() {
     );
     assert_eq!(
         backend_nfs_subdir::provision::class_policy(&sc),
-        Ok(backend_nfs_subdir::DeletePolicy::Delete)
+        Ok(backend_nfs_subdir::OnDelete::Delete)
     );
 
     // The checker notices a pod volume that disagrees with --nfs-server.

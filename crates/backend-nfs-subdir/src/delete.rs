@@ -18,7 +18,7 @@ use VolumeError::Unreadable as unreadable;
 
 use super::pattern::RelPath;
 use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
-use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
@@ -101,7 +101,7 @@ pub fn reads_class_at_delete(volume: &PersistentVolume) -> bool {
 pub fn upstream_policy(
     pv_name: &str,
     class: Option<&StorageClass>,
-) -> Result<DeletePolicy, DeleteError> {
+) -> Result<OnDelete, DeleteError> {
     let Some(class) = class else {
         return Err(DeleteError::Failed {
             reason: format!(
@@ -111,15 +111,15 @@ pub fn upstream_policy(
     };
     let params = class.parameters.clone().unwrap_or_default();
     match params.get(PARAM_ON_DELETE).map(String::as_str) {
-        Some("delete") => return Ok(DeletePolicy::Delete),
-        Some("retain") => return Ok(DeletePolicy::Retain),
+        Some("delete") => return Ok(OnDelete::Delete),
+        Some("retain") => return Ok(OnDelete::Retain),
         _ => {}
     }
     match params.get(PARAM_ARCHIVE_ON_DELETE) {
-        None => Ok(DeletePolicy::Archive),
+        None => Ok(OnDelete::Archive),
         Some(v) => match parse_go_bool(v) {
-            Some(false) => Ok(DeletePolicy::Delete),
-            Some(true) => Ok(DeletePolicy::Archive),
+            Some(false) => Ok(OnDelete::Delete),
+            Some(true) => Ok(OnDelete::Archive),
             None => Err(DeleteError::Failed {
                 reason: format!(
                     "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
@@ -153,7 +153,7 @@ pub async fn delete_with_class(
     {
         // Provisioned before a migration from upstream: the class decides.
         None => upstream_policy(&name, class),
-        Some(v) => Ok(DeletePolicy::from_annotation(v).ok_or_else(|| {
+        Some(v) => Ok(OnDelete::from_annotation(v).ok_or_else(|| {
             refused(format!(
                 "PV {name} has annotation {ANN_ON_DELETE}={v:?}; expected delete, retain or archive"
             ))
@@ -218,7 +218,7 @@ pub async fn delete_unprovisioned(
 ) -> Result<(), DeleteError> {
     // A class failing the checks made provision refuse before recording anything;
     // archive keeps the data if it changed since.
-    let policy = class_policy(&options.storage_class).unwrap_or(DeletePolicy::Archive);
+    let policy = class_policy(&options.storage_class).unwrap_or(OnDelete::Archive);
     let name = options.pv_name.clone();
     if !registry::valid_pv_name(&name) {
         return Ok(());
@@ -284,14 +284,14 @@ fn apply_policy(
     root: &Dir,
     pv_name: &str,
     rel: &RelPath,
-    policy: Result<DeletePolicy, DeleteError>,
+    policy: Result<OnDelete, DeleteError>,
 ) -> Result<Option<String>, DeleteError> {
     let forget = || {
         registry::remove(root, pv_name)
             .map(|()| None)
             .map_err(io_failed("remove the record of PV"))
     };
-    if matches!(policy, Ok(DeletePolicy::Retain)) {
+    if matches!(policy, Ok(OnDelete::Retain)) {
         tracing::info!(pv = pv_name, directory = %rel, "retaining nfs-subdir directory");
         return forget();
     }
@@ -309,17 +309,17 @@ fn apply_policy(
     if let Some((other_pv, other)) = inside.first() {
         return Err(refused(format!(
             "directory \"{rel}\" of PV {pv_name} contains the directory \"{other}\" of PV {other_pv}; refusing to {} it with the other volume's data",
-            if policy == DeletePolicy::Delete { "delete" } else { "archive" }
+            if policy == OnDelete::Delete { "delete" } else { "archive" }
         )));
     }
     match policy {
-        DeletePolicy::Delete => {
+        OnDelete::Delete => {
             parent
                 .remove_dir_all(last)
                 .map_err(io_failed("remove the volume directory"))?;
             tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
         }
-        DeletePolicy::Archive => {
+        OnDelete::Archive => {
             let target = archive_name(&parent, pv_name, last)?;
             parent
                 .rename(last, &parent, &target)
@@ -330,7 +330,7 @@ fn apply_policy(
             archived.push(target);
             return Ok(Some(archived.join("/")));
         }
-        DeletePolicy::Retain => unreachable!("handled above"),
+        OnDelete::Retain => unreachable!("handled above"),
     }
     forget()
 }
@@ -391,7 +391,7 @@ pub async fn archive_orphan(
             return Ok(OrphanOutcome::TooYoung(age));
         }
         Ok(
-            match apply_policy(&root, &name, &rel, Ok(DeletePolicy::Archive))? {
+            match apply_policy(&root, &name, &rel, Ok(OnDelete::Archive))? {
                 Some(archived) => OrphanOutcome::Archived(mount.join(archived)),
                 None => OrphanOutcome::Absent,
             },

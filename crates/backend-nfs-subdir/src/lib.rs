@@ -51,8 +51,7 @@ pub struct NfsSubdirArgs {
     pub nfs_mount: PathBuf,
 }
 
-/// What reclaim does with a released volume's directory; the default is `Archive`.
-pub use backend_kit::OnDelete as DeletePolicy;
+pub use backend_kit::OnDelete;
 
 /// The nfs-subdir backend. Idempotent per PV name.
 #[derive(Debug, Clone)]
@@ -202,14 +201,10 @@ mod tests {
 
     #[test]
     fn policy_annotation_round_trips() {
-        for p in [
-            DeletePolicy::Delete,
-            DeletePolicy::Retain,
-            DeletePolicy::Archive,
-        ] {
-            assert_eq!(DeletePolicy::from_annotation(p.as_str()), Some(p));
+        for p in [OnDelete::Delete, OnDelete::Retain, OnDelete::Archive] {
+            assert_eq!(OnDelete::from_annotation(p.as_str()), Some(p));
         }
-        assert_eq!(DeletePolicy::from_annotation("Delete"), None);
+        assert_eq!(OnDelete::from_annotation("Delete"), None);
     }
 }
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
-use super::{registry, DeletePolicy, NfsSubdir, ANN_ON_DELETE};
+use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 
 /// StorageClass parameters the backend accepts (upstream's names).
@@ -102,7 +102,7 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
 /// Check the class's parameters and resolve its delete policy (as
 /// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
 /// parameter, a bad `onDelete` or a non-boolean `archiveOnDelete`.
-pub fn class_policy(class: &StorageClass) -> Result<DeletePolicy, String> {
+pub fn class_policy(class: &StorageClass) -> Result<OnDelete, String> {
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     let parameters = class.parameters.as_ref();
     backend_kit::claim::check_parameters(
@@ -114,8 +114,8 @@ pub fn class_policy(class: &StorageClass) -> Result<DeletePolicy, String> {
     let empty = BTreeMap::new();
     let params = parameters.unwrap_or(&empty);
     match params.get(PARAM_ON_DELETE).map(String::as_str) {
-        Some("delete") => return Ok(DeletePolicy::Delete),
-        Some("retain") => return Ok(DeletePolicy::Retain),
+        Some("delete") => return Ok(OnDelete::Delete),
+        Some("retain") => return Ok(OnDelete::Retain),
         Some(other) => {
             return Err(format!(
                 "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
@@ -124,10 +124,10 @@ pub fn class_policy(class: &StorageClass) -> Result<DeletePolicy, String> {
         None => {}
     }
     match params.get(PARAM_ARCHIVE_ON_DELETE) {
-        None => Ok(DeletePolicy::Archive),
+        None => Ok(OnDelete::Archive),
         Some(v) => match parse_go_bool(v) {
-            Some(true) => Ok(DeletePolicy::Archive),
-            Some(false) => Ok(DeletePolicy::Delete),
+            Some(true) => Ok(OnDelete::Archive),
+            Some(false) => Ok(OnDelete::Delete),
             None => Err(format!(
                 "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
             )),
