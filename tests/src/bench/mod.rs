@@ -13,4 +13,5 @@ pub mod kcm;
 pub mod load;
 pub mod observe;
 pub mod outage;
+pub mod peer;
 pub mod reference;

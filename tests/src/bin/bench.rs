@@ -19,7 +19,11 @@
 //! 4. reclaim of the burst: PVs deleted per second, API cost per volume;
 //! 5. an offered load (`--rate`, `--rate-claims`): p50/p99 claim created → PV created;
 //! 6. peak RSS of each service (`VmHWM`), and the ratios to the controller
-//!    manager's rates and to the reference provisioner's.
+//!    manager's rates and to the reference provisioner's;
+//! 7. with `--peer NAME` (real plane or `--kubeconfig`): the same burst,
+//!    reclaim and offered load served by that Go provisioner alone (before the
+//!    services start, `e2e::bench::peer`), and a side-by-side table with the
+//!    ratios ours/peer.
 //!
 //! Every burst and reclaim also prints the CPU time each process used
 //! (control plane, Redis, services, benchmark: `e2e::bench::cpu`).
@@ -41,7 +45,9 @@ use e2e::bench::kcm::{self, KcmLoad, KcmRates};
 use e2e::bench::load;
 use e2e::bench::observe::{self, pct, wait_seen, Seen, SharedSeen};
 use e2e::bench::outage;
+use e2e::bench::peer::{self, Figures};
 use e2e::bench::reference;
+use e2e::harness::peers::Peer;
 use e2e::harness::{ControlPlane, Profile, Service, System, SystemOptions};
 use e2e::realkube::Assets;
 
@@ -109,6 +115,10 @@ struct Args {
     /// controller's client about five requests.
     #[arg(long, value_parser = parse_qps_burst)]
     kcm_api_qps: Option<(u32, u32)>,
+    /// Also measure this Go provisioner alone (built by `tools/peers/build.sh`)
+    /// and print it beside the services; repeatable. Real plane or `--kubeconfig` only.
+    #[arg(long = "peer", value_enum)]
+    peers: Vec<Peer>,
     /// Upper bound of each phase, seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -207,6 +217,13 @@ async fn main() -> anyhow::Result<()> {
         Some(measure_reference(&mut sys, &args, &seen, timeout).await?)
     };
 
+    let mut peers = Vec::new();
+    for p in args.peers.iter().copied() {
+        if args.outage.is_none() {
+            peers.push(measure_peer(&mut sys, &args, p, &seen, timeout).await?);
+        }
+    }
+
     for service in Service::ALL {
         sys.start_service(service, 0).await?;
     }
@@ -232,7 +249,7 @@ async fn main() -> anyhow::Result<()> {
                 r.restarted
             );
         }
-        print_rss(&mut sys);
+        let _ = print_rss(&mut sys);
         finish(&mut sys);
         return Ok(());
     }
@@ -281,9 +298,51 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // ---- offered load ---------------------------------------------------------
-    let paced = load::names("paced", args.rate_claims);
-    load::create_claims(&sys.client, &ns, &paced, CLASS, Some(args.rate), &seen).await?;
-    wait_seen(&seen, timeout, "paced PVs", paced.len(), |s| {
+    let lat = paced_latency(&sys, &args, "paced", &seen, timeout).await?;
+
+    let ours_rss = print_rss(&mut sys);
+    if !peers.is_empty() {
+        let ours_names = ours_process_names();
+        let ours_fig = Figures {
+            who: "ours".into(),
+            claims: n,
+            bound_per_sec: ours.bound_per_sec(),
+            created_per_sec: ours.created_per_sec(),
+            deleted_per_sec: ours_reclaim.deleted_per_sec(),
+            paced: lat.clone(),
+            cpu: peer::cpu_of(&cpu_burst.1, &ours_names)
+                + peer::cpu_of(&cpu_reclaim.1, &ours_names),
+            peak_rss_mib: ours_rss,
+        };
+        peer::print_side_by_side(&ours_fig, &peers, args.rate);
+    }
+    print_ratios(
+        &args,
+        &ours,
+        &ours_reclaim,
+        kcm.as_ref(),
+        reference.as_ref(),
+        &lat,
+    );
+    println!("load average at the end: {}", loadavg());
+    finish(&mut sys);
+    Ok(())
+}
+
+/// The offered-load phase: `--rate-claims` claims named `<prefix>-NNNNN` at
+/// `--rate`, each PV awaited, then deleted and their PVs awaited gone;
+/// prints and returns claim created → PV created, sorted.
+async fn paced_latency(
+    sys: &System,
+    args: &Args,
+    prefix: &str,
+    seen: &SharedSeen,
+    timeout: Duration,
+) -> anyhow::Result<Vec<Duration>> {
+    let ns = &sys.namespace;
+    let paced = load::names(prefix, args.rate_claims);
+    load::create_claims(&sys.client, ns, &paced, CLASS, Some(args.rate), seen).await?;
+    wait_seen(seen, timeout, "paced PVs", paced.len(), |s| {
         Seen::count(&s.pv_added, &paced)
     })
     .await?;
@@ -303,24 +362,86 @@ async fn main() -> anyhow::Result<()> {
         pct(&ann, 0.5),
         pct(&ann, 0.99),
     );
-    load::delete_claims(&sys.client, &ns, &paced, &seen).await?;
-    wait_seen(&seen, timeout, "paced PVs deleted", paced.len(), |s| {
+    load::delete_claims(&sys.client, ns, &paced, seen).await?;
+    wait_seen(seen, timeout, "paced PVs deleted", paced.len(), |s| {
         Seen::count(&s.pv_deleted, &paced)
     })
     .await?;
+    Ok(lat)
+}
 
-    print_rss(&mut sys);
-    print_ratios(
-        &args,
-        &ours,
-        &ours_reclaim,
-        kcm.as_ref(),
-        reference.as_ref(),
-        &lat,
+/// The processes whose CPU counts as ours: the three services and Redis.
+fn ours_process_names() -> Vec<&'static str> {
+    let mut names: Vec<&str> = Service::ALL.iter().map(|s| s.binary_name()).collect();
+    names.push("redis");
+    names
+}
+
+/// `peer` alone (nothing of ours running): a burst of `--claims`, its
+/// reclaim and the offered load, on the benchmark's class under our
+/// provisioner name. Errors: no peer binary, no kubeconfig for it (the
+/// simulator), or a phase timed out.
+async fn measure_peer(
+    sys: &mut System,
+    args: &Args,
+    peer: Peer,
+    seen: &SharedSeen,
+    timeout: Duration,
+) -> anyhow::Result<Figures> {
+    let kubeconfig = match (&args.kubeconfig, sys.real()) {
+        (Some(k), _) => k.clone(),
+        (None, Some(r)) => r.cluster.admin_kubeconfig().to_path_buf(),
+        (None, None) => anyhow::bail!(
+            "--peer needs --control-plane real or --kubeconfig: the peers are client-go programs, not run on the simulator"
+        ),
+    };
+    let name = peer.binary_name();
+    let dir = tempfile::Builder::new().prefix("bench-peer-").tempdir()?;
+    let provisioner = sys.settings.provisioner_name.clone();
+    // The services' client limit; `shipped`: the peer's own default (client-go's 5/10).
+    let qps = match (args.kube_api_qps.as_str(), sys.settings.kube_api_qps) {
+        ("shipped", _) => Some((5.0, 10)),
+        (_, q) if q <= 0.0 => None,
+        (_, q) => Some((q as f32, 2000)),
+    };
+    println!("peer {name}: client limit {qps:?} (None: unlimited)");
+    let mut process = peer
+        .start(&kubeconfig, &provisioner, &dir.path().join(name), qps)
+        .await?;
+    let mut ids = process_ids(sys);
+    ids.push((name.to_string(), process.pid()));
+    let ns = sys.namespace.clone();
+    let names = load::names(name, args.claims);
+    let cpu_mark = CpuSample::take(&ids);
+    let b = burst::provision(&sys.client, &ns, &names, CLASS, seen, timeout).await?;
+    let cpu_burst = cpu_mark.since();
+    let cpu_mark = CpuSample::take(&ids);
+    let r = burst::reclaim(&sys.client, &ns, &names, seen, timeout).await?;
+    let cpu_reclaim = cpu_mark.since();
+    println!("peer {name} alone, {} claims:", args.claims);
+    print_indented(&b, &r);
+    println!(
+        "    CPU during its burst: {}",
+        cpu::format(cpu_burst.0, &cpu_burst.1, nproc())
     );
-    println!("load average at the end: {}", loadavg());
-    finish(&mut sys);
-    Ok(())
+    println!(
+        "    CPU during its reclaim: {}",
+        cpu::format(cpu_reclaim.0, &cpu_reclaim.1, nproc())
+    );
+    let paced = paced_latency(sys, args, &format!("{name}-paced"), seen, timeout).await?;
+    let peak_rss_mib = process.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
+    println!("    peak RSS {name}: {peak_rss_mib:.1} MiB");
+    drop(process);
+    Ok(Figures {
+        who: name.to_string(),
+        claims: args.claims,
+        bound_per_sec: b.bound_per_sec(),
+        created_per_sec: b.created_per_sec(),
+        deleted_per_sec: r.deleted_per_sec(),
+        paced,
+        cpu: peer::cpu_of(&cpu_burst.1, &[name]) + peer::cpu_of(&cpu_reclaim.1, &[name]),
+        peak_rss_mib,
+    })
 }
 
 /// The reference provisioner's burst and reclaim of `--claims` claims
@@ -542,7 +663,9 @@ fn print_cost(phase: &str, cost: Option<&ApiCost>, n: usize) {
     }
 }
 
-fn print_rss(sys: &mut System) {
+/// Print each service's peak RSS and the three together; returns MiB of the
+/// three and Redis together.
+fn print_rss(sys: &mut System) -> f64 {
     let mut total = 0.0;
     for p in sys.services.iter_mut() {
         let mib = p.process.peak_rss_kib().unwrap_or(0) as f64 / 1024.0;
@@ -550,6 +673,14 @@ fn print_rss(sys: &mut System) {
         println!("peak RSS {}: {mib:.1} MiB", p.service.binary_name());
     }
     println!("peak RSS, three together: {total:.1} MiB");
+    let redis = sys
+        .redis
+        .process_mut()
+        .and_then(|p| p.peak_rss_kib())
+        .unwrap_or(0) as f64
+        / 1024.0;
+    println!("peak RSS redis-server: {redis:.1} MiB");
+    total + redis
 }
 
 /// The real plane's audit/RBAC checks, reported rather than panicking on

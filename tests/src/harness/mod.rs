@@ -20,6 +20,7 @@
 pub mod api_plane;
 pub mod binaries;
 pub mod metrics;
+pub mod peers;
 pub mod plane;
 pub mod process;
 pub mod pv_writer;
