@@ -23,7 +23,7 @@ pub struct Figures {
     /// CPU time of the provisioner's own processes (ours: the three services
     /// and Redis) over the burst and its reclaim.
     pub cpu: Duration,
-    /// Peak RSS of those processes together, MiB.
+    /// Peak RSS, MiB: ours the three services together (Redis apart), a peer its process.
     pub peak_rss_mib: f64,
 }
 
@@ -54,7 +54,7 @@ pub fn print_side_by_side(ours: &Figures, peers: &[Figures], rate: f64) {
         ("PVs created/s", |f| f.created_per_sec, true),
         ("PVs deleted/s", |f| f.deleted_per_sec, true),
         ("CPU-s per 1,000 volumes", Figures::cpu_per_1000, false),
-        ("peak RSS MiB", |f| f.peak_rss_mib, false),
+        ("peak RSS MiB (no Redis)", |f| f.peak_rss_mib, false),
     ];
     print!("{:<28}{:>12}", "side by side", ours.who);
     for peer in peers {
