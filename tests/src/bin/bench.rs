@@ -69,10 +69,11 @@ struct Args {
     /// Control plane to start (ignored with `--kubeconfig`).
     #[arg(long, value_enum, default_value_t = PlaneChoice::Sim)]
     control_plane: PlaneChoice,
-    /// Kubernetes release of `--control-plane real`: 1.19 (the release of the
-    /// recorded BENCHMARKS runs) or 1.37.
-    #[arg(long, default_value = "1.19")]
-    kube_version: e2e::realkube::KubeVersion,
+    /// Kubernetes releases of `--control-plane real`, comma-separated: 1.19
+    /// (the release of the recorded BENCHMARKS runs), 1.37 or `1.19,1.37`
+    /// (the whole run once per release, one after the other).
+    #[arg(long, value_delimiter = ',', default_value = "1.19")]
+    kube_version: Vec<e2e::realkube::KubeVersion>,
     /// Run against this existing cluster instead (every service uses this
     /// kubeconfig; no request counts, no controller-manager-alone phase).
     #[arg(long)]
@@ -129,11 +130,23 @@ const CLASS: &str = "bench";
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let real = args.kubeconfig.is_none() && args.control_plane == PlaneChoice::Real;
+    if !real {
+        return run(&args, None).await;
+    }
+    for version in &args.kube_version {
+        run(&args, Some(*version)).await?;
+    }
+    Ok(())
+}
+
+/// The whole benchmark once, on a real control plane of `version` when given.
+async fn run(args: &Args, version: Option<e2e::realkube::KubeVersion>) -> anyhow::Result<()> {
     let timeout = Duration::from_secs(args.timeout_secs);
-    let control_plane = match (args.kubeconfig.is_some(), args.control_plane) {
-        (true, _) | (false, PlaneChoice::Sim) => ControlPlane::default(),
-        (false, PlaneChoice::Real) => {
-            let assets = Assets::locate(args.kube_version).map_err(anyhow::Error::msg)?;
+    let control_plane = match version {
+        None => ControlPlane::default(),
+        Some(version) => {
+            let assets = Assets::locate(version).map_err(anyhow::Error::msg)?;
             println!(
                 "control plane: real {} (kube-apiserver, kube-controller-manager, etcd from {})",
                 assets.version,
@@ -153,13 +166,13 @@ async fn main() -> anyhow::Result<()> {
         external_kubeconfig: args.kubeconfig.clone(),
         no_services: true,
         real_cluster: e2e::realkube::RealClusterOptions {
-            controller_manager_qps: kcm_qps(&args),
+            controller_manager_qps: kcm_qps(args),
             ..Default::default()
         },
         ..Default::default()
     })
     .await?;
-    configure(&mut sys, &args)?;
+    configure(&mut sys, args)?;
     println!(
         "machine: {} cores, {}; load average {}",
         nproc(),
@@ -171,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         sys.settings.args(Service::Provision, 0, 0).join(" ")
     );
     if sys.is_real() {
-        let (q, b) = kcm_qps(&args);
+        let (q, b) = kcm_qps(args);
         println!("controller manager: --kube-api-qps {q} --kube-api-burst {b}");
     }
     sys.create_storage_class(CLASS, "Immediate", &[]).await?;
@@ -205,7 +218,7 @@ async fn main() -> anyhow::Result<()> {
         print_kcm(&r);
         print_kcm_requests(
             cost::controller_manager_since(&sys, mark)?.as_ref(),
-            kcm_qps(&args),
+            kcm_qps(args),
             started.elapsed(),
         );
         Some(r)
@@ -214,13 +227,13 @@ async fn main() -> anyhow::Result<()> {
     let reference = if args.no_reference || args.outage.is_some() {
         None
     } else {
-        Some(measure_reference(&mut sys, &args, &seen, timeout).await?)
+        Some(measure_reference(&mut sys, args, &seen, timeout).await?)
     };
 
     let mut peers = Vec::new();
     for p in args.peers.iter().copied() {
         if args.outage.is_none() {
-            peers.push(measure_peer(&mut sys, &args, p, &seen, timeout).await?);
+            peers.push(measure_peer(&mut sys, args, p, &seen, timeout).await?);
         }
     }
 
@@ -274,7 +287,7 @@ async fn main() -> anyhow::Result<()> {
         cpu::format(cpu_burst.0, &cpu_burst.1, nproc())
     );
     print_cost("provisioning", provision_cost.as_ref(), n);
-    print_kcm_requests(kcm_cost.as_ref(), kcm_qps(&args), cpu_burst.0);
+    print_kcm_requests(kcm_cost.as_ref(), kcm_qps(args), cpu_burst.0);
     print_terminated_watchers(&sys.client).await;
 
     // ---- reclaim --------------------------------------------------------------
@@ -298,7 +311,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     // ---- offered load ---------------------------------------------------------
-    let lat = paced_latency(&sys, &args, "paced", &seen, timeout).await?;
+    let lat = paced_latency(&sys, args, "paced", &seen, timeout).await?;
 
     let ours_rss = print_rss(&mut sys);
     if !peers.is_empty() {
@@ -317,7 +330,7 @@ async fn main() -> anyhow::Result<()> {
         peer::print_side_by_side(&ours_fig, &peers, args.rate);
     }
     print_ratios(
-        &args,
+        args,
         &ours,
         &ours_reclaim,
         kcm.as_ref(),
