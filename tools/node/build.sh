@@ -13,72 +13,34 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+. "$repo/tools/lib/go-cache.sh"
 version=${1:-v1.37.2}
 pins=$here/$version
-fail() { echo "node build: $*" >&2; exit 1; }
-[ -f "$pins/go.mod" ] && [ -f "$pins/go.sum" ] || fail "no pins for $version in $pins (go.mod, go.sum)"
+[ -f "$pins/go.mod" ] && [ -f "$pins/go.sum" ] || { echo "node build: no pins for $version in $pins (go.mod, go.sum)" >&2; exit 1; }
+go_cache_init "node build" "the node scenarios will be skipped"
 
-export PATH=/usr/local/go/bin:$PATH
-if ! command -v go >/dev/null 2>&1; then
-  [ "${CI:-}" = true ] && fail "Go is needed to build the $version node (expected /usr/local/go)"
-  echo "node build: no Go on this machine; the node scenarios will be skipped" >&2
-  exit 0
-fi
-
-cache=${SPLIT_PROVISIONER_CACHE:-$HOME/.cache/split-provisioner}
 # The pin checksum: the pins and this recipe (bump it when the build commands below change).
 recipe=1
 key=$( (echo "recipe $recipe"; cat "$pins/go.mod" "$pins/go.sum" "$here/coredns/go.mod" \
   "$here/coredns/go.sum" "$here/coredns/main.go") | sha256sum | cut -c1-16)
-out=$cache/node/$version-$key
-target=${CARGO_TARGET_DIR:-target}
-case "$target" in /*) ;; *) target=$repo/$target ;; esac
-dest=$target/node/$version/bin
-tools=(kubelet kube-proxy coredns pause)
 
-mkdir -p "$cache/node"
-exec 9>"$cache/node/.lock"
-flock 9
-if [ -f "$out/.complete" ]; then
-  echo "node build: reusing $out" >&2
-else
-  # The same module and build caches as tools/realkube/build.sh: most packages are shared.
-  export GOMODCACHE=$cache/go/mod GOCACHE=$cache/go/build GOFLAGS="-mod=readonly -buildvcs=false"
-  export CGO_ENABLED=0 GOTOOLCHAIN=local
-  minor=${version#v1.}; minor=${minor%%.*}
-  ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean"
-  done
-  echo "node build: building $version node binaries into $out" >&2
-  start=$(date +%s)
-  rm -rf "$out.tmp"
-  mkdir -p "$out.tmp/bin"
+# The same module and build caches as tools/realkube/build.sh: most packages are shared.
+build_into() {
   (
     cd "$pins"
     go mod download
-    nice -n 10 go build -trimpath -ldflags "$ldflags" -o "$out.tmp/bin/" \
+    nice -n 10 go build -trimpath -ldflags "$(k8s_ldflags "$version")" -o "$1/bin/" \
       k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
     src=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)
-    nice -n 10 cc -Os -static -DVERSION="$version" -o "$out.tmp/bin/pause" "$src/build/pause/linux/pause.c"
-    strip "$out.tmp/bin/pause"
+    nice -n 10 cc -Os -static -DVERSION="$version" -o "$1/bin/pause" "$src/build/pause/linux/pause.c"
+    strip "$1/bin/pause"
   )
   (
     cd "$here/coredns"
     go mod download
-    nice -n 10 go build -trimpath -ldflags "-s -w" -o "$out.tmp/bin/coredns" .
+    nice -n 10 go build -trimpath -ldflags "-s -w" -o "$1/bin/coredns" .
   )
-  "$out.tmp/bin/kubelet" --version >&2
-  "$out.tmp/bin/coredns" -version | head -1 >&2
-  echo "built in $(($(date +%s) - start)) s on $(nproc) cores" > "$out.tmp/.complete"
-  rm -rf "$out"
-  mv "$out.tmp" "$out"
-  echo "node build: $(cat "$out/.complete")" >&2
-fi
-mkdir -p "$dest"
-for tool in "${tools[@]}"; do
-  [ -x "$out/bin/$tool" ] || fail "$out/bin/$tool is missing (remove $out to rebuild)"
-  ln -sfn "$out/bin/$tool" "$dest/$tool"
-done
-echo "$dest"
+  "$1/bin/kubelet" --version >&2
+  "$1/bin/coredns" -version | head -1 >&2
+}
+go_cache_build node "$version-$key" "node/$version/bin" kubelet kube-proxy coredns pause
