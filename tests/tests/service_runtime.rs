@@ -497,3 +497,54 @@ fn text_is_lost(registry: &prometheus::Registry) -> bool {
         .lines()
         .any(|l| l.starts_with("leader_election_lost_total{") && !l.ends_with(" 0"))
 }
+
+/// Regression: SIGTERM while a Lease renewal hangs in the API server. The renewal
+/// holds the lease manager's lock for the length of its request; the release
+/// waited for that lock for as long as the request hung, so the Lease was not
+/// released and a standby waited for it to expire (pv-writer on the node cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_lease_renewal_hangs_still_releases_the_lease_at_once() {
+    let sim = Arc::new(Simulator::start(SimConfig::bare()).await.unwrap());
+    let shutdown = CancellationToken::new();
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let run = tokio::spawn(run_service(
+        pv_writer::SPEC,
+        args("replica-a"),
+        prometheus::Registry::new(),
+        Launch {
+            client: Some(client(&sim)),
+            shutdown: Some(shutdown.clone()),
+        },
+        move |ctx| {
+            let s = s.clone();
+            async move {
+                s.store(true, Ordering::SeqCst);
+                ctx.shutdown.cancelled().await;
+                Ok(())
+            }
+        },
+    ));
+    wait_for(Duration::from_secs(5), "work started", || {
+        started.load(Ordering::SeqCst)
+    })
+    .await;
+    // The next Lease write (a renewal, about a second away) hangs for 30 s.
+    let before = sim.stats().faults_injected;
+    sim.inject_fault(FaultSpec::hang(30_000, &["patch", "update"], &["leases"]).times(1));
+    wait_for(Duration::from_secs(3), "a renewal hanging", || {
+        sim.stats().faults_injected > before
+    })
+    .await;
+    let released = watch_release(&sim, "example.com-hostpath-pv-writer", "replica-a");
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(2), run)
+        .await
+        .expect("run returned within 2 s of SIGTERM (the renewal still hangs)")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
+    tokio::time::timeout(Duration::from_millis(500), released)
+        .await
+        .expect("Lease released before run returned, not left to expire")
+        .unwrap();
+}

@@ -282,8 +282,9 @@ impl Campaign<'_> {
 }
 
 /// Run `work` while holding the Lease. The Lease is released only after the
-/// work task has returned or been aborted and awaited; a lost Lease is not
-/// released (someone else holds it, or it expires).
+/// work task has returned or been aborted and awaited, and after the renewal
+/// loop is dropped (it may hold the lease manager's lock mid-request); a lost
+/// Lease is not released (someone else holds it, or it expires).
 async fn lead<F, Fut>(elector: &LeaderElector, ctx: ServiceContext, work: &F) -> Term
 where
     F: Fn(ServiceContext) -> Fut,
@@ -294,36 +295,46 @@ where
     let mut handle = tokio::spawn(work(ctx));
     // One watchdog for the whole term: polled while working and while draining,
     // so SIGTERM does not restart the renew deadline.
-    let hold = elector.hold();
-    tokio::pin!(hold);
-    tokio::select! {
-        lost = &mut hold => {
+    let mut hold = Box::pin(elector.hold());
+    let end = tokio::select! {
+        lost = &mut hold => TermEnd::Lost(lost),
+        res = &mut handle => TermEnd::Returned(joined(res)),
+        _ = shutdown.cancelled() => {
+            // Keep renewing while in-flight work drains; a lost lease still wins.
+            tokio::select! {
+                lost = &mut hold => TermEnd::LostDraining(lost),
+                r = finish_work(&mut handle, &shutdown, grace) => TermEnd::Returned(r),
+            }
+        }
+    };
+    drop(hold);
+    match end {
+        TermEnd::Returned(result) => {
+            elector.release().await;
+            Term::Ended(result)
+        }
+        TermEnd::Lost(lost) => {
             stop_work(handle).await;
             Term::Lost(lost)
         }
-        res = &mut handle => {
-            elector.release().await;
-            Term::Ended(joined(res))
-        }
-        _ = shutdown.cancelled() => {
-            // Keep renewing while in-flight work drains; a lost lease still wins.
-            let lost = tokio::select! {
-                lost = &mut hold => Err(lost),
-                r = finish_work(&mut handle, &shutdown, grace) => Ok(r),
-            };
-            match lost {
-                Ok(result) => {
-                    elector.release().await;
-                    Term::Ended(result)
-                }
-                Err(lost) => {
-                    stop_work(handle).await;
-                    tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
-                    Term::Ended(Err(anyhow::anyhow!("leader lease lost during shutdown: {lost}")))
-                }
-            }
+        TermEnd::LostDraining(lost) => {
+            stop_work(handle).await;
+            tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
+            Term::Ended(Err(anyhow::anyhow!(
+                "leader lease lost during shutdown: {lost}"
+            )))
         }
     }
+}
+
+/// How a term's work and Lease watch ended, before the Lease is released.
+enum TermEnd {
+    /// The work returned (by itself or drained after SIGTERM).
+    Returned(anyhow::Result<()>),
+    /// The Lease was lost while working.
+    Lost(LeadLost),
+    /// The Lease was lost while draining after SIGTERM.
+    LostDraining(LeadLost),
 }
 
 /// Abort the work task and wait until it is gone (its future dropped, so its

@@ -286,12 +286,17 @@ impl LeaderElector {
         }
     }
 
-    /// Give the Lease up so a standby takes over at once. Best effort: errors are logged.
+    /// Give the Lease up so a standby takes over at once, waiting at most the
+    /// renew deadline (then the Lease expires). Best effort: errors are logged.
     pub async fn release(&self) {
-        match self.manager.release().await {
-            Ok(()) => tracing::info!(lease = %self.lease_name, "lease released"),
-            Err(err) => {
+        let limit = self.timing.renew_deadline;
+        match tokio::time::timeout(limit, self.manager.release()).await {
+            Ok(Ok(())) => tracing::info!(lease = %self.lease_name, "lease released"),
+            Ok(Err(err)) => {
                 tracing::warn!(lease = %self.lease_name, error = %err, "releasing lease failed")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_name, ?limit, "releasing lease timed out; it expires instead")
             }
         }
     }
