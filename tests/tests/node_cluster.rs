@@ -6,8 +6,7 @@
 //!    removes the directory on the node;
 //! 6. provision-svc scaled to 3, pv-writer (and reclaim-svc) to 2: one leader each, one
 //!    PV and one ProvisioningSucceeded event per claim of a burst;
-//! 5. each leader pod deleted: a standby holds the Lease within the Lease's duration
-//!    (opt-in with `E2E_NODE_FAILOVER=1`: pv-writer does not always release its Lease);
+//! 5. each leader pod deleted: a standby holds the Lease within the Lease's duration;
 //! 3. 100 claims and 100 pods at once: all Running; deleted: no directory, no PV left;
 //! 4. the Redis pod deleted in a 200-claim burst: every claim Bound, a directory each;
 //! 7. Prometheus (Debian's) scrapes the services as the ServiceMonitor describes; promtool
@@ -1056,14 +1055,8 @@ async fn node_scenarios() {
     if scenario_on(6) || scenario_on(5) {
         scaled_one_leader_no_duplicates(&cluster).await;
     }
-    // Deleting pv-writer's leader sometimes leaves its Lease held until it expires (the
-    // replica logs SIGTERM and "waiting for in-flight PV writes in_flight=0", then no
-    // release), so the standby leads only after the Lease duration: opt-in until fixed.
-    if !scenario_on(5) {
-    } else if std::env::var("E2E_NODE_FAILOVER").as_deref() == Ok("1") {
+    if scenario_on(5) {
         standby_takes_over(&cluster).await;
-    } else {
-        eprintln!("node: SKIPPED scenario 5 (set E2E_NODE_FAILOVER=1; pv-writer does not always release its Lease on SIGTERM)");
     }
     if scenario_on(3) {
         hundred_pods_on_hundred_claims(&cluster).await;
