@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use e2e::harness::peers::{self, Peer};
+use e2e::harness::peers::{self, Peer, PeerEnv};
 use e2e::harness::{wait_eq, ControlPlane, Service, System, SystemOptions};
 use e2e::realkube::Assets;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -55,14 +55,14 @@ async fn plane(assets: Assets, classes: &[(&str, &str)]) -> System {
 /// The seed as our provisioner name, its volumes in our base directory.
 async fn start_seed(sys: &System) -> e2e::harness::process::ManagedProcess {
     let kubeconfig = sys.real().expect("real plane").cluster.admin_kubeconfig();
-    let r = Peer::Seed
-        .start(
-            kubeconfig,
-            &sys.settings.provisioner_name,
-            sys.base_dir(),
-            None,
-        )
-        .await;
+    let env = PeerEnv {
+        kubeconfig,
+        client: &sys.client,
+        provisioner: &sys.settings.provisioner_name,
+        dir: sys.base_dir(),
+        qps: None,
+    };
+    let r = Peer::Seed.start(&env).await;
     check(sys, r)
 }
 

@@ -23,8 +23,18 @@ pub fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:05}")).collect()
 }
 
+/// The node every claim of this process names as its selected node
+/// (`bench --node`: provisioners such as local-path act only on claims with one).
+static SELECTED_NODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Make every claim [`claim`] builds from now on carry the selected-node
+/// annotation `node` (the first call wins).
+pub fn select_node(node: &str) {
+    let _ = SELECTED_NODE.set(node.to_string());
+}
+
 /// A `ReadWriteOnce`, `1Mi` claim of class `class`, bound in advance to PV
-/// `volume_name` when given.
+/// `volume_name` when given, with the selected node of [`select_node`].
 pub fn claim(
     name: &str,
     namespace: &str,
@@ -39,9 +49,13 @@ pub fn claim(
     if let Some(v) = volume_name {
         spec["volumeName"] = json!(v);
     }
+    let mut metadata = json!({"name": name, "namespace": namespace});
+    if let Some(node) = SELECTED_NODE.get() {
+        metadata["annotations"][api_types::annotations::ANN_SELECTED_NODE] = json!(node);
+    }
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": metadata,
         "spec": spec,
     }))
     .expect("valid claim manifest")

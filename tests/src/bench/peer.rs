@@ -58,7 +58,7 @@ pub fn print_side_by_side(ours: &Figures, peers: &[Figures], rate: f64) {
     ];
     print!("{:<28}{:>12}", "side by side", ours.who);
     for peer in peers {
-        print!("{:>16}{:>16}", peer.who, "ours/peer");
+        print!("{:>24}{:>16}", peer.who, "ours/peer");
     }
     println!();
     let line = |name: &str, ours_v: f64, peer_v: &dyn Fn(&Figures) -> f64, higher_better: bool| {
@@ -71,7 +71,7 @@ pub fn print_side_by_side(ours: &Figures, peers: &[Figures], rate: f64) {
                 "missed"
             };
             let ratio = ours_v / v.max(f64::MIN_POSITIVE);
-            print!("{v:>16.1}{:>16}", format!("{ratio:.2} {verdict}"));
+            print!("{v:>24.1}{:>16}", format!("{ratio:.2} {verdict}"));
         }
         println!();
     };

@@ -47,7 +47,7 @@ use e2e::bench::observe::{self, pct, wait_seen, Seen, SharedSeen};
 use e2e::bench::outage;
 use e2e::bench::peer::{self, Figures};
 use e2e::bench::reference;
-use e2e::harness::peers::Peer;
+use e2e::harness::peers::{Peer, PeerEnv};
 use e2e::harness::{ControlPlane, Profile, Service, System, SystemOptions};
 use e2e::realkube::Assets;
 
@@ -120,6 +120,12 @@ struct Args {
     /// and print it beside the services; repeatable. Real plane or `--kubeconfig` only.
     #[arg(long = "peer", value_enum)]
     peers: Vec<Peer>,
+    /// Start a real node beside the real control plane (kubelet v1.37.2,
+    /// containerd: root, `tools/node/build.sh` and `images.sh`; `--kube-version
+    /// 1.37` only); every claim names it as its selected node. Needed by
+    /// `--peer local-path`, whose helper pods run there.
+    #[arg(long)]
+    node: bool,
     /// Upper bound of each phase, seconds.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -167,11 +173,31 @@ async fn run(args: &Args, version: Option<e2e::realkube::KubeVersion>) -> anyhow
         no_services: true,
         real_cluster: e2e::realkube::RealClusterOptions {
             controller_manager_qps: kcm_qps(args),
+            apiserver_extra_flags: if args.node {
+                e2e::realkube::node::apiserver_flags()
+            } else {
+                Vec::new()
+            },
             ..Default::default()
         },
         ..Default::default()
     })
     .await?;
+    let _node = match (args.node, sys.real()) {
+        (false, _) => None,
+        (true, Some(real)) if version == Some(e2e::realkube::KubeVersion::V1_37) => {
+            let assets = e2e::realkube::node::node_or_skip("bench --node")
+                .ok_or_else(|| anyhow::anyhow!("--node: this machine cannot run the node"))?;
+            let node = e2e::realkube::node::RealNode::start(&real.cluster, &assets).await?;
+            load::select_node(e2e::realkube::pki::NODE_NAME);
+            println!(
+                "node: {} Ready (kubelet v1.37.2); claims select it",
+                e2e::realkube::pki::NODE_NAME
+            );
+            Some(node)
+        }
+        (true, _) => anyhow::bail!("--node needs --control-plane real --kube-version 1.37"),
+    };
     configure(&mut sys, args)?;
     println!(
         "machine: {} cores, {}; load average {}",
@@ -418,9 +444,14 @@ async fn measure_peer(
         (_, q) => Some((q as f32, 2000)),
     };
     println!("peer {name}: client limit {qps:?} (None: unlimited)");
-    let mut process = peer
-        .start(&kubeconfig, &provisioner, &dir.path().join(name), qps)
-        .await?;
+    let env = PeerEnv {
+        kubeconfig: &kubeconfig,
+        client: &sys.client,
+        provisioner: &provisioner,
+        dir: &dir.path().join(name),
+        qps,
+    };
+    let mut process = peer.start(&env).await?;
     let mut ids = process_ids(sys);
     ids.push((name.to_string(), process.pid()));
     let ns = sys.namespace.clone();
