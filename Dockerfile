@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image with the three service binaries; each Deployment in deploy/ picks its
-# binary with `command:` (provision-svc, pv-writer, reclaim-svc).
+# One image with the three service binaries and the operator's provisioner-ctl; each
+# Deployment in deploy/ picks its binary with `command:` (provision-svc, pv-writer,
+# reclaim-svc); provisioner-ctl is the runbook's tool (deploy/README.md, "Runbook").
 #
 #   docker build -t split-provisioner:dev .
 #
@@ -14,9 +15,9 @@ COPY . .
 # release with LTO, one codegen unit, size-optimised: a smaller resident binary.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --profile dist --locked -p provision-svc -p pv-writer -p reclaim-svc \
+    cargo build --profile dist --locked -p provision-svc -p pv-writer -p reclaim-svc -p provisioner-ctl \
  && mkdir -p /out \
- && cp target/dist/provision-svc target/dist/pv-writer target/dist/reclaim-svc /out/
+ && cp target/dist/provision-svc target/dist/pv-writer target/dist/reclaim-svc target/dist/provisioner-ctl /out/
 
 # Runtime: glibc, libgcc, CA certificates and nothing else (no shell, no
 # package manager). Default user is "nonroot" (65532); provision-svc and
@@ -26,6 +27,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /out/provision-svc /usr/local/bin/provision-svc
 COPY --from=builder /out/pv-writer /usr/local/bin/pv-writer
 COPY --from=builder /out/reclaim-svc /usr/local/bin/reclaim-svc
+COPY --from=builder /out/provisioner-ctl /usr/local/bin/provisioner-ctl
 USER 65532:65532
 # HTTP (/metrics, /healthz, /readyz) of provision-svc, pv-writer, reclaim-svc.
 EXPOSE 9101 9102 9103

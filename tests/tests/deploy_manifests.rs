@@ -2454,6 +2454,12 @@ fn dockerfile_matches_the_manifests() {
                 .map(|p| p.parse::<u16>().expect("numeric EXPOSE"))
         })
         .collect();
+    // The runbook's tool ships beside the services.
+    assert!(
+        lines.iter().any(|l| l.starts_with("COPY --from=builder")
+            && l.ends_with("/provisioner-ctl /usr/local/bin/provisioner-ctl")),
+        "the image lacks provisioner-ctl"
+    );
     for s in services() {
         assert!(
             expose.contains(&s.kind.http_port),

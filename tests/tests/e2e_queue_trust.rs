@@ -441,7 +441,7 @@ async fn a_stray_payload_under_a_claims_pv_name_is_a_warning_not_a_silent_stall(
                     && e["reason"] == "ProvisioningFailed"
                     && e["type"] == "Warning"
                     && e["note"].as_str().is_some_and(|n| {
-                        n.contains("dead-lettered") && n.contains("pv-writer queue")
+                        n.contains("dead-lettered") && n.contains("provisioner-ctl queue")
                     })
             })
             .count()

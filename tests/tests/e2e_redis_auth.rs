@@ -77,7 +77,7 @@ async fn claims_are_bound_and_reclaimed_with_acl_users(plane: ControlPlane) {
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
     // reclaim-svc's leader-start sweep stored its report under its own user
-    // (pv-writer status reads it as operator).
+    // (provisioner-ctl status reads it as operator).
     let name = sys.settings.provisioner_name.clone();
     let operator = redis_store::connect(&sys.redis.config_as(Some("operator")))
         .await

@@ -1,6 +1,6 @@
 //! Operating it: the Grafana dashboard and the PrometheusRule alerts of
 //! `deploy/components/servicemonitor` name only metrics the services really
-//! export, and `pv-writer status` reports the running system.
+//! export, and `provisioner-ctl status` reports the running system.
 //!
 //! The component is rendered with `kubectl kustomize` (base + servicemonitor),
 //! the dashboard JSON is taken from its ConfigMap and every panel query,
@@ -15,7 +15,7 @@
 //! fails on any name no service exports (`up`, Prometheus' own scrape metric,
 //! is the one exception).
 //!
-//! On the same run `pv-writer status --output json` is checked: with pv-writer
+//! On the same run `provisioner-ctl status --output json` is checked: with pv-writer
 //! stopped it shows the queue depth and the oldest pending age; after
 //! pv-writer's restart it shows the garbled entry as a dead letter with its
 //! reason, the orphan sweep's report, and the three Leases with the running
@@ -410,9 +410,10 @@ fn operator_kubeconfig(sys: &System) -> PathBuf {
     }
 }
 
-/// `pv-writer status --output json` against the system; (exit success, JSON).
+/// `provisioner-ctl status --output json` against the system; (exit success, JSON).
 fn status_json(sys: &System) -> (bool, Value) {
-    let out = Process::new(&sys.bins.pv_writer)
+    let out = Process::new(&sys.bins.ctl)
+        .args(["status", "--output", "json"])
         .arg("--redis-url")
         .arg(sys.redis.url())
         .arg("--provisioner-name")
@@ -422,10 +423,9 @@ fn status_json(sys: &System) -> (bool, Value) {
         // No --leader-election-namespace: as an operator runs it, the command
         // finds each service's Lease by name (the deploy keeps them in two
         // namespaces).
-        .args(["status", "--output", "json"])
         .env_remove("POD_NAMESPACE")
         .output()
-        .expect("running pv-writer status");
+        .expect("running provisioner-ctl status");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json = serde_json::from_str(&stdout).unwrap_or_else(|e| {
         panic!(

@@ -2,6 +2,7 @@
 //! private `redis-server` (AOF, everysec): writes, idempotence, dead letters,
 //! retries, Redis restarts, an API outage, requeue.
 
+use provisioner_ctl::queue::{run_queue_command, Action};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -416,29 +417,17 @@ async fn already_exists_and_invalid_entries_are_settled_without_blind_retries() 
     api.delete("pvc-other", &DeleteParams::default())
         .await
         .unwrap();
-    let out = pv_writer::queue_cmd::run_queue_command(
-        &f.queue,
-        &pv_writer::QueueCommand::Requeue {
-            pv_name: "pvc-other".into(),
-        },
-    )
-    .await
-    .unwrap();
+    let out = run_queue_command(&f.queue, Action::Requeue("pvc-other"))
+        .await
+        .unwrap();
     assert_eq!(out, "requeued dead letter pvc-other\n");
     f.wait_drained(Duration::from_secs(10)).await;
     assert_eq!(f.pv_claim_uid("pvc-other").as_deref(), Some("other"));
-    let err = pv_writer::queue_cmd::run_queue_command(
-        &f.queue,
-        &pv_writer::QueueCommand::Requeue {
-            pv_name: "pvc-ok".into(),
-        },
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(err.to_string(), "PV pvc-ok is not in the queue");
-    let listing = pv_writer::queue_cmd::run_queue_command(&f.queue, &pv_writer::QueueCommand::Dead)
+    let err = run_queue_command(&f.queue, Action::Requeue("pvc-ok"))
         .await
-        .unwrap();
+        .unwrap_err();
+    assert_eq!(err.to_string(), "PV pvc-ok is not in the queue");
+    let listing = run_queue_command(&f.queue, Action::Dead).await.unwrap();
     assert_eq!(listing.lines().count(), 4, "{listing}");
     assert!(
         listing

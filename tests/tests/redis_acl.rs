@@ -181,9 +181,11 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
     assert!(!rs_intents.contains("pvc-a").await.unwrap());
 
     // pv-writer: the wake-up, a term, take, settle every way, recover, stats
-    // and the `pv-writer queue` subcommand's reads and requeue.
+    // and the `provisioner-ctl queue` subcommand's reads and requeue.
     let pw = redis.config_as(Some("pv-writer"));
-    let writer = PvQueue::connect(&pw, NAME).await.expect("pv-writer queue");
+    let writer = PvQueue::connect(&pw, NAME)
+        .await
+        .expect("provisioner-ctl queue");
     assert!(writer.wait_for_work(Duration::from_secs(2)).await.unwrap());
     let old = writer.begin_term().await.unwrap();
     let epoch = writer.begin_term().await.unwrap();
@@ -538,7 +540,7 @@ fn dev_overlay_gives_each_service_its_own_redis_user_and_secret_key() {
 
 /// reclaim-svc's real leader-start sweep (`reclaim_svc::sweep::run_once`) as
 /// its own Redis user: its lookups and the report it stores for
-/// `pv-writer status` (read back as `operator`) all pass the deploy ACL.
+/// `provisioner-ctl status` (read back as `operator`) all pass the deploy ACL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
     let (dir, redis) = acl_redis().await;

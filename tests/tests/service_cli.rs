@@ -6,7 +6,7 @@
 //!   not echoed;
 //! * `--help` starts with what the service does and groups the flags
 //!   (Kubernetes, Redis, leader election, HTTP, logging, backend);
-//! * `pv-writer queue list` with Redis down prints its error once, the cause
+//! * `provisioner-ctl queue list` with Redis down prints its error once, the cause
 //!   once;
 //! * an unreachable API server is logged once per change (unreachable with
 //!   its address and the cause, reachable again), not at every retry, and the
@@ -161,17 +161,17 @@ fn closed_port() -> u16 {
 }
 
 #[test]
-fn pv_writer_queue_list_with_redis_down_prints_the_cause_once() {
+fn ctl_queue_list_with_redis_down_prints_the_cause_once() {
     let bins = bins();
     let url = format!("redis://127.0.0.1:{}/0", closed_port());
-    let mut cmd = Command::new(&bins.pv_writer);
-    cmd.args(["--redis-url", &url, "queue", "list"]);
+    let mut cmd = Command::new(&bins.ctl);
+    cmd.args(["queue", "list", "--redis-url", &url]);
     let out = run_with_limit(cmd, Duration::from_secs(30)).expect("queue list returns");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one error line:\n{stderr}");
-    assert!(lines[0].starts_with("pv-writer: "), "{stderr}");
+    assert!(lines[0].starts_with("provisioner-ctl: "), "{stderr}");
     assert!(lines[0].contains(&url), "{stderr}");
     assert_eq!(
         lines[0].matches("Connection refused").count(),

@@ -2,7 +2,7 @@
 # Build the node scenarios' container images offline (no registry) as OCI archives that
 # `ctr -n k8s.io images import` reads, into <target dir>/node/images/ (paths printed on stdout):
 #   split-provisioner.tar  docker.io/library/split-provisioner:node-test — the Dockerfile's image:
-#                          the three service binaries (cargo profile $IMAGE_PROFILE, default
+#                          the three service binaries and provisioner-ctl (cargo profile $IMAGE_PROFILE, default
 #                          dist) in /usr/local/bin on a Debian 12 minbase with CA certificates,
 #                          user 65532:65532;
 #   redis.tar              docker.io/library/redis:node-test — Debian 13's redis-server and
@@ -50,12 +50,12 @@ redis_root=$(rootfs redis redis-server trixie)
 flock -u 9
 
 start=$(date +%s)
-(cd "$repo" && cargo build --profile "$profile" --locked -p provision-svc -p pv-writer -p reclaim-svc >&2)
+(cd "$repo" && cargo build --profile "$profile" --locked -p provision-svc -p pv-writer -p reclaim-svc -p provisioner-ctl >&2)
 echo "node images: cargo build --profile $profile: $(($(date +%s) - start)) s" >&2
 stage=$(mktemp -d "$out/stage.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin/usr/local/bin" "$stage/pause"
-for b in provision-svc pv-writer reclaim-svc; do
+for b in provision-svc pv-writer reclaim-svc provisioner-ctl; do
   install -m 0755 "$target/$profile_dir/$b" "$stage/bin/usr/local/bin/$b"
 done
 install -m 0755 "$node_bin/pause" "$stage/pause/pause"

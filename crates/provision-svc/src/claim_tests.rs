@@ -643,7 +643,10 @@ async fn a_stalled_queue_entry_is_a_warning_and_a_retry_never_a_silent_skip() {
         ("dead_lettered", "pv-writer dead-lettered it: bad".into()),
     );
     let err = w.op.sync_claim(&c).await.expect_err("retried, not skipped");
-    assert!(err.contains("pv-writer queue requeue pvc-u1"), "{err}");
+    assert!(
+        err.contains("provisioner-ctl queue requeue pvc-u1"),
+        "{err}"
+    );
     let events = w.cluster.events();
     assert_eq!(events.len(), 1, "{events:?}");
     let (warning, reason, note) = &events[0];

@@ -199,7 +199,7 @@ impl Operation {
                 // Never a silent stall: a Warning naming the operator action,
                 // and a retry with backoff (up to the failure threshold).
                 let msg = format!(
-                    "{reason}; the claim stays Pending until an operator acts: inspect it with `pv-writer queue dead` / `pv-writer queue list`; requeue it (`pv-writer queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
+                    "{reason}; the claim stays Pending until an operator acts: inspect it with `provisioner-ctl queue dead` / `provisioner-ctl queue list`; requeue it (`provisioner-ctl queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
                 );
                 tracing::warn!(pv = %pv_name, kind, error = %msg, "the claim's queued PV write will never be written");
                 self.metrics

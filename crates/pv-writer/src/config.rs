@@ -1,4 +1,4 @@
-//! Flags and subcommands of `pv-writer`, each flag with an environment twin
+//! Flags of `pv-writer`, each flag with an environment twin
 //! (`--write-timeout` ⇔ `WRITE_TIMEOUT`). `--worker-threads` (alias
 //! `--workers`, default 16) and `--retry-interval-start`/`--retry-interval-max`
 //! (aliases `--retry-initial`/`--retry-max`, default 1s/5m; entries are retried
@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 use common::handoff::queue_auth::QueueKeyArgs;
 use common::runtime::config::{parse_duration, CommonArgs};
 
@@ -14,19 +14,12 @@ use common::runtime::config::{parse_duration, CommonArgs};
 /// without the backend's flags: the binary adds `--backend` and the built-in
 /// backends' flags (same as provision-svc's: the backend whose own check a
 /// queued PV's volume source must pass; see the `backends` crate).
-///
-/// Without a subcommand (or with `run`) it runs the service. The `queue`
-/// subcommands only talk to Redis: give `--redis-url` / `--provisioner-name`
-/// (or `REDIS_URL` / `PROVISIONER_NAME`) before the subcommand.
+/// The operator's commands are `provisioner-ctl`'s.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "pv-writer",
     version,
-    about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes",
-    long_about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes.\n\n\
-        Without a command (or with `run`) it runs the service. `queue` and `status` are \
-        the operator's commands: give them the flags before the command \
-        (`pv-writer --redis-url URL queue list`)."
+    about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes"
 )]
 pub struct Cli {
     /// Flags shared by every service.
@@ -35,9 +28,6 @@ pub struct Cli {
     /// pv-writer's own flags.
     #[command(flatten)]
     pub writer: WriterArgs,
-    /// What to do; default: run the service.
-    #[command(subcommand)]
-    pub command: Option<Command>,
 }
 
 /// pv-writer's own flags.
@@ -68,62 +58,6 @@ pub struct WriterArgs {
     /// The key that authenticates queue entries (`--queue-hmac-key-file`).
     #[command(flatten)]
     pub queue_key: QueueKeyArgs,
-}
-
-/// Subcommands.
-#[derive(Debug, Clone, Subcommand)]
-pub enum Command {
-    /// Run the service (the default).
-    Run,
-    /// Inspect or repair the queue (Redis only, no Kubernetes access).
-    Queue {
-        /// The queue operation.
-        #[command(subcommand)]
-        action: QueueCommand,
-    },
-    /// Operator's overview per provisioner name: queue depth and oldest
-    /// pending age, in-flight entries and their owner term, dead letters and
-    /// reasons, provisioning intents, the last orphan sweep's report and the
-    /// three Leases' holders (read-only; Redis, and the API server with
-    /// `--kubeconfig` for the Leases in `--leader-election-namespace`).
-    Status(StatusArgs),
-}
-
-/// `pv-writer status` flags.
-#[derive(Debug, Clone, Args)]
-pub struct StatusArgs {
-    /// `table` (for a terminal) or `json` (for scripts; the shape of
-    /// `pv_writer::status::Status`).
-    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
-    /// Skip the Leases (no API-server access needed).
-    #[arg(long)]
-    pub no_leases: bool,
-    /// Provisioner names to report on; default: `--provisioner-name`.
-    pub provisioner_names: Vec<String>,
-}
-
-/// Output format of `pv-writer status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    /// Aligned tables.
-    Table,
-    /// One JSON document.
-    Json,
-}
-
-/// `pv-writer queue ...` operations.
-#[derive(Debug, Clone, Subcommand)]
-pub enum QueueCommand {
-    /// List pending entries (due or in flight): PV, claim, class, state, attempts, age.
-    List,
-    /// List dead-lettered entries with their reason.
-    Dead,
-    /// Move a dead letter back to the pending queue (attempts reset).
-    Requeue {
-        /// The PV name, e.g. `pvc-0b6f...`.
-        pv_name: String,
-    },
 }
 
 impl Cli {
@@ -166,7 +100,7 @@ mod tests {
     use std::path::PathBuf;
 
     #[test]
-    fn defaults_and_subcommands() {
+    fn defaults() {
         let cli = Cli::try_parse_from(["pv-writer"]).unwrap();
         assert_eq!(cli.common.worker_threads_for(crate::SPEC), 16);
         let retry = cli.common.retry_backoff(crate::SPEC);
@@ -174,7 +108,6 @@ mod tests {
         assert_eq!(retry.max, Duration::from_secs(300));
         assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));
         assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
-        assert!(cli.command.is_none());
         assert!(cli.writer.queue_key.queue_hmac_key_file.is_none());
         assert!(!cli.writer.queue_key.insecure_unsigned_queue);
         cli.validate().unwrap();
@@ -192,44 +125,12 @@ mod tests {
         );
         assert_eq!(cli.writer.additional_provisioners, ["a.io/x"]);
 
-        let cli = Cli::try_parse_from([
-            "pv-writer",
-            "--redis-url",
-            "redis://r:1/0",
-            "queue",
-            "requeue",
-            "pvc-1",
-        ])
-        .unwrap();
-        assert_eq!(cli.common.redis_url, "redis://r:1/0");
-        match cli.command {
-            Some(Command::Queue {
-                action: QueueCommand::Requeue { pv_name },
-            }) => assert_eq!(pv_name, "pvc-1"),
-            other => panic!("unexpected {other:?}"),
-        }
-        assert!(matches!(
-            Cli::try_parse_from(["pv-writer", "queue", "list"])
-                .unwrap()
-                .command,
-            Some(Command::Queue {
-                action: QueueCommand::List
-            })
-        ));
         assert!(Cli::try_parse_from(["pv-writer", "--workers", "0"]).is_err());
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
-        match Cli::try_parse_from(["pv-writer", "status", "-o", "json", "a.io/x", "b.io/y"])
-            .unwrap()
-            .command
-        {
-            Some(Command::Status(args)) => {
-                assert_eq!(args.output, OutputFormat::Json);
-                assert_eq!(args.provisioner_names, ["a.io/x", "b.io/y"]);
-                assert!(!args.no_leases);
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-        assert!(Cli::try_parse_from(["pv-writer", "status", "--output", "yaml"]).is_err());
+        assert!(
+            Cli::try_parse_from(["pv-writer", "status"]).is_err(),
+            "the operator's commands are provisioner-ctl's"
+        );
     }
 
     #[test]

@@ -4,10 +4,9 @@
 //! refuses for good; a volume is never deleted.
 //!
 //! `pv-writer [FLAGS]` runs the service (Lease `<provisioner>-pv-writer`,
-//! `/metrics`, `/healthz`, `/readyz` on port 9102); `queue list|dead|requeue <PV>`
-//! and `status [-o json]` are the operator's commands. Flags: [`config::Cli`];
-//! metrics: [`metrics::WriterMetrics`]; checks before a write: [`checks`];
-//! per-entry rules: [`operation`].
+//! `/metrics`, `/healthz`, `/readyz` on port 9102); the operator's commands are
+//! `provisioner-ctl`'s. Flags: [`config::Cli`]; metrics: [`metrics::WriterMetrics`];
+//! checks before a write: [`checks`]; per-entry rules: [`operation`].
 
 pub mod api_calls;
 pub mod checks;
@@ -16,13 +15,10 @@ pub mod controller;
 pub mod decision;
 pub mod metrics;
 pub mod operation;
-pub mod queue_cmd;
-pub mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
 use common::runtime::config::ServiceSpec;
@@ -37,49 +33,34 @@ pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
     .with_retry(Duration::from_secs(1), Duration::from_secs(300));
 
 pub use api_calls::API_CALLS;
-pub use config::{Cli, Command, OutputFormat, QueueCommand, StatusArgs, WriterArgs};
+pub use config::{Cli, WriterArgs};
 
-/// Run what `cli` asks: the service (default), writing only PVs that pass
-/// `backend`'s own check, or a `queue` subcommand.
+/// Run the service, writing only PVs that pass `backend`'s own check.
 ///
-/// Errors: invalid flag combinations, client/HTTP setup failures; for `queue`
-/// subcommands, Redis failures and unknown PV names.
+/// Errors: invalid flag combinations, client/HTTP setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     cli.validate()?;
-    match &cli.command {
-        Some(Command::Queue { action }) => {
-            let queue = PvQueue::connect(cli.common.redis(), &cli.common.provisioner_name)
-                .await
-                .context("connecting to the queue")?;
-            let text = queue_cmd::run_queue_command(&queue, action).await?;
-            print!("{text}");
-            Ok(())
-        }
-        Some(Command::Status(args)) => run_status(&cli.common, args).await,
-        None | Some(Command::Run) => {
-            let key = cli.writer.queue_key.load()?;
-            let registry = Registry::new();
-            // Registered once; the work function runs once per leader term.
-            let metrics = metrics::WriterMetrics::register(&registry);
-            let writer_args = cli.writer.clone();
-            run_service(
-                SPEC,
-                cli.common.clone(),
-                registry,
-                Launch::default(),
-                move |ctx| {
-                    serve_with_metrics(
-                        ctx,
-                        writer_args.clone(),
-                        metrics.clone(),
-                        key.clone(),
-                        backend.clone(),
-                    )
-                },
+    let key = cli.writer.queue_key.load()?;
+    let registry = Registry::new();
+    // Registered once; the work function runs once per leader term.
+    let metrics = metrics::WriterMetrics::register(&registry);
+    let writer_args = cli.writer.clone();
+    run_service(
+        SPEC,
+        cli.common.clone(),
+        registry,
+        Launch::default(),
+        move |ctx| {
+            serve_with_metrics(
+                ctx,
+                writer_args.clone(),
+                metrics.clone(),
+                key.clone(),
+                backend.clone(),
             )
-            .await
-        }
-    }
+        },
+    )
+    .await
 }
 
 /// The leader's work loop: connect to Redis (not ready until it answers), then
@@ -151,55 +132,4 @@ pub async fn serve_with_metrics(
             ctx.args.healthz_stall_timeout,
         )
         .await?)
-}
-
-/// `pv-writer status`: gather ([`status::gather`]) with the `--redis-*` flags and
-/// `--kubeconfig` (unless `--no-leases`), print a table or JSON.
-/// Errors: after printing, the count of parts that could not be read (exit 1).
-async fn run_status(
-    common_args: &common::runtime::config::CommonArgs,
-    args: &StatusArgs,
-) -> anyhow::Result<()> {
-    let names = if args.provisioner_names.is_empty() {
-        vec![common_args.provisioner_name.clone()]
-    } else {
-        args.provisioner_names.clone()
-    };
-    let namespace = common_args.leader_election_namespace.as_deref();
-    let mut client_error = None;
-    let client = if args.no_leases {
-        None
-    } else {
-        match common::runtime::kube_client::client_from_args(common_args).await {
-            Ok(c) => Some(c),
-            Err(e) => {
-                let cause = common::runtime::telemetry::error_chain(e.as_ref());
-                client_error = Some(format!("leases: {cause}"));
-                None
-            }
-        }
-    };
-    let mut status = status::gather(
-        &names,
-        &common_args.redis(),
-        client.as_ref().map(|c| (c, namespace)),
-        common::kube::time::now_ms(),
-    )
-    .await;
-    if let Some(e) = client_error {
-        for p in &mut status.provisioners {
-            p.errors.push(e.clone());
-        }
-    }
-    match args.output {
-        OutputFormat::Table => print!("{}", status::render_table(&status)),
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&status).expect("status always serializes")
-        ),
-    }
-    // The causes are in the output already; the exit error only counts them.
-    let errors = status.errors().len();
-    anyhow::ensure!(errors == 0, "{errors} part(s) could not be read");
-    Ok(())
 }

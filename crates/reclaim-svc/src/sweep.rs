@@ -2,7 +2,7 @@
 //! backend's volumes that nothing accounts for (no intent, no pending PV write,
 //! no PV using them, every PV listed live and mapped by
 //! [`Provisioner::volumes_in_use`]) are reported (log, gauge, the Redis report
-//! `pv-writer status` shows). Checks run in the reverse order of a volume's life
+//! `provisioner-ctl status` shows). Checks run in the reverse order of a volume's life
 //! (intent → queue entry → PV); any lookup error abandons the sweep. With
 //! `--sweep-orphans` an orphan older than `--sweep-min-age`, still an orphan on
 //! a re-check and before shutdown is archived through

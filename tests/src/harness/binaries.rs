@@ -1,8 +1,8 @@
-//! Locating the three service binaries (and building them with cargo when
-//! missing or stale). Integration tests of the `e2e` package cannot use
+//! Locating the three service binaries and `provisioner-ctl` (and building them
+//! with cargo when missing or stale). Integration tests of the `e2e` package cannot use
 //! `env!("CARGO_BIN_EXE_...")` for binaries of other packages, so the harness
 //! runs `cargo build [--release] -p e2e -p provision-svc -p pv-writer -p reclaim-svc
-//! --bin provision-svc --bin pv-writer --bin reclaim-svc` once per process, in
+//! -p provisioner-ctl --bin ...` (those four binaries) once per process, in
 //! the same target directory and profile as the program that asks; cargo
 //! itself decides what is stale and is a no-op (about a second) when
 //! everything is fresh.
@@ -49,6 +49,8 @@ pub struct Binaries {
     pub pv_writer: PathBuf,
     /// `reclaim-svc`.
     pub reclaim: PathBuf,
+    /// `provisioner-ctl`, the operator's commands.
+    pub ctl: PathBuf,
 }
 
 /// The workspace root (the directory holding the root `Cargo.toml`).
@@ -82,10 +84,11 @@ impl Binaries {
             provision: dir.join("provision-svc"),
             pv_writer: dir.join("pv-writer"),
             reclaim: dir.join("reclaim-svc"),
+            ctl: dir.join("provisioner-ctl"),
         }
     }
 
-    /// Whether all three files exist.
+    /// Whether the three service binaries exist.
     pub fn exist(&self) -> bool {
         [&self.provision, &self.pv_writer, &self.reclaim]
             .iter()
@@ -175,9 +178,9 @@ pub fn build_root(_profile: Profile) -> PathBuf {
 }
 
 /// The package and target selection of the service build (after `cargo build`):
-/// `e2e` and the three services selected, so features unify as in a build of
-/// `e2e`, and only the three service binaries built.
-pub fn build_args() -> [&'static str; 14] {
+/// `e2e`, the three services and `provisioner-ctl` selected, so features unify
+/// as in a build of `e2e`, and only their four binaries built.
+pub fn build_args() -> [&'static str; 18] {
     [
         "-p",
         "e2e",
@@ -187,12 +190,16 @@ pub fn build_args() -> [&'static str; 14] {
         "pv-writer",
         "-p",
         "reclaim-svc",
+        "-p",
+        "provisioner-ctl",
         "--bin",
         "provision-svc",
         "--bin",
         "pv-writer",
         "--bin",
         "reclaim-svc",
+        "--bin",
+        "provisioner-ctl",
     ]
 }
 

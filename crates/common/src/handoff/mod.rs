@@ -4,7 +4,7 @@
 //! * [`queue`] — the durable PV-write queue shared by provision-svc and pv-writer;
 //! * [`intents`] — durable provisioning intents;
 //! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
-//! * [`orphan_report`] — the last orphan sweep's report (for `pv-writer status`);
+//! * [`orphan_report`] — the last orphan sweep's report (for `provisioner-ctl status`);
 //! * [`redis_store`] — the Redis connection and the per-provisioner key prefix.
 
 pub mod intents;

@@ -6,7 +6,7 @@
 //! after every completed sweep reclaim-svc also stores an [`OrphanReport`]
 //! under `<prefix>orphan-report` (a string holding versioned JSON, replaced by
 //! each sweep; prefix: [`crate::handoff::redis_store::key_prefix`]), where
-//! `pv-writer status` reads it. Redis is chosen over a ConfigMap because every
+//! `provisioner-ctl status` reads it. Redis is chosen over a ConfigMap because every
 //! service and the status command already use it, and a ConfigMap would give
 //! reclaim-svc write access to ConfigMaps it does not otherwise need.
 //!

@@ -161,7 +161,7 @@ impl PvQueue {
     }
 
     /// Owner of every in-flight entry: PV name → epoch of the pv-writer term
-    /// that took it (`pv-queue:owners`), for operators (`pv-writer status`).
+    /// that took it (`pv-queue:owners`), for operators (`provisioner-ctl status`).
     pub async fn inflight_owners(&self) -> Result<HashMap<String, u64>, QueueError> {
         self.conn
             .clone()

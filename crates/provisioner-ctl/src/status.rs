@@ -1,4 +1,4 @@
-//! `pv-writer status`: one operator's view of a provisioner name across the
+//! `provisioner-ctl status`: one operator's view of a provisioner name across the
 //! three services — the PV-write queue (depth, oldest pending age, dead letters,
 //! in-flight entries and their owner term), provisioning intents, the last
 //! orphan sweep's report and the three Leases. Read-only; each part is read on
@@ -16,6 +16,58 @@ use common::runtime::telemetry::error_chain;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use serde::Serialize;
+
+use crate::cli::{OutputFormat, StatusArgs};
+
+/// Gather ([`gather`]) with the `--redis-*` flags and `--kubeconfig` (unless
+/// `--no-leases`), print a table or JSON. Errors: after printing, the count of
+/// parts that could not be read (exit 1).
+pub async fn run(
+    common_args: &common::runtime::config::CommonArgs,
+    args: &StatusArgs,
+) -> anyhow::Result<()> {
+    let names = if args.provisioner_names.is_empty() {
+        vec![common_args.provisioner_name.clone()]
+    } else {
+        args.provisioner_names.clone()
+    };
+    let namespace = common_args.leader_election_namespace.as_deref();
+    let mut client_error = None;
+    let client = if args.no_leases {
+        None
+    } else {
+        match common::runtime::kube_client::client_from_args(common_args).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                client_error = Some(format!("leases: {}", error_chain(e.as_ref())));
+                None
+            }
+        }
+    };
+    let mut status = gather(
+        &names,
+        &common_args.redis(),
+        client.as_ref().map(|c| (c, namespace)),
+        common::kube::time::now_ms(),
+    )
+    .await;
+    if let Some(e) = client_error {
+        for p in &mut status.provisioners {
+            p.errors.push(e.clone());
+        }
+    }
+    match args.output {
+        OutputFormat::Table => print!("{}", render_table(&status)),
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&status).expect("status always serializes")
+        ),
+    }
+    // The causes are in the output already; the exit error only counts them.
+    let errors = status.errors().len();
+    anyhow::ensure!(errors == 0, "{errors} part(s) could not be read");
+    Ok(())
+}
 
 /// The status of every requested provisioner name.
 #[derive(Debug, Clone, Serialize)]
@@ -74,7 +126,7 @@ pub struct QueueStatus {
     pub current_term: u64,
     /// Entries a writer has taken.
     pub in_flight: Vec<InFlightStatus>,
-    /// Dead letters, waiting for an operator (`pv-writer queue requeue <PV>`).
+    /// Dead letters, waiting for an operator (`provisioner-ctl queue requeue <PV>`).
     pub dead_letters: Vec<DeadLetterStatus>,
 }
 
@@ -712,8 +764,16 @@ mod tests {
     #[tokio::test]
     async fn a_missing_kubeconfig_names_its_path_and_cause_once() {
         use clap::Parser;
-        let cli = crate::Cli::parse_from(["pv-writer", "--kubeconfig", "/nonexistent/kc"]);
-        let Err(err) = common::runtime::kube_client::client_from_args(&cli.common).await else {
+        let cli = crate::cli::Cli::parse_from([
+            "provisioner-ctl",
+            "status",
+            "--kubeconfig",
+            "/nonexistent/kc",
+        ]);
+        let crate::cli::Command::Status { common, .. } = &cli.command else {
+            panic!("status")
+        };
+        let Err(err) = common::runtime::kube_client::client_from_args(common).await else {
             panic!("no kubeconfig there");
         };
         let text = error_chain(err.as_ref());

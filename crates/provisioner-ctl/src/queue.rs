@@ -1,22 +1,45 @@
-//! `pv-writer queue ...`: what an operator needs to see and repair the queue.
-//! Talks to Redis only.
+//! `provisioner-ctl queue ...`: what an operator needs to see and repair the
+//! queue. Talks to Redis only.
 
 use std::fmt::Write as _;
 
+use anyhow::Context;
 use common::handoff::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
 use common::kube::time::now_ms;
 
-use crate::config::QueueCommand;
+use crate::cli::QueueCommand;
+
+/// What a `queue` command does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action<'a> {
+    /// List pending entries.
+    List,
+    /// List dead letters.
+    Dead,
+    /// Requeue the dead letter of this PV name.
+    Requeue(&'a str),
+}
+
+/// Connect with `command`'s flags, run it and print its text.
+/// Errors: Redis unreachable, or as [`run_queue_command`].
+pub async fn run(command: &QueueCommand) -> anyhow::Result<()> {
+    let common = command.common();
+    let queue = PvQueue::connect(common.redis(), &common.provisioner_name)
+        .await
+        .context("connecting to the queue")?;
+    print!("{}", run_queue_command(&queue, command.action()).await?);
+    Ok(())
+}
 
 /// Run `action` against `queue`, returning the text to print on stdout.
 ///
 /// Errors: Redis failures; `requeue` of a PV name that is not dead-lettered.
-pub async fn run_queue_command(queue: &PvQueue, action: &QueueCommand) -> anyhow::Result<String> {
+pub async fn run_queue_command(queue: &PvQueue, action: Action<'_>) -> anyhow::Result<String> {
     let now = now_ms();
     match action {
-        QueueCommand::List => Ok(format_pending(&queue.list_pending().await?, now)),
-        QueueCommand::Dead => Ok(format_dead(&queue.list_dead().await?, now)),
-        QueueCommand::Requeue { pv_name } => {
+        Action::List => Ok(format_pending(&queue.list_pending().await?, now)),
+        Action::Dead => Ok(format_dead(&queue.list_dead().await?, now)),
+        Action::Requeue(pv_name) => {
             if queue.requeue_dead(pv_name).await? {
                 Ok(format!("requeued dead letter {pv_name}\n"))
             } else if queue.is_pending(pv_name).await? {

@@ -1,0 +1,140 @@
+//! Flags and subcommands of `provisioner-ctl`. Each command takes the services'
+//! shared flags after it (`--redis-url`, `--provisioner-name`, `--kubeconfig`,
+//! ..., each with its environment twin, so it runs as is inside a service's pod).
+
+use clap::{Args, Parser, Subcommand};
+use common::runtime::config::CommonArgs;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "provisioner-ctl",
+    version,
+    about = "The operator's view and repairs of a split-provisioner: status, the PV-write queue"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The operator's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The queue (depth, oldest pending, dead letters, in-flight entries), the
+    /// provisioning intents, the last orphan sweep and the three Leases.
+    Status {
+        #[command(flatten)]
+        args: StatusArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// The PV-write queue's entries, and requeueing a dead letter.
+    Queue {
+        #[command(subcommand)]
+        action: QueueCommand,
+    },
+}
+
+/// `status` options.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    /// Do not read the Leases (no Kubernetes client needed).
+    #[arg(long)]
+    pub no_leases: bool,
+    /// Provisioner names to report (default: `--provisioner-name`).
+    pub provisioner_names: Vec<String>,
+}
+
+/// `status --output`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned text.
+    Table,
+    /// One JSON document.
+    Json,
+}
+
+/// `queue` actions, each with the shared flags.
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Entries waiting to be written (due, retrying or in flight).
+    List(QueueArgs),
+    /// Dead-lettered entries and why they were refused.
+    Dead(QueueArgs),
+    /// Move a dead-lettered entry back to the queue.
+    Requeue {
+        /// The PV name of the entry.
+        pv_name: String,
+        #[command(flatten)]
+        queue: QueueArgs,
+    },
+}
+
+/// The shared flags of a `queue` action.
+#[derive(Debug, Clone, Args)]
+pub struct QueueArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+impl QueueCommand {
+    /// What this command does.
+    pub fn action(&self) -> crate::queue::Action<'_> {
+        match self {
+            QueueCommand::List(_) => crate::queue::Action::List,
+            QueueCommand::Dead(_) => crate::queue::Action::Dead,
+            QueueCommand::Requeue { pv_name, .. } => crate::queue::Action::Requeue(pv_name),
+        }
+    }
+
+    /// The shared flags of this action.
+    pub fn common(&self) -> &CommonArgs {
+        match self {
+            QueueCommand::List(q)
+            | QueueCommand::Dead(q)
+            | QueueCommand::Requeue { queue: q, .. } => &q.common,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_flags_come_after_the_command() {
+        let cli = Cli::try_parse_from([
+            "provisioner-ctl",
+            "queue",
+            "requeue",
+            "pvc-1",
+            "--redis-url",
+            "redis://r:1/0",
+        ])
+        .unwrap();
+        let Command::Queue { action } = &cli.command else {
+            panic!("queue")
+        };
+        assert_eq!(action.action(), crate::queue::Action::Requeue("pvc-1"));
+        assert_eq!(action.common().redis_url.as_str(), "redis://r:1/0");
+        let cli = Cli::try_parse_from([
+            "provisioner-ctl",
+            "status",
+            "-o",
+            "json",
+            "--provisioner-name",
+            "a.io/x",
+            "b.io/y",
+        ])
+        .unwrap();
+        let Command::Status { args, common } = &cli.command else {
+            panic!("status")
+        };
+        assert_eq!(args.output, OutputFormat::Json);
+        assert_eq!(args.provisioner_names, ["b.io/y"]);
+        assert_eq!(common.provisioner_name, "a.io/x");
+    }
+}
