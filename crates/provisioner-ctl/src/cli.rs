@@ -80,13 +80,24 @@ pub struct QueueArgs {
     pub common: CommonArgs,
 }
 
+/// What a `queue` command does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action<'a> {
+    /// List pending entries.
+    List,
+    /// List dead letters.
+    Dead,
+    /// Requeue the dead letter of this PV name.
+    Requeue(&'a str),
+}
+
 impl QueueCommand {
     /// What this command does.
-    pub fn action(&self) -> crate::queue::Action<'_> {
+    pub fn action(&self) -> Action<'_> {
         match self {
-            QueueCommand::List(_) => crate::queue::Action::List,
-            QueueCommand::Dead(_) => crate::queue::Action::Dead,
-            QueueCommand::Requeue { pv_name, .. } => crate::queue::Action::Requeue(pv_name),
+            QueueCommand::List(_) => Action::List,
+            QueueCommand::Dead(_) => Action::Dead,
+            QueueCommand::Requeue { pv_name, .. } => Action::Requeue(pv_name),
         }
     }
 
@@ -118,7 +129,7 @@ mod tests {
         let Command::Queue { action } = &cli.command else {
             panic!("queue")
         };
-        assert_eq!(action.action(), crate::queue::Action::Requeue("pvc-1"));
+        assert_eq!(action.action(), Action::Requeue("pvc-1"));
         assert_eq!(action.common().redis_url.as_str(), "redis://r:1/0");
         let cli = Cli::try_parse_from([
             "provisioner-ctl",

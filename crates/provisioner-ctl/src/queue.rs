@@ -7,18 +7,8 @@ use anyhow::Context;
 use common::handoff::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
 use common::kube::time::now_ms;
 
+pub use crate::cli::Action;
 use crate::cli::QueueCommand;
-
-/// What a `queue` command does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action<'a> {
-    /// List pending entries.
-    List,
-    /// List dead letters.
-    Dead,
-    /// Requeue the dead letter of this PV name.
-    Requeue(&'a str),
-}
 
 /// Connect with `command`'s flags, run it and print its text.
 /// Errors: Redis unreachable, or as [`run_queue_command`].

@@ -5,7 +5,6 @@
 //! its own, and one that fails is reported in `errors` while the rest is shown.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use api_types::lease_name;
 use common::handoff::intents::IntentStore;
@@ -16,58 +15,6 @@ use common::runtime::telemetry::error_chain;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use serde::Serialize;
-
-use crate::cli::{OutputFormat, StatusArgs};
-
-/// Gather ([`gather`]) with the `--redis-*` flags and `--kubeconfig` (unless
-/// `--no-leases`), print a table or JSON. Errors: after printing, the count of
-/// parts that could not be read (exit 1).
-pub async fn run(
-    common_args: &common::runtime::config::CommonArgs,
-    args: &StatusArgs,
-) -> anyhow::Result<()> {
-    let names = if args.provisioner_names.is_empty() {
-        vec![common_args.provisioner_name.clone()]
-    } else {
-        args.provisioner_names.clone()
-    };
-    let namespace = common_args.leader_election_namespace.as_deref();
-    let mut client_error = None;
-    let client = if args.no_leases {
-        None
-    } else {
-        match common::runtime::kube_client::client_from_args(common_args).await {
-            Ok(c) => Some(c),
-            Err(e) => {
-                client_error = Some(format!("leases: {}", error_chain(e.as_ref())));
-                None
-            }
-        }
-    };
-    let mut status = gather(
-        &names,
-        &common_args.redis(),
-        client.as_ref().map(|c| (c, namespace)),
-        common::kube::time::now_ms(),
-    )
-    .await;
-    if let Some(e) = client_error {
-        for p in &mut status.provisioners {
-            p.errors.push(e.clone());
-        }
-    }
-    match args.output {
-        OutputFormat::Table => print!("{}", render_table(&status)),
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&status).expect("status always serializes")
-        ),
-    }
-    // The causes are in the output already; the exit error only counts them.
-    let errors = status.errors().len();
-    anyhow::ensure!(errors == 0, "{errors} part(s) could not be read");
-    Ok(())
-}
 
 /// The status of every requested provisioner name.
 #[derive(Debug, Clone, Serialize)]
@@ -443,180 +390,10 @@ fn age_seconds(later_ms: u64, earlier_ms: u64) -> f64 {
     later_ms.saturating_sub(earlier_ms) as f64 / 1000.0
 }
 
-/// The terminal rendering: per provisioner name a summary line, then the
-/// Leases, in-flight entries, dead letters, intents and orphans as aligned
-/// tables (a section with nothing in it says so in one line).
-pub fn render_table(status: &Status) -> String {
-    let mut out = String::new();
-    for p in &status.provisioners {
-        let _ = writeln!(out, "PROVISIONER {}", p.provisioner_name);
-        match &p.queue {
-            Some(q) => {
-                let _ = writeln!(
-                    out,
-                    "  queue: depth {}, oldest pending {}, in flight {}, dead letters {}, pv-writer term {}",
-                    q.depth,
-                    secs(q.oldest_pending_age_seconds),
-                    q.in_flight.len(),
-                    q.dead_letters.len(),
-                    q.current_term
-                );
-            }
-            None => out.push_str("  queue: unavailable\n"),
-        }
-        if !p.leases.is_empty() {
-            section(
-                &mut out,
-                "leases",
-                &["SERVICE", "LEASE", "HOLDER", "RENEWED", "STATE"],
-                p.leases.iter().map(|l| {
-                    let state = if l.error.is_some() {
-                        "unreadable"
-                    } else if !l.found {
-                        "not found"
-                    } else if l.holder.is_none() {
-                        "no holder"
-                    } else if l.expired {
-                        "expired"
-                    } else {
-                        "held"
-                    };
-                    vec![
-                        l.service.clone(),
-                        match &l.namespace {
-                            Some(ns) => format!("{ns}/{}", l.name),
-                            None => l.name.clone(),
-                        },
-                        l.holder.clone().unwrap_or_else(|| "-".into()),
-                        l.renewed_seconds_ago
-                            .map(|s| format!("{} ago", secs(s)))
-                            .unwrap_or_else(|| "-".into()),
-                        state.to_string(),
-                    ]
-                }),
-            );
-        }
-        if let Some(q) = &p.queue {
-            section(
-                &mut out,
-                "in flight",
-                &["PV", "CLAIM", "OWNER TERM", "VISIBLE AGAIN IN", "ATTEMPTS"],
-                q.in_flight.iter().map(|e| {
-                    vec![
-                        e.pv_name.clone(),
-                        e.claim.clone().unwrap_or_else(|| "<unreadable>".into()),
-                        match e.owner_term {
-                            Some(t) if e.stale_owner => format!("{t} (stale)"),
-                            Some(t) => t.to_string(),
-                            None => "-".into(),
-                        },
-                        secs(e.visible_again_in_seconds),
-                        e.attempts.to_string(),
-                    ]
-                }),
-            );
-            section(
-                &mut out,
-                "dead letters",
-                &["PV", "CLAIM", "ATTEMPTS", "DEAD FOR", "REASON"],
-                q.dead_letters.iter().map(|d| {
-                    vec![
-                        d.pv_name.clone(),
-                        d.claim.clone().unwrap_or_else(|| "-".into()),
-                        d.attempts.to_string(),
-                        secs(d.dead_for_seconds),
-                        d.reason.clone(),
-                    ]
-                }),
-            );
-        }
-        let intents = "intents (volumes being made)";
-        if p.unavailable.contains(&"intents") {
-            let _ = writeln!(out, "  {intents}: unavailable");
-        } else {
-            section(
-                &mut out,
-                intents,
-                &["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"],
-                p.intents.iter().map(|i| {
-                    vec![
-                        i.pv_name.clone(),
-                        i.claim.clone(),
-                        i.class.clone(),
-                        secs(i.age_seconds),
-                        i.in_background.to_string(),
-                    ]
-                }),
-            );
-        }
-        match &p.orphan_report {
-            Some(r) => {
-                let _ = writeln!(
-                    out,
-                    "  orphan sweep: {} orphan(s), {} archived, by {} {} ago",
-                    r.orphans.len(),
-                    r.archived,
-                    r.reporter,
-                    secs(p.orphan_report_age_seconds.unwrap_or_default())
-                );
-                for o in &r.orphans {
-                    let _ = writeln!(out, "    {o}");
-                }
-            }
-            None if p.unavailable.contains(&"orphan sweep") => {
-                out.push_str("  orphan sweep: unavailable\n")
-            }
-            None => out.push_str("  orphan sweep: no report yet\n"),
-        }
-        for e in &p.errors {
-            let _ = writeln!(out, "  ERROR {e}");
-        }
-    }
-    out
-}
-
-fn secs(s: f64) -> String {
-    format!("{s:.0}s")
-}
-
-/// Append `title` and an aligned table (two-space indent, columns padded to
-/// their widest cell), or `title: none` when there are no rows.
-fn section(
-    out: &mut String,
-    title: &str,
-    header: &[&str],
-    rows: impl Iterator<Item = Vec<String>>,
-) {
-    let rows: Vec<Vec<String>> = rows.collect();
-    if rows.is_empty() {
-        let _ = writeln!(out, "  {title}: none");
-        return;
-    }
-    let _ = writeln!(out, "  {title}:");
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    for row in std::iter::once(&header).chain(&rows) {
-        let mut line = String::from("   ");
-        for (i, cell) in row.iter().enumerate() {
-            line.push(' ');
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$} ", w = widths[i]);
-            }
-        }
-        let _ = writeln!(out, "{}", line.trim_end());
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::render_table;
 
     fn sample() -> Status {
         Status {
