@@ -5,7 +5,7 @@
 #                          examples/hostpath-provisioner module);
 #   local-path-provisioner rancher/local-path-provisioner at $LOCAL_PATH_VERSION.
 # nfs-subdir-external-provisioner is not built: the proxy refuses every version of it
-# (docs/decisions/0016-peers-from-the-module-proxy.md).
+# (docs/decisions/0011-peers-from-the-module-proxy.md).
 # Built once per machine into ${SPLIT_PROVISIONER_CACHE:-$HOME/.cache/split-provisioner}/peers/
 # <pin checksum>/bin and linked into <target dir>/peers/bin, whose path is the last line of
 # stdout. Without Go it prints nothing and exits 0, unless CI=true: then it fails.
