@@ -1,5 +1,5 @@
-//! Tests of the claim logic (operation, claim queue driver, start-up walk)
-//! with fake ports and a fake backend.
+//! Tests of the claim logic (operation, reconcile and retry rules, cleanup of
+//! gone claims) with fake ports and a fake backend.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -13,25 +13,25 @@ use api_types::{
 use async_trait::async_trait;
 use common::handoff::intents::{IntentClaim, IntentEntry};
 use common::kube::retry::{FailureThreshold, RetryPolicy};
-use common::kube::workqueue::WorkQueue;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMetaExt;
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use prometheus::Registry;
 use provisioner_api::testing::FakeProvisioner as FakeBackend;
 use provisioner_api::{ProvisionError, ProvisioningState};
 
-use crate::controller::{process, CachedClaim, ClaimQueue};
+use crate::controller::{clean_gone_claims, error_policy, reconcile, CachedClaim, Context, Gone};
 use crate::decision::ProvisionerNames;
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
 use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
-use crate::recovery::{self, CleanupOutcome, Recovery};
+use crate::recovery::{self, CleanupOutcome};
 use common::kube::cache::NameSet;
 
 const NAME: &str = "example.com/hostpath";
@@ -123,6 +123,8 @@ struct FakeHandoff {
     pending_error: Option<String>,
     /// PV name → (kind, reason) of a stalled entry.
     stalled: Mutex<HashMap<String, (&'static str, String)>>,
+    /// The intents the enqueue script clears.
+    intents: Option<Arc<FakeIntents>>,
 }
 
 #[async_trait]
@@ -172,19 +174,46 @@ impl PvHandoff for FakeHandoff {
             .unwrap()
             .insert(entry.pv_name().to_string());
         self.enqueued.lock().unwrap().push(entry.clone());
-        // The real queue clears the intent in the same script; this fake leaves
-        // that to the operation's own clear, which then reports it.
-        Ok(false)
+        // As the real queue's script: the intent goes in the same step.
+        let intents = self.intents.as_ref().expect("wired by Setup::build");
+        intents
+            .log
+            .lock()
+            .unwrap()
+            .push(format!("enqueue clears {}", entry.pv_name()));
+        Ok(intents
+            .map
+            .lock()
+            .unwrap()
+            .remove(entry.pv_name())
+            .is_some())
     }
 }
 
 #[derive(Default)]
 struct FakeIntents {
-    /// pv name → (intent, in_background)
-    map: Mutex<HashMap<String, (ProvisionIntent, bool)>>,
+    /// PV name → intent with its claim snapshot (and in-background flag).
+    map: Mutex<HashMap<String, IntentEntry>>,
     log: Mutex<Vec<String>>,
     /// The claim snapshot of every `record`, in order.
     snapshots: Mutex<Vec<PersistentVolumeClaim>>,
+}
+
+impl FakeIntents {
+    /// Store `entry` as if recorded earlier.
+    fn put(&self, entry: &IntentEntry) {
+        let pv = entry.intent.pv_name.clone();
+        self.map.lock().unwrap().insert(pv, entry.clone());
+    }
+    /// The in-background flag of `pv_name`'s intent, if one is recorded.
+    fn flag(&self, pv_name: &str) -> Option<bool> {
+        let map = self.map.lock().unwrap();
+        let entry = map.get(pv_name)?;
+        Some(entry.claim.as_ref().is_some_and(|c| c.in_background))
+    }
+    fn has(&self, pv_name: &str) -> bool {
+        self.map.lock().unwrap().contains_key(pv_name)
+    }
 }
 
 #[async_trait]
@@ -193,29 +222,42 @@ impl IntentLog for FakeIntents {
         &self,
         intent: &ProvisionIntent,
         claim: &PersistentVolumeClaim,
-        in_background: bool,
-    ) -> Result<bool, String> {
+        in_background: Option<bool>,
+    ) -> Result<(), String> {
+        let bg = in_background.unwrap_or_else(|| self.flag(&intent.pv_name).unwrap_or(false));
         self.snapshots.lock().unwrap().push(claim.clone());
         self.log
             .lock()
             .unwrap()
-            .push(format!("record {} bg={in_background}", intent.pv_name));
-        Ok(self
-            .map
-            .lock()
-            .unwrap()
-            .insert(intent.pv_name.clone(), (intent.clone(), in_background))
-            .is_none())
+            .push(format!("record {} bg={bg}", intent.pv_name));
+        self.put(&IntentEntry {
+            intent: intent.clone(),
+            claim: Some(IntentClaim {
+                version: 1,
+                in_background: bg,
+                claim: claim.clone(),
+            }),
+        });
+        Ok(())
     }
-    async fn clear(&self, pv_name: &str) -> Result<bool, String> {
+    async fn clear(&self, pv_name: &str) -> Result<(), String> {
         self.log.lock().unwrap().push(format!("clear {pv_name}"));
-        Ok(self.map.lock().unwrap().remove(pv_name).is_some())
+        self.map.lock().unwrap().remove(pv_name);
+        Ok(())
+    }
+    async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, String> {
+        Ok(self.map.lock().unwrap().get(pv_name).cloned())
+    }
+    async fn list(&self) -> Result<(Vec<IntentEntry>, usize), String> {
+        let entries: Vec<_> = self.map.lock().unwrap().values().cloned().collect();
+        let n = entries.len();
+        Ok((entries, n))
     }
 }
 
 struct World {
     op: Arc<Operation>,
-    queue: Arc<ClaimQueue>,
+    ctx: Arc<Context>,
     backend: Arc<FakeBackend>,
     cluster: Arc<FakeCluster>,
     handoff: Arc<FakeHandoff>,
@@ -305,8 +347,11 @@ impl Setup {
         let registry = Registry::new();
         let backend = Arc::new(self.backend);
         let cluster = Arc::new(self.cluster);
-        let handoff = Arc::new(self.handoff);
         let intents = Arc::new(FakeIntents::default());
+        let handoff = Arc::new(FakeHandoff {
+            intents: Some(intents.clone()),
+            ..self.handoff
+        });
         let metrics = ServiceMetrics::register(&registry);
         let op = Arc::new(Operation::new(
             Settings {
@@ -327,14 +372,13 @@ impl Setup {
             },
             metrics.clone(),
         ));
-        let queue = Arc::new(ClaimQueue::new(
-            caches.claims.clone(),
-            RetryPolicy::new(Duration::ZERO, Duration::ZERO, 0.0, 1),
-            WorkQueue::with_metrics(metrics.queue.clone()),
-        ));
+        let ctx = Arc::new(Context {
+            op: op.clone(),
+            retry: RetryPolicy::new(Duration::ZERO, Duration::ZERO, 0.0, 1),
+        });
         World {
             op,
-            queue,
+            ctx,
             backend,
             cluster,
             handoff,
@@ -346,16 +390,47 @@ impl Setup {
     }
 }
 
+/// What [`error_policy`] answers with the tests' zero backoff: retry now.
+fn retried() -> Action {
+    Action::requeue(Duration::ZERO)
+}
+
 impl World {
     fn add_claim(&mut self, c: &PersistentVolumeClaim) {
         let cached = CachedClaim::new(c.clone());
         self.claims
-            .apply_watcher_event(&watcher::Event::Apply(cached.clone()));
-        self.queue.claim_seen(&cached);
+            .apply_watcher_event(&watcher::Event::Apply(cached));
     }
     fn delete_claim(&mut self, c: &PersistentVolumeClaim) {
         self.claims
             .apply_watcher_event(&watcher::Event::Delete(CachedClaim::new(c.clone())));
+    }
+    fn cached(&self, uid: &str) -> Option<Arc<CachedClaim>> {
+        let claims = &self.op.caches.claims;
+        claims.find(|c| kube::Resource::meta(c).uid.as_deref() == Some(uid))
+    }
+    /// One pass of the controller for the cached claim `uid`: [`reconcile`],
+    /// then [`error_policy`] on an error; the action it ends with.
+    async fn process(&self, uid: &str) -> Action {
+        let cached = self.cached(uid).expect("claim cached");
+        match reconcile(cached.clone(), self.ctx.clone()).await {
+            Ok(action) => action,
+            Err(e) => error_policy(cached, &e, self.ctx.clone()),
+        }
+    }
+    /// Run [`clean_gone_claims`] over `gone` until every cleanup ended.
+    async fn clean(&self, gone: Vec<Gone>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for g in gone {
+            tx.send(g).unwrap();
+        }
+        drop(tx);
+        let policy = common::kube::retry::Backoff::exponential(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+        );
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        clean_gone_claims(self.op.clone(), rx, policy, shutdown).await;
     }
     fn metric(&self, needle: &str) -> String {
         common::runtime::metrics::render(&self.registry)
@@ -366,14 +441,6 @@ impl World {
     }
     fn enqueued(&self) -> Vec<QueuedPvWrite> {
         self.handoff.enqueued.lock().unwrap().clone()
-    }
-    async fn drain_one(&self) -> Option<String> {
-        if self.queue.queue().is_empty() {
-            return None;
-        }
-        let k = self.queue.queue().get().await?;
-        self.queue.queue().done(&k);
-        Some(k)
     }
 }
 
@@ -433,15 +500,14 @@ async fn a_claim_from_the_compact_cache_is_the_whole_claim() {
 
     let mut cached = Setup::default().build();
     cached.add_claim(&full);
-    let from_cache = cached.queue.claim_by_uid("u1").unwrap();
+    let from_cache = cached.cached("u1").unwrap().object();
     assert_eq!(from_cache, stripped);
     assert_eq!(
         cached.op.should_provision(&from_cache),
         cached.op.should_provision(&full)
     );
     assert_eq!(cached.op.should_provision(&from_cache), Ok(true));
-    assert_eq!(cached.drain_one().await.as_deref(), Some("u1"));
-    process(&cached.op, &cached.queue, "u1").await;
+    assert_eq!(cached.process("u1").await, Action::await_change());
 
     let direct = Setup::default().build();
     direct.op.sync_claim(&stripped).await.unwrap();
@@ -593,7 +659,7 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
     );
     assert_eq!(
         *w.intents.log.lock().unwrap(),
-        vec!["record pvc-u1 bg=false", "clear pvc-u1"]
+        vec!["record pvc-u1 bg=false", "enqueue clears pvc-u1"]
     );
     assert_eq!(
         w.metric("provision_svc_volumes_provisioned_total"),
@@ -603,6 +669,7 @@ async fn success_queues_a_complete_pv_and_clears_the_intent() {
         w.metric("provision_svc_provision_duration_seconds_count"),
         "provision_svc_provision_duration_seconds_count{class=\"fast\"} 1"
     );
+    w.op.refresh_intent_gauges().await.unwrap();
     assert_eq!(w.metric("provision_svc_intents"), "provision_svc_intents 0");
     assert_eq!(
         w.metric("provision_svc_operations_in_flight"),
@@ -928,8 +995,7 @@ async fn backend_failure_states_are_handled_as_the_seed() {
     assert!(!w.intents.map.lock().unwrap().contains_key("pvc-u1"));
     // NoChange: retried, intent kept, not in background.
     assert_eq!(w.op.sync_claim(&ours("u2")).await, Err(msg.clone()));
-    assert!(w.intents.map.lock().unwrap().contains_key("pvc-u2"));
-    assert!(!w.op.in_background.contains("u2"));
+    assert_eq!(w.intents.flag("pvc-u2"), Some(false), "not in background");
     // Reschedule with a selected node: annotation removed, stop.
     let c = claim(
         "u3",
@@ -961,8 +1027,12 @@ async fn backend_failure_states_are_handled_as_the_seed() {
         .all(|e| e.1 == "ProvisioningFailed" && e.2 == msg));
 }
 
+/// A deliberate difference from the seed (which calls `Provision` again for
+/// a deleted claim still in `claimsInProgress`): a claim deleted while its
+/// volume is made in background gets the cleanup of any gone claim, so the
+/// half-made volume is deleted, never provisioned further.
 #[tokio::test]
-async fn in_background_claim_is_retried_after_its_pvc_is_deleted() {
+async fn a_claim_deleted_while_in_background_gets_its_volume_deleted_not_provisioned() {
     let mut w = Setup {
         backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
             state: ProvisioningState::InBackground,
@@ -973,38 +1043,96 @@ async fn in_background_claim_is_retried_after_its_pvc_is_deleted() {
     .build();
     let c = ours("u1");
     w.add_claim(&c);
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    process(&w.op, &w.queue, "u1").await;
-    assert!(w.op.in_background.contains("u1"));
-    assert!(
-        w.intents.map.lock().unwrap()["pvc-u1"].1,
-        "durably flagged as in background"
+    assert_eq!(w.process("u1").await, retried());
+    assert_eq!(
+        w.intents.flag("pvc-u1"),
+        Some(true),
+        "durably in background"
     );
+    w.op.refresh_intent_gauges().await.unwrap();
     assert_eq!(
         w.metric("provision_svc_claims_in_background"),
         "provision_svc_claims_in_background 1"
     );
-    assert_eq!(w.queue.queue().len(), 1, "requeued with backoff");
 
     w.delete_claim(&c);
-    let uid = w.drain_one().await.unwrap();
-    process(&w.op, &w.queue, &uid).await;
-    assert!(!w.op.in_background.contains("u1"));
-    assert_eq!(w.enqueued().len(), 1, "the half-made volume got its PV");
-    assert!(w.intents.map.lock().unwrap().is_empty());
+    w.clean(vec![
+        Gone::Claim("u1".into()),
+        Gone::Claim("never-seen".into()),
+    ])
+    .await;
+    assert_eq!(
+        w.backend.calls().len(),
+        1,
+        "provision() is not called again"
+    );
+    assert!(w.enqueued().is_empty());
+    assert_eq!(
+        *w.backend.unprovisioned.lock().unwrap(),
+        vec!["pvc-u1 node= class=fast"],
+        "only the half-made volume is deleted"
+    );
+    assert!(!w.intents.has("pvc-u1"));
     assert_eq!(
         *w.intents.log.lock().unwrap(),
         vec![
             "record pvc-u1 bg=false",
             "record pvc-u1 bg=true",
-            "record pvc-u1 bg=true",
             "clear pvc-u1"
         ]
     );
+}
 
-    // A deleted claim that is not in background is simply dropped.
-    process(&w.op, &w.queue, "never-seen").await;
-    assert!(w.queue.queue().is_empty());
+/// A claim deleted while its sync runs: the cleanup waits for the sync (one
+/// at a time per claim) and then sees what the sync left; a sync that starts
+/// after the cleanup finds the claim gone and does nothing.
+#[tokio::test(start_paused = true)]
+async fn a_sync_and_the_cleanup_of_the_same_claim_never_overlap() {
+    let mut w = Setup {
+        backend: FakeBackend {
+            delay: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    let c = ours("u1");
+    w.add_claim(&c);
+    let cached = w.cached("u1").unwrap();
+    let sync = tokio::spawn(reconcile(cached.clone(), w.ctx.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        w.backend.calls().len(),
+        1,
+        "the backend is making the volume"
+    );
+    w.delete_claim(&c);
+    let clean = w.clean(vec![Gone::Claim("u1".into())]);
+    tokio::pin!(clean);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), &mut clean)
+            .await
+            .is_err(),
+        "the cleanup waits for the sync"
+    );
+    assert_eq!(sync.await.unwrap().unwrap(), Action::await_change());
+    clean.await;
+    assert_eq!(
+        w.enqueued().len(),
+        1,
+        "the sync ran to its end: PV write queued"
+    );
+    assert_eq!(
+        *w.backend.unprovisioned.lock().unwrap(),
+        vec!["pvc-u1 node= class=fast"],
+        "then the cleanup: pv-writer drops a write whose claim is gone, so its volume goes"
+    );
+    // A sync of the stale claim after the cleanup: nothing happens.
+    assert_eq!(
+        reconcile(cached, w.ctx.clone()).await.unwrap(),
+        Action::await_change()
+    );
+    assert_eq!(w.backend.calls().len(), 1);
 }
 
 #[tokio::test]
@@ -1021,7 +1149,12 @@ async fn enqueue_failure_retries_and_keeps_the_intent() {
         w.op.sync_claim(&ours("u1")).await,
         Err("queueing PV \"pvc-u1\" for pv-writer: redis down".to_string())
     );
-    assert!(w.intents.map.lock().unwrap().contains_key("pvc-u1"));
+    assert_eq!(
+        w.intents.flag("pvc-u1"),
+        Some(false),
+        "kept, not in background"
+    );
+    w.op.refresh_intent_gauges().await.unwrap();
     assert_eq!(w.metric("provision_svc_intents"), "provision_svc_intents 1");
 }
 
@@ -1037,13 +1170,9 @@ async fn failure_threshold_gives_up_after_the_configured_requeues() {
     }
     .build();
     w.add_claim(&ours("u1"));
-    w.drain_one().await;
-    process(&w.op, &w.queue, "u1").await; // requeues 0 < 2: retried
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    process(&w.op, &w.queue, "u1").await; // requeues 1 < 2: retried
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    process(&w.op, &w.queue, "u1").await; // requeues 2: give up
-    assert_eq!(w.drain_one().await, None);
+    assert_eq!(w.process("u1").await, retried()); // requeues 0 < 2
+    assert_eq!(w.process("u1").await, retried()); // requeues 1 < 2
+    assert_eq!(w.process("u1").await, Action::await_change()); // 2: give up
     assert_eq!(w.backend.calls().len(), 3);
 }
 
@@ -1059,14 +1188,13 @@ async fn threshold_zero_retries_forever_and_success_forgets() {
     }
     .build();
     w.add_claim(&ours("u1"));
-    w.drain_one().await;
     for _ in 0..20 {
-        process(&w.op, &w.queue, "u1").await;
-        assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+        assert_eq!(w.process("u1").await, retried());
     }
-    process(&w.op, &w.queue, "u1").await; // the 21st attempt succeeds
-    assert_eq!(w.drain_one().await, None);
+    // The 21st attempt succeeds, and its failures are forgotten.
+    assert_eq!(w.process("u1").await, Action::await_change());
     assert_eq!(w.enqueued().len(), 1);
+    assert_eq!(w.ctx.retry.requeues(&"u1".to_string()), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1081,12 +1209,10 @@ async fn provision_timeout_fails_the_attempt_and_requeues() {
     }
     .build();
     w.add_claim(&ours("u1"));
-    w.drain_one().await;
-    process(&w.op, &w.queue, "u1").await;
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    assert_eq!(w.process("u1").await, retried());
     assert!(w.enqueued().is_empty());
     assert!(
-        w.intents.map.lock().unwrap().contains_key("pvc-u1"),
+        w.intents.has("pvc-u1"),
         "an interrupted attempt keeps its intent"
     );
     assert_eq!(
@@ -1112,9 +1238,8 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
     }
     .build();
     w.add_claim(&ours("u1"));
-    w.drain_one().await;
     let start = tokio::time::Instant::now();
-    process(&w.op, &w.queue, "u1").await;
+    assert_eq!(w.process("u1").await, retried());
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(10) + provisioner_api::deadline::ABANDON_GRACE,
@@ -1135,16 +1260,12 @@ async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancel
         w.metric("provision_svc_provision_failed_total"),
         r#"provision_svc_provision_failed_total{class="fast"} 1"#
     );
-    assert!(
-        w.op.in_background.contains("u1"),
-        "handled as in background"
-    );
-    assert!(
-        w.intents.map.lock().unwrap()["pvc-u1"].1,
-        "the in-background flag is durable"
+    assert_eq!(
+        w.intents.flag("pvc-u1"),
+        Some(true),
+        "handled as in background, durably"
     );
     assert!(w.enqueued().is_empty());
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"), "requeued");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1159,9 +1280,8 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
     }
     .build();
     w.add_claim(&ours("u1"));
-    w.drain_one().await;
     let start = tokio::time::Instant::now();
-    process(&w.op, &w.queue, "u1").await;
+    assert_eq!(w.process("u1").await, retried());
     assert_eq!(start.elapsed(), Duration::from_secs(10));
     let events = w.cluster.events();
     assert!(
@@ -1174,11 +1294,11 @@ async fn a_cooperative_backend_stops_at_the_deadline_with_its_own_error() {
         w.metric("provision_svc_provision_failed_total"),
         r#"provision_svc_provision_failed_total{class="fast"} 1"#
     );
-    assert!(
-        !w.op.in_background.contains("u1"),
+    assert_eq!(
+        w.intents.flag("pvc-u1"),
+        Some(false),
         "the backend's own state (NoChange) is respected"
     );
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
 }
 
 // ---------------------------------------------------------------- start-up walk
@@ -1205,65 +1325,45 @@ fn entry(uid: &str, snapshot: Option<bool>) -> IntentEntry {
     }
 }
 
+/// The walk at every claims (re)list: every intent whose claim is not cached
+/// is cleaned up (the volume deleted from the record, or kept when a PV
+/// carries it); a cached claim's intent is left to its sync.
 #[tokio::test]
-async fn start_up_walk_requeues_restores_and_cleans_up() {
+async fn the_walk_cleans_up_after_every_claim_that_is_gone() {
     let mut w = Setup::default().build();
     w.add_claim(&ours("present"));
-    w.drain_one().await;
     // The PV exists on the API server but the reflector cache lags behind.
     w.cluster.pvs.lock().unwrap().insert("pvc-made".into());
-    for (e, _) in [
-        (entry("bg", Some(true)), ()),
-        (entry("present", Some(false)), ()),
-        (entry("made", Some(false)), ()),
-        (entry("gone", Some(false)), ()),
-        (entry("bare", None), ()),
-    ] {
-        w.intents
-            .map
-            .lock()
-            .unwrap()
-            .insert(e.intent.pv_name.clone(), (e.intent.clone(), false));
-    }
-    let entries = vec![
+    for e in [
         entry("bg", Some(true)),
         entry("present", Some(false)),
         entry("made", Some(false)),
         entry("gone", Some(false)),
         entry("bare", None),
-    ];
-    let decisions = recovery::walk(&w.op, &w.queue, &entries).await;
-    assert_eq!(
-        decisions,
-        vec![
-            ("pvc-bg".to_string(), Recovery::InBackground),
-            ("pvc-present".to_string(), Recovery::Requeued),
-            ("pvc-made".to_string(), Recovery::PvPresent),
-            ("pvc-gone".to_string(), Recovery::Cleanup),
-            ("pvc-bare".to_string(), Recovery::Cleanup),
-        ]
-    );
-    assert!(w.op.in_background.contains("bg"));
-    let mut queued = vec![w.drain_one().await.unwrap(), w.drain_one().await.unwrap()];
-    queued.sort();
-    assert_eq!(queued, vec!["bg", "present"]);
-    assert!(!w.intents.map.lock().unwrap().contains_key("pvc-made"));
-
-    assert_eq!(
-        recovery::cleanup_gone_claim(&w.op, &entries[3]).await,
-        CleanupOutcome::Done
-    );
+    ] {
+        w.intents.put(&e);
+    }
+    let mut gone = recovery::walk(&w.op, true).await.unwrap();
+    gone.sort();
+    assert_eq!(gone, vec!["bare", "bg", "gone", "made"]);
+    w.clean(vec![Gone::Walk]).await;
+    let remaining: Vec<String> = w.intents.map.lock().unwrap().keys().cloned().collect();
+    assert_eq!(remaining, vec!["pvc-present"]);
     assert!(
         w.backend.calls().is_empty(),
-        "recovery never calls provision() for a claim that is gone"
+        "provision() is never called for a claim that is gone"
     );
+    let mut deleted = w.backend.unprovisioned.lock().unwrap().clone();
+    deleted.sort();
     assert_eq!(
-        *w.backend.unprovisioned.lock().unwrap(),
-        vec!["pvc-gone node=n9 class=fast"]
+        deleted,
+        vec![
+            "pvc-bare node= class=fast",
+            "pvc-bg node=n9 class=fast",
+            "pvc-gone node=n9 class=fast"
+        ]
     );
     assert!(w.backend.deleted.lock().unwrap().is_empty());
-    assert!(!w.intents.map.lock().unwrap().contains_key("pvc-gone"));
-    assert!(w.intents.map.lock().unwrap().contains_key("pvc-bare"));
 }
 
 #[tokio::test]
@@ -1277,11 +1377,7 @@ async fn cleanup_retries_while_the_backend_is_busy() {
     }
     .build();
     let e = entry("gone", Some(false));
-    w.intents
-        .map
-        .lock()
-        .unwrap()
-        .insert("pvc-gone".into(), (e.intent.clone(), false));
+    w.intents.put(&e);
     assert_eq!(
         recovery::cleanup_gone_claim(&w.op, &e).await,
         CleanupOutcome::Retry("backend delete: busy".into())
@@ -1304,23 +1400,8 @@ async fn a_deleted_claims_volume_is_removed_from_the_intent_alone() {
     e.intent.version = api_types::queue::INTENT_VERSION;
     e.intent.storage_class = Some(class("recorded", NAME, None));
     e.intent.selected_node = Some("n3".into());
-    w.intents
-        .map
-        .lock()
-        .unwrap()
-        .insert("pvc-gone".into(), (e.intent.clone(), false));
-    let decisions = recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await;
-    assert_eq!(decisions, vec![("pvc-gone".to_string(), Recovery::Cleanup)]);
-    recovery::cleanup_all(
-        w.op.clone(),
-        vec![e],
-        common::kube::retry::Backoff::exponential(
-            Duration::from_millis(1),
-            Duration::from_millis(10),
-        ),
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await;
+    w.intents.put(&e);
+    w.clean(vec![Gone::Walk]).await;
     assert!(w.backend.calls().is_empty(), "no provision() call");
     assert_eq!(
         *w.backend.unprovisioned.lock().unwrap(),
@@ -1354,16 +1435,14 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
         entries.push(entry(&format!("ok{i}"), Some(false)));
     }
     for e in &entries {
-        w.intents
-            .map
-            .lock()
-            .unwrap()
-            .insert(e.intent.pv_name.clone(), (e.intent.clone(), false));
+        w.intents.put(e);
     }
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let run = tokio::spawn(recovery::cleanup_all(
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(Gone::Walk).unwrap();
+    let run = tokio::spawn(clean_gone_claims(
         w.op.clone(),
-        entries,
+        rx,
         common::kube::retry::Backoff::exponential(Duration::from_secs(1), Duration::from_secs(60)),
         shutdown.clone(),
     ));
@@ -1396,6 +1475,7 @@ async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
     );
     assert!(w.backend.calls().is_empty());
     shutdown.cancel();
+    drop(tx);
     tokio::time::timeout(Duration::from_secs(5), run)
         .await
         .expect("cleanup stops on shutdown")
@@ -1408,16 +1488,10 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     let w = Setup::default().build();
     w.handoff.pending.lock().unwrap().insert("pvc-q".into());
     let e = entry("q", Some(false));
-    w.intents
-        .map
-        .lock()
-        .unwrap()
-        .insert("pvc-q".into(), (e.intent.clone(), false));
-    assert_eq!(
-        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await,
-        vec![("pvc-q".to_string(), Recovery::PvPresent)]
-    );
+    w.intents.put(&e);
+    w.clean(vec![Gone::Walk]).await;
     assert!(w.intents.map.lock().unwrap().is_empty());
+    assert!(w.backend.unprovisioned.lock().unwrap().is_empty());
 
     // Queue lookup fails: the cleanup keeps retrying and deletes nothing.
     let w = Setup {
@@ -1429,15 +1503,7 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     }
     .build();
     let e = entry("gone", Some(false));
-    w.intents
-        .map
-        .lock()
-        .unwrap()
-        .insert("pvc-gone".into(), (e.intent.clone(), false));
-    assert_eq!(
-        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await,
-        vec![("pvc-gone".to_string(), Recovery::Cleanup)]
-    );
+    w.intents.put(&e);
     assert_eq!(
         recovery::cleanup_gone_claim(&w.op, &e).await,
         CleanupOutcome::Retry("PV-write queue lookup: redis down".into())
@@ -1456,17 +1522,9 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     }
     .build();
     let bare = entry("bare", None);
-    w.intents
-        .map
-        .lock()
-        .unwrap()
-        .insert("pvc-bare".into(), (bare.intent.clone(), false));
+    w.intents.put(&bare);
     assert_eq!(
-        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&bare)).await,
-        vec![("pvc-bare".to_string(), Recovery::Cleanup)]
-    );
-    assert_eq!(
-        recovery::cleanup_gone_claim(&w.op, &entry("gone", Some(false))).await,
+        recovery::cleanup_gone_claim(&w.op, &bare).await,
         CleanupOutcome::Retry("apiserver timeout".into())
     );
     assert!(w.backend.deleted.lock().unwrap().is_empty());
@@ -1475,15 +1533,8 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     // PV written between the walk and the cleanup: the cleanup re-checks.
     let w = Setup::default().build();
     let e = entry("late", Some(false));
-    w.intents
-        .map
-        .lock()
-        .unwrap()
-        .insert("pvc-late".into(), (e.intent.clone(), false));
-    assert_eq!(
-        recovery::walk(&w.op, &w.queue, std::slice::from_ref(&e)).await,
-        vec![("pvc-late".to_string(), Recovery::Cleanup)]
-    );
+    w.intents.put(&e);
+    assert_eq!(recovery::walk(&w.op, true).await.unwrap(), vec!["late"]);
     w.cluster.pvs.lock().unwrap().insert("pvc-late".into());
     assert_eq!(
         recovery::cleanup_gone_claim(&w.op, &e).await,
@@ -1494,45 +1545,41 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     assert!(w.intents.map.lock().unwrap().is_empty());
 }
 
+/// Seed: giving up on a claim drops it from `claimsInProgress`; here the
+/// intent (kept for the next walk) loses its durable in-background flag.
 #[tokio::test]
-async fn dropping_an_in_background_claim_clears_its_durable_flag() {
-    let mut w = Setup {
-        backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
+async fn giving_up_on_an_in_background_claim_clears_its_durable_flag() {
+    let in_background = || {
+        Err(ProvisionError::Failed {
             state: ProvisioningState::InBackground,
             reason: "still creating".into(),
-        })]),
+        })
+    };
+    let mut w = Setup {
+        backend: FakeBackend::answering(vec![in_background(), in_background()]),
+        threshold: 1,
         ..Default::default()
     }
     .build();
-    let c = ours("u1");
-    w.add_claim(&c);
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
-    process(&w.op, &w.queue, "u1").await;
-    assert!(w.op.in_background.contains("u1"));
-    assert!(w.intents.map.lock().unwrap()["pvc-u1"].1);
-
-    // The claim is bound meanwhile: no longer to be provisioned (seed drops it
-    // from claimsInProgress). Redis must follow, or the next leader's walk
-    // would restore the stale snapshot as in background.
-    let mut bound = c.clone();
-    bound.spec.as_mut().unwrap().volume_name = Some("pvc-u1".into());
-    w.add_claim(&bound);
-    let uid = w.drain_one().await.unwrap();
-    process(&w.op, &w.queue, &uid).await;
-    assert!(!w.op.in_background.contains("u1"));
-    assert!(
-        !w.intents.map.lock().unwrap()["pvc-u1"].1,
-        "durable in-background flag cleared with the in-memory one"
+    w.add_claim(&ours("u1"));
+    assert_eq!(w.process("u1").await, retried());
+    assert_eq!(w.intents.flag("pvc-u1"), Some(true));
+    assert_eq!(w.process("u1").await, Action::await_change(), "given up");
+    assert_eq!(
+        w.intents.flag("pvc-u1"),
+        Some(false),
+        "intent kept, flag cleared"
     );
     assert_eq!(
         *w.intents.log.lock().unwrap(),
         vec![
             "record pvc-u1 bg=false",
             "record pvc-u1 bg=true",
+            "record pvc-u1 bg=true",
+            "record pvc-u1 bg=true",
             "record pvc-u1 bg=false",
         ]
     );
-    assert_eq!(w.backend.calls().len(), 1);
 }
 
 #[tokio::test]
@@ -1544,12 +1591,10 @@ async fn the_queued_entry_carries_the_claims_first_attempt_across_retries() {
     }
     .build();
     w.add_claim(&ours("u1"));
-    w.drain_one().await;
     let before_first = common::kube::time::now_ms();
-    process(&w.op, &w.queue, "u1").await; // fails, retried
-    assert_eq!(w.drain_one().await.as_deref(), Some("u1"));
+    assert_eq!(w.process("u1").await, retried());
     tokio::time::sleep(Duration::from_millis(50)).await;
-    process(&w.op, &w.queue, "u1").await; // succeeds: the PV is queued
+    assert_eq!(w.process("u1").await, Action::await_change(), "PV queued");
     let queued = w.enqueued();
     assert_eq!(queued.len(), 1);
     let entry = &queued[0];
@@ -1569,12 +1614,5 @@ async fn the_queued_entry_carries_the_claims_first_attempt_across_retries() {
     assert_eq!(
         w.metric("provision_svc_volumes_provisioned_total"),
         r#"provision_svc_volumes_provisioned_total{class="fast"} 1"#
-    );
-    // And the claim queue's client-go metrics saw the retry.
-    assert!(
-        w.metric("workqueue_retries_total")
-            .ends_with(r#"{name="claims"} 1"#),
-        "{}",
-        w.metric("workqueue_retries_total")
     );
 }

@@ -128,3 +128,22 @@ impl ServiceMetrics {
         }
     }
 }
+
+/// Counts one provision operation in `provision_svc_operations_in_flight` for
+/// as long as it lives: the gauge goes down on drop, so an operation cancelled
+/// by `--provision-timeout` (its future dropped mid-await) is not left counted.
+pub struct InFlight(IntGauge);
+
+impl InFlight {
+    /// Count one operation in `gauge` until dropped.
+    pub fn start(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

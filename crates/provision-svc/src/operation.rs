@@ -1,7 +1,8 @@
 //! The seed's claim operation: `provisionClaimOperation`,
 //! `provisionVolumeErrorHandling`, `rescheduleProvisioning` and `syncClaim`,
 //! executing the decisions of [`decision`] over reflector caches and the
-//! ports traits, with the seed's `claimsInProgress` ([`InBackground`]).
+//! ports traits; the seed's `claimsInProgress` is the intent's in-background
+//! flag in Redis.
 //! Where it differs from the seed (durable hand-off, intents, stalled queue
 //! entries): docs/ARCHITECTURE.md, "provision-svc beyond the seed".
 
@@ -27,7 +28,8 @@ use provisioner_api::Provisioner;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use crate::decision::{self, ProvisionerNames};
-use crate::in_progress::{InBackground, InFlight};
+use crate::locks::ClaimLocks;
+use crate::metrics::InFlight;
 use crate::metrics::ServiceMetrics;
 use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
 
@@ -99,8 +101,8 @@ pub struct Operation {
     pub ports: Ports,
     /// The service's metrics.
     pub metrics: ServiceMetrics,
-    /// Seed `claimsInProgress`.
-    pub in_background: InBackground,
+    /// One sync or cleanup at a time per claim uid.
+    pub locks: ClaimLocks,
     /// uid → this term's first provision attempt (ms since the Unix epoch),
     /// carried in the queue entry for pv-writer's provision duration.
     first_attempts: Mutex<HashMap<String, u64>>,
@@ -109,23 +111,13 @@ pub struct Operation {
 impl Operation {
     /// An operation over `caches` and `ports`.
     pub fn new(settings: Settings, caches: Caches, ports: Ports, metrics: ServiceMetrics) -> Self {
-        let in_background = InBackground::new(metrics.claims_in_background.clone());
         Self {
             settings,
             caches,
             ports,
             metrics,
-            in_background,
+            locks: ClaimLocks::default(),
             first_attempts: Mutex::default(),
-        }
-    }
-
-    fn set_in_background(&self, uid: &str, claim: Option<&PersistentVolumeClaim>) {
-        match claim {
-            Some(c) => self.in_background.insert(uid, c),
-            None => {
-                self.in_background.remove(uid);
-            }
         }
     }
 
@@ -286,14 +278,8 @@ impl Operation {
             storage_class: Some(class.as_ref().clone()),
             selected_node: decision::selected_node(claim).map(str::to_string),
         };
-        match self
-            .ports
-            .intents
-            .record(&intent, claim, self.in_background.contains(&key.uid))
-            .await
-        {
-            Ok(true) => self.metrics.intents.inc(),
-            Ok(false) => {}
+        match self.ports.intents.record(&intent, claim, None).await {
+            Ok(()) => {}
             Err(e) => {
                 return (
                     ProvisioningState::NoChange,
@@ -377,9 +363,9 @@ impl Operation {
             first_attempt_at_ms: Some(first_attempt_at_ms),
             mac: None,
         };
+        // The enqueue script also clears the intent.
         match self.ports.handoff.enqueue(&entry).await {
-            Ok(true) => self.metrics.intents.dec(),
-            Ok(false) => {}
+            Ok(_) => {}
             Err(e) => {
                 return (
                     ProvisioningState::Finished,
@@ -476,42 +462,43 @@ impl Operation {
                 .inc(),
         }
 
-        if result.is_ok() || state == ProvisioningState::Finished {
-            // Not in progress any more.
-            if matches!(result, Err(OpError::NotQueued(_))) {
-                // The volume exists but its PV write is not queued: keep the
-                // intent, without the in-background flag.
-                self.done_with(&uid, claim).await;
-            } else {
-                self.set_in_background(&uid, None);
-                self.clear_intent(&pv_name_for_claim_uid(&uid)).await;
+        match (&result, state) {
+            // The enqueue script cleared the intent.
+            (Ok(()), _) => {}
+            // The volume exists but its PV write is not queued: intent kept.
+            (Err(OpError::NotQueued(_)), _) => self.flag_in_background(claim, false).await,
+            (Err(_), ProvisioningState::Finished) => {
+                self.clear_intent(&pv_name_for_claim_uid(&uid)).await
             }
-            return match result {
-                Ok(()) | Err(OpError::Stop) => Ok(()),
-                Err(e) => Err(e.to_string()),
-            };
+            (Err(_), ProvisioningState::InBackground) => {
+                tracing::info!("temporary error; claim is provisioning in background");
+                self.flag_in_background(claim, true).await;
+            }
+            // NoChange: the recorded flag stays.
+            (Err(_), _) => {}
         }
-        if state == ProvisioningState::InBackground {
-            tracing::info!("temporary error; claim is provisioning in background");
-            self.set_in_background(&uid, Some(claim));
-            self.record_in_background_flag(claim, true).await;
+        match result {
+            Ok(()) | Err(OpError::Stop) => Ok(()),
+            Err(e) => Err(e.to_string()),
         }
-        // NoChange: keep whatever in-progress state exists.
-        Err(result.err().map(|e| e.to_string()).unwrap_or_default())
     }
 
-    /// Seed `claimsInProgress.Delete` after an attempt that ended the claim's
-    /// in-progress state: if it was in background, re-record its intent with
-    /// `in_background = false` (the intent itself is kept).
-    pub async fn done_with(&self, uid: &str, claim: &PersistentVolumeClaim) {
-        if self.in_background.remove(uid) {
-            self.record_in_background_flag(claim, false).await;
+    /// Seed: giving up on a claim drops it from `claimsInProgress`; here its
+    /// intent (kept for the start-up walk) loses the in-background flag.
+    pub async fn give_up(&self, claim: &PersistentVolumeClaim) {
+        let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+        self.forget_first_attempt(uid);
+        let recorded = self.ports.intents.entry(&pv_name_for_claim_uid(uid)).await;
+        if let Ok(Some(e)) = recorded {
+            if e.claim.is_some_and(|c| c.in_background) {
+                self.flag_in_background(claim, false).await;
+            }
         }
     }
 
     /// Record `claim`'s intent with the given in-background flag; a Redis
-    /// failure is logged (the walk re-checks).
-    async fn record_in_background_flag(&self, claim: &PersistentVolumeClaim, in_background: bool) {
+    /// failure is logged (the intent is re-recorded at the next attempt).
+    async fn flag_in_background(&self, claim: &PersistentVolumeClaim, in_background: bool) {
         let Some(key) = ClaimKey::of(claim) else {
             return;
         };
@@ -525,29 +512,32 @@ impl Operation {
             class,
             recorded_at_ms: now_ms(),
         };
-        match self
+        let recorded = self
             .ports
             .intents
-            .record(&intent, claim, in_background)
-            .await
-        {
-            Ok(true) => self.metrics.intents.inc(),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(pv = %intent.pv_name, in_background, error = %e, "cannot record the claim's in-background flag in its provisioning intent in Redis; the in-memory state and Redis disagree until the next attempt")
-            }
+            .record(&intent, claim, Some(in_background));
+        if let Err(e) = recorded.await {
+            tracing::warn!(pv = %intent.pv_name, in_background, error = %e, "cannot record the in-background flag of the provisioning intent");
         }
     }
 
-    /// Clear the intent of `pv_name`, keeping the gauge in step; failures are
-    /// logged (a stale intent is re-checked by the next leader's start-up walk).
+    /// Set `provision_svc_intents` and `provision_svc_claims_in_background`
+    /// from the recorded intents. Errors: Redis.
+    pub async fn refresh_intent_gauges(&self) -> Result<(), String> {
+        let (entries, stored) = self.ports.intents.list().await?;
+        let in_background = entries
+            .iter()
+            .filter(|e| e.claim.as_ref().is_some_and(|c| c.in_background))
+            .count();
+        self.metrics.intents.set(stored as i64);
+        self.metrics.claims_in_background.set(in_background as i64);
+        Ok(())
+    }
+
+    /// Clear the intent of `pv_name`; failures are logged (a stale intent is re-checked by the next leader's start-up walk).
     pub async fn clear_intent(&self, pv_name: &str) {
-        match self.ports.intents.clear(pv_name).await {
-            Ok(true) => self.metrics.intents.dec(),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(pv = pv_name, error = %e, "cannot clear the provisioning intent")
-            }
+        if let Err(e) = self.ports.intents.clear(pv_name).await {
+            tracing::warn!(pv = pv_name, error = %e, "cannot clear the provisioning intent")
         }
     }
 
@@ -588,10 +578,7 @@ impl Operation {
                     .failed_total
                     .with_label_values(&[&decision::metrics_class(claim)])
                     .inc();
-                if let Some(uid) = claim.metadata.uid.as_deref() {
-                    self.set_in_background(uid, Some(claim));
-                    self.record_in_background_flag(claim, true).await;
-                }
+                self.flag_in_background(claim, true).await;
                 Err(err)
             }
         }

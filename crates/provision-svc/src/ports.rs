@@ -12,7 +12,7 @@
 use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
-use common::handoff::intents::IntentStore;
+use common::handoff::intents::{IntentEntry, IntentStore};
 use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
 use common::kube::events::{reason, EventSink};
@@ -89,19 +89,25 @@ pub trait PvHandoff: Send + Sync + 'static {
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String>;
 }
 
-/// Durable provisioning intents, as provision-svc uses them.
+/// Durable provisioning intents, as provision-svc uses them; the intent's
+/// in-background flag is the only record of a claim provisioning in background.
 #[async_trait]
 pub trait IntentLog: Send + Sync + 'static {
-    /// Record `intent` with a snapshot of `claim` and the in-background flag;
-    /// true when the intent is new.
+    /// Record `intent` with a snapshot of `claim`; `in_background` sets the
+    /// flag, `None` keeps the recorded one (false for a new intent).
     async fn record(
         &self,
         intent: &ProvisionIntent,
         claim: &PersistentVolumeClaim,
-        in_background: bool,
-    ) -> Result<bool, String>;
-    /// Clear the intent of `pv_name`; true when one was removed.
-    async fn clear(&self, pv_name: &str) -> Result<bool, String>;
+        in_background: Option<bool>,
+    ) -> Result<(), String>;
+    /// Clear the intent of `pv_name` (none recorded: nothing to do).
+    async fn clear(&self, pv_name: &str) -> Result<(), String>;
+    /// The intent of `pv_name` with its claim snapshot, `None` when none is
+    /// recorded. Errors: Redis, or an unreadable intent.
+    async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, String>;
+    /// Every readable intent, and how many are stored (readable or not).
+    async fn list(&self) -> Result<(Vec<IntentEntry>, usize), String>;
 }
 
 /// The real [`PvHandoff`]: pv-writer's Redis queue, every entry signed with the
@@ -228,17 +234,41 @@ impl IntentLog for IntentStore {
         &self,
         intent: &ProvisionIntent,
         claim: &PersistentVolumeClaim,
-        in_background: bool,
-    ) -> Result<bool, String> {
+        in_background: Option<bool>,
+    ) -> Result<(), String> {
+        let in_background = match in_background {
+            Some(flag) => flag,
+            // Unreadable: overwritten (not in background).
+            None => IntentLog::entry(self, &intent.pv_name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|e| e.claim)
+                .is_some_and(|c| c.in_background),
+        };
         self.record_with_claim(intent, claim, in_background)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn clear(&self, pv_name: &str) -> Result<(), String> {
+        IntentStore::clear(self, pv_name)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, String> {
+        IntentStore::entry(self, pv_name)
             .await
             .map_err(|e| e.to_string())
     }
 
-    async fn clear(&self, pv_name: &str) -> Result<bool, String> {
-        IntentStore::clear(self, pv_name)
-            .await
-            .map_err(|e| e.to_string())
+    async fn list(&self) -> Result<(Vec<IntentEntry>, usize), String> {
+        let stored = self.count().await.map_err(|e| e.to_string())?;
+        let entries = self.list_with_claims().await.map_err(|e| e.to_string())?;
+        Ok((entries, stored))
     }
 }
 

@@ -1,12 +1,12 @@
-//! The leader's start-up walk over the recorded provisioning intents: a claim
-//! in background is restored and queued, a claim still present is queued, a
-//! gone claim's volume is kept if its PV write is queued or its PV exists
-//! (checked in that order, the PV by a live GET) and otherwise deleted through
-//! the backend's `delete_unprovisioned`, from the intent record alone. Lookup
-//! errors keep the intent; poisoned intents are counted and left for an
-//! operator. Rationale: docs/ARCHITECTURE.md, "The start-up walk".
+//! Cleanup after claims that are gone (deleted, or absent from a (re)list):
+//! the walk over the recorded intents at every claims (re)list, and one
+//! cleanup per gone claim. A gone claim's volume is kept if its PV write is
+//! queued or its PV exists (checked in that order, the PV by a live GET) and
+//! otherwise deleted through the backend's `delete_unprovisioned`, from the
+//! intent record alone. Lookup errors keep the intent; poisoned intents are
+//! counted and left for an operator. Rationale: docs/ARCHITECTURE.md, "Gone claims".
 
-use std::sync::Arc;
+use std::collections::HashSet;
 
 use api_types::queue::ClaimKey;
 use api_types::{pv_name_for_claim_uid, ANN_SELECTED_NODE};
@@ -16,35 +16,79 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
+use kube::Resource;
 use provisioner_api::{DeleteError, ProvisionOptions};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::decision;
 use crate::operation::Operation;
 
-/// How many intents the walk decides, and cleans up, at once.
-pub const WALK_CONCURRENCY: usize = 8;
+/// How many cleanup attempts run at once.
+pub const CLEANUP_CONCURRENCY: usize = 8;
 
-/// Where the walk queues the claims it finds (the controller's claim queue).
-pub trait ClaimRequeue: Send + Sync + 'static {
-    /// Remember `claim` as provisioning in background in `op` and queue it.
-    fn restore_in_background(&self, op: &Operation, claim: PersistentVolumeClaim);
-    /// Queue the claim `uid` if the claims cache holds it; whether it did.
-    fn requeue_if_cached(&self, uid: &str) -> bool;
+/// The uids of the claims that have an intent but are not in the claims
+/// cache; with `count_unreadable` (a term's first walk) unreadable intents
+/// are counted in `provision_svc_poisoned_intents_total`.
+///
+/// Errors: the intents cannot be listed (retry).
+pub async fn walk(op: &Operation, count_unreadable: bool) -> Result<Vec<String>, String> {
+    let (entries, stored) = op.ports.intents.list().await?;
+    let unreadable = stored.saturating_sub(entries.len());
+    if unreadable > 0 && count_unreadable {
+        op.metrics.poisoned_intents.inc_by(unreadable as u64);
+        tracing::error!(
+            unreadable,
+            "provisioning intents in Redis cannot be read; kept for an operator"
+        );
+    }
+    let cached: HashSet<String> = op
+        .caches
+        .claims
+        .state()
+        .iter()
+        .filter_map(|c| c.meta().uid.clone())
+        .collect();
+    let gone: Vec<String> = entries
+        .into_iter()
+        .map(|e| e.intent.claim.uid)
+        .filter(|uid| !cached.contains(uid))
+        .collect();
+    tracing::info!(
+        intents = stored,
+        gone = gone.len(),
+        "walked the provisioning intents"
+    );
+    Ok(gone)
 }
 
-/// What the walk decided for one intent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Recovery {
-    /// Queued again as a claim provisioning in background.
-    InBackground,
-    /// The claim exists: queued for provisioning.
-    Requeued,
-    /// The claim is gone but its PV exists or is queued: intent cleared.
-    PvPresent,
-    /// The claim is gone (and its PV was not found, or the lookup failed):
-    /// [`cleanup_gone_claim`] re-checks and deletes the volume.
-    Cleanup,
+/// Clean up after the claim `uid`, holding its lock: nothing if it is cached
+/// again; with an intent, [`cleanup_gone_claim`] retried under `policy`
+/// (attempts limited by `limit`); without, [`cleanup_unwritten_volume`].
+pub async fn claim_gone(
+    op: &Operation,
+    uid: &str,
+    limit: &Semaphore,
+    policy: Backoff,
+    shutdown: &CancellationToken,
+) {
+    let _claim = op.locks.lock(uid).await;
+    if op
+        .caches
+        .claims
+        .find(|c| c.meta().uid.as_deref() == Some(uid))
+        .is_some()
+    {
+        return;
+    }
+    let pv_name = pv_name_for_claim_uid(uid);
+    match op.ports.intents.entry(&pv_name).await {
+        Ok(Some(entry)) => cleanup_with_backoff(op, &entry, limit, policy, shutdown).await,
+        Ok(None) => cleanup_unwritten_volume(op, uid).await,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, "cannot read a gone claim's provisioning intent; kept for the next walk")
+        }
+    }
 }
 
 /// Whether the volume `pv_name` is carried by a queued PV write or a PV:
@@ -62,66 +106,6 @@ pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Result<bool, Str
         return Ok(true);
     }
     op.ports.cluster.pv_exists(pv_name).await
-}
-
-async fn decide(op: &Operation, claims: &impl ClaimRequeue, entry: &IntentEntry) -> Recovery {
-    let pv_name = &entry.intent.pv_name;
-    let uid = &entry.intent.claim.uid;
-    let decision = match &entry.claim {
-        Some(snap) if snap.in_background => {
-            claims.restore_in_background(op, snap.claim.clone());
-            Recovery::InBackground
-        }
-        _ if claims.requeue_if_cached(uid) => Recovery::Requeued,
-        _ => match pv_accounted_for(op, pv_name).await {
-            Ok(true) => {
-                op.clear_intent(pv_name).await;
-                Recovery::PvPresent
-            }
-            Ok(false) => Recovery::Cleanup,
-            Err(e) => {
-                // The cleanup re-checks (with backoff) before it deletes anything.
-                tracing::warn!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, "cannot tell yet whether the volume of a deleted claim has a PV; the cleanup will check again");
-                Recovery::Cleanup
-            }
-        },
-    };
-    tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, decision = ?decision, "provisioning intent found at start");
-    decision
-}
-
-/// Decide and apply the walk for the `entries` listed at start, up to
-/// [`WALK_CONCURRENCY`] at a time; returns each PV name with its decision, in
-/// the order of `entries`. `Cleanup` entries are for [`cleanup_all`].
-///
-/// The entries run as tasks in a `JoinSet` owned by this future, so dropping
-/// it (a lost Lease) aborts them.
-pub async fn walk<Q: ClaimRequeue>(
-    op: &Arc<Operation>,
-    claims: &Arc<Q>,
-    entries: &[IntentEntry],
-) -> Vec<(String, Recovery)> {
-    let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, entry) in entries.iter().cloned().enumerate() {
-        let (op, claims, limit) = (op.clone(), claims.clone(), limit.clone());
-        tasks.spawn(async move {
-            let _permit = limit.acquire_owned().await.expect("semaphore never closed");
-            (i, decide(&op, claims.as_ref(), &entry).await)
-        });
-    }
-    let mut out: Vec<Option<Recovery>> = vec![None; entries.len()];
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((i, decision)) => out[i] = Some(decision),
-            Err(e) => tracing::error!(error = %e, "start-up walk task failed"),
-        }
-    }
-    entries
-        .iter()
-        .zip(out)
-        .filter_map(|(e, d)| Some((e.intent.pv_name.clone(), d?)))
-        .collect()
 }
 
 /// Outcome of one cleanup attempt.
@@ -298,39 +282,18 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
 /// Report an intent the walk cannot act on (see module docs).
 pub fn report_poisoned(op: &Operation, pv_name: &str, claim: &str, reason: &str) {
     op.metrics.poisoned_intents.inc();
-    tracing::error!(pv = %pv_name, claim, %reason, "cannot clean up the volume of a claim deleted while it was being provisioned; its intent is kept in Redis for an operator and not retried until the next leader's start-up walk");
+    tracing::error!(pv = %pv_name, claim, %reason, "cannot clean up the volume of a claim deleted while it was being provisioned; its intent is kept in Redis for an operator and not retried until the next walk");
 }
 
-/// Work through `entries` with [`cleanup_gone_claim`], up to
-/// [`WALK_CONCURRENCY`] attempts at a time; each failed one is retried with its own
-/// delay under `policy` (`--retry-interval-start` doubling to
-/// `--retry-interval-max`), a poisoned one is reported once and dropped.
-/// Returns when every entry is done or poisoned, or on `shutdown`.
-pub async fn cleanup_all(
-    op: Arc<Operation>,
-    entries: Vec<IntentEntry>,
-    policy: Backoff,
-    shutdown: CancellationToken,
-) {
-    let limit = Arc::new(tokio::sync::Semaphore::new(WALK_CONCURRENCY));
-    // Owned by this future: dropping it (lost Lease) aborts every entry.
-    let mut tasks = tokio::task::JoinSet::new();
-    for entry in entries {
-        let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
-        tasks.spawn(cleanup_with_backoff(op, entry, limit, policy, shutdown));
-    }
-    while tasks.join_next().await.is_some() {}
-}
-
-/// One entry of [`cleanup_all`]: each attempt holds a permit of `limit`,
-/// released while the entry waits out its backoff, so entries that keep
-/// failing never hold up the others.
+/// [`cleanup_gone_claim`] until done or poisoned (reported once), or
+/// `shutdown`: each attempt holds a permit of `limit`, released while the
+/// entry waits out its backoff, so failing entries never hold up the others.
 async fn cleanup_with_backoff(
-    op: Arc<Operation>,
-    entry: IntentEntry,
-    limit: Arc<tokio::sync::Semaphore>,
+    op: &Operation,
+    entry: &IntentEntry,
+    limit: &Semaphore,
     policy: Backoff,
-    shutdown: CancellationToken,
+    shutdown: &CancellationToken,
 ) {
     // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
     // poisoned, not retried; Err: retried under `policy`.
@@ -339,7 +302,7 @@ async fn cleanup_with_backoff(
             _ = shutdown.cancelled() => return Ok(None),
             p = limit.acquire() => p.expect("semaphore never closed"),
         };
-        match cleanup_gone_claim(&op, &entry).await {
+        match cleanup_gone_claim(op, entry).await {
             CleanupOutcome::Done => Ok(None),
             CleanupOutcome::Poisoned(e) => Ok(Some(e)),
             CleanupOutcome::Retry(e) => Err(e),
@@ -347,12 +310,12 @@ async fn cleanup_with_backoff(
     };
     let pv = &entry.intent.pv_name;
     let outcome = policy
-        .retry(&shutdown, attempt, |e, _, delay| {
+        .retry(shutdown, attempt, |e, _, delay| {
             tracing::warn!(pv = %pv, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
         })
         .await;
     if let Some(Some(e)) = outcome {
         let claim = entry.intent.claim.to_string();
-        report_poisoned(&op, pv, &claim, &e);
+        report_poisoned(op, pv, &claim, &e);
     }
 }

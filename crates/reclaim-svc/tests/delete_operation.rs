@@ -251,12 +251,9 @@ fn context(
         reclaimer,
         retry: Arc::new(RetryPolicy::<String>::new(retry_start, retry_max, 0.0, 1)),
         config: LoopConfig {
-            workers: 1,
             threshold: FailureThreshold(threshold),
             deletion_timeout,
-            resync_period: Duration::ZERO,
         },
-        queue_metrics: None,
     })
 }
 

@@ -184,19 +184,26 @@ impl IntentStore {
             .collect())
     }
 
-    /// The claim snapshot of `pv_name`, if one is recorded.
+    /// The intent of `pv_name` with its claim snapshot; `None` when no intent
+    /// is recorded. An unreadable snapshot is logged and `None`.
     ///
-    /// Errors: [`IntentError::Redis`]; [`IntentError::Decode`] for an unreadable record.
-    pub async fn claim(&self, pv_name: &str) -> Result<Option<IntentClaim>, IntentError> {
+    /// Errors: [`IntentError::Redis`]; [`IntentError::Decode`] for an unreadable intent.
+    pub async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, IntentError> {
         let mut conn = self.conn.clone();
-        let raw: Option<Vec<u8>> = conn.hget(&self.claims_key, pv_name).await?;
-        raw.map(|bytes| {
-            IntentClaim::decode(&bytes).map_err(|source| IntentError::Decode {
-                pv_name: pv_name.to_string(),
-                source,
-            })
-        })
-        .transpose()
+        let (intent, claim): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::pipe()
+            .hget(&self.intents_key, pv_name)
+            .hget(&self.claims_key, pv_name)
+            .query_async(&mut conn)
+            .await?;
+        let Some(bytes) = intent else {
+            return Ok(None);
+        };
+        let intent = ProvisionIntent::decode(&bytes).map_err(|source| IntentError::Decode {
+            pv_name: pv_name.to_string(),
+            source,
+        })?;
+        let claim = claim.and_then(|bytes| decode_logged(pv_name, &bytes, IntentClaim::decode));
+        Ok(Some(IntentEntry { intent, claim }))
     }
 }
 
@@ -297,13 +304,22 @@ mod tests {
         );
         assert_eq!(entries[1].claim, None);
         assert_eq!(
-            store.claim("pvc-a").await.unwrap().unwrap().claim,
+            store
+                .entry("pvc-a")
+                .await
+                .unwrap()
+                .unwrap()
+                .claim
+                .unwrap()
+                .claim,
             claim("a")
         );
+        let bare = store.entry("pvc-b").await.unwrap().unwrap();
+        assert_eq!((bare.intent, bare.claim), (intent("b"), None));
 
         assert!(store.clear("pvc-a").await.unwrap());
         assert!(!store.clear("pvc-a").await.unwrap());
-        assert_eq!(store.claim("pvc-a").await.unwrap(), None);
+        assert_eq!(store.entry("pvc-a").await.unwrap(), None);
         assert_eq!(store.list().await.unwrap(), vec![intent("b")]);
     }
 
@@ -331,10 +347,12 @@ mod tests {
         let entries = store.list_with_claims().await.unwrap();
         assert_eq!(entries.len(), 1);
         assert_eq!(entries[0].claim, None);
+        let ok = store.entry("pvc-ok").await.unwrap().unwrap();
+        assert_eq!((ok.intent, ok.claim), (intent("ok"), None));
         assert!(matches!(
-            store.claim("pvc-ok").await,
+            store.entry("pvc-bad").await,
             Err(IntentError::Decode {
-                source: DecodeError::UnknownVersion { found: 9 },
+                source: DecodeError::Garbled(_),
                 ..
             })
         ));

@@ -1,6 +1,5 @@
 //! The controller toolkit: building blocks of the services' control loops.
 //!
-//! * [`workqueue`] — the de-duplicating claim/volume work queue (client-go semantics);
 //! * [`workqueue_metrics`] — client-go's `workqueue_*` metrics for any queue of keys;
 //! * [`retry`] — per-item backoff, overall token bucket and failure thresholds;
 //! * [`cache`] — trimming objects before they enter reflector caches;
@@ -14,5 +13,4 @@ pub mod cache;
 pub mod events;
 pub mod retry;
 pub mod time;
-pub mod workqueue;
 pub mod workqueue_metrics;

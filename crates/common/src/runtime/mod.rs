@@ -10,12 +10,14 @@
 //! * [`shutdown`] — SIGTERM/SIGINT to a cancellation token;
 //! * [`health`] — the work-loop heartbeat and Lease-renewal checks behind `/healthz`;
 //! * [`frame`] — the service frame: leader election, HTTP, signals, graceful shutdown;
+//! * [`control`] — the one control-loop shape: kube-runtime's `Controller` over a reflector;
 //! * [`alloc`] — process start-up: glibc malloc arenas capped, then the tokio runtime.
 
 pub mod alloc;
 pub mod api_metrics;
 pub mod api_reachability;
 pub mod config;
+pub mod control;
 pub mod frame;
 pub mod health;
 pub mod http;

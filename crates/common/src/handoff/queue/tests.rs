@@ -141,7 +141,7 @@ async fn enqueue_clears_the_provisioning_intent_in_the_same_script() {
     assert!(outcome.added && outcome.intent_cleared, "{outcome:?}");
     assert_eq!(observer.await.unwrap(), 0);
     assert!(!intents.contains("pvc-a").await.unwrap());
-    assert_eq!(intents.claim("pvc-a").await.unwrap(), None);
+    assert_eq!(intents.entry("pvc-a").await.unwrap(), None);
     assert!(
         intents.contains("pvc-b").await.unwrap(),
         "only the queued PV's intent"

@@ -1,0 +1,249 @@
+//! The services' one control-loop shape: kube-runtime's `Controller` over one
+//! reflector ([`trigger`], [`run`]) with the seed's resync, client-go's
+//! `workqueue_*` metrics and the `/healthz` stall heartbeat. provision-svc
+//! (claims) and reclaim-svc (PVs) both run on it.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{self, store::Writer, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::kube::cache::watch_backoff;
+use crate::kube::workqueue_metrics::WorkQueueMetrics;
+use crate::runtime::config::resync_interval;
+use crate::runtime::health::{beat_period, beat_while_progressing, Heartbeat};
+
+/// How one control loop runs (from the service's flags and leader term).
+pub struct LoopSettings {
+    /// Concurrent reconciles (seed threadiness, `--worker-threads`); at least 1.
+    pub workers: usize,
+    /// Every cached object is reconciled again this often; zero disables.
+    pub resync_period: Duration,
+    /// `/healthz` fails once every worker slot stays busy this long.
+    pub stall: Duration,
+    /// The runtime's liveness heartbeat, beaten while the loop progresses.
+    pub heartbeat: Heartbeat,
+    /// client-go's work-queue series of this loop (label `name`).
+    pub metrics: WorkQueueMetrics,
+    /// Stops the loop; in-flight reconciles finish first.
+    pub shutdown: CancellationToken,
+}
+
+/// Every object of `api` as a trigger for [`run`]: a reflector into `writer`
+/// that shows each watch event to `observe` (with the store, already updated)
+/// before the controller sees it. Watch errors are logged; the watcher backs
+/// off and re-lists.
+pub fn trigger<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    metrics: WorkQueueMetrics,
+    mut observe: impl FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let store = writer.as_reader();
+    let kind = K::kind(&Default::default()).to_string();
+    reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .backoff(watch_backoff())
+        .inspect(move |event| match event {
+            Ok(event) => observe(event, &store),
+            // An unreachable API server is logged once by the client.
+            Err(e) if crate::runtime::api_reachability::unreachable_cause(e).is_some() => {
+                tracing::debug!(kind, error = %e, "watch failed; the reflector retries")
+            }
+            Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
+        })
+        .applied_objects()
+        .inspect(move |object| {
+            if object.is_ok() {
+                metrics.add();
+            }
+        })
+}
+
+/// Run `reconcile` for the objects of `trigger` (cached in `store`) until
+/// `settings.shutdown`: at most `workers` at once, never twice at once for one
+/// object, retried as `error_policy` says. Errors: none once running.
+pub async fn run<K, Ctx, R, F, P>(
+    trigger: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    store: Store<K>,
+    settings: LoopSettings,
+    mut reconcile: R,
+    error_policy: P,
+    ctx: Arc<Ctx>,
+) where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Debug + Unpin + Default,
+    Ctx: Send + Sync + 'static,
+    R: FnMut(Arc<K>, Arc<Ctx>) -> F,
+    F: TryFuture<Ok = Action> + Send + 'static,
+    F::Error: std::error::Error + Send + 'static,
+    P: Fn(Arc<K>, &F::Error, Arc<Ctx>) -> Action,
+{
+    let LoopSettings {
+        workers,
+        resync_period,
+        stall,
+        heartbeat,
+        metrics,
+        shutdown,
+    } = settings;
+    let workers = u16::try_from(workers.max(1)).unwrap_or(u16::MAX);
+    // Held by this future: the heartbeat task is aborted with the loop.
+    let mut beater = tokio::task::JoinSet::new();
+    {
+        let metrics = metrics.clone();
+        let stalled = move || metrics.stalled_when_busy(usize::from(workers));
+        let beat = beat_while_progressing(
+            heartbeat,
+            beat_period(stall),
+            stall,
+            stalled,
+            shutdown.clone(),
+        );
+        beater.spawn(beat);
+    }
+    let mut controller = Controller::for_stream(trigger, store)
+        .with_config(controller::Config::default().concurrency(workers))
+        .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
+    if let Some(tick) = resync_interval(resync_period) {
+        let ticks = futures::stream::unfold(tick, |mut tick| async move {
+            tick.tick().await;
+            Some(((), tick))
+        });
+        controller = controller.reconcile_all_on(ticks);
+    }
+    let timed = {
+        let metrics = metrics.clone();
+        move |object, ctx| {
+            let processing = metrics.start_processing();
+            reconcile(object, ctx)
+                .into_future()
+                .inspect(move |_| drop(processing))
+        }
+    };
+    let counted = move |object, error: &F::Error, ctx| {
+        let action = error_policy(object, error, ctx);
+        if action != Action::await_change() {
+            metrics.retry();
+        }
+        action
+    };
+    controller
+        .run(timed, counted, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!(object = %obj, "gone before its reconcile")
+                }
+                Err(error) => tracing::warn!(%error, "controller"),
+            }
+        })
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use std::sync::Mutex;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("first attempt fails")]
+    struct Flaky;
+
+    fn config_map(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Every triggered object is reconciled; an error goes through the error
+    /// policy and is counted in `workqueue_retries_total`, each reconcile in
+    /// `workqueue_work_duration_seconds`; shutdown ends the loop.
+    #[tokio::test]
+    async fn reconciles_retries_counts_and_stops() {
+        let registry = prometheus::Registry::new();
+        let metrics = WorkQueueMetrics::register(&registry, "things");
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        for name in ["a", "b"] {
+            writer.apply_watcher_event(&watcher::Event::Apply(config_map(name)));
+        }
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let trigger = futures::stream::iter([Ok(config_map("a")), Ok(config_map("b"))])
+            .chain(futures::stream::pending());
+        let shutdown = CancellationToken::new();
+        let settings = LoopSettings {
+            workers: 2,
+            resync_period: Duration::ZERO,
+            stall: Duration::from_secs(60),
+            heartbeat: Heartbeat::default(),
+            metrics,
+            shutdown: shutdown.clone(),
+        };
+        let reconcile = |cm: Arc<ConfigMap>, seen: Arc<Mutex<Vec<String>>>| async move {
+            let name = cm.metadata.name.clone().unwrap();
+            let mut seen = seen.lock().unwrap();
+            let first = !seen.contains(&name);
+            seen.push(name.clone());
+            if first && name == "a" {
+                Err(Flaky)
+            } else {
+                Ok(Action::await_change())
+            }
+        };
+        let policy = |_: Arc<ConfigMap>, _: &Flaky, _: Arc<Mutex<Vec<String>>>| {
+            Action::requeue(Duration::from_millis(10))
+        };
+        let run = tokio::spawn(run(
+            trigger,
+            store,
+            settings,
+            reconcile,
+            policy,
+            seen.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("stops on shutdown")
+            .unwrap();
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, vec!["a", "a", "b"]);
+        let text = crate::runtime::metrics::render(&registry);
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(
+            line("workqueue_retries_total"),
+            r#"workqueue_retries_total{name="things"} 1"#
+        );
+        assert_eq!(
+            line("workqueue_work_duration_seconds_count"),
+            r#"workqueue_work_duration_seconds_count{name="things"} 3"#
+        );
+    }
+}
