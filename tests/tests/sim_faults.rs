@@ -266,3 +266,67 @@ async fn binary_serves_and_writes_kubeconfig() {
     child.start_kill().unwrap();
     let _ = child.wait().await;
 }
+
+/// The services' control loop (`common::runtime::control`) after a run of
+/// failing watches: back at the watcher's own pace (800 ms doubling, capped at
+/// 2 s), not also held by `Controller`'s trigger backoff (800 ms doubling to
+/// 30 s), which once kept provision-svc from seeing new claims for over a
+/// minute after an API-server restart.
+#[tokio::test]
+async fn the_control_loop_recovers_from_failing_watches_at_the_watchers_pace() {
+    use common::runtime::control::{self, LoopSettings};
+    use kube::runtime::controller::Action;
+    use std::sync::{Arc, Mutex};
+
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let client = sim.client().unwrap();
+    sim.inject_fault(FaultSpec::error(500, &["watch"], &["persistentvolumes"]).times(8));
+    let (store, writer) = kube::runtime::reflector::store::<PersistentVolume>();
+    let metrics = common::kube::workqueue_metrics::WorkQueueMetrics::new("volumes");
+    let trigger = control::trigger(Api::all(client.clone()), writer, metrics.clone(), |_, _| {});
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let settings = LoopSettings {
+        workers: 1,
+        resync_period: Duration::ZERO,
+        stall: Duration::from_secs(60),
+        heartbeat: Default::default(),
+        metrics,
+        shutdown: shutdown.clone(),
+    };
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let reconcile = |pv: Arc<PersistentVolume>, seen: Arc<Mutex<Vec<String>>>| async move {
+        seen.lock().unwrap().push(pv.metadata.name.clone().unwrap());
+        Ok::<_, std::io::Error>(Action::await_change())
+    };
+    let policy = |_: Arc<PersistentVolume>, _: &std::io::Error, _| Action::await_change();
+    let run = tokio::spawn(control::run(
+        trigger,
+        store,
+        settings,
+        reconcile,
+        policy,
+        seen.clone(),
+    ));
+    let started = Instant::now();
+    while sim.stats().faults_injected < 8 {
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "the watch is retried"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pvs: Api<PersistentVolume> = Api::all(client);
+    pvs.create(&PostParams::default(), &pv("after"))
+        .await
+        .unwrap();
+    let created = Instant::now();
+    while !seen.lock().unwrap().contains(&"after".to_string()) {
+        assert!(
+            created.elapsed() < Duration::from_secs(8),
+            "a PV created after the failing watches is reconciled within the watcher's backoff"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    run.await.unwrap();
+}

@@ -39,8 +39,8 @@ pub struct LoopSettings {
 
 /// Every object of `api` as a trigger for [`run`]: a reflector into `writer`
 /// that shows each watch event to `observe` (with the store, already updated)
-/// before the controller sees it. Watch errors are logged; the watcher backs
-/// off and re-lists.
+/// before the controller sees it. Watch errors are logged and go no further;
+/// the watcher backs off (`watch_backoff`) and re-lists.
 pub fn trigger<K>(
     api: Api<K>,
     writer: Writer<K>,
@@ -64,11 +64,11 @@ where
             Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
         })
         .applied_objects()
-        .inspect(move |object| {
-            if object.is_ok() {
-                metrics.add();
-            }
-        })
+        // Errors are logged above and backed off by `watch_backoff`; passed on,
+        // they would also start the `Controller`'s own backoff (up to 30 s).
+        .filter_map(|object| std::future::ready(object.ok()))
+        .inspect(move |_| metrics.add())
+        .map(Ok)
 }
 
 /// Run `reconcile` for the objects of `trigger` (cached in `store`) until
