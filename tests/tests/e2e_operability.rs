@@ -142,7 +142,7 @@ async fn json_logs_carry_the_claim_uid_in_both_services(plane: ControlPlane) {
     let queued = lines_with_message(
         &mut sys,
         Service::Provision,
-        "provision operation succeeded; queueing the PV for pv-writer",
+        "volume provisioned; queueing the PV for pv-writer",
     );
     assert!(
         queued

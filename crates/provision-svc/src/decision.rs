@@ -6,10 +6,11 @@
 use std::sync::Arc;
 
 use api_types::{
-    ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_PROVISIONER, ANN_SELECTED_NODE,
-    ANN_STORAGE_PROVISIONER, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER,
+    ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_PROVISIONER, ANN_DYNAMICALLY_PROVISIONED,
+    ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, BINDING_MODE_WAIT_FOR_FIRST_CONSUMER, FINALIZER_PV,
 };
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use common::kube::events::claim_ref_of;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 /// Seed `shouldProvision`: whether a volume should be provisioned for
@@ -123,6 +124,36 @@ pub fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
+}
+
+/// The PV to queue for a volume the backend made for `claim`: `claimRef` to
+/// the claim, its class, `pv.kubernetes.io/provisioned-by: <provisioner>` and,
+/// with `add_finalizer`, the provisioner's PV finalizer (seed `provisionClaimOperation`).
+pub fn complete_pv(
+    mut volume: PersistentVolume,
+    claim: &PersistentVolumeClaim,
+    class: &str,
+    provisioner: &str,
+    add_finalizer: bool,
+) -> PersistentVolume {
+    let spec = volume.spec.get_or_insert_with(Default::default);
+    spec.claim_ref = Some(claim_ref_of(claim));
+    spec.storage_class_name = Some(class.to_string());
+    if add_finalizer {
+        let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
+        if !finalizers.iter().any(|f| f == FINALIZER_PV) {
+            finalizers.push(FINALIZER_PV.to_string());
+        }
+    }
+    let annotations = volume
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    annotations.insert(
+        ANN_DYNAMICALLY_PROVISIONED.to_string(),
+        provisioner.to_string(),
+    );
+    volume
 }
 
 /// `namespace/name` of a claim, for logs and event messages (seed `claimToClaimKey`).

@@ -13,14 +13,12 @@ use std::time::{Duration, Instant};
 use api_types::queue::{
     ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION, QUEUE_ENTRY_VERSION,
 };
-use api_types::{
-    pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED, ANN_SELECTED_NODE, FINALIZER_PV,
-};
+use api_types::{pv_name_for_claim_uid, ANN_SELECTED_NODE};
 use common::kube::cache::{Compact, NameSet};
-use common::kube::events::{claim_ref_of, reason};
+use common::kube::events::reason;
 use common::kube::retry::FailureThreshold;
 use common::kube::time::now_ms;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
 use provisioner_api::deadline::{self, Deadline};
@@ -47,6 +45,23 @@ pub enum OpError {
     /// retried like [`OpError::Failed`], and the intent is kept.
     #[error("{0}")]
     NotQueued(String),
+}
+
+/// How one provision attempt ended: the seed's `ProvisioningState` and error.
+pub type Attempt = (ProvisioningState, Result<(), OpError>);
+
+/// A failed attempt in `state`, to be retried.
+fn failed(state: ProvisioningState, msg: String) -> Attempt {
+    (state, Err(OpError::Failed(msg)))
+}
+
+/// What the gates of an attempt found: the claim's identity, its PV name, its
+/// StorageClass and the selected node's object.
+struct Ready {
+    key: ClaimKey,
+    pv_name: String,
+    class: Arc<StorageClass>,
+    selected_node: Option<Node>,
 }
 
 /// Settings of the claim logic (from the flags).
@@ -160,36 +175,157 @@ impl Operation {
 
     /// Seed `provisionClaimOperation`: provision a volume for `claim` and queue
     /// its PV. `Ok` only when the PV was queued (state `Finished`).
-    pub async fn provision_claim_operation(
-        &self,
-        claim: &PersistentVolumeClaim,
-    ) -> (ProvisioningState, Result<(), OpError>) {
-        let class_name = decision::claim_class(claim);
-        let op = "provision";
+    pub async fn provision_claim_operation(&self, claim: &PersistentVolumeClaim) -> Attempt {
         tracing::info!("provision operation started");
-
-        let Some(key) = ClaimKey::of(claim) else {
-            return (
-                ProvisioningState::NoChange,
-                Err(OpError::Failed(
-                    "claim lacks a namespace, name or uid".to_string(),
-                )),
-            );
+        let ready = match self.gates(claim).await {
+            Ok(ready) => ready,
+            Err(attempt) => return attempt,
         };
-        let pv_name = pv_name_for_claim_uid(&key.uid);
-        // Redis is the only truth about what is queued (no in-memory shadow).
-        if self.caches.volumes.contains(&pv_name) {
-            tracing::info!(pv = %pv_name, "PV already exists, skipping");
-            return (ProvisioningState::Finished, Err(OpError::Stop));
+        let Ready {
+            key,
+            pv_name,
+            class,
+            selected_node,
+        } = ready;
+        let class_name = decision::claim_class(claim);
+        let intent = ProvisionIntent {
+            version: INTENT_VERSION,
+            claim: key.clone(),
+            pv_name: pv_name.clone(),
+            class: class_name.clone(),
+            recorded_at_ms: now_ms(),
+            storage_class: Some(class.as_ref().clone()),
+            selected_node: decision::selected_node(claim).map(str::to_string),
+        };
+        if let Err(e) = self.ports.intents.record(&intent, claim, None).await {
+            let msg = format!("recording the provisioning intent of {pv_name:?}: {e}");
+            return failed(ProvisioningState::NoChange, msg);
         }
-        match self.ports.handoff.queued_state(&pv_name, &key.uid).await {
-            Ok(QueuedState::Yes) => {
-                tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
+        let options = ProvisionOptions {
+            storage_class: class.as_ref().clone(),
+            pv_name: pv_name.clone(),
+            pvc: claim.clone(),
+            selected_node,
+        };
+        let note = format!(
+            "External provisioner is provisioning volume for claim {:?}",
+            decision::claim_key(claim)
+        );
+        self.ports
+            .cluster
+            .claim_event(claim, false, reason::PROVISIONING, note);
+
+        // A backend overrunning the deadline is abandoned: the attempt fails as
+        // `InBackground`, as a cancelled context does for the seed's provisioners.
+        let provisioned = deadline::bound(self.ports.backend.provision(&options))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ProvisionError::Failed {
+                    state: ProvisioningState::InBackground,
+                    reason: e.to_string(),
+                })
+            });
+        let volume = match provisioned {
+            Ok(v) => v,
+            Err(ProvisionError::Ignored { reason }) => {
+                tracing::info!(pv = %pv_name, %reason, "volume provision ignored");
                 return (ProvisioningState::Finished, Err(OpError::Stop));
             }
+            Err(ProvisionError::Failed { state, reason }) => {
+                let err = format!(
+                    "failed to provision volume with StorageClass {class_name:?}: {reason}"
+                );
+                return self.error_handling(state, err, claim, "provision").await;
+            }
+        };
+        tracing::info!(pv = %pv_name, "volume provisioned; queueing the PV for pv-writer");
+        let pv = decision::complete_pv(
+            volume,
+            claim,
+            &class_name,
+            &class.provisioner,
+            self.settings.add_finalizer,
+        );
+        let entry = QueuedPvWrite {
+            version: QUEUE_ENTRY_VERSION,
+            pv,
+            first_attempt_at_ms: Some(self.first_attempt_ms(&key.uid)),
+            claim: key,
+            class: class_name,
+            enqueued_at_ms: now_ms(),
+            mac: None,
+        };
+        // The enqueue script also clears the intent.
+        match self.ports.handoff.enqueue(&entry).await {
+            Ok(_) => (ProvisioningState::Finished, Ok(())),
+            Err(e) => (
+                ProvisioningState::Finished,
+                Err(OpError::NotQueued(format!(
+                    "queueing PV {pv_name:?} for pv-writer: {e}"
+                ))),
+            ),
+        }
+    }
+
+    /// The seed's checks before a volume is made, in its order: identity, PV
+    /// already there or queued, Block support, the class and its provisioner,
+    /// the selected node. `Err` is the attempt's end.
+    async fn gates(&self, claim: &PersistentVolumeClaim) -> Result<Ready, Attempt> {
+        let Some(key) = ClaimKey::of(claim) else {
+            let msg = "claim lacks a namespace, name or uid".to_string();
+            return Err(failed(ProvisioningState::NoChange, msg));
+        };
+        let pv_name = pv_name_for_claim_uid(&key.uid);
+        self.not_yet_made(claim, &pv_name, &key.uid).await?;
+        if decision::is_block(claim) && !self.ports.backend.supports_block() {
+            let msg = format!(
+                "{} does not support block volume provisioning",
+                self.settings.names.name
+            );
+            tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
+            self.ports
+                .cluster
+                .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
+            return Err((ProvisioningState::Finished, Err(OpError::Stop)));
+        }
+        // A missing class is retried: it can be (re)created independently of the claim.
+        let class = self.class(&decision::claim_class(claim)).map_err(|e| {
+            tracing::error!(error = %e, "error getting claim's StorageClass's fields");
+            failed(ProvisioningState::Finished, e)
+        })?;
+        if !self.settings.names.is_known(&class.provisioner) {
+            tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in claim's StorageClass");
+            return Err((ProvisioningState::Finished, Err(OpError::Stop)));
+        }
+        let selected_node = self.selected_node(claim).await?;
+        Ok(Ready {
+            key,
+            pv_name,
+            class,
+            selected_node,
+        })
+    }
+
+    /// Stop when the PV `pv_name` exists or is queued ("queued?" is always asked
+    /// of Redis); something queued that pv-writer will never write is a Warning
+    /// naming the operator action and a retry, never a silent skip.
+    async fn not_yet_made(
+        &self,
+        claim: &PersistentVolumeClaim,
+        pv_name: &str,
+        uid: &str,
+    ) -> Result<(), Attempt> {
+        if self.caches.volumes.contains(pv_name) {
+            tracing::info!(pv = %pv_name, "PV already exists, skipping");
+            return Err((ProvisioningState::Finished, Err(OpError::Stop)));
+        }
+        match self.ports.handoff.queued_state(pv_name, uid).await {
+            Ok(QueuedState::No) => Ok(()),
+            Ok(QueuedState::Yes) => {
+                tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
+                Err((ProvisioningState::Finished, Err(OpError::Stop)))
+            }
             Ok(QueuedState::Stalled { kind, reason }) => {
-                // Never a silent stall: a Warning naming the operator action,
-                // and a retry with backoff (up to the failure threshold).
                 let msg = format!(
                     "{reason}; the claim stays Pending until an operator acts: inspect it with `provisioner-ctl queue dead` / `provisioner-ctl queue list`; requeue it (`provisioner-ctl queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
                 );
@@ -204,178 +340,39 @@ impl Operation {
                     reason::PROVISIONING_FAILED,
                     msg.clone(),
                 );
-                return (ProvisioningState::Finished, Err(OpError::Failed(msg)));
+                Err(failed(ProvisioningState::Finished, msg))
             }
-            Ok(QueuedState::No) => {}
             Err(e) => {
-                return (
-                    ProvisioningState::NoChange,
-                    Err(OpError::Failed(format!(
-                        "checking pv-writer's queue for {pv_name:?}: {e}"
-                    ))),
-                )
+                let msg = format!("checking pv-writer's queue for {pv_name:?}: {e}");
+                Err(failed(ProvisioningState::NoChange, msg))
             }
         }
-        let claim_ref = claim_ref_of(claim);
+    }
 
-        if decision::is_block(claim) && !self.ports.backend.supports_block() {
-            let msg = format!(
-                "{} does not support block volume provisioning",
-                self.settings.names.name
-            );
-            tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
-            self.ports
-                .cluster
-                .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
-            return (ProvisioningState::Finished, Err(OpError::Stop));
-        }
-
-        // A missing class is retried: it can be (re)created independently of the claim.
-        let class = match self.class(&class_name) {
-            Ok(c) => c,
+    /// The selected node's object, if the claim names one. A node that does
+    /// not exist asks for rescheduling; a failed lookup is an event and a retry.
+    async fn selected_node(&self, claim: &PersistentVolumeClaim) -> Result<Option<Node>, Attempt> {
+        let Some(node_name) = decision::selected_node(claim) else {
+            return Ok(None);
+        };
+        match self.ports.cluster.get_node(node_name).await {
+            Ok(Some(node)) => Ok(Some(node)),
+            Ok(None) => {
+                let err = format!("nodes {node_name:?} not found");
+                let state = ProvisioningState::Reschedule;
+                Err(self.error_handling(state, err, claim, "provision").await)
+            }
             Err(e) => {
-                tracing::error!(error = %e, "error getting claim's StorageClass's fields");
-                return (ProvisioningState::Finished, Err(OpError::Failed(e)));
-            }
-        };
-        if !self.settings.names.is_known(&class.provisioner) {
-            tracing::error!(
-                provisioner = %class.provisioner,
-                "unknown provisioner requested in claim's StorageClass"
-            );
-            return (ProvisioningState::Finished, Err(OpError::Stop));
-        }
-
-        let mut selected_node = None;
-        if let Some(node_name) = decision::selected_node(claim) {
-            match self.ports.cluster.get_node(node_name).await {
-                Ok(Some(node)) => selected_node = Some(node),
-                Ok(None) => {
-                    let err = format!("nodes {node_name:?} not found");
-                    return self
-                        .error_handling(ProvisioningState::Reschedule, err, claim, op)
-                        .await;
-                }
-                Err(e) => {
-                    let err = format!("failed to get target node: {e}");
-                    self.ports.cluster.claim_event(
-                        claim,
-                        true,
-                        reason::PROVISIONING_FAILED,
-                        err.clone(),
-                    );
-                    return (ProvisioningState::NoChange, Err(OpError::Failed(err)));
-                }
-            }
-        }
-
-        let intent = ProvisionIntent {
-            version: INTENT_VERSION,
-            claim: key.clone(),
-            pv_name: pv_name.clone(),
-            class: class_name.clone(),
-            recorded_at_ms: now_ms(),
-            storage_class: Some(class.as_ref().clone()),
-            selected_node: decision::selected_node(claim).map(str::to_string),
-        };
-        match self.ports.intents.record(&intent, claim, None).await {
-            Ok(()) => {}
-            Err(e) => {
-                return (
-                    ProvisioningState::NoChange,
-                    Err(OpError::Failed(format!(
-                        "recording the provisioning intent of {pv_name:?}: {e}"
-                    ))),
-                )
-            }
-        }
-
-        let options = ProvisionOptions {
-            storage_class: class.as_ref().clone(),
-            pv_name: pv_name.clone(),
-            pvc: claim.clone(),
-            selected_node,
-        };
-        self.ports.cluster.claim_event(
-            claim,
-            false,
-            reason::PROVISIONING,
-            format!(
-                "External provisioner is provisioning volume for claim {:?}",
-                decision::claim_key(claim)
-            ),
-        );
-
-        // A backend overrunning the deadline is abandoned: the attempt fails as
-        // `InBackground`, as a cancelled context does for the seed's provisioners.
-        let provisioned = deadline::bound(self.ports.backend.provision(&options))
-            .await
-            .unwrap_or_else(|e| {
-                Err(ProvisionError::Failed {
-                    state: ProvisioningState::InBackground,
-                    reason: e.to_string(),
-                })
-            });
-        let mut volume = match provisioned {
-            Ok(v) => v,
-            Err(ProvisionError::Ignored { reason }) => {
-                tracing::info!(pv = %pv_name, %reason, "volume provision ignored");
-                return (ProvisioningState::Finished, Err(OpError::Stop));
-            }
-            Err(ProvisionError::Failed { state, reason }) => {
-                let err = format!(
-                    "failed to provision volume with StorageClass {class_name:?}: {reason}"
+                let err = format!("failed to get target node: {e}");
+                self.ports.cluster.claim_event(
+                    claim,
+                    true,
+                    reason::PROVISIONING_FAILED,
+                    err.clone(),
                 );
-                return self.error_handling(state, err, claim, op).await;
-            }
-        };
-        tracing::info!(
-            pv = volume.metadata.name.as_deref().unwrap_or_default(),
-            "volume provisioned"
-        );
-
-        let spec = volume.spec.get_or_insert_with(Default::default);
-        spec.claim_ref = Some(claim_ref);
-        spec.storage_class_name = Some(class_name.clone());
-        if self.settings.add_finalizer {
-            let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
-            if !finalizers.iter().any(|f| f == FINALIZER_PV) {
-                finalizers.push(FINALIZER_PV.to_string());
+                Err(failed(ProvisioningState::NoChange, err))
             }
         }
-        volume
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(
-                ANN_DYNAMICALLY_PROVISIONED.to_string(),
-                class.provisioner.clone(),
-            );
-        tracing::info!(pv = %pv_name, "provision operation succeeded; queueing the PV for pv-writer");
-
-        let first_attempt_at_ms = self.first_attempt_ms(&key.uid);
-        let entry = QueuedPvWrite {
-            version: QUEUE_ENTRY_VERSION,
-            pv: volume,
-            claim: key,
-            class: class_name,
-            enqueued_at_ms: now_ms(),
-            first_attempt_at_ms: Some(first_attempt_at_ms),
-            mac: None,
-        };
-        // The enqueue script also clears the intent.
-        match self.ports.handoff.enqueue(&entry).await {
-            Ok(_) => {}
-            Err(e) => {
-                return (
-                    ProvisioningState::Finished,
-                    Err(OpError::NotQueued(format!(
-                        "queueing PV {pv_name:?} for pv-writer: {e}"
-                    ))),
-                )
-            }
-        }
-        (ProvisioningState::Finished, Ok(()))
     }
 
     /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` event, then
@@ -387,7 +384,7 @@ impl Operation {
         err: String,
         claim: &PersistentVolumeClaim,
         op: &str,
-    ) -> (ProvisioningState, Result<(), OpError>) {
+    ) -> Attempt {
         self.ports
             .cluster
             .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
