@@ -1,25 +1,104 @@
-//! pv-writer's drain loop, the only place that spawns: begin a leader term,
-//! take due entries and run [`Writer::process`] on each with `--worker-threads`
-//! concurrency, probe the API server while writes fail, keep the queue gauges fresh.
+//! pv-writer's drain loop, the only place that spawns: [`run_term`] connects
+//! to Redis and begins a leader term, then takes due entries and runs
+//! [`Writer::process`] on each with `--worker-threads` concurrency, probes the
+//! API server while writes fail and keeps the queue gauges fresh.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::handoff::queue::QueueError;
+use common::handoff::queue::{PvQueue, QueueError};
+use common::handoff::queue_auth::QueueKey;
+use common::runtime::frame::ServiceContext;
 use common::runtime::health::Heartbeat;
 use common::runtime::http::Readiness;
+use provisioner_api::Provisioner;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::checks::EntryChecks;
+use crate::config::WriterArgs;
 use crate::decision::is_transient_code;
-use crate::operation::{Writer, WriterError};
+use crate::metrics::WriterMetrics;
+use crate::operation::{Writer, WriterConfig, WriterError};
 
 /// Longest the idle dispatcher waits before looking for due entries again;
 /// an enqueue wakes it at once ([`common::handoff::queue::PvQueue::wait_for_work`]), so
 /// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What a leader term needs besides the [`ServiceContext`]; cloned per term.
+#[derive(Clone)]
+pub struct TermDeps {
+    /// pv-writer's flags.
+    pub args: WriterArgs,
+    /// Metrics, registered once per process.
+    pub metrics: WriterMetrics,
+    /// The queue-signing key (`--queue-key-file`); `None`: entries unsigned.
+    pub key: Option<QueueKey>,
+    /// The backend whose `validate_volume` every PV passes.
+    pub backend: Arc<dyn Provisioner>,
+}
+
+/// One leader term: connect to Redis (not ready until it answers), then drain
+/// with a new [`Writer`] until shutdown, writing only entries that pass
+/// [`EntryChecks`]. Errors: a newer leader term ([`WriterError::Superseded`]).
+pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
+    let TermDeps {
+        args,
+        metrics,
+        key,
+        backend,
+    } = deps;
+    ctx.readiness.set_ready(false);
+    let Some(queue) = ctx
+        .args
+        .redis_reconnect()
+        .retry(
+            &ctx.shutdown,
+            || {
+                // Waiting for Redis is not a stall (/readyz reports it).
+                ctx.heartbeat.beat();
+                PvQueue::connect(ctx.args.redis(), &ctx.args.provisioner_name)
+            },
+            |err, _, _| tracing::warn!(error = %err, "cannot connect to Redis; not ready, retrying"),
+        )
+        .await
+    else {
+        return Ok(());
+    };
+    let retry = ctx.args.retry_backoff(crate::SPEC);
+    let config = WriterConfig {
+        workers: ctx.args.worker_threads_for(crate::SPEC),
+        retry_initial: retry.initial,
+        retry_max: retry.max,
+        redis_reconnect: ctx.args.redis_reconnect_period,
+        write_timeout: args.write_timeout,
+        visibility_timeout: args.visibility_timeout,
+    };
+    tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
+    let names = std::iter::once(ctx.args.provisioner_name.clone())
+        .chain(args.additional_provisioners.iter().cloned())
+        .collect();
+    let checks = EntryChecks::new(names, key, backend);
+    let writer = Arc::new(Writer::new(
+        queue,
+        checks,
+        ctx.client.clone(),
+        &ctx.identity,
+        metrics,
+        config,
+    ));
+    Ok(writer
+        .run_term(
+            ctx.shutdown.clone(),
+            ctx.readiness.clone(),
+            ctx.heartbeat.clone(),
+            ctx.args.healthz_stall_timeout,
+        )
+        .await?)
+}
 
 impl Writer {
     /// While transient failures happen, probe the API server every `interval`.
