@@ -30,8 +30,9 @@ use crate::controller::{clean_gone_claims, error_policy, reconcile, CachedClaim,
 use crate::decision::ProvisionerNames;
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
-use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
+use crate::ports::{ClusterApi, Effect, EffectError, IntentLog, PvHandoff, QueuedState};
 use crate::recovery::{self, CleanupOutcome};
+use common::handoff::queue::QueueError;
 use common::kube::cache::NameSet;
 
 const NAME: &str = "example.com/hostpath";
@@ -44,6 +45,21 @@ fn pv(name: &str) -> PersistentVolume {
         },
         ..Default::default()
     }
+}
+
+/// A failed API `call` whose server answered `message`.
+fn api_failed(call: &str, message: &str) -> EffectError {
+    let status = kube::core::Status::failure(message, "InternalError");
+    EffectError::Kube {
+        call: call.to_string(),
+        source: kube::Error::Api(Box::new(status)),
+    }
+}
+
+/// A failed Redis command of the queue's `operation`.
+fn redis_failed(operation: &'static str, message: &str) -> EffectError {
+    let source = redis::RedisError::from(std::io::Error::other(message.to_string()));
+    EffectError::Queue(QueueError::Command { operation, source })
 }
 
 #[derive(Default)]
@@ -69,9 +85,9 @@ impl FakeCluster {
 
 #[async_trait]
 impl ClusterApi for FakeCluster {
-    async fn get_node(&self, name: &str) -> Result<Option<Node>, String> {
+    async fn get_node(&self, name: &str) -> Effect<Option<Node>> {
         if let Some(e) = &self.node_error {
-            return Err(e.clone());
+            return Err(api_failed("get Node", e));
         }
         Ok(self.nodes.contains(name).then(|| Node {
             metadata: ObjectMeta {
@@ -81,22 +97,22 @@ impl ClusterApi for FakeCluster {
             ..Default::default()
         }))
     }
-    async fn pv_exists(&self, name: &str) -> Result<bool, String> {
+    async fn pv_exists(&self, name: &str) -> Effect<bool> {
         if let Some(e) = &self.pv_error {
-            return Err(e.clone());
+            return Err(api_failed("get PersistentVolume", e));
         }
         Ok(self.pvs.lock().unwrap().contains(name))
     }
-    async fn claim_exists(&self, _ns: &str, _name: &str, uid: &str) -> Result<bool, String> {
+    async fn claim_exists(&self, _ns: &str, _name: &str, uid: &str) -> Effect<bool> {
         Ok(self.live_claims.lock().unwrap().contains(uid))
     }
-    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
         self.patched
             .lock()
             .unwrap()
             .push(claim.metadata.name.clone().unwrap_or_default());
         match &self.patch_error {
-            Some(e) => Err(e.clone()),
+            Some(e) => Err(api_failed("patch PersistentVolumeClaim", e)),
             None => Ok(()),
         }
     }
@@ -129,17 +145,13 @@ struct FakeHandoff {
 
 #[async_trait]
 impl PvHandoff for FakeHandoff {
-    async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
+    async fn is_pending(&self, pv_name: &str) -> Effect<bool> {
         if let Some(e) = &self.pending_error {
-            return Err(e.clone());
+            return Err(redis_failed("is_pending", e));
         }
         Ok(self.pending.lock().unwrap().contains(pv_name))
     }
-    async fn queued_entry(
-        &self,
-        pv_name: &str,
-        claim_uid: &str,
-    ) -> Result<Option<QueuedPvWrite>, String> {
+    async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>> {
         if !self.is_pending(pv_name).await? {
             return Ok(None);
         }
@@ -152,7 +164,7 @@ impl PvHandoff for FakeHandoff {
             .find(|e| e.pv_name() == pv_name && e.claim.uid == claim_uid)
             .cloned())
     }
-    async fn queued_state(&self, pv_name: &str, _claim_uid: &str) -> Result<QueuedState, String> {
+    async fn queued_state(&self, pv_name: &str, _claim_uid: &str) -> Effect<QueuedState> {
         if let Some((kind, reason)) = self.stalled.lock().unwrap().get(pv_name) {
             return Ok(QueuedState::Stalled {
                 kind,
@@ -165,9 +177,9 @@ impl PvHandoff for FakeHandoff {
             QueuedState::No
         })
     }
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool> {
         if self.fail {
-            return Err("redis down".into());
+            return Err(redis_failed("enqueue", "redis down"));
         }
         self.pending
             .lock()
@@ -223,7 +235,7 @@ impl IntentLog for FakeIntents {
         intent: &ProvisionIntent,
         claim: &PersistentVolumeClaim,
         in_background: Option<bool>,
-    ) -> Result<(), String> {
+    ) -> Effect<()> {
         let bg = in_background.unwrap_or_else(|| self.flag(&intent.pv_name).unwrap_or(false));
         self.snapshots.lock().unwrap().push(claim.clone());
         self.log
@@ -240,15 +252,15 @@ impl IntentLog for FakeIntents {
         });
         Ok(())
     }
-    async fn clear(&self, pv_name: &str) -> Result<(), String> {
+    async fn clear(&self, pv_name: &str) -> Effect<()> {
         self.log.lock().unwrap().push(format!("clear {pv_name}"));
         self.map.lock().unwrap().remove(pv_name);
         Ok(())
     }
-    async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, String> {
+    async fn entry(&self, pv_name: &str) -> Effect<Option<IntentEntry>> {
         Ok(self.map.lock().unwrap().get(pv_name).cloned())
     }
-    async fn list(&self) -> Result<(Vec<IntentEntry>, usize), String> {
+    async fn list(&self) -> Effect<(Vec<IntentEntry>, usize)> {
         let entries: Vec<_> = self.map.lock().unwrap().values().cloned().collect();
         let n = entries.len();
         Ok((entries, n))
@@ -570,7 +582,7 @@ fn should_provision_follows_every_seed_branch() {
     missing_class.spec.as_mut().unwrap().storage_class_name = Some("gone".into());
     assert_eq!(
         e.should_provision(&missing_class),
-        Err("storageClass \"gone\" not found".to_string())
+        Err(crate::decision::ClassNotFound("gone".into()))
     );
 
     let late = |ann: &[(&str, &str)]| {
@@ -711,7 +723,8 @@ async fn a_stalled_queue_entry_is_a_warning_and_a_retry_never_a_silent_skip() {
     );
     let err = w.op.sync_claim(&c).await.expect_err("retried, not skipped");
     assert!(
-        err.contains("provisioner-ctl queue requeue pvc-u1"),
+        err.to_string()
+            .contains("provisioner-ctl queue requeue pvc-u1"),
         "{err}"
     );
     let events = w.cluster.events();
@@ -940,7 +953,9 @@ async fn node_lookup_error_is_an_event_and_a_retry() {
         w.op.provision_claim_operation(&c).await,
         (
             ProvisioningState::NoChange,
-            Err(OpError::Failed("failed to get target node: boom".into()))
+            Err(OpError::Failed(
+                "failed to get target node: get Node: boom (InternalError)".into()
+            ))
         )
     );
     assert_eq!(
@@ -948,7 +963,7 @@ async fn node_lookup_error_is_an_event_and_a_retry() {
         vec![(
             true,
             "ProvisioningFailed".to_string(),
-            "failed to get target node: boom".to_string()
+            "failed to get target node: get Node: boom (InternalError)".to_string()
         )]
     );
 }
@@ -991,10 +1006,16 @@ async fn backend_failure_states_are_handled_as_the_seed() {
     let msg = "failed to provision volume with StorageClass \"fast\": disk full".to_string();
 
     // Finished: retried, intent cleared.
-    assert_eq!(w.op.sync_claim(&ours("u1")).await, Err(msg.clone()));
+    assert_eq!(
+        w.op.sync_claim(&ours("u1")).await,
+        Err(OpError::Failed(msg.clone()))
+    );
     assert!(!w.intents.map.lock().unwrap().contains_key("pvc-u1"));
     // NoChange: retried, intent kept, not in background.
-    assert_eq!(w.op.sync_claim(&ours("u2")).await, Err(msg.clone()));
+    assert_eq!(
+        w.op.sync_claim(&ours("u2")).await,
+        Err(OpError::Failed(msg.clone()))
+    );
     assert_eq!(w.intents.flag("pvc-u2"), Some(false), "not in background");
     // Reschedule with a selected node: annotation removed, stop.
     let c = claim(
@@ -1145,10 +1166,14 @@ async fn enqueue_failure_retries_and_keeps_the_intent() {
         ..Default::default()
     }
     .build();
-    assert_eq!(
-        w.op.sync_claim(&ours("u1")).await,
-        Err("queueing PV \"pvc-u1\" for pv-writer: redis down".to_string())
+    let err = w.op.sync_claim(&ours("u1")).await.unwrap_err();
+    assert!(matches!(err, OpError::NotQueued(_)), "{err:?}");
+    let err = err.to_string();
+    assert!(
+        err.starts_with("queueing PV \"pvc-u1\" for pv-writer: "),
+        "{err}"
     );
+    assert!(err.contains("redis down"), "{err}");
     assert_eq!(
         w.intents.flag("pvc-u1"),
         Some(false),
@@ -1506,7 +1531,7 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     w.intents.put(&e);
     assert_eq!(
         recovery::cleanup_gone_claim(&w.op, &e).await,
-        CleanupOutcome::Retry("PV-write queue lookup: redis down".into())
+        CleanupOutcome::Retry("Redis command is_pending failed: redis down".into())
     );
     assert!(w.backend.calls().is_empty());
     assert!(w.backend.deleted.lock().unwrap().is_empty());
@@ -1525,7 +1550,7 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     w.intents.put(&bare);
     assert_eq!(
         recovery::cleanup_gone_claim(&w.op, &bare).await,
-        CleanupOutcome::Retry("apiserver timeout".into())
+        CleanupOutcome::Retry("get PersistentVolume: apiserver timeout (InternalError)".into())
     );
     assert!(w.backend.deleted.lock().unwrap().is_empty());
     assert!(w.intents.map.lock().unwrap().contains_key("pvc-bare"));

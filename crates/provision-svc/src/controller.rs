@@ -33,8 +33,8 @@ use tracing::Instrument;
 use crate::config::ProvisionArgs;
 use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
-use crate::operation::{Caches, Operation, Ports, Settings};
-use crate::ports::{KubeCluster, SignedQueue};
+use crate::operation::{Caches, OpError, Operation, Ports, Settings};
+use crate::ports::{EffectError, KubeCluster, SignedQueue};
 use crate::recovery;
 
 pub use crate::operation::CachedClaim;
@@ -46,11 +46,6 @@ pub struct Context {
     /// Per-claim failure counts and backoff, keyed by claim uid.
     pub retry: RetryPolicy<String>,
 }
-
-/// Why a sync is to be retried (the operation's error, shown in events and logs).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SyncError(pub String);
 
 /// What the claim watch tells [`clean_gone_claims`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +79,8 @@ impl Context {
 /// Seed `syncClaimHandler` for one claim, holding its lock: sync it (if still
 /// cached) under `--provision-timeout`; success forgets its failures, and at
 /// the failure threshold the claim is given up until it changes.
-/// Errors: [`SyncError`], retried by [`error_policy`].
-pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Action, SyncError> {
+/// Errors: the operation's [`OpError`], retried by [`error_policy`].
+pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Action, OpError> {
     let Some(uid) = cached.meta().uid.clone() else {
         return Ok(Action::await_change());
     };
@@ -113,7 +108,7 @@ pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Ac
             op.forget_first_attempt(&uid);
             Ok(Action::await_change())
         }
-        Err(e) if threshold.allows_retry(requeues) => Err(SyncError(e)),
+        Err(e) if threshold.allows_retry(requeues) => Err(e),
         Err(e) => {
             span.in_scope(|| tracing::error!(failures = requeues, threshold = threshold.0, error = %e, "giving up syncing claim; its provisioning intent (if any) is kept"));
             // Done but not forgotten: the count stays until the claim is gone.
@@ -124,7 +119,7 @@ pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Ac
 }
 
 /// The seed's retry rule for a failed sync: requeue after the claim's backoff.
-pub fn error_policy(claim: Arc<CachedClaim>, err: &SyncError, ctx: Arc<Context>) -> Action {
+pub fn error_policy(claim: Arc<CachedClaim>, err: &OpError, ctx: Arc<Context>) -> Action {
     let uid = claim.meta().uid.clone().unwrap_or_default();
     let failures = ctx.retry.requeues(&uid);
     let delay = ctx.retry.next_delay(&uid);
@@ -159,7 +154,7 @@ pub async fn clean_gone_claims(
                 Some(Gone::Walk) => {
                     let count = std::mem::take(&mut first_walk);
                     let walk = || recovery::walk(&op, count);
-                    let log = |e: &String, _, _| tracing::warn!(error = %e, "cannot list the provisioning intents; retrying");
+                    let log = |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot list the provisioning intents; retrying");
                     match policy.retry(&shutdown, walk, log).await {
                         Some(uids) => uids,
                         None => break,

@@ -28,7 +28,7 @@ pub fn should_provision(
     names: &ProvisionerNames,
     backend_accepts: impl FnOnce(&PersistentVolumeClaim) -> bool,
     class: impl FnOnce(&str) -> Option<Arc<StorageClass>>,
-) -> Result<bool, String> {
+) -> Result<bool, ClassNotFound> {
     let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
     if volume_name.is_some_and(|v| !v.is_empty()) {
         return Ok(false);
@@ -43,8 +43,7 @@ pub fn should_provision(
         return Ok(false);
     }
     let class_name = claim_class(claim);
-    let class =
-        class(&class_name).ok_or_else(|| format!("storageClass {class_name:?} not found"))?;
+    let class = class(&class_name).ok_or(ClassNotFound(class_name))?;
     if class.volume_binding_mode.as_deref() == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER) {
         // Delayed binding: only once the scheduler selected a node (the
         // provisioner itself may have removed it to ask for rescheduling).
@@ -53,6 +52,12 @@ pub fn should_provision(
     }
     Ok(true)
 }
+
+/// The claim's StorageClass is not in the cache (retried: it can be created
+/// independently of the claim).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("storageClass {0:?} not found")]
+pub struct ClassNotFound(pub String);
 
 /// Deprecated beta annotation naming a claim's StorageClass; wins over
 /// `spec.storageClassName` as in Kubernetes' `GetPersistentVolumeClaimClass`.
@@ -291,10 +296,7 @@ mod tests {
         );
         let additional = claim(&[(ANN_STORAGE_PROVISIONER, "old.io/x")], Some("fast"));
         assert_eq!(decide(&additional, true, Some(&immediate)), Ok(true));
-        assert_eq!(
-            decide(&ours, true, None),
-            Err("storageClass \"fast\" not found".into())
-        );
+        assert_eq!(decide(&ours, true, None), Err(ClassNotFound("fast".into())));
         assert_eq!(
             decide(&ours, true, Some(&delayed)),
             Ok(false),

@@ -25,11 +25,11 @@ use provisioner_api::deadline::{self, Deadline};
 use provisioner_api::Provisioner;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
-use crate::decision::{self, ProvisionerNames};
+use crate::decision::{self, ClassNotFound, ProvisionerNames};
 use crate::locks::ClaimLocks;
 use crate::metrics::InFlight;
 use crate::metrics::ServiceMetrics;
-use crate::ports::{ClusterApi, IntentLog, PvHandoff, QueuedState};
+use crate::ports::{ClusterApi, Effect, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -155,16 +155,14 @@ impl Operation {
             .remove(uid);
     }
 
-    fn class(&self, name: &str) -> Result<Arc<StorageClass>, String> {
-        self.caches
-            .classes
-            .get(&ObjectRef::new(name))
-            .ok_or_else(|| format!("storageClass {name:?} not found"))
+    fn class(&self, name: &str) -> Result<Arc<StorageClass>, ClassNotFound> {
+        let class = self.caches.classes.get(&ObjectRef::new(name));
+        class.ok_or_else(|| ClassNotFound(name.to_string()))
     }
 
     /// Seed `shouldProvision` ([`decision::should_provision`]) over the backend's
     /// qualifier and the class cache. Errors: our claim's class is not cached.
-    pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, String> {
+    pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, ClassNotFound> {
         decision::should_provision(
             claim,
             &self.settings.names,
@@ -291,7 +289,7 @@ impl Operation {
         // A missing class is retried: it can be (re)created independently of the claim.
         let class = self.class(&decision::claim_class(claim)).map_err(|e| {
             tracing::error!(error = %e, "error getting claim's StorageClass's fields");
-            failed(ProvisioningState::Finished, e)
+            failed(ProvisioningState::Finished, e.to_string())
         })?;
         if !self.settings.names.is_known(&class.provisioner) {
             tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in claim's StorageClass");
@@ -407,7 +405,7 @@ impl Operation {
 
     /// Seed `rescheduleProvisioning`: remove the selected-node annotation (only
     /// when present) so the scheduler picks a node again.
-    pub async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+    pub async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
         if decision::annotation(claim, ANN_SELECTED_NODE).is_none() {
             return Ok(());
         }
@@ -415,8 +413,8 @@ impl Operation {
     }
 
     /// Seed `syncClaim`: decide, provision, count, and keep the in-background
-    /// state. `Err` means the claim is to be retried.
-    pub async fn sync_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+    /// state. `Err` means the claim is to be retried (never [`OpError::Stop`]).
+    pub async fn sync_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
         let class = decision::metrics_class(claim);
         let should = match self.should_provision(claim) {
             Ok(s) => s,
@@ -426,7 +424,7 @@ impl Operation {
                     .failed_total
                     .with_label_values(&[&class])
                     .inc();
-                return Err(e);
+                return Err(OpError::Failed(e.to_string()));
             }
         };
         if !should {
@@ -476,7 +474,7 @@ impl Operation {
         }
         match result {
             Ok(()) | Err(OpError::Stop) => Ok(()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         }
     }
 
@@ -520,7 +518,7 @@ impl Operation {
 
     /// Set `provision_svc_intents` and `provision_svc_claims_in_background`
     /// from the recorded intents. Errors: Redis.
-    pub async fn refresh_intent_gauges(&self) -> Result<(), String> {
+    pub async fn refresh_intent_gauges(&self) -> Effect<()> {
         let (entries, stored) = self.ports.intents.list().await?;
         let in_background = entries
             .iter()
@@ -540,7 +538,7 @@ impl Operation {
 
     /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (`None` or
     /// zero: unbounded), the operation of one attempt.
-    pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+    pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
         match self.settings.provision_timeout {
             Some(t) if !t.is_zero() => self.sync_claim_within(claim, Deadline::after(t)).await,
             _ => self.sync_claim(claim).await,
@@ -554,7 +552,7 @@ impl Operation {
         &self,
         claim: &PersistentVolumeClaim,
         deadline: Deadline,
-    ) -> Result<(), String> {
+    ) -> Result<(), OpError> {
         let hard_stop = deadline.at() + 2 * deadline::ABANDON_GRACE;
         let sync = deadline::scope(Some(deadline), self.sync_claim(claim));
         match tokio::time::timeout_at(hard_stop, sync).await {
@@ -576,7 +574,7 @@ impl Operation {
                     .with_label_values(&[&decision::metrics_class(claim)])
                     .inc();
                 self.flag_in_background(claim, true).await;
-                Err(err)
+                Err(OpError::Failed(err))
             }
         }
     }

@@ -6,15 +6,15 @@
 //! * [`PvHandoff`] — pv-writer's durable queue ([`common::handoff::queue::PvQueue`]);
 //! * [`IntentLog`] — durable provisioning intents ([`common::handoff::intents::IntentStore`]).
 //!
-//! Errors are plain strings: every caller turns them into an event or a log
-//! line and a retry.
+//! Errors are [`EffectError`]s: every caller turns them into an event or a
+//! log line and a retry.
 
-use api_types::queue::{ProvisionIntent, QueuedPvWrite};
+use api_types::queue::{DecodeError, ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
-use common::handoff::intents::{IntentEntry, IntentStore};
-use common::handoff::queue::PvQueue;
-use common::handoff::queue_auth::QueueKey;
+use common::handoff::intents::{IntentEntry, IntentError, IntentStore};
+use common::handoff::queue::{PvQueue, QueueError};
+use common::handoff::queue_auth::{AuthError, QueueKey};
 use common::kube::events::{reason, EventSink};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
@@ -22,20 +22,61 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::mpsc;
 
+/// Why a side effect of the provision operation failed; its text goes into
+/// the claim's events and logs, and the claim is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    /// A Kubernetes API call failed; `call` names it (verb, kind, name).
+    #[error("{call}: {}", brief(source))]
+    Kube {
+        /// The call, e.g. `get PersistentVolume "pvc-1"`.
+        call: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// pv-writer's queue in Redis failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// The provisioning intents in Redis failed.
+    #[error(transparent)]
+    Intents(#[from] IntentError),
+    /// An empty object name (the API server's own wording).
+    #[error("resource name may not be empty")]
+    EmptyName,
+}
+
+/// The API server's own message and reason for an API error (what an event
+/// should say), else the client's error.
+fn brief(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.reason),
+        other => other.to_string(),
+    }
+}
+
+/// `Result` of a side effect.
+pub type Effect<T> = Result<T, EffectError>;
+
+/// A failed Kubernetes `call`, as [`EffectError::Kube`].
+fn kube_failed(call: String) -> impl FnOnce(kube::Error) -> EffectError {
+    move |source| EffectError::Kube { call, source }
+}
+
 /// Kubernetes calls the provision operation makes.
 #[async_trait]
 pub trait ClusterApi: Send + Sync + 'static {
     /// GET the node `name`: `Ok(None)` when it does not exist (404), `Err` for
     /// any other failure (seed: "failed to get target node").
-    async fn get_node(&self, name: &str) -> Result<Option<Node>, String>;
+    async fn get_node(&self, name: &str) -> Effect<Option<Node>>;
 
     /// Whether the PV `name` exists, by a live GET on the API server (never a
     /// cache, which may lag): `Ok(false)` only on 404, `Err` for any other failure.
-    async fn pv_exists(&self, name: &str) -> Result<bool, String>;
+    async fn pv_exists(&self, name: &str) -> Effect<bool>;
 
     /// Whether the claim `namespace/name` exists with `uid`, by a live list
     /// limited to that name (never a cache); `Err` when the API call failed.
-    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String>;
+    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Effect<bool>;
 
     /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
     /// patch `{"metadata":{"resourceVersion":"<claim's>","annotations":
@@ -44,7 +85,7 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// claim changed since (e.g. the scheduler picked a new node), the API
     /// server answers 409 Conflict, which counts as done for this attempt
     /// (`Ok`), leaving the next sync to decide on the new claim.
-    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String>;
+    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()>;
 
     /// Record an event on `claim` (Normal, or Warning when `warning`). Never
     /// fails and never blocks on the API server: events are informative.
@@ -72,21 +113,17 @@ pub enum QueuedState {
 #[async_trait]
 pub trait PvHandoff: Send + Sync + 'static {
     /// Whether a PV write for `pv_name` is queued and not yet done.
-    async fn is_pending(&self, pv_name: &str) -> Result<bool, String>;
+    async fn is_pending(&self, pv_name: &str) -> Effect<bool>;
     /// Whether what is queued under `pv_name` is a live entry for the claim
     /// `claim_uid` (verified with the queue key, not dead-lettered).
-    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String>;
+    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Effect<QueuedState>;
     /// The entry queued under `pv_name` when it verifies as ours for the claim
     /// `claim_uid` (pending or dead-lettered); `None` otherwise.
-    async fn queued_entry(
-        &self,
-        pv_name: &str,
-        claim_uid: &str,
-    ) -> Result<Option<QueuedPvWrite>, String>;
+    async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>>;
     /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
     /// step, clear the PV's provisioning intent. Returns true when an intent
     /// was cleared by it.
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String>;
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool>;
 }
 
 /// Durable provisioning intents, as provision-svc uses them; the intent's
@@ -100,14 +137,14 @@ pub trait IntentLog: Send + Sync + 'static {
         intent: &ProvisionIntent,
         claim: &PersistentVolumeClaim,
         in_background: Option<bool>,
-    ) -> Result<(), String>;
+    ) -> Effect<()>;
     /// Clear the intent of `pv_name` (none recorded: nothing to do).
-    async fn clear(&self, pv_name: &str) -> Result<(), String>;
+    async fn clear(&self, pv_name: &str) -> Effect<()>;
     /// The intent of `pv_name` with its claim snapshot, `None` when none is
     /// recorded. Errors: Redis, or an unreadable intent.
-    async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, String>;
+    async fn entry(&self, pv_name: &str) -> Effect<Option<IntentEntry>>;
     /// Every readable intent, and how many are stored (readable or not).
-    async fn list(&self) -> Result<(Vec<IntentEntry>, usize), String>;
+    async fn list(&self) -> Effect<(Vec<IntentEntry>, usize)>;
 }
 
 /// The real [`PvHandoff`]: pv-writer's Redis queue, every entry signed with the
@@ -138,63 +175,53 @@ impl SignedQueue {
         payload: &[u8],
         pv_name: &str,
         claim_uid: &str,
-    ) -> Result<QueuedPvWrite, String> {
-        let entry = QueuedPvWrite::decode(payload).map_err(|e| e.to_string())?;
+    ) -> Result<QueuedPvWrite, Unverifiable> {
+        let entry = QueuedPvWrite::decode(payload)?;
         if let Some(key) = &self.key {
-            key.verify(&self.provisioner_name, &entry)
-                .map_err(|e| e.to_string())?;
+            key.verify(&self.provisioner_name, &entry)?;
         }
         if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
-            return Err(format!(
-                "it is for PV {:?} of claim uid {}",
-                entry.pv_name(),
-                entry.claim.uid
-            ));
+            return Err(Unverifiable::OtherClaim {
+                pv_name: entry.pv_name().to_string(),
+                claim_uid: entry.claim.uid,
+            });
         }
         Ok(entry)
     }
 }
 
+/// Why a queued payload is not this claim's entry ([`QueuedState::Stalled`]).
+#[derive(Debug, thiserror::Error)]
+enum Unverifiable {
+    /// Not a readable entry.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    /// Not signed with the queue key.
+    #[error(transparent)]
+    Signature(#[from] AuthError),
+    /// Another PV's or claim's entry.
+    #[error("it is for PV {pv_name:?} of claim uid {claim_uid}")]
+    OtherClaim { pv_name: String, claim_uid: String },
+}
+
 #[async_trait]
 impl PvHandoff for SignedQueue {
-    async fn is_pending(&self, pv_name: &str) -> Result<bool, String> {
-        self.queue
-            .is_pending(pv_name)
-            .await
-            .map_err(|e| e.to_string())
+    async fn is_pending(&self, pv_name: &str) -> Effect<bool> {
+        Ok(self.queue.is_pending(pv_name).await?)
     }
 
-    async fn queued_entry(
-        &self,
-        pv_name: &str,
-        claim_uid: &str,
-    ) -> Result<Option<QueuedPvWrite>, String> {
-        let Some(payload) = self
-            .queue
-            .payload(pv_name)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
+    async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>> {
+        let Some(payload) = self.queue.payload(pv_name).await? else {
             return Ok(None);
         };
         Ok(self.verified(&payload, pv_name, claim_uid).ok())
     }
 
-    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Result<QueuedState, String> {
-        let Some(payload) = self
-            .queue
-            .payload(pv_name)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
+    async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Effect<QueuedState> {
+        let Some(payload) = self.queue.payload(pv_name).await? else {
             return Ok(QueuedState::No);
         };
-        if let Some(dead) = self
-            .queue
-            .dead_letter_of(pv_name)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        if let Some(dead) = self.queue.dead_letter_of(pv_name).await? {
             return Ok(QueuedState::Stalled {
                 kind: "dead_lettered",
                 reason: format!(
@@ -214,17 +241,13 @@ impl PvHandoff for SignedQueue {
         })
     }
 
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<bool, String> {
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool> {
         let mut entry = entry.clone();
         match &self.key {
             Some(key) => key.sign(&self.provisioner_name, &mut entry),
             None => entry.mac = None,
         }
-        self.queue
-            .enqueue(&entry)
-            .await
-            .map(|outcome| outcome.intent_cleared)
-            .map_err(|e| e.to_string())
+        Ok(self.queue.enqueue(&entry).await?.intent_cleared)
     }
 }
 
@@ -235,7 +258,7 @@ impl IntentLog for IntentStore {
         intent: &ProvisionIntent,
         claim: &PersistentVolumeClaim,
         in_background: Option<bool>,
-    ) -> Result<(), String> {
+    ) -> Effect<()> {
         let in_background = match in_background {
             Some(flag) => flag,
             // Unreadable: overwritten (not in background).
@@ -246,29 +269,22 @@ impl IntentLog for IntentStore {
                 .and_then(|e| e.claim)
                 .is_some_and(|c| c.in_background),
         };
-        self.record_with_claim(intent, claim, in_background)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+        self.record_with_claim(intent, claim, in_background).await?;
+        Ok(())
     }
 
-    async fn clear(&self, pv_name: &str) -> Result<(), String> {
-        IntentStore::clear(self, pv_name)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+    async fn clear(&self, pv_name: &str) -> Effect<()> {
+        IntentStore::clear(self, pv_name).await?;
+        Ok(())
     }
 
-    async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, String> {
-        IntentStore::entry(self, pv_name)
-            .await
-            .map_err(|e| e.to_string())
+    async fn entry(&self, pv_name: &str) -> Effect<Option<IntentEntry>> {
+        Ok(IntentStore::entry(self, pv_name).await?)
     }
 
-    async fn list(&self) -> Result<(Vec<IntentEntry>, usize), String> {
-        let stored = self.count().await.map_err(|e| e.to_string())?;
-        let entries = self.list_with_claims().await.map_err(|e| e.to_string())?;
-        Ok((entries, stored))
+    async fn list(&self) -> Effect<(Vec<IntentEntry>, usize)> {
+        let stored = self.count().await?;
+        Ok((self.list_with_claims().await?, stored))
     }
 }
 
@@ -326,28 +342,28 @@ impl KubeCluster {
 
 #[async_trait]
 impl ClusterApi for KubeCluster {
-    async fn get_node(&self, name: &str) -> Result<Option<Node>, String> {
+    async fn get_node(&self, name: &str) -> Effect<Option<Node>> {
         if name.is_empty() {
-            return Err("resource name may not be empty".to_string());
+            return Err(EffectError::EmptyName);
         }
         Api::<Node>::all(self.client.clone())
             .get_opt(name)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(kube_failed(format!("get Node {name:?}")))
     }
 
-    async fn pv_exists(&self, name: &str) -> Result<bool, String> {
+    async fn pv_exists(&self, name: &str) -> Effect<bool> {
         if name.is_empty() {
-            return Err("resource name may not be empty".to_string());
+            return Err(EffectError::EmptyName);
         }
         Api::<PersistentVolume>::all(self.client.clone())
             .get_opt(name)
             .await
             .map(|pv| pv.is_some())
-            .map_err(|e| format!("get PersistentVolume {name:?}: {e}"))
+            .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
     }
 
-    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Result<bool, String> {
+    async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Effect<bool> {
         let params = ListParams::default().fields(&format!("metadata.name={name}"));
         Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
             .list_metadata(&params)
@@ -357,10 +373,12 @@ impl ClusterApi for KubeCluster {
                     .iter()
                     .any(|c| c.metadata.uid.as_deref() == Some(uid))
             })
-            .map_err(|e| format!("list PersistentVolumeClaim {namespace}/{name}: {e}"))
+            .map_err(kube_failed(format!(
+                "list PersistentVolumeClaim {namespace}/{name}"
+            )))
     }
 
-    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Result<(), String> {
+    async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
         let mut metadata = serde_json::json!({"annotations": {ANN_SELECTED_NODE: null}});
@@ -377,9 +395,9 @@ impl ClusterApi for KubeCluster {
                 tracing::info!(claim = %format!("{namespace}/{name}"), "claim changed since it was read (e.g. re-scheduled); not removing its selected node, the next sync decides");
                 Ok(())
             }
-            Err(e) => Err(format!(
-                "delete annotation {ANN_SELECTED_NODE:?} for PersistentVolumeClaim \"{namespace}/{name}\": {e}"
-            )),
+            Err(e) => Err(kube_failed(format!(
+                "delete annotation {ANN_SELECTED_NODE:?} for PersistentVolumeClaim \"{namespace}/{name}\""
+            ))(e)),
         }
     }
 
@@ -451,15 +469,16 @@ mod tests {
                 "message": "etcd down", "reason": "InternalError", "code": 500}),
             ));
         });
-        assert_eq!(cluster.get_node("gone").await, Ok(None));
+        assert!(cluster.get_node("gone").await.unwrap().is_none());
         let node = cluster.get_node("n1").await.unwrap().unwrap();
         assert_eq!(node.metadata.name.as_deref(), Some("n1"));
-        let err = cluster.get_node("n2").await.unwrap_err();
+        let err = cluster.get_node("n2").await.unwrap_err().to_string();
+        assert!(err.starts_with("get Node \"n2\": "), "{err}");
         assert!(err.contains("etcd down"), "{err}");
-        assert_eq!(
+        assert!(matches!(
             cluster.get_node("").await,
-            Err("resource name may not be empty".to_string())
-        );
+            Err(EffectError::EmptyName)
+        ));
         server.await.unwrap();
     }
 
@@ -517,12 +536,15 @@ mod tests {
             ..Default::default()
         };
         cluster.remove_selected_node(&claim).await.unwrap();
-        assert_eq!(
-            cluster.remove_selected_node(&claim).await,
-            Ok(()),
+        assert!(
+            cluster.remove_selected_node(&claim).await.is_ok(),
             "a conflict means the claim changed: done for this attempt"
         );
-        let err = cluster.remove_selected_node(&claim).await.unwrap_err();
+        let err = cluster
+            .remove_selected_node(&claim)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("delete annotation \"volume.kubernetes.io/selected-node\" for PersistentVolumeClaim \"ns/data\": "), "{err}");
         assert!(err.contains("etcd down"), "{err}");
         server.await.unwrap();

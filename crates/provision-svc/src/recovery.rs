@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::decision;
 use crate::operation::Operation;
+use crate::ports::Effect;
 
 /// How many cleanup attempts run at once.
 pub const CLEANUP_CONCURRENCY: usize = 8;
@@ -32,7 +33,7 @@ pub const CLEANUP_CONCURRENCY: usize = 8;
 /// are counted in `provision_svc_poisoned_intents_total`.
 ///
 /// Errors: the intents cannot be listed (retry).
-pub async fn walk(op: &Operation, count_unreadable: bool) -> Result<Vec<String>, String> {
+pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>> {
     let (entries, stored) = op.ports.intents.list().await?;
     let unreadable = stored.saturating_sub(entries.len());
     if unreadable > 0 && count_unreadable {
@@ -95,17 +96,8 @@ pub async fn claim_gone(
 /// the durable queue first, then a live GET of the PV (see module docs).
 ///
 /// Errors: either lookup failed (the caller must keep the intent).
-pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Result<bool, String> {
-    if op
-        .ports
-        .handoff
-        .is_pending(pv_name)
-        .await
-        .map_err(|e| format!("PV-write queue lookup: {e}"))?
-    {
-        return Ok(true);
-    }
-    op.ports.cluster.pv_exists(pv_name).await
+pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Effect<bool> {
+    Ok(op.ports.handoff.is_pending(pv_name).await? || op.ports.cluster.pv_exists(pv_name).await?)
 }
 
 /// Outcome of one cleanup attempt.
@@ -121,6 +113,16 @@ pub enum CleanupOutcome {
     Poisoned(String),
 }
 
+/// A gone claim's intent names no StorageClass the volume can be deleted with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the intent (version {version}) records no StorageClass and StorageClass {class:?} no longer exists; cannot tell the backend how the volume was made")]
+pub struct NoClassRecorded {
+    /// The intent record's version.
+    pub version: u32,
+    /// The class name it recorded.
+    pub class: String,
+}
+
 /// The options `provision` was (or would have been) called with, rebuilt from
 /// the intent: the recorded StorageClass (version-1 records: the class of that
 /// name in the cache, never a made-up one), the claim snapshot or a claim with
@@ -130,7 +132,7 @@ pub enum CleanupOutcome {
 pub fn options_from_intent(
     op: &Operation,
     entry: &IntentEntry,
-) -> Result<ProvisionOptions, String> {
+) -> Result<ProvisionOptions, NoClassRecorded> {
     let intent = &entry.intent;
     let storage_class: StorageClass = match &intent.storage_class {
         Some(c) => c.clone(),
@@ -139,11 +141,9 @@ pub fn options_from_intent(
             .classes
             .get(&ObjectRef::new(&intent.class))
             .map(|c| c.as_ref().clone())
-            .ok_or_else(|| {
-                format!(
-                    "the intent (version {}) records no StorageClass and StorageClass {:?} no longer exists; cannot tell the backend how the volume was made",
-                    intent.version, intent.class
-                )
+            .ok_or_else(|| NoClassRecorded {
+                version: intent.version,
+                class: intent.class.clone(),
             })?,
     };
     let pvc = match &entry.claim {
@@ -251,11 +251,11 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
             return CleanupOutcome::Done;
         }
         Ok(false) => {}
-        Err(e) => return CleanupOutcome::Retry(e),
+        Err(e) => return CleanupOutcome::Retry(e.to_string()),
     }
     let options = match options_from_intent(op, entry) {
         Ok(o) => o,
-        Err(e) => return CleanupOutcome::Poisoned(e),
+        Err(e) => return CleanupOutcome::Poisoned(e.to_string()),
     };
     let outcome = match op.ports.backend.delete_unprovisioned(&options).await {
         Ok(()) => {
