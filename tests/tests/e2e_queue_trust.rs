@@ -299,7 +299,7 @@ async fn a_stopped_pv_writer_leader_moves_nothing_after_the_standby_took_over(pl
     // its Event per claim: about 5 claims/s, 60 claims in ~12 s).
     sys.settings
         .extra_args
-        .push((Service::PvWriter, vec!["--workers=2".into()]));
+        .push((Service::PvWriter, vec!["--worker-threads=2".into()]));
     throttle(&mut sys, Service::PvWriter, 10.0);
     for (service, replica) in [
         (Service::Provision, 0),

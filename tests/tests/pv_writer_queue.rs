@@ -538,7 +538,7 @@ async fn api_outage_of_30s_then_all_written_within_seconds() {
     for i in 0..200 {
         f.enqueue(&entry(&format!("o{i}"))).await;
     }
-    // Default flags: --retry-initial 1s, --retry-max 5m.
+    // Default flags: --retry-interval-start 1s, --retry-interval-max 5m.
     f.start_writer(Duration::from_secs(1), Duration::from_secs(300))
         .await;
     tokio::time::sleep(outage - Duration::from_secs(1)).await;

@@ -3,16 +3,9 @@
 
 use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 
-/// Every resource provision-svc touches and the verbs it uses.
-///
-/// * claims: list/watch (reflector; a list limited to one name confirms a
-///   deleted claim is gone before its unwritten volume is deleted), patch
-///   (reschedule removes the selected node);
-/// * PVs: list/watch (reflector), get (the start-up walk's live check that a
-///   deleted claim's PV really does not exist before its asset is deleted);
-/// * StorageClasses: list/watch (reflector);
-/// * nodes: get (selected node lookup on demand);
-/// * events (on claims) and the Lease.
+/// Every call provision-svc makes: claims list/watch/patch (a one-name list
+/// confirms a claim gone), PVs list/watch/get (live checks before a delete),
+/// StorageClasses list/watch, nodes get, events, its Lease.
 pub const API_CALLS: &[ApiCall] = &[
     ApiCall {
         group: "",

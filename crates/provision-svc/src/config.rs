@@ -32,11 +32,9 @@ pub struct ProvisionArgs {
     )]
     pub additional_provisioners: Vec<String>,
 
-    /// Add the provisioner's finalizer
-    /// (`external-provisioner.volume.kubernetes.io/finalizer`) to provisioned PVs.
-    /// One setting with reclaim-svc's `--add-finalizer` (seed `AddFinalizer`): set
-    /// both alike (the deploy reads one ConfigMap key for both), or reclaim-svc
-    /// removes the finalizer again.
+    /// Add `external-provisioner.volume.kubernetes.io/finalizer` to provisioned
+    /// PVs (seed `AddFinalizer`); set it as reclaim-svc's `--add-finalizer`, or
+    /// reclaim-svc removes it again.
     #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
     pub add_finalizer: bool,
 
@@ -44,13 +42,9 @@ pub struct ProvisionArgs {
     #[arg(long, env = "FAILED_PROVISION_THRESHOLD", default_value_t = 15)]
     pub failed_provision_threshold: u32,
 
-    /// Bound on one claim's provisioning attempt (e.g. `2m`). Default: unset,
-    /// i.e. unbounded, as in the seed (its provision timeout is also unbounded
-    /// by default). As the seed's context timeout, the backend call sees the
-    /// deadline (`provisioner_api::deadline`) and a timed-out attempt is a failure: a
-    /// `ProvisioningFailed` event, `..._provision_failed_total`, the claim
-    /// kept in background (the backend may still be making the volume), and
-    /// a retry with backoff.
+    /// Bound on one claim's provisioning attempt (e.g. `2m`); unset: unbounded
+    /// (seed). The backend sees the deadline; a timed-out attempt fails, is kept
+    /// in background and retried.
     #[arg(long, env = "PROVISION_TIMEOUT", value_parser = parse_duration)]
     pub provision_timeout: Option<Duration>,
 

@@ -76,10 +76,9 @@ impl Context {
     }
 }
 
-/// Seed `syncClaimHandler` for one claim, holding its lock: sync it (if still
-/// cached) under `--provision-timeout`; success forgets its failures, and at
-/// the failure threshold the claim is given up until it changes.
-/// Errors: the operation's [`OpError`], retried by [`error_policy`].
+/// Seed `syncClaimHandler` for one claim, holding its lock: sync it if still
+/// cached; success forgets its failures, the threshold gives it up until it
+/// changes. Errors: [`OpError`], retried by [`error_policy`].
 pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Action, OpError> {
     let Some(uid) = cached.meta().uid.clone() else {
         return Ok(Action::await_change());

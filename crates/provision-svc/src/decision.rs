@@ -13,16 +13,9 @@ use common::kube::events::claim_ref_of;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-/// Seed `shouldProvision`: whether a volume should be provisioned for
-/// `claim`. Not when it is bound (`spec.volumeName` non-empty), when the
-/// backend's qualifier (`backend_accepts`) declines it, when it expects no
-/// provisioner or one not in `names`; for a StorageClass with
-/// `volumeBindingMode: WaitForFirstConsumer` only once a node is selected
-/// (non-empty `volume.kubernetes.io/selected-node`). `class` looks a
-/// StorageClass up by name.
-///
-/// Errors: the claim is for us but its StorageClass is not found (retried:
-/// the class can be created independently of the claim).
+/// Seed `shouldProvision`: not when bound, declined by the backend, expecting
+/// no or another provisioner; with `WaitForFirstConsumer` only once a node is
+/// selected. Errors: [`ClassNotFound`] for our claim (retried).
 pub fn should_provision(
     claim: &PersistentVolumeClaim,
     names: &ProvisionerNames,

@@ -74,10 +74,9 @@ pub struct ServiceMetrics {
     /// `provision_svc_claims_in_background`: claims whose backend reported
     /// `InBackground` (the seed's claims in progress).
     pub claims_in_background: IntGauge,
-    /// `provision_svc_poisoned_intents_total`: provisioning intents the
-    /// start-up walk could not act on (unreadable record; volume of a deleted
-    /// claim the backend refuses to delete or that has no recorded class).
-    /// Each is kept in Redis for an operator.
+    /// `provision_svc_poisoned_intents_total`: intents a walk cannot act on
+    /// (unreadable; a gone claim's volume the backend refuses to delete or with
+    /// no recorded class), kept in Redis for an operator.
     pub poisoned_intents: IntCounter,
     /// `provision_svc_stalled_queue_entries_total{reason}`: syncs of a claim
     /// that still wants a volume but whose queued PV write pv-writer will never

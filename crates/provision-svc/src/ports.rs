@@ -78,13 +78,9 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// limited to that name (never a cache); `Err` when the API call failed.
     async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Effect<bool>;
 
-    /// Remove `volume.kubernetes.io/selected-node` from `claim` with a JSON merge
-    /// patch `{"metadata":{"resourceVersion":"<claim's>","annotations":
-    /// {"volume.kubernetes.io/selected-node":null}}}`. The resourceVersion makes
-    /// it conditional, like the seed's `Update` of the cached claim: if the
-    /// claim changed since (e.g. the scheduler picked a new node), the API
-    /// server answers 409 Conflict, which counts as done for this attempt
-    /// (`Ok`), leaving the next sync to decide on the new claim.
+    /// Remove `volume.kubernetes.io/selected-node` from `claim`: a merge patch
+    /// conditional on its resourceVersion (seed's `Update`); 409 Conflict (the
+    /// claim changed) is `Ok`, the next sync decides.
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()>;
 
     /// Record an event on `claim` (Normal, or Warning when `warning`). Never
@@ -301,10 +297,9 @@ struct PendingEvent {
     note: String,
 }
 
-/// [`ClusterApi`] over the Kubernetes API. Events are handed to a background
-/// publisher (at most [`EVENT_PUBLISHERS`] in flight), so provisioning never
-/// waits for the client-side rate limit on events; the publisher drains what
-/// is left when the last `KubeCluster` clone is dropped.
+/// [`ClusterApi`] over the Kubernetes API; events go to a background
+/// publisher ([`EVENT_PUBLISHERS`] at a time), drained when the last clone is
+/// dropped, so provisioning never waits for the event rate limit.
 #[derive(Clone)]
 pub struct KubeCluster {
     client: Client,

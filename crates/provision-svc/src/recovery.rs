@@ -28,11 +28,9 @@ use crate::ports::Effect;
 /// How many cleanup attempts run at once.
 pub const CLEANUP_CONCURRENCY: usize = 8;
 
-/// The uids of the claims that have an intent but are not in the claims
-/// cache; with `count_unreadable` (a term's first walk) unreadable intents
-/// are counted in `provision_svc_poisoned_intents_total`.
-///
-/// Errors: the intents cannot be listed (retry).
+/// The uids of claims with an intent but not in the claims cache; a term's
+/// first walk (`count_unreadable`) counts unreadable intents as poisoned.
+/// Errors: the intents cannot be listed.
 pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>> {
     let (entries, stored) = op.ports.intents.list().await?;
     let unreadable = stored.saturating_sub(entries.len());
@@ -92,10 +90,8 @@ pub async fn claim_gone(
     }
 }
 
-/// Whether the volume `pv_name` is carried by a queued PV write or a PV:
-/// the durable queue first, then a live GET of the PV (see module docs).
-///
-/// Errors: either lookup failed (the caller must keep the intent).
+/// Whether a queued PV write or a PV (live GET) carries `pv_name`'s volume,
+/// checked in that order. Errors: a lookup failed (keep the intent).
 pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Effect<bool> {
     Ok(op.ports.handoff.is_pending(pv_name).await? || op.ports.cluster.pv_exists(pv_name).await?)
 }
@@ -123,12 +119,9 @@ pub struct NoClassRecorded {
     pub class: String,
 }
 
-/// The options `provision` was (or would have been) called with, rebuilt from
-/// the intent: the recorded StorageClass (version-1 records: the class of that
-/// name in the cache, never a made-up one), the claim snapshot or a claim with
-/// just the recorded identity, and the recorded selected node.
-///
-/// Errors: no StorageClass is recorded and none of that name is cached.
+/// The options `provision` was called with, from the intent: its StorageClass
+/// (v1 records: the cached one of that name), claim snapshot (or identity) and
+/// selected node. Errors: [`NoClassRecorded`].
 pub fn options_from_intent(
     op: &Operation,
     entry: &IntentEntry,

@@ -152,16 +152,9 @@ pub struct LeaseStatus {
     pub error: Option<String>,
 }
 
-/// Gather the status of `names` from Redis at `redis` (URL, ACL user, password,
-/// TLS: the operator's `--redis-*` flags) and, when `leases` is given (a client
-/// and the Leases' namespace, or `None` to find each Lease by name in every
-/// namespace: the deploy keeps pv-writer's Lease in `split-provisioner` and the
-/// other two in `split-provisioner-volumes`), from the API server.
-/// `now_ms` is the caller's clock (ms since the Unix epoch), used for the
-/// ages of intents and Leases; queue ages use Redis' clock.
-///
-/// Never fails as a whole: unreadable parts are listed in each
-/// [`ProvisionerStatus::errors`].
+/// The status of `names` from Redis at `redis` and, with `leases` (client and
+/// namespace, `None`: search every namespace), the Leases; `now_ms` ages
+/// intents and Leases. Never fails: unreadable parts go to `errors`.
 pub async fn gather(
     names: &[String],
     redis: &RedisConfig,
@@ -300,11 +293,8 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::q
     })
 }
 
-/// The Lease `name` in `namespace`, or (without one) found by name in every
-/// namespace: `Ok(None)` when there is none.
-///
-/// Errors: the API call failed, or the name exists in several namespaces
-/// (give `--leader-election-namespace`).
+/// The Lease `name` in `namespace` (without one: in any namespace), `None` if
+/// absent. Errors: the call failed, or several namespaces hold it.
 async fn find_lease(
     client: &Client,
     name: &str,

@@ -3,13 +3,9 @@
 
 use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 
-/// Every call pv-writer makes:
-/// * `persistentvolumes`: `create` (the queued PV) and `get` (on `AlreadyExists`,
-///   to compare the existing PV's `claimRef.uid` with the entry's claim);
-/// * `persistentvolumeclaims`: `get` (before each create, the entry's claim
-///   must still exist with the entry's uid);
-/// * events (`ProvisioningSucceeded`, `ProvisioningFailed`) through the recorder;
-/// * its own Lease for leader election.
+/// Every call pv-writer makes: PVs create and get (an existing PV's claim uid
+/// on `AlreadyExists`), claims get (the entry's claim still there), events,
+/// its Lease.
 pub const API_CALLS: &[ApiCall] = &[
     ApiCall {
         group: "",

@@ -41,12 +41,9 @@ pub struct EntryChecks {
 }
 
 impl EntryChecks {
-    /// Checks for the queue of `provisioner_names[0]` (the entries' MAC is bound
-    /// to it); every name in `provisioner_names` is accepted in the
-    /// provisioned-by annotation. `key: None` skips the authenticity check
-    /// (`--insecure-unsigned-queue`).
-    ///
-    /// Panics when `provisioner_names` is empty.
+    /// Checks for the queue of `provisioner_names[0]` (the MAC's binding), any of
+    /// them accepted as provisioned-by; `key: None` skips the MAC check. Panics:
+    /// `provisioner_names` is empty.
     pub fn new(
         provisioner_names: Vec<String>,
         key: Option<QueueKey>,

@@ -1,8 +1,7 @@
 //! Flags of `pv-writer`, each flag with an environment twin
-//! (`--write-timeout` ⇔ `WRITE_TIMEOUT`). `--worker-threads` (alias
-//! `--workers`, default 16) and `--retry-interval-start`/`--retry-interval-max`
-//! (aliases `--retry-initial`/`--retry-max`, default 1s/5m; entries are retried
-//! forever, with up to 20 % jitter below) are shared flags (`common::runtime::config`).
+//! (`--write-timeout` ⇔ `WRITE_TIMEOUT`). `--worker-threads` (default 16) and
+//! `--retry-interval-start`/`--retry-interval-max` (default 1s/5m; entries are
+//! retried forever, with up to 20 % jitter below) are shared flags (`common::runtime::config`).
 
 use std::time::Duration;
 
@@ -10,11 +9,8 @@ use clap::{Args, Parser};
 use common::handoff::queue_auth::QueueKeyArgs;
 use common::runtime::config::{parse_duration, CommonArgs};
 
-/// `pv-writer [FLAGS] [run | queue list | queue dead | queue requeue <PV> | status [-o json] [NAMES]]`,
-/// without the backend's flags: the binary adds `--backend` and the built-in
-/// backends' flags (same as provision-svc's: the backend whose own check a
-/// queued PV's volume source must pass; see the `backends` crate).
-/// The operator's commands are `provisioner-ctl`'s.
+/// `pv-writer [FLAGS]`; the binary adds `--backend` and the backends' flags
+/// (the backend whose check every queued volume source must pass).
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "pv-writer",
@@ -61,10 +57,8 @@ pub struct WriterArgs {
 }
 
 impl Cli {
-    /// Check relations between flags.
-    ///
-    /// Errors: `--retry-interval-max` below `--retry-interval-start`, or any
-    /// error of [`WriterArgs::validate`].
+    /// Check relations between flags. Errors: `--retry-interval-max` below
+    /// `--retry-interval-start`, or [`WriterArgs::validate`]'s.
     pub fn validate(&self) -> anyhow::Result<()> {
         let retry = self.common.retry_backoff(crate::SPEC);
         if retry.max < retry.initial {
@@ -125,7 +119,7 @@ mod tests {
         );
         assert_eq!(cli.writer.additional_provisioners, ["a.io/x"]);
 
-        assert!(Cli::try_parse_from(["pv-writer", "--workers", "0"]).is_err());
+        assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
         assert!(
             Cli::try_parse_from(["pv-writer", "status"]).is_err(),
@@ -135,8 +129,14 @@ mod tests {
 
     #[test]
     fn flag_relations_are_checked() {
-        let cli = Cli::try_parse_from(["pv-writer", "--retry-initial", "10s", "--retry-max", "5s"])
-            .unwrap();
+        let cli = Cli::try_parse_from([
+            "pv-writer",
+            "--retry-interval-start",
+            "10s",
+            "--retry-interval-max",
+            "5s",
+        ])
+        .unwrap();
         assert!(cli.validate().is_err());
         let cli = Cli::try_parse_from([
             "pv-writer",

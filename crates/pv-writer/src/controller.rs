@@ -337,11 +337,9 @@ impl Writer {
 /// Redis calls failed; after a failure it does so at its next turn.
 pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
 
-/// The PV names this replica's workers are writing: a name is held from the
-/// take that returned it until its worker finished (settled the entry, or gave
-/// up because the term ended). Counted, since one term can take a name again
-/// while a first worker still holds it (its visibility timeout passed while
-/// that worker waited for Redis). Shared by the dispatcher and the workers.
+/// PV names this replica's workers hold, from the take to the settle; counted,
+/// as a term can take a name again while a first worker still holds it (its
+/// visibility timeout passed while it waited for Redis).
 #[derive(Clone, Default)]
 struct Held(Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>);
 

@@ -66,10 +66,9 @@ pub enum WriteResult {
     Transient(String),
 }
 
-/// The verdict on a create that answered `409 AlreadyExists`, given the
-/// existing PV: ours ([`WriteResult::AlreadyExists`]) when its
-/// `claimRef.uid` is the entry's claim uid, else refused as
-/// `claimed_by_other` (the volume is kept; an operator resolves and requeues).
+/// Verdict on a `409 AlreadyExists` create given the existing PV: ours when
+/// its `claimRef.uid` is the entry's claim, else refused `claimed_by_other`
+/// (volume kept for an operator).
 pub fn already_exists(entry: &QueuedPvWrite, existing: &PersistentVolume) -> WriteResult {
     let name = entry.pv_name();
     let claim_ref = existing.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
@@ -96,10 +95,8 @@ pub fn already_exists(entry: &QueuedPvWrite, existing: &PersistentVolume) -> Wri
     }
 }
 
-/// The verdict on a create of PV `name` refused with HTTP `code` (other than
-/// `409 AlreadyExists`), `reason` and `message` from the API server's Status:
-/// `422` → refused as `invalid`, `400` → refused as `bad_request`, anything
-/// else → transient.
+/// Verdict on a create refused with HTTP `code` (not 409): 422 refused as
+/// `invalid`, 400 as `bad_request`, anything else transient.
 pub fn refused_create(name: &str, code: u16, reason: &str, message: &str) -> WriteResult {
     match code {
         422 => WriteResult::Refused {

@@ -33,10 +33,9 @@ pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
 pub use api_calls::API_CALLS;
 pub use config::{Cli, WriterArgs};
 
-/// Run pv-writer with `backend` (whose `validate_volume` every PV passes)
-/// until SIGTERM: `/metrics`, `/healthz`, `/readyz`, and as leader of the
-/// `<provisioner>-pv-writer` Lease one [`controller::run_term`] per term.
-/// Errors: invalid flag combinations, setup failures.
+/// Run pv-writer with `backend` until SIGTERM: HTTP endpoints, and as leader
+/// of the `<provisioner>-pv-writer` Lease one [`controller::run_term`] per
+/// term. Errors: invalid flags, setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     cli.validate()?;
     let registry = prometheus::Registry::new();

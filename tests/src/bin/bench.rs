@@ -95,7 +95,7 @@ struct Args {
     /// limit off (the "tuned" runs); `shipped` uses the services' own default.
     #[arg(long, default_value = "0")]
     kube_api_qps: String,
-    /// Extra service flag, `SERVICE=FLAG` (`provision-svc=--workers=32`); repeatable.
+    /// Extra service flag, `SERVICE=FLAG` (`provision-svc=--worker-threads=32`); repeatable.
     #[arg(long = "service-arg", value_name = "SERVICE=FLAG")]
     service_args: Vec<String>,
     /// Skip the controller-manager-alone phase.

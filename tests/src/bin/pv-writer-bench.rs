@@ -31,12 +31,12 @@ async fn run() {
     let queue = PvQueue::connect(&redis.url(), PROVISIONER).await.unwrap();
     for (run, (label, extra)) in [
         (
-            "default flags (--kube-api-qps 1000 --kube-api-burst 2000, --workers 16)",
+            "default flags (--kube-api-qps 1000 --kube-api-burst 2000, --worker-threads 16)",
             vec![],
         ),
         (
-            "--kube-api-qps 0 --workers 32",
-            vec!["--kube-api-qps", "0", "--workers", "32"],
+            "--kube-api-qps 0 --worker-threads 32",
+            vec!["--kube-api-qps", "0", "--worker-threads", "32"],
         ),
     ]
     .into_iter()

@@ -113,9 +113,9 @@ pub fn spawn_writer(
         "--leader-election=false",
         "--http-port",
         "0",
-        "--retry-initial",
+        "--retry-interval-start",
         "200ms",
-        "--retry-max",
+        "--retry-interval-max",
         "2s",
     ]
     .iter()

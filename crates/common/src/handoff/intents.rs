@@ -184,10 +184,9 @@ impl IntentStore {
             .collect())
     }
 
-    /// The intent of `pv_name` with its claim snapshot; `None` when no intent
-    /// is recorded. An unreadable snapshot is logged and `None`.
-    ///
-    /// Errors: [`IntentError::Redis`]; [`IntentError::Decode`] for an unreadable intent.
+    /// The intent of `pv_name` with its claim snapshot (an unreadable snapshot is
+    /// logged and `None`); `None` without an intent. Errors: Redis, or
+    /// [`IntentError::Decode`] for an unreadable intent.
     pub async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, IntentError> {
         let mut conn = self.conn.clone();
         let (intent, claim): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::pipe()

@@ -26,10 +26,9 @@ pub const MIN_KEY_BYTES: usize = 32;
 /// Flags selecting the queue key (shared by provision-svc and pv-writer).
 #[derive(Debug, Clone, Default, Args)]
 pub struct QueueKeyArgs {
-    /// File holding the HMAC key that signs PV-write queue entries (at least 32
-    /// bytes; a trailing newline is ignored). provision-svc signs with it,
-    /// pv-writer refuses entries without a valid signature. Required unless
-    /// `--insecure-unsigned-queue`.
+    /// File holding the HMAC key (at least 32 bytes; a trailing newline ignored)
+    /// that provision-svc signs PV-write queue entries with and pv-writer checks.
+    /// Required unless `--insecure-unsigned-queue`.
     #[arg(long, env = "QUEUE_HMAC_KEY_FILE")]
     pub queue_hmac_key_file: Option<PathBuf>,
 

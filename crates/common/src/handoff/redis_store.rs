@@ -95,10 +95,9 @@ impl std::fmt::Debug for Password {
     }
 }
 
-/// Everything needed to open a Redis connection: URL, credentials, TLS files. Built from the flags
-/// with [`RedisConfig::from_args`]; a bare URL converts into one (`"redis://…".into()`), which is
-/// how tests and embedders without credentials call [`connect`]. Cheap to clone; `Debug` hides the
-/// password.
+/// How to open a Redis connection: URL, credentials, TLS files; from the flags
+/// ([`RedisConfig::from_args`]) or a bare URL (`"redis://…".into()`).
+/// `Debug` hides the password.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://[user[:password]@]host:port[/db]` or `rediss://…` for TLS.
@@ -239,10 +238,9 @@ impl RedisConfig {
             .unwrap_or_else(|| "default".to_string())
     }
 
-    /// Build a redis-rs client: parse the URL, apply user and password (the password file is read
-    /// now), and for `rediss://` the CA and client certificate files. Errors:
-    /// [`ConnectError::Config`] for a bad URL, two password sources, conflicting users, unreadable
-    /// or empty files, TLS files with a non-TLS URL, or unparsable PEM.
+    /// A redis-rs client for this config (the password file is read now). Errors:
+    /// [`ConnectError::Config`]: bad URL, two password sources, conflicting users,
+    /// unreadable or empty files, TLS files without `rediss://`, bad PEM.
     pub fn client(&self) -> Result<redis::Client, ConnectError> {
         let info: ConnectionInfo = self
             .url
@@ -360,10 +358,9 @@ fn read_password_file(path: &Path) -> Result<String, String> {
     Ok(first.to_string())
 }
 
-/// A reconnecting connection described by `config` (a URL converts: see [`RedisConfig`]), checked
-/// with `PING`. Commands fail fast while Redis is down (the manager reconnects in the background);
-/// callers retry. Errors: [`ConnectError`] naming the cause: bad configuration, refused
-/// credentials, failed TLS, or Redis unreachable at the first connection.
+/// A reconnecting connection for `config`, checked with `PING`; commands fail
+/// fast while Redis is down. Errors: [`ConnectError`] naming the cause
+/// (configuration, credentials, TLS, unreachable).
 pub async fn connect(config: impl Into<RedisConfig>) -> Result<ConnectionManager, ConnectError> {
     let config = config.into();
     let client = config.client()?;
@@ -400,11 +397,9 @@ pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge 
     gauge
 }
 
-/// Probe Redis at `config` every `interval` until `stop` fires: connect (once, with the service's
-/// credentials and TLS; then the manager reconnects by itself) and `PING`, each bounded by 2 s, and
-/// set `gauge` to 1 on a `PONG`, 0 on any failure (unreachable, refused credentials, bad TLS).
-/// Never returns an error: that is exactly what the gauge reports. Runs in every replica, leader or
-/// not, so a standby that cannot reach Redis is seen before it takes over.
+/// Until `stop`: every `interval`, `PING` Redis at `config` (2 s bound) and set
+/// `gauge` to 1 on `PONG`, else 0. Runs in every replica, so a standby that
+/// cannot reach Redis is seen before it takes over.
 pub async fn watch_reachability(
     config: RedisConfig,
     gauge: prometheus::IntGauge,

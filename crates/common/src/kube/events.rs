@@ -82,10 +82,9 @@ impl EventSink {
         }
     }
 
-    /// Publish a Normal (`warning = false`) or Warning event with `reason` and
-    /// `note` about `object`: in the object's namespace, or in
-    /// [`CLUSTER_SCOPED_NAMESPACE`] when `object.namespace` is empty. Failures are logged,
-    /// never returned: an event is informative and must not fail the operation it reports.
+    /// Publish a Normal or Warning (`warning`) event about `object`, in its
+    /// namespace or [`CLUSTER_SCOPED_NAMESPACE`] when cluster-scoped. Failures are
+    /// logged, never returned.
     pub async fn publish(
         &self,
         object: &ObjectReference,
@@ -102,10 +101,9 @@ impl EventSink {
         }
     }
 
-    /// [`EventSink::publish`] returning the API error (for tests and callers that count failures).
-    /// The Event is created the first time, then its `series` (count, lastObservedTime) patched on
-    /// repeats within [`SERIES_TTL`], as the Recorder does. Errors: the API server rejected or did
-    /// not answer the create/patch.
+    /// [`EventSink::publish`] returning the API error: created the first time, its
+    /// `series` patched on repeats within [`SERIES_TTL`] (as the Recorder does).
+    /// Errors: the create or patch failed.
     pub async fn try_publish(
         &self,
         object: &ObjectReference,
@@ -201,12 +199,9 @@ impl EventSink {
         Ok(())
     }
 
-    /// Publish a Normal (`warning = false`) or Warning event about `object` at most once per
-    /// (`object.uid`, `reason`), across replicas and restarts: the Event is created under
-    /// [`once_event_name`], in the object's namespace (or [`CLUSTER_SCOPED_NAMESPACE`] for a
-    /// cluster-scoped object), and an `AlreadyExists` answer means another publish (this
-    /// process, a deposed leader, a retried queue entry) announced it first. Without a uid
-    /// it falls back to [`EventSink::publish`]. Failures are logged, never returned.
+    /// Publish an event about `object` at most once per (`uid`, `reason`) across
+    /// replicas and restarts, named [`once_event_name`] (`AlreadyExists`: announced
+    /// already); without a uid, [`EventSink::publish`]. Failures are logged.
     pub async fn publish_once(
         &self,
         object: &ObjectReference,
@@ -304,12 +299,9 @@ impl EventSink {
     }
 }
 
-/// Name of the one Event [`EventSink::publish_once`] writes for `object` and `reason`:
-/// `<object uid>.<reason in lower case>` (e.g.
-/// `6a1e0a51-0000-4000-8000-000000000002.provisioningsucceeded`), a valid DNS subdomain
-/// (Event names must be one) for a Kubernetes uid and a CamelCase reason. `None` when the
-/// object has no uid, or the result would not be a DNS subdomain (at most 253 characters of
-/// lower-case letters, digits, `-` and `.`, alphanumeric at both ends).
+/// `<object uid>.<reason in lower case>`, the name of the one Event
+/// [`EventSink::publish_once`] writes; `None` without a uid or when that is not
+/// a DNS subdomain (≤ 253 chars of `[a-z0-9.-]`, alphanumeric ends).
 pub fn once_event_name(object: &ObjectReference, reason: &str) -> Option<String> {
     let uid = object.uid.as_deref().filter(|u| !u.is_empty())?;
     let name = format!(

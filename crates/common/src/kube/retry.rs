@@ -73,12 +73,9 @@ impl Backoff {
         backoff(self.initial, self.max, failures.max(1))
     }
 
-    /// Run `op` until it returns `Ok`, waiting [`delay`](Self::delay)`(n)` after its `n`-th
-    /// failure; `on_error(&error, n, delay)` sees each failure first (log it, report not-ready).
-    /// Returns `Some(value)`, or `None` once an attempt failed after `shutdown` fired (or it fires
-    /// while waiting). The first attempt is always made, even after shutdown: a PV write finishing
-    /// during a graceful shutdown still settles its entry. Outcomes that must not be retried belong
-    /// in `T`.
+    /// Run `op` until `Ok`, waiting [`delay`](Self::delay)`(n)` after the `n`-th
+    /// failure (`on_error(&error, n, delay)` sees each); `None` once an attempt
+    /// failed after `shutdown`. The first attempt always runs, even after shutdown.
     pub async fn retry<T, E, F, Fut>(
         &self,
         shutdown: &CancellationToken,

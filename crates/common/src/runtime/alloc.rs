@@ -14,10 +14,9 @@
 /// Arenas glibc's malloc may create ([`limit_malloc_arenas`]).
 pub const MALLOC_ARENAS: i32 = 1;
 
-/// Cap glibc's malloc at [`MALLOC_ARENAS`] arenas (`mallopt(M_ARENA_MAX)`), unless the operator set
-/// the arena count in the environment (`MALLOC_ARENA_MAX`, or `glibc.malloc.arena_max` in
-/// `GLIBC_TUNABLES`: glibc applied that already, and it wins). Call it first in `main`, before any
-/// thread starts. Does nothing on other C libraries (musl has no arenas).
+/// Cap glibc's malloc at [`MALLOC_ARENAS`] arenas unless the environment sets
+/// the count (`MALLOC_ARENA_MAX`, `GLIBC_TUNABLES`); call first in `main`.
+/// No-op on other C libraries.
 pub fn limit_malloc_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if !operator_set_arenas(
@@ -45,10 +44,9 @@ fn operator_set_arenas(malloc_arena_max_set: bool, glibc_tunables: Option<&str>)
         })
 }
 
-/// A service binary's `main`: [`limit_malloc_arenas`], then a multi-thread tokio runtime with I/O
-/// and timers (what `#[tokio::main]` builds) running `main` to completion; its output is returned.
-/// Panics: when the tokio runtime cannot be built (no threads or no epoll: the process could not
-/// run at all), as `#[tokio::main]` does.
+/// A service's `main`: [`limit_malloc_arenas`], then `main` on a multi-thread
+/// tokio runtime (as `#[tokio::main]`), returning its output. Panics: the
+/// runtime cannot be built.
 pub fn block_on_service<T>(main: impl std::future::Future<Output = T>) -> T {
     limit_malloc_arenas();
     tokio::runtime::Builder::new_multi_thread()

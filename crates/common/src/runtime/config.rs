@@ -167,20 +167,9 @@ pub struct CommonArgs {
     #[arg(long, env = "KUBECONFIG", help_heading = "Kubernetes")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Client-side limit on API requests per second (token bucket refill rate).
-    /// 0 disables the limit.
-    ///
-    /// Default 1000: a backstop against a runaway loop, sized so it never binds
-    /// below what the control plane itself allows. kube-controller-manager
-    /// annotates claims for an external provisioner at most as fast as its own
-    /// client-side limit allows (about 150–310 claims/s on a two-core machine
-    /// with its `--kube-api-qps 200`, 4 claims/s bound with its default 20:
-    /// `bench --control-plane real`, BENCHMARKS.md), and
-    /// a volume costs pv-writer two requests (PV create, `ProvisioningSucceeded`)
-    /// and provision-svc one (`Provisioning`): at most about 650 requests/s per
-    /// process, where the former default of 200 capped pv-writer near 100 PVs/s.
-    /// The API server's own protection (priority and fairness, 429s) is what
-    /// should bound a healthy provisioner.
+    /// Client-side limit on API requests per second (token bucket refill);
+    /// 0 disables it. A backstop against a runaway loop, above what the
+    /// control plane allows (BENCHMARKS.md); the API server's fairness binds first.
     #[arg(
         long,
         env = "KUBE_API_QPS",
@@ -210,10 +199,8 @@ pub struct CommonArgs {
     )]
     pub redis_url: String,
 
-    /// Redis ACL user, password file and TLS files (`--redis-username`,
-    /// `--redis-password-file`, `--redis-ca-file`, ...): see
-    /// [`crate::handoff::redis_store`]. Combine with `redis_url` through
-    /// [`CommonArgs::redis`].
+    /// Redis ACL user, password file and TLS files (`--redis-username`, ...;
+    /// [`crate::handoff::redis_store`]), combined with `redis_url` by [`CommonArgs::redis`].
     #[command(flatten, next_help_heading = "Redis")]
     pub redis_auth: crate::handoff::redis_store::RedisAuthArgs,
 
@@ -240,11 +227,9 @@ pub struct CommonArgs {
     )]
     pub leader_election_identity: Option<String>,
 
-    /// How long a Lease is valid without renewal; a standby takes over after it
-    /// (alias `--lease-duration`).
+    /// How long a Lease is valid without renewal; a standby takes over after it.
     #[arg(
         long = "leader-election-lease-duration",
-        alias = "lease-duration",
         env = "LEADER_ELECTION_LEASE_DURATION",
         default_value = "15s",
         value_parser = parse_duration,
@@ -252,11 +237,9 @@ pub struct CommonArgs {
     )]
     pub lease_duration: Duration,
 
-    /// How long the leader keeps trying to renew before it gives up leadership
-    /// (alias `--renew-deadline`).
+    /// How long the leader keeps trying to renew before it gives up leadership.
     #[arg(
         long = "leader-election-renew-deadline",
-        alias = "renew-deadline",
         env = "LEADER_ELECTION_RENEW_DEADLINE",
         default_value = "10s",
         value_parser = parse_duration,
@@ -265,11 +248,9 @@ pub struct CommonArgs {
     pub renew_deadline: Duration,
 
     /// How often candidates try to acquire, and the leader to renew, the Lease
-    /// (alias `--retry-period`). Only the Lease: Redis reconnects wait
-    /// `--redis-reconnect-period`.
+    /// (Redis reconnects wait `--redis-reconnect-period`).
     #[arg(
         long = "leader-election-retry-period",
-        alias = "retry-period",
         env = "LEADER_ELECTION_RETRY_PERIOD",
         default_value = "2s",
         value_parser = parse_duration,
@@ -277,18 +258,14 @@ pub struct CommonArgs {
     )]
     pub retry_period: Duration,
 
-    /// How long to wait between attempts to (re)connect to Redis, or to repeat a
-    /// Redis call that failed for want of a connection.
-    /// Default 500ms (pv-writer's fixed interval before this flag; provision-svc
-    /// used to wait `--retry-period`).
+    /// Wait between attempts to (re)connect to Redis, or to repeat a Redis call
+    /// that failed for want of a connection.
     #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration, help_heading = "Redis")]
     pub redis_reconnect_period: Duration,
 
-    /// `HOST:PORT` (or `:PORT`, all interfaces) the HTTP server (metrics,
-    /// health) listens on, as external-provisioner's `--http-endpoint`.
-    /// Default: `--http-address`:`--http-port`, i.e. `0.0.0.0:9101`
-    /// provision-svc, `:9102` pv-writer, `:9103` reclaim-svc. Port 0 picks a
-    /// free port (logged).
+    /// `HOST:PORT` (or `:PORT`) of the HTTP server (metrics, health), as
+    /// external-provisioner's `--http-endpoint`. Default: `--http-address`:
+    /// `--http-port` (9101 provision-svc, 9102 pv-writer, 9103 reclaim-svc); port 0 picks one.
     #[arg(
         long,
         env = "HTTP_ENDPOINT",
@@ -313,14 +290,11 @@ pub struct CommonArgs {
     #[arg(long, env = "HTTP_PORT", help_heading = "HTTP")]
     pub http_port: Option<u16>,
 
-    /// First retry delay of a failed work item (claim, PV-write queue entry,
-    /// PV); doubles per consecutive failure of that item up to
+    /// First retry delay of a failed item (claim, queue entry, PV), doubling up to
     /// `--retry-interval-max`. Default: 15s provision-svc and reclaim-svc (the
-    /// seed's work queue), 1s pv-writer. Aliases: `--retry-initial-delay`,
-    /// `--retry-initial`.
+    /// seed's), 1s pv-writer.
     #[arg(
         long = "retry-interval-start",
-        aliases = ["retry-initial-delay", "retry-initial"],
         env = "RETRY_INTERVAL_START",
         value_parser = parse_duration,
         help_heading = "Workers and retries"
@@ -328,11 +302,9 @@ pub struct CommonArgs {
     pub retry_interval_start: Option<Duration>,
 
     /// Cap of a failed work item's retry delay. Default: 1000s provision-svc
-    /// and reclaim-svc (the seed's), 5m pv-writer. Aliases:
-    /// `--retry-max-delay`, `--retry-max`.
+    /// and reclaim-svc (the seed's), 5m pv-writer.
     #[arg(
         long = "retry-interval-max",
-        aliases = ["retry-max-delay", "retry-max"],
         env = "RETRY_INTERVAL_MAX",
         value_parser = parse_duration,
         help_heading = "Workers and retries"
@@ -341,10 +313,8 @@ pub struct CommonArgs {
 
     /// Work items handled concurrently: claims (provision-svc, default 8), PV
     /// writes (pv-writer, default 16), PVs (reclaim-svc, default 4). 1–1024.
-    /// Alias: `--workers`.
     #[arg(
         long = "worker-threads",
-        alias = "workers",
         env = "WORKER_THREADS",
         value_parser = clap::value_parser!(u32).range(1..=1024),
         help_heading = "Workers and retries"
@@ -379,46 +349,14 @@ pub struct CommonArgs {
     #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration, help_heading = "Workers and retries")]
     pub shutdown_grace_period: Duration,
 
-    /// `/healthz` fails once the running work loop has made no progress for
-    /// this long (keys waiting and no worker taking one; an idle loop is
-    /// healthy). Keep above the longest legitimate backend call
-    /// (`--provision-timeout`) so a busy replica is not restarted.
+    /// `/healthz` fails once the work loop made no progress for this long (keys
+    /// waiting, no worker free; idle is healthy). Keep above the longest
+    /// legitimate backend call (`--provision-timeout`).
     #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration, help_heading = "HTTP")]
     pub healthz_stall_timeout: Duration,
 }
 
 pub use crate::kube::retry::RetryArgs;
-
-/// Environment variables of renamed flags, each with its replacement; clap reads
-/// one variable per flag, so [`check_renamed_env`] refuses the old ones.
-pub const RENAMED_ENV_VARS: &[(&str, &str)] = &[
-    ("LEASE_DURATION", "LEADER_ELECTION_LEASE_DURATION"),
-    ("RENEW_DEADLINE", "LEADER_ELECTION_RENEW_DEADLINE"),
-    ("RETRY_PERIOD", "LEADER_ELECTION_RETRY_PERIOD"),
-    ("RETRY_INITIAL_DELAY", "RETRY_INTERVAL_START"),
-    ("RETRY_INITIAL", "RETRY_INTERVAL_START"),
-    ("RETRY_MAX_DELAY", "RETRY_INTERVAL_MAX"),
-    ("RETRY_MAX", "RETRY_INTERVAL_MAX"),
-    ("WORKERS", "WORKER_THREADS"),
-];
-
-/// Refuse a renamed environment variable ([`RENAMED_ENV_VARS`]) that `lookup`
-/// finds set. Errors: names every old variable set and its replacement.
-pub fn check_renamed_env(lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
-    let found: Vec<String> = RENAMED_ENV_VARS
-        .iter()
-        .filter(|(old, _)| lookup(old).is_some())
-        .map(|(old, new)| format!("{old} (now {new})"))
-        .collect();
-    if found.is_empty() {
-        Ok(())
-    } else {
-        anyhow::bail!(
-            "environment variables of renamed flags are no longer read: {}; rename them",
-            found.join(", ")
-        )
-    }
-}
 
 impl CommonArgs {
     /// The Redis connection of `--redis-url` and the `--redis-*` credential and
@@ -544,8 +482,8 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--worker-threads", "1025"]).is_err());
     }
 
-    /// Parse `args` and return what every renamed flag parsed to.
-    fn renamed(args: &[&str]) -> (Duration, Duration, Duration, Duration, Duration, usize) {
+    /// Parse `args` and return what the leader-election, retry and worker flags parsed to.
+    fn parsed(args: &[&str]) -> (Duration, Duration, Duration, Duration, Duration, usize) {
         let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
         let c = cli.common;
         let b = c.retry_backoff(PROVISION);
@@ -560,8 +498,8 @@ mod tests {
     }
 
     #[test]
-    fn external_provisioner_names_and_old_names_parse_alike() {
-        let new = renamed(&[
+    fn external_provisioner_flag_names_parse() {
+        let new = parsed(&[
             "--leader-election-lease-duration=31s",
             "--leader-election-renew-deadline=21s",
             "--leader-election-retry-period=3s",
@@ -578,32 +516,10 @@ mod tests {
             12,
         );
         assert_eq!(new, expected);
-        // provision-svc's and reclaim-svc's old names.
-        let old = renamed(&[
-            "--lease-duration=31s",
-            "--renew-deadline=21s",
-            "--retry-period=3s",
-            "--retry-initial-delay=2s",
-            "--retry-max-delay=7m",
-            "--worker-threads=12",
-        ]);
-        assert_eq!(old, expected);
-        // pv-writer's old names.
-        let old = renamed(&[
-            "--lease-duration",
-            "31s",
-            "--renew-deadline",
-            "21s",
-            "--retry-period",
-            "3s",
-            "--retry-initial",
-            "2s",
-            "--retry-max",
-            "7m",
-            "--workers",
-            "12",
-        ]);
-        assert_eq!(old, expected);
+        assert!(
+            Cli::try_parse_from(["x", "--workers=2"]).is_err(),
+            "never-released aliases are gone"
+        );
     }
 
     #[test]
@@ -724,20 +640,5 @@ mod tests {
         );
         // A client certificate without its key is refused by the parser.
         assert!(Cli::try_parse_from(["x", "--redis-client-cert-file", "c.pem"]).is_err());
-    }
-
-    #[test]
-    fn renamed_environment_variables_are_refused_by_name() {
-        assert!(check_renamed_env(|_| None).is_ok());
-        let err =
-            check_renamed_env(|k| (k == "LEASE_DURATION" || k == "WORKERS").then(|| "1".into()))
-                .unwrap_err()
-                .to_string();
-        assert!(
-            err.contains("LEASE_DURATION (now LEADER_ELECTION_LEASE_DURATION)"),
-            "{err}"
-        );
-        assert!(err.contains("WORKERS (now WORKER_THREADS)"), "{err}");
-        assert!(!err.contains("RENEW_DEADLINE"), "{err}");
     }
 }

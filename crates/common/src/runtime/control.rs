@@ -38,9 +38,8 @@ pub struct LoopSettings {
 }
 
 /// Every object of `api` as a trigger for [`run`]: a reflector into `writer`
-/// that shows each watch event to `observe` (with the store, already updated)
-/// before the controller sees it. Watch errors are logged and go no further;
-/// the watcher backs off (`watch_backoff`) and re-lists.
+/// showing each event to `observe` (store already updated). Watch errors are
+/// logged and go no further; the watcher backs off and re-lists.
 pub fn trigger<K>(
     api: Api<K>,
     writer: Writer<K>,

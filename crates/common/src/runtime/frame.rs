@@ -60,10 +60,9 @@ pub struct Launch {
     pub shutdown: Option<CancellationToken>,
 }
 
-/// Run the service `spec` names: see the module docs. `work` is called each time this replica
-/// starts leading (once per leader term, with a fresh [`ServiceContext`]) and should return when
-/// `ctx.shutdown` fires. Errors: client or HTTP setup failures, or `work`'s own error. A lost Lease
-/// is not an error: the replica campaigns again.
+/// Run the service `spec` names (module docs): `work` runs once per leader term
+/// with a fresh [`ServiceContext`] until `ctx.shutdown`. Errors: setup failures
+/// or `work`'s own error; a lost Lease is not one (the replica campaigns again).
 pub async fn run_service<F, Fut>(
     spec: ServiceSpec,
     args: CommonArgs,
@@ -78,7 +77,6 @@ where
     let client = match launch.client {
         Some(client) => client,
         None => {
-            crate::runtime::config::check_renamed_env(|k| std::env::var(k).ok())?;
             crate::runtime::kube_client::client_from_args_with_metrics(&args, &registry).await?
         }
     };
@@ -281,10 +279,9 @@ impl Campaign<'_> {
     }
 }
 
-/// Run `work` while holding the Lease. The Lease is released only after the
-/// work task has returned or been aborted and awaited, and after the renewal
-/// loop is dropped (it may hold the lease manager's lock mid-request); a lost
-/// Lease is not released (someone else holds it, or it expires).
+/// Run `work` while holding the Lease; release it only after the work and the
+/// renewal loop are gone (the loop may hold the lease manager's lock). A lost
+/// Lease is not released.
 async fn lead<F, Fut>(elector: &LeaderElector, ctx: ServiceContext, work: &F) -> Term
 where
     F: Fn(ServiceContext) -> Fut,

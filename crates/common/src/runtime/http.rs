@@ -17,10 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::health::Liveness;
 
-/// Readiness as `/readyz` reports it. A replica is ready while it stands by as
-/// a non-leader, and, as leader, once its work loop says so (caches synced,
-/// Redis reachable); never while it recovers from a lost Lease (see
-/// [`set_lost`](Self::set_lost)). Cheap to clone; all clones share one state.
+/// Readiness as `/readyz` reports it: ready while standing by, and as leader
+/// once the work loop says so; never while recovering from a lost Lease
+/// ([`set_lost`](Self::set_lost)). Clones share one state.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness {
     leading: Arc<AtomicBool>,

@@ -86,11 +86,9 @@ pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
     )
 }
 
-/// Register the standard `process_*` families (`process_cpu_seconds_total`,
-/// `process_resident_memory_bytes`, `process_virtual_memory_bytes`, `process_open_fds`,
-/// `process_max_fds`, `process_start_time_seconds`, `process_threads`) of this process into
-/// `registry`, read from `/proc` at each scrape by the `prometheus` crate's collector (Linux only;
-/// elsewhere nothing is registered). Called once per registry by the service runtime.
+/// Register the `process_*` families (CPU, memory, fds, start time, threads)
+/// into `registry`, read from `/proc` at each scrape (Linux only; elsewhere
+/// nothing). Called once per registry by the runtime.
 pub fn register_process_collector(registry: &Registry) {
     #[cfg(target_os = "linux")]
     registry

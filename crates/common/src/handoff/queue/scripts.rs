@@ -82,10 +82,9 @@ impl QueueScript {
     }
 }
 
-/// Lua prelude of every script that needs "now": Redis' own clock (`TIME`), in
-/// ms since the Unix epoch, so a pod whose clock is off cannot shorten a
-/// visibility timeout or misplace a due time. (Scripts calling `TIME` are
-/// replicated by effects, the only mode since Redis 7.0 and the default since 5.)
+/// Lua prelude of every script that needs "now": Redis' own `TIME` in ms, so a
+/// pod's clock cannot shorten a visibility timeout or misplace a due time
+/// (scripts calling `TIME` are replicated by effects).
 const NOW_LUA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
