@@ -136,9 +136,14 @@ async fn json_logs_carry_the_claim_uid_in_both_services(plane: ControlPlane) {
         .iter()
         .filter(|v| has_field(v, "claim_uid", &uid))
         .collect();
-    assert_eq!(ours.len(), 1, "{started:#?}\n{}", sys.log_tails(40));
-    assert!(has_field(ours[0], "claim", &claim), "{:#}", ours[0]);
-    assert!(has_field(ours[0], "class", "hostpath"), "{:#}", ours[0]);
+    // One operation at least: a claim update racing the first sync (the
+    // controller manager annotating it again) starts another, which finds the
+    // PV queued.
+    assert!(!ours.is_empty(), "{started:#?}\n{}", sys.log_tails(40));
+    for line in &ours {
+        assert!(has_field(line, "claim", &claim), "{line:#}");
+        assert!(has_field(line, "class", "hostpath"), "{line:#}");
+    }
     let queued = lines_with_message(
         &mut sys,
         Service::Provision,
