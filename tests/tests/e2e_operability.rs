@@ -12,7 +12,10 @@
 //! * provision-svc's workers wedged in a backend call that never returns (a
 //!   FIFO as the nfs-subdir backend's volume record, blocking its read as a
 //!   hung NFS mount would): `/healthz` turns 503 while claims wait, and 200
-//!   again once the call returns.
+//!   again once the call returns;
+//! * a claim deleted while its volume is made in background (the same FIFO,
+//!   under `--provision-timeout`): its intent is cleaned up and no PV is ever
+//!   made for it (the seed would provision it again).
 
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::Duration;
@@ -245,7 +248,105 @@ async fn wedged_provision_workers_turn_healthz_503_and_back(plane: ControlPlane)
     sys.shutdown();
 }
 
+/// provision-svc on the nfs-subdir backend abandoning a backend call after
+/// 2 s, and retrying a claim only after a minute.
+fn short_provision_timeout(settings: &mut ServiceSettings) {
+    settings.use_nfs_subdir();
+    settings.retry_initial = Duration::from_secs(60);
+    settings.retry_max = Duration::from_secs(60);
+    let args = vec!["--provision-timeout=2s".into()];
+    settings.extra_args.push((Service::Provision, args));
+}
+
+/// A gauge of provision-svc's `/metrics` (read from Redis every 5 s).
+async fn provision_gauge(sys: &mut System, name: &str) -> Option<f64> {
+    let addr = sys.service(Service::Provision, 0).http_addr;
+    let page = e2e::harness::metrics::MetricsPage::scrape(addr)
+        .await
+        .ok()?;
+    page.value(name, &[])
+}
+
+async fn a_claim_deleted_while_in_background_is_cleaned_up_not_provisioned(plane: ControlPlane) {
+    let mut sys = system(plane, Some(short_provision_timeout)).await;
+    sys.create_node("node-1").await.unwrap();
+    sys.create_storage_class("wffc", "WaitForFirstConsumer", &[("onDelete", "delete")])
+        .await
+        .unwrap();
+    let uid = check(&sys, sys.create_claim("abandoned", "wffc", &[]).await);
+    let records = sys
+        .base_dir()
+        .join(backend_nfs_subdir::registry::REGISTRY_DIR)
+        .join(backend_nfs_subdir::registry::VOLUMES_DIR);
+    std::fs::create_dir_all(&records).unwrap();
+    let fifo = records.join(format!("pvc-{uid}"));
+    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: plain syscall with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+    let patch = serde_json::json!({"metadata": {"annotations": {SELECTED_NODE: "node-1"}}});
+    sys.claims_api()
+        .patch(
+            "abandoned",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    // The attempt overruns --provision-timeout: abandoned, in background.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while provision_gauge(&mut sys, "provision_svc_claims_in_background").await != Some(1.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never in background\n{}",
+            sys.log_tails(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Unblock the abandoned read and drop the FIFO; let the abandoned call
+    // end (it may still make the directory), then delete the claim.
+    let writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .expect("the backend holds the FIFO open for reading");
+    std::fs::remove_file(&fifo).unwrap();
+    drop(writer);
+    let made = std::time::Instant::now() + Duration::from_secs(3);
+    while sys.dir_count() == 0 && std::time::Instant::now() < made {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sys.delete_claims(&["abandoned".to_string()]).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while provision_gauge(&mut sys, "provision_svc_intents").await != Some(0.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "intent never cleaned up\n{}",
+            sys.log_tails(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        sys.pvs().await.unwrap().is_empty(),
+        "no PV for a claim deleted in background\n{}",
+        sys.log_tails(40)
+    );
+    let left: Vec<_> = std::fs::read_dir(sys.base_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != backend_nfs_subdir::registry::REGISTRY_DIR)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "no volume directory left: {left:?}\n{}",
+        sys.log_tails(60)
+    );
+    sys.shutdown();
+}
+
 on_both_planes!(
+    a_claim_deleted_while_in_background_is_cleaned_up_not_provisioned,
     redis_outage_turns_readyz_false_and_back,
     json_logs_carry_the_claim_uid_in_both_services,
     wedged_provision_workers_turn_healthz_503_and_back,

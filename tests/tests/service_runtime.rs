@@ -47,11 +47,11 @@ fn args_in(identity: &str, namespace: &str, provisioner: &str) -> CommonArgs {
         provisioner,
         "--leader-election-identity",
         identity,
-        "--lease-duration",
+        "--leader-election-lease-duration",
         "3s",
-        "--renew-deadline",
+        "--leader-election-renew-deadline",
         "2s",
-        "--retry-period",
+        "--leader-election-retry-period",
         "1s",
     ])
     .common

@@ -94,11 +94,11 @@ pub struct ServiceSettings {
     /// Per-service Lease namespace (the real plane: each service's namespace in the
     /// deploy, where its Lease Role grants it the Lease).
     pub lease_namespaces: std::collections::BTreeMap<Service, String>,
-    /// `--lease-duration`.
+    /// `--leader-election-lease-duration`.
     pub lease_duration: Duration,
-    /// `--renew-deadline`.
+    /// `--leader-election-renew-deadline`.
     pub renew_deadline: Duration,
-    /// `--retry-period`.
+    /// `--leader-election-retry-period`.
     pub retry_period: Duration,
     /// `--kube-api-qps` (0 = no client-side limit).
     pub kube_api_qps: f64,
