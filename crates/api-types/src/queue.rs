@@ -115,7 +115,7 @@ pub struct IntentClaim {
 }
 
 /// Why a stored record could not be read.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// Not JSON, or JSON of the wrong shape for its version.
     #[error("garbled record: {0}")]

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use api_types::FINALIZER_PV;
 use common::kube::events::{self, reason, EventSink};
-use common::runtime::health::LeaderTerm;
+use common::runtime::health::{LeaderTerm, NotCurrent};
 use common::runtime::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -42,7 +42,7 @@ pub enum SyncError {
     Reread(String, #[source] kube::Error),
     /// The leader term was not current right before the backend's delete; nothing deleted.
     #[error("not deleting the volume of PV {0}: {1}")]
-    NotLeader(String, String),
+    NotLeader(String, #[source] NotCurrent),
     /// The sync, other than the backend call, overran `--deletion-timeout`.
     #[error("syncing PV {0} timed out after {1:?} (context deadline exceeded)")]
     Timeout(String, std::time::Duration),

@@ -18,6 +18,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store;
+use api_types::queue::DecodeError;
 
 /// The record version this release writes.
 pub const REPORT_VERSION: u32 = 1;
@@ -56,7 +57,7 @@ pub enum ReportError {
         /// The Redis key.
         key: String,
         /// What is wrong.
-        detail: String,
+        detail: DecodeError,
     },
 }
 
@@ -88,14 +89,13 @@ pub async fn read(
 
 /// Decode a stored report, checking its version.
 ///
-/// Errors: the reason, for [`ReportError::Corrupt`].
-pub fn decode(bytes: &[u8]) -> Result<OrphanReport, String> {
-    let report: OrphanReport = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+/// Errors: garbled JSON, or another version than [`REPORT_VERSION`].
+pub fn decode(bytes: &[u8]) -> Result<OrphanReport, DecodeError> {
+    let report: OrphanReport =
+        serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
     if report.version != REPORT_VERSION {
-        return Err(format!(
-            "version {} (this release reads {REPORT_VERSION})",
-            report.version
-        ));
+        let found = u64::from(report.version);
+        return Err(DecodeError::UnknownVersion { found });
     }
     Ok(report)
 }
@@ -127,6 +127,6 @@ mod tests {
         let mut v2 = report.clone();
         v2.version = 2;
         let err = decode(&serde_json::to_vec(&v2).unwrap()).unwrap_err();
-        assert!(err.contains("version 2"), "{err}");
+        assert_eq!(err, DecodeError::UnknownVersion { found: 2 });
     }
 }

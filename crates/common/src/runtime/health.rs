@@ -135,14 +135,12 @@ impl Liveness {
     }
 
     /// `Ok` when healthy, else why not (the `/healthz` body).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Unhealthy> {
         if self.state.working.load(Ordering::SeqCst) {
             let age = self.heartbeat.age();
             if age > self.stall_timeout {
-                return Err(format!(
-                    "work loop stalled: no progress for {:.0?} (limit {:?})",
-                    age, self.stall_timeout
-                ));
+                let limit = self.stall_timeout;
+                return Err(Unhealthy::Stalled { age, limit });
             }
         }
         if self.state.leading.load(Ordering::SeqCst) {
@@ -153,14 +151,36 @@ impl Liveness {
                 .expect("liveness poisoned")
                 .elapsed();
             if age > self.renew_tolerance {
-                return Err(format!(
-                    "leader cannot renew its Lease: last renewal confirmed {:.0?} ago (limit {:?})",
-                    age, self.renew_tolerance
-                ));
+                let limit = self.renew_tolerance;
+                return Err(Unhealthy::NotRenewing { age, limit });
             }
         }
         Ok(())
     }
+}
+
+/// Why `/healthz` fails ([`Liveness::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    /// The work loop made no progress for `age` (over `--healthz-stall-timeout`).
+    #[error("work loop stalled: no progress for {age:.0?} (limit {limit:?})")]
+    Stalled { age: Duration, limit: Duration },
+    /// The leader's own renewal is `age` old (over the renew tolerance).
+    #[error(
+        "leader cannot renew its Lease: last renewal confirmed {age:.0?} ago (limit {limit:?})"
+    )]
+    NotRenewing { age: Duration, limit: Duration },
+}
+
+/// Why a leader term is not current ([`LeaderTerm::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotCurrent {
+    /// This replica does not lead.
+    #[error("this replica does not hold the Lease")]
+    NotLeading,
+    /// Its own renewal is `age` old, over the renew `deadline`.
+    #[error("leader term not current: own Lease renewal last confirmed {age:.0?} ago (renew deadline {deadline:?})")]
+    Stale { age: Duration, deadline: Duration },
 }
 
 impl Liveness {
@@ -189,18 +209,17 @@ impl LeaderTerm {
 
     /// `Ok` while this replica leads and its own Lease renewal was confirmed
     /// within the renew deadline (the watchdog's limit); else why not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), NotCurrent> {
         let Some((state, deadline)) = &self.state else {
             return Ok(());
         };
         if !state.leading.load(Ordering::SeqCst) {
-            return Err("this replica does not hold the Lease".into());
+            return Err(NotCurrent::NotLeading);
         }
         let age = state.renewed.lock().expect("liveness poisoned").elapsed();
         if age > *deadline {
-            return Err(format!(
-                "leader term not current: own Lease renewal last confirmed {age:.0?} ago (renew deadline {deadline:?})"
-            ));
+            let deadline = *deadline;
+            return Err(NotCurrent::Stale { age, deadline });
         }
         Ok(())
     }
@@ -226,12 +245,12 @@ mod tests {
     async fn a_term_is_current_only_while_leading_and_renewing() {
         let live = Liveness::default();
         let term = live.term(Duration::from_secs(10));
-        assert!(term.check().unwrap_err().contains("does not hold"));
+        assert_eq!(term.check(), Err(NotCurrent::NotLeading));
         live.set_leading(true);
         assert_eq!(term.check(), Ok(()));
         tokio::time::advance(Duration::from_secs(11)).await;
         assert!(
-            term.check().unwrap_err().contains("not current"),
+            matches!(term.check(), Err(NotCurrent::Stale { .. })),
             "paused past the deadline"
         );
         live.renewed();
@@ -259,7 +278,7 @@ mod tests {
         assert_eq!(live.check(), Ok(()));
         live.heartbeat().beat();
         tokio::time::advance(Duration::from_secs(11)).await;
-        let err = live.check().unwrap_err();
+        let err = live.check().unwrap_err().to_string();
         assert!(err.contains("work loop stalled"), "{err}");
         live.set_working(false);
         assert_eq!(live.check(), Ok(()), "a stopped loop (standby) is healthy");
@@ -277,7 +296,7 @@ mod tests {
         assert_eq!(live.check(), Ok(()));
         live.renewed();
         tokio::time::advance(Duration::from_secs(17)).await;
-        let err = live.check().unwrap_err();
+        let err = live.check().unwrap_err().to_string();
         assert!(err.contains("cannot renew"), "{err}");
         live.set_leading(false);
         assert_eq!(live.check(), Ok(()), "lost the Lease, campaigning: healthy");

@@ -92,7 +92,7 @@ pub fn router_with_liveness(
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     match state.liveness.check() {
         Ok(()) => (StatusCode::OK, "ok".to_string()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use api_types::queue::QueuedPvWrite;
+use api_types::queue::{DecodeError, QueuedPvWrite};
 use redis::AsyncCommands;
 
 use super::{cmd, DeadLetter, Key, PvQueue, QueueError};
@@ -25,8 +25,19 @@ pub struct PendingEntry {
     pub state: PendingState,
     /// Failed write attempts so far.
     pub attempts: u32,
-    /// The decoded payload, or the decode error's message when garbled.
-    pub entry: Result<QueuedPvWrite, String>,
+    /// The decoded payload, or why there is none.
+    pub entry: Result<QueuedPvWrite, Unreadable>,
+}
+
+/// Why a pending entry's payload cannot be shown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    /// No payload stored under the PV name.
+    #[error("payload missing")]
+    Missing,
+    /// The payload does not decode.
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
 }
 
 /// Counts for the queue metrics, read in one round trip ([`PvQueue::stats`]).
@@ -123,8 +134,8 @@ impl PvQueue {
                 .map_err(cmd("list_pending"))?;
             for ((name, state), payload) in chunk.iter().zip(payloads) {
                 let entry = match payload {
-                    Some(bytes) => QueuedPvWrite::decode(&bytes).map_err(|e| e.to_string()),
-                    None => Err("payload missing".to_string()),
+                    Some(bytes) => QueuedPvWrite::decode(&bytes).map_err(Unreadable::from),
+                    None => Err(Unreadable::Missing),
                 };
                 out.push(PendingEntry {
                     pv_name: name.clone(),
