@@ -399,7 +399,7 @@ async fn probe_redis(
             if answered {
                 tracing::info!("Redis reachable again; ready");
             } else {
-                tracing::warn!("Redis unreachable; not ready (provisioning needs the PV-write queue and intents)");
+                tracing::warn!("Redis unreachable; not ready");
             }
             up = answered;
         }

@@ -387,7 +387,7 @@ impl ClusterApi for KubeCluster {
         {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(status)) if status.code == 409 => {
-                tracing::info!(claim = %format!("{namespace}/{name}"), "claim changed since it was read (e.g. re-scheduled); not removing its selected node, the next sync decides");
+                tracing::info!(claim = %format!("{namespace}/{name}"), "claim changed since it was read; its selected node is left to the next sync");
                 Ok(())
             }
             Err(e) => Err(kube_failed(format!(

@@ -85,7 +85,7 @@ pub async fn claim_gone(
         Ok(Some(entry)) => cleanup_with_backoff(op, &entry, limit, policy, shutdown).await,
         Ok(None) => cleanup_unwritten_volume(op, uid).await,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, "cannot read a gone claim's provisioning intent; kept for the next walk")
+            tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent")
         }
     }
 }
@@ -182,7 +182,7 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
         Ok(Some(entry)) => entry,
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot read its queued PV write; its volume, if unwritten, is left to the orphan sweep");
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write");
             return;
         }
     };
@@ -196,7 +196,7 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
         Ok(false) => {}
         Ok(true) => return,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot confirm it is gone; its volume is left to the orphan sweep");
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot confirm a deleted claim is gone");
             return;
         }
     }
@@ -204,14 +204,14 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
         Ok(false) => {}
         Ok(true) => return,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, "deleted claim: cannot tell whether its PV exists; its volume is left to reclaim or the orphan sweep");
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a deleted claim's PV exists");
             return;
         }
     }
     let class = match op.caches.classes.get(&ObjectRef::new(&entry.class)) {
         Some(c) => c.as_ref().clone(),
         None => {
-            tracing::warn!(pv = %pv_name, class = %entry.class, "deleted claim with an unwritten PV: its StorageClass is gone; its volume is left to the orphan sweep");
+            tracing::warn!(pv = %pv_name, class = %entry.class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
             return;
         }
     };
@@ -226,7 +226,7 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
             tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
         }
         Err(e) => {
-            tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, "deleted claim: its unwritten volume could not be deleted; left to the orphan sweep")
+            tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, left_to = "the orphan sweep", "cannot delete a deleted claim's unwritten volume")
         }
     }
 }
@@ -239,7 +239,7 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
     // Re-check right before deleting: the PV may have been written meanwhile.
     match pv_accounted_for(op, pv_name).await {
         Ok(true) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, "the volume of a deleted claim has a queued PV write or a PV; leaving it to reclaim");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, left_to = "reclaim", "a PV or a queued PV write carries a deleted claim's volume");
             op.clear_intent(pv_name).await;
             return CleanupOutcome::Done;
         }
@@ -256,7 +256,7 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
             CleanupOutcome::Done
         }
         Err(DeleteError::Ignored { reason }) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, %reason, "the backend ignores the volume of a deleted claim; clearing its intent");
+            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, %reason, "the backend ignores a deleted claim's volume");
             CleanupOutcome::Done
         }
         Err(e @ DeleteError::Failed { .. }) => {
@@ -275,7 +275,7 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
 /// Report an intent the walk cannot act on (see module docs).
 pub fn report_poisoned(op: &Operation, pv_name: &str, claim: &str, reason: &str) {
     op.metrics.poisoned_intents.inc();
-    tracing::error!(pv = %pv_name, claim, %reason, "cannot clean up the volume of a claim deleted while it was being provisioned; its intent is kept in Redis for an operator and not retried until the next walk");
+    tracing::error!(pv = %pv_name, claim, %reason, kept_for = "an operator, until the next walk", "cannot clean up a deleted claim's volume");
 }
 
 /// [`cleanup_gone_claim`] until done or poisoned (reported once), or
@@ -304,7 +304,7 @@ async fn cleanup_with_backoff(
     let pv = &entry.intent.pv_name;
     let outcome = policy
         .retry(shutdown, attempt, |e, _, delay| {
-            tracing::warn!(pv = %pv, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, ?delay, "cleaning up the volume of a deleted claim failed; retrying");
+            tracing::warn!(pv = %pv, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, ?delay, "cleaning up a deleted claim's volume failed");
         })
         .await;
     if let Some(Some(e)) = outcome {

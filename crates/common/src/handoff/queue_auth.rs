@@ -56,14 +56,18 @@ impl QueueKeyArgs {
                 match &self.queue_hmac_previous_key_file {
                     Some(prev) if prev.exists() => {
                         let previous = QueueKey::load(prev)?;
-                        tracing::info!(file = %prev.display(), "queue key rotation: entries signed with the previous key are accepted too");
+                        tracing::info!(file = %prev.display(), "accepting entries signed with the previous queue key");
                         Ok(Some(key.with_previous(previous)))
                     }
                     _ => Ok(Some(key)),
                 }
             }
             None if self.insecure_unsigned_queue => {
-                tracing::warn!("--insecure-unsigned-queue: PV-write queue entries are not authenticated; anyone who can write to Redis can have PVs created");
+                tracing::warn!(
+                    flag = "--insecure-unsigned-queue",
+                    at_risk = "anyone who can write to Redis can have PVs created",
+                    "PV-write queue entries are not authenticated"
+                );
                 Ok(None)
             }
             None => Err(KeyError::Missing),

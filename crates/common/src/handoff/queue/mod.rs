@@ -224,7 +224,7 @@ impl PvQueue {
                 let text = err.to_string().to_ascii_lowercase();
                 if text.contains("unknown command") || text.contains("appendonly") {
                     if self.waitaof.swap(UNSUPPORTED, Ordering::Relaxed) == UNKNOWN {
-                        tracing::warn!(error = %err, "Redis cannot confirm AOF fsyncs (WAITAOF needs Redis >= 7.2 with appendonly yes): an acknowledged enqueue can be lost in a Redis crash within the appendfsync window (everysec: ~1 s); the provisioning intent and the claim resync provision such a claim again");
+                        tracing::warn!(error = %err, needs = "Redis >= 7.2 with appendonly yes", at_risk = "enqueues within the appendfsync window (provisioned again from their intent)", "Redis cannot confirm AOF fsyncs");
                     }
                 } else {
                     tracing::warn!(error = %err, "WAITAOF failed; the enqueue is stored but its fsync is unconfirmed");
