@@ -212,8 +212,8 @@ where
         .await
 }
 
-/// Drive a cache's reflector stream, logging watch errors (the stream backs
-/// off and re-lists by itself); `on_event` sees every applied event.
+/// Drive a cache's reflector stream; `on_event` sees every applied event,
+/// watch errors are logged ([`control::log_watch_error`]).
 async fn drive<K, S>(kind: &'static str, stream: S, mut on_event: impl FnMut(&watcher::Event<K>))
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
@@ -222,10 +222,7 @@ where
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => on_event(&ev),
-            Err(e) if common::runtime::api_reachability::unreachable_cause(&e).is_some() => {
-                tracing::debug!(kind, error = %e, "watch failed; the reflector retries")
-            }
-            Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
+            Err(e) => control::log_watch_error(kind, &e),
         }
     }
 }

@@ -56,11 +56,7 @@ where
         .backoff(watch_backoff())
         .inspect(move |event| match event {
             Ok(event) => observe(event, &store),
-            // An unreachable API server is logged once by the client.
-            Err(e) if crate::runtime::api_reachability::unreachable_cause(e).is_some() => {
-                tracing::debug!(kind, error = %e, "watch failed; the reflector retries")
-            }
-            Err(e) => tracing::warn!(kind, error = %e, "watch failed; the reflector retries"),
+            Err(e) => log_watch_error(&kind, e),
         })
         .applied_objects()
         // Errors are logged above and backed off by `watch_backoff`; passed on,
@@ -68,6 +64,17 @@ where
         .filter_map(|object| std::future::ready(object.ok()))
         .inspect(move |_| metrics.add())
         .map(Ok)
+}
+
+/// Log a reflector's watch error for `kind` (the watcher backs off and
+/// re-lists by itself): at debug level when the API server is unreachable,
+/// which the client logs once.
+pub fn log_watch_error(kind: &str, error: &watcher::Error) {
+    if crate::runtime::api_reachability::unreachable_cause(error).is_some() {
+        tracing::debug!(kind, %error, "watch failed; the reflector retries")
+    } else {
+        tracing::warn!(kind, %error, "watch failed; the reflector retries")
+    }
 }
 
 /// Run `reconcile` for the objects of `trigger` (cached in `store`) until
