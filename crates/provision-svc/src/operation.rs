@@ -55,6 +55,24 @@ fn failed(state: ProvisioningState, msg: String) -> Attempt {
     (state, Err(OpError::Failed(msg)))
 }
 
+/// The intent recorded for `claim` (identity `key`): its PV name, class name,
+/// the StorageClass when known and the selected node, stamped now.
+fn intent_of(
+    claim: &PersistentVolumeClaim,
+    key: ClaimKey,
+    class: Option<&StorageClass>,
+) -> ProvisionIntent {
+    ProvisionIntent {
+        version: INTENT_VERSION,
+        pv_name: pv_name_for_claim_uid(&key.uid),
+        claim: key,
+        class: decision::claim_class(claim),
+        recorded_at_ms: now_ms(),
+        storage_class: class.cloned(),
+        selected_node: decision::selected_node(claim).map(str::to_string),
+    }
+}
+
 /// What the gates of an attempt found: the claim's identity, its PV name, its
 /// StorageClass and the selected node's object.
 struct Ready {
@@ -185,16 +203,8 @@ impl Operation {
             class,
             selected_node,
         } = ready;
-        let class_name = decision::claim_class(claim);
-        let intent = ProvisionIntent {
-            version: INTENT_VERSION,
-            claim: key.clone(),
-            pv_name: pv_name.clone(),
-            class: class_name.clone(),
-            recorded_at_ms: now_ms(),
-            storage_class: Some(class.as_ref().clone()),
-            selected_node: decision::selected_node(claim).map(str::to_string),
-        };
+        let intent = intent_of(claim, key.clone(), Some(&class));
+        let class_name = intent.class.clone();
         if let Err(e) = self.ports.intents.record(&intent, claim, None).await {
             let msg = format!("recording the provisioning intent of {pv_name:?}: {e}");
             return failed(ProvisioningState::NoChange, msg);
@@ -497,16 +507,8 @@ impl Operation {
         let Some(key) = ClaimKey::of(claim) else {
             return;
         };
-        let class = decision::claim_class(claim);
-        let intent = ProvisionIntent {
-            version: INTENT_VERSION,
-            pv_name: pv_name_for_claim_uid(&key.uid),
-            claim: key,
-            storage_class: self.class(&class).ok().map(|c| c.as_ref().clone()),
-            selected_node: decision::selected_node(claim).map(str::to_string),
-            class,
-            recorded_at_ms: now_ms(),
-        };
+        let class = self.class(&decision::claim_class(claim)).ok();
+        let intent = intent_of(claim, key, class.as_deref());
         let recorded = self
             .ports
             .intents
