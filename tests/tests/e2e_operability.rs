@@ -197,16 +197,11 @@ fn one_worker_short_stall_timeout(settings: &mut ServiceSettings) {
 
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
-async fn wedged_provision_workers_turn_healthz_503_and_back(plane: ControlPlane) {
-    let mut sys = system(plane, Some(one_worker_short_stall_timeout)).await;
-    sys.create_node("node-1").await.unwrap();
-    sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
-        .await
-        .unwrap();
-    // A claim that waits for its node, so its volume record can be made a
-    // FIFO before provisioning starts: the backend's read of it blocks until
-    // a writer opens it.
-    let uid = check(&sys, sys.create_claim("wedged", "wffc", &[]).await);
+/// Create claim `name` of the WaitForFirstConsumer `class` with its nfs-subdir
+/// volume record made a FIFO, then select `node-1`: the backend's read of the
+/// record blocks until [`unwedge`]. Returns the FIFO's path.
+async fn wedged_claim(sys: &System, name: &str, class: &str) -> std::path::PathBuf {
+    let uid = check(sys, sys.create_claim(name, class, &[]).await);
     let records = sys
         .base_dir()
         .join(backend_nfs_subdir::registry::REGISTRY_DIR)
@@ -219,12 +214,33 @@ async fn wedged_provision_workers_turn_healthz_503_and_back(plane: ControlPlane)
     let patch = serde_json::json!({"metadata": {"annotations": {SELECTED_NODE: "node-1"}}});
     sys.claims_api()
         .patch(
-            "wedged",
+            name,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(&patch),
         )
         .await
         .unwrap();
+    fifo
+}
+
+/// Let the backend's blocked read of `fifo` return (end of file) and remove it.
+fn unwedge(fifo: &std::path::Path) {
+    let writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo)
+        .expect("the backend holds the FIFO open for reading");
+    std::fs::remove_file(fifo).unwrap();
+    drop(writer);
+}
+
+async fn wedged_provision_workers_turn_healthz_503_and_back(plane: ControlPlane) {
+    let mut sys = system(plane, Some(one_worker_short_stall_timeout)).await;
+    sys.create_node("node-1").await.unwrap();
+    sys.create_storage_class("wffc", "WaitForFirstConsumer", &[])
+        .await
+        .unwrap();
+    let fifo = wedged_claim(&sys, "wedged", "wffc").await;
     // The only worker hangs in the backend; another claim waits untaken.
     sys.create_claim("waiting", "hostpath", &[]).await.unwrap();
     wait_status(&mut sys, Service::Provision, "/healthz", 503).await;
@@ -236,13 +252,7 @@ async fn wedged_provision_workers_turn_healthz_503_and_back(plane: ControlPlane)
 
     // The call returns (end of file: a corrupt record, so that attempt
     // fails and is retried without the FIFO); the worker takes the next claim.
-    let writer = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .expect("the backend holds the FIFO open for reading");
-    std::fs::remove_file(&fifo).unwrap();
-    drop(writer);
+    unwedge(&fifo);
     wait_status(&mut sys, Service::Provision, "/healthz", 200).await;
     check(&sys, sys.wait_provisioned(2, Duration::from_secs(60)).await);
     sys.shutdown();
@@ -258,13 +268,20 @@ fn short_provision_timeout(settings: &mut ServiceSettings) {
     settings.extra_args.push((Service::Provision, args));
 }
 
-/// A gauge of provision-svc's `/metrics` (read from Redis every 5 s).
-async fn provision_gauge(sys: &mut System, name: &str) -> Option<f64> {
+/// Wait (at most 40 s) until provision-svc's gauge `name` (read from Redis
+/// every 5 s) is `want`.
+async fn wait_gauge(sys: &mut System, name: &str, want: f64) {
     let addr = sys.service(Service::Provision, 0).http_addr;
-    let page = e2e::harness::metrics::MetricsPage::scrape(addr)
-        .await
-        .ok()?;
-    page.value(name, &[])
+    let r = wait_until(
+        Duration::from_secs(40),
+        &format!("{name} is {want}"),
+        || async move {
+            let page = e2e::harness::metrics::MetricsPage::scrape(addr).await.ok();
+            page.and_then(|p| p.value(name, &[])) == Some(want)
+        },
+    )
+    .await;
+    check(sys, r);
 }
 
 async fn a_claim_deleted_while_in_background_is_cleaned_up_not_provisioned(plane: ControlPlane) {
@@ -273,58 +290,23 @@ async fn a_claim_deleted_while_in_background_is_cleaned_up_not_provisioned(plane
     sys.create_storage_class("wffc", "WaitForFirstConsumer", &[("onDelete", "delete")])
         .await
         .unwrap();
-    let uid = check(&sys, sys.create_claim("abandoned", "wffc", &[]).await);
-    let records = sys
-        .base_dir()
-        .join(backend_nfs_subdir::registry::REGISTRY_DIR)
-        .join(backend_nfs_subdir::registry::VOLUMES_DIR);
-    std::fs::create_dir_all(&records).unwrap();
-    let fifo = records.join(format!("pvc-{uid}"));
-    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: plain syscall with a NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
-    let patch = serde_json::json!({"metadata": {"annotations": {SELECTED_NODE: "node-1"}}});
-    sys.claims_api()
-        .patch(
-            "abandoned",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap();
+    let fifo = wedged_claim(&sys, "abandoned", "wffc").await;
     // The attempt overruns --provision-timeout: abandoned, in background.
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
-    while provision_gauge(&mut sys, "provision_svc_claims_in_background").await != Some(1.0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never in background\n{}",
-            sys.log_tails(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_gauge(&mut sys, "provision_svc_claims_in_background", 1.0).await;
     // Unblock the abandoned read and drop the FIFO; let the abandoned call
     // end (it may still make the directory), then delete the claim.
-    let writer = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .expect("the backend holds the FIFO open for reading");
-    std::fs::remove_file(&fifo).unwrap();
-    drop(writer);
-    let made = std::time::Instant::now() + Duration::from_secs(3);
-    while sys.dir_count() == 0 && std::time::Instant::now() < made {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    unwedge(&fifo);
+    let base = sys.base_dir().to_path_buf();
+    let made = || async { e2e::harness::system::count_dirs(&base) > 0 };
+    // Not an error when none appears: the call may end without one.
+    let _ = wait_until(
+        Duration::from_secs(3),
+        "the abandoned call made its directory",
+        made,
+    )
+    .await;
     sys.delete_claims(&["abandoned".to_string()]).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
-    while provision_gauge(&mut sys, "provision_svc_intents").await != Some(0.0) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "intent never cleaned up\n{}",
-            sys.log_tails(40)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_gauge(&mut sys, "provision_svc_intents", 0.0).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         sys.pvs().await.unwrap().is_empty(),
