@@ -9,10 +9,10 @@
 
 use std::collections::HashMap;
 
+use crate::handoff::redis_conn::RedisConn;
 pub use api_types::queue::IntentClaim;
 use api_types::queue::{DecodeError, ProvisionIntent, SCHEMA_VERSION};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
 use crate::handoff::redis_store;
@@ -67,7 +67,7 @@ pub struct IntentEntry {
 /// fails with [`IntentError::Redis`] when a Redis command fails.
 #[derive(Clone)]
 pub struct IntentStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     intents_key: String,
     claims_key: String,
 }
@@ -85,7 +85,7 @@ impl IntentStore {
     }
 
     /// A store over an existing connection.
-    pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
+    pub fn with_connection(conn: RedisConn, provisioner_name: &str) -> Self {
         Self {
             conn,
             intents_key: intents_key(provisioner_name),

@@ -5,12 +5,14 @@
 //! * [`intents`] — durable provisioning intents;
 //! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
 //! * [`orphan_report`] — the last orphan sweep's report (for `provisioner-ctl status`);
-//! * [`redis_store`] — the Redis connection and the per-provisioner key prefix.
+//! * [`redis_store`] — the Redis flags, the connection and the per-provisioner key prefix;
+//! * [`redis_conn`] — the shared connection, following a Sentinel failover.
 
 pub mod intents;
 pub mod orphan_report;
 pub mod queue;
 pub mod queue_auth;
+pub mod redis_conn;
 pub mod redis_store;
 #[cfg(test)]
 mod test_redis;

@@ -13,7 +13,7 @@
 //! A sweep that was abandoned (a lookup failed) or skipped leaves the previous
 //! report in place; its `swept_at_ms` tells how old it is.
 
-use redis::aio::ConnectionManager;
+use crate::handoff::redis_conn::RedisConn;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
@@ -65,7 +65,7 @@ pub enum ReportError {
 ///
 /// Errors: [`ReportError::Redis`].
 pub async fn write(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     provisioner_name: &str,
     report: &OrphanReport,
 ) -> Result<(), ReportError> {
@@ -78,7 +78,7 @@ pub async fn write(
 /// [`ReportError::Redis`]; [`ReportError::Corrupt`] for a value that does not decode or has another
 /// version (never guessed at).
 pub async fn read(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     provisioner_name: &str,
 ) -> Result<Option<OrphanReport>, ReportError> {
     let key = report_key(provisioner_name);

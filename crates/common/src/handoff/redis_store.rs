@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
+use redis::sentinel::SentinelClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo};
+
+use super::redis_conn::{manager_config, parse_sentinel_url, Endpoint, RedisConn};
 
 /// Key prefix of everything stored for `provisioner_name`, e.g.
 /// `provisioner:{example.com/hostpath}:`.
@@ -76,6 +79,11 @@ pub struct RedisAuthArgs {
         requires = "redis_client_cert_file"
     )]
     pub redis_client_key_file: Option<PathBuf>,
+
+    /// File whose first line is the Sentinels' password (`requirepass` of a
+    /// `redis+sentinel://` URL's Sentinels). Default: Sentinels without a password.
+    #[arg(long, env = "REDIS_SENTINEL_PASSWORD_FILE")]
+    pub redis_sentinel_password_file: Option<PathBuf>,
 }
 
 /// A password kept out of `Debug` output and logs.
@@ -95,12 +103,14 @@ impl std::fmt::Debug for Password {
     }
 }
 
-/// How to open a Redis connection: URL, credentials, TLS files; from the flags
+/// How to open a Redis connection: URL (one server, or `redis+sentinel://`
+/// Sentinels naming the primary), credentials, TLS files; from the flags
 /// ([`RedisConfig::from_args`]) or a bare URL (`"redis://…".into()`).
 /// `Debug` hides the password.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// `redis://[user[:password]@]host:port[/db]` or `rediss://…` for TLS.
+    /// `redis://[user[:password]@]host:port[/db]`, `rediss://…` for TLS, or
+    /// `redis+sentinel://HOST[:PORT],…/PRIMARY_NAME[/DB]`.
     pub url: String,
     /// ACL user (overrides none: conflicts with a different URL user).
     pub username: Option<String>,
@@ -114,6 +124,8 @@ pub struct RedisConfig {
     pub client_cert_file: Option<PathBuf>,
     /// PEM client key (mutual TLS).
     pub client_key_file: Option<PathBuf>,
+    /// File holding the Sentinels' password (first line).
+    pub sentinel_password_file: Option<PathBuf>,
 }
 
 impl From<&str> for RedisConfig {
@@ -209,6 +221,7 @@ impl RedisConfig {
             ca_file: auth.redis_ca_file.clone(),
             client_cert_file: auth.redis_client_cert_file.clone(),
             client_key_file: auth.redis_client_key_file.clone(),
+            sentinel_password_file: auth.redis_sentinel_password_file.clone(),
         }
     }
 
@@ -238,50 +251,26 @@ impl RedisConfig {
             .unwrap_or_else(|| "default".to_string())
     }
 
-    /// A redis-rs client for this config (the password file is read now). Errors:
-    /// [`ConnectError::Config`]: bad URL, two password sources, conflicting users,
-    /// unreadable or empty files, TLS files without `rediss://`, bad PEM.
-    pub fn client(&self) -> Result<redis::Client, ConnectError> {
-        let info: ConnectionInfo = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
-        let mut settings = info.redis_settings().clone();
-        if let Some(user) = &self.username {
-            match settings.username() {
-                Some(url_user) if url_user != user => {
-                    return Err(self.config_error(format!(
-                        "--redis-username {user:?} differs from the URL's user {url_user:?}"
-                    )))
-                }
-                _ => settings = settings.set_username(user),
-            }
-        }
-        let url_has_password = settings.password().is_some();
-        let password = match (&self.password_file, &self.password) {
+    /// The password from `--redis-password-file` or `REDIS_PASSWORD` (read now).
+    fn password(&self) -> Result<Option<String>, ConnectError> {
+        match (&self.password_file, &self.password) {
             (Some(_), Some(_)) => {
-                return Err(self.config_error(
-                    "both --redis-password-file and REDIS_PASSWORD are set; use one",
-                ))
+                Err(self
+                    .config_error("both --redis-password-file and REDIS_PASSWORD are set; use one"))
             }
-            (Some(file), None) => Some(read_password_file(file).map_err(|e| self.config_error(e))?),
-            (None, Some(p)) => Some(p.0.clone()),
-            (None, None) => None,
-        };
-        if let Some(password) = password {
-            if url_has_password {
-                return Err(self.config_error(
-                    "the URL carries a password and --redis-password-file/REDIS_PASSWORD gives another; use one",
-                ));
-            }
-            settings = settings.set_password(password);
+            (Some(file), None) => Ok(Some(
+                read_password_file(file).map_err(|e| self.config_error(e))?,
+            )),
+            (None, Some(p)) => Ok(Some(p.0.clone())),
+            (None, None) => Ok(None),
         }
-        let tls_url = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
-        let info = info.set_redis_settings(settings);
-        let wants_tls_files = self.ca_file.is_some() || self.client_cert_file.is_some();
-        if !wants_tls_files {
-            return redis::Client::open(info).map_err(|e| self.config_error(e.to_string()));
+    }
+
+    /// The CA and client certificate files read, `None` without any; `tls_url`
+    /// says whether the URL asks for TLS (the files need it).
+    fn tls_files(&self, tls_url: bool) -> Result<Option<redis::TlsCertificates>, ConnectError> {
+        if self.ca_file.is_none() && self.client_cert_file.is_none() {
+            return Ok(None);
         }
         if !tls_url {
             return Err(
@@ -309,14 +298,100 @@ impl RedisConfig {
                 ))
             }
         };
-        redis::Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls,
-                root_cert,
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+
+    /// Where the primary is: one server, or the Sentinels of a `redis+sentinel://`
+    /// URL (same user, password and TLS files for the primary). Errors: as [`Self::client`].
+    pub fn endpoint(&self) -> Result<Endpoint, ConnectError> {
+        let url = match parse_sentinel_url(&self.url) {
+            Ok(Some(url)) => url,
+            Ok(None) => return Ok(Endpoint::Fixed(Box::new(self.client()?))),
+            Err(e) => return Err(self.config_error(e)),
+        };
+        let tls_mode = url.tls.then_some(redis::TlsMode::Secure);
+        let addrs = url.sentinels.iter().map(|(host, port)| match tls_mode {
+            Some(_) => redis::ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: false,
+                tls_params: None,
             },
+            None => redis::ConnectionAddr::Tcp(host.clone(), *port),
+        });
+        let mut builder = SentinelClientBuilder::new(
+            addrs,
+            &url.primary_name,
+            redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(|e| self.config_error(format!("TLS files: {e}")))
+        .map_err(|e| self.config_error(e.to_string()))?
+        .set_client_to_redis_db(url.db);
+        if let Some(user) = &self.username {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = self.password()? {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(file) = &self.sentinel_password_file {
+            let password = read_password_file(file).map_err(|e| self.config_error(e))?;
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if let Some(mode) = tls_mode {
+            builder = builder
+                .set_client_to_redis_tls_mode(mode)
+                .set_client_to_sentinel_tls_mode(mode);
+        }
+        if let Some(certs) = self.tls_files(url.tls)? {
+            builder = builder
+                .set_client_to_redis_certificates(certs.clone())
+                .set_client_to_sentinel_certificates(certs);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| self.config_error(e.to_string()))?;
+        Ok(Endpoint::Sentinel(std::sync::Arc::new(
+            tokio::sync::Mutex::new(client),
+        )))
+    }
+
+    /// A redis-rs client for one server (the password file is read now). Errors:
+    /// [`ConnectError::Config`]: bad URL, two password sources, conflicting users,
+    /// unreadable or empty files, TLS files without `rediss://`, bad PEM.
+    pub fn client(&self) -> Result<redis::Client, ConnectError> {
+        let info: ConnectionInfo = self
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(user) = &self.username {
+            match settings.username() {
+                Some(url_user) if url_user != user => {
+                    return Err(self.config_error(format!(
+                        "--redis-username {user:?} differs from the URL's user {url_user:?}"
+                    )))
+                }
+                _ => settings = settings.set_username(user),
+            }
+        }
+        if let Some(password) = self.password()? {
+            if settings.password().is_some() {
+                return Err(self.config_error(
+                    "the URL carries a password and --redis-password-file/REDIS_PASSWORD gives another; use one",
+                ));
+            }
+            settings = settings.set_password(password);
+        }
+        let tls_url = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let info = info.set_redis_settings(settings);
+        match self.tls_files(tls_url)? {
+            None => redis::Client::open(info).map_err(|e| self.config_error(e.to_string())),
+            Some(certs) => redis::Client::build_with_tls(info, certs)
+                .map_err(|e| self.config_error(format!("TLS files: {e}"))),
+        }
     }
 
     /// Map a failed connection attempt or first command to the cause.
@@ -358,17 +433,15 @@ fn read_password_file(path: &Path) -> Result<String, String> {
     Ok(first.to_string())
 }
 
-/// A reconnecting connection for `config`, checked with `PING`; commands fail
-/// fast while Redis is down. Errors: [`ConnectError`] naming the cause
-/// (configuration, credentials, TLS, unreachable).
-pub async fn connect(config: impl Into<RedisConfig>) -> Result<ConnectionManager, ConnectError> {
+/// A reconnecting connection to the primary of `config`, checked with `PING`;
+/// commands fail fast while Redis is down. Errors: [`ConnectError`] naming the
+/// cause (configuration, credentials, TLS, unreachable).
+pub async fn connect(config: impl Into<RedisConfig>) -> Result<RedisConn, ConnectError> {
     let config = config.into();
-    let client = config.client()?;
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(Some(Duration::from_secs(5)))
-        .set_number_of_retries(2);
-    let mut conn = ConnectionManager::new_with_config(client, manager_config)
+    let endpoint = config.endpoint()?;
+    let client = endpoint.primary().await.map_err(|e| config.classify(e))?;
+    let addr = client.get_connection_info().addr().to_string();
+    let mut conn = ConnectionManager::new_with_config(client, manager_config())
         .await
         .map_err(|e| config.classify(e))?;
     // Authentication errors surface on the first command, not at connect.
@@ -376,7 +449,7 @@ pub async fn connect(config: impl Into<RedisConfig>) -> Result<ConnectionManager
         .query_async::<()>(&mut conn)
         .await
         .map_err(|e| config.classify(e))?;
-    Ok(conn)
+    Ok(RedisConn::new(conn, addr, endpoint))
 }
 
 /// Name of the gauge [`watch_reachability`] sets: `redis_reachable`, 1 while
@@ -407,7 +480,7 @@ pub async fn watch_reachability(
     stop: tokio_util::sync::CancellationToken,
 ) {
     const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-    let mut conn: Option<ConnectionManager> = None;
+    let mut conn: Option<RedisConn> = None;
     loop {
         let probe = async {
             if conn.is_none() {

@@ -31,10 +31,16 @@ pub fn parse_http_endpoint(s: &str) -> Result<SocketAddr, String> {
 }
 
 /// Check a Redis URL as redis-rs reads it: `redis://`, `rediss://`, `redis+unix://`,
-/// `unix://` (or `valkey` twins), host and numeric port. Errors: what is wrong.
+/// `unix://` (or `valkey` twins), host and numeric port; or a `redis+sentinel://`
+/// URL. Errors: what is wrong.
 pub fn check_redis_url(url: &str) -> Result<(), String> {
     use redis::IntoConnectionInfo as _;
     let shown = crate::handoff::redis_store::redact_url(url);
+    let sentinel = crate::handoff::redis_conn::parse_sentinel_url(url)
+        .map_err(|e| format!("{shown:?} is not a valid Sentinel URL: {e}"))?;
+    if sentinel.is_some() {
+        return Ok(());
+    }
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     let known = [
         "redis",
@@ -47,7 +53,7 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
     ];
     if !scheme.is_some_and(|s| known.contains(&s)) {
         return Err(format!(
-            "{shown:?} is not a Redis URL: want redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS) or redis+unix:///PATH"
+            "{shown:?} is not a Redis URL: want redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS), redis+sentinel://HOST:PORT,…/PRIMARY_NAME[/DB] or redis+unix:///PATH"
         ));
     }
     // redis-rs' own message ("Redis URL did not parse") adds nothing.

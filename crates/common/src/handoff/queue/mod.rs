@@ -9,8 +9,8 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
+use crate::handoff::redis_conn::{Endpoint, RedisConn};
 use api_types::queue::{ClaimKey, QueuedPvWrite};
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, ScriptInvocation};
 use serde::{Deserialize, Serialize};
 
@@ -88,7 +88,7 @@ pub struct DeadLetter {
 /// Every method fails with [`QueueError::Command`] when a Redis command fails.
 #[derive(Clone)]
 pub struct PvQueue {
-    conn: ConnectionManager,
+    conn: RedisConn,
     keys: Keys,
     /// Client for the dedicated connection that blocks on the wake-up list
     /// (a blocking command would stall every other command on `conn`).
@@ -136,7 +136,7 @@ impl Settled {
 
 #[derive(Clone)]
 struct Waker {
-    client: redis::Client,
+    primary: Endpoint,
     conn: std::sync::Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
 }
 
@@ -152,14 +152,14 @@ impl PvQueue {
         let conn = redis_store::connect(&redis).await?;
         let mut queue = Self::with_connection(conn, provisioner_name);
         queue.waker = Some(Waker {
-            client: redis.client()?,
+            primary: redis.endpoint()?,
             conn: Default::default(),
         });
         Ok(queue)
     }
 
     /// A queue over an existing connection (embedding, tests).
-    pub fn with_connection(conn: ConnectionManager, provisioner_name: &str) -> Self {
+    pub fn with_connection(conn: RedisConn, provisioner_name: &str) -> Self {
         PvQueue {
             conn,
             keys: Keys::new(provisioner_name),
@@ -247,11 +247,16 @@ impl PvQueue {
             let config = redis::AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(Duration::from_secs(2)))
                 .set_response_timeout(Some(timeout + Duration::from_secs(2)));
-            let conn = waker
-                .client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(cmd("wait_for_work"))?;
+            let client = waker.primary.primary().await;
+            let conn = match client {
+                Ok(client) => {
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                }
+                Err(err) => Err(err),
+            }
+            .map_err(cmd("wait_for_work"))?;
             *slot = Some(conn);
         }
         let conn = slot.as_mut().expect("connection just made");

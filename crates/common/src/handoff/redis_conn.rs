@@ -1,0 +1,301 @@
+//! The connection every Redis user shares ([`RedisConn`]): a reconnecting
+//! `ConnectionManager` to the primary. With a `redis+sentinel://` URL the Sentinels
+//! name the primary, and are asked again after an error that suggests a failover
+//! (connection lost or refused, a timeout, `READONLY`), without a restart.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::SentinelClient;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// Default Sentinel port when a `redis+sentinel://` host names none.
+pub const SENTINEL_PORT: u16 = 26379;
+
+/// A parsed `redis+sentinel://HOST[:PORT][,HOST[:PORT]…]/PRIMARY_NAME[/DB]`
+/// (`rediss+sentinel://` for TLS to the Sentinels and the primary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelUrl {
+    /// TLS to the Sentinels and to the primary.
+    pub tls: bool,
+    /// The Sentinels' host and port, in the URL's order.
+    pub sentinels: Vec<(String, u16)>,
+    /// The primary's name as the Sentinels know it (`sentinel monitor <name> …`).
+    pub primary_name: String,
+    /// Database number on the primary (default 0).
+    pub db: i64,
+}
+
+/// `Ok(None)` for a URL of another scheme; errors say what is wrong with a
+/// Sentinel URL (credentials belong in the password-file flags, not the URL).
+pub fn parse_sentinel_url(url: &str) -> Result<Option<SentinelUrl>, String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+        (true, rest)
+    } else {
+        return Ok(None);
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if hosts.contains('@') {
+        return Err("a Sentinel URL carries no credentials: use --redis-username/--redis-password-file (primary) and --redis-sentinel-password-file".into());
+    }
+    let sentinels = hosts
+        .split(',')
+        .map(|host| match host.rsplit_once(':') {
+            Some((h, p)) => p
+                .parse::<u16>()
+                .map(|p| (h.to_string(), p))
+                .map_err(|_| format!("Sentinel port {p:?} is not a number up to 65535")),
+            None => Ok((host.to_string(), SENTINEL_PORT)),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if sentinels.iter().any(|(h, _)| h.is_empty()) {
+        return Err("a Sentinel host is empty: want HOST[:PORT],HOST[:PORT]…".into());
+    }
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    let primary_name = parts
+        .next()
+        .ok_or("the URL names no primary: want redis+sentinel://HOSTS/PRIMARY_NAME[/DB]")?
+        .to_string();
+    let db = match parts.next() {
+        Some(db) => db
+            .parse()
+            .map_err(|_| format!("database {db:?} is not a number"))?,
+        None => 0,
+    };
+    if parts.next().is_some() {
+        return Err("too many path segments: want /PRIMARY_NAME[/DB]".into());
+    }
+    Ok(Some(SentinelUrl {
+        tls,
+        sentinels,
+        primary_name,
+        db,
+    }))
+}
+
+/// Where the primary is: a fixed address, or asked of the Sentinels.
+#[derive(Clone)]
+pub enum Endpoint {
+    /// `redis://`, `rediss://`, `unix://`: one server.
+    Fixed(Box<redis::Client>),
+    /// `redis+sentinel://`: the Sentinels name the current primary.
+    Sentinel(Arc<tokio::sync::Mutex<SentinelClient>>),
+}
+
+impl Endpoint {
+    /// A client for the current primary (for Sentinels: the server they name,
+    /// checked to answer `ROLE` as a master). Errors: no Sentinel or primary answered.
+    pub async fn primary(&self) -> RedisResult<redis::Client> {
+        match self {
+            Endpoint::Fixed(client) => Ok((**client).clone()),
+            Endpoint::Sentinel(sentinels) => sentinels.lock().await.async_get_client().await,
+        }
+    }
+}
+
+/// The reconnect policy of every `ConnectionManager`: 2 s to connect, 5 s per
+/// answer, 2 retries, so commands fail fast while Redis is down.
+pub fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_number_of_retries(2)
+}
+
+/// A cheap-to-clone connection to the Redis primary; implements redis-rs'
+/// `ConnectionLike`, so commands and scripts run on it as on a `ConnectionManager`.
+#[derive(Clone)]
+pub struct RedisConn {
+    manager: ConnectionManager,
+    failover: Option<Arc<Failover>>,
+}
+
+/// The Sentinel side of a [`RedisConn`]: the newest primary connection and who
+/// may look the primary up again.
+struct Failover {
+    sentinels: Endpoint,
+    primary: Mutex<(String, ConnectionManager)>,
+    resolving: tokio::sync::Mutex<Instant>,
+}
+
+/// Least time between two lookups of the primary.
+const LOOKUP_INTERVAL: Duration = Duration::from_millis(500);
+/// Bound of one lookup (Sentinels, then the new primary's connection).
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl std::fmt::Debug for RedisConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConn")
+            .field("sentinel_primary", &self.primary_addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisConn {
+    /// A connection over `manager`, connected to `addr`; `endpoint` Sentinels are
+    /// asked again after a failover-like error.
+    pub fn new(manager: ConnectionManager, addr: String, endpoint: Endpoint) -> Self {
+        let failover = matches!(endpoint, Endpoint::Sentinel(_)).then(|| {
+            Arc::new(Failover {
+                sentinels: endpoint,
+                primary: Mutex::new((addr, manager.clone())),
+                resolving: tokio::sync::Mutex::new(Instant::now() - LOOKUP_INTERVAL),
+            })
+        });
+        RedisConn { manager, failover }
+    }
+
+    /// The address commands go to now (`host:port`, or the socket path).
+    pub fn primary_addr(&self) -> Option<String> {
+        let failover = self.failover.as_ref()?;
+        Some(failover.primary.lock().expect("not poisoned").0.clone())
+    }
+
+    /// Use the newest primary connection (after another clone's lookup).
+    fn refresh(&mut self) {
+        if let Some(failover) = &self.failover {
+            self.manager = failover.primary.lock().expect("not poisoned").1.clone();
+        }
+    }
+
+    /// After `err`: with Sentinels and a failover-like error, look the primary up.
+    async fn after_error(&mut self, err: &redis::RedisError) {
+        let failover_like = err.is_io_error()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || err.is_timeout()
+            || matches!(err.code(), Some("READONLY" | "MASTERDOWN"));
+        if let (true, Some(failover)) = (failover_like, &self.failover) {
+            failover.look_up().await;
+            self.refresh();
+        }
+    }
+}
+
+impl Failover {
+    /// Ask the Sentinels for the primary; switch when they name another address.
+    /// At most one lookup runs and at most one per [`LOOKUP_INTERVAL`].
+    async fn look_up(&self) {
+        let Ok(mut last) = self.resolving.try_lock() else {
+            return;
+        };
+        if last.elapsed() < LOOKUP_INTERVAL {
+            return;
+        }
+        *last = Instant::now();
+        let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.sentinels.primary()).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "no Sentinel names a primary that answers");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("Sentinels did not name a primary within 2 s");
+                return;
+            }
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        let old = self.primary.lock().expect("not poisoned").0.clone();
+        if addr == old {
+            return;
+        }
+        let manager = ConnectionManager::new_with_config(client, manager_config());
+        match tokio::time::timeout(LOOKUP_TIMEOUT, manager).await {
+            Ok(Ok(manager)) => {
+                tracing::warn!(from = %old, to = %addr, "Redis primary changed");
+                *self.primary.lock().expect("not poisoned") = (addr, manager);
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(primary = %addr, error = %err, "cannot connect to the new Redis primary")
+            }
+            Err(_) => {
+                tracing::warn!(primary = %addr, "the new Redis primary did not answer within 2 s")
+            }
+        }
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            self.refresh();
+            let result = self.manager.req_packed_command(cmd).await;
+            if let Err(err) = &result {
+                self.after_error(err).await;
+            }
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            self.refresh();
+            let result = self
+                .manager
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            if let Err(err) = &result {
+                self.after_error(err).await;
+            }
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.manager.get_db()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_name_hosts_primary_and_db() {
+        let url = parse_sentinel_url("redis+sentinel://s1,s2:26380,10.0.0.3:1/mymaster/2")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            url,
+            SentinelUrl {
+                tls: false,
+                sentinels: vec![
+                    ("s1".into(), 26379),
+                    ("s2".into(), 26380),
+                    ("10.0.0.3".into(), 1)
+                ],
+                primary_name: "mymaster".into(),
+                db: 2,
+            }
+        );
+        let tls = parse_sentinel_url("rediss+sentinel://s/p")
+            .unwrap()
+            .unwrap();
+        assert!(tls.tls);
+        assert_eq!(tls.db, 0);
+        assert_eq!(parse_sentinel_url("redis://h:6379/0").unwrap(), None);
+    }
+
+    #[test]
+    fn bad_sentinel_urls_say_what_is_wrong() {
+        for (url, says) in [
+            ("redis+sentinel://s1:26379", "names no primary"),
+            ("redis+sentinel://u:pw@s1/p", "no credentials"),
+            ("redis+sentinel://s1:x/p", "not a number"),
+            ("redis+sentinel://s1,,s2/p", "empty"),
+            ("redis+sentinel://s1/p/zero", "not a number"),
+            ("redis+sentinel://s1/p/0/x", "too many"),
+        ] {
+            let err = parse_sentinel_url(url).unwrap_err();
+            assert!(err.contains(says), "{url}: {err}");
+        }
+    }
+}

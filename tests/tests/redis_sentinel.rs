@@ -1,0 +1,70 @@
+//! The Redis connection behind a `redis+sentinel://` URL, on a real primary,
+//! replica and three Sentinels: it follows a failover without a restart.
+
+use std::time::Duration;
+
+use common::handoff::redis_store;
+use e2e::harness::wait::wait_for;
+use e2e::harness::RedisSentinels;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_follows_the_primary_through_a_sentinel_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut set = RedisSentinels::start(dir.path()).await.unwrap();
+    let mut conn = redis_store::connect(set.url()).await.unwrap();
+    let first = set.primary_port().await.unwrap();
+    assert_eq!(conn.primary_addr(), Some(format!("127.0.0.1:{first}")));
+    let _: () = redis::cmd("SET")
+        .arg("before")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The replica has the write before the primary dies (WAIT 1 replica).
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(acked, 1);
+
+    let second = set.kill_primary_and_fail_over().await.unwrap();
+    assert_ne!(first, second);
+    // Commands fail while the old address is gone, then go to the new primary.
+    let written = wait_for(
+        Duration::from_secs(20),
+        "a write on the new primary",
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let r: redis::RedisResult<()> = redis::cmd("SET")
+                    .arg("after")
+                    .arg(2)
+                    .query_async(&mut conn)
+                    .await;
+                r.ok()
+            }
+        },
+    )
+    .await;
+    assert!(written.is_ok(), "no write after the failover: {written:?}");
+    assert_eq!(conn.primary_addr(), Some(format!("127.0.0.1:{second}")));
+    let both: (i64, i64) = redis::cmd("MGET")
+        .arg("before")
+        .arg("after")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(both, (1, 2), "the replicated write survived the failover");
+}
+
+#[tokio::test]
+async fn sentinel_urls_with_credentials_are_refused_without_echoing_them() {
+    let err = redis_store::connect("redis+sentinel://u:secret@127.0.0.1:1/p")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no credentials"), "{err}");
+    assert!(!err.contains("secret"), "{err}");
+}
