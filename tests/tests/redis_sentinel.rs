@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use common::handoff::queue::{PvQueue, ReplicaAcks};
 use common::handoff::redis_store;
 use e2e::harness::wait::wait_for;
-use e2e::harness::RedisSentinels;
+use e2e::harness::{RedisSentinels, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_follows_the_primary_through_a_sentinel_failover() {
@@ -67,4 +68,37 @@ async fn sentinel_urls_with_credentials_are_refused_without_echoing_them() {
         .to_string();
     assert!(err.contains("no credentials"), "{err}");
     assert!(!err.contains("secret"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_waits_for_a_replica_and_reports_a_shortfall() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = RedisSentinels::start(dir.path()).await.unwrap();
+    let queue = PvQueue::connect(set.url(), "example.com/hostpath")
+        .await
+        .unwrap()
+        .with_replica_acks(ReplicaAcks::Auto, Duration::from_millis(500));
+    let outcome = queue.enqueue_raw("pvc-1", b"x").await.unwrap();
+    assert_eq!(outcome.replicas, (1, 1), "auto asks the one replica");
+    // A frozen replica cannot acknowledge: the shortfall is reported, not fatal.
+    set.freeze(1, true);
+    let started = std::time::Instant::now();
+    let outcome = queue.enqueue_raw("pvc-2", b"x").await.unwrap();
+    set.freeze(1, false);
+    assert!(outcome.added);
+    assert_eq!(outcome.replicas, (1, 0));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let alone = RedisServer::start(&dir.path().join("alone"), &dir.path().join("alone.log"))
+        .await
+        .unwrap();
+    let queue = PvQueue::connect(alone.url(), "example.com/hostpath")
+        .await
+        .unwrap();
+    let outcome = queue.enqueue_raw("pvc-1", b"x").await.unwrap();
+    assert_eq!(outcome.replicas, (0, 0), "no replica, no WAIT");
 }

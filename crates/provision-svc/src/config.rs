@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser};
+use common::handoff::queue::ReplicaAcks;
 use common::handoff::queue_auth::QueueKeyArgs;
 use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
 
@@ -47,6 +48,15 @@ pub struct ProvisionArgs {
     /// in background and retried.
     #[arg(long, env = "PROVISION_TIMEOUT", value_parser = parse_duration)]
     pub provision_timeout: Option<Duration>,
+
+    /// Replicas that must acknowledge each PV-write enqueue (Redis `WAIT`) before the
+    /// claim counts as queued: `auto` (1 while the primary has a replica, else 0) or N.
+    #[arg(long, env = "REDIS_WAIT_REPLICAS", default_value = "auto")]
+    pub redis_wait_replicas: ReplicaAcks,
+
+    /// Longest wait for `--redis-wait-replicas`; a shortfall is logged, not fatal.
+    #[arg(long, env = "REDIS_WAIT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub redis_wait_timeout: Duration,
 
     /// How often every cached claim is queued again (the seed's informer
     /// resync). `0s` disables.

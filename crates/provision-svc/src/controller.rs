@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use common::handoff::intents::IntentStore;
-use common::handoff::queue::PvQueue;
+use common::handoff::queue::{PvQueue, QueueError};
 use common::handoff::queue_auth::QueueKey;
 use common::kube::cache::{strip_for_cache, watch_backoff, NameSet};
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
@@ -253,8 +253,13 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let shutdown = ctx.shutdown.clone();
     let (name, redis) = (args.common.provisioner_name.clone(), args.common.redis());
     let period = args.common.redis_reconnect();
-    let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || {
-        PvQueue::connect(&redis, &name)
+    let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
+    let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || async {
+        Ok::<_, QueueError>(
+            PvQueue::connect(&redis, &name)
+                .await?
+                .with_replica_acks(acks.0, acks.1),
+        )
     })
     .await
     else {

@@ -95,6 +95,36 @@ pub struct PvQueue {
     waker: Option<Waker>,
     /// Whether the server answers `WAITAOF` (0 unknown, 1 yes, 2 no).
     waitaof: std::sync::Arc<AtomicU8>,
+    /// Replicas that must acknowledge an enqueue (`WAIT`), and for how long.
+    replica_acks: ReplicaAcks,
+    replica_timeout: Duration,
+    /// The primary's replica count (`ROLE`) and when it was read, for `Auto`.
+    replicas_seen: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, u32)>>>,
+}
+
+/// How many replicas must acknowledge an enqueue (`WAIT`) before it counts as
+/// queued: `auto` (1 while the primary has a replica, else 0) or a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplicaAcks {
+    /// 1 while the primary reports a connected replica (`ROLE`, read every 5 s), else 0.
+    #[default]
+    Auto,
+    /// Exactly this many (0: no `WAIT`).
+    Count(u32),
+}
+
+impl std::str::FromStr for ReplicaAcks {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(ReplicaAcks::Auto),
+            n => n
+                .parse()
+                .map(ReplicaAcks::Count)
+                .map_err(|_| format!("{n:?} is neither `auto` nor a replica count")),
+        }
+    }
 }
 
 /// What [`PvQueue::enqueue`] did.
@@ -108,6 +138,8 @@ pub struct EnqueueOutcome {
     /// True when Redis confirmed (`WAITAOF`, Redis ≥ 7.2) that its AOF holds the
     /// entry on disk; false on older servers or without AOF.
     pub fsynced: bool,
+    /// Replicas asked to acknowledge the entry (`WAIT`), and how many did in time.
+    pub replicas: (u32, u32),
 }
 
 /// Result of settling an entry ([`PvQueue::complete`], [`PvQueue::schedule_retry`],
@@ -165,12 +197,23 @@ impl PvQueue {
             keys: Keys::new(provisioner_name),
             waker: None,
             waitaof: Default::default(),
+            replica_acks: ReplicaAcks::Auto,
+            replica_timeout: Duration::from_secs(1),
+            replicas_seen: Default::default(),
         }
+    }
+
+    /// The same queue waiting for `acks` replicas (at most `timeout`) after each enqueue.
+    pub fn with_replica_acks(mut self, acks: ReplicaAcks, timeout: Duration) -> Self {
+        self.replica_acks = acks;
+        self.replica_timeout = timeout;
+        self
     }
 
     /// Atomically queue `entry` in `incoming` and clear the PV's provisioning intent
     /// (idempotent while the PV name is queued or dead), then wait for the AOF fsync
-    /// where Redis has `WAITAOF`. Errors: `Command`; nothing queued, the intent stays.
+    /// where Redis has `WAITAOF` and for the replicas ([`ReplicaAcks`]). Errors:
+    /// `Command`; nothing queued, the intent stays.
     pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
@@ -190,11 +233,67 @@ impl PvQueue {
             )
             .await?;
         let fsynced = self.wait_aof().await;
+        let replicas = self.wait_replicas(pv_name).await;
         Ok(EnqueueOutcome {
             added: added == 1,
             intent_cleared: cleared == 1,
             fsynced,
+            replicas,
         })
+    }
+
+    /// `WAIT` for the replicas [`ReplicaAcks`] asks; (asked, acknowledged). A
+    /// shortfall is logged: the entry may be lost by a failover to a replica.
+    async fn wait_replicas(&self, pv_name: &str) -> (u32, u32) {
+        let wanted = match self.replica_acks {
+            ReplicaAcks::Count(n) => n,
+            ReplicaAcks::Auto => self.connected_replicas().await.min(1),
+        };
+        if wanted == 0 {
+            return (0, 0);
+        }
+        let acked: Result<u32, _> = redis::cmd("WAIT")
+            .arg(wanted)
+            .arg(self.replica_timeout.as_millis() as u64)
+            .query_async(&mut self.conn.clone())
+            .await;
+        let acked = acked.unwrap_or_else(|err| {
+            tracing::warn!(error = %err, "WAIT failed");
+            0
+        });
+        if acked < wanted {
+            tracing::warn!(
+                pv = pv_name,
+                wanted,
+                acked,
+                at_risk =
+                    "this enqueue, if Redis fails over now (provisioned again from the claim)",
+                "replicas did not acknowledge an enqueue in time"
+            );
+        }
+        (wanted, acked)
+    }
+
+    /// The primary's connected replicas (`ROLE`), read at most every 5 s; 0 when unknown.
+    async fn connected_replicas(&self) -> u32 {
+        let fresh = |seen: &Option<(std::time::Instant, u32)>| {
+            seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5))
+                .map(|(_, n)| n)
+        };
+        if let Some(n) = fresh(&self.replicas_seen.lock().expect("not poisoned")) {
+            return n;
+        }
+        let role: Result<redis::Value, _> =
+            redis::cmd("ROLE").query_async(&mut self.conn.clone()).await;
+        let n = match role {
+            Ok(redis::Value::Array(parts)) => match parts.get(2) {
+                Some(redis::Value::Array(replicas)) => replicas.len() as u32,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        *self.replicas_seen.lock().expect("not poisoned") = Some((std::time::Instant::now(), n));
+        n
     }
 
     /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): true once the local AOF holds every write so
