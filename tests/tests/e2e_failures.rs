@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::harness::{wait_eq, ControlPlane, Service, System, SystemOptions};
+use e2e::harness::{wait_eq, ControlPlane, RedisSentinels, Service, System, SystemOptions};
 use e2e::on_both_planes;
 
 fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
@@ -22,13 +22,28 @@ fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
 }
 
 async fn system(plane: ControlPlane, replicas: usize) -> System {
+    system_on(plane, replicas, None).await
+}
+
+/// [`system`] with every service on `redis_url` instead of the private Redis.
+async fn system_on(plane: ControlPlane, replicas: usize, redis_url: Option<String>) -> System {
     let mut sys = System::start(SystemOptions {
         replicas,
         control_plane: plane,
+        no_services: redis_url.is_some(),
         ..Default::default()
     })
     .await
     .expect("system starts");
+    if let Some(url) = redis_url {
+        sys.settings.redis_url = url;
+        for service in Service::ALL {
+            for replica in 0..replicas {
+                let r = sys.start_service(service, replica).await;
+                check(&sys, r);
+            }
+        }
+    }
     sys.wait_leaders(Duration::from_secs(30))
         .await
         .expect("every service elects a leader");
@@ -50,7 +65,7 @@ fn set_sim_latency(sys: &System, d: Duration) {
 /// (pv-writer publishes it before completing the queue entry, so a writer
 /// killed in between publishes it again on the retried write).
 async fn assert_provisioned(sys: &System, n: usize) {
-    check(sys, sys.wait_provisioned(n, Duration::from_secs(60)).await);
+    check(sys, sys.wait_provisioned(n, Duration::from_secs(120)).await);
     // Settle, then re-check that nothing extra appeared (no double provisioning).
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(sys.pvs().await.unwrap().len(), n);
@@ -152,6 +167,74 @@ async fn redis_restart_loses_no_queued_pv_write(plane: ControlPlane) {
         );
     }
 
+    sys.delete_claims(&claims).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
+}
+
+/// FLUSHALL of the Redis at `url` (an operator's mistake, or a wiped volume).
+async fn flushall(url: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+}
+
+/// Wait until `n` claims are being provisioned (their directories exist).
+async fn wait_dirs(sys: &System, n: usize) {
+    let r = wait_eq(Duration::from_secs(60), "burst under way", true, || async {
+        Ok(sys.dir_count() >= n)
+    })
+    .await;
+    check(sys, r);
+}
+
+async fn redis_flushall_mid_burst_binds_every_claim_once(plane: ControlPlane) {
+    let sys = system(plane, 1).await;
+    set_sim_latency(&sys, Duration::from_millis(20));
+    let claims = sys.create_claims("flush", 60, "hostpath").await.unwrap();
+    wait_dirs(&sys, 10).await;
+    flushall(&sys.redis.url()).await;
+    set_sim_latency(&sys, Duration::ZERO);
+    assert_provisioned(&sys, 60).await;
+    sys.delete_claims(&claims).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
+}
+
+async fn sentinel_primary_killed_mid_burst_binds_every_claim_once(plane: ControlPlane) {
+    let root = tempfile::tempdir().unwrap();
+    let mut redis = RedisSentinels::start(root.path()).await.unwrap();
+    let sys = system_on(plane, 1, Some(redis.url())).await;
+    set_sim_latency(&sys, Duration::from_millis(20));
+    let claims = sys
+        .create_claims("failover", 200, "hostpath")
+        .await
+        .unwrap();
+    wait_dirs(&sys, 20).await;
+    let primary = check(&sys, redis.kill_primary_and_fail_over().await);
+    eprintln!(
+        "failed over to :{primary} at {} directories",
+        sys.dir_count()
+    );
+    set_sim_latency(&sys, Duration::ZERO);
+    assert_provisioned(&sys, 200).await;
+    sys.delete_claims(&claims).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(120)).await);
+}
+
+async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane) {
+    let root = tempfile::tempdir().unwrap();
+    let mut redis = RedisSentinels::start(root.path()).await.unwrap();
+    let sys = system_on(plane, 1, Some(redis.url())).await;
+    set_sim_latency(&sys, Duration::from_millis(20));
+    // The replica misses every write of the burst, then is the only one left.
+    redis.freeze(1, true);
+    let claims = sys.create_claims("stale", 60, "hostpath").await.unwrap();
+    wait_dirs(&sys, 10).await;
+    let old = check(&sys, redis.kill_primary().await);
+    redis.freeze(1, false);
+    let primary = check(&sys, redis.wait_failover(old).await);
+    assert_eq!(primary, redis.data_port(1));
+    set_sim_latency(&sys, Duration::ZERO);
+    assert_provisioned(&sys, 60).await;
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
 }
@@ -299,6 +382,9 @@ async fn thirty_second_api_outage_is_survived(plane: ControlPlane) {
 on_both_planes!(
     sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing,
     redis_restart_loses_no_queued_pv_write,
+    redis_flushall_mid_burst_binds_every_claim_once,
+    sentinel_primary_killed_mid_burst_binds_every_claim_once,
+    failover_to_a_stale_replica_binds_every_claim_once,
     two_replicas_fail_over_within_the_lease_duration,
     thirty_second_api_outage_is_survived,
 );

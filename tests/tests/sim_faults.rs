@@ -292,6 +292,7 @@ async fn the_control_loop_recovers_from_failing_watches_at_the_watchers_pace() {
         heartbeat: Default::default(),
         metrics,
         shutdown: shutdown.clone(),
+        reconcile_all: None,
     };
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let reconcile = |pv: Arc<PersistentVolume>, seen: Arc<Mutex<Vec<String>>>| async move {

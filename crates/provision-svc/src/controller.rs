@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use common::handoff::data_marker::DataMarker;
 use common::handoff::intents::IntentStore;
 use common::handoff::queue::{PvQueue, QueueError};
 use common::handoff::queue_auth::QueueKey;
@@ -339,7 +340,9 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             }
         },
     );
+    let (rescan, reconcile_all) = futures::channel::mpsc::unbounded();
     let settings = LoopSettings {
+        reconcile_all: Some(reconcile_all),
         workers: args.worker_threads(),
         resync_period: args.resync_period,
         stall: args.common.healthz_stall_timeout,
@@ -348,10 +351,11 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         shutdown: shutdown.clone(),
     };
     let readiness = ctx.readiness.clone();
+    let marker = DataMarker::new(intents.connection(), &name);
     tasks.spawn(probe_redis(
         op.clone(),
         intents,
-        listed,
+        (listed, marker, rescan),
         readiness,
         shutdown.clone(),
     ));
@@ -378,11 +382,16 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
 
 /// From the claims' first list until `shutdown`: readiness from Redis every
 /// [`REDIS_PROBE_INTERVAL`] (not ready while it does not answer within the
-/// interval), and the intent gauges every [`INTENT_GAUGES_INTERVAL`].
+/// interval), the intent gauges every [`INTENT_GAUGES_INTERVAL`], and every
+/// claim reconciled again (`rescan`) when the data marker says Redis lost its data.
 async fn probe_redis(
     op: Arc<Operation>,
     intents: IntentStore,
-    listed: Arc<tokio::sync::Notify>,
+    (listed, mut marker, rescan): (
+        Arc<tokio::sync::Notify>,
+        DataMarker,
+        futures::channel::mpsc::UnboundedSender<()>,
+    ),
     readiness: common::runtime::http::Readiness,
     shutdown: CancellationToken,
 ) {
@@ -407,6 +416,15 @@ async fn probe_redis(
         }
         if !shutdown.is_cancelled() {
             readiness.set_ready(answered);
+        }
+        if answered && matches!(marker.lost().await, Ok(true)) {
+            op.metrics.redis_data_losses.inc();
+            tracing::error!(
+                recovery =
+                    "every claim reconciled again; leaked volumes reported by the orphan sweep",
+                "Redis lost its data (its data marker vanished)"
+            );
+            let _ = rescan.unbounded_send(());
         }
         if answered && gauges_read.elapsed() >= INTENT_GAUGES_INTERVAL {
             gauges_read = tokio::time::Instant::now();

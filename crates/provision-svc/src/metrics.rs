@@ -82,6 +82,9 @@ pub struct ServiceMetrics {
     /// that still wants a volume but whose queued PV write pv-writer will never
     /// write (`dead_lettered`, `unverifiable`); each also emits a Warning.
     pub stalled_queue_entries: IntCounterVec,
+    /// `provision_svc_redis_data_losses_total`: times the Redis data marker
+    /// vanished (every claim was then reconciled again).
+    pub redis_data_losses: IntCounter,
 }
 
 impl ServiceMetrics {
@@ -121,6 +124,14 @@ impl ServiceMetrics {
                         "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
                     ),
                     &["reason"],
+                )
+                .expect("valid metric"),
+            ),
+            redis_data_losses: common::runtime::metrics::register(
+                registry,
+                IntCounter::new(
+                    "provision_svc_redis_data_losses_total",
+                    "Times Redis lost its data (its data marker vanished: failover to a stale replica, wiped volume, FLUSHALL); every claim was then reconciled again.",
                 )
                 .expect("valid metric"),
             ),

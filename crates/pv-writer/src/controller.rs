@@ -217,7 +217,14 @@ impl Writer {
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
         let mut orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
-        while !shutdown.is_cancelled() && !self.superseded.load(Ordering::SeqCst) {
+        while !shutdown.is_cancelled() {
+            if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
+                tracing::error!(
+                    term = self.epoch.load(Ordering::SeqCst),
+                    "a newer pv-writer leader term began; stopping"
+                );
+                break;
+            }
             self.dispatched.beat();
             while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
@@ -250,7 +257,7 @@ impl Writer {
                 Ok(Err(fenced_at)) => {
                     drop(permit);
                     self.fenced(fenced_at);
-                    break;
+                    continue;
                 }
                 Ok(Ok(batch)) => {
                     if redis_down {
@@ -314,6 +321,30 @@ impl Writer {
             return Err(WriterError::Superseded(self.epoch.load(Ordering::SeqCst)));
         }
         Ok(())
+    }
+
+    /// After a refusal, whether to go on: the epoch in Redis is this term (an entry
+    /// of an earlier term of ours was refused), or below it (Redis lost its data: a
+    /// term above ours begins). False when a newer leader began or Redis is unreachable.
+    async fn resume_after_lost_term(&self) -> bool {
+        let ours = self.epoch.load(Ordering::SeqCst);
+        let current = match self.queue.current_term().await {
+            Ok(current) if current <= ours => current,
+            _ => return false,
+        };
+        if current < ours {
+            let Ok(epoch) = self.queue.begin_term_above(ours).await else {
+                return false;
+            };
+            self.epoch.store(epoch, Ordering::SeqCst);
+            tracing::error!(
+                lost_term = ours,
+                term = epoch,
+                "Redis lost the pv-writer term with its data; began a term above it"
+            );
+        }
+        self.superseded.store(false, Ordering::SeqCst);
+        true
     }
 
     async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {

@@ -212,14 +212,15 @@ impl Writer {
         }
     }
 
-    /// Redis refused `operation` because a newer term began: stop draining.
+    /// Redis refused `operation` under this term (a newer term began, or Redis
+    /// lost the epoch): stop draining until the dispatcher tells which.
     pub(crate) fn fenced(&self, operation: &str) {
         self.metrics.fenced_operations_total.inc();
         if !self.superseded.swap(true, Ordering::SeqCst) {
-            tracing::error!(
+            tracing::warn!(
                 term = self.term(),
                 operation,
-                "a newer pv-writer leader term began; stopping"
+                "Redis refused this pv-writer term"
             );
         }
     }

@@ -206,6 +206,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         heartbeat: ctx.heartbeat.clone(),
         metrics: metrics.queue,
         shutdown: ctx.shutdown.clone(),
+        reconcile_all: None,
     };
     let control_loop = control::run(trigger, store, settings, reconcile, error_policy, loop_ctx);
     tokio::pin!(control_loop, sweep_task);

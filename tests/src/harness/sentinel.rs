@@ -164,20 +164,35 @@ impl RedisSentinels {
     ///
     /// Errors: no failover within 30 s.
     pub async fn kill_primary_and_fail_over(&mut self) -> anyhow::Result<u16> {
+        let old = self.kill_primary().await?;
+        self.wait_failover(old).await
+    }
+
+    /// SIGKILL the current primary; returns its port.
+    ///
+    /// Errors: no Sentinel answers.
+    pub async fn kill_primary(&mut self) -> anyhow::Result<u16> {
         let old = self.primary_port().await?;
         let i = self.index_of(old)?;
         if let Some(mut p) = self.data[i].1.take() {
             p.kill();
         }
-        let new = wait_for(Duration::from_secs(30), "Sentinel failover", || async {
+        Ok(old)
+    }
+
+    /// Wait (30 s) until the Sentinels name a primary other than `old` that
+    /// answers as master; returns its port.
+    ///
+    /// Errors: no failover within 30 s.
+    pub async fn wait_failover(&self, old: u16) -> anyhow::Result<u16> {
+        wait_for(Duration::from_secs(30), "Sentinel failover", || async {
             let port = self.primary_port().await.ok().filter(|p| *p != old)?;
             info(port, "replication")
                 .await
                 .filter(|i| i.contains("role:master"))
                 .map(|_| port)
         })
-        .await?;
-        Ok(new)
+        .await
     }
 
     /// Freeze (SIGSTOP) or thaw (SIGCONT) data server `i`: a frozen replica

@@ -93,6 +93,11 @@ impl IntentStore {
         }
     }
 
+    /// The store's Redis connection (shared, e.g. with the [`DataMarker`](super::data_marker::DataMarker)).
+    pub fn connection(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
     /// Record `intent` (keyed by its PV name), replacing any earlier one, without
     /// a claim snapshot. Returns true when no intent existed for that PV before.
     pub async fn record(&self, intent: &ProvisionIntent) -> Result<bool, IntentError> {

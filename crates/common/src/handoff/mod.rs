@@ -3,11 +3,13 @@
 //!
 //! * [`queue`] — the durable PV-write queue shared by provision-svc and pv-writer;
 //! * [`intents`] — durable provisioning intents;
+//! * [`data_marker`] — detects a Redis that lost its data;
 //! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
 //! * [`orphan_report`] — the last orphan sweep's report (for `provisioner-ctl status`);
 //! * [`redis_store`] — the Redis flags, the connection and the per-provisioner key prefix;
 //! * [`redis_conn`] — the shared connection, following a Sentinel failover.
 
+pub mod data_marker;
 pub mod intents;
 pub mod orphan_report;
 pub mod queue;

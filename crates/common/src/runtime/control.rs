@@ -35,6 +35,9 @@ pub struct LoopSettings {
     pub metrics: WorkQueueMetrics,
     /// Stops the loop; in-flight reconciles finish first.
     pub shutdown: CancellationToken,
+    /// Each item reconciles every cached object again (provision-svc: Redis
+    /// lost its data); `None`: only the resync.
+    pub reconcile_all: Option<futures::channel::mpsc::UnboundedReceiver<()>>,
 }
 
 /// Every object of `api` as a trigger for [`run`]: a reflector into `writer`
@@ -103,6 +106,7 @@ pub async fn run<K, Ctx, R, F, P>(
         heartbeat,
         metrics,
         shutdown,
+        reconcile_all,
     } = settings;
     let workers = u16::try_from(workers.max(1)).unwrap_or(u16::MAX);
     // Held by this future: the heartbeat task is aborted with the loop.
@@ -128,6 +132,9 @@ pub async fn run<K, Ctx, R, F, P>(
             Some(((), tick))
         });
         controller = controller.reconcile_all_on(ticks);
+    }
+    if let Some(rx) = reconcile_all {
+        controller = controller.reconcile_all_on(rx);
     }
     let timed = {
         let metrics = metrics.clone();
@@ -204,6 +211,7 @@ mod tests {
             heartbeat: Heartbeat::default(),
             metrics,
             shutdown: shutdown.clone(),
+            reconcile_all: None,
         };
         let reconcile = |cm: Arc<ConfigMap>, seen: Arc<Mutex<Vec<String>>>| async move {
             let name = cm.metadata.name.clone().unwrap();

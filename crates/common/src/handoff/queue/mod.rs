@@ -384,7 +384,14 @@ impl PvQueue {
     /// Start a new pv-writer term: `INCR` the epoch and return it; from then on every
     /// take and settlement of an older term is refused ([`Settled::Fenced`]).
     pub async fn begin_term(&self) -> Result<u64, QueueError> {
-        self.run("begin_term", &BEGIN_TERM.bind(&self.keys)).await
+        self.begin_term_above(0).await
+    }
+
+    /// [`begin_term`](Self::begin_term) with a new epoch above `floor` too: after
+    /// Redis lost the counter, the caller's old term still orders the new one.
+    pub async fn begin_term_above(&self, floor: u64) -> Result<u64, QueueError> {
+        self.run("begin_term", BEGIN_TERM.bind(&self.keys).arg(floor))
+            .await
     }
 
     /// The current term (0 before the first [`begin_term`](Self::begin_term)).

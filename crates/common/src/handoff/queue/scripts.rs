@@ -136,9 +136,19 @@ return {added, cleared}
     )
 });
 
-// Starts a new term: returns the new epoch.
-pub(super) static BEGIN_TERM: LazyLock<QueueScript> =
-    LazyLock::new(|| QueueScript::new(&[Key::Epoch], &[], "return redis.call('INCR', KEYS[1])"));
+// ARGV: floor. Starts a new term above both the current epoch and `floor` (a term
+// this caller held before Redis lost the counter): returns the new epoch.
+pub(super) static BEGIN_TERM: LazyLock<QueueScript> = LazyLock::new(|| {
+    QueueScript::new(
+        &[Key::Epoch],
+        &[],
+        r#"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local floor = tonumber(ARGV[1])
+return redis.call('INCRBY', KEYS[1], math.max(floor - current, 0) + 1)
+"#,
+    )
+});
 
 // ARGV: epoch, visibility ms, limit. Returns {1, triples} or {0, {}} when `epoch` is
 // stale (a newer term exists). Makes up to 1000 incoming names due (at their enqueue

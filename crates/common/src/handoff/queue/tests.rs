@@ -220,6 +220,31 @@ async fn an_enqueue_wakes_a_waiting_writer_at_once() {
 }
 
 #[tokio::test]
+async fn a_term_begun_after_a_flush_stays_above_the_lost_one() {
+    let redis = Redis::start().await;
+    let q = queue(&redis, "p").await;
+    q.begin_term().await.unwrap();
+    let held = q.begin_term().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut q.conn.clone())
+        .await
+        .unwrap();
+    assert_eq!(q.current_term().await.unwrap(), 0, "the counter is gone");
+    let resumed = q.begin_term_above(held).await.unwrap();
+    assert_eq!(resumed, held + 1);
+    assert_eq!(
+        q.take_due(held, 1, VIS).await.unwrap(),
+        None,
+        "the lost term stays fenced"
+    );
+    assert_eq!(
+        q.begin_term_above(1).await.unwrap(),
+        resumed + 1,
+        "a low floor is just INCR"
+    );
+}
+
+#[tokio::test]
 async fn a_stale_term_cannot_take_complete_retry_or_dead_letter() {
     let redis = Redis::start().await;
     let q = queue(&redis, "p").await;
