@@ -223,18 +223,20 @@ async fn sentinel_primary_killed_mid_burst_binds_every_claim_once(plane: Control
 async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane) {
     let root = tempfile::tempdir().unwrap();
     let mut redis = RedisSentinels::start(root.path()).await.unwrap();
-    let sys = system_on(plane, 1, Some(redis.url())).await;
-    set_sim_latency(&sys, Duration::from_millis(20));
-    // The replica misses every write of the burst, then is the only one left.
+    let mut sys = system_on(plane, 1, Some(redis.url())).await;
+    // Every PV write stays queued (pv-writer is down) on a primary whose only
+    // replica misses them all (frozen); then the primary dies.
+    sys.kill(Service::PvWriter, 0);
     redis.freeze(1, true);
-    let claims = sys.create_claims("stale", 60, "hostpath").await.unwrap();
-    wait_dirs(&sys, 10).await;
+    let claims = sys.create_claims("stale", 30, "hostpath").await.unwrap();
+    wait_dirs(&sys, 30).await;
     let old = check(&sys, redis.kill_primary().await);
     redis.freeze(1, false);
     let primary = check(&sys, redis.wait_failover(old).await);
     assert_eq!(primary, redis.data_port(1));
-    set_sim_latency(&sys, Duration::ZERO);
-    assert_provisioned(&sys, 60).await;
+    let r = sys.restart(Service::PvWriter, 0).await;
+    check(&sys, r);
+    assert_provisioned(&sys, 30).await;
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
 }

@@ -83,7 +83,7 @@ pub struct ServiceMetrics {
     /// write (`dead_lettered`, `unverifiable`); each also emits a Warning.
     pub stalled_queue_entries: IntCounterVec,
     /// `provision_svc_redis_data_losses_total`: times the Redis data marker
-    /// vanished (every claim was then reconciled again).
+    /// vanished or Redis failed over (every claim was then reconciled again).
     pub redis_data_losses: IntCounter,
 }
 
@@ -131,7 +131,7 @@ impl ServiceMetrics {
                 registry,
                 IntCounter::new(
                     "provision_svc_redis_data_losses_total",
-                    "Times Redis lost its data (its data marker vanished: failover to a stale replica, wiped volume, FLUSHALL); every claim was then reconciled again.",
+                    "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again.",
                 )
                 .expect("valid metric"),
             ),

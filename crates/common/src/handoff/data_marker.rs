@@ -1,6 +1,7 @@
 //! Redis data-loss detection: a marker key (`provisioner:{<name>}:data-marker`, a
 //! random id created once) that vanishes or changes when Redis loses its data (a
-//! failover to a replica that missed writes, a wiped volume, `FLUSHALL`).
+//! wiped volume, `FLUSHALL`), and a move to another primary (Sentinel failover: the
+//! new one may lack the last writes).
 
 use super::redis_conn::RedisConn;
 use super::redis_store::key_prefix;
@@ -10,22 +11,26 @@ pub struct DataMarker {
     conn: RedisConn,
     key: String,
     seen: Option<String>,
+    switches: u64,
 }
 
 impl DataMarker {
     /// The marker of `provisioner_name` on `conn`; nothing is read yet.
     pub fn new(conn: RedisConn, provisioner_name: &str) -> Self {
         DataMarker {
-            conn,
             key: data_marker_key(provisioner_name),
             seen: None,
+            switches: conn.primary_switches(),
+            conn,
         }
     }
 
     /// Read the marker, creating it when absent (`SET NX GET`, Redis ≥ 7.0). True
-    /// when it vanished or changed since the previous call (never on the first).
-    /// Errors: the Redis command failed.
+    /// when it vanished or changed, or the connection moved to another primary,
+    /// since the previous call (never on the first). Errors: the Redis command failed.
     pub async fn lost(&mut self) -> redis::RedisResult<bool> {
+        let switches = self.conn.primary_switches();
+        let moved = std::mem::replace(&mut self.switches, switches) != switches;
         let fresh = uuid::Uuid::new_v4().to_string();
         let old: Option<String> = redis::cmd("SET")
             .arg(&self.key)
@@ -37,7 +42,7 @@ impl DataMarker {
         let now = old.unwrap_or(fresh);
         let lost = self.seen.as_ref().is_some_and(|seen| *seen != now);
         self.seen = Some(now);
-        Ok(lost)
+        Ok(lost || moved)
     }
 }
 

@@ -119,6 +119,7 @@ struct Failover {
     sentinels: Endpoint,
     primary: Mutex<(String, ConnectionManager)>,
     resolving: tokio::sync::Mutex<Instant>,
+    switches: std::sync::atomic::AtomicU64,
 }
 
 /// Least time between two lookups of the primary.
@@ -143,6 +144,7 @@ impl RedisConn {
                 sentinels: endpoint,
                 primary: Mutex::new((addr, manager.clone())),
                 resolving: tokio::sync::Mutex::new(Instant::now() - LOOKUP_INTERVAL),
+                switches: Default::default(),
             })
         });
         RedisConn { manager, failover }
@@ -152,6 +154,14 @@ impl RedisConn {
     pub fn primary_addr(&self) -> Option<String> {
         let failover = self.failover.as_ref()?;
         Some(failover.primary.lock().expect("not poisoned").0.clone())
+    }
+
+    /// How many times this connection moved to another primary (0 without
+    /// Sentinels); the new primary may lack the last writes of the old one.
+    pub fn primary_switches(&self) -> u64 {
+        self.failover
+            .as_ref()
+            .map_or(0, |f| f.switches.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Use the newest primary connection (after another clone's lookup).
@@ -207,6 +217,8 @@ impl Failover {
             Ok(Ok(manager)) => {
                 tracing::warn!(from = %old, to = %addr, "Redis primary changed");
                 *self.primary.lock().expect("not poisoned") = (addr, manager);
+                self.switches
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             Ok(Err(err)) => {
                 tracing::warn!(primary = %addr, error = %err, "cannot connect to the new Redis primary")
