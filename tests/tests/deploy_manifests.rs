@@ -1115,7 +1115,18 @@ fn check_redis(r: &Rendered, consumers: &[(String, String)]) -> Vec<String> {
                 if *consumer_ns == ns {
                     ok_hosts.push(format!("redis://redis:{}/", port.unwrap_or(-1)));
                 }
-                if !ok_hosts.iter().any(|h| u.starts_with(h.as_str())) {
+                if let Ok(Some(sentinel)) = common::handoff::redis_conn::parse_sentinel_url(u) {
+                    // Every pod of the StatefulSet, by its governing Service's name.
+                    let governing = spec.service_name.clone().unwrap_or_default();
+                    let pods: Vec<(String, u16)> = (0..spec.replicas.unwrap_or(1))
+                        .map(|i| (format!("redis-{i}.{governing}.{ns}.svc"), 26379))
+                        .collect();
+                    if sentinel.sentinels != pods {
+                        problems.push(format!(
+                            "REDIS_URL {u} (from namespace {consumer_ns}) does not list the Sentinels of every redis pod ({pods:?})"
+                        ));
+                    }
+                } else if !ok_hosts.iter().any(|h| u.starts_with(h.as_str())) {
                     problems.push(format!(
                         "REDIS_URL {u} (from namespace {consumer_ns}) does not point at the redis Service in {ns} (port {port:?})"
                     ));
@@ -1714,7 +1725,7 @@ fn assert_no_problems(r: &Rendered, problems: &[String]) {
 }
 
 fn expected_replicas(overlay: &str) -> i32 {
-    if overlay == "dev" || overlay == "node-test" {
+    if matches!(overlay, "dev" | "node-test" | "redis-sentinel") {
         1
     } else {
         2
@@ -1772,7 +1783,7 @@ fn every_overlay_renders_and_matches_the_services() {
     overlays.sort();
     assert_eq!(
         overlays,
-        ["dev", "ha", "ha-1.19", "nfs", "node-test"],
+        ["dev", "ha", "ha-1.19", "nfs", "node-test", "redis-sentinel"],
         "update expected_replicas for new overlays"
     );
     for name in &overlays {
@@ -1863,6 +1874,56 @@ fn dev_overlay_is_single_node_with_the_example_class() {
             Some("split-provisioner:dev")
         );
     }
+}
+
+#[test]
+fn redis_sentinel_overlay_runs_a_primary_two_replicas_and_three_sentinels() {
+    if !kubectl_available("redis_sentinel_overlay_runs_a_primary_two_replicas_and_three_sentinels")
+    {
+        return;
+    }
+    let r = render_overlay("redis-sentinel");
+    let sts: StatefulSet = r.find("StatefulSet", "redis").unwrap();
+    let spec = sts.spec;
+    assert_eq!(spec.replicas, Some(3));
+    assert_eq!(spec.service_name.as_deref(), Some("redis-headless"));
+    let pod = spec.template.spec.unwrap();
+    let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["redis", "sentinel"]);
+    let headless: Service = r.find("Service", "redis-headless").unwrap();
+    assert_eq!(headless.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    // Both namespaces' services get one Sentinel URL, which every service accepts.
+    let urls: BTreeSet<String> = r
+        .all::<ConfigMap>("ConfigMap")
+        .into_iter()
+        .filter(|(o, _)| o.name.starts_with("split-provisioner-config"))
+        .map(|(_, cm)| cm.data.unwrap()["REDIS_URL"].clone())
+        .collect();
+    assert_eq!(urls.len(), 1, "{urls:?}");
+    let url = urls.into_iter().next().unwrap();
+    assert!(
+        url.starts_with("redis+sentinel://redis-0.redis-headless."),
+        "{url}"
+    );
+    common::runtime::config::check_redis_url(&url).unwrap();
+    // The ACL the init container renders holds the replica and Sentinel users.
+    let acl = r
+        .all::<ConfigMap>("ConfigMap")
+        .into_iter()
+        .find(|(o, _)| o.name.starts_with("redis-acl"))
+        .map(|(_, cm)| cm.data.unwrap())
+        .unwrap();
+    assert!(acl["sentinel-users.acl"].contains("user replica on ${PASSWORDS}"));
+    assert!(acl["sentinel-users.acl"].contains("user sentinel on ${PASSWORDS}"));
+    let init = pod.init_containers.unwrap()[0]
+        .command
+        .clone()
+        .unwrap()
+        .join(" ");
+    assert!(
+        init.contains("sentinel-users.acl") && init.contains("render-acl.sh"),
+        "{init}"
+    );
 }
 
 #[test]
