@@ -366,17 +366,13 @@ impl Writer {
         let pv_name = taken.pv_name.as_str();
         self.api_is_up().await;
         if !self.still_holds(pv_name, "after create", shutdown).await {
+            // Redis lost the entry (no take left to announce the PV): announce it here.
+            if matches!(self.queue.is_pending(pv_name).await, Ok(false)) {
+                self.announce(entry, pv_name).await;
+            }
             return;
         }
-        let claim = claim_reference(&entry.claim);
-        let event = self.events.publish_once(
-            &claim,
-            false,
-            reason::PROVISIONING_SUCCEEDED,
-            "Provision",
-            format!("Successfully provisioned volume {pv_name}"),
-        );
-        publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, event).await;
+        self.announce(entry, pv_name).await;
         let epoch = self.term();
         if !self
             .done("complete", shutdown, || self.queue.complete(epoch, pv_name))
@@ -394,6 +390,19 @@ impl Writer {
             .with_label_values(&[&entry.class])
             .observe(provisioning_seconds);
         tracing::info!(outcome = label, provisioning_seconds, "PV written");
+    }
+
+    /// `ProvisioningSucceeded` on the entry's claim, once per claim and PV.
+    async fn announce(&self, entry: &QueuedPvWrite, pv_name: &str) {
+        let claim = claim_reference(&entry.claim);
+        let event = self.events.publish_once(
+            &claim,
+            false,
+            reason::PROVISIONING_SUCCEEDED,
+            "Provision",
+            format!("Successfully provisioned volume {pv_name}"),
+        );
+        publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, event).await;
     }
 
     /// A transient failure: schedule the retry (at once when the write started
