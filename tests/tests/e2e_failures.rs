@@ -14,6 +14,8 @@
 
 use std::time::{Duration, Instant};
 
+use common::handoff::orphan_report;
+use e2e::harness::wait::wait_for;
 use e2e::harness::{wait_eq, ControlPlane, RedisSentinels, Service, System, SystemOptions};
 use e2e::on_both_planes;
 
@@ -228,17 +230,65 @@ async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane)
     // replica misses them all (frozen); then the primary dies.
     sys.kill(Service::PvWriter, 0);
     redis.freeze(1, true);
-    let claims = sys.create_claims("stale", 30, "hostpath").await.unwrap();
+    let mut claims = sys.create_claims("stale", 30, "hostpath").await.unwrap();
     wait_dirs(&sys, 30).await;
     let old = check(&sys, redis.kill_primary().await);
+    // Claims deleted meanwhile: their records die with the primary, so their
+    // volumes are left for the orphan sweep to name.
+    let gone: Vec<String> = claims.drain(..3).collect();
+    let mut leaked = Vec::new();
+    for name in &gone {
+        let claim = sys.claims_api().get(name).await.unwrap();
+        leaked.push(format!("pvc-{}", claim.metadata.uid.unwrap()));
+    }
+    sys.delete_claims(&gone).await.unwrap();
     redis.freeze(1, false);
     let primary = check(&sys, redis.wait_failover(old).await);
     assert_eq!(primary, redis.data_port(1));
     let r = sys.restart(Service::PvWriter, 0).await;
     check(&sys, r);
-    assert_provisioned(&sys, 30).await;
+    let r = wait_eq(
+        Duration::from_secs(120),
+        "(PVs, bound claims, directories)",
+        (27, 27, 30),
+        || async {
+            Ok((
+                sys.pvs().await?.len(),
+                sys.bound_claims().await?,
+                sys.dir_count(),
+            ))
+        },
+    )
+    .await;
+    check(&sys, r);
+    // A new reclaim-svc leader sweeps: exactly the three leaked volumes, by name.
+    let r = sys.restart(Service::Reclaim, 0).await;
+    check(&sys, r);
+    let conn = common::handoff::redis_store::connect(redis.url())
+        .await
+        .unwrap();
+    let name = sys.settings.provisioner_name.clone();
+    let mut reported = check(
+        &sys,
+        wait_for(Duration::from_secs(30), "the orphan report", || async {
+            let report = orphan_report::read(&mut conn.clone(), &name).await.ok()??;
+            (report.reporter.starts_with("reclaim-svc") && report.orphans.len() == 3)
+                .then_some(report.orphans)
+        })
+        .await,
+    );
+    reported.sort();
+    leaked.sort();
+    assert_eq!(reported, leaked);
     sys.delete_claims(&claims).await.unwrap();
-    check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
+    let r = wait_eq(
+        Duration::from_secs(60),
+        "(PVs, directories)",
+        (0, 3),
+        || async { Ok((sys.pvs().await?.len(), sys.dir_count())) },
+    )
+    .await;
+    check(&sys, r);
 }
 
 async fn two_replicas_fail_over_within_the_lease_duration(plane: ControlPlane) {
