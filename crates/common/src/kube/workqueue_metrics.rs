@@ -2,10 +2,10 @@
 //! `_retries_total`, `_queue_duration_seconds`, `_work_duration_seconds`,
 //! `_unfinished_work_seconds`, `_longest_running_processor_seconds`; const label
 //! `name`) for any queue of keys: call [`WorkQueueMetrics::add`] when a key is
-//! scheduled, [`WorkQueueMetrics::queued_for`] when it is picked up, hold
-//! [`WorkQueueMetrics::start_processing`] while working and
-//! [`WorkQueueMetrics::retry`] on a requeue. The "unfinished" gauges are computed
-//! at scrape time. Family meanings: docs/decisions/0005-events-and-client-go-metrics.md.
+//! scheduled, hold [`WorkQueueMetrics::start_processing`] while working on it and
+//! call [`WorkQueueMetrics::retry`] on a requeue. Depth and queue duration follow
+//! the added keys; the "unfinished" gauges are computed at scrape time. Family
+//! meanings: docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +26,8 @@ struct Inner {
     unfinished: Gauge,
     longest: Gauge,
     running: Mutex<HashMap<u64, Instant>>,
+    /// Keys added and not yet picked up, with when they were added.
+    waiting: Mutex<HashMap<String, Instant>>,
     next_id: AtomicU64,
 }
 
@@ -64,6 +66,7 @@ impl WorkQueueMetrics {
                 unfinished: Gauge::with_opts(opts("workqueue_unfinished_work_seconds", "How many seconds of work has done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases.")).expect("valid metric"),
                 longest: Gauge::with_opts(opts("workqueue_longest_running_processor_seconds", "How many seconds has the longest running processor for workqueue been running.")).expect("valid metric"),
                 running: Mutex::default(),
+                waiting: Mutex::default(),
                 next_id: AtomicU64::new(0),
             }),
         }
@@ -80,9 +83,23 @@ impl WorkQueueMetrics {
         metrics
     }
 
-    /// A key was added to the queue (not a collapsed duplicate).
-    pub fn add(&self) {
+    /// `key` was scheduled; counted once until it is picked up (client-go
+    /// collapses a key already waiting).
+    pub fn add(&self, key: &str) {
+        let mut waiting = self.inner.waiting.lock().expect("not poisoned");
+        if waiting.contains_key(key) {
+            return;
+        }
+        waiting.insert(key.to_string(), Instant::now());
+        self.inner.depth.set(waiting.len() as i64);
         self.inner.adds.inc();
+    }
+
+    /// `key` left the queue without being worked on (its object is gone).
+    pub fn forget(&self, key: &str) {
+        let mut waiting = self.inner.waiting.lock().expect("not poisoned");
+        waiting.remove(key);
+        self.inner.depth.set(waiting.len() as i64);
     }
 
     /// A failed key was re-added with backoff (client-go `AddRateLimited`).
@@ -90,19 +107,19 @@ impl WorkQueueMetrics {
         self.inner.retries.inc();
     }
 
-    /// The queue now holds `depth` waiting keys.
-    pub fn set_depth(&self, depth: usize) {
-        self.inner.depth.set(depth as i64);
-    }
-
-    /// A worker took a key that had waited `waited`.
-    pub fn queued_for(&self, waited: Duration) {
-        self.inner.queue_duration.observe(waited.as_secs_f64());
-    }
-
-    /// A worker starts on a key: the returned guard counts it as work in
-    /// progress until dropped, then observes `workqueue_work_duration_seconds`.
-    pub fn start_processing(&self) -> Processing {
+    /// A worker starts on `key`: its wait since [`add`](Self::add) is observed, and
+    /// the returned guard counts it as work in progress until dropped, then
+    /// observes `workqueue_work_duration_seconds`.
+    pub fn start_processing(&self, key: &str) -> Processing {
+        {
+            let mut waiting = self.inner.waiting.lock().expect("not poisoned");
+            if let Some(added) = waiting.remove(key) {
+                self.inner
+                    .queue_duration
+                    .observe(added.elapsed().as_secs_f64());
+                self.inner.depth.set(waiting.len() as i64);
+            }
+        }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         self.running().insert(id, started);
@@ -212,23 +229,29 @@ mod tests {
     async fn client_go_names_with_the_queue_name_label() {
         let registry = Registry::new();
         let m = WorkQueueMetrics::register(&registry, "claims");
-        m.add();
-        m.add();
+        m.add("a");
+        m.add("b");
+        m.add("a"); // collapsed: "a" is still waiting
+        m.add("c");
+        m.forget("c");
         m.retry();
-        m.set_depth(2);
-        m.queued_for(Duration::from_millis(250));
-        let first = m.start_processing();
+        assert_eq!(
+            line(&render(&registry), "workqueue_depth{"),
+            r#"workqueue_depth{name="claims"} 2"#
+        );
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let first = m.start_processing("a");
         tokio::time::advance(Duration::from_secs(3)).await;
-        let _second = m.start_processing();
+        let _second = m.start_processing("resynced, never added");
         tokio::time::advance(Duration::from_secs(1)).await;
         let text = render(&registry);
         assert_eq!(
             line(&text, "workqueue_depth{"),
-            r#"workqueue_depth{name="claims"} 2"#
+            r#"workqueue_depth{name="claims"} 1"#
         );
         assert_eq!(
             line(&text, "workqueue_adds_total{"),
-            r#"workqueue_adds_total{name="claims"} 2"#
+            r#"workqueue_adds_total{name="claims"} 3"#
         );
         assert_eq!(
             line(&text, "workqueue_retries_total{"),

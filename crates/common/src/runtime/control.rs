@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::{self, store::Writer, Store};
+use kube::runtime::reflector::{self, store::Writer, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
@@ -65,7 +65,7 @@ where
         // Errors are logged above and backed off by `watch_backoff`; passed on,
         // they would also start the `Controller`'s own backoff (up to 30 s).
         .filter_map(|object| std::future::ready(object.ok()))
-        .inspect(move |_| metrics.add())
+        .inspect(move |object| metrics.add(&ObjectRef::from_obj(object).to_string()))
         .map(Ok)
 }
 
@@ -138,13 +138,14 @@ pub async fn run<K, Ctx, R, F, P>(
     }
     let timed = {
         let metrics = metrics.clone();
-        move |object, ctx| {
-            let processing = metrics.start_processing();
+        move |object: Arc<K>, ctx| {
+            let processing = metrics.start_processing(&ObjectRef::from_obj(&*object).to_string());
             reconcile(object, ctx)
                 .into_future()
                 .inspect(move |_| drop(processing))
         }
     };
+    let gone = metrics.clone();
     let counted = move |object, error: &F::Error, ctx| {
         let action = error_policy(object, error, ctx);
         if action != Action::await_change() {
@@ -154,14 +155,16 @@ pub async fn run<K, Ctx, R, F, P>(
     };
     controller
         .run(timed, counted, ctx)
-        .for_each(|result| async move {
+        .for_each(move |result| {
             match result {
                 Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
                 Err(controller::Error::ObjectNotFound(obj)) => {
+                    gone.forget(&obj.to_string());
                     tracing::debug!(object = %obj, "gone before its reconcile")
                 }
                 Err(error) => tracing::warn!(%error, "controller"),
             }
+            std::future::ready(())
         })
         .await;
 }
