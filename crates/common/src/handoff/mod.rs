@@ -7,13 +7,15 @@
 //! * [`queue_auth`] — HMAC authenticity of queue entries and the queue-key flags;
 //! * [`orphan_report`] — the last orphan sweep's report (for `provisioner-ctl status`);
 //! * [`redis_store`] — the Redis flags, the connection and the per-provisioner key prefix;
-//! * [`redis_conn`] — the shared connection, following a Sentinel failover.
+//! * [`redis_conn`] — the shared connection, following a Sentinel failover;
+//! * [`reachability`] — the `redis_reachable` gauge.
 
 pub mod data_marker;
 pub mod intents;
 pub mod orphan_report;
 pub mod queue;
 pub mod queue_auth;
+pub mod reachability;
 pub mod redis_conn;
 pub mod redis_store;
 #[cfg(test)]

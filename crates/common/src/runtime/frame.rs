@@ -108,9 +108,9 @@ where
     .await
     .with_context(|| format!("binding HTTP server to {addr}"))?;
     tracing::info!(service = spec.name, %http_addr, provisioner = %args.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
-    let redis_probe = tokio::spawn(crate::handoff::redis_store::watch_reachability(
+    let redis_probe = tokio::spawn(crate::handoff::reachability::watch_reachability(
         args.redis(),
-        crate::handoff::redis_store::reachable_gauge(&registry),
+        crate::handoff::reachability::reachable_gauge(&registry),
         std::time::Duration::from_secs(5),
         server_stop.clone(),
     ));

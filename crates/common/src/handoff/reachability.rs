@@ -1,0 +1,127 @@
+//! The `redis_reachable` gauge: every replica of every service probes Redis
+//! (`PING`, through the same connection as its work) so a standby that cannot
+//! reach Redis is seen before it takes over.
+
+use std::time::Duration;
+
+use super::redis_conn::RedisConn;
+use super::redis_store::{connect, RedisConfig};
+
+/// Name of the gauge [`watch_reachability`] sets: `redis_reachable`, 1 while
+/// Redis answered the last `PING`, 0 otherwise.
+pub const REACHABLE_GAUGE: &str = "redis_reachable";
+
+/// Register the `redis_reachable` gauge into `registry` (starting at 0: not
+/// known to be reachable yet).
+pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge {
+    let gauge = prometheus::IntGauge::new(
+        REACHABLE_GAUGE,
+        "1 while Redis (--redis-url, with the service's credentials) answered the last PING (probed every 5 s, 2 s timeout), 0 otherwise.",
+    )
+    .expect("valid metric");
+    registry
+        .register(Box::new(gauge.clone()))
+        .expect("metric registered twice");
+    gauge
+}
+
+/// Until `stop`: every `interval`, `PING` Redis at `config` (2 s bound) and set
+/// `gauge` to 1 on `PONG`, else 0. Runs in every replica, so a standby that
+/// cannot reach Redis is seen before it takes over.
+pub async fn watch_reachability(
+    config: RedisConfig,
+    gauge: prometheus::IntGauge,
+    interval: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+    let mut conn: Option<RedisConn> = None;
+    loop {
+        let probe = async {
+            if conn.is_none() {
+                conn = tokio::time::timeout(PROBE_TIMEOUT, connect(&config))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+            }
+            match conn.as_mut() {
+                Some(c) => {
+                    let cmd = redis::cmd("PING");
+                    let ping = cmd.query_async::<String>(c);
+                    matches!(tokio::time::timeout(PROBE_TIMEOUT, ping).await, Ok(Ok(p)) if p == "PONG")
+                }
+                None => false,
+            }
+        };
+        let up = tokio::select! {
+            _ = stop.cancelled() => return,
+            up = probe => up,
+        };
+        gauge.set(i64::from(up));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handoff::test_redis::TestRedis;
+
+    async fn wait_gauge(gauge: &prometheus::IntGauge, want: i64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while gauge.get() != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "gauge stays {}",
+                gauge.get()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn reachability_follows_redis_up_and_down() {
+        let redis = TestRedis::start().await;
+        let registry = prometheus::Registry::new();
+        let gauge = reachable_gauge(&registry);
+        assert_eq!(gauge.get(), 0, "unknown until the first probe");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let probe = tokio::spawn(watch_reachability(
+            redis.url().into(),
+            gauge.clone(),
+            Duration::from_millis(50),
+            stop.clone(),
+        ));
+        wait_gauge(&gauge, 1).await;
+        drop(redis);
+        wait_gauge(&gauge, 0).await;
+        stop.cancel();
+        probe.await.unwrap();
+        assert!(crate::runtime::metrics::render(&registry).contains("redis_reachable 0\n"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_or_invalid_url_reads_zero() {
+        let gauge = reachable_gauge(&prometheus::Registry::new());
+        for url in ["not a url", "redis://127.0.0.1:1/0"] {
+            gauge.set(1);
+            let stop = tokio_util::sync::CancellationToken::new();
+            let probe = tokio::spawn(watch_reachability(
+                url.into(),
+                gauge.clone(),
+                Duration::from_secs(60),
+                stop.clone(),
+            ));
+            wait_gauge(&gauge, 0).await;
+            stop.cancel();
+            // Stops promptly while sleeping between probes.
+            tokio::time::timeout(Duration::from_secs(1), probe)
+                .await
+                .expect("probe stops on cancel")
+                .unwrap();
+        }
+    }
+}
