@@ -350,13 +350,15 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
     };
-    let readiness = ctx.readiness.clone();
-    let marker = DataMarker::new(intents.connection(), &name);
     tasks.spawn(probe_redis(
         op.clone(),
-        intents,
-        (listed, marker, rescan),
-        readiness,
+        RedisProbe {
+            marker: DataMarker::new(intents.connection(), &name),
+            intents,
+            listed,
+            rescan,
+            readiness: ctx.readiness.clone(),
+        },
         shutdown.clone(),
     ));
     tracing::info!(workers = settings.workers, "started provisioning claims");
@@ -380,21 +382,32 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
+/// What [`probe_redis`] reads and whom it tells.
+struct RedisProbe {
+    /// Answers the readiness probe (`HLEN` of the intents).
+    intents: IntentStore,
+    /// Notified once the claims are first listed; probing starts then.
+    listed: Arc<tokio::sync::Notify>,
+    /// Tells whether Redis lost its data since the last look.
+    marker: DataMarker,
+    /// One item reconciles every claim again.
+    rescan: futures::channel::mpsc::UnboundedSender<()>,
+    /// The service's `/readyz`.
+    readiness: common::runtime::http::Readiness,
+}
+
 /// From the claims' first list until `shutdown`: readiness from Redis every
 /// [`REDIS_PROBE_INTERVAL`] (not ready while it does not answer within the
 /// interval), the intent gauges every [`INTENT_GAUGES_INTERVAL`], and every
 /// claim reconciled again (`rescan`) when the data marker says Redis lost its data.
-async fn probe_redis(
-    op: Arc<Operation>,
-    intents: IntentStore,
-    (listed, mut marker, rescan): (
-        Arc<tokio::sync::Notify>,
-        DataMarker,
-        futures::channel::mpsc::UnboundedSender<()>,
-    ),
-    readiness: common::runtime::http::Readiness,
-    shutdown: CancellationToken,
-) {
+async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: CancellationToken) {
+    let RedisProbe {
+        intents,
+        listed,
+        mut marker,
+        rescan,
+        readiness,
+    } = probe;
     tokio::select! {
         _ = shutdown.cancelled() => return,
         _ = listed.notified() => {}
