@@ -734,6 +734,102 @@ async fn redis_restart_in_a_burst(cluster: &RealCluster) {
     eprintln!("node scenario 4: Redis deleted in a {n}-claim burst; {n} Bound, {n} directories");
 }
 
+/// Scenario 8: `components/redis-sentinel` applied over the running install (the redis
+/// StatefulSet replaced by a primary, two replicas and three Sentinels); the primary's pod
+/// deleted in a 100-claim burst: every claim Bound once, one directory each, and
+/// provision-svc saw the failover.
+async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
+    let client = cluster.client();
+    // serviceName cannot change in place: the StatefulSet goes first (its PVC stays).
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "split-provisioner",
+            "delete",
+            "statefulset/redis",
+            "--wait=true",
+        ],
+    );
+    let overlay = repo_root().join("target/node-sentinel-overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+         resources: [../../deploy/overlays/redis-sentinel]\n\
+         images:\n  - name: split-provisioner\n    newTag: node-test\n  - name: redis\n    newTag: node-test\n",
+    )
+    .unwrap();
+    let out = kubectl(cluster, &["apply", "-k", "target/node-sentinel-overlay"]);
+    eprintln!("node scenario 8: {} objects applied", out.lines().count());
+    let start = Instant::now();
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "split-provisioner",
+            "rollout",
+            "status",
+            "statefulset/redis",
+            "--timeout=300s",
+        ],
+    );
+    for service in SERVICES {
+        let (ns, _) = service_home(service);
+        kubectl(
+            cluster,
+            &[
+                "-n",
+                ns,
+                "rollout",
+                "status",
+                &format!("deployment/{service}"),
+                "--timeout=300s",
+            ],
+        );
+    }
+    eprintln!(
+        "node scenario 8: 3 Redis pods with Sentinels and the services on them {:.0} s after apply",
+        start.elapsed().as_secs_f64()
+    );
+    let n = 100;
+    let redis: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
+    let burst = create_claims(&client, "sentinel", n);
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        redis
+            .delete("redis-0", &DeleteParams::default())
+            .await
+            .unwrap();
+    };
+    futures::future::join(burst, kill).await;
+    let pv_names = wait_bound(&client, "sentinel", n, Duration::from_secs(600)).await;
+    let mut unique = pv_names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), n, "one PV per claim");
+    let dirs = pv_names
+        .iter()
+        .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).is_dir())
+        .count();
+    assert_eq!(dirs, n, "one directory per claim on the node");
+    let (_, port) = service_home("provision-svc");
+    let mut seen = 0.0;
+    for (_, ip) in service_pods(&client, "provision-svc").await {
+        seen += scrape_sum(&ip, port, "provision_svc_redis_data_losses_total")
+            .await
+            .unwrap_or(0.0);
+    }
+    assert!(
+        seen >= 1.0,
+        "provision-svc's leader saw the failover ({seen})"
+    );
+    delete_claims(&client, "sentinel", &pv_names).await;
+    eprintln!(
+        "node scenario 8: primary deleted in a {n}-claim burst; {n} Bound, {n} directories, failover seen"
+    );
+}
+
 /// GET `path_and_query` from 127.0.0.1:`port` (HTTP/1.0) and parse the JSON body.
 async fn http_json(port: u16, path_and_query: &str) -> Result<serde_json::Value, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1044,9 +1140,11 @@ async fn node_scenarios() {
     let cluster = RealCluster::start(&assets, opts).await.unwrap();
     let node = RealNode::start(&cluster, &node_assets).await.unwrap();
     // The Redis StatefulSet's claim names no class: a class-less local PV serves it.
-    node.add_local_pv(&cluster.client(), "node-redis-data", "1Gi")
-        .await
-        .unwrap();
+    for pv in ["node-redis-data", "node-redis-data-1", "node-redis-data-2"] {
+        node.add_local_pv(&cluster.client(), pv, "1Gi")
+            .await
+            .unwrap();
+    }
     let start = Instant::now();
     apply_and_everything_ready(&cluster).await;
     if scenario_on(2) {
@@ -1069,6 +1167,9 @@ async fn node_scenarios() {
         prometheus_scrapes_and_alerts(&cluster, &node).await;
     } else {
         eprintln!("node: SKIPPED scenario 7 (no prometheus/promtool: apt-get install prometheus)");
+    }
+    if scenario_on(8) {
+        redis_sentinel_failover_in_a_burst(&cluster).await;
     }
     eprintln!(
         "node: scenarios passed in {:.0} s",
