@@ -11,7 +11,10 @@
 //! 4. the Redis pod deleted in a 200-claim burst: every claim Bound, a directory each;
 //! 7. Prometheus (Debian's) scrapes the services as the ServiceMonitor describes; promtool
 //!    checks and unit-tests the PrometheusRule; SplitProvisionerRedisUnreachable fires with
-//!    Redis scaled to 0 and resolves after.
+//!    Redis scaled to 0 and resolves after;
+//! 8. `deploy/components/redis-sentinel` applied over the install (three Redis pods, a
+//!    Sentinel each); the primary hung (SIGSTOP) in a 100-claim burst until the Sentinels
+//!    fail over: every claim Bound once, a directory each, provision-svc saw the failover.
 //!
 //! Opt-in with `E2E_NODE=1` (root, tools/node/build.sh and images.sh); otherwise, or when
 //! the machine lacks what the node needs, it is skipped with one line saying why.
@@ -735,9 +738,9 @@ async fn redis_restart_in_a_burst(cluster: &RealCluster) {
 }
 
 /// Scenario 8: `components/redis-sentinel` applied over the running install (the redis
-/// StatefulSet replaced by a primary, two replicas and three Sentinels); the primary's pod
-/// deleted in a 100-claim burst: every claim Bound once, one directory each, and
-/// provision-svc saw the failover.
+/// StatefulSet replaced by a primary, two replicas and three Sentinels); the primary hangs
+/// in a 100-claim burst until the Sentinels fail over: every claim Bound once, one
+/// directory each, and provision-svc saw the failover.
 async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
     let client = cluster.client();
     // serviceName cannot change in place: the StatefulSet goes first (its PVC stays).
@@ -792,17 +795,29 @@ async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
         "node scenario 8: 3 Redis pods with Sentinels and the services on them {:.0} s after apply",
         start.elapsed().as_secs_f64()
     );
+    // A failover needs replicas the Sentinels know to be in sync (they learn them by INFO).
+    wait_for(
+        "every Sentinel sees two replicas in sync",
+        Duration::from_secs(120),
+        || {
+            let client = client.clone();
+            async move { sentinels_see_replicas(&client).await }
+        },
+    )
+    .await;
     let n = 100;
-    let redis: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
     let burst = create_claims(&client, "sentinel", n);
-    let kill = async {
+    // The primary hangs (SIGSTOP) past the Sentinels' 5 s down-after: they promote a
+    // replica; thawed, the old primary is made a replica.
+    let hang = async {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        redis
-            .delete("redis-0", &DeleteParams::default())
-            .await
-            .unwrap();
+        let pid = redis_server_pid("redis-0").expect("redis-0's redis-server on the node");
+        // SAFETY: plain syscalls on a process this test found by its pod.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        unsafe { libc::kill(pid, libc::SIGCONT) };
     };
-    futures::future::join(burst, kill).await;
+    futures::future::join(burst, hang).await;
     let pv_names = wait_bound(&client, "sentinel", n, Duration::from_secs(600)).await;
     let mut unique = pv_names.clone();
     unique.sort();
@@ -813,21 +828,85 @@ async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
         .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).is_dir())
         .count();
     assert_eq!(dirs, n, "one directory per claim on the node");
+    // Its probe writes the data marker every 5 s: on the demoted primary that is a
+    // READONLY, after which the connection asks the Sentinels and moves.
     let (_, port) = service_home("provision-svc");
-    let mut seen = 0.0;
-    for (_, ip) in service_pods(&client, "provision-svc").await {
-        seen += scrape_sum(&ip, port, "provision_svc_redis_data_losses_total")
-            .await
-            .unwrap_or(0.0);
-    }
-    assert!(
-        seen >= 1.0,
-        "provision-svc's leader saw the failover ({seen})"
-    );
+    wait_for(
+        "provision-svc saw the failover",
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            async move {
+                let mut seen = 0.0;
+                for (_, ip) in service_pods(&client, "provision-svc").await {
+                    seen += scrape_sum(&ip, port, "provision_svc_redis_data_losses_total").await?;
+                }
+                if seen >= 1.0 {
+                    Ok(())
+                } else {
+                    Err(format!("provision_svc_redis_data_losses_total {seen}"))
+                }
+            }
+        },
+    )
+    .await;
     delete_claims(&client, "sentinel", &pv_names).await;
     eprintln!(
-        "node scenario 8: primary deleted in a {n}-claim burst; {n} Bound, {n} directories, failover seen"
+        "node scenario 8: primary hung in a {n}-claim burst; {n} Bound, {n} directories, failover seen"
     );
+}
+
+/// Ok when the Sentinel of each of the three redis pods lists two replicas whose link to
+/// the primary is up; else what one of them sees.
+async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
+    let lp = ListParams::default().labels("app.kubernetes.io/name=redis");
+    let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
+    let ips: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    if ips.len() != 3 {
+        return Err(format!("redis pod IPs {ips:?}"));
+    }
+    for ip in ips {
+        let client =
+            redis::Client::open(format!("redis://{ip}:26379")).map_err(|e| e.to_string())?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("{ip}: {e}"))?;
+        let replicas: Vec<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg("provisioner")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("{ip}: {e}"))?;
+        let in_sync = replicas
+            .iter()
+            .filter(|r| r.get("master-link-status").map(String::as_str) == Some("ok"))
+            .filter(|r| !r.get("flags").is_some_and(|f| f.contains("down")))
+            .count();
+        if in_sync != 2 {
+            return Err(format!(
+                "Sentinel {ip}: {in_sync} replicas in sync of {replicas:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// PID on this machine of the data `redis-server` (not the Sentinel) of pod `pod`.
+fn redis_server_pid(pod: &str) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?;
+        let host = std::fs::read_to_string(format!("/proc/{pid}/root/etc/hostname")).ok()?;
+        (comm.trim() == "redis-server" && cmdline.contains(":6379") && host.trim() == pod)
+            .then_some(pid)
+    })
 }
 
 /// GET `path_and_query` from 127.0.0.1:`port` (HTTP/1.0) and parse the JSON body.
