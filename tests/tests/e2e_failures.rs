@@ -173,6 +173,14 @@ async fn redis_restart_loses_no_queued_pv_write(plane: ControlPlane) {
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
 }
 
+/// [`system`] on a fresh primary, replica and three Sentinels (kept in the returned dir).
+async fn system_on_sentinels(plane: ControlPlane) -> (tempfile::TempDir, RedisSentinels, System) {
+    let root = tempfile::tempdir().unwrap();
+    let redis = RedisSentinels::start(root.path()).await.unwrap();
+    let sys = system_on(plane, 1, Some(redis.url())).await;
+    (root, redis, sys)
+}
+
 /// FLUSHALL of the Redis at `url` (an operator's mistake, or a wiped volume).
 async fn flushall(url: &str) {
     let client = redis::Client::open(url).unwrap();
@@ -202,9 +210,7 @@ async fn redis_flushall_mid_burst_binds_every_claim_once(plane: ControlPlane) {
 }
 
 async fn sentinel_primary_killed_mid_burst_binds_every_claim_once(plane: ControlPlane) {
-    let root = tempfile::tempdir().unwrap();
-    let mut redis = RedisSentinels::start(root.path()).await.unwrap();
-    let sys = system_on(plane, 1, Some(redis.url())).await;
+    let (_root, mut redis, sys) = system_on_sentinels(plane).await;
     set_sim_latency(&sys, Duration::from_millis(20));
     let claims = sys
         .create_claims("failover", 200, "hostpath")
@@ -223,9 +229,7 @@ async fn sentinel_primary_killed_mid_burst_binds_every_claim_once(plane: Control
 }
 
 async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane) {
-    let root = tempfile::tempdir().unwrap();
-    let mut redis = RedisSentinels::start(root.path()).await.unwrap();
-    let mut sys = system_on(plane, 1, Some(redis.url())).await;
+    let (_root, mut redis, mut sys) = system_on_sentinels(plane).await;
     // Every PV write stays queued (pv-writer is down) on a primary whose only
     // replica misses them all (frozen); then the primary dies.
     sys.kill(Service::PvWriter, 0);
@@ -247,19 +251,9 @@ async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane)
     assert_eq!(primary, redis.data_port(1));
     let r = sys.restart(Service::PvWriter, 0).await;
     check(&sys, r);
-    let r = wait_eq(
-        Duration::from_secs(120),
-        "(PVs, bound claims, directories)",
-        (27, 27, 30),
-        || async {
-            Ok((
-                sys.pvs().await?.len(),
-                sys.bound_claims().await?,
-                sys.dir_count(),
-            ))
-        },
-    )
-    .await;
+    let r = sys
+        .wait_volumes((27, 27, 30), Duration::from_secs(120))
+        .await;
     check(&sys, r);
     // A new reclaim-svc leader sweeps: exactly the three leaked volumes, by name.
     let r = sys.restart(Service::Reclaim, 0).await;
@@ -281,13 +275,7 @@ async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane)
     leaked.sort();
     assert_eq!(reported, leaked);
     sys.delete_claims(&claims).await.unwrap();
-    let r = wait_eq(
-        Duration::from_secs(60),
-        "(PVs, directories)",
-        (0, 3),
-        || async { Ok((sys.pvs().await?.len(), sys.dir_count())) },
-    )
-    .await;
+    let r = sys.wait_pvs_and_dirs((0, 3), Duration::from_secs(60)).await;
     check(&sys, r);
 }
 

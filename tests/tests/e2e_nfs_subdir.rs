@@ -307,19 +307,7 @@ async fn sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing(plane: C
             check(&sys, r)
         };
         let n = all.len();
-        let r = wait_eq(
-            Duration::from_secs(60),
-            "(PVs, bound claims, volume directories)",
-            (n, n, n),
-            || async {
-                Ok((
-                    sys.pvs().await?.len(),
-                    sys.bound_claims().await?,
-                    sys.dir_count(),
-                ))
-            },
-        )
-        .await;
+        let r = sys.wait_provisioned(n, Duration::from_secs(60)).await;
         check(&sys, r);
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(sys.pvs().await.unwrap().len(), n, "no PV provisioned twice");

@@ -718,15 +718,7 @@ async fn redis_restart_in_a_burst(cluster: &RealCluster) {
     };
     futures::future::join(burst, kill).await;
     let pv_names = wait_bound(&client, "burst", n, Duration::from_secs(600)).await;
-    let mut unique = pv_names.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique.len(), n, "one PV per claim");
-    let dirs = pv_names
-        .iter()
-        .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).is_dir())
-        .count();
-    assert_eq!(dirs, n, "one directory per claim on the node");
+    assert_one_pv_and_directory_each(&pv_names, n);
     let redis_pod = redis.get("redis-0").await.unwrap();
     assert!(
         pod_ready(&redis_pod),
@@ -819,15 +811,7 @@ async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
     };
     futures::future::join(burst, hang).await;
     let pv_names = wait_bound(&client, "sentinel", n, Duration::from_secs(600)).await;
-    let mut unique = pv_names.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!(unique.len(), n, "one PV per claim");
-    let dirs = pv_names
-        .iter()
-        .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).is_dir())
-        .count();
-    assert_eq!(dirs, n, "one directory per claim on the node");
+    assert_one_pv_and_directory_each(&pv_names, n);
     // Its probe writes the data marker every 5 s: on the demoted primary that is a
     // READONLY, after which the connection asks the Sentinels and moves.
     let (_, port) = service_home("provision-svc");
@@ -895,6 +879,19 @@ async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `pv_names` (of `n` Bound claims) are `n` distinct PVs, each with its directory on the node.
+fn assert_one_pv_and_directory_each(pv_names: &[String], n: usize) {
+    let mut unique = pv_names.to_vec();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), n, "one PV per claim");
+    let dirs = pv_names
+        .iter()
+        .filter(|pv| std::path::Path::new(BASE_DIR).join(pv).is_dir())
+        .count();
+    assert_eq!(dirs, n, "one directory per claim on the node");
 }
 
 /// PID on this machine of the data `redis-server` (not the Sentinel) of pod `pod`.

@@ -706,10 +706,21 @@ impl System {
     ///
     /// Errors: timeout (the message shows the last counts).
     pub async fn wait_provisioned(&self, n: usize, timeout: Duration) -> anyhow::Result<Duration> {
+        self.wait_volumes((n, n, n), timeout).await
+    }
+
+    /// Wait until (our PVs, Bound claims, volume directories) are exactly `counts`.
+    ///
+    /// Errors: timeout (the message shows the last counts).
+    pub async fn wait_volumes(
+        &self,
+        counts: (usize, usize, usize),
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
         wait_eq(
             timeout,
             "(PVs, bound claims, directories)",
-            (n, n, n),
+            counts,
             || async {
                 Ok((
                     self.pvs().await?.len(),
@@ -725,7 +736,18 @@ impl System {
     ///
     /// Errors: timeout (the message shows the last counts).
     pub async fn wait_reclaimed(&self, timeout: Duration) -> anyhow::Result<Duration> {
-        wait_eq(timeout, "(PVs, directories)", (0, 0), || async {
+        self.wait_pvs_and_dirs((0, 0), timeout).await
+    }
+
+    /// Wait until (our PVs, volume directories) are exactly `counts`.
+    ///
+    /// Errors: timeout (the message shows the last counts).
+    pub async fn wait_pvs_and_dirs(
+        &self,
+        counts: (usize, usize),
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
+        wait_eq(timeout, "(PVs, directories)", counts, || async {
             Ok((self.pvs().await?.len(), self.dir_count()))
         })
         .await
