@@ -438,6 +438,15 @@ fn read_password_file(path: &Path) -> Result<String, String> {
 pub async fn connect(config: impl Into<RedisConfig>) -> Result<RedisConn, ConnectError> {
     let config = config.into();
     let endpoint = config.endpoint()?;
+    connect_to(&config, endpoint).await
+}
+
+/// [`connect`] to the primary of `endpoint` (made from `config` by
+/// [`RedisConfig::endpoint`], e.g. shared with another connection).
+pub async fn connect_to(
+    config: &RedisConfig,
+    endpoint: Endpoint,
+) -> Result<RedisConn, ConnectError> {
     let client = endpoint.primary().await.map_err(|e| config.classify(e))?;
     let addr = client.get_connection_info().addr().to_string();
     let mut conn = ConnectionManager::new_with_config(client, manager_config())

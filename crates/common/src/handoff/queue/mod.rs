@@ -181,10 +181,11 @@ impl PvQueue {
         provisioner_name: &str,
     ) -> Result<Self, QueueError> {
         let redis = redis.into();
-        let conn = redis_store::connect(&redis).await?;
+        let endpoint = redis.endpoint()?;
+        let conn = redis_store::connect_to(&redis, endpoint.clone()).await?;
         let mut queue = Self::with_connection(conn, provisioner_name);
         queue.waker = Some(Waker {
-            primary: redis.endpoint()?,
+            primary: endpoint,
             conn: Default::default(),
         });
         Ok(queue)
