@@ -195,7 +195,8 @@ pub struct CommonArgs {
     pub kube_api_burst: u32,
 
     /// Redis URL of the durable queue and provisioning intents, e.g.
-    /// `redis://127.0.0.1:6379/0` or `rediss://user:pass@host:6380`.
+    /// `redis://127.0.0.1:6379/0`, `rediss://user:pass@host:6380`, or
+    /// `redis+sentinel://HOST:26379,…/PRIMARY_NAME/DB` (no credentials in it).
     #[arg(
         long,
         env = "REDIS_URL",
