@@ -4,7 +4,7 @@
 //! on a real kube-apiserver (v1.19 and v1.37) (skipped with one line without it,
 //! a failure in CI): the real server is the reference the simulator must agree with.
 
-use common::kube::events::{once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
+use common::kube::events::{event, once_event_name, reason, EventSink, CLUSTER_SCOPED_NAMESPACE};
 use e2e::realkube::{Assets, KubeVersion, RealCluster, RealClusterOptions};
 use e2e::sim::{SimConfig, Simulator};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
@@ -41,10 +41,12 @@ async fn sink_events_are_accepted_and_seen_once_through_each_api(client: Client)
     for _ in 0..3 {
         sink.try_publish(
             &claim_ref(),
-            false,
-            reason::PROVISIONING,
-            "Provision",
-            "External provisioner is provisioning volume for claim \"default/data\"".into(),
+            &event(
+                false,
+                reason::PROVISIONING,
+                "Provision",
+                "External provisioner is provisioning volume for claim \"default/data\"".into(),
+            ),
         )
         .await
         .expect("claim event (and its series patches) accepted");
@@ -52,10 +54,12 @@ async fn sink_events_are_accepted_and_seen_once_through_each_api(client: Client)
     for _ in 0..2 {
         sink.try_publish(
             &pv_ref(),
-            true,
-            reason::VOLUME_FAILED_DELETE,
-            "Delete",
-            "backend refused".into(),
+            &event(
+                true,
+                reason::VOLUME_FAILED_DELETE,
+                "Delete",
+                "backend refused".into(),
+            ),
         )
         .await
         .expect("PV event (and its series patch) accepted");
@@ -120,10 +124,13 @@ async fn publish_once_creates_one_named_event(client: Client) {
         async move {
             sink.try_publish_once(
                 &claim,
-                false,
-                reason::PROVISIONING_SUCCEEDED,
-                "Provision",
-                "Successfully provisioned volume pvc-6a1e0a51-0000-4000-8000-000000000003".into(),
+                &event(
+                    false,
+                    reason::PROVISIONING_SUCCEEDED,
+                    "Provision",
+                    "Successfully provisioned volume pvc-6a1e0a51-0000-4000-8000-000000000003"
+                        .into(),
+                ),
             )
             .await
         }
@@ -152,10 +159,12 @@ async fn publish_once_creates_one_named_event(client: Client) {
     assert!(second
         .try_publish_once(
             &claim,
-            true,
-            reason::PROVISIONING_FAILED,
-            "Provision",
-            "a failure is another Event".into()
+            &event(
+                true,
+                reason::PROVISIONING_FAILED,
+                "Provision",
+                "a failure is another Event".into()
+            )
         )
         .await
         .unwrap());

@@ -15,10 +15,11 @@ use async_trait::async_trait;
 use common::handoff::intents::{IntentEntry, IntentError, IntentStore};
 use common::handoff::queue::{PvQueue, QueueError};
 use common::handoff::queue_auth::{AuthError, QueueKey};
-use common::kube::events::{reason, EventSink};
+use common::kube::events::{event, reason, EventSink};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::Event;
 use kube::Client;
 use tokio::sync::mpsc;
 
@@ -287,15 +288,8 @@ impl IntentLog for IntentStore {
 /// How many events are published concurrently by [`KubeCluster`].
 pub const EVENT_PUBLISHERS: usize = 16;
 
-/// An event waiting for the publisher: the claim's reference (five short
-/// strings), not a copy of the whole claim, so a backlog in a burst stays
-/// small.
-struct PendingEvent {
-    claim: ObjectReference,
-    warning: bool,
-    reason: String,
-    note: String,
-}
+/// An event waiting for the publisher, with the claim's reference (not a copy of the claim).
+type PendingEvent = (ObjectReference, Event);
 
 /// [`ClusterApi`] over the Kubernetes API; events go to a background
 /// publisher ([`EVENT_PUBLISHERS`] at a time), drained when the last clone is
@@ -321,15 +315,7 @@ impl KubeCluster {
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
         let publisher = tokio::spawn(stream.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
             let sink = sink.clone();
-            async move {
-                let action = if e.reason == reason::PROVISIONING {
-                    "Provision"
-                } else {
-                    "ProvisionFailed"
-                };
-                sink.publish(&e.claim, e.warning, &e.reason, action, e.note)
-                    .await;
-            }
+            async move { sink.publish(&e.0, e.1).await }
         }));
         (Self { client, events: tx }, publisher)
     }
@@ -403,12 +389,15 @@ impl ClusterApi for KubeCluster {
         reason: &str,
         note: String,
     ) {
-        let _ = self.events.send(PendingEvent {
-            claim: common::kube::events::reference(claim),
-            warning,
-            reason: reason.to_string(),
-            note,
-        });
+        let action = if reason == reason::PROVISIONING {
+            "Provision"
+        } else {
+            "ProvisionFailed"
+        };
+        let claim = common::kube::events::reference(claim);
+        let _ = self
+            .events
+            .send((claim, event(warning, reason, action, note)));
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use api_types::queue::QueuedPvWrite;
 use common::handoff::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
-use common::kube::events::{claim_reference, reason, EventSink};
+use common::kube::events::{claim_reference, event, reason, EventSink};
 use common::kube::retry::Backoff;
 use common::kube::time::now_ms;
 use common::runtime::health::Heartbeat;
@@ -395,14 +395,16 @@ impl Writer {
     /// `ProvisioningSucceeded` on the entry's claim, once per claim and PV.
     async fn announce(&self, entry: &QueuedPvWrite, pv_name: &str) {
         let claim = claim_reference(&entry.claim);
-        let event = self.events.publish_once(
+        let publish = self.events.publish_once(
             &claim,
-            false,
-            reason::PROVISIONING_SUCCEEDED,
-            "Provision",
-            format!("Successfully provisioned volume {pv_name}"),
+            event(
+                false,
+                reason::PROVISIONING_SUCCEEDED,
+                "Provision",
+                format!("Successfully provisioned volume {pv_name}"),
+            ),
         );
-        publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, event).await;
+        publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, publish).await;
     }
 
     /// A transient failure: schedule the retry (at once when the write started
@@ -440,10 +442,11 @@ impl Writer {
     /// A Warning `ProvisioningFailed` event with `note` on `entry`'s claim.
     async fn claim_failed(&self, entry: &QueuedPvWrite, note: String) {
         let claim = claim_reference(&entry.claim);
-        let event =
-            self.events
-                .publish(&claim, true, reason::PROVISIONING_FAILED, "Provision", note);
-        publish_bounded(EVENT_PUBLISH_TIMEOUT, entry.pv_name(), event).await;
+        let publish = self.events.publish(
+            &claim,
+            event(true, reason::PROVISIONING_FAILED, "Provision", note),
+        );
+        publish_bounded(EVENT_PUBLISH_TIMEOUT, entry.pv_name(), publish).await;
     }
 
     /// Dead-letter `taken`; returns whether it was moved (false: Redis gave up
@@ -625,10 +628,12 @@ mod tests {
         let started = Instant::now();
         let publish = sink.publish(
             &object,
-            false,
-            reason::PROVISIONING_SUCCEEDED,
-            "Provision",
-            "Successfully provisioned volume pvc-uid-1".into(),
+            event(
+                false,
+                reason::PROVISIONING_SUCCEEDED,
+                "Provision",
+                "Successfully provisioned volume pvc-uid-1".into(),
+            ),
         );
         let (finished, request) = tokio::join!(
             publish_bounded(Duration::from_millis(300), "pvc-uid-1", publish),

@@ -14,7 +14,7 @@ use common::runtime::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::Event;
 use kube::ResourceExt;
 use provisioner_api::deadline::{self, Deadline};
 use provisioner_api::{DeleteError, Provisioner};
@@ -58,22 +58,13 @@ pub trait EventPublisher: Send + Sync {
 #[async_trait::async_trait]
 impl EventPublisher for EventSink {
     async fn publish(&self, volume: &PersistentVolume, event: Event) {
-        let warning = event.type_ == EventType::Warning;
-        let note = event.note.unwrap_or_default();
-        let object = events::reference(volume);
-        EventSink::publish(self, &object, warning, &event.reason, &event.action, note).await;
+        EventSink::publish(self, &events::reference(volume), event).await;
     }
 }
 
 /// The `VolumeFailedDelete` Warning with `note`.
 fn failed_delete(note: String) -> Event {
-    Event {
-        type_: EventType::Warning,
-        reason: reason::VOLUME_FAILED_DELETE.into(),
-        note: Some(note),
-        action: "Delete".into(),
-        secondary: None,
-    }
+    events::event(true, reason::VOLUME_FAILED_DELETE, "Delete", note)
 }
 
 /// Reconciles PVs of one provisioner: keeps the finalizer in line and deletes

@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::Reporter;
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -82,23 +82,10 @@ impl EventSink {
         }
     }
 
-    /// Publish a Normal or Warning (`warning`) event about `object`, in its
-    /// namespace or [`CLUSTER_SCOPED_NAMESPACE`] when cluster-scoped. Failures are
-    /// logged, never returned.
-    pub async fn publish(
-        &self,
-        object: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        if let Err(err) = self
-            .try_publish(object, warning, reason, action, note)
-            .await
-        {
-            tracing::warn!(reason, object = ?object.name, error = %err, "publishing event failed");
-        }
+    /// Publish `event` about `object`, in its namespace or [`CLUSTER_SCOPED_NAMESPACE`] when
+    /// cluster-scoped. Failures are logged, never returned.
+    pub async fn publish(&self, object: &ObjectReference, event: Event) {
+        log_failure(object, &event, self.try_publish(object, &event).await);
     }
 
     /// [`EventSink::publish`] returning the API error: created the first time, its
@@ -107,30 +94,16 @@ impl EventSink {
     pub async fn try_publish(
         &self,
         object: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
+        event: &Event,
     ) -> Result<(), kube::Error> {
         use std::hash::BuildHasher;
         let now = Timestamp::now();
-        let namespaced = object.namespace.as_deref().is_some_and(|ns| !ns.is_empty());
-        let (namespace, regarding) = if namespaced {
-            (object.namespace.clone().unwrap_or_default(), object.clone())
-        } else {
-            (
-                CLUSTER_SCOPED_NAMESPACE.to_string(),
-                ObjectReference {
-                    namespace: None,
-                    ..object.clone()
-                },
-            )
-        };
+        let (namespace, regarding) = event_place(object);
         let key: SeriesKey = self.hasher.hash_one((
-            warning,
-            reason,
-            action,
-            &note,
+            event.type_ == EventType::Warning,
+            &event.reason,
+            &event.action,
+            &event.note,
             regarding.kind.as_deref(),
             regarding.namespace.as_deref(),
             regarding.name.as_deref(),
@@ -143,7 +116,7 @@ impl EventSink {
             cache.retain(|_, e| e.last + ttl > now);
             cache.get(&key).cloned()
         };
-        if let Some(previous) = previous {
+        let entry = if let Some(previous) = previous {
             let series = EventSeries {
                 count: previous.count + 1,
                 last_observed_time: MicroTime(now),
@@ -156,66 +129,38 @@ impl EventSink {
                     &Patch::Merge(&patch),
                 )
                 .await?;
-            self.series.lock().await.insert(
-                key,
-                SeriesEntry {
-                    count: series.count,
-                    last: now,
-                    ..previous
-                },
-            );
-            return Ok(());
-        }
-        let name = format!(
-            "{}.{:x}",
-            regarding
+            SeriesEntry {
+                count: series.count,
+                last: now,
+                ..previous
+            }
+        } else {
+            let object_name = regarding
                 .name
                 .as_deref()
-                .unwrap_or(&self.reporter.controller),
-            now.as_nanosecond()
-        );
-        let event = self.new_event(
-            &namespace,
-            name.clone(),
-            &regarding,
-            warning,
-            reason,
-            action,
-            note,
-            now,
-        );
-        Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
-            .create(&PostParams::default(), &event)
-            .await?;
-        self.series.lock().await.insert(
-            key,
+                .unwrap_or(&self.reporter.controller);
+            let name = format!("{object_name}.{:x}", now.as_nanosecond());
+            let created = self.new_event(&namespace, name.clone(), &regarding, event, now);
+            Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
+                .create(&PostParams::default(), &created)
+                .await?;
             SeriesEntry {
                 namespace,
                 name,
                 count: 1,
                 last: now,
-            },
-        );
+            }
+        };
+        self.series.lock().await.insert(key, entry);
         Ok(())
     }
 
-    /// Publish an event about `object` at most once per (`uid`, `reason`) across
-    /// replicas and restarts, named [`once_event_name`] (`AlreadyExists`: announced
-    /// already); without a uid, [`EventSink::publish`]. Failures are logged.
-    pub async fn publish_once(
-        &self,
-        object: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        if let Err(err) = self
-            .try_publish_once(object, warning, reason, action, note)
-            .await
-        {
-            tracing::warn!(reason, object = ?object.name, error = %err, "publishing event failed");
-        }
+    /// Publish `event` about `object` at most once per (`uid`, `reason`) across replicas and
+    /// restarts, named [`once_event_name`] (`AlreadyExists`: announced already); without a
+    /// uid, [`EventSink::publish`]. Failures are logged.
+    pub async fn publish_once(&self, object: &ObjectReference, event: Event) {
+        let result = self.try_publish_once(object, &event).await;
+        log_failure(object, &event, result.map(|_| ()));
     }
 
     /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call created the
@@ -224,69 +169,49 @@ impl EventSink {
     pub async fn try_publish_once(
         &self,
         object: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
+        event: &Event,
     ) -> Result<bool, kube::Error> {
-        let Some(name) = once_event_name(object, reason) else {
-            self.try_publish(object, warning, reason, action, note)
-                .await?;
+        let Some(name) = once_event_name(object, &event.reason) else {
+            self.try_publish(object, event).await?;
             return Ok(true);
         };
-        let namespace = object
-            .namespace
-            .clone()
-            .filter(|ns| !ns.is_empty())
-            .unwrap_or_else(|| CLUSTER_SCOPED_NAMESPACE.to_string());
-        let regarding = ObjectReference {
-            namespace: object.namespace.clone().filter(|ns| !ns.is_empty()),
-            ..object.clone()
-        };
-        let event = self.new_event(
-            &namespace,
-            name,
-            &regarding,
-            warning,
-            reason,
-            action,
-            note,
-            Timestamp::now(),
-        );
+        let (namespace, regarding) = event_place(object);
+        let created = self.new_event(&namespace, name, &regarding, event, Timestamp::now());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &event).await {
+        match api.create(&PostParams::default(), &created).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
             Err(err) => Err(err),
         }
     }
 
-    /// An events.k8s.io/v1 Event in `namespace` named `name` about `regarding`,
+    /// The events.k8s.io/v1 form of `event`, in `namespace` named `name` about `regarding`,
     /// observed at `now`, reported by this sink.
-    #[allow(clippy::too_many_arguments)]
     fn new_event(
         &self,
         namespace: &str,
         name: String,
         regarding: &ObjectReference,
-        warning: bool,
-        reason: &str,
-        action: &str,
-        note: String,
+        event: &Event,
         now: Timestamp,
     ) -> K8sEvent {
+        let type_ = match event.type_ {
+            EventType::Warning => "Warning",
+            EventType::Normal => "Normal",
+        };
         K8sEvent {
             metadata: ObjectMeta {
                 namespace: Some(namespace.to_string()),
                 name: Some(name),
                 ..Default::default()
             },
-            action: Some(action.to_string()),
-            reason: Some(reason.to_string()),
-            note: Some(note),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_string()),
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            note: event.note.clone(),
+            type_: Some(type_.to_string()),
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
+            related: event.secondary.clone(),
             reporting_controller: Some(self.reporter.controller.clone()),
             reporting_instance: Some(
                 self.reporter
@@ -296,6 +221,42 @@ impl EventSink {
             ),
             ..Default::default()
         }
+    }
+}
+
+/// A Normal (`warning == false`) or Warning [`Event`] with `reason`, `action` and `note`.
+pub fn event(warning: bool, reason: &str, action: &str, note: String) -> Event {
+    Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    }
+}
+
+/// Where an Event about `object` goes and what it regards: the object's namespace, or
+/// [`CLUSTER_SCOPED_NAMESPACE`] with an empty `regarding.namespace` when cluster-scoped.
+fn event_place(object: &ObjectReference) -> (String, ObjectReference) {
+    let namespace = object.namespace.clone().filter(|ns| !ns.is_empty());
+    let regarding = ObjectReference {
+        namespace: namespace.clone(),
+        ..object.clone()
+    };
+    (
+        namespace.unwrap_or_else(|| CLUSTER_SCOPED_NAMESPACE.to_string()),
+        regarding,
+    )
+}
+
+/// Logs a failed publish of `event` about `object`.
+fn log_failure(object: &ObjectReference, event: &Event, result: Result<(), kube::Error>) {
+    if let Err(err) = result {
+        tracing::warn!(reason = %event.reason, object = ?object.name, error = %err, "publishing event failed");
     }
 }
 
