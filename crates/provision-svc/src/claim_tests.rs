@@ -338,6 +338,59 @@ fn claim(uid: &str, annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
     }
 }
 
+/// A claim of ours with `annotation` (a selected-node one) set to `node`.
+fn on_node(uid: &str, annotation: &str, node: &str) -> PersistentVolumeClaim {
+    claim(uid, &[(ANN_STORAGE_PROVISIONER, NAME), (annotation, node)])
+}
+
+/// The default set-up with `cluster`.
+fn with_cluster(cluster: FakeCluster) -> World {
+    Setup {
+        cluster,
+        ..Default::default()
+    }
+    .build()
+}
+
+/// A set-up whose backend fails `attempts` times (`Finished`), giving up after `threshold` requeues.
+fn failing(attempts: usize, threshold: u32) -> World {
+    let answers = (0..attempts)
+        .map(|_| Err(ProvisionError::finished("nope")))
+        .collect();
+    Setup {
+        backend: FakeBackend::answering(answers),
+        threshold,
+        ..Default::default()
+    }
+    .build()
+}
+
+/// A set-up with claim `u1` whose backend takes `delay` against a `--provision-timeout` of `timeout`.
+fn overrunning(delay: Duration, timeout: Duration) -> World {
+    let backend = FakeBackend {
+        delay: Some(delay),
+        ..Default::default()
+    };
+    let timeout = Some(timeout);
+    let mut w = Setup {
+        backend,
+        timeout,
+        ..Default::default()
+    }
+    .build();
+    w.add_claim(&ours("u1"));
+    w
+}
+
+/// The default set-up with `backend`.
+fn with_backend(backend: FakeBackend) -> World {
+    Setup {
+        backend,
+        ..Default::default()
+    }
+    .build()
+}
+
 fn ours(uid: &str) -> PersistentVolumeClaim {
     claim(uid, &[(ANN_STORAGE_PROVISIONER, NAME)])
 }
@@ -613,14 +666,10 @@ fn should_provision_follows_every_seed_branch() {
 
 #[test]
 fn the_backend_qualifier_can_decline() {
-    let w = Setup {
-        backend: FakeBackend {
-            decline: true,
-            ..Default::default()
-        },
+    let w = with_backend(FakeBackend {
+        decline: true,
         ..Default::default()
-    }
-    .build();
+    });
     assert_eq!(w.op.should_provision(&ours("a")), Ok(false));
 }
 
@@ -848,26 +897,13 @@ async fn missing_class_retries_and_foreign_class_stops() {
 
 #[tokio::test]
 async fn selected_node_found_is_passed_to_the_backend_alpha_annotation_too() {
-    let w = Setup {
-        cluster: FakeCluster {
-            nodes: HashSet::from(["n1".to_string(), "n2".to_string()]),
-            ..Default::default()
-        },
+    let w = with_cluster(FakeCluster {
+        nodes: HashSet::from(["n1".to_string(), "n2".to_string()]),
         ..Default::default()
-    }
-    .build();
-    let c = claim(
-        "u1",
-        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
-    );
+    });
+    let c = on_node("u1", ANN_SELECTED_NODE, "n1");
     assert_eq!(w.op.sync_claim(&c).await, Ok(()));
-    let c = claim(
-        "u2",
-        &[
-            (ANN_STORAGE_PROVISIONER, NAME),
-            (ANN_ALPHA_SELECTED_NODE, "n2"),
-        ],
-    );
+    let c = on_node("u2", ANN_ALPHA_SELECTED_NODE, "n2");
     assert_eq!(w.op.sync_claim(&c).await, Ok(()));
     assert_eq!(w.backend.calls(), vec!["pvc-u1 node=n1", "pvc-u2 node=n2"]);
 }
@@ -875,10 +911,7 @@ async fn selected_node_found_is_passed_to_the_backend_alpha_annotation_too() {
 #[tokio::test]
 async fn node_not_found_reschedules_by_removing_the_selected_node() {
     let w = Setup::default().build();
-    let c = claim(
-        "u1",
-        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
-    );
+    let c = on_node("u1", ANN_SELECTED_NODE, "n1");
     assert_eq!(
         w.op.provision_claim_operation(&c).await,
         (ProvisioningState::Finished, Err(OpError::Stop))
@@ -895,13 +928,7 @@ async fn node_not_found_reschedules_by_removing_the_selected_node() {
     assert!(w.backend.calls().is_empty());
 
     // Only the alpha annotation: nothing to remove, treated as Finished with the error.
-    let c = claim(
-        "u2",
-        &[
-            (ANN_STORAGE_PROVISIONER, NAME),
-            (ANN_ALPHA_SELECTED_NODE, "n1"),
-        ],
-    );
+    let c = on_node("u2", ANN_ALPHA_SELECTED_NODE, "n1");
     assert_eq!(
         w.op.provision_claim_operation(&c).await,
         (
@@ -914,18 +941,11 @@ async fn node_not_found_reschedules_by_removing_the_selected_node() {
 
 #[tokio::test]
 async fn failed_reschedule_patch_keeps_the_claim_for_a_retry() {
-    let w = Setup {
-        cluster: FakeCluster {
-            patch_error: Some("conflict".into()),
-            ..Default::default()
-        },
+    let w = with_cluster(FakeCluster {
+        patch_error: Some("conflict".into()),
         ..Default::default()
-    }
-    .build();
-    let c = claim(
-        "u1",
-        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
-    );
+    });
+    let c = on_node("u1", ANN_SELECTED_NODE, "n1");
     assert_eq!(
         w.op.provision_claim_operation(&c).await,
         (
@@ -937,18 +957,11 @@ async fn failed_reschedule_patch_keeps_the_claim_for_a_retry() {
 
 #[tokio::test]
 async fn node_lookup_error_is_an_event_and_a_retry() {
-    let w = Setup {
-        cluster: FakeCluster {
-            node_error: Some("boom".into()),
-            ..Default::default()
-        },
+    let w = with_cluster(FakeCluster {
+        node_error: Some("boom".into()),
         ..Default::default()
-    }
-    .build();
-    let c = claim(
-        "u1",
-        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
-    );
+    });
+    let c = on_node("u1", ANN_SELECTED_NODE, "n1");
     assert_eq!(
         w.op.provision_claim_operation(&c).await,
         (
@@ -970,13 +983,9 @@ async fn node_lookup_error_is_an_event_and_a_retry() {
 
 #[tokio::test]
 async fn ignored_error_stops_quietly_and_clears_the_intent() {
-    let w = Setup {
-        backend: FakeBackend::answering(vec![Err(ProvisionError::Ignored {
-            reason: "not mine".into(),
-        })]),
-        ..Default::default()
-    }
-    .build();
+    let w = with_backend(FakeBackend::answering(vec![Err(ProvisionError::Ignored {
+        reason: "not mine".into(),
+    })]));
     assert_eq!(w.op.sync_claim(&ours("u1")).await, Ok(()));
     let events = w.cluster.events();
     assert_eq!(events.len(), 1, "only the Provisioning event: {events:?}");
@@ -1018,10 +1027,7 @@ async fn backend_failure_states_are_handled_as_the_seed() {
     );
     assert_eq!(w.intents.flag("pvc-u2"), Some(false), "not in background");
     // Reschedule with a selected node: annotation removed, stop.
-    let c = claim(
-        "u3",
-        &[(ANN_STORAGE_PROVISIONER, NAME), (ANN_SELECTED_NODE, "n1")],
-    );
+    let c = on_node("u3", ANN_SELECTED_NODE, "n1");
     let w_nodes = Setup {
         backend: FakeBackend::answering(vec![failed(ProvisioningState::Reschedule)]),
         cluster: FakeCluster {
@@ -1054,14 +1060,10 @@ async fn backend_failure_states_are_handled_as_the_seed() {
 /// half-made volume is deleted, never provisioned further.
 #[tokio::test]
 async fn a_claim_deleted_while_in_background_gets_its_volume_deleted_not_provisioned() {
-    let mut w = Setup {
-        backend: FakeBackend::answering(vec![Err(ProvisionError::Failed {
-            state: ProvisioningState::InBackground,
-            reason: "still creating".into(),
-        })]),
-        ..Default::default()
-    }
-    .build();
+    let mut w = with_backend(FakeBackend::answering(vec![Err(ProvisionError::Failed {
+        state: ProvisioningState::InBackground,
+        reason: "still creating".into(),
+    })]));
     let c = ours("u1");
     w.add_claim(&c);
     assert_eq!(w.process("u1").await, retried());
@@ -1109,14 +1111,10 @@ async fn a_claim_deleted_while_in_background_gets_its_volume_deleted_not_provisi
 /// after the cleanup finds the claim gone and does nothing.
 #[tokio::test(start_paused = true)]
 async fn a_sync_and_the_cleanup_of_the_same_claim_never_overlap() {
-    let mut w = Setup {
-        backend: FakeBackend {
-            delay: Some(Duration::from_secs(5)),
-            ..Default::default()
-        },
+    let mut w = with_backend(FakeBackend {
+        delay: Some(Duration::from_secs(5)),
         ..Default::default()
-    }
-    .build();
+    });
     let c = ours("u1");
     w.add_claim(&c);
     let cached = w.cached("u1").unwrap();
@@ -1185,15 +1183,7 @@ async fn enqueue_failure_retries_and_keeps_the_intent() {
 
 #[tokio::test]
 async fn failure_threshold_gives_up_after_the_configured_requeues() {
-    let always_fail: Vec<_> = (0..5)
-        .map(|_| Err(ProvisionError::finished("nope")))
-        .collect();
-    let mut w = Setup {
-        backend: FakeBackend::answering(always_fail),
-        threshold: 2,
-        ..Default::default()
-    }
-    .build();
+    let mut w = failing(5, 2);
     w.add_claim(&ours("u1"));
     assert_eq!(w.process("u1").await, retried()); // requeues 0 < 2
     assert_eq!(w.process("u1").await, retried()); // requeues 1 < 2
@@ -1203,15 +1193,7 @@ async fn failure_threshold_gives_up_after_the_configured_requeues() {
 
 #[tokio::test]
 async fn threshold_zero_retries_forever_and_success_forgets() {
-    let fails: Vec<_> = (0..20)
-        .map(|_| Err(ProvisionError::finished("nope")))
-        .collect();
-    let mut w = Setup {
-        backend: FakeBackend::answering(fails),
-        threshold: 0,
-        ..Default::default()
-    }
-    .build();
+    let mut w = failing(20, 0);
     w.add_claim(&ours("u1"));
     for _ in 0..20 {
         assert_eq!(w.process("u1").await, retried());
@@ -1224,16 +1206,7 @@ async fn threshold_zero_retries_forever_and_success_forgets() {
 
 #[tokio::test(start_paused = true)]
 async fn provision_timeout_fails_the_attempt_and_requeues() {
-    let mut w = Setup {
-        backend: FakeBackend {
-            delay: Some(Duration::from_secs(5)),
-            ..Default::default()
-        },
-        timeout: Some(Duration::from_millis(20)),
-        ..Default::default()
-    }
-    .build();
-    w.add_claim(&ours("u1"));
+    let mut w = overrunning(Duration::from_secs(5), Duration::from_millis(20));
     assert_eq!(w.process("u1").await, retried());
     assert!(w.enqueued().is_empty());
     assert!(
@@ -1253,16 +1226,7 @@ async fn provision_timeout_fails_the_attempt_and_requeues() {
 /// claim kept in background, durably.
 #[tokio::test(start_paused = true)]
 async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancelled_context() {
-    let mut w = Setup {
-        backend: FakeBackend {
-            delay: Some(Duration::from_secs(3600)),
-            ..Default::default()
-        },
-        timeout: Some(Duration::from_secs(10)),
-        ..Default::default()
-    }
-    .build();
-    w.add_claim(&ours("u1"));
+    let mut w = overrunning(Duration::from_secs(3600), Duration::from_secs(10));
     let start = tokio::time::Instant::now();
     assert_eq!(w.process("u1").await, retried());
     assert_eq!(
@@ -1393,14 +1357,10 @@ async fn the_walk_cleans_up_after_every_claim_that_is_gone() {
 
 #[tokio::test]
 async fn cleanup_retries_while_the_backend_is_busy() {
-    let w = Setup {
-        backend: FakeBackend {
-            fail: ["pvc-gone".to_string()].into(),
-            ..Default::default()
-        },
+    let w = with_backend(FakeBackend {
+        fail: ["pvc-gone".to_string()].into(),
         ..Default::default()
-    }
-    .build();
+    });
     let e = entry("gone", Some(false));
     w.intents.put(&e);
     assert_eq!(
@@ -1440,15 +1400,11 @@ async fn a_deleted_claims_volume_is_removed_from_the_intent_alone() {
 /// poisoned ones are counted once and not retried in a loop.
 #[tokio::test(start_paused = true)]
 async fn bad_intents_do_not_block_the_rest_of_the_cleanup() {
-    let w = Setup {
-        backend: FakeBackend {
-            refuse: ["pvc-refused".to_string()].into(),
-            fail: ["pvc-flaky".to_string()].into(),
-            ..Default::default()
-        },
+    let w = with_backend(FakeBackend {
+        refuse: ["pvc-refused".to_string()].into(),
+        fail: ["pvc-flaky".to_string()].into(),
         ..Default::default()
-    }
-    .build();
+    });
     let mut no_class = entry("noclass", Some(false));
     no_class.intent.class = "deleted-class".into();
     let mut entries = vec![
@@ -1538,14 +1494,10 @@ async fn walk_checks_the_queue_then_the_live_pv_and_never_deletes_on_an_error() 
     assert!(w.intents.map.lock().unwrap().contains_key("pvc-gone"));
 
     // Live PV GET fails: same, and without a snapshot the intent is kept.
-    let w = Setup {
-        cluster: FakeCluster {
-            pv_error: Some("apiserver timeout".into()),
-            ..Default::default()
-        },
+    let w = with_cluster(FakeCluster {
+        pv_error: Some("apiserver timeout".into()),
         ..Default::default()
-    }
-    .build();
+    });
     let bare = entry("bare", None);
     w.intents.put(&bare);
     assert_eq!(

@@ -425,6 +425,13 @@ mod tests {
             .unwrap()
     }
 
+    /// A `Status` failure response: `code`, `reason`, `message`.
+    fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
+        let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": message, "reason": reason, "code": code});
+        json_response(code, body)
+    }
+
     #[tokio::test]
     async fn node_lookup_maps_404_to_none_and_other_errors_to_err() {
         let (cluster, mut handle) = cluster();
@@ -432,12 +439,7 @@ mod tests {
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.method(), Method::GET);
             assert_eq!(req.uri().path(), "/api/v1/nodes/gone");
-            send.send_response(json_response(
-                404,
-                serde_json::json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "message": "nodes \"gone\" not found", "reason": "NotFound", "code": 404}),
-            ));
+            send.send_response(status(404, "NotFound", "nodes \"gone\" not found"));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.uri().path(), "/api/v1/nodes/n1");
             send.send_response(json_response(
@@ -446,12 +448,7 @@ mod tests {
                 "kind": "Node", "apiVersion": "v1", "metadata": {"name": "n1"}}),
             ));
             let (_, send) = handle.next_request().await.unwrap();
-            send.send_response(json_response(
-                500,
-                serde_json::json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "message": "etcd down", "reason": "InternalError", "code": 500}),
-            ));
+            send.send_response(status(500, "InternalError", "etcd down"));
         });
         assert!(cluster.get_node("gone").await.unwrap().is_none());
         let node = cluster.get_node("n1").await.unwrap().unwrap();
@@ -496,19 +493,9 @@ mod tests {
             ));
             // The claim changed since (re-scheduled): 409 Conflict.
             let (_, send) = handle.next_request().await.unwrap();
-            send.send_response(json_response(
-                409,
-                serde_json::json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "message": "the object has been modified", "reason": "Conflict", "code": 409}),
-            ));
+            send.send_response(status(409, "Conflict", "the object has been modified"));
             let (_, send) = handle.next_request().await.unwrap();
-            send.send_response(json_response(
-                500,
-                serde_json::json!({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "message": "etcd down", "reason": "InternalError", "code": 500}),
-            ));
+            send.send_response(status(500, "InternalError", "etcd down"));
         });
         let claim = PersistentVolumeClaim {
             metadata: ObjectMeta {
