@@ -325,28 +325,32 @@ mod tests {
         )
     }
 
-    fn action(archive: bool, shutdown: &CancellationToken) -> SweepAction<'_> {
-        SweepAction {
+    /// One sweep of `backend` (`pvc-cached` in the PV cache when `cached`), archiving orphans
+    /// an hour old when `archive`, until `shutdown`; with the metrics it set.
+    async fn run(
+        backend: &FakeProvisioner,
+        acc: &Fake,
+        cached: bool,
+        archive: bool,
+        shutdown: &CancellationToken,
+    ) -> (Result<Vec<String>, SweepError>, SweepMetrics) {
+        let m = SweepMetrics::register(&Registry::new());
+        let min_age = Duration::from_secs(3600);
+        let action = SweepAction {
             archive,
-            min_age: Duration::from_secs(3600),
+            min_age,
             shutdown,
-        }
+        };
+        let is_cached = |n: &str| cached && n == "pvc-cached";
+        (sweep(backend, is_cached, acc, action, &m).await, m)
     }
 
     #[tokio::test]
     async fn reports_only_volumes_nothing_accounts_for() {
         let (backend, acc) = fixture(false);
-        let m = SweepMetrics::register(&Registry::new());
         let token = CancellationToken::new();
-        let orphans = sweep(
-            &backend,
-            |n| n == "pvc-cached",
-            &acc,
-            action(false, &token),
-            &m,
-        )
-        .await
-        .unwrap();
+        let (result, m) = run(&backend, &acc, true, false, &token).await;
+        let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-orphan"]);
         assert_eq!(m.found.get(), 1);
         assert_eq!(m.archived.get(), 0);
@@ -358,17 +362,9 @@ mod tests {
     async fn archives_old_orphans_and_never_deletes() {
         let (mut backend, acc) = fixture(false);
         backend.volumes.as_mut().unwrap().push("pvc-young".into());
-        let m = SweepMetrics::register(&Registry::new());
         let token = CancellationToken::new();
-        let orphans = sweep(
-            &backend,
-            |n| n == "pvc-cached",
-            &acc,
-            action(true, &token),
-            &m,
-        )
-        .await
-        .unwrap();
+        let (result, m) = run(&backend, &acc, true, true, &token).await;
+        let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-orphan", "pvc-young"]);
         assert_eq!(
             backend.archived(),
@@ -393,11 +389,9 @@ mod tests {
         backend
             .uses
             .insert("restore-orphan".into(), "pvc-orphan".into());
-        let m = SweepMetrics::register(&Registry::new());
         let token = CancellationToken::new();
-        let orphans = sweep(&backend, |_| false, &acc, action(true, &token), &m)
-            .await
-            .unwrap();
+        let (result, _) = run(&backend, &acc, false, true, &token).await;
+        let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-cached"]);
         assert_eq!(
             backend.archived(),
@@ -408,12 +402,10 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_archived_after_shutdown() {
         let (backend, acc) = fixture(false);
-        let m = SweepMetrics::register(&Registry::new());
         let token = CancellationToken::new();
         token.cancel();
-        sweep(&backend, |_| false, &acc, action(true, &token), &m)
-            .await
-            .unwrap();
+        let (result, m) = run(&backend, &acc, false, true, &token).await;
+        result.unwrap();
         assert!(backend.archived().is_empty());
         assert_eq!(m.archived.get(), 0);
     }
@@ -421,11 +413,9 @@ mod tests {
     #[tokio::test]
     async fn a_lookup_failure_abandons_the_sweep() {
         let (backend, acc) = fixture(true);
-        let m = SweepMetrics::register(&Registry::new());
         let token = CancellationToken::new();
-        let err = sweep(&backend, |_| false, &acc, action(true, &token), &m)
-            .await
-            .unwrap_err();
+        let (result, _) = run(&backend, &acc, false, true, &token).await;
+        let err = result.unwrap_err();
         assert_eq!(err.to_string(), "queue: redis down");
         assert!(backend.archived().is_empty());
     }
@@ -434,11 +424,9 @@ mod tests {
     async fn a_backend_that_cannot_archive_is_only_reported() {
         let (mut backend, acc) = fixture(false);
         backend.can_archive = false;
-        let m = SweepMetrics::register(&Registry::new());
         let token = CancellationToken::new();
-        let orphans = sweep(&backend, |_| false, &acc, action(true, &token), &m)
-            .await
-            .unwrap();
+        let (result, m) = run(&backend, &acc, false, true, &token).await;
+        let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-cached", "pvc-orphan"]);
         assert_eq!(m.found.get(), 2);
         assert_eq!(m.archived.get(), 0);

@@ -183,34 +183,30 @@ impl Drop for Processing {
     }
 }
 
-impl Collector for WorkQueueMetrics {
-    fn desc(&self) -> Vec<&Desc> {
+impl WorkQueueMetrics {
+    /// The seven client-go series, as collectors.
+    fn parts(&self) -> [&dyn Collector; 7] {
         let i = &*self.inner;
         [
-            i.depth.desc(),
-            i.adds.desc(),
-            i.retries.desc(),
-            i.queue_duration.desc(),
-            i.work_duration.desc(),
-            i.unfinished.desc(),
-            i.longest.desc(),
+            &i.depth,
+            &i.adds,
+            &i.retries,
+            &i.queue_duration,
+            &i.work_duration,
+            &i.unfinished,
+            &i.longest,
         ]
-        .concat()
+    }
+}
+
+impl Collector for WorkQueueMetrics {
+    fn desc(&self) -> Vec<&Desc> {
+        self.parts().into_iter().flat_map(|c| c.desc()).collect()
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         self.update_unfinished();
-        let i = &*self.inner;
-        [
-            i.depth.collect(),
-            i.adds.collect(),
-            i.retries.collect(),
-            i.queue_duration.collect(),
-            i.work_duration.collect(),
-            i.unfinished.collect(),
-            i.longest.collect(),
-        ]
-        .concat()
+        self.parts().into_iter().flat_map(|c| c.collect()).collect()
     }
 }
 
@@ -223,6 +219,15 @@ mod tests {
         text.lines()
             .find(|l| l.starts_with(prefix))
             .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+    }
+
+    /// The value of each series `<name>{name="claims"}` in `text`.
+    fn values(text: &str, names: &[&str]) -> Vec<String> {
+        let value = |name: &str| {
+            let l = line(text, &format!("{name}{{name=\"claims\"}} "));
+            l.rsplit(' ').next().unwrap().to_string()
+        };
+        names.iter().map(|n| value(n)).collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -245,40 +250,32 @@ mod tests {
         let _second = m.start_processing("resynced, never added");
         tokio::time::advance(Duration::from_secs(1)).await;
         let text = render(&registry);
-        assert_eq!(
-            line(&text, "workqueue_depth{"),
-            r#"workqueue_depth{name="claims"} 1"#
-        );
-        assert_eq!(
-            line(&text, "workqueue_adds_total{"),
-            r#"workqueue_adds_total{name="claims"} 3"#
-        );
-        assert_eq!(
-            line(&text, "workqueue_retries_total{"),
-            r#"workqueue_retries_total{name="claims"} 1"#
-        );
-        assert_eq!(
-            line(&text, "workqueue_queue_duration_seconds_sum{"),
-            r#"workqueue_queue_duration_seconds_sum{name="claims"} 0.25"#
-        );
         // 4 s + 1 s of work in progress, the oldest running for 4 s.
         assert_eq!(
-            line(&text, "workqueue_unfinished_work_seconds{"),
-            r#"workqueue_unfinished_work_seconds{name="claims"} 5"#
-        );
-        assert_eq!(
-            line(&text, "workqueue_longest_running_processor_seconds{"),
-            r#"workqueue_longest_running_processor_seconds{name="claims"} 4"#
+            values(
+                &text,
+                &[
+                    "workqueue_depth",
+                    "workqueue_adds_total",
+                    "workqueue_retries_total",
+                    "workqueue_queue_duration_seconds_sum",
+                    "workqueue_unfinished_work_seconds",
+                    "workqueue_longest_running_processor_seconds"
+                ]
+            ),
+            ["1", "3", "1", "0.25", "5", "4"]
         );
         drop(first);
         let text = render(&registry);
         assert_eq!(
-            line(&text, "workqueue_work_duration_seconds_sum{"),
-            r#"workqueue_work_duration_seconds_sum{name="claims"} 4"#
-        );
-        assert_eq!(
-            line(&text, "workqueue_longest_running_processor_seconds{"),
-            r#"workqueue_longest_running_processor_seconds{name="claims"} 1"#
+            values(
+                &text,
+                &[
+                    "workqueue_work_duration_seconds_sum",
+                    "workqueue_longest_running_processor_seconds"
+                ]
+            ),
+            ["4", "1"]
         );
     }
 }
