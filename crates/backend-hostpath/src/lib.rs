@@ -103,7 +103,7 @@ impl Provisioner for HostPath {
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        provision::validate_volume(self, pv).map_err(VolumeError::NotOurs)
+        Ok(provision::validate_volume(self, pv)?)
     }
 }
 

@@ -5,6 +5,7 @@
 //! `--node-name`. Refusals are final, except another selected node than
 //! `--node-name`, which is `Reschedule`; the class may set no parameter.
 
+use backend_kit::Refusal;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -88,8 +89,9 @@ pub fn validate_parameters(
     parameters: Option<&BTreeMap<String, String>>,
 ) -> Result<(), ProvisionError> {
     let accepted = ACCEPTED_PARAMETERS;
-    backend_kit::claim::check_parameters("hostpath", class_name, parameters, accepted)
-        .map_err(ProvisionError::finished)
+    Ok(backend_kit::claim::check_parameters(
+        "hostpath", class_name, parameters, accepted,
+    )?)
 }
 
 /// Required node affinity `kubernetes.io/hostname In [node]`.
@@ -111,35 +113,35 @@ pub fn node_affinity(node: &str) -> VolumeNodeAffinity {
 /// `validate_volume`: `pv` is one [`provision`] could have made (one-component
 /// name, only `hostPath`, `DirectoryOrCreate`, path `<base-dir>/<pv name>`).
 /// Errors: the first failed check, naming the PV.
-pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), String> {
+pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    check_pv_name(name).map_err(|e| format!("PV name {name:?}: {e}"))?;
+    check_pv_name(name).map_err(|e| Refusal(format!("PV name {name:?}: {e}")))?;
     let spec = pv
         .spec
         .as_ref()
-        .ok_or_else(|| format!("PV {name} has no spec"))?;
+        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
     if let Some(other) = backend_kit::claim::other_sources(spec, "hostPath").first() {
-        return Err(format!(
+        return Err(Refusal(format!(
             "PV {name} has a {other} volume source; the hostpath backend only makes hostPath volumes"
-        ));
+        )));
     }
     let source = spec
         .host_path
         .as_ref()
-        .ok_or_else(|| format!("PV {name} has no hostPath volume source"))?;
+        .ok_or_else(|| Refusal(format!("PV {name} has no hostPath volume source")))?;
     let expected = backend.base_dir.join(name);
     if source.path != expected.to_string_lossy() {
-        return Err(format!(
+        return Err(Refusal(format!(
             "PV {name} has hostPath {:?}; this provisioner only makes {:?}",
             source.path,
             expected.display()
-        ));
+        )));
     }
     if source.type_.as_deref() != Some(HOST_PATH_TYPE) {
-        return Err(format!(
+        return Err(Refusal(format!(
             "PV {name} has hostPath type {:?}; this provisioner only makes {HOST_PATH_TYPE:?}",
             source.type_
-        ));
+        )));
     }
     Ok(())
 }
@@ -269,7 +271,7 @@ mod tests {
         let with = |edit: &dyn Fn(&mut PersistentVolume)| {
             let mut pv = pv.clone();
             edit(&mut pv);
-            validate_volume(&b, &pv).unwrap_err()
+            validate_volume(&b, &pv).unwrap_err().0
         };
         fn host_path(pv: &mut PersistentVolume) -> &mut HostPathVolumeSource {
             pv.spec.as_mut().unwrap().host_path.as_mut().unwrap()

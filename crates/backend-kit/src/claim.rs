@@ -1,5 +1,6 @@
 //! Claim, class and PV checks shared by the filesystem backends (hostpath, nfs-subdir).
 
+use crate::Refusal;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -79,7 +80,7 @@ pub fn check_parameters(
     class_name: &str,
     parameters: Option<&BTreeMap<String, String>>,
     accepted: &[&str],
-) -> Result<(), String> {
+) -> Result<(), Refusal> {
     let keys = parameters.into_iter().flat_map(|p| p.keys());
     let unknown: Vec<&str> = keys
         .map(String::as_str)
@@ -93,10 +94,10 @@ pub fn check_parameters(
     } else {
         accepted.join(", ")
     };
-    Err(format!(
+    Err(Refusal(format!(
         "StorageClass {class_name:?} has parameters the {backend} backend does not know: {} (it accepts {accepts})",
         unknown.join(", ")
-    ))
+    )))
 }
 
 /// `spec` keys of a PV that are not volume sources.
@@ -133,11 +134,13 @@ mod tests {
             ("a".to_string(), String::new()),
         ]);
         assert_eq!(
-            check_parameters("hostpath", "c", Some(&params), &[]).unwrap_err(),
+            check_parameters("hostpath", "c", Some(&params), &[]).unwrap_err().0,
             "StorageClass \"c\" has parameters the hostpath backend does not know: a, b (it accepts none)"
         );
         assert_eq!(
-            check_parameters("x", "c", Some(&params), &["b"]).unwrap_err(),
+            check_parameters("x", "c", Some(&params), &["b"])
+                .unwrap_err()
+                .0,
             "StorageClass \"c\" has parameters the x backend does not know: a (it accepts b)"
         );
         assert!(check_parameters("x", "c", None, &[]).is_ok());

@@ -41,6 +41,31 @@ impl OnDelete {
     }
 }
 
+/// Why a backend refuses a claim, StorageClass or PV, or which step of its filesystem work
+/// failed: one message naming the object and the cause. Becomes a `Finished` provisioning
+/// failure, a refused delete or a PV that is not the backend's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refusal(pub String);
+
+impl From<Refusal> for ProvisionError {
+    fn from(e: Refusal) -> Self {
+        ProvisionError::finished(e.0)
+    }
+}
+
+impl From<Refusal> for DeleteError {
+    fn from(e: Refusal) -> Self {
+        DeleteError::Refused { reason: e.0 }
+    }
+}
+
+impl From<Refusal> for VolumeError {
+    fn from(e: Refusal) -> Self {
+        VolumeError::NotOurs(e.0)
+    }
+}
+
 /// A backend task on the blocking pool panicked or was cancelled.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} task failed: {source}")]

@@ -7,6 +7,7 @@
 //! another recorded volume is never deleted or archived; an absent one counts
 //! as deleted. Rationale: docs/ARCHITECTURE.md, "nfs-subdir".
 
+use backend_kit::Refusal;
 use std::collections::HashSet;
 use std::io;
 
@@ -26,39 +27,42 @@ use provisioner_api::OrphanOutcome;
 /// The sub-directory (below the mount) that `pv` names, after the module
 /// docs' checks; also pv-writer's `validate_volume`.
 /// Errors: a message naming the failed check.
-pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, String> {
+pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     if !registry::valid_pv_name(name) {
-        return Err(format!("PV name {name:?} is not a valid object name"));
+        return Err(Refusal(format!(
+            "PV name {name:?} is not a valid object name"
+        )));
     }
     let spec = pv
         .spec
         .as_ref()
-        .ok_or_else(|| format!("PV {name} has no spec"))?;
-    let nfs = spec
-        .nfs
-        .as_ref()
-        .ok_or_else(|| format!("PV {name} has no spec.nfs; it is not an nfs-subdir volume"))?;
+        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
+    let nfs = spec.nfs.as_ref().ok_or_else(|| {
+        Refusal(format!(
+            "PV {name} has no spec.nfs; it is not an nfs-subdir volume"
+        ))
+    })?;
     let extra = backend_kit::claim::other_sources(spec, "nfs");
     if !extra.is_empty() {
-        return Err(format!(
+        return Err(Refusal(format!(
             "PV {name} has volume sources besides nfs: {}",
             extra.join(", ")
-        ));
+        )));
     }
     if nfs.server != backend.server {
-        return Err(format!(
+        return Err(Refusal(format!(
             "PV {name} is on NFS server {:?}, not this provisioner's {:?}",
             nfs.server, backend.server
-        ));
+        )));
     }
     let Some(rest) = below_export(backend, &nfs.path) else {
-        return Err(format!(
+        return Err(Refusal(format!(
             "PV {name} has nfs.path {:?}, which is not a directory below this provisioner's export {:?}",
             nfs.path, backend.export_path
-        ));
+        )));
     };
-    RelPath::parse(&rest).map_err(|e| format!("PV {name}: {e}"))
+    RelPath::parse(&rest).map_err(|e| Refusal(format!("PV {name}: {e}")))
 }
 
 /// `path` relative to the export (`a/b`), when it is absolute, has no `..`
@@ -143,7 +147,7 @@ pub async fn delete_with_class(
     volume: &PersistentVolume,
     class: Option<&StorageClass>,
 ) -> Result<(), DeleteError> {
-    let rel = volume_directory(backend, volume).map_err(refused)?;
+    let rel = volume_directory(backend, volume)?;
     let name = volume.metadata.name.clone().unwrap_or_default();
     let policy = match volume
         .metadata

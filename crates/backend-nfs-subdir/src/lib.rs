@@ -158,7 +158,7 @@ impl Provisioner for NfsSubdir {
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
         delete::volume_directory(self, pv)
             .map(|_| ())
-            .map_err(VolumeError::NotOurs)
+            .map_err(VolumeError::from)
     }
 }
 

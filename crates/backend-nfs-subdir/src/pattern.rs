@@ -7,6 +7,7 @@
 //! path) is refused, so a rendered path only names a directory strictly inside
 //! the mount.
 
+use backend_kit::Refusal;
 use std::collections::BTreeMap;
 
 /// A checked relative path below the mount: at least one component, each a
@@ -17,32 +18,36 @@ pub struct RelPath(Vec<String>);
 impl RelPath {
     /// Parse `text` (`/`-separated; empty and `.` components dropped). Errors:
     /// absolute, `..`, NUL, a component over 255 bytes, the bookkeeping directory, empty.
-    pub fn parse(text: &str) -> Result<RelPath, String> {
+    pub fn parse(text: &str) -> Result<RelPath, Refusal> {
         if text.starts_with('/') {
-            return Err(format!("{text:?} is an absolute path"));
+            return Err(Refusal(format!("{text:?} is an absolute path")));
         }
         if text.contains('\0') {
-            return Err(format!("{text:?} contains a NUL byte"));
+            return Err(Refusal(format!("{text:?} contains a NUL byte")));
         }
         let mut comps = Vec::new();
         for c in text.split('/') {
             match c {
                 "" | "." => continue,
-                ".." => return Err(format!("{text:?} contains a \"..\" component")),
+                ".." => return Err(Refusal(format!("{text:?} contains a \"..\" component"))),
                 c if c.len() > 255 => {
-                    return Err(format!("{text:?} has a component longer than 255 bytes"))
+                    return Err(Refusal(format!(
+                        "{text:?} has a component longer than 255 bytes"
+                    )))
                 }
                 c => comps.push(c.to_string()),
             }
         }
         if comps.is_empty() {
-            return Err(format!("{text:?} names no directory below the mount"));
+            return Err(Refusal(format!(
+                "{text:?} names no directory below the mount"
+            )));
         }
         if comps[0] == super::registry::REGISTRY_DIR {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "{text:?} is inside the backend's bookkeeping directory {:?}",
                 super::registry::REGISTRY_DIR
-            ));
+            )));
         }
         Ok(RelPath(comps))
     }
@@ -102,30 +107,32 @@ pub fn default_name(input: &PatternInput<'_>) -> String {
 
 /// The volume directory for `input`: `pattern` rendered, else [`default_name`].
 /// Errors: an unknown placeholder, a missing key, `${` unterminated, or a bad path.
-pub fn volume_path(pattern: Option<&str>, input: &PatternInput<'_>) -> Result<RelPath, String> {
+pub fn volume_path(pattern: Option<&str>, input: &PatternInput<'_>) -> Result<RelPath, Refusal> {
     let rendered = match pattern {
         Some(p) => render(p, input)?,
         None => String::new(),
     };
     if rendered.split('/').all(|c| c.is_empty() || c == ".") {
         return RelPath::parse(&default_name(input))
-            .map_err(|e| format!("default directory name {e}"));
+            .map_err(|e| Refusal(format!("default directory name {e}")));
     }
-    RelPath::parse(&rendered).map_err(|e| format!("pathPattern renders to {e}"))
+    RelPath::parse(&rendered).map_err(|e| Refusal(format!("pathPattern renders to {e}")))
 }
 
 /// Substitute every placeholder of `pattern`.
 ///
 /// Errors: see [`volume_path`].
-pub fn render(pattern: &str, input: &PatternInput<'_>) -> Result<String, String> {
+pub fn render(pattern: &str, input: &PatternInput<'_>) -> Result<String, Refusal> {
     let mut out = String::with_capacity(pattern.len());
     let mut rest = pattern;
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| format!("pathPattern {pattern:?} has an unterminated \"${{\""))?;
+        let end = after.find('}').ok_or_else(|| {
+            Refusal(format!(
+                "pathPattern {pattern:?} has an unterminated \"${{\""
+            ))
+        })?;
         let key = &after[..end];
         out.push_str(&lookup(key, input)?);
         rest = &after[end + 1..];
@@ -134,20 +141,22 @@ pub fn render(pattern: &str, input: &PatternInput<'_>) -> Result<String, String>
     Ok(out)
 }
 
-fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, String> {
+fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, Refusal> {
     let from_map = |what: &str, map: Option<&BTreeMap<String, String>>, k: &str| {
         let value = map.and_then(|m| m.get(k)).ok_or_else(|| {
-            format!("pathPattern uses the claim's {what} {k:?}, which the claim does not have")
+            Refusal(format!(
+                "pathPattern uses the claim's {what} {k:?}, which the claim does not have"
+            ))
         })?;
         if value.is_empty() {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "the claim's {what} {k:?} used by pathPattern is empty"
-            ));
+            )));
         }
         if value.starts_with('/') || value.contains('\0') || value.split('/').any(|c| c == "..") {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "the claim's {what} {k:?} = {value:?} used by pathPattern is absolute or contains \"..\" or a NUL byte"
-            ));
+            )));
         }
         Ok(value.clone())
     };
@@ -161,9 +170,9 @@ fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, String> {
             } else if let Some(ann) = k.strip_prefix(".PVC.annotations.") {
                 from_map("annotation", input.annotations, ann)
             } else {
-                Err(format!(
+                Err(Refusal(format!(
                     "pathPattern placeholder \"${{{k}}}\" is unknown (known: ${{.PVC.namespace}}, ${{.PVC.name}}, ${{.PVC.labels.KEY}}, ${{.PVC.annotations.KEY}}, ${{.PV.name}})"
-                ))
+                )))
             }
         }
     }
@@ -262,14 +271,15 @@ mod tests {
             (".split-provisioner/x", "bookkeeping directory"),
         ];
         for (pattern, expected) in cases {
-            let err = volume_path(Some(pattern), &input(&l, &a)).unwrap_err();
+            let err = volume_path(Some(pattern), &input(&l, &a)).unwrap_err().0;
             assert!(err.contains(expected), "{pattern:?}: {err}");
         }
         let long = "a".repeat(256);
         assert!(volume_path(Some(&long), &input(&l, &a))
             .unwrap_err()
+            .0
             .contains("longer than 255"));
-        assert!(RelPath::parse("a\0b").unwrap_err().contains("NUL"));
+        assert!(RelPath::parse("a\0b").unwrap_err().0.contains("NUL"));
         // No labels at all is the same as a missing label.
         let none = PatternInput {
             labels: None,

@@ -10,6 +10,7 @@
 //! `ProvisioningFailed` event) and leaves the filesystem untouched.
 //! Idempotent per PV name (see [`super::registry`]).
 
+use backend_kit::Refusal;
 use std::collections::BTreeMap;
 
 use cap_std::fs::Dir;
@@ -57,7 +58,9 @@ pub struct CreateAttrs {
 /// Parse the claim's `nfs.io/create*` annotations.
 /// Errors: a value that is not octal `0`–`7777` (mode) or a decimal `u32`
 /// (uid/gid); the message names the annotation and the value.
-pub fn create_attrs(annotations: Option<&BTreeMap<String, String>>) -> Result<CreateAttrs, String> {
+pub fn create_attrs(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<CreateAttrs, Refusal> {
     let get = |k: &str| annotations.and_then(|a| a.get(k)).map(|v| v.trim());
     let mode = match get(ANN_CREATE_MODE) {
         None => DEFAULT_MODE,
@@ -66,21 +69,23 @@ pub fn create_attrs(annotations: Option<&BTreeMap<String, String>>) -> Result<Cr
             match u32::from_str_radix(digits, 8) {
                 Ok(m) if !digits.is_empty() && !digits.starts_with('+') && m <= 0o7777 => m,
                 _ => {
-                    return Err(format!(
+                    return Err(Refusal(format!(
                         "claim annotation {ANN_CREATE_MODE}={v:?} is not an octal permission mode (0-7777)"
-                    ))
+                    )))
                 }
             }
         }
     };
-    let id = |k: &str| -> Result<Option<u32>, String> {
+    let id = |k: &str| -> Result<Option<u32>, Refusal> {
         match get(k) {
             None => Ok(None),
             Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v
                 .parse::<u32>()
                 .map(Some)
-                .map_err(|_| format!("claim annotation {k}={v:?} is not a numeric id")),
-            Some(v) => Err(format!("claim annotation {k}={v:?} is not a numeric id")),
+                .map_err(|_| Refusal(format!("claim annotation {k}={v:?} is not a numeric id"))),
+            Some(v) => Err(Refusal(format!(
+                "claim annotation {k}={v:?} is not a numeric id"
+            ))),
         }
     };
     Ok(CreateAttrs {
@@ -102,7 +107,7 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
 /// Check the class's parameters and resolve its delete policy (as
 /// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
 /// parameter, a bad `onDelete` or a non-boolean `archiveOnDelete`.
-pub fn class_policy(class: &StorageClass) -> Result<OnDelete, String> {
+pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     let parameters = class.parameters.as_ref();
     backend_kit::claim::check_parameters(
@@ -117,9 +122,9 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, String> {
         Some("delete") => return Ok(OnDelete::Delete),
         Some("retain") => return Ok(OnDelete::Retain),
         Some(other) => {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
-            ))
+            )))
         }
         None => {}
     }
@@ -128,9 +133,9 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, String> {
         Some(v) => match parse_go_bool(v) {
             Some(true) => Ok(OnDelete::Archive),
             Some(false) => Ok(OnDelete::Delete),
-            None => Err(format!(
+            None => Err(Refusal(format!(
                 "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
-            )),
+            ))),
         },
     }
 }
@@ -138,7 +143,7 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, String> {
 /// The sub-directory `options` resolves to (see [`super::pattern`]).
 ///
 /// Errors: as [`volume_path`].
-pub fn directory_for(options: &ProvisionOptions) -> Result<RelPath, String> {
+pub fn directory_for(options: &ProvisionOptions) -> Result<RelPath, Refusal> {
     let meta = &options.pvc.metadata;
     let input = PatternInput {
         namespace: meta.namespace.as_deref().unwrap_or_default(),
@@ -172,7 +177,7 @@ pub async fn provision(
     backend: &NfsSubdir,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
-    let policy = class_policy(&options.storage_class).map_err(ProvisionError::finished)?;
+    let policy = class_policy(&options.storage_class)?;
     if options
         .pvc
         .spec
@@ -190,15 +195,14 @@ pub async fn provision(
             options.pv_name
         )));
     }
-    let attrs = create_attrs(options.pvc.metadata.annotations.as_ref())
-        .map_err(ProvisionError::finished)?;
-    let rel = directory_for(options).map_err(ProvisionError::finished)?;
+    let attrs = create_attrs(options.pvc.metadata.annotations.as_ref())?;
+    let rel = directory_for(options)?;
 
     let mount = backend.mount.clone();
     let pv_name = options.pv_name.clone();
     let rel_for_task = rel.clone();
     backend_kit::blocking("nfs-subdir provision", move || {
-        create_blocking(&mount, &pv_name, &rel_for_task, attrs).map_err(ProvisionError::finished)
+        create_blocking(&mount, &pv_name, &rel_for_task, attrs).map_err(ProvisionError::from)
     })
     .await?;
 
@@ -217,20 +221,24 @@ fn create_blocking(
     pv_name: &str,
     rel: &RelPath,
     attrs: CreateAttrs,
-) -> Result<(), String> {
-    let root = safe_fs::open_root(mount)
-        .map_err(|e| format!("cannot open the NFS mount {}: {e}", mount.display()))?;
+) -> Result<(), Refusal> {
+    let root = safe_fs::open_root(mount).map_err(|e| {
+        Refusal(format!(
+            "cannot open the NFS mount {}: {e}",
+            mount.display()
+        ))
+    })?;
     let (parent_comps, last) = rel.split_last();
     // Record-then-check below; serialized within this process so two
     // nesting claims provisioned at once never both refuse.
     let guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
     let recorded = registry::get(&root, pv_name)
-        .map_err(|e| format!("cannot read the record of PV {pv_name}: {e}"))?;
+        .map_err(|e| Refusal(format!("cannot read the record of PV {pv_name}: {e}")))?;
     let retry = match recorded {
         Some(r) if &r != rel => {
-            return Err(format!(
+            return Err(Refusal(format!(
                 "PV {pv_name} was already provisioned at \"{r}\", but the claim now resolves to \"{rel}\" (its labels, annotations or the class's pathPattern changed); refusing"
-            ))
+            )))
         }
         Some(_) => true,
         None => {
@@ -240,17 +248,17 @@ fn create_blocking(
                 Ok(parent) => match safe_fs::entry(&parent, last) {
                     Ok(Entry::Absent) => {}
                     Ok(_) => return Err(taken(&root, pv_name, rel)),
-                    Err(e) => return Err(format!("cannot inspect \"{rel}\": {e}")),
+                    Err(e) => return Err(Refusal(format!("cannot inspect \"{rel}\": {e}"))),
                 },
                 Err(WalkError::Missing(_)) => {}
-                Err(e) => return Err(format!("refusing directory \"{rel}\": {e}")),
+                Err(e) => return Err(Refusal(format!("refusing directory \"{rel}\": {e}"))),
             }
             registry::put(&root, pv_name, rel)
-                .map_err(|e| format!("cannot record PV {pv_name}: {e}"))?;
+                .map_err(|e| Refusal(format!("cannot record PV {pv_name}: {e}")))?;
             false
         }
     };
-    let forget = |msg: String| {
+    let forget = |msg: Refusal| {
         if !retry {
             let _ = registry::remove(&root, pv_name);
         }
@@ -261,17 +269,25 @@ fn create_blocking(
     match registry::nested_with(&root, pv_name, rel) {
         Ok(nested) if nested.is_empty() => {}
         Ok(nested) => return Err(forget(nesting(rel, &nested))),
-        Err(e) => return Err(forget(format!("cannot read the volume records: {e}"))),
+        Err(e) => {
+            return Err(forget(Refusal(format!(
+                "cannot read the volume records: {e}"
+            ))))
+        }
     }
     drop(guard);
     let parent = match safe_fs::create_path(&root, parent_comps, PARENT_MODE) {
         Ok((d, _)) => d,
-        Err(e) => return Err(forget(format!("refusing directory \"{rel}\": {e}"))),
+        Err(e) => {
+            return Err(forget(Refusal(format!(
+                "refusing directory \"{rel}\": {e}"
+            ))))
+        }
     };
     let created = match parent.create_dir(last) {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
-        Err(e) => return Err(forget(format!("cannot create \"{rel}\": {e}"))),
+        Err(e) => return Err(forget(Refusal(format!("cannot create \"{rel}\": {e}")))),
     };
     if !created {
         let others = registry::other_owners(&root, pv_name, rel).unwrap_or_default();
@@ -282,9 +298,14 @@ fn create_blocking(
     }
     let dir = match safe_fs::open_path(&parent, &[last.to_string()]) {
         Ok(d) => d,
-        Err(e) => return Err(forget(format!("refusing directory \"{rel}\": {e}"))),
+        Err(e) => {
+            return Err(forget(Refusal(format!(
+                "refusing directory \"{rel}\": {e}"
+            ))))
+        }
     };
-    apply_attrs(&dir, attrs).map_err(|e| format!("cannot set mode/owner of \"{rel}\": {e}"))?;
+    apply_attrs(&dir, attrs)
+        .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))?;
     tracing::info!(pv = pv_name, directory = %rel, created, "nfs-subdir volume directory ready");
     Ok(())
 }
@@ -293,16 +314,16 @@ fn create_blocking(
 static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The refusal of `rel`, which is inside or contains the `nested` volumes.
-fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> String {
+fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> Refusal {
     let (pv, other) = &nested[0];
     let relation = if other.contains(rel) {
         "is inside"
     } else {
         "contains"
     };
-    format!(
+    Refusal(format!(
         "directory \"{rel}\" {relation} the directory \"{other}\" of PV {pv}; a volume's directory must neither be inside nor contain another's (check the class's pathPattern and the claim's annotations), refusing"
-    )
+    ))
 }
 
 fn apply_attrs(dir: &Dir, attrs: CreateAttrs) -> std::io::Result<()> {
@@ -313,9 +334,9 @@ fn apply_attrs(dir: &Dir, attrs: CreateAttrs) -> std::io::Result<()> {
     Ok(())
 }
 
-fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> String {
+fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> Refusal {
     let owners = registry::other_owners(root, pv_name, rel).unwrap_or_default();
-    if owners.is_empty() {
+    Refusal(if owners.is_empty() {
         format!(
             "directory \"{rel}\" already exists on the export and was not created for PV {pv_name}; refusing to share it (move it away, or bind it with a static PV)"
         )
@@ -324,5 +345,5 @@ fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> String {
             "directory \"{rel}\" already belongs to PV {}; two claims resolve to the same directory (check the class's pathPattern), refusing to share it",
             owners.join(", ")
         )
-    }
+    })
 }

@@ -1206,7 +1206,7 @@ async fn threshold_zero_retries_forever_and_success_forgets() {
 
 #[tokio::test(start_paused = true)]
 async fn provision_timeout_fails_the_attempt_and_requeues() {
-    let mut w = overrunning(Duration::from_secs(5), Duration::from_millis(20));
+    let w = overrunning(Duration::from_secs(5), Duration::from_millis(20));
     assert_eq!(w.process("u1").await, retried());
     assert!(w.enqueued().is_empty());
     assert!(
@@ -1226,7 +1226,7 @@ async fn provision_timeout_fails_the_attempt_and_requeues() {
 /// claim kept in background, durably.
 #[tokio::test(start_paused = true)]
 async fn a_backend_overrunning_the_provision_timeout_fails_like_the_seeds_cancelled_context() {
-    let mut w = overrunning(Duration::from_secs(3600), Duration::from_secs(10));
+    let w = overrunning(Duration::from_secs(3600), Duration::from_secs(10));
     let start = tokio::time::Instant::now();
     assert_eq!(w.process("u1").await, retried());
     assert_eq!(

@@ -299,20 +299,19 @@ async fn find_lease(
     client: &Client,
     name: &str,
     namespace: Option<&str>,
-) -> Result<Option<Lease>, String> {
+) -> anyhow::Result<Option<Lease>> {
     if let Some(ns) = namespace {
         let api: Api<Lease> = Api::namespaced(client.clone(), ns);
-        return api.get_opt(name).await.map_err(|e| error_chain(&e));
+        return Ok(api.get_opt(name).await?);
     }
     let api: Api<Lease> = Api::all(client.clone());
     let found = api
         .list(&kube::api::ListParams::default().fields(&format!("metadata.name={name}")))
-        .await
-        .map_err(|e| error_chain(&e))?
+        .await?
         .items;
     match found.len() {
         0 | 1 => Ok(found.into_iter().next()),
-        _ => Err(format!(
+        _ => Err(anyhow::anyhow!(
             "a Lease {name} exists in several namespaces ({}); give --leader-election-namespace",
             found
                 .iter()
@@ -370,7 +369,7 @@ async fn lease_status(
             };
         }
         Ok(None) => {}
-        Err(e) => status.error = Some(e),
+        Err(e) => status.error = Some(error_chain(e.as_ref())),
     }
     status
 }
