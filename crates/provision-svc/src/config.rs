@@ -11,12 +11,8 @@ use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Provisioning")]
 pub struct ProvisionArgs {
-    /// Flags shared by every service.
-    #[command(flatten)]
-    pub common: CommonArgs,
-
     /// Overall retry limit of the claim queue (the per-claim backoff is
-    /// `--retry-interval-start`/`--retry-interval-max` in `common`).
+    /// `--retry-interval-start`/`--retry-interval-max` of the shared flags).
     #[command(flatten)]
     pub retry: RetryArgs,
 
@@ -64,15 +60,6 @@ pub struct ProvisionArgs {
     pub resync_period: Duration,
 }
 
-impl ProvisionArgs {
-    /// Claims provisioned concurrently: `--worker-threads`, default 8 (the
-    /// seed's is 4): with a fast backend, the Redis round trips per claim are
-    /// the limit.
-    pub fn worker_threads(&self) -> usize {
-        self.common.worker_threads_for(crate::SPEC)
-    }
-}
-
 /// The `provision-svc` command line without the backend's flags (the binary
 /// adds `--backend` and the built-in backends' flags, see the `backends` crate).
 #[derive(Debug, Clone, Parser)]
@@ -82,7 +69,10 @@ impl ProvisionArgs {
     about = "Provisions volumes for PersistentVolumeClaims and hands their PVs to pv-writer"
 )]
 pub struct Cli {
-    /// Controller flags.
+    /// Flags shared by every service.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// provision-svc's own flags.
     #[command(flatten)]
     pub provision: ProvisionArgs,
 }
@@ -100,7 +90,7 @@ mod tests {
         assert_eq!(p.failed_provision_threshold, 15);
         assert_eq!(p.provision_timeout, None);
         assert_eq!(p.resync_period, Duration::from_secs(15 * 60));
-        assert_eq!(p.worker_threads(), 8);
+        assert_eq!(cli.common.worker_threads_for(crate::SPEC), 8);
     }
 
     #[test]
@@ -129,7 +119,7 @@ mod tests {
             cli.provision.provision_timeout,
             Some(Duration::from_secs(120))
         );
-        assert_eq!(cli.provision.worker_threads(), 32);
+        assert_eq!(cli.common.worker_threads_for(crate::SPEC), 32);
         assert!(Cli::try_parse_from(["provision-svc", "--worker-threads", "0"]).is_err());
     }
 }

@@ -16,6 +16,7 @@ use common::handoff::queue::{PvQueue, QueueError};
 use common::handoff::queue_auth::QueueKey;
 use common::kube::cache::{strip_for_cache, watch_backoff, NameSet};
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
+use common::runtime::config::CommonArgs;
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
 use futures::{Stream, StreamExt};
@@ -182,10 +183,10 @@ pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub const INTENT_GAUGES_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Settings of the claim logic from the flags.
-pub fn settings(args: &ProvisionArgs) -> Settings {
+pub fn settings(common: &CommonArgs, args: &ProvisionArgs) -> Settings {
     Settings {
         names: ProvisionerNames {
-            name: args.common.provisioner_name.clone(),
+            name: common.provisioner_name.clone(),
             additional: args.additional_provisioners.clone(),
         },
         add_finalizer: args.add_finalizer,
@@ -252,8 +253,8 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         queue_key,
     } = deps;
     let shutdown = ctx.shutdown.clone();
-    let (name, redis) = (args.common.provisioner_name.clone(), args.common.redis());
-    let period = args.common.redis_reconnect();
+    let (name, redis) = (ctx.args.provisioner_name.clone(), ctx.args.redis());
+    let period = ctx.args.redis_reconnect();
     let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
     let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || async {
         Ok::<_, QueueError>(
@@ -311,7 +312,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
 
     let (cluster, event_publisher) = KubeCluster::new(client.clone(), ctx.spec.name, &ctx.identity);
     let op = Arc::new(Operation::new(
-        settings(&args),
+        settings(&ctx.args, &args),
         caches.clone(),
         Ports {
             backend,
@@ -323,7 +324,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     ));
     let loop_ctx = Arc::new(Context {
         op: op.clone(),
-        retry: RetryPolicy::from_args(args.common.retry_backoff(crate::SPEC), &args.retry),
+        retry: RetryPolicy::from_args(ctx.args.retry_backoff(crate::SPEC), &args.retry),
     });
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let listed = Arc::new(tokio::sync::Notify::new());
@@ -343,9 +344,9 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let (rescan, reconcile_all) = futures::channel::mpsc::unbounded();
     let settings = LoopSettings {
         reconcile_all: Some(reconcile_all),
-        workers: args.worker_threads(),
+        workers: ctx.args.worker_threads_for(crate::SPEC),
         resync_period: args.resync_period,
-        stall: args.common.healthz_stall_timeout,
+        stall: ctx.args.healthz_stall_timeout,
         heartbeat: ctx.heartbeat.clone(),
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
@@ -362,7 +363,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         shutdown.clone(),
     ));
     tracing::info!(workers = settings.workers, "started provisioning claims");
-    let backoff = args.common.retry_backoff(crate::SPEC);
+    let backoff = ctx.args.retry_backoff(crate::SPEC);
     tokio::join!(
         control::run(
             trigger,

@@ -2,16 +2,11 @@
 //! built-in backends' flags), set up tracing, run the service with the chosen
 //! backend.
 
-use provision_svc::config::Cli;
-
 fn main() -> anyhow::Result<()> {
     common::runtime::alloc::block_on_service(async {
-        let (cli, backend) = backends::parse::<Cli>();
-        common::runtime::telemetry::init(
-            cli.provision.common.log_format,
-            &cli.provision.common.log_level,
-        );
+        let (cli, backend) = backends::parse::<provision_svc::Cli>();
+        common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
         let backend = backend.build().map_err(anyhow::Error::msg)?;
-        provision_svc::run(cli.provision, backend).await
+        provision_svc::run(cli, backend).await
     })
 }

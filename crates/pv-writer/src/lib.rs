@@ -1,11 +1,5 @@
-//! pv-writer: drains the durable Redis PV-write queue ([`common::handoff::queue`])
-//! and creates the PersistentVolumes that provision-svc provisioned, retrying
-//! transient failures forever and dead-lettering only what the API server
-//! refuses for good; a volume is never deleted.
-//!
-//! [`config`] flags, [`controller`] the drain loop and leader term,
-//! [`operation`] the effects, [`decision`] and [`checks`] the rules,
-//! [`metrics`], [`api_calls`] (RBAC); the operator's commands are `provisioner-ctl`'s.
+//! pv-writer: drains the durable Redis PV-write queue into PersistentVolumes; it never
+//! deletes a volume. Layout: docs/ARCHITECTURE.md.
 
 pub mod api_calls;
 pub mod checks;
@@ -19,23 +13,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::runtime::config::ServiceSpec;
-use common::runtime::frame::{run_service, Launch};
+use common::runtime::frame::serve;
 use provisioner_api::Provisioner;
 
 use crate::controller::TermDeps;
 
-/// This service as the runtime knows it: component name, Lease suffix, default
-/// HTTP port, worker threads and retry intervals.
+/// pv-writer as the runtime knows it: name, Lease suffix, HTTP port, workers, retry intervals.
 pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
     .with_workers(16)
     .with_retry(Duration::from_secs(1), Duration::from_secs(300));
 
-pub use api_calls::API_CALLS;
-pub use config::{Cli, WriterArgs};
+pub use config::Cli;
 
-/// Run pv-writer with `backend` until SIGTERM: HTTP endpoints, and as leader
-/// of the `<provisioner>-pv-writer` Lease one [`controller::run_term`] per
-/// term. Errors: invalid flags, setup failures.
+/// Run with `backend` until SIGTERM: HTTP endpoints, and as leader of the
+/// `<provisioner>-pv-writer` Lease one [`controller::run_term`] per term. Errors: setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     cli.validate()?;
     let registry = prometheus::Registry::new();
@@ -45,8 +36,5 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
         args: cli.writer,
         backend,
     };
-    run_service(SPEC, cli.common, registry, Launch::default(), move |ctx| {
-        controller::run_term(ctx, deps.clone())
-    })
-    .await
+    serve(SPEC, cli.common, registry, deps, controller::run_term).await
 }

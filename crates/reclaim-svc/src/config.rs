@@ -10,6 +10,10 @@ use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Reclaiming")]
 pub struct ReclaimArgs {
+    /// Overall retry limit of the PV queue (`--retry-qps`/`--retry-burst`).
+    #[command(flatten)]
+    pub retry: RetryArgs,
+
     /// Add the provisioner finalizer to our PVs with policy `Delete` (off: remove
     /// it; seed `AddFinalizer`). Set alike with provision-svc's `--add-finalizer`.
     #[arg(long, env = "ADD_FINALIZER", default_value_t = false, action = clap::ArgAction::Set)]
@@ -52,9 +56,6 @@ pub struct Cli {
     /// Shared flags.
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Overall retry limit (`--retry-qps`/`--retry-burst`).
-    #[command(flatten)]
-    pub retry: RetryArgs,
     /// reclaim-svc's own flags.
     #[command(flatten)]
     pub reclaim: ReclaimArgs,

@@ -13,7 +13,6 @@ use std::time::Duration;
 use common::kube::cache::Compact;
 use common::kube::events::EventSink;
 use common::kube::retry::{FailureThreshold, RetryPolicy};
-use common::runtime::config::RetryArgs;
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -115,10 +114,8 @@ pub struct TermDeps {
     pub backend: Arc<dyn Provisioner>,
     /// Metrics, registered once per process.
     pub metrics: ReclaimMetrics,
-    /// `--retry-qps`/`--retry-burst`.
-    pub retry: RetryArgs,
     /// reclaim-svc's own flags.
-    pub reclaim: ReclaimArgs,
+    pub args: ReclaimArgs,
 }
 
 /// One leader term: the PV control loop and, once the reflector has synced
@@ -128,8 +125,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let TermDeps {
         backend,
         metrics,
-        retry,
-        reclaim,
+        args: reclaim,
     } = deps;
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
@@ -153,7 +149,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         reclaimer: Arc::new(reclaimer),
         retry: Arc::new(RetryPolicy::from_args(
             ctx.args.retry_backoff(crate::SPEC),
-            &retry,
+            &reclaim.retry,
         )),
         config,
     });

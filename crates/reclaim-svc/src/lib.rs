@@ -1,11 +1,5 @@
-//! reclaim-svc, the reclaim half of the seed controller
-//! (sig-storage-lib-external-provisioner v8): for each PV of our provisioner,
-//! keeps the provisioner finalizer in line with `--add-finalizer` and, when the
-//! PV is `Released` with policy `Delete`, deletes the asset through the
-//! backend, then the PV, then our finalizer. [`config`] flags, [`controller`]
-//! the loop and leader term, [`operation`] the effects, [`decision`] pure
-//! rules, [`finalizer`] the conflict-safe patch, [`sweep`] the orphan sweep,
-//! [`metrics`], [`api_calls`] (RBAC).
+//! reclaim-svc, the reclaim half of the seed controller: the provisioner finalizer, and
+//! `Released` volumes with policy `Delete` deleted. Layout: docs/ARCHITECTURE.md.
 
 pub mod api_calls;
 pub mod config;
@@ -18,36 +12,25 @@ pub mod sweep;
 
 use std::sync::Arc;
 
-use common::runtime::config::{CommonArgs, RetryArgs, ServiceSpec};
-use common::runtime::frame::{run_service, Launch};
+use common::runtime::config::ServiceSpec;
+use common::runtime::frame::serve;
 use provisioner_api::Provisioner;
 
-pub use crate::config::{Cli, ReclaimArgs};
+pub use crate::config::Cli;
 use crate::controller::TermDeps;
 use crate::metrics::ReclaimMetrics;
 
-/// This service as the runtime knows it: name, Lease suffix, default HTTP port.
+/// reclaim-svc as the runtime knows it: name, Lease suffix, HTTP port.
 pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103);
 
-/// Run reclaim-svc with `backend` until SIGTERM: `/metrics`, `/healthz`,
-/// `/readyz`, and as leader of the `<provisioner>-reclaim` Lease one
-/// [`controller::run_term`] per term. Errors: setup failures.
-pub async fn run(
-    common: CommonArgs,
-    retry: RetryArgs,
-    reclaim: ReclaimArgs,
-    backend: Arc<dyn Provisioner>,
-) -> anyhow::Result<()> {
+/// Run with `backend` until SIGTERM: HTTP endpoints, and as leader of the
+/// `<provisioner>-reclaim` Lease one [`controller::run_term`] per term. Errors: setup failures.
+pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
-    let metrics = ReclaimMetrics::register(&registry);
     let deps = TermDeps {
+        metrics: ReclaimMetrics::register(&registry),
         backend,
-        metrics,
-        retry,
-        reclaim,
+        args: cli.reclaim,
     };
-    run_service(SPEC, common, registry, Launch::default(), move |ctx| {
-        controller::run_term(ctx, deps.clone())
-    })
-    .await
+    serve(SPEC, cli.common, registry, deps, controller::run_term).await
 }

@@ -7,6 +7,6 @@ fn main() -> anyhow::Result<()> {
         let (cli, backend) = backends::parse::<reclaim_svc::Cli>();
         common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
         let backend = backend.build().map_err(anyhow::Error::msg)?;
-        reclaim_svc::run(cli.common, cli.retry, cli.reclaim, backend).await
+        reclaim_svc::run(cli, backend).await
     })
 }

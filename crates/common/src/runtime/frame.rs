@@ -60,6 +60,25 @@ pub struct Launch {
     pub shutdown: Option<CancellationToken>,
 }
 
+/// [`run_service`] as a service binary runs it (client from the flags, SIGTERM), with
+/// `term(ctx, deps)` once per leader term. Errors: as [`run_service`].
+pub async fn serve<D, Fut>(
+    spec: ServiceSpec,
+    args: CommonArgs,
+    registry: Registry,
+    deps: D,
+    term: fn(ServiceContext, D) -> Fut,
+) -> anyhow::Result<()>
+where
+    D: Clone,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    run_service(spec, args, registry, Launch::default(), move |ctx| {
+        term(ctx, deps.clone())
+    })
+    .await
+}
+
 /// Run the service `spec` names (module docs): `work` runs once per leader term
 /// with a fresh [`ServiceContext`] until `ctx.shutdown`. Errors: setup failures
 /// or `work`'s own error; a lost Lease is not one (the replica campaigns again).
