@@ -806,10 +806,9 @@ mod tests {
         assert!(!base.join("archived-pvc-7").exists());
     }
 
-    /// The race: the checks passed on a real directory, then a symlink out of
-    /// the base directory was swapped in before the action. The action is
-    /// relative to the base directory's handle and never follows it: delete
-    /// unlinks the link, archive renames the link; the target is untouched.
+    /// The race: checks pass on a real directory, then a symlink out of the base directory is
+    /// swapped in. The action, relative to the base directory's handle, never follows it:
+    /// delete unlinks the link, archive renames it; the target is untouched.
     #[test]
     fn a_symlink_swapped_in_after_the_check_never_redirects_the_action() {
         let (tmp, base) = setup();

@@ -398,8 +398,7 @@ struct RedisProbe {
 }
 
 /// From the claims' first list until `shutdown`: readiness from Redis every
-/// [`REDIS_PROBE_INTERVAL`] (not ready while it does not answer within the
-/// interval), the intent gauges every [`INTENT_GAUGES_INTERVAL`], and every
+/// [`REDIS_PROBE_INTERVAL`], the intent gauges every [`INTENT_GAUGES_INTERVAL`], and every
 /// claim reconciled again (`rescan`) when the data marker says Redis lost its data.
 async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: CancellationToken) {
     let RedisProbe {

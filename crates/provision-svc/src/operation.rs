@@ -18,7 +18,7 @@ use common::kube::cache::{Compact, NameSet};
 use common::kube::events::reason;
 use common::kube::retry::FailureThreshold;
 use common::kube::time::now_ms;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
 use provisioner_api::deadline::{self, Deadline};
@@ -247,13 +247,28 @@ impl Operation {
             }
         };
         tracing::info!(pv = %pv_name, "volume provisioned; queueing the PV for pv-writer");
+        self.hand_off(volume, claim, key, class_name, &class.provisioner)
+            .await
+    }
+
+    /// Complete the backend's `volume` for `claim` and queue its PV for pv-writer (the
+    /// enqueue script also clears the intent).
+    async fn hand_off(
+        &self,
+        volume: PersistentVolume,
+        claim: &PersistentVolumeClaim,
+        key: ClaimKey,
+        class_name: String,
+        provisioner: &str,
+    ) -> Attempt {
         let pv = decision::complete_pv(
             volume,
             claim,
             &class_name,
-            &class.provisioner,
+            provisioner,
             self.settings.add_finalizer,
         );
+        let pv_name = pv_name_for_claim_uid(&key.uid);
         let entry = QueuedPvWrite {
             version: QUEUE_ENTRY_VERSION,
             pv,
@@ -263,7 +278,6 @@ impl Operation {
             enqueued_at_ms: now_ms(),
             mac: None,
         };
-        // The enqueue script also clears the intent.
         match self.ports.handoff.enqueue(&entry).await {
             Ok(_) => (ProvisioningState::Finished, Ok(())),
             Err(e) => (

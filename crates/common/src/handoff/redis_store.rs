@@ -102,10 +102,9 @@ impl std::fmt::Debug for Password {
     }
 }
 
-/// How to open a Redis connection: URL (one server, or `redis+sentinel://`
-/// Sentinels naming the primary), credentials, TLS files; from the flags
-/// ([`RedisConfig::from_args`]) or a bare URL (`"redis://…".into()`).
-/// `Debug` hides the password.
+/// How to open a Redis connection: URL (one server, or `redis+sentinel://` Sentinels naming
+/// the primary), credentials, TLS files; from the flags ([`RedisConfig::from_args`]) or a
+/// bare URL (`"redis://…".into()`). `Debug` hides the password.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedisConfig {
     /// `redis://[user[:password]@]host:port[/db]`, `rediss://…` for TLS, or

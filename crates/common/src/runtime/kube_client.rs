@@ -239,9 +239,8 @@ mod tests {
         assert!(t < Duration::from_secs(3), "20 beyond the burst took {t:?}");
     }
 
-    /// The fixed-window defect this replaces: waiting until just before a window edge and
-    /// then sending `2 × burst` got all of them through within moments (one window's quota
-    /// at its end, the next one's at its start). A token bucket holds at most `burst`, so
+    /// The fixed-window defect this replaces: `2 × burst` requests sent at a window edge all
+    /// went through at once (two windows' quotas). A token bucket holds at most `burst`, so
     /// the second half waits `burst / qps`.
     #[tokio::test]
     async fn never_more_than_burst_at_a_window_edge() {

@@ -211,10 +211,9 @@ impl PvQueue {
         self
     }
 
-    /// Atomically queue `entry` in `incoming` and clear the PV's provisioning intent
-    /// (idempotent while the PV name is queued or dead), then wait for the AOF fsync
-    /// where Redis has `WAITAOF` and for the replicas ([`ReplicaAcks`]). Errors:
-    /// `Command`; nothing queued, the intent stays.
+    /// Atomically queue `entry` in `incoming` and clear the PV's intent (idempotent while the
+    /// PV name is queued or dead), then wait for the AOF fsync (`WAITAOF`, where Redis has it)
+    /// and the replicas ([`ReplicaAcks`]). Errors: `Command`; nothing queued, the intent stays.
     pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
