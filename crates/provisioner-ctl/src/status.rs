@@ -126,7 +126,7 @@ pub struct IntentStatus {
 }
 
 /// One service's Lease as the API server has it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct LeaseStatus {
     /// `provision-svc`, `pv-writer` or `reclaim-svc`.
     pub service: String,
@@ -342,13 +342,7 @@ async fn lease_status(
         service: service.to_string(),
         name: name.clone(),
         namespace: namespace.map(str::to_string),
-        found: false,
-        holder: None,
-        renewed_seconds_ago: None,
-        lease_duration_seconds: None,
-        expired: false,
-        transitions: None,
-        error: None,
+        ..Default::default()
     };
     match find_lease(client, &name, namespace).await {
         Ok(Some(lease)) => {
@@ -464,14 +458,7 @@ mod tests {
         status.provisioners[0].leases.push(LeaseStatus {
             service: "reclaim-svc".into(),
             name: "example.com-hostpath-reclaim".into(),
-            namespace: None,
-            found: false,
-            holder: None,
-            renewed_seconds_ago: None,
-            lease_duration_seconds: None,
-            expired: false,
-            transitions: None,
-            error: None,
+            ..Default::default()
         });
         let text = render_table(&status);
         let line = text

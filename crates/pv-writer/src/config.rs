@@ -138,15 +138,6 @@ mod tests {
         ])
         .unwrap();
         assert!(cli.validate().is_err());
-        let cli = Cli::try_parse_from([
-            "pv-writer",
-            "--retry-interval-start",
-            "10s",
-            "--retry-interval-max",
-            "5s",
-        ])
-        .unwrap();
-        assert!(cli.validate().is_err());
         let cli = Cli::try_parse_from(["pv-writer", "--write-timeout", "2m"]).unwrap();
         assert!(cli.validate().is_err());
     }

@@ -53,7 +53,7 @@ impl WriterMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
         Self {
-            provision: ProvisionMetrics::register(registry),
+            provision: ProvisionMetrics::provision(registry),
             depth: gauge(registry, "pv_writer_queue_depth", "Pending PV writes in the durable queue (due or in flight), dead letters excluded."),
             oldest_age_seconds: register(registry, Gauge::new("pv_writer_queue_oldest_pending_age_seconds", "Seconds since the oldest pending PV write was enqueued (0 when the queue is empty).").expect("valid metric")),
             dead_letters: gauge(registry, "pv_writer_queue_dead_letters", "PV writes in the dead-letter set, waiting for an operator."),

@@ -23,7 +23,7 @@ impl ReclaimMetrics {
     /// Panics: when registered twice in the same registry.
     pub fn register(registry: &Registry) -> Self {
         Self {
-            delete: DeleteMetrics::register(registry),
+            delete: DeleteMetrics::delete(registry),
             sweep: SweepMetrics::register(registry),
             queue: WorkQueueMetrics::register(registry, "volumes"),
         }

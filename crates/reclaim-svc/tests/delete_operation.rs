@@ -262,7 +262,7 @@ fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
     let backend = Arc::new(FakeProvisioner::deleting(answer));
     let events = Arc::new(Events::default());
     let registry = Registry::new();
-    let metrics = DeleteMetrics::register(&registry);
+    let metrics = DeleteMetrics::delete(&registry);
     let reclaimer = Arc::new(Reclaimer::new(
         Api::all(api.client()),
         backend.clone(),
@@ -603,7 +603,7 @@ async fn sync_with_deletion_timeout(
         Api::all(api.client()),
         backend,
         events.clone(),
-        DeleteMetrics::register(&registry),
+        DeleteMetrics::delete(&registry),
         ME.into(),
         false,
     ));
@@ -727,7 +727,7 @@ async fn a_leader_past_its_term_deletes_nothing() {
         Api::all(api.client()),
         backend.clone(),
         Arc::new(Events::default()),
-        DeleteMetrics::register(&registry),
+        DeleteMetrics::delete(&registry),
         ME.to_string(),
         false,
     )
@@ -769,7 +769,7 @@ async fn the_class_is_read_at_delete_for_a_backend_that_needs_it() {
         Api::all(api.client()),
         backend.clone(),
         events.clone(),
-        DeleteMetrics::register(&Registry::new()),
+        DeleteMetrics::delete(&Registry::new()),
         ME.to_string(),
         false,
     );

@@ -18,47 +18,50 @@ pub fn register<C: prometheus::core::Collector + Clone + 'static>(
     collector
 }
 
-/// Seed families for provisioning (`controller_persistentvolumeclaim_provision_*`).
+/// The seed's three families of one operation, by StorageClass (`class`): successes, failed
+/// attempts and the seconds a successful one took (`controller_persistentvolumeclaim_provision_*`,
+/// `controller_persistentvolume_delete_*`).
 #[derive(Clone)]
-pub struct ProvisionMetrics {
-    /// Claims provisioned successfully, by StorageClass (`class`).
+pub struct SeedMetrics {
+    /// Operations that succeeded.
     pub total: IntCounterVec,
-    /// Failed provisioning attempts, by StorageClass.
+    /// Failed attempts.
     pub failed_total: IntCounterVec,
-    /// Seconds from the start of a provision operation to its success, by StorageClass.
+    /// Seconds a successful operation took.
     pub duration_seconds: HistogramVec,
 }
 
-impl ProvisionMetrics {
-    /// Create and register the three families into `registry`.
-    pub fn register(registry: &Registry) -> Self {
+/// The provisioning families ([`SeedMetrics`]).
+pub type ProvisionMetrics = SeedMetrics;
+/// The deletion families ([`SeedMetrics`]).
+pub type DeleteMetrics = SeedMetrics;
+
+impl SeedMetrics {
+    /// Register `<prefix>_total`, `_failed_total` and `_duration_seconds` with the seed's help
+    /// texts (`verb`: provision/delete, `done`: provisioned/deleted, `noun`: provisioning/deletion).
+    fn register(registry: &Registry, prefix: &str, [verb, done, noun]: [&str; 3]) -> Self {
+        let by_class = "Broken down by storage class name.";
         Self {
-            total: register(registry, counter("controller_persistentvolumeclaim_provision_total", "Total number of persistent volumes provisioned successfully. Broken down by storage class name.")),
-            failed_total: register(registry, counter("controller_persistentvolumeclaim_provision_failed_total", "Total number of persistent volume provision failed attempts. Broken down by storage class name.")),
-            duration_seconds: register(registry, histogram("controller_persistentvolumeclaim_provision_duration_seconds", "Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored. Broken down by storage class name.")),
+            total: register(registry, counter(&format!("{prefix}_total"), &format!("Total number of persistent volumes {done} successfully. {by_class}"))),
+            failed_total: register(registry, counter(&format!("{prefix}_failed_total"), &format!("Total number of persistent volume {verb} failed attempts. {by_class}"))),
+            duration_seconds: register(registry, histogram(&format!("{prefix}_duration_seconds"), &format!("Latency in seconds to {verb} persistent volumes. Failed {noun} attempts are ignored. {by_class}"))),
         }
     }
-}
 
-/// Seed families for deletion (`controller_persistentvolume_delete_*`).
-#[derive(Clone)]
-pub struct DeleteMetrics {
-    /// Volumes deleted successfully, by StorageClass (`class`).
-    pub total: IntCounterVec,
-    /// Failed deletion attempts, by StorageClass.
-    pub failed_total: IntCounterVec,
-    /// Seconds a successful delete operation took, by StorageClass.
-    pub duration_seconds: HistogramVec,
-}
+    /// The provisioning families, registered into `registry`.
+    pub fn provision(registry: &Registry) -> Self {
+        let words = ["provision", "provisioned", "provisioning"];
+        Self::register(
+            registry,
+            "controller_persistentvolumeclaim_provision",
+            words,
+        )
+    }
 
-impl DeleteMetrics {
-    /// Create and register the three families into `registry`.
-    pub fn register(registry: &Registry) -> Self {
-        Self {
-            total: register(registry, counter("controller_persistentvolume_delete_total", "Total number of persistent volumes deleted successfully. Broken down by storage class name.")),
-            failed_total: register(registry, counter("controller_persistentvolume_delete_failed_total", "Total number of persistent volume delete failed attempts. Broken down by storage class name.")),
-            duration_seconds: register(registry, histogram("controller_persistentvolume_delete_duration_seconds", "Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.")),
-        }
+    /// The deletion families, registered into `registry`.
+    pub fn delete(registry: &Registry) -> Self {
+        let words = ["delete", "deleted", "deletion"];
+        Self::register(registry, "controller_persistentvolume_delete", words)
     }
 }
 
@@ -129,13 +132,18 @@ mod tests {
     #[test]
     fn seed_names_and_class_label_are_exposed() {
         let registry = Registry::new();
-        let p = ProvisionMetrics::register(&registry);
-        let d = DeleteMetrics::register(&registry);
+        let p = SeedMetrics::provision(&registry);
+        let d = SeedMetrics::delete(&registry);
         p.total.with_label_values(&["fast"]).inc();
         p.duration_seconds
             .with_label_values(&["fast"])
             .observe(0.25);
         d.failed_total.with_label_values(&["slow"]).inc_by(2);
+        for m in [&p, &d] {
+            m.total.with_label_values(&["slow"]);
+            m.failed_total.with_label_values(&["slow"]);
+            m.duration_seconds.with_label_values(&["slow"]);
+        }
         let text = render(&registry);
         assert!(
             text.contains("controller_persistentvolumeclaim_provision_total{class=\"fast\"} 1\n"),
@@ -149,6 +157,17 @@ mod tests {
         assert!(text.contains(
             "# TYPE controller_persistentvolumeclaim_provision_duration_seconds histogram"
         ));
+        // The seed's help texts, word for word.
+        for help in [
+            "controller_persistentvolumeclaim_provision_total Total number of persistent volumes provisioned successfully. Broken down by storage class name.",
+            "controller_persistentvolumeclaim_provision_failed_total Total number of persistent volume provision failed attempts. Broken down by storage class name.",
+            "controller_persistentvolumeclaim_provision_duration_seconds Latency in seconds to provision persistent volumes. Failed provisioning attempts are ignored. Broken down by storage class name.",
+            "controller_persistentvolume_delete_total Total number of persistent volumes deleted successfully. Broken down by storage class name.",
+            "controller_persistentvolume_delete_failed_total Total number of persistent volume delete failed attempts. Broken down by storage class name.",
+            "controller_persistentvolume_delete_duration_seconds Latency in seconds to delete persistent volumes. Failed deletion attempts are ignored. Broken down by storage class name.",
+        ] {
+            assert!(text.contains(&format!("# HELP {help}\n")), "{help}\n{text}");
+        }
     }
 
     #[cfg(target_os = "linux")]
