@@ -5,6 +5,7 @@ use std::sync::LazyLock;
 use redis::{Script, ScriptInvocation};
 
 use crate::handoff::{intents, redis_store};
+use Key::*;
 
 /// One Redis key of a provisioner's queue (see docs/ARCHITECTURE.md, "The durable store").
 #[derive(Debug, Clone, Copy)]
@@ -110,14 +111,7 @@ end
 // take makes it due.
 pub(super) static ENQUEUE: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[
-            Key::Payloads,
-            Key::Incoming,
-            Key::Enqueued,
-            Key::Wakeup,
-            Key::Intents,
-            Key::IntentClaims,
-        ],
+        &[Payloads, Incoming, Enqueued, Wakeup, Intents, IntentClaims],
         &[NOW_LUA],
         r#"
 local added = 0
@@ -140,7 +134,7 @@ return {added, cleared}
 // this caller held before Redis lost the counter): returns the new epoch.
 pub(super) static BEGIN_TERM: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[Key::Epoch],
+        &[Epoch],
         &[],
         r#"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -161,16 +155,7 @@ return redis.call('INCRBY', KEYS[1], math.max(floor - current, 0) + 1)
 pub(super) static TAKE_DUE: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
         &[
-            Key::Payloads,
-            Key::Due,
-            Key::InFlight,
-            Key::Attempts,
-            Key::Enqueued,
-            Key::Epoch,
-            Key::Owners,
-            Key::Fenced,
-            Key::Incoming,
-            Key::Dead,
+            Payloads, Due, InFlight, Attempts, Enqueued, Epoch, Owners, Fenced, Incoming, Dead,
         ],
         &[NOW_LUA, TERM_LUA],
         r#"
@@ -219,7 +204,7 @@ return {1, out}
 // how many were recovered.
 pub(super) static RECOVER_INFLIGHT: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[Key::Due, Key::InFlight, Key::Owners],
+        &[Due, InFlight, Owners],
         &[NOW_LUA],
         r#"
 local names = redis.call('ZRANGE', KEYS[2], 0, -1)
@@ -243,13 +228,7 @@ return n
 // now.
 pub(super) static REQUEUE_UNHELD: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[
-            Key::Epoch,
-            Key::Fenced,
-            Key::Due,
-            Key::InFlight,
-            Key::Owners,
-        ],
+        &[Epoch, Fenced, Due, InFlight, Owners],
         &[NOW_LUA, TERM_LUA],
         r#"
 if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
@@ -281,7 +260,7 @@ if redis.call('HGET', KEYS[3], ARGV[2]) ~= ARGV[1] then return 0 end
 // in flight under the current term `epoch`.
 pub(super) static HOLDS: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[Key::Epoch, Key::Fenced, Key::Owners],
+        &[Epoch, Fenced, Owners],
         &[TERM_LUA, SETTLE_CHECK_LUA],
         "return 1",
     )
@@ -291,15 +270,7 @@ pub(super) static HOLDS: LazyLock<QueueScript> = LazyLock::new(|| {
 pub(super) static COMPLETE: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
         &[
-            Key::Epoch,
-            Key::Fenced,
-            Key::Owners,
-            Key::Payloads,
-            Key::Due,
-            Key::InFlight,
-            Key::Attempts,
-            Key::Enqueued,
-            Key::Dead,
+            Epoch, Fenced, Owners, Payloads, Due, InFlight, Attempts, Enqueued, Dead,
         ],
         &[TERM_LUA, SETTLE_CHECK_LUA],
         r#"
@@ -318,15 +289,7 @@ return 1
 // ARGV: epoch, pv name, delay ms, attempts. Due at Redis' now + delay.
 pub(super) static RETRY: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[
-            Key::Epoch,
-            Key::Fenced,
-            Key::Owners,
-            Key::Payloads,
-            Key::Due,
-            Key::InFlight,
-            Key::Attempts,
-        ],
+        &[Epoch, Fenced, Owners, Payloads, Due, InFlight, Attempts],
         &[NOW_LUA, TERM_LUA, SETTLE_CHECK_LUA],
         r#"
 if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
@@ -343,14 +306,7 @@ return 1
 pub(super) static DEAD_LETTER: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
         &[
-            Key::Epoch,
-            Key::Fenced,
-            Key::Owners,
-            Key::Payloads,
-            Key::Due,
-            Key::InFlight,
-            Key::Enqueued,
-            Key::Dead,
+            Epoch, Fenced, Owners, Payloads, Due, InFlight, Enqueued, Dead,
         ],
         &[TERM_LUA, SETTLE_CHECK_LUA],
         r#"
@@ -368,13 +324,7 @@ return 1
 // ARGV: pv name.
 pub(super) static REQUEUE_DEAD: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[
-            Key::Payloads,
-            Key::Due,
-            Key::Attempts,
-            Key::Enqueued,
-            Key::Dead,
-        ],
+        &[Payloads, Due, Attempts, Enqueued, Dead],
         &[NOW_LUA],
         r#"
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 0 then return 0 end
@@ -390,7 +340,7 @@ return 1
 // Entries scheduled later than Redis' now become due now.
 pub(super) static PULL_FORWARD: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
-        &[Key::Due],
+        &[Due],
         &[NOW_LUA],
         r#"
 local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
