@@ -16,6 +16,22 @@ pub struct ApiCall {
     pub namespaced: bool,
 }
 
+impl ApiCall {
+    /// A cluster-wide call (ClusterRole) of `verbs` on `resource` in `group`.
+    pub const fn cluster(
+        group: &'static str,
+        resource: &'static str,
+        verbs: &'static [&'static str],
+    ) -> Self {
+        Self {
+            group,
+            resource,
+            verbs,
+            namespaced: false,
+        }
+    }
+}
+
 /// Lease calls every service makes for leader election (kube-lease-manager).
 pub const LEASE_CALLS: ApiCall = ApiCall {
     group: "coordination.k8s.io",
@@ -27,9 +43,4 @@ pub const LEASE_CALLS: ApiCall = ApiCall {
 /// Event creation through kube-runtime's events Recorder (events.k8s.io/v1): in the claim's
 /// namespace, and in `kube-system` for PersistentVolumes (cluster-wide grant, hence not
 /// `namespaced`).
-pub const EVENT_CALLS: ApiCall = ApiCall {
-    group: "events.k8s.io",
-    resource: "events",
-    verbs: &["create", "patch"],
-    namespaced: false,
-};
+pub const EVENT_CALLS: ApiCall = ApiCall::cluster("events.k8s.io", "events", &["create", "patch"]);

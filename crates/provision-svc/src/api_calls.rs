@@ -7,30 +7,10 @@ use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 /// confirms a claim gone), PVs list/watch/get (live checks before a delete),
 /// StorageClasses list/watch, nodes get, events, its Lease.
 pub const API_CALLS: &[ApiCall] = &[
-    ApiCall {
-        group: "",
-        resource: "persistentvolumeclaims",
-        verbs: &["list", "watch", "patch"],
-        namespaced: false,
-    },
-    ApiCall {
-        group: "",
-        resource: "persistentvolumes",
-        verbs: &["get", "list", "watch"],
-        namespaced: false,
-    },
-    ApiCall {
-        group: "storage.k8s.io",
-        resource: "storageclasses",
-        verbs: &["list", "watch"],
-        namespaced: false,
-    },
-    ApiCall {
-        group: "",
-        resource: "nodes",
-        verbs: &["get"],
-        namespaced: false,
-    },
+    ApiCall::cluster("", "persistentvolumeclaims", &["list", "watch", "patch"]),
+    ApiCall::cluster("", "persistentvolumes", &["get", "list", "watch"]),
+    ApiCall::cluster("storage.k8s.io", "storageclasses", &["list", "watch"]),
+    ApiCall::cluster("", "nodes", &["get"]),
     EVENT_CALLS,
     LEASE_CALLS,
 ];

@@ -7,18 +7,8 @@ use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 /// on `AlreadyExists`), claims get (the entry's claim still there), events,
 /// its Lease.
 pub const API_CALLS: &[ApiCall] = &[
-    ApiCall {
-        group: "",
-        resource: "persistentvolumes",
-        verbs: &["get", "create"],
-        namespaced: false,
-    },
-    ApiCall {
-        group: "",
-        resource: "persistentvolumeclaims",
-        verbs: &["get"],
-        namespaced: false,
-    },
+    ApiCall::cluster("", "persistentvolumes", &["get", "create"]),
+    ApiCall::cluster("", "persistentvolumeclaims", &["get"]),
     EVENT_CALLS,
     LEASE_CALLS,
 ];

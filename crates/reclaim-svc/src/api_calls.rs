@@ -5,18 +5,12 @@ use api_types::api_calls::{ApiCall, EVENT_CALLS, LEASE_CALLS};
 
 /// Every API call of reclaim-svc.
 pub const API_CALLS: &[ApiCall] = &[
-    ApiCall {
-        group: "",
-        resource: "persistentvolumes",
-        verbs: &["get", "list", "watch", "patch", "delete"],
-        namespaced: false,
-    },
-    ApiCall {
-        group: "storage.k8s.io",
-        resource: "storageclasses",
-        verbs: &["get"],
-        namespaced: false,
-    },
+    ApiCall::cluster(
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "patch", "delete"],
+    ),
+    ApiCall::cluster("storage.k8s.io", "storageclasses", &["get"]),
     EVENT_CALLS,
     LEASE_CALLS,
 ];
