@@ -21,7 +21,7 @@ use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
-use provisioner_api::deadline::{self, Deadline};
+use provisioner_api::deadline;
 use provisioner_api::Provisioner;
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
@@ -552,32 +552,13 @@ impl Operation {
         }
     }
 
-    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (`None` or
-    /// zero: unbounded), the operation of one attempt.
+    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` ([`deadline::within`]); a
+    /// sync stopped at the deadline is failed and kept in background.
     pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
-        match self.settings.provision_timeout {
-            Some(t) if !t.is_zero() => self.sync_claim_within(claim, Deadline::after(t)).await,
-            _ => self.sync_claim(claim).await,
-        }
-    }
-
-    /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` (seed
-    /// `context.WithTimeout`); a sync still hanging 2 × [`deadline::ABANDON_GRACE`]
-    /// after `deadline` is stopped, failed and kept in background.
-    pub async fn sync_claim_within(
-        &self,
-        claim: &PersistentVolumeClaim,
-        deadline: Deadline,
-    ) -> Result<(), OpError> {
-        let hard_stop = deadline.at() + 2 * deadline::ABANDON_GRACE;
-        let sync = deadline::scope(Some(deadline), self.sync_claim(claim));
-        match tokio::time::timeout_at(hard_stop, sync).await {
+        match deadline::within(self.settings.provision_timeout, self.sync_claim(claim)).await {
             Ok(result) => result,
-            Err(_) => {
-                let err = deadline::Exceeded {
-                    timeout: deadline.timeout(),
-                }
-                .to_string();
+            Err(exceeded) => {
+                let err = exceeded.to_string();
                 self.ports.cluster.claim_event(
                     claim,
                     true,

@@ -106,6 +106,20 @@ pub async fn bound<F: Future>(fut: F) -> Result<F::Output, Exceeded> {
     }
 }
 
+/// Run `fut` as one operation under `timeout` (`None` or zero: unbounded; seed
+/// `context.WithTimeout`): its task sees the [`Deadline`], and it is stopped 2 ×
+/// [`ABANDON_GRACE`] after it. Errors: [`Exceeded`] when `fut` was stopped.
+pub async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::Output, Exceeded> {
+    let Some(deadline) = timeout.filter(|t| !t.is_zero()).map(Deadline::after) else {
+        return Ok(fut.await);
+    };
+    let hard_stop = deadline.at() + 2 * ABANDON_GRACE;
+    let timeout = deadline.timeout();
+    tokio::time::timeout_at(hard_stop, scope(Some(deadline), fut))
+        .await
+        .map_err(|_| Exceeded { timeout })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use provisioner_api::deadline::Deadline;
 use provisioner_api::Provisioner;
 
 use crate::config::ReclaimArgs;
@@ -80,12 +79,8 @@ impl Context {
 /// its failures. Errors: [`SyncError`], handed to [`error_policy`].
 pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Action, SyncError> {
     let pv = cached.object();
-    if ctx.config.deletion_timeout.is_zero() {
-        ctx.reclaimer.sync_volume(&pv).await?;
-    } else {
-        let deadline = Deadline::after(ctx.config.deletion_timeout);
-        ctx.reclaimer.sync_volume_within(&pv, deadline).await?;
-    }
+    let timeout = ctx.config.deletion_timeout;
+    ctx.reclaimer.sync_volume_within(&pv, timeout).await?;
     ctx.retry.forget(&pv.name_any());
     Ok(Action::await_change())
 }

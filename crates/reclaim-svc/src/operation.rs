@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use std::time::Instant;
 
 use api_types::FINALIZER_PV;
@@ -16,7 +17,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::Event;
 use kube::ResourceExt;
-use provisioner_api::deadline::{self, Deadline};
+use provisioner_api::deadline;
 use provisioner_api::{DeleteError, Provisioner};
 
 use crate::decision::{self, Skip};
@@ -148,18 +149,16 @@ impl Reclaimer {
         result
     }
 
-    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout` (seed
-    /// `context.WithTimeout`): the backend sees `deadline`; the rest is stopped
-    /// [`deadline::ABANDON_GRACE`] after it. Errors: as `sync_volume`, plus [`SyncError::Timeout`].
+    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout` ([`deadline::within`]; zero:
+    /// unbounded). Errors: as `sync_volume`, plus [`SyncError::Timeout`].
     pub async fn sync_volume_within(
         &self,
         volume: &PersistentVolume,
-        deadline: Deadline,
+        timeout: Duration,
     ) -> Result<(), SyncError> {
-        let hard_stop = deadline.at() + 2 * deadline::ABANDON_GRACE;
-        let sync = deadline::scope(Some(deadline), self.sync_volume(volume));
-        let Ok(result) = tokio::time::timeout_at(hard_stop, sync).await else {
-            let err = SyncError::Timeout(volume.name_any(), deadline.timeout());
+        let sync = deadline::within(Some(timeout), self.sync_volume(volume));
+        let Ok(result) = sync.await else {
+            let err = SyncError::Timeout(volume.name_any(), timeout);
             tracing::error!(pv = %volume.name_any(), error = %err, "delete timed out");
             self.events
                 .publish(volume, failed_delete(err.to_string()))
