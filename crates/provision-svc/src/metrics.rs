@@ -6,57 +6,21 @@
 //! pv-writer exports them (see its `metrics` module) and provision-svc does not,
 //! and a dashboard summing across services counts each provisioning once.
 
-use common::runtime::metrics::gauge;
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-};
+use common::runtime::metrics::{counter, counter_vec, gauge, SeedMetrics};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
 
-/// provision-svc's stage of provisioning, label `class` (the claim's
-/// `spec.storageClassName`, `""` when unset).
-#[derive(Clone)]
-pub struct ProvisionStageMetrics {
-    /// `provision_svc_volumes_provisioned_total`: the backend made the volume
-    /// and its PV was queued for pv-writer.
-    pub total: IntCounterVec,
-    /// `provision_svc_provision_failed_total`: failed provision attempts
-    /// (each retry counts), as the seed counts `..._provision_failed_total`.
-    pub failed_total: IntCounterVec,
-    /// `provision_svc_provision_duration_seconds`: seconds from the start of a
-    /// successful attempt to its PV queued; failed attempts are not observed.
-    pub duration_seconds: HistogramVec,
-}
+/// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
+/// `""` when unset): `total` = volumes made whose PV was queued, `failed_total` = failed
+/// attempts (each retry counts), `duration_seconds` = start of a successful attempt to PV queued.
+pub type ProvisionStageMetrics = SeedMetrics;
 
-impl ProvisionStageMetrics {
-    /// Create and register the three families into `registry`.
-    pub fn register(registry: &Registry) -> Self {
-        let counter = |name: &str, help: &str| {
-            common::runtime::metrics::register(
-                registry,
-                IntCounterVec::new(Opts::new(name, help), &["class"]).expect("valid metric"),
-            )
-        };
-        Self {
-            total: counter(
-                "provision_svc_volumes_provisioned_total",
-                "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name.",
-            ),
-            failed_total: counter(
-                "provision_svc_provision_failed_total",
-                "Failed provision attempts in provision-svc (each retry counts), by storage class name.",
-            ),
-            duration_seconds: common::runtime::metrics::register(
-                registry,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "provision_svc_provision_duration_seconds",
-                        "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name.",
-                    ),
-                    &["class"],
-                )
-                .expect("valid metric"),
-            ),
-        }
-    }
+/// The families of [`ProvisionStageMetrics`], registered into `registry`.
+fn provision_stage(registry: &Registry) -> ProvisionStageMetrics {
+    SeedMetrics::with_names(registry, [
+        ("provision_svc_volumes_provisioned_total", "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name."),
+        ("provision_svc_provision_failed_total", "Failed provision attempts in provision-svc (each retry counts), by storage class name."),
+        ("provision_svc_provision_duration_seconds", "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name."),
+    ])
 }
 
 /// All metrics of provision-svc.
@@ -91,7 +55,7 @@ impl ServiceMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
         Self {
-            provision: ProvisionStageMetrics::register(registry),
+            provision: provision_stage(registry),
             queue: common::kube::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
             in_flight: gauge(
                 registry,
@@ -108,32 +72,21 @@ impl ServiceMetrics {
                 "provision_svc_claims_in_background",
                 "Claims whose backend reported provisioning in background; retried even after their PVC is deleted.",
             ),
-            poisoned_intents: common::runtime::metrics::register(
+            poisoned_intents: counter(
                 registry,
-                IntCounter::new(
-                    "provision_svc_poisoned_intents_total",
-                    "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator.",
-                )
-                .expect("valid metric"),
+                "provision_svc_poisoned_intents_total",
+                "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator.",
             ),
-            stalled_queue_entries: common::runtime::metrics::register(
+            stalled_queue_entries: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "provision_svc_stalled_queue_entries_total",
-                        "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
-                    ),
-                    &["reason"],
-                )
-                .expect("valid metric"),
+                "provision_svc_stalled_queue_entries_total",
+                "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
+                &["reason"],
             ),
-            redis_data_losses: common::runtime::metrics::register(
+            redis_data_losses: counter(
                 registry,
-                IntCounter::new(
-                    "provision_svc_redis_data_losses_total",
-                    "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again.",
-                )
-                .expect("valid metric"),
+                "provision_svc_redis_data_losses_total",
+                "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again.",
             ),
         }
     }

@@ -443,11 +443,7 @@ impl Operation {
         let should = match self.should_provision(claim) {
             Ok(s) => s,
             Err(e) => {
-                self.metrics
-                    .provision
-                    .failed_total
-                    .with_label_values(&[&class])
-                    .inc();
+                self.metrics.provision.failed(&class);
                 return Err(OpError::Failed(e.to_string()));
             }
         };
@@ -464,21 +460,9 @@ impl Operation {
             Ok(()) => {
                 self.metrics
                     .provision
-                    .duration_seconds
-                    .with_label_values(&[&class])
-                    .observe(start.elapsed().as_secs_f64());
-                self.metrics
-                    .provision
-                    .total
-                    .with_label_values(&[&class])
-                    .inc();
+                    .succeeded(&class, start.elapsed().as_secs_f64());
             }
-            Err(_) => self
-                .metrics
-                .provision
-                .failed_total
-                .with_label_values(&[&class])
-                .inc(),
+            Err(_) => self.metrics.provision.failed(&class),
         }
 
         match (&result, state) {
@@ -567,9 +551,7 @@ impl Operation {
                 );
                 self.metrics
                     .provision
-                    .failed_total
-                    .with_label_values(&[&decision::metrics_class(claim)])
-                    .inc();
+                    .failed(&decision::metrics_class(claim));
                 self.flag_in_background(claim, true).await;
                 Err(OpError::Failed(err))
             }

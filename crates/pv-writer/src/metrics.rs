@@ -1,8 +1,10 @@
 //! pv-writer's Prometheus families, with the seed's provisioning families
 //! (`controller_persistentvolumeclaim_provision_*`): pv-writer stores the PV.
 
-use common::runtime::metrics::{gauge, register, seconds_histogram, ProvisionMetrics};
-use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts};
+use common::runtime::metrics::{
+    counter, counter_vec, gauge, register, seconds_histogram, ProvisionMetrics,
+};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 
 /// The registry type [`WriterMetrics::register`] takes (re-exported for embedders).
 pub use prometheus::Registry;
@@ -57,12 +59,12 @@ impl WriterMetrics {
             depth: gauge(registry, "pv_writer_queue_depth", "Pending PV writes in the durable queue (due or in flight), dead letters excluded."),
             oldest_age_seconds: register(registry, Gauge::new("pv_writer_queue_oldest_pending_age_seconds", "Seconds since the oldest pending PV write was enqueued (0 when the queue is empty).").expect("valid metric")),
             dead_letters: gauge(registry, "pv_writer_queue_dead_letters", "PV writes in the dead-letter set, waiting for an operator."),
-            dead_lettered_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_dead_letters_total", "PV writes moved to the dead-letter set by this replica, by reason."), &["reason"]).expect("valid metric")),
-            writes_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_writes_total", "Processed PV writes by outcome: created, already_exists, dead_letter, retry."), &["outcome"]).expect("valid metric")),
+            dead_lettered_total: counter_vec(registry, "pv_writer_dead_letters_total", "PV writes moved to the dead-letter set by this replica, by reason.", &["reason"]),
+            writes_total: counter_vec(registry, "pv_writer_writes_total", "Processed PV writes by outcome: created, already_exists, dead_letter, retry.", &["outcome"]),
             write_duration_seconds: seconds_histogram(registry, "pv_writer_write_duration_seconds", "Duration in seconds of one PV write against the API server, every outcome."),
-            retries_total: register(registry, IntCounter::new("pv_writer_retries_total", "Retries scheduled after transient PV write failures.").expect("valid metric")),
-            refused_entries_total: register(registry, IntCounterVec::new(Opts::new("pv_writer_refused_entries_total", "Queue entries refused before writing (not signed, bad signature, PV not one provision-svc makes), by reason."), &["reason"]).expect("valid metric")),
-            fenced_operations_total: register(registry, IntCounter::new("pv_writer_fenced_operations_total", "Queue takes and settlements refused because a newer pv-writer leader term began.").expect("valid metric")),
+            retries_total: counter(registry, "pv_writer_retries_total", "Retries scheduled after transient PV write failures."),
+            refused_entries_total: counter_vec(registry, "pv_writer_refused_entries_total", "Queue entries refused before writing (not signed, bad signature, PV not one provision-svc makes), by reason.", &["reason"]),
+            fenced_operations_total: counter(registry, "pv_writer_fenced_operations_total", "Queue takes and settlements refused because a newer pv-writer leader term began."),
         }
     }
 }

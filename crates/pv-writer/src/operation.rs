@@ -383,12 +383,9 @@ impl Writer {
         self.metrics.writes_total.with_label_values(&[label]).inc();
         let provisioning_seconds =
             now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
-        let provision = &self.metrics.provision;
-        provision.total.with_label_values(&[&entry.class]).inc();
-        provision
-            .duration_seconds
-            .with_label_values(&[&entry.class])
-            .observe(provisioning_seconds);
+        self.metrics
+            .provision
+            .succeeded(&entry.class, provisioning_seconds);
         tracing::info!(outcome = label, provisioning_seconds, "PV written");
     }
 
@@ -477,11 +474,7 @@ impl Writer {
             (Some(e), k) if k != "unsigned" && k != "bad_signature" => e.class.as_str(),
             _ => "",
         };
-        self.metrics
-            .provision
-            .failed_total
-            .with_label_values(&[class])
-            .inc();
+        self.metrics.provision.failed(class);
         self.metrics
             .writes_total
             .with_label_values(&[outcome::DEAD_LETTER])

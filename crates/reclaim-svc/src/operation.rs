@@ -133,18 +133,16 @@ impl Reclaimer {
             }
             return Ok(());
         }
-        let class = [decision::storage_class(&volume)];
+        let class = decision::storage_class(&volume);
         let start = Instant::now();
         let result = self.delete_volume_operation(&volume).await;
         match &result {
             Ok(()) => {
-                let duration = self.metrics.duration_seconds.with_label_values(&class);
-                duration.observe(start.elapsed().as_secs_f64());
-                self.metrics.total.with_label_values(&class).inc();
+                self.metrics.succeeded(class, start.elapsed().as_secs_f64());
             }
             // Not a failed delete: this replica no longer leads.
             Err(SyncError::NotLeader(..)) => {}
-            Err(_) => self.metrics.failed_total.with_label_values(&class).inc(),
+            Err(_) => self.metrics.failed(class),
         }
         result
     }
@@ -163,8 +161,8 @@ impl Reclaimer {
             self.events
                 .publish(volume, failed_delete(err.to_string()))
                 .await;
-            let class = [decision::storage_class(volume)];
-            self.metrics.failed_total.with_label_values(&class).inc();
+            let class = decision::storage_class(volume);
+            self.metrics.failed(class);
             return Err(err);
         };
         result

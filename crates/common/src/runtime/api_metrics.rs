@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{HistogramVec, IntCounterVec, Registry};
 
 /// The two request families; cheap to clone (shared counters). Use it as a
 /// [`tower::Layer`].
@@ -25,28 +25,19 @@ impl ApiMetrics {
     ///
     /// Panics when they are already registered there (a programming error).
     pub fn register(registry: &Registry) -> Self {
+        use crate::runtime::metrics::{counter_vec, histogram_vec};
         Self {
-            requests_total: crate::runtime::metrics::register(
+            requests_total: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "rest_client_requests_total",
-                        "Number of HTTP requests to the Kubernetes API server, partitioned by status code and method.",
-                    ),
-                    &["code", "method"],
-                )
-                .expect("valid metric"),
+                "rest_client_requests_total",
+                "Number of HTTP requests to the Kubernetes API server, partitioned by status code and method.",
+                &["code", "method"],
             ),
-            duration_seconds: crate::runtime::metrics::register(
+            duration_seconds: histogram_vec(
                 registry,
-                HistogramVec::new(
-                    HistogramOpts::new(
-                        "rest_client_request_duration_seconds",
-                        "Request latency in seconds to the Kubernetes API server (to the response head), by verb.",
-                    ),
-                    &["verb"],
-                )
-                .expect("valid metric"),
+                "rest_client_request_duration_seconds",
+                "Request latency in seconds to the Kubernetes API server (to the response head), by verb.",
+                &["verb"],
             ),
         }
     }

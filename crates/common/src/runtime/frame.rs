@@ -167,16 +167,11 @@ where
             renew_deadline: args.renew_deadline,
             retry_period: args.retry_period,
         };
-        let lost_total = crate::runtime::metrics::register(
+        let lost_total = crate::runtime::metrics::counter_vec(
             &ctx.registry,
-            prometheus::IntCounterVec::new(
-                prometheus::Opts::new(
-                    "leader_election_lost_total",
-                    "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.",
-                ),
-                &["name"],
-            )
-            .expect("valid metric"),
+            "leader_election_lost_total",
+            "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.",
+            &["name"],
         );
         lost_total.with_label_values(&[&lease]);
         let campaign = Campaign {

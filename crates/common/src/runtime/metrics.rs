@@ -2,8 +2,8 @@
 //! keep the seed's names and `class` label so existing dashboards keep working.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Register `collector` into `registry`, panicking on a duplicate name (a
@@ -37,21 +37,34 @@ pub type ProvisionMetrics = SeedMetrics;
 pub type DeleteMetrics = SeedMetrics;
 
 impl SeedMetrics {
-    /// Register `<prefix>_total`, `_failed_total` and `_duration_seconds` with the seed's help
-    /// texts (`verb`: provision/delete, `done`: provisioned/deleted, `noun`: provisioning/deletion).
-    fn register(registry: &Registry, prefix: &str, [verb, done, noun]: [&str; 3]) -> Self {
-        let by_class = "Broken down by storage class name.";
+    /// Register the three families as `names` (name, help) of total, failed total and duration.
+    pub fn with_names(registry: &Registry, names: [(&str, &str); 3]) -> Self {
+        let [(total, total_help), (failed, failed_help), (duration, duration_help)] = names;
         Self {
-            total: register(registry, counter(&format!("{prefix}_total"), &format!("Total number of persistent volumes {done} successfully. {by_class}"))),
-            failed_total: register(registry, counter(&format!("{prefix}_failed_total"), &format!("Total number of persistent volume {verb} failed attempts. {by_class}"))),
-            duration_seconds: register(registry, histogram(&format!("{prefix}_duration_seconds"), &format!("Latency in seconds to {verb} persistent volumes. Failed {noun} attempts are ignored. {by_class}"))),
+            total: counter_vec(registry, total, total_help, &["class"]),
+            failed_total: counter_vec(registry, failed, failed_help, &["class"]),
+            duration_seconds: histogram_vec(registry, duration, duration_help, &["class"]),
         }
+    }
+
+    /// The seed's `<prefix>_total`, `_failed_total` and `_duration_seconds` with its help texts
+    /// (`verb`: provision/delete, `done`: provisioned/deleted, `noun`: provisioning/deletion).
+    fn seed(registry: &Registry, prefix: &str, [verb, done, noun]: [&str; 3]) -> Self {
+        let by_class = "Broken down by storage class name.";
+        Self::with_names(
+            registry,
+            [
+                (&format!("{prefix}_total"), &format!("Total number of persistent volumes {done} successfully. {by_class}")),
+                (&format!("{prefix}_failed_total"), &format!("Total number of persistent volume {verb} failed attempts. {by_class}")),
+                (&format!("{prefix}_duration_seconds"), &format!("Latency in seconds to {verb} persistent volumes. Failed {noun} attempts are ignored. {by_class}")),
+            ],
+        )
     }
 
     /// The provisioning families, registered into `registry`.
     pub fn provision(registry: &Registry) -> Self {
         let words = ["provision", "provisioned", "provisioning"];
-        Self::register(
+        Self::seed(
             registry,
             "controller_persistentvolumeclaim_provision",
             words,
@@ -61,31 +74,55 @@ impl SeedMetrics {
     /// The deletion families, registered into `registry`.
     pub fn delete(registry: &Registry) -> Self {
         let words = ["delete", "deleted", "deletion"];
-        Self::register(registry, "controller_persistentvolume_delete", words)
+        Self::seed(registry, "controller_persistentvolume_delete", words)
+    }
+
+    /// Count a success of `class` that took `seconds`.
+    pub fn succeeded(&self, class: &str, seconds: f64) {
+        self.total.with_label_values(&[class]).inc();
+        self.duration_seconds
+            .with_label_values(&[class])
+            .observe(seconds);
+    }
+
+    /// Count a failed attempt of `class`.
+    pub fn failed(&self, class: &str) {
+        self.failed_total.with_label_values(&[class]).inc();
     }
 }
 
-fn counter(name: &str, help: &str) -> IntCounterVec {
-    IntCounterVec::new(Opts::new(name, help), &["class"]).expect("valid metric")
+/// A counter registered into `registry`.
+pub fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    register(registry, IntCounter::new(name, help).expect("valid metric"))
 }
 
-fn histogram(name: &str, help: &str) -> HistogramVec {
-    HistogramVec::new(HistogramOpts::new(name, help), &["class"]).expect("valid metric")
+/// A counter family with `labels`, registered into `registry`.
+pub fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(
+        registry,
+        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
+/// A histogram family (default buckets, seconds) with `labels`, registered into `registry`.
+pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help);
+    register(
+        registry,
+        HistogramVec::new(opts, labels).expect("valid metric"),
+    )
 }
 
 /// Leader-election status of one service: `leader_election_master_status{name="<lease>"}`
 /// is 1 while this replica holds the Lease, 0 otherwise (client-go's metric name).
 pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
+    let opts = Opts::new(
+        "leader_election_master_status",
+        "1 while this replica holds the named Lease, 0 otherwise.",
+    );
     register(
         registry,
-        IntGaugeVec::new(
-            Opts::new(
-                "leader_election_master_status",
-                "1 while this replica holds the named Lease, 0 otherwise.",
-            ),
-            &["name"],
-        )
-        .expect("valid metric"),
+        IntGaugeVec::new(opts, &["name"]).expect("valid metric"),
     )
 }
 
