@@ -9,6 +9,7 @@ use backend_kit::Refusal;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -18,8 +19,8 @@ use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
 use super::HostPath;
 
-/// StorageClass `parameters` keys the hostpath backend accepts: none.
-pub const ACCEPTED_PARAMETERS: &[&str] = &[];
+/// StorageClass `parameters` keys the hostpath backend accepts.
+pub const ACCEPTED_PARAMETERS: &[&str] = &[QUOTA_PARAMETER];
 
 /// Node label used for the PV's node affinity.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -41,6 +42,7 @@ pub async fn provision(
     let class = &options.storage_class;
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     validate_parameters(class_name, class.parameters.as_ref())?;
+    let quota = QuotaMode::from_parameters(class.parameters.as_ref())?;
     check_pv_name(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
@@ -65,6 +67,7 @@ pub async fn provision(
             });
         }
     }
+    let bytes = provisioner_api::quantity::bytes(request).unwrap_or(u64::MAX);
     let node = selected
         .or_else(|| backend.node_name.clone())
         .ok_or_else(|| {
@@ -72,7 +75,7 @@ pub async fn provision(
             "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
         )
         })?;
-    create_volume_dir(&backend.base_dir, &options.pv_name).await?;
+    create_volume_dir(&backend.base_dir, &options.pv_name, (quota, bytes)).await?;
     let path = backend.base_dir.join(&options.pv_name);
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
@@ -156,17 +159,42 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
 }
 
 /// Create `<base>/<name>` with [`VOLUME_DIR_MODE`] (reused when a real directory)
-/// relative to a handle on `base`, which is created by path if missing.
-async fn create_volume_dir(base: &Path, name: &str) -> Result<(), ProvisionError> {
+/// relative to a handle on `base`, which is created by path if missing, and limit it to
+/// `bytes` as `quota` says (a directory made now is removed again when that fails).
+async fn create_volume_dir(
+    base: &Path,
+    name: &str,
+    (quota, bytes): (QuotaMode, u64),
+) -> Result<(), ProvisionError> {
     let base = base.to_path_buf();
     let name = name.to_string();
     backend_kit::blocking("hostpath provision", move || {
-        create_volume_dir_blocking(&base, &name)
+        let (root, dir, created) = create_volume_dir_blocking(&base, &name)?;
+        match quota::apply(quota, &dir, &name, bytes) {
+            Ok(Applied::Limited { project }) => {
+                tracing::info!(pv = %name, project, bytes, "volume size limited")
+            }
+            Ok(Applied::Unenforced(reason)) => {
+                tracing::warn!(pv = %name, %reason, "volume size not enforced")
+            }
+            Ok(Applied::Off) => {}
+            Err(refusal) => {
+                if created {
+                    let _ = root.remove_dir(&name);
+                }
+                return Err(refusal.into());
+            }
+        }
+        Ok(())
     })
     .await
 }
 
-fn create_volume_dir_blocking(base: &Path, name: &str) -> Result<(), ProvisionError> {
+/// The base directory's handle, the volume directory's and whether it was made now.
+fn create_volume_dir_blocking(
+    base: &Path,
+    name: &str,
+) -> Result<(safe_fs::Dir, safe_fs::Dir, bool), ProvisionError> {
     let io = |what: &str, p: &Path, e: std::io::Error| {
         ProvisionError::finished(format!("{what} {}: {e}", p.display()))
     };
@@ -174,13 +202,13 @@ fn create_volume_dir_blocking(base: &Path, name: &str) -> Result<(), ProvisionEr
     let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
     let path = base.join(name);
     match safe_fs::create_path(&root, &[name.to_string()], VOLUME_DIR_MODE) {
-        Ok((_, true)) => {
+        Ok((dir, true)) => {
             tracing::info!(path = %path.display(), "created hostpath volume directory");
-            Ok(())
+            Ok((root, dir, true))
         }
-        Ok((_, false)) => {
+        Ok((dir, false)) => {
             tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
-            Ok(())
+            Ok((root, dir, false))
         }
         Err(WalkError::NotADirectory(_)) => Err(ProvisionError::finished(format!(
             "{} exists and is not a directory",
@@ -471,8 +499,22 @@ mod tests {
         ]));
         assert_eq!(
             reason(provision(&b, &params).await.unwrap_err()),
-            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts none)"
+            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts quota)"
         );
+        // A `quota` the backend cannot honour, and one it does not know: no directory either.
+        for (value, expected) in [
+            ("required", "(StorageClass quota=required)"),
+            (
+                "yes",
+                "quota=\"yes\" is not one of off, best-effort, required",
+            ),
+        ] {
+            let mut quota = options(Some("1Gi"));
+            let parameters = BTreeMap::from([("quota".to_string(), value.to_string())]);
+            quota.storage_class.parameters = Some(parameters);
+            let err = reason(provision(&b, &quota).await.unwrap_err());
+            assert!(err.contains(expected), "{value}: {err}");
+        }
 
         let mut no_modes = options(Some("1Gi"));
         no_modes.pvc.spec.as_mut().unwrap().access_modes = None;

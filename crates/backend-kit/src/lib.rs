@@ -4,6 +4,7 @@
 //! Only backends depend on it; it depends on no backend.
 
 pub mod claim;
+pub mod quota;
 pub mod safe_fs;
 
 use std::collections::HashSet;

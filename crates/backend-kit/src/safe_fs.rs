@@ -10,7 +10,7 @@ use std::path::Path;
 
 use cap_fs_ext::DirExt;
 use cap_std::ambient_authority;
-use cap_std::fs::Dir;
+pub use cap_std::fs::Dir;
 
 /// Why a walk below the mount failed.
 #[derive(Debug)]

@@ -338,6 +338,15 @@ async fn claim_and_class_refusals_create_nothing() {
             options(&[("pathPattern", "${.PVC.labels.tier}")], &[]),
             "does not have",
         ),
+        // The test's directory has no project quotas.
+        (
+            options(&[("quota", "required")], &[]),
+            "(StorageClass quota=required)",
+        ),
+        (
+            options(&[("quota", "yes")], &[]),
+            "is not one of off, best-effort, required",
+        ),
     ];
     for (o, expected) in cases {
         let r = reason(f.backend.provision(&o).await.unwrap_err());

@@ -20,11 +20,16 @@ use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
+use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 
 /// StorageClass parameters the backend accepts (upstream's names).
-pub const ACCEPTED_PARAMETERS: &[&str] =
-    &[PARAM_PATH_PATTERN, PARAM_ON_DELETE, PARAM_ARCHIVE_ON_DELETE];
+pub const ACCEPTED_PARAMETERS: &[&str] = &[
+    PARAM_PATH_PATTERN,
+    PARAM_ON_DELETE,
+    PARAM_ARCHIVE_ON_DELETE,
+    QUOTA_PARAMETER,
+];
 /// Parameter: sub-directory template.
 pub const PARAM_PATH_PATTERN: &str = "pathPattern";
 /// Parameter: `delete` or `retain`.
@@ -178,6 +183,7 @@ pub async fn provision(
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
     let policy = class_policy(&options.storage_class)?;
+    let quota = QuotaMode::from_parameters(options.storage_class.parameters.as_ref())?;
     if options
         .pvc
         .spec
@@ -197,12 +203,19 @@ pub async fn provision(
     }
     let attrs = create_attrs(options.pvc.metadata.annotations.as_ref())?;
     let rel = directory_for(options)?;
+    let storage = &pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .expect("filesystem_pv sets capacity")["storage"];
+    let bytes = provisioner_api::quantity::bytes(storage).unwrap_or(u64::MAX);
 
     let mount = backend.mount.clone();
     let pv_name = options.pv_name.clone();
     let rel_for_task = rel.clone();
     backend_kit::blocking("nfs-subdir provision", move || {
-        create_blocking(&mount, &pv_name, &rel_for_task, attrs).map_err(ProvisionError::from)
+        create_blocking(&mount, &pv_name, &rel_for_task, attrs, (quota, bytes))
+            .map_err(ProvisionError::from)
     })
     .await?;
 
@@ -221,6 +234,7 @@ fn create_blocking(
     pv_name: &str,
     rel: &RelPath,
     attrs: CreateAttrs,
+    (quota, bytes): (QuotaMode, u64),
 ) -> Result<(), Refusal> {
     let root = safe_fs::open_root(mount).map_err(|e| {
         Refusal(format!(
@@ -306,6 +320,21 @@ fn create_blocking(
     };
     apply_attrs(&dir, attrs)
         .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))?;
+    match quota::apply(quota, &dir, pv_name, bytes) {
+        Ok(Applied::Limited { project }) => {
+            tracing::info!(pv = pv_name, project, bytes, "volume size limited")
+        }
+        Ok(Applied::Unenforced(reason)) => {
+            tracing::warn!(pv = pv_name, %reason, "volume size not enforced")
+        }
+        Ok(Applied::Off) => {}
+        Err(refusal) => {
+            if created {
+                let _ = parent.remove_dir(last);
+            }
+            return Err(forget(refusal));
+        }
+    }
     tracing::info!(pv = pv_name, directory = %rel, created, "nfs-subdir volume directory ready");
     Ok(())
 }

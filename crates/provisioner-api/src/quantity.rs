@@ -44,9 +44,29 @@ pub fn is_positive(q: &Quantity) -> bool {
     parse(q.0.trim()).is_some_and(|p| p > ParsedQuantity::from(Decimal::ZERO))
 }
 
+/// `q` in whole bytes, rounded up (`1Gi` → 1073741824, `0.5` → 1); `None` when it is not a
+/// positive quantity ([`is_positive`]) or does not fit in a `u64`.
+pub fn bytes(q: &Quantity) -> Option<u64> {
+    let parsed = parse(q.0.trim()).filter(|_| is_positive(q))?;
+    let bytes = parsed.to_bytes_f64()?.ceil();
+    (bytes < u64::MAX as f64).then_some(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bytes_round_up() {
+        let b = |s: &str| bytes(&Quantity(s.into()));
+        assert_eq!(b("1Gi"), Some(1 << 30));
+        assert_eq!(b("10M"), Some(10_000_000));
+        assert_eq!(b("0.5"), Some(1));
+        assert_eq!(b("1e3"), Some(1000));
+        assert_eq!(b("0"), None);
+        assert_eq!(b("-1Gi"), None);
+        assert_eq!(b("x"), None);
+    }
 
     #[test]
     fn positive_quantities() {
