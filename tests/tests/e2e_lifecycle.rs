@@ -321,10 +321,81 @@ async fn claim_deleted_while_provisioning_leaves_no_volume(plane: ControlPlane) 
     assert_eq!(sys.claims().await.unwrap().len(), 0);
 }
 
+/// The `quota` class parameter on a base directory without project quotas (this host's
+/// kernel has no quota support; real limits are checked in `quota_vm`): `required` fails
+/// each claim with a Warning naming the cause and leaves no directory, `best-effort`
+/// provisions without a limit, a value that is not a mode is refused.
+async fn quota_classes_without_project_quotas(plane: ControlPlane) {
+    let sys = system(plane).await;
+    let base = std::fs::File::open(sys.base_dir()).unwrap();
+    if backend_kit::quota::limit(&base, 1 << 20, 1 << 20).is_ok() {
+        eprintln!("skipped: the base directory has project quotas here");
+        return;
+    }
+    for (class, quota) in [
+        ("strict", "required"),
+        ("loose", "best-effort"),
+        ("typo", "yes"),
+    ] {
+        sys.create_storage_class(class, "Immediate", &[("quota", quota)])
+            .await
+            .unwrap();
+    }
+    let strict = sys.create_claims("strict", 2, "strict").await.unwrap();
+    let loose = sys.create_claims("loose", 2, "loose").await.unwrap();
+    let typo = sys.create_claims("typo", 1, "typo").await.unwrap();
+
+    check(
+        &sys,
+        sys.wait_objects_with_event("ProvisioningFailed", 3, Duration::from_secs(30))
+            .await,
+    );
+    check(
+        &sys,
+        sys.wait_pvs_and_dirs((2, 2), Duration::from_secs(30)).await,
+    );
+    let notes: Vec<String> = sys
+        .event_values()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e["reason"] == "ProvisioningFailed")
+        .map(|e| {
+            e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("project quota") && n.contains("(StorageClass quota=required)")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("quota=\"yes\" is not one of off, best-effort, required")),
+        "{notes:?}"
+    );
+    for pv in sys.pvs().await.unwrap() {
+        let class = pv.spec.unwrap().storage_class_name.unwrap_or_default();
+        assert_eq!(class, "loose", "only the best-effort class has volumes");
+    }
+
+    for claims in [&strict, &loose, &typo] {
+        sys.delete_claims(claims).await.unwrap();
+    }
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
+}
+
 on_both_planes!(
     hundred_claims_are_provisioned_bound_and_reclaimed,
     wait_for_first_consumer_waits_for_the_selected_node,
     missing_selected_node_reschedules_the_claim,
     bad_storage_class_parameters_fail_with_an_event_and_create_nothing,
     claim_deleted_while_provisioning_leaves_no_volume,
+    quota_classes_without_project_quotas,
 );

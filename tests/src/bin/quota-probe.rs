@@ -1,0 +1,113 @@
+//! Runs inside the VM of `tools/quota-vm/run.sh` (as PID 1's child): for each
+//! `<mountpoint>:<name>` argument, makes a volume directory with `backend_kit::quota`
+//! (`quota=required`, 10 MiB), writes 20 MiB into it without `CAP_SYS_RESOURCE` and checks
+//! the write stops at the limit with ENOSPC/EDQUOT, reads the usage back, raises the limit
+//! to 20 MiB and checks the rest fits. Prints `QUOTA-PROBE <name> PASS|FAIL` lines and
+//! `QUOTA-PROBE PASS` when every filesystem passed; also the cost of one `apply`.
+
+use std::io::Write;
+use std::time::Instant;
+
+use backend_kit::quota::{self, Applied, QuotaMode};
+
+const MIB: u64 = 1 << 20;
+
+fn main() {
+    let mut all = true;
+    for arg in std::env::args().skip(1) {
+        let (mount, name) = arg.split_once(':').expect("argument <mountpoint>:<name>");
+        let ok = probe(mount, name).unwrap_or_else(|e| {
+            println!("QUOTA-PROBE {name} error: {e}");
+            false
+        });
+        println!("QUOTA-PROBE {name} {}", if ok { "PASS" } else { "FAIL" });
+        all &= ok;
+    }
+    println!("QUOTA-PROBE {}", if all { "PASS" } else { "FAIL" });
+}
+
+fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
+    let dir_path = format!("{mount}/pvc-probe-{name}");
+    std::fs::create_dir_all(&dir_path)?;
+    let dir = std::fs::File::open(&dir_path)?;
+    let applied = quota::apply(QuotaMode::Required, &dir, &dir_path, 10 * MIB);
+    println!("QUOTA-PROBE {name} apply: {applied:?}");
+    if !matches!(applied, Ok(Applied::Limited { .. })) {
+        return Ok(false);
+    }
+    drop_sys_resource()?;
+    let (written, errno) = fill(&format!("{dir_path}/data"), 20 * MIB);
+    let stopped = matches!(errno, Some(libc::ENOSPC | libc::EDQUOT));
+    let near_limit = (10 * MIB - 64 * 1024..=10 * MIB).contains(&written);
+    println!("QUOTA-PROBE {name} write past 10 MiB: {written} bytes, errno {errno:?}");
+    let (used, limit) = quota::usage(&dir)?;
+    println!("QUOTA-PROBE {name} usage: {used} of {limit} bytes");
+    quota::limit(&dir, quota::project_id(&dir_path), 20 * MIB)?;
+    let (more, errno_more) = fill(&format!("{dir_path}/more"), 9 * MIB);
+    println!("QUOTA-PROBE {name} after raising to 20 MiB: {more} more bytes, errno {errno_more:?}");
+    let started = Instant::now();
+    let volumes = 100;
+    for i in 0..volumes {
+        let path = format!("{mount}/pvc-cost-{name}-{i}");
+        std::fs::create_dir(&path)?;
+        let d = std::fs::File::open(&path)?;
+        quota::apply(QuotaMode::Required, &d, &path, MIB).map_err(std::io::Error::other)?;
+    }
+    let per = started.elapsed() / volumes;
+    println!("QUOTA-PROBE {name} cost: {per:?} per volume (mkdir + project id + limit, {volumes} volumes)");
+    let counted = (written..=written + 64 * 1024).contains(&used);
+    Ok(stopped && near_limit && limit == 10 * MIB && counted && more == 9 * MIB)
+}
+
+/// Write up to `max` bytes in 1 MiB chunks; the bytes written and the errno that stopped it.
+fn fill(path: &str, max: u64) -> (u64, Option<i32>) {
+    let mut file = match std::fs::File::create(path) {
+        Ok(f) => f,
+        Err(e) => return (0, e.raw_os_error()),
+    };
+    let chunk = vec![0xab_u8; MIB as usize];
+    let mut written = 0;
+    while written < max {
+        match file.write(&chunk) {
+            Ok(n) => written += n as u64,
+            Err(e) => return (written, e.raw_os_error()),
+        }
+    }
+    match file.sync_all() {
+        Ok(()) => (written, None),
+        Err(e) => (written, e.raw_os_error()),
+    }
+}
+
+/// Drop `CAP_SYS_RESOURCE` from the effective set: with it, ext4 lets root past a hard limit.
+fn drop_sys_resource() -> std::io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let mut header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget/capset with a v3 header and two data structs, as the ABI defines.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        data[0].effective &= !(1 << CAP_SYS_RESOURCE);
+        if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
