@@ -391,6 +391,40 @@ async fn quota_classes_without_project_quotas(plane: ControlPlane) {
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }
 
+/// The class's `directoryMode` and `mountOptions` reach the volume: its directory has the
+/// mode, its PV the mount options; a bad mode is refused with a Warning.
+async fn class_directory_mode_and_mount_options_reach_the_volume(plane: ControlPlane) {
+    use std::os::unix::fs::PermissionsExt;
+    let sys = system(plane).await;
+    let mode = [("directoryMode", "0750")];
+    sys.create_storage_class_with("private", "Immediate", &mode, &["noatime"])
+        .await
+        .unwrap();
+    sys.create_storage_class("wrong", "Immediate", &[("directoryMode", "rwx")])
+        .await
+        .unwrap();
+    let private = sys.create_claims("private", 1, "private").await.unwrap();
+    let wrong = sys.create_claims("wrong", 1, "wrong").await.unwrap();
+    check(
+        &sys,
+        sys.wait_pvs_and_dirs((1, 1), Duration::from_secs(30)).await,
+    );
+    check(
+        &sys,
+        sys.wait_objects_with_event("ProvisioningFailed", 1, Duration::from_secs(30))
+            .await,
+    );
+    let pv = sys.pvs().await.unwrap().remove(0);
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.mount_options, Some(vec!["noatime".to_string()]));
+    let dir = spec.host_path.unwrap().path;
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o750, "{dir}");
+    sys.delete_claims(&private).await.unwrap();
+    sys.delete_claims(&wrong).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
+}
+
 on_both_planes!(
     hundred_claims_are_provisioned_bound_and_reclaimed,
     wait_for_first_consumer_waits_for_the_selected_node,
@@ -398,4 +432,5 @@ on_both_planes!(
     bad_storage_class_parameters_fail_with_an_event_and_create_nothing,
     claim_deleted_while_provisioning_leaves_no_volume,
     quota_classes_without_project_quotas,
+    class_directory_mode_and_mount_options_reach_the_volume,
 );

@@ -9,6 +9,9 @@ use backend_kit::Refusal;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use backend_kit::attrs::{
+    DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
+};
 use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
@@ -20,17 +23,18 @@ use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 use super::HostPath;
 
 /// StorageClass `parameters` keys the hostpath backend accepts.
-pub const ACCEPTED_PARAMETERS: &[&str] = &[QUOTA_PARAMETER];
+pub const ACCEPTED_PARAMETERS: &[&str] = &[
+    QUOTA_PARAMETER,
+    PARAM_DIRECTORY_MODE,
+    PARAM_DIRECTORY_UID,
+    PARAM_DIRECTORY_GID,
+];
 
 /// Node label used for the PV's node affinity.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// `hostPath.type` of the PVs this backend publishes.
 pub const HOST_PATH_TYPE: &str = "DirectoryOrCreate";
-
-/// Permissions of a new volume directory: world-writable, like other hostpath
-/// provisioners, so a pod running as any user can write to its volume.
-pub const VOLUME_DIR_MODE: u32 = 0o777;
 
 /// Create `<base-dir>/<pv name>` (and the base directory) and return its PV.
 /// Errors: [`ProvisionError::Failed`], state `Reschedule` for another selected
@@ -43,6 +47,7 @@ pub async fn provision(
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
     validate_parameters(class_name, class.parameters.as_ref())?;
     let quota = QuotaMode::from_parameters(class.parameters.as_ref())?;
+    let attrs = DirAttrs::from_class(class.parameters.as_ref())?;
     check_pv_name(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
@@ -75,7 +80,7 @@ pub async fn provision(
             "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
         )
         })?;
-    create_volume_dir(&backend.base_dir, &options.pv_name, (quota, bytes)).await?;
+    create_volume_dir(&backend.base_dir, &options.pv_name, attrs, (quota, bytes)).await?;
     let path = backend.base_dir.join(&options.pv_name);
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
@@ -158,19 +163,26 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     )))
 }
 
-/// Create `<base>/<name>` with [`VOLUME_DIR_MODE`] (reused when a real directory)
-/// relative to a handle on `base`, which is created by path if missing, and limit it to
-/// `bytes` as `quota` says (a directory made now is removed again when that fails).
+/// Create `<base>/<name>` (reused when a real directory) relative to a handle on `base`,
+/// which is created by path if missing, give it `attrs` and limit it to `bytes` as `quota`
+/// says (a directory made now is removed again when that fails).
 async fn create_volume_dir(
     base: &Path,
     name: &str,
+    attrs: DirAttrs,
     (quota, bytes): (QuotaMode, u64),
 ) -> Result<(), ProvisionError> {
     let base = base.to_path_buf();
     let name = name.to_string();
     backend_kit::blocking("hostpath provision", move || {
-        let (root, dir, created) = create_volume_dir_blocking(&base, &name)?;
-        match quota::apply(quota, &dir, &name, bytes) {
+        let (root, dir, created) = create_volume_dir_blocking(&base, &name, attrs.mode)?;
+        let given = attrs.apply(&dir).map_err(|e| {
+            Refusal(format!(
+                "cannot set mode/owner of {}: {e}",
+                base.join(&name).display()
+            ))
+        });
+        match given.and_then(|()| quota::apply(quota, &dir, &name, bytes)) {
             Ok(Applied::Limited { project }) => {
                 tracing::info!(pv = %name, project, bytes, "volume size limited")
             }
@@ -194,6 +206,7 @@ async fn create_volume_dir(
 fn create_volume_dir_blocking(
     base: &Path,
     name: &str,
+    mode: u32,
 ) -> Result<(safe_fs::Dir, safe_fs::Dir, bool), ProvisionError> {
     let io = |what: &str, p: &Path, e: std::io::Error| {
         ProvisionError::finished(format!("{what} {}: {e}", p.display()))
@@ -201,7 +214,7 @@ fn create_volume_dir_blocking(
     std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", base, e))?;
     let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
     let path = base.join(name);
-    match safe_fs::create_path(&root, &[name.to_string()], VOLUME_DIR_MODE) {
+    match safe_fs::create_path(&root, &[name.to_string()], mode) {
         Ok((dir, true)) => {
             tracing::info!(path = %path.display(), "created hostpath volume directory");
             Ok((root, dir, true))
@@ -499,7 +512,7 @@ mod tests {
         ]));
         assert_eq!(
             reason(provision(&b, &params).await.unwrap_err()),
-            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts quota)"
+            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts quota, directoryMode, directoryUID, directoryGID)"
         );
         // A `quota` the backend cannot honour, and one it does not know: no directory either.
         for (value, expected) in [
@@ -545,6 +558,33 @@ mod tests {
             0,
             "no directory was created by a rejected claim"
         );
+    }
+
+    /// The class's `directoryMode`/`directoryGID` on a new directory; a bad one is refused.
+    #[tokio::test]
+    async fn class_directory_parameters_set_mode_and_group() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let tmp = tempfile::tempdir().unwrap();
+        let b = backend(tmp.path(), Some("n"));
+        let gid = std::fs::metadata(tmp.path()).unwrap().gid().to_string();
+        let mut opts = options(Some("1Gi"));
+        let params = [("directoryMode", "0750"), ("directoryGID", gid.as_str())];
+        let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        opts.storage_class.parameters = Some(params.collect());
+        provision(&b, &opts).await.unwrap();
+        let meta = std::fs::metadata(tmp.path().join("pvc-123")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
+        assert_eq!(meta.gid().to_string(), gid);
+        let mut bad = options(Some("1Gi"));
+        bad.pv_name = "pvc-456".into();
+        let params = BTreeMap::from([("directoryMode".to_string(), "rwx".to_string())]);
+        bad.storage_class.parameters = Some(params);
+        let err = reason(provision(&b, &bad).await.unwrap_err());
+        assert!(
+            err.contains("directoryMode=\"rwx\" is not an octal permission mode"),
+            "{err}"
+        );
+        assert!(!tmp.path().join("pvc-456").exists());
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 //! root), [`claim`] (claim checks) and the helpers both delete paths share.
 //! Only backends depend on it; it depends on no backend.
 
+pub mod attrs;
 pub mod claim;
 pub mod quota;
 pub mod safe_fs;

@@ -277,6 +277,34 @@ async fn create_annotations_apply_and_bad_values_are_refused() {
         assert!(r.contains(msg) && r.contains(k), "{k}={v}: {r}");
     }
     assert_eq!(tree(&f.mount), ["team-a-data-pvc-1"]);
+
+    // The class's directory parameters, and a claim annotation over them.
+    let class = [
+        ("directoryMode", "0700"),
+        ("directoryGID", &gid.to_string()),
+    ];
+    let mut o = options(&class, &[]);
+    o.pv_name = "pvc-2".into();
+    f.backend.provision(&o).await.unwrap();
+    let mode = |dir: &str| {
+        std::fs::metadata(f.mount.join(dir))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("team-a-data-pvc-2"), 0o700);
+    let mut o = options(&class, &[("nfs.io/createMode", "0755")]);
+    o.pv_name = "pvc-3".into();
+    f.backend.provision(&o).await.unwrap();
+    assert_eq!(mode("team-a-data-pvc-3"), 0o755);
+    let mut o = options(&[("directoryUID", "me")], &[]);
+    o.pv_name = "pvc-4".into();
+    let r = reason(f.backend.provision(&o).await.unwrap_err());
+    assert!(
+        r.contains("StorageClass parameter directoryUID=\"me\" is not a numeric id"),
+        "{r}"
+    );
 }
 
 /// This process's uid and gid, as seen on a file it creates (setting them

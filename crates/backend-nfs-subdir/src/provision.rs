@@ -20,6 +20,9 @@ use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::pattern::{volume_path, PatternInput, RelPath};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
+use backend_kit::attrs::{
+    DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
+};
 use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 
@@ -29,6 +32,9 @@ pub const ACCEPTED_PARAMETERS: &[&str] = &[
     PARAM_ON_DELETE,
     PARAM_ARCHIVE_ON_DELETE,
     QUOTA_PARAMETER,
+    PARAM_DIRECTORY_MODE,
+    PARAM_DIRECTORY_UID,
+    PARAM_DIRECTORY_GID,
 ];
 /// Parameter: sub-directory template.
 pub const PARAM_PATH_PATTERN: &str = "pathPattern";
@@ -44,60 +50,17 @@ pub const ANN_CREATE_UID: &str = "nfs.io/createUID";
 /// Claim annotation: numeric group of the new directory.
 pub const ANN_CREATE_GID: &str = "nfs.io/createGID";
 
-/// Permissions of a new volume directory without `nfs.io/createMode` (upstream's).
-pub const DEFAULT_MODE: u32 = 0o777;
 /// Permissions of intermediate directories of a nested `pathPattern`.
 pub const PARENT_MODE: u32 = 0o755;
 
-/// Owner and permissions asked for by the claim's annotations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CreateAttrs {
-    /// Permission bits (at most `0o7777`).
-    pub mode: u32,
-    /// Owner, if `nfs.io/createUID` is set.
-    pub uid: Option<u32>,
-    /// Group, if `nfs.io/createGID` is set.
-    pub gid: Option<u32>,
-}
-
-/// Parse the claim's `nfs.io/create*` annotations.
-/// Errors: a value that is not octal `0`–`7777` (mode) or a decimal `u32`
-/// (uid/gid); the message names the annotation and the value.
-pub fn create_attrs(
-    annotations: Option<&BTreeMap<String, String>>,
-) -> Result<CreateAttrs, Refusal> {
-    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(|v| v.trim());
-    let mode = match get(ANN_CREATE_MODE) {
-        None => DEFAULT_MODE,
-        Some(v) => {
-            let digits = v.strip_prefix("0o").unwrap_or(v);
-            match u32::from_str_radix(digits, 8) {
-                Ok(m) if !digits.is_empty() && !digits.starts_with('+') && m <= 0o7777 => m,
-                _ => {
-                    return Err(Refusal(format!(
-                        "claim annotation {ANN_CREATE_MODE}={v:?} is not an octal permission mode (0-7777)"
-                    )))
-                }
-            }
-        }
-    };
-    let id = |k: &str| -> Result<Option<u32>, Refusal> {
-        match get(k) {
-            None => Ok(None),
-            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v
-                .parse::<u32>()
-                .map(Some)
-                .map_err(|_| Refusal(format!("claim annotation {k}={v:?} is not a numeric id"))),
-            Some(v) => Err(Refusal(format!(
-                "claim annotation {k}={v:?} is not a numeric id"
-            ))),
-        }
-    };
-    Ok(CreateAttrs {
-        mode,
-        uid: id(ANN_CREATE_UID)?,
-        gid: id(ANN_CREATE_GID)?,
-    })
+/// The new directory's owner and permissions: the class's `directory*` parameters, then
+/// the claim's `nfs.io/create*` annotations (upstream's) over them.
+/// Errors: a bad value in either ([`DirAttrs::overridden`]).
+pub fn create_attrs(options: &ProvisionOptions) -> Result<DirAttrs, Refusal> {
+    let class = DirAttrs::from_class(options.storage_class.parameters.as_ref())?;
+    let annotations = options.pvc.metadata.annotations.as_ref();
+    let keys = [ANN_CREATE_MODE, ANN_CREATE_UID, ANN_CREATE_GID];
+    class.overridden(annotations, keys, "claim annotation")
 }
 
 /// Go's `strconv.ParseBool`, which upstream applies to `archiveOnDelete`.
@@ -201,7 +164,7 @@ pub async fn provision(
             options.pv_name
         )));
     }
-    let attrs = create_attrs(options.pvc.metadata.annotations.as_ref())?;
+    let attrs = create_attrs(options)?;
     let rel = directory_for(options)?;
     let storage = &pv
         .spec
@@ -233,7 +196,7 @@ fn create_blocking(
     mount: &std::path::Path,
     pv_name: &str,
     rel: &RelPath,
-    attrs: CreateAttrs,
+    attrs: DirAttrs,
     (quota, bytes): (QuotaMode, u64),
 ) -> Result<(), Refusal> {
     let root = safe_fs::open_root(mount).map_err(|e| {
@@ -318,7 +281,8 @@ fn create_blocking(
             ))))
         }
     };
-    apply_attrs(&dir, attrs)
+    attrs
+        .apply(&dir)
         .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))?;
     match quota::apply(quota, &dir, pv_name, bytes) {
         Ok(Applied::Limited { project }) => {
@@ -353,14 +317,6 @@ fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> Refusal {
     Refusal(format!(
         "directory \"{rel}\" {relation} the directory \"{other}\" of PV {pv}; a volume's directory must neither be inside nor contain another's (check the class's pathPattern and the claim's annotations), refusing"
     ))
-}
-
-fn apply_attrs(dir: &Dir, attrs: CreateAttrs) -> std::io::Result<()> {
-    safe_fs::set_mode(dir, attrs.mode)?;
-    if attrs.uid.is_some() || attrs.gid.is_some() {
-        safe_fs::set_owner(dir, attrs.uid, attrs.gid)?;
-    }
-    Ok(())
 }
 
 fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> Refusal {

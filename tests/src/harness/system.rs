@@ -402,6 +402,18 @@ impl System {
         binding_mode: &str,
         parameters: &[(&str, &str)],
     ) -> anyhow::Result<()> {
+        self.create_storage_class_with(name, binding_mode, parameters, &[])
+            .await
+    }
+
+    /// [`System::create_storage_class`] with `mountOptions`. Errors: the API rejects it.
+    pub async fn create_storage_class_with(
+        &self,
+        name: &str,
+        binding_mode: &str,
+        parameters: &[(&str, &str)],
+        mount_options: &[&str],
+    ) -> anyhow::Result<()> {
         let params: BTreeMap<&str, &str> = parameters.iter().copied().collect();
         let sc: StorageClass = serde_json::from_value(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
@@ -410,6 +422,7 @@ impl System {
             "reclaimPolicy": "Delete",
             "volumeBindingMode": binding_mode,
             "parameters": params,
+            "mountOptions": mount_options,
         }))?;
         Api::<StorageClass>::all(self.client.clone())
             .create(&PostParams::default(), &sc)
