@@ -994,19 +994,21 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
     problems.extend(check_nfs_volume(spec.name, &pod, c, nfs));
     match hostpath {
         Some(hp) => {
-            let base = hp.base_dir.to_string_lossy().to_string();
-            let mounted = host_volumes.iter().any(|(vol, path, type_)| {
-                *path == base
-                    && type_.as_deref() == spec.host_path_type
-                    && c.volume_mounts.iter().flatten().any(|m| {
-                        m.name == *vol && m.mount_path == base && m.read_only != Some(true)
-                    })
-            });
-            if !mounted || host_volumes.len() != 1 {
-                problems.push(format!(
-                    "{}: the hostPath {base} (--base-dir) must be mounted read-write at the same path with type {:?}, and be the only hostPath: {host_volumes:?}",
-                    spec.name, spec.host_path_type
-                ));
+            for base in &hp.base_dirs {
+                let base = base.to_string_lossy().to_string();
+                let mounted = host_volumes.iter().any(|(vol, path, type_)| {
+                    *path == base
+                        && type_.as_deref() == spec.host_path_type
+                        && c.volume_mounts.iter().flatten().any(|m| {
+                            m.name == *vol && m.mount_path == base && m.read_only != Some(true)
+                        })
+                });
+                if !mounted || host_volumes.len() != hp.base_dirs.len() {
+                    problems.push(format!(
+                        "{}: the hostPath {base} (--base-dir) must be mounted read-write at the same path with type {:?}, and the base dirs be the only hostPaths: {host_volumes:?}",
+                        spec.name, spec.host_path_type
+                    ));
+                }
             }
             if hp.node_name.as_deref() != Some(NODE_NAME_PLACEHOLDER) {
                 problems.push(format!(
@@ -1142,7 +1144,7 @@ fn check_redis(r: &Rendered, consumers: &[(String, String)]) -> Vec<String> {
 /// (hostpath `--base-dir`) or NFS server and export path.
 fn backend_identity(b: &BackendArgs) -> String {
     match b.kind {
-        BackendKind::Hostpath => format!("hostpath --base-dir={}", b.hostpath.base_dir.display()),
+        BackendKind::Hostpath => format!("hostpath --base-dir={:?}", b.hostpath.base_dirs),
         BackendKind::NfsSubdir => format!(
             "nfs-subdir --nfs-server={:?} --nfs-path={:?}",
             b.nfs.nfs_server, b.nfs.nfs_path
@@ -2040,8 +2042,8 @@ fn base_dir_everywhere(r: &Rendered, text: &str, dir: &str) -> Vec<String> {
     let mut problems = Vec::new();
     for spec in services() {
         let (_, parsed) = check_deployment(r, &spec);
-        let got = parsed.map(|p| p.backend.hostpath.base_dir);
-        if got.as_deref() != Some(Path::new(dir)) {
+        let got = parsed.map(|p| p.backend.hostpath.base_dirs);
+        if got.as_deref() != Some(&[PathBuf::from(dir)][..]) {
             problems.push(format!("{}: --base-dir {got:?}, expected {dir}", spec.name));
         }
         if !spec.backend {

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use e2e::harness::{ControlPlane, Service, System, SystemOptions};
+use e2e::harness::{ControlPlane, Service, ServiceSettings, System, SystemOptions};
 use e2e::on_both_planes;
 use e2e::sim::FaultSpec;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -425,6 +425,66 @@ async fn class_directory_mode_and_mount_options_reach_the_volume(plane: ControlP
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }
 
+/// A second `--base-dir` for all three services, beside the harness's own.
+fn with_second_base_dir(s: &mut ServiceSettings) {
+    let second = s.base_dir.with_file_name("base-2").display().to_string();
+    for service in [Service::Provision, Service::PvWriter, Service::Reclaim] {
+        s.extra_args
+            .push((service, vec!["--base-dir".into(), second.clone()]));
+    }
+}
+
+/// Two `--base-dir`s: the class's `baseDir` puts its volumes in the second, a class without
+/// it in the first; pv-writer accepts both paths and reclaim-svc deletes each volume from
+/// where its PV says.
+async fn a_class_picks_one_of_several_base_dirs(plane: ControlPlane) {
+    let mut sys = System::start(SystemOptions {
+        control_plane: plane,
+        configure: Some(with_second_base_dir),
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    sys.wait_leaders(Duration::from_secs(30))
+        .await
+        .expect("every service elects a leader");
+    let second = sys.base_dir().with_file_name("base-2");
+    let second_param = second.display().to_string();
+    sys.create_storage_class("second", "Immediate", &[("baseDir", &second_param)])
+        .await
+        .unwrap();
+    sys.create_storage_class("first", "Immediate", &[])
+        .await
+        .unwrap();
+    let in_second = sys.create_claims("two", 2, "second").await.unwrap();
+    let in_first = sys.create_claims("one", 1, "first").await.unwrap();
+    let counts = || async {
+        let in_second = std::fs::read_dir(&second).map_or(0, |d| d.count());
+        Ok((sys.pvs().await?.len(), sys.dir_count(), in_second))
+    };
+    let timeout = Duration::from_secs(30);
+    check(
+        &sys,
+        e2e::harness::wait_eq(timeout, "(PVs, first, second)", (3, 1, 2), counts).await,
+    );
+    for pv in sys.pvs().await.unwrap() {
+        let spec = pv.spec.unwrap();
+        let path = std::path::PathBuf::from(spec.host_path.unwrap().path);
+        let expected = if spec.storage_class_name.as_deref() == Some("second") {
+            second.as_path()
+        } else {
+            sys.base_dir()
+        };
+        assert_eq!(path.parent(), Some(expected), "{path:?}");
+    }
+    sys.delete_claims(&in_second).await.unwrap();
+    sys.delete_claims(&in_first).await.unwrap();
+    check(
+        &sys,
+        e2e::harness::wait_eq(timeout, "(PVs, first, second)", (0, 0, 0), counts).await,
+    );
+}
+
 on_both_planes!(
     hundred_claims_are_provisioned_bound_and_reclaimed,
     wait_for_first_consumer_waits_for_the_selected_node,
@@ -433,4 +493,5 @@ on_both_planes!(
     claim_deleted_while_provisioning_leaves_no_volume,
     quota_classes_without_project_quotas,
     class_directory_mode_and_mount_options_reach_the_volume,
+    a_class_picks_one_of_several_base_dirs,
 );

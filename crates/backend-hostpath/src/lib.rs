@@ -4,6 +4,7 @@
 //! or archives it. Every filesystem access is relative to one cap-std handle on
 //! `--base-dir` (docs/ARCHITECTURE.md, "Backends on the filesystem: cap-std").
 
+pub mod base_dirs;
 pub mod delete;
 pub mod provision;
 
@@ -22,13 +23,16 @@ pub use backend_kit::OnDelete;
 /// Flags of the hostpath backend.
 #[derive(Debug, Clone, Args)]
 pub struct HostPathArgs {
-    /// Directory under which volumes are created (created if missing).
+    /// Directory under which volumes are created (created if missing); repeat it (or
+    /// comma-separate the variable) for several, the first being the default and the
+    /// StorageClass parameter `baseDir` choosing another.
     #[arg(
-        long,
+        long = "base-dir",
         env = "HOSTPATH_BASE_DIR",
+        value_delimiter = ',',
         default_value = "/var/lib/hostpath-provisioner"
     )]
-    pub base_dir: PathBuf,
+    pub base_dirs: Vec<PathBuf>,
 
     /// The node this service runs on: the PV's node affinity when the claim has no
     /// selected node; when set, a claim selected for another node is rescheduled and
@@ -55,12 +59,21 @@ pub struct HostPath {
 }
 
 impl HostPath {
-    /// A backend from its flags.
-    pub fn from_args(args: &HostPathArgs) -> Self {
-        Self {
-            base_dir: args.base_dir.clone(),
-            node_name: args.node_name.clone(),
-            on_delete: args.on_delete,
+    /// The backend from its flags: one [`HostPath`] per `--base-dir`, routed by
+    /// [`base_dirs::BaseDirs`] when there are several.
+    pub fn from_args(args: &HostPathArgs) -> std::sync::Arc<dyn Provisioner> {
+        let dirs: Vec<HostPath> = args
+            .base_dirs
+            .iter()
+            .map(|base_dir| HostPath {
+                base_dir: base_dir.clone(),
+                node_name: args.node_name.clone(),
+                on_delete: args.on_delete,
+            })
+            .collect();
+        match <[HostPath; 1]>::try_from(dirs) {
+            Ok([one]) => std::sync::Arc::new(one),
+            Err(dirs) => std::sync::Arc::new(base_dirs::BaseDirs(dirs)),
         }
     }
 }

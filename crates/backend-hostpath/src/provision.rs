@@ -20,10 +20,12 @@ use k8s_openapi::api::core::v1::{
 };
 use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
 
+use super::base_dirs::PARAM_BASE_DIR;
 use super::HostPath;
 
 /// StorageClass `parameters` keys the hostpath backend accepts.
 pub const ACCEPTED_PARAMETERS: &[&str] = &[
+    PARAM_BASE_DIR,
     QUOTA_PARAMETER,
     PARAM_DIRECTORY_MODE,
     PARAM_DIRECTORY_UID,
@@ -48,6 +50,7 @@ pub async fn provision(
     validate_parameters(class_name, class.parameters.as_ref())?;
     let quota = QuotaMode::from_parameters(class.parameters.as_ref())?;
     let attrs = DirAttrs::from_class(class.parameters.as_ref())?;
+    check_base_dir(backend, class_name, class.parameters.as_ref())?;
     check_pv_name(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
@@ -154,6 +157,20 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
     Ok(())
 }
 
+/// Refuse a class whose `baseDir` is not this backend's base directory.
+fn check_base_dir(
+    backend: &HostPath,
+    class_name: &str,
+    parameters: Option<&BTreeMap<String, String>>,
+) -> Result<(), Refusal> {
+    match parameters.and_then(|p| p.get(PARAM_BASE_DIR)) {
+        Some(dir) if Path::new(dir) != backend.base_dir => Err(Refusal(format!(
+            "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     if backend_kit::is_single_component(pv_name) {
         return Ok(());
@@ -239,7 +256,7 @@ fn create_volume_dir_blocking(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::OnDelete;
     use k8s_openapi::api::core::v1::PersistentVolumeSpec;
@@ -250,7 +267,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn backend(base: &Path, node: Option<&str>) -> HostPath {
+    pub(crate) fn backend(base: &Path, node: Option<&str>) -> HostPath {
         HostPath {
             base_dir: base.to_path_buf(),
             node_name: node.map(str::to_string),
@@ -258,7 +275,7 @@ mod tests {
         }
     }
 
-    fn options(request: Option<&str>) -> ProvisionOptions {
+    pub(crate) fn options(request: Option<&str>) -> ProvisionOptions {
         ProvisionOptions {
             storage_class: StorageClass {
                 metadata: ObjectMeta {
@@ -292,7 +309,7 @@ mod tests {
         }
     }
 
-    fn reason(err: ProvisionError) -> String {
+    pub(crate) fn reason(err: ProvisionError) -> String {
         match err {
             ProvisionError::Failed {
                 state: ProvisioningState::Finished,
@@ -512,7 +529,7 @@ mod tests {
         ]));
         assert_eq!(
             reason(provision(&b, &params).await.unwrap_err()),
-            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts quota, directoryMode, directoryUID, directoryGID)"
+            "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts baseDir, quota, directoryMode, directoryUID, directoryGID)"
         );
         // A `quota` the backend cannot honour, and one it does not know: no directory either.
         for (value, expected) in [

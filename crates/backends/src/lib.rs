@@ -46,7 +46,7 @@ impl BackendArgs {
     /// `--nfs-server`); the message names the flag.
     pub fn build(&self) -> Result<Arc<dyn Provisioner>, String> {
         Ok(match self.kind {
-            BackendKind::Hostpath => Arc::new(HostPath::from_args(&self.hostpath)),
+            BackendKind::Hostpath => HostPath::from_args(&self.hostpath),
             BackendKind::NfsSubdir => Arc::new(NfsSubdir::from_args(&self.nfs)?),
         })
     }
@@ -114,8 +114,8 @@ mod tests {
         assert_eq!(cli.workers, 1);
         assert_eq!(backend.kind, BackendKind::Hostpath);
         assert_eq!(
-            backend.hostpath.base_dir,
-            PathBuf::from("/var/lib/hostpath-provisioner")
+            backend.hostpath.base_dirs,
+            [PathBuf::from("/var/lib/hostpath-provisioner")]
         );
         let pv = k8s_pv("pvc-1", "/var/lib/hostpath-provisioner/pvc-1");
         backend.build().unwrap().validate_volume(&pv).unwrap();
@@ -162,7 +162,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.workers, 3);
-        assert_eq!(backend.hostpath.base_dir, PathBuf::from("/data"));
+        assert_eq!(backend.hostpath.base_dirs, [PathBuf::from("/data")]);
         assert_eq!(backend.hostpath.node_name.as_deref(), Some("n1"));
         assert_eq!(backend.hostpath.on_delete, OnDelete::Archive);
         let help = command::<Cli>().render_long_help().to_string();
