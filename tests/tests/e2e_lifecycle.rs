@@ -485,6 +485,105 @@ async fn a_class_picks_one_of_several_base_dirs(plane: ControlPlane) {
     );
 }
 
+/// `--capacity 1536Ki` for the services running the backend (the harness's claims ask for 1Mi).
+fn with_capacity(s: &mut ServiceSettings) {
+    for service in [Service::Provision, Service::Reclaim] {
+        s.extra_args
+            .push((service, vec!["--capacity".into(), "1536Ki".into()]));
+    }
+}
+
+/// A base directory of 1.5 MiB: of two 1 MiB claims one is provisioned and the other fails
+/// with a Warning; with a selected node it is rescheduled (the annotation removed); the free
+/// room is a metric; deleting the first volume makes room for the second.
+async fn claims_beyond_the_capacity_fail_until_room_is_freed(plane: ControlPlane) {
+    let mut sys = System::start(SystemOptions {
+        control_plane: plane,
+        configure: Some(with_capacity),
+        ..Default::default()
+    })
+    .await
+    .expect("system starts");
+    sys.wait_leaders(Duration::from_secs(30))
+        .await
+        .expect("every service elects a leader");
+    sys.create_storage_class("small", "Immediate", &[])
+        .await
+        .unwrap();
+    let first = sys.create_claims("first", 1, "small").await.unwrap();
+    check(&sys, sys.wait_provisioned(1, Duration::from_secs(30)).await);
+    let second = sys.create_claims("second", 1, "small").await.unwrap();
+    check(
+        &sys,
+        sys.wait_objects_with_event("ProvisioningFailed", 1, Duration::from_secs(30))
+            .await,
+    );
+    let notes = sys.event_values().await.unwrap();
+    assert!(
+        notes.iter().any(|e| e["reason"] == "ProvisioningFailed"
+            && e["note"]
+                .as_str()
+                .or(e["message"].as_str())
+                .unwrap_or("")
+                .contains("do not fit")),
+        "{notes:?}"
+    );
+    let pool = sys.base_dir().display().to_string();
+    let addr = sys.service(Service::Provision, 0).http_addr;
+    let free = || async {
+        let page = e2e::harness::MetricsPage::scrape(addr).await?;
+        Ok(page.value("provision_svc_capacity_free_bytes", &[("pool", &pool)]))
+    };
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(20),
+            "free bytes",
+            Some(512.0 * 1024.0),
+            free,
+        )
+        .await,
+    );
+
+    // With a selected node, the claim is rescheduled: the annotation is removed.
+    sys.create_storage_class("small-wffc", "WaitForFirstConsumer", &[])
+        .await
+        .unwrap();
+    let late = sys.create_claims("late", 1, "small-wffc").await.unwrap();
+    let patch = serde_json::json!({"metadata": {"annotations": {SELECTED_NODE: "node-1"}}});
+    sys.claims_api()
+        .patch(&late[0], &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let selected = || async {
+        let claim = sys.claims_api().get(&late[0]).await?;
+        Ok(claim
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(SELECTED_NODE))
+    };
+    check(
+        &sys,
+        e2e::harness::wait_eq(
+            Duration::from_secs(30),
+            "selected node kept",
+            false,
+            selected,
+        )
+        .await,
+    );
+    sys.delete_claims(&late).await.unwrap();
+
+    sys.delete_claims(&first).await.unwrap();
+    check(
+        &sys,
+        sys.wait_pvs_and_dirs((1, 1), Duration::from_secs(90)).await,
+    );
+    sys.delete_claims(&second).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
+}
+
 on_both_planes!(
     hundred_claims_are_provisioned_bound_and_reclaimed,
     wait_for_first_consumer_waits_for_the_selected_node,
@@ -494,4 +593,5 @@ on_both_planes!(
     quota_classes_without_project_quotas,
     class_directory_mode_and_mount_options_reach_the_volume,
     a_class_picks_one_of_several_base_dirs,
+    claims_beyond_the_capacity_fail_until_room_is_freed,
 );

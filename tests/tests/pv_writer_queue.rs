@@ -139,6 +139,7 @@ impl Fixture {
                 base_dir: BASE_DIR.into(),
                 node_name: None,
                 on_delete: OnDelete::Retain,
+                capacity: None,
             }),
         )
     }

@@ -553,6 +553,7 @@ async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
         base_dir: base,
         node_name: None,
         on_delete: backend_hostpath::OnDelete::Retain,
+        capacity: None,
     });
     let registry = prometheus::Registry::new();
     let job = reclaim_svc::sweep::SweepJob {

@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{
-    DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner, VolumeError,
+    DeleteError, OrphanOutcome, PoolCapacity, ProvisionError, ProvisionOptions, Provisioner,
+    VolumeError,
 };
 
 use crate::HostPath;
@@ -96,6 +97,17 @@ impl Provisioner for BaseDirs {
             used.extend(dir.volumes_in_use(pvs).await?);
         }
         Ok(used)
+    }
+
+    async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
+        let mut pools = Vec::new();
+        for dir in &self.0 {
+            match dir.capacity().await? {
+                Ok(p) => pools.extend(p),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(Ok(pools))
     }
 
     async fn archive_orphan(

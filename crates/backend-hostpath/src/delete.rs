@@ -344,6 +344,7 @@ fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), D
             root.rename(name, root, &archive_name)
                 .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
             tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
+            release(root, name);
             Ok(())
         }
         OnDelete::Delete => {
@@ -354,8 +355,16 @@ fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), D
                 Err(e) => return Err(failed("cannot remove volume directory", &dir, e)),
             }
             tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
+            release(root, name);
             Ok(())
         }
+    }
+}
+
+/// Forget `name`'s size record; a failure is logged (it only over-counts the capacity used).
+fn release(root: &Dir, name: &str) {
+    if let Err(e) = backend_kit::capacity::release(root, name) {
+        tracing::warn!(pv = name, error = %e, "cannot forget the volume's size record");
     }
 }
 
@@ -375,6 +384,7 @@ fn delete_blocking(
     let dir = base.join(name);
     if !checked_entry(&root, &dir, name)? {
         tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
+        release(&root, name);
         return Ok(());
     }
     act(&root, base, name, on_delete)
@@ -430,6 +440,7 @@ mod tests {
             base_dir: base.to_path_buf(),
             node_name: None,
             on_delete,
+            capacity: None,
         }
     }
 

@@ -15,7 +15,8 @@ use async_trait::async_trait;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provisioner_api::{
-    DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner, VolumeError,
+    DeleteError, OrphanOutcome, PoolCapacity, ProvisionError, ProvisionOptions, Provisioner,
+    VolumeError,
 };
 
 pub use backend_kit::OnDelete;
@@ -43,6 +44,19 @@ pub struct HostPathArgs {
     /// What to do with a released volume's directory.
     #[arg(long, env = "ON_DELETE", value_enum, default_value_t = OnDelete::Delete)]
     pub on_delete: OnDelete,
+
+    /// Capacity of each base directory (a quantity, e.g. `500Gi`): a claim whose request
+    /// does not fit beside the volumes already there fails (is rescheduled, with a selected
+    /// node). Unset: unlimited.
+    #[arg(long, env = "HOSTPATH_CAPACITY", value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+}
+
+/// A positive quantity in bytes. Errors: not a positive quantity.
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
+    provisioner_api::quantity::bytes(&q)
+        .ok_or_else(|| format!("{s:?} is not a positive quantity such as 500Gi"))
 }
 
 /// The hostpath backend. Idempotent per PV name.
@@ -56,6 +70,8 @@ pub struct HostPath {
     pub node_name: Option<String>,
     /// Treatment of released volumes' directories.
     pub on_delete: OnDelete,
+    /// Capacity of the base directory (bytes; `None`: unlimited).
+    pub capacity: Option<u64>,
 }
 
 impl HostPath {
@@ -69,6 +85,7 @@ impl HostPath {
                 base_dir: base_dir.clone(),
                 node_name: args.node_name.clone(),
                 on_delete: args.on_delete,
+                capacity: args.capacity,
             })
             .collect();
         match <[HostPath; 1]>::try_from(dirs) {
@@ -118,6 +135,27 @@ impl Provisioner for HostPath {
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
         Ok(provision::validate_volume(self, pv)?)
     }
+
+    async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
+        let capacity = self.capacity?;
+        let (base, pool) = (self.base_dir.clone(), self.base_dir.display().to_string());
+        let shown = pool.clone();
+        let allocated = backend_kit::blocking("hostpath capacity", move || {
+            let unreadable = |e: std::io::Error| {
+                VolumeError::Unreadable(format!("size records of {shown}: {e}"))
+            };
+            let root = backend_kit::safe_fs::open_root(&base).map_err(unreadable)?;
+            backend_kit::capacity::allocated(&root).map_err(unreadable)
+        });
+        let pools = |allocated| {
+            vec![PoolCapacity {
+                pool,
+                capacity,
+                allocated,
+            }]
+        };
+        Some(allocated.await.map(pools))
+    }
 }
 
 #[cfg(test)]
@@ -136,6 +174,7 @@ mod tests {
             base_dir: base.clone(),
             node_name: None,
             on_delete: OnDelete::Delete,
+            capacity: None,
         };
         match hp.archive_orphan("pvc-a", Duration::from_secs(3600)).await {
             Some(Ok(OrphanOutcome::TooYoung(_))) => {}

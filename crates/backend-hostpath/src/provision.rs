@@ -12,6 +12,7 @@ use std::path::Path;
 use backend_kit::attrs::{
     DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
 };
+use backend_kit::capacity;
 use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
@@ -83,7 +84,19 @@ pub async fn provision(
             "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
         )
         })?;
-    create_volume_dir(&backend.base_dir, &options.pv_name, attrs, (quota, bytes)).await?;
+    let full = if options.selected_node.is_some() {
+        ProvisioningState::Reschedule
+    } else {
+        ProvisioningState::Finished
+    };
+    let new = NewVolume {
+        attrs,
+        quota,
+        bytes,
+        capacity: backend.capacity,
+        full,
+    };
+    create_volume_dir(&backend.base_dir, &options.pv_name, new).await?;
     let path = backend.base_dir.join(&options.pv_name);
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
@@ -180,28 +193,33 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     )))
 }
 
-/// Create `<base>/<name>` (reused when a real directory) relative to a handle on `base`,
-/// which is created by path if missing, give it `attrs` and limit it to `bytes` as `quota`
-/// says (a directory made now is removed again when that fails).
-async fn create_volume_dir(
-    base: &Path,
-    name: &str,
+/// What a new volume directory gets: owner and mode, a size limit of `bytes` as `quota` says,
+/// and room in the base directory's `capacity` (else a failure in state `full`).
+struct NewVolume {
     attrs: DirAttrs,
-    (quota, bytes): (QuotaMode, u64),
-) -> Result<(), ProvisionError> {
+    quota: QuotaMode,
+    bytes: u64,
+    capacity: Option<u64>,
+    full: ProvisioningState,
+}
+
+/// Create `<base>/<name>` (reused when a real directory) relative to a handle on `base`,
+/// which is created by path if missing, as `new` says; a directory made now is removed
+/// again (and its room given back) when a later step fails.
+async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<(), ProvisionError> {
     let base = base.to_path_buf();
     let name = name.to_string();
     backend_kit::blocking("hostpath provision", move || {
-        let (root, dir, created) = create_volume_dir_blocking(&base, &name, attrs.mode)?;
-        let given = attrs.apply(&dir).map_err(|e| {
+        let (root, dir, created) = create_volume_dir_blocking(&base, &name, &new)?;
+        let given = new.attrs.apply(&dir).map_err(|e| {
             Refusal(format!(
                 "cannot set mode/owner of {}: {e}",
                 base.join(&name).display()
             ))
         });
-        match given.and_then(|()| quota::apply(quota, &dir, &name, bytes)) {
+        match given.and_then(|()| quota::apply(new.quota, &dir, &name, new.bytes)) {
             Ok(Applied::Limited { project }) => {
-                tracing::info!(pv = %name, project, bytes, "volume size limited")
+                tracing::info!(pv = %name, project, bytes = new.bytes, "volume size limited")
             }
             Ok(Applied::Unenforced(reason)) => {
                 tracing::warn!(pv = %name, %reason, "volume size not enforced")
@@ -210,6 +228,7 @@ async fn create_volume_dir(
             Err(refusal) => {
                 if created {
                     let _ = root.remove_dir(&name);
+                    let _ = capacity::release(&root, &name);
                 }
                 return Err(refusal.into());
             }
@@ -219,19 +238,30 @@ async fn create_volume_dir(
     .await
 }
 
-/// The base directory's handle, the volume directory's and whether it was made now.
+/// The base directory's handle, the volume directory's and whether it was made now; the
+/// room for it is reserved first. Errors: no room (state `new.full`), else `Finished`.
 fn create_volume_dir_blocking(
     base: &Path,
     name: &str,
-    mode: u32,
+    new: &NewVolume,
 ) -> Result<(safe_fs::Dir, safe_fs::Dir, bool), ProvisionError> {
     let io = |what: &str, p: &Path, e: std::io::Error| {
         ProvisionError::finished(format!("{what} {}: {e}", p.display()))
     };
     std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", base, e))?;
     let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
+    if let Some(room) = new.capacity {
+        capacity::reserve(&root, name, new.bytes, room).map_err(|r| ProvisionError::Failed {
+            state: new.full,
+            reason: format!("base directory {}: {}", base.display(), r.0),
+        })?;
+    }
     let path = base.join(name);
-    match safe_fs::create_path(&root, &[name.to_string()], mode) {
+    let made = safe_fs::create_path(&root, &[name.to_string()], new.attrs.mode);
+    if made.is_err() {
+        let _ = capacity::release(&root, name);
+    }
+    match made {
         Ok((dir, true)) => {
             tracing::info!(path = %path.display(), "created hostpath volume directory");
             Ok((root, dir, true))
@@ -272,6 +302,7 @@ pub(crate) mod tests {
             base_dir: base.to_path_buf(),
             node_name: node.map(str::to_string),
             on_delete: OnDelete::Delete,
+            capacity: None,
         }
     }
 
@@ -602,6 +633,39 @@ pub(crate) mod tests {
             "{err}"
         );
         assert!(!tmp.path().join("pvc-456").exists());
+    }
+
+    /// `--capacity`: a claim that does not fit fails (is rescheduled with a selected node)
+    /// and creates nothing; a deleted volume gives its room back.
+    #[tokio::test]
+    async fn claims_beyond_the_capacity_fail_and_deletion_gives_room_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = HostPath {
+            capacity: Some(3 << 29), // 1.5 GiB
+            ..backend(tmp.path(), Some("n"))
+        };
+        let first = provision(&b, &options(Some("1Gi"))).await.unwrap();
+        let mut second = options(Some("1Gi"));
+        second.pv_name = "pvc-456".into();
+        let err = reason(provision(&b, &second).await.unwrap_err());
+        let dir = tmp.path().display();
+        assert_eq!(
+            err,
+            format!("base directory {dir}: the claim's 1073741824 bytes do not fit: 1073741824 of the base directory's capacity of 1610612736 bytes are taken, 536870912 free")
+        );
+        match provision(&b, &on_node(second.clone(), "n"))
+            .await
+            .unwrap_err()
+        {
+            ProvisionError::Failed { state, .. } => {
+                assert_eq!(state, ProvisioningState::Reschedule)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!tmp.path().join("pvc-456").exists());
+        provision(&b, &options(Some("1Gi"))).await.unwrap(); // the same volume again: its own room
+        crate::delete::delete(&b, &first).await.unwrap();
+        provision(&b, &second).await.unwrap();
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 //! Only backends depend on it; it depends on no backend.
 
 pub mod attrs;
+pub mod capacity;
 pub mod claim;
 pub mod quota;
 pub mod safe_fs;

@@ -439,10 +439,13 @@ async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: Cancellati
             );
             let _ = rescan.unbounded_send(());
         }
-        if answered && gauges_read.elapsed() >= INTENT_GAUGES_INTERVAL {
+        if gauges_read.elapsed() >= INTENT_GAUGES_INTERVAL {
             gauges_read = tokio::time::Instant::now();
-            if let Err(e) = op.refresh_intent_gauges().await {
-                tracing::debug!(error = %e, "cannot read the intent gauges");
+            op.refresh_capacity_gauges().await;
+            if answered {
+                if let Err(e) = op.refresh_intent_gauges().await {
+                    tracing::debug!(error = %e, "cannot read the intent gauges");
+                }
             }
         }
         tokio::select! {

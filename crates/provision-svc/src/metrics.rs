@@ -6,8 +6,8 @@
 //! pv-writer exports them (see its `metrics` module) and provision-svc does not,
 //! and a dashboard summing across services counts each provisioning once.
 
-use common::runtime::metrics::{counter, counter_vec, gauge, SeedMetrics};
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
+use common::runtime::metrics::{counter, counter_vec, gauge, gauge_vec, SeedMetrics};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 /// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
 /// `""` when unset): `total` = volumes made whose PV was queued, `failed_total` = failed
@@ -46,6 +46,11 @@ pub struct ServiceMetrics {
     /// that still wants a volume but whose queued PV write pv-writer will never
     /// write (`dead_lettered`, `unverifiable`); each also emits a Warning.
     pub stalled_queue_entries: IntCounterVec,
+    /// `provision_svc_capacity_bytes{pool}`: capacity of each pool the backend limits
+    /// (hostpath `--capacity`, per base directory).
+    pub capacity: IntGaugeVec,
+    /// `provision_svc_capacity_free_bytes{pool}`: what the pool's volumes do not take.
+    pub capacity_free: IntGaugeVec,
     /// `provision_svc_redis_data_losses_total`: times the Redis data marker
     /// vanished or Redis failed over (every claim was then reconciled again).
     pub redis_data_losses: IntCounter,
@@ -82,6 +87,18 @@ impl ServiceMetrics {
                 "provision_svc_stalled_queue_entries_total",
                 "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
                 &["reason"],
+            ),
+            capacity: gauge_vec(
+                registry,
+                "provision_svc_capacity_bytes",
+                "Capacity of each storage pool the backend limits (hostpath: each base directory with --capacity), in bytes.",
+                &["pool"],
+            ),
+            capacity_free: gauge_vec(
+                registry,
+                "provision_svc_capacity_free_bytes",
+                "Bytes of each storage pool not taken by its volumes' requests; a claim larger than this fails (is rescheduled with a selected node).",
+                &["pool"],
             ),
             redis_data_losses: counter(
                 registry,

@@ -529,6 +529,25 @@ impl Operation {
         Ok(())
     }
 
+    /// Set the capacity gauges from the backend's pools (none when it limits none).
+    pub async fn refresh_capacity_gauges(&self) {
+        match self.ports.backend.capacity().await {
+            None => {}
+            Some(Ok(pools)) => {
+                for p in pools {
+                    let free = p.capacity.saturating_sub(p.allocated);
+                    let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
+                        g.with_label_values(&[&p.pool])
+                            .set(v.min(i64::MAX as u64) as i64)
+                    };
+                    gauge(&self.metrics.capacity, p.capacity);
+                    gauge(&self.metrics.capacity_free, free);
+                }
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "cannot read the backend's capacity"),
+        }
+    }
+
     /// Clear the intent of `pv_name`; failures are logged (a stale intent is re-checked by the next leader's start-up walk).
     pub async fn clear_intent(&self, pv_name: &str) {
         if let Err(e) = self.ports.intents.clear(pv_name).await {

@@ -13,5 +13,5 @@ pub mod quantity;
 pub mod testing;
 
 pub use errors::{DeleteError, ProvisionError, VolumeError};
-pub use provisioner::{OrphanOutcome, Provisioner};
+pub use provisioner::{OrphanOutcome, PoolCapacity, Provisioner};
 pub use provisioning::{ProvisionOptions, ProvisioningState};

@@ -27,6 +27,18 @@ pub enum OrphanOutcome {
     Absent,
 }
 
+/// How full one storage pool of a backend is (hostpath: a base directory), for the
+/// capacity metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolCapacity {
+    /// The pool's name (hostpath: the base directory's path).
+    pub pool: String,
+    /// Its capacity, bytes.
+    pub capacity: u64,
+    /// The bytes its volumes' requests take.
+    pub allocated: u64,
+}
+
 /// A storage backend (seed `Provisioner` plus its optional interfaces); the
 /// optional capabilities have defaults.
 #[async_trait]
@@ -107,6 +119,12 @@ pub trait Provisioner: Send + Sync + 'static {
             .iter()
             .filter_map(|pv| pv.metadata.name.clone())
             .collect())
+    }
+
+    /// Capacity of each pool the backend provisions from; `None` (default): not limited.
+    /// Errors: the pool's records are unreadable.
+    async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
+        None
     }
 
     /// Archive (never remove) the orphaned volume of `pv_name` once at least

@@ -145,6 +145,7 @@ mod tests {
             base_dir: "/var/lib/hp".into(),
             node_name: None,
             on_delete: OnDelete::Retain,
+            capacity: None,
         })
     }
 

@@ -91,6 +91,14 @@ impl SeedMetrics {
     }
 }
 
+/// A gauge family with `labels`, registered into `registry`.
+pub fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(
+        registry,
+        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+    )
+}
+
 /// A counter registered into `registry`.
 pub fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     register(registry, IntCounter::new(name, help).expect("valid metric"))

@@ -1,0 +1,111 @@
+//! A base directory's capacity: the requests of its volumes may add up to at most the
+//! configured capacity, so claims beyond it fail instead of filling the disk. Each volume's
+//! request is recorded in the base directory's bookkeeping (`.split-provisioner/sizes/<pv>`),
+//! out of reach of the pods, which only mount their own volume directories.
+
+use std::io;
+use std::sync::Mutex;
+
+use crate::safe_fs::{self, Dir};
+use crate::{is_single_component, Refusal};
+
+/// The bookkeeping directory of a base directory (shared with nfs-subdir's registry).
+pub const BOOKKEEPING_DIR: &str = ".split-provisioner";
+/// Its sub-directory of size records, one file per PV holding the request in bytes.
+pub const SIZES_DIR: &str = "sizes";
+
+/// Held while a reservation checks and records, so two claims never both take the last space.
+static RESERVING: Mutex<()> = Mutex::new(());
+
+/// Record `bytes` for `pv_name` below `root` unless that would take the recorded total over
+/// `capacity` (bytes). Idempotent: a PV already recorded keeps its record. Errors: the
+/// capacity would be exceeded (the message gives the figures), or the records are unusable.
+pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), Refusal> {
+    let _guard = RESERVING.lock().unwrap_or_else(|e| e.into_inner());
+    let unusable = |e: io::Error| {
+        Refusal(format!(
+            "cannot use the size records of the base directory: {e}"
+        ))
+    };
+    let sizes = sizes_dir(root).map_err(unusable)?;
+    if !is_single_component(pv_name) {
+        return Err(Refusal(format!(
+            "PV name {pv_name:?} is not a single path component"
+        )));
+    }
+    if safe_fs::entry(&sizes, pv_name).map_err(unusable)? != safe_fs::Entry::Absent {
+        return Ok(());
+    }
+    let allocated = allocated_in(&sizes).map_err(unusable)?;
+    if allocated.saturating_add(bytes) > capacity {
+        return Err(Refusal(format!(
+            "the claim's {bytes} bytes do not fit: {allocated} of the base directory's capacity of {capacity} bytes are taken, {} free",
+            capacity.saturating_sub(allocated)
+        )));
+    }
+    sizes.write(pv_name, bytes.to_string()).map_err(unusable)
+}
+
+/// Forget `pv_name`'s record (its volume is deleted or archived); absent is fine.
+/// Errors: the record exists and cannot be removed.
+pub fn release(root: &Dir, pv_name: &str) -> io::Result<()> {
+    let Ok(sizes) = safe_fs::open_path(root, &[BOOKKEEPING_DIR.into(), SIZES_DIR.into()]) else {
+        return Ok(());
+    };
+    match sizes.remove_file(pv_name) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The recorded total below `root` (bytes; 0 without records). Errors: unreadable records.
+pub fn allocated(root: &Dir) -> io::Result<u64> {
+    match safe_fs::open_path(root, &[BOOKKEEPING_DIR.into(), SIZES_DIR.into()]) {
+        Ok(sizes) => allocated_in(&sizes),
+        Err(safe_fs::WalkError::Missing(_)) => Ok(0),
+        Err(e) => Err(io::Error::other(e.to_string())),
+    }
+}
+
+fn sizes_dir(root: &Dir) -> io::Result<Dir> {
+    let comps = [BOOKKEEPING_DIR.to_string(), SIZES_DIR.to_string()];
+    safe_fs::create_path(root, &comps, 0o700)
+        .map(|(dir, _)| dir)
+        .map_err(|e| io::Error::other(e.to_string()))
+}
+
+/// The sum of the records in `sizes`; a record that is not a number counts as 0.
+fn allocated_in(sizes: &Dir) -> io::Result<u64> {
+    let mut total = 0_u64;
+    for entry in sizes.entries()? {
+        let name = entry?.file_name();
+        let text = sizes.read_to_string(&name).unwrap_or_default();
+        total = total.saturating_add(text.trim().parse().unwrap_or(0));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_stop_at_the_capacity_and_are_idempotent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = safe_fs::open_root(tmp.path()).unwrap();
+        assert_eq!(allocated(&root).unwrap(), 0);
+        reserve(&root, "pvc-a", 600, 1000).unwrap();
+        reserve(&root, "pvc-a", 600, 1000).unwrap();
+        assert_eq!(allocated(&root).unwrap(), 600);
+        let err = reserve(&root, "pvc-b", 500, 1000).unwrap_err();
+        assert_eq!(
+            err.0,
+            "the claim's 500 bytes do not fit: 600 of the base directory's capacity of 1000 bytes are taken, 400 free"
+        );
+        reserve(&root, "pvc-b", 400, 1000).unwrap();
+        release(&root, "pvc-a").unwrap();
+        release(&root, "pvc-a").unwrap();
+        assert_eq!(allocated(&root).unwrap(), 400);
+        assert!(reserve(&root, "../x", 1, 1000).is_err());
+    }
+}
