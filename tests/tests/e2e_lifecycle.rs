@@ -584,6 +584,59 @@ async fn claims_beyond_the_capacity_fail_until_room_is_freed(plane: ControlPlane
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }
 
+/// Expansion: a Bound claim of a class with `allowVolumeExpansion` asks for more; its PV and
+/// then its status capacity follow, with the resizer's events (no node step: a directory).
+async fn a_grown_claim_gets_its_pv_and_status_capacity_raised(plane: ControlPlane) {
+    let sys = system(plane).await;
+    sys.create_storage_class("grow", "Immediate", &[])
+        .await
+        .unwrap();
+    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
+        kube::Api::all(sys.client.clone());
+    let allow = serde_json::json!({"allowVolumeExpansion": true});
+    classes
+        .patch("grow", &PatchParams::default(), &Patch::Merge(&allow))
+        .await
+        .unwrap();
+    let claims = sys.create_claims("grow", 1, "grow").await.unwrap();
+    check(&sys, sys.wait_provisioned(1, Duration::from_secs(30)).await);
+    let bigger = serde_json::json!({"spec": {"resources": {"requests": {"storage": "3Mi"}}}});
+    sys.claims_api()
+        .patch(&claims[0], &PatchParams::default(), &Patch::Merge(&bigger))
+        .await
+        .unwrap();
+    let sizes = || async {
+        let claim = sys.claims_api().get(&claims[0]).await?;
+        let status = claim
+            .status
+            .and_then(|s| s.capacity)
+            .and_then(|c| c.get("storage").cloned());
+        let pv = sys.pvs().await?.remove(0);
+        let pv_size = pv
+            .spec
+            .and_then(|s| s.capacity)
+            .and_then(|c| c.get("storage").cloned());
+        Ok((pv_size.map(|q| q.0), status.map(|q| q.0)))
+    };
+    let three = Some("3Mi".to_string());
+    let r = e2e::harness::wait_eq(
+        Duration::from_secs(30),
+        "(PV, claim status) capacity",
+        (three.clone(), three),
+        sizes,
+    )
+    .await;
+    check(&sys, r);
+    check(
+        &sys,
+        sys.wait_objects_with_event("VolumeResizeSuccessful", 1, Duration::from_secs(10))
+            .await,
+    );
+    assert_eq!(sys.events("Resizing").await.unwrap(), 1);
+    sys.delete_claims(&claims).await.unwrap();
+    check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
+}
+
 on_both_planes!(
     hundred_claims_are_provisioned_bound_and_reclaimed,
     wait_for_first_consumer_waits_for_the_selected_node,
@@ -594,4 +647,5 @@ on_both_planes!(
     class_directory_mode_and_mount_options_reach_the_volume,
     a_class_picks_one_of_several_base_dirs,
     claims_beyond_the_capacity_fail_until_room_is_freed,
+    a_grown_claim_gets_its_pv_and_status_capacity_raised,
 );

@@ -99,6 +99,10 @@ impl Provisioner for BaseDirs {
         Ok(used)
     }
 
+    async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
+        self.for_volume(volume).expand(volume, bytes).await
+    }
+
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
         let mut pools = Vec::new();
         for dir in &self.0 {

@@ -136,6 +136,10 @@ impl Provisioner for HostPath {
         Ok(provision::validate_volume(self, pv)?)
     }
 
+    async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
+        provision::expand(self, volume, bytes).await
+    }
+
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
         let capacity = self.capacity?;
         let (base, pool) = (self.base_dir.clone(), self.base_dir.display().to_string());

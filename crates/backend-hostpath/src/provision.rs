@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, VolumeNodeAffinity,
 };
-use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
+use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState, VolumeError};
 
 use super::base_dirs::PARAM_BASE_DIR;
 use super::HostPath;
@@ -134,6 +134,33 @@ pub fn node_affinity(node: &str) -> VolumeNodeAffinity {
     }
 }
 
+/// Grow `volume`'s directory to `bytes`: its room in `--capacity` and its project quota
+/// limit when it has one. Errors: not one of ours ([`validate_volume`]), no room, or the
+/// limit could not be raised.
+pub async fn expand(
+    backend: &HostPath,
+    volume: &PersistentVolume,
+    bytes: u64,
+) -> Result<(), VolumeError> {
+    validate_volume(backend, volume)?;
+    let name = volume.metadata.name.clone().unwrap_or_default();
+    let (base, room) = (backend.base_dir.clone(), backend.capacity);
+    backend_kit::blocking("hostpath expand", move || {
+        let refused = |e: String| VolumeError::Refused(format!("volume {name}: {e}"));
+        let root = safe_fs::open_root(&base).map_err(|e| refused(e.to_string()))?;
+        if let Some(room) = room {
+            capacity::grow(&root, &name, bytes, room).map_err(|r| refused(r.0))?;
+        }
+        let dir = safe_fs::open_path(&root, std::slice::from_ref(&name))
+            .map_err(|e| refused(e.to_string()))?;
+        let readable = safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
+        quota::raise(&readable, bytes)
+            .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
+        Ok(())
+    })
+    .await
+}
+
 /// `validate_volume`: `pv` is one [`provision`] could have made (one-component
 /// name, only `hostPath`, `DirectoryOrCreate`, path `<base-dir>/<pv name>`).
 /// Errors: the first failed check, naming the PV.
@@ -217,7 +244,10 @@ async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<()
                 base.join(&name).display()
             ))
         });
-        match given.and_then(|()| quota::apply(new.quota, &dir, &name, new.bytes)) {
+        let readable = safe_fs::as_file(&dir)
+            .map_err(|e| Refusal(format!("cannot open {}: {e}", base.join(&name).display())));
+        let limited = readable.and_then(|f| quota::apply(new.quota, &f, &name, new.bytes));
+        match given.and(limited) {
             Ok(Applied::Limited { project }) => {
                 tracing::info!(pv = %name, project, bytes = new.bytes, "volume size limited")
             }

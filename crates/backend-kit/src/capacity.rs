@@ -46,6 +46,35 @@ pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(
     sizes.write(pv_name, bytes.to_string()).map_err(unusable)
 }
 
+/// Change `pv_name`'s record to `bytes` unless the recorded total would then exceed
+/// `capacity`; a PV without a record gets one. Errors: as [`reserve`].
+pub fn grow(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), Refusal> {
+    let _guard = RESERVING.lock().unwrap_or_else(|e| e.into_inner());
+    let unusable = |e: io::Error| {
+        Refusal(format!(
+            "cannot use the size records of the base directory: {e}"
+        ))
+    };
+    if !is_single_component(pv_name) {
+        return Err(Refusal(format!(
+            "PV name {pv_name:?} is not a single path component"
+        )));
+    }
+    let sizes = sizes_dir(root).map_err(unusable)?;
+    let own: u64 = sizes
+        .read_to_string(pv_name)
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0);
+    let others = allocated_in(&sizes).map_err(unusable)?.saturating_sub(own);
+    if others.saturating_add(bytes) > capacity {
+        return Err(Refusal(format!(
+            "the volume cannot grow to {bytes} bytes: its neighbours take {others} of the base directory's capacity of {capacity} bytes"
+        )));
+    }
+    sizes.write(pv_name, bytes.to_string()).map_err(unusable)
+}
+
 /// Forget `pv_name`'s record (its volume is deleted or archived); absent is fine.
 /// Errors: the record exists and cannot be removed.
 pub fn release(root: &Dir, pv_name: &str) -> io::Result<()> {
@@ -107,5 +136,9 @@ mod tests {
         release(&root, "pvc-a").unwrap();
         assert_eq!(allocated(&root).unwrap(), 400);
         assert!(reserve(&root, "../x", 1, 1000).is_err());
+        grow(&root, "pvc-b", 900, 1000).unwrap();
+        assert_eq!(allocated(&root).unwrap(), 900);
+        let err = grow(&root, "pvc-c", 200, 1000).unwrap_err();
+        assert!(err.0.contains("its neighbours take 900"), "{err}");
     }
 }

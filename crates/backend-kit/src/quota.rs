@@ -105,11 +105,33 @@ pub fn limit(dir: &impl AsFd, project: u32, bytes: u64) -> io::Result<()> {
     attr.xflags |= FS_XFLAG_PROJINHERIT;
     // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to read.
     check(unsafe { libc::ioctl(fd, FS_IOC_FSSETXATTR, &attr) })?;
+    limit_project(fd, project, bytes)
+}
+
+/// Set the hard block limit of `project` on `fd`'s filesystem to `bytes` (rounded up to KiB).
+fn limit_project(fd: libc::c_int, project: u32, bytes: u64) -> io::Result<()> {
     // SAFETY: an all-zero `dqblk` is valid; only the block limits are marked set.
     let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
     dq.dqb_bhardlimit = bytes.div_ceil(1024);
     dq.dqb_valid = libc::QIF_BLIMITS;
     quotactl(fd, libc::Q_SETQUOTA, project, &mut dq)
+}
+
+/// Raise the hard limit of `dir`'s project to `bytes` when it has one (a volume made with a
+/// `quota` other than `off` on a filesystem with project quotas); `Ok(false)` when it has
+/// none (also where the filesystem has no project ids). Errors: as [`limit`].
+pub fn raise(dir: &impl AsFd, bytes: u64) -> io::Result<bool> {
+    let fd = dir.as_fd().as_raw_fd();
+    let mut attr = FsXattr::default();
+    // SAFETY: as in `limit`.
+    if check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) }).is_err() || attr.projid == 0
+    {
+        return Ok(false);
+    }
+    match usage(dir) {
+        Ok((_, limit)) if limit > 0 => limit_project(fd, attr.projid, bytes).map(|()| true),
+        _ => Ok(false),
+    }
 }
 
 /// Space used and hard limit (bytes, 0: none) of `dir`'s project. Errors: as [`limit`].
@@ -205,6 +227,25 @@ mod tests {
             let id = project_id(name);
             assert!((1 << 20..1 << 31).contains(&id), "{name}: {id}");
         }
+    }
+
+    /// The backends' directory handles are `O_PATH`, on which the ioctls fail with `EBADF`:
+    /// the quota functions take the readable descriptor `safe_fs::as_file` gives.
+    #[test]
+    fn quota_calls_need_a_readable_descriptor_not_an_o_path_handle() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = crate::safe_fs::open_root(tmp.path()).unwrap();
+        let (dir, _) = crate::safe_fs::create_path(&root, &["pvc-1".to_string()], 0o777).unwrap();
+        let o_path = limit(&dir, 1 << 20, 1 << 20).unwrap_err();
+        assert_eq!(o_path.raw_os_error(), Some(libc::EBADF), "{o_path}");
+        let readable = crate::safe_fs::as_file(&dir).unwrap();
+        if let Err(e) = limit(&readable, 1 << 20, 1 << 20) {
+            assert_ne!(e.raw_os_error(), Some(libc::EBADF), "{e}");
+        }
+        assert!(
+            !raise(&readable, 1 << 20).unwrap_or(true),
+            "no limit to raise here"
+        );
     }
 
     /// On a filesystem without project quotas (this test's temporary directory, on a host

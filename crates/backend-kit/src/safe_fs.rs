@@ -103,8 +103,9 @@ pub fn set_mode(dir: &Dir, mode: u32) -> io::Result<()> {
 }
 
 /// A readable descriptor of the directory behind `dir` (handles from
-/// `open_dir_nofollow` are `O_PATH`, on which `fchmod`/`fchown` fail).
-fn as_file(dir: &Dir) -> io::Result<std::fs::File> {
+/// `open_dir_nofollow` are `O_PATH`, on which `fchmod`, `fchown` and ioctls fail).
+/// Errors: reopening `.` failed.
+pub fn as_file(dir: &Dir) -> io::Result<std::fs::File> {
     Ok(dir.open(".")?.into_std())
 }
 

@@ -160,6 +160,26 @@ impl Provisioner for NfsSubdir {
             .map(|_| ())
             .map_err(VolumeError::from)
     }
+
+    /// Raises the directory's project quota limit when it has one (the mount is a local
+    /// XFS/ext4 with project quotas); otherwise nothing limits the directory's size.
+    async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
+        let rel = delete::volume_directory(self, volume)?;
+        let mount = self.mount.clone();
+        backend_kit::blocking("nfs-subdir expand", move || {
+            let refused = |e: String| VolumeError::Refused(format!("directory \"{rel}\": {e}"));
+            let root =
+                backend_kit::safe_fs::open_root(&mount).map_err(|e| refused(e.to_string()))?;
+            let dir = backend_kit::safe_fs::open_path(&root, rel.components())
+                .map_err(|e| refused(e.to_string()))?;
+            let readable =
+                backend_kit::safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
+            backend_kit::quota::raise(&readable, bytes)
+                .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
+            Ok(())
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

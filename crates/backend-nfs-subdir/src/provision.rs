@@ -284,7 +284,10 @@ fn create_blocking(
     attrs
         .apply(&dir)
         .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))?;
-    match quota::apply(quota, &dir, pv_name, bytes) {
+    let limited = safe_fs::as_file(&dir)
+        .map_err(|e| Refusal(format!("cannot open \"{rel}\": {e}")))
+        .and_then(|f| quota::apply(quota, &f, pv_name, bytes));
+    match limited {
         Ok(Applied::Limited { project }) => {
             tracing::info!(pv = pv_name, project, bytes, "volume size limited")
         }

@@ -75,6 +75,10 @@ struct FakeCluster {
     /// Error of every live PV GET.
     pv_error: Option<String>,
     events: Mutex<Vec<(bool, String, String)>>,
+    /// PV objects a live GET returns (expansion).
+    pv_objects: Mutex<Vec<PersistentVolume>>,
+    /// Merge patches sent: (`pv/<name>` or `claim/<name>/status`, patch).
+    patches: Mutex<Vec<(String, serde_json::Value)>>,
 }
 
 impl FakeCluster {
@@ -105,6 +109,32 @@ impl ClusterApi for FakeCluster {
     }
     async fn claim_exists(&self, _ns: &str, _name: &str, uid: &str) -> Effect<bool> {
         Ok(self.live_claims.lock().unwrap().contains(uid))
+    }
+    async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>> {
+        let pvs = self.pv_objects.lock().unwrap();
+        Ok(pvs
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name))
+            .cloned())
+    }
+    async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()> {
+        self.patches
+            .lock()
+            .unwrap()
+            .push((format!("pv/{name}"), patch.clone()));
+        Ok(())
+    }
+    async fn patch_claim_status(
+        &self,
+        claim: &PersistentVolumeClaim,
+        patch: &serde_json::Value,
+    ) -> Effect<()> {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        self.patches
+            .lock()
+            .unwrap()
+            .push((format!("claim/{name}/status"), patch.clone()));
+        Ok(())
     }
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
         self.patched
@@ -1592,4 +1622,130 @@ async fn the_queued_entry_carries_the_claims_first_attempt_across_retries() {
         w.metric("provision_svc_volumes_provisioned_total"),
         r#"provision_svc_volumes_provisioned_total{class="fast"} 1"#
     );
+}
+
+/// A claim of ours Bound to `pvc-<uid>` that asks for `request` with `capacity` in its status.
+fn bound(uid: &str, request: &str, capacity: &str) -> PersistentVolumeClaim {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, VolumeResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut c = claim(uid, &[(ANN_STORAGE_PROVISIONER, NAME)]);
+    let spec = c.spec.as_mut().unwrap();
+    spec.volume_name = Some(format!("pvc-{uid}"));
+    let storage = |q: &str| BTreeMap::from([("storage".to_string(), Quantity(q.into()))]);
+    spec.resources = Some(VolumeResourceRequirements {
+        requests: Some(storage(request)),
+        ..Default::default()
+    });
+    c.status = Some(PersistentVolumeClaimStatus {
+        phase: Some("Bound".into()),
+        capacity: Some(storage(capacity)),
+        ..Default::default()
+    });
+    c
+}
+
+/// The PV of `claim`, provisioned by us with `capacity`.
+fn volume_of(claim: &PersistentVolumeClaim, capacity: &str) -> PersistentVolume {
+    use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: claim.spec.as_ref().unwrap().volume_name.clone(),
+            annotations: Some(BTreeMap::from([(
+                api_types::ANN_DYNAMICALLY_PROVISIONED.to_string(),
+                NAME.to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            capacity: Some(BTreeMap::from([(
+                "storage".to_string(),
+                Quantity(capacity.into()),
+            )])),
+            claim_ref: Some(ObjectReference {
+                uid: claim.metadata.uid.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A set-up whose class `fast` allows expansion (or not) and whose API server has `pv`.
+fn expandable(allow: bool, pv: PersistentVolume) -> World {
+    let mut fast = class("fast", NAME, None);
+    fast.allow_volume_expansion = Some(allow);
+    let cluster = FakeCluster {
+        pv_objects: Mutex::new(vec![pv]),
+        ..Default::default()
+    };
+    Setup {
+        cluster,
+        classes: vec![fast],
+        ..Default::default()
+    }
+    .build()
+}
+
+#[tokio::test]
+async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does() {
+    let c = bound("u1", "2Mi", "1Mi");
+    let w = expandable(true, volume_of(&c, "1Mi"));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
+    assert_eq!(
+        *w.cluster.patches.lock().unwrap(),
+        vec![
+            (
+                "pv/pvc-u1".to_string(),
+                serde_json::json!({"spec": {"capacity": {"storage": "2Mi"}}})
+            ),
+            (
+                "claim/claim-u1/status".to_string(),
+                serde_json::json!({"status": {"capacity": {"storage": "2Mi"}}})
+            ),
+        ]
+    );
+    let reasons: Vec<String> = w.cluster.events().into_iter().map(|e| e.1).collect();
+    assert_eq!(reasons, ["Resizing", "VolumeResizeSuccessful"]);
+    assert!(w.enqueued().is_empty(), "nothing provisioned");
+}
+
+#[tokio::test]
+async fn shrinking_a_class_without_expansion_or_a_foreign_pv_is_a_warning_and_no_change() {
+    let c = bound("u1", "2Mi", "1Mi");
+    for (allow, pv, expected) in [
+        (
+            true,
+            volume_of(&c, "4Mi"),
+            "shrinking volume pvc-u1 from 4194304 to 2097152 is not supported",
+        ),
+        (
+            false,
+            volume_of(&c, "1Mi"),
+            "StorageClass \"fast\" does not allow volume expansion",
+        ),
+        (
+            true,
+            volume_of(&bound("u2", "1Mi", "1Mi"), "1Mi"),
+            "PV pvc-u2 was",
+        ),
+    ] {
+        let mut pv = pv;
+        pv.metadata.name = Some("pvc-u1".into());
+        if expected.starts_with("PV") {
+            pv.metadata.annotations = None;
+        }
+        let w = expandable(allow, pv);
+        assert_eq!(w.op.sync_claim(&c).await, Ok(()), "{expected}");
+        assert!(w.cluster.patches.lock().unwrap().is_empty(), "{expected}");
+        let events = w.cluster.events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(
+            events[0].0 && events[0].1 == "VolumeResizeFailed",
+            "{events:?}"
+        );
+        let expected = expected.replace("PV pvc-u2 was", "PV pvc-u1 was not provisioned");
+        assert!(events[0].2.starts_with(&expected), "{events:?}");
+    }
 }

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod operation;
 pub mod ports;
 pub mod recovery;
+pub mod resize;
 
 use std::sync::Arc;
 

@@ -84,6 +84,19 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// claim changed) is `Ok`, the next sync decides.
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()>;
 
+    /// GET the PV `name` live (never a cache): `Ok(None)` on 404.
+    async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>>;
+
+    /// Merge-patch the PV `name` with `patch` (its capacity after an expansion).
+    async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()>;
+
+    /// Merge-patch the status subresource of `claim` with `patch` (its capacity).
+    async fn patch_claim_status(
+        &self,
+        claim: &PersistentVolumeClaim,
+        patch: &serde_json::Value,
+    ) -> Effect<()>;
+
     /// Record an event on `claim` (Normal, or Warning when `warning`). Never
     /// fails and never blocks on the API server: events are informative.
     fn claim_event(&self, claim: &PersistentVolumeClaim, warning: bool, reason: &str, note: String);
@@ -342,6 +355,37 @@ impl ClusterApi for KubeCluster {
             .await
             .map(|pv| pv.is_some())
             .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
+    }
+
+    async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>> {
+        Api::<PersistentVolume>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
+    }
+
+    async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()> {
+        Api::<PersistentVolume>::all(self.client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(|_| ())
+            .map_err(kube_failed(format!("patch PersistentVolume {name:?}")))
+    }
+
+    async fn patch_claim_status(
+        &self,
+        claim: &PersistentVolumeClaim,
+        patch: &serde_json::Value,
+    ) -> Effect<()> {
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map(|_| ())
+            .map_err(kube_failed(format!(
+                "patch PersistentVolumeClaim \"{namespace}/{name}\" status"
+            )))
     }
 
     async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Effect<bool> {

@@ -66,8 +66,8 @@ pub enum DeleteError {
     },
 }
 
-/// Failure of the volume checks and listings ([`validate_volume`](crate::Provisioner::validate_volume),
-/// [`list_volumes`](crate::Provisioner::list_volumes), [`volumes_in_use`](crate::Provisioner::volumes_in_use)).
+/// Failure of the volume checks, listings and expansion ([`validate_volume`](crate::Provisioner::validate_volume),
+/// [`list_volumes`](crate::Provisioner::list_volumes), [`expand`](crate::Provisioner::expand)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VolumeError {
     /// The PV is not one this backend could have made; the reason names the check.
@@ -76,4 +76,7 @@ pub enum VolumeError {
     /// The backend's volumes or records cannot be read; the reason names the cause.
     #[error("{0}")]
     Unreadable(String),
+    /// The volume cannot take the change (e.g. no room to grow); the reason says why.
+    #[error("{0}")]
+    Refused(String),
 }

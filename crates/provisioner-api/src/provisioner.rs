@@ -121,6 +121,13 @@ pub trait Provisioner: Send + Sync + 'static {
             .collect())
     }
 
+    /// Grow `volume` to `bytes` (its claim's new request, more than its capacity): raise its
+    /// size limit and reserve the room. Default: nothing to do (a volume without a size of
+    /// its own). Errors: not ours, no room, or the limit could not be raised.
+    async fn expand(&self, _volume: &PersistentVolume, _bytes: u64) -> Result<(), VolumeError> {
+        Ok(())
+    }
+
     /// Capacity of each pool the backend provisions from; `None` (default): not limited.
     /// Errors: the pool's records are unreadable.
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {

@@ -1,14 +1,16 @@
 //! Runs inside the VM of `tools/quota-vm/run.sh` (as PID 1's child): for each
-//! `<mountpoint>:<name>` argument, makes a volume directory with `backend_kit::quota`
-//! (`quota=required`, 10 MiB), writes 20 MiB into it without `CAP_SYS_RESOURCE` and checks
-//! the write stops at the limit with ENOSPC/EDQUOT, reads the usage back, raises the limit
-//! to 20 MiB and checks the rest fits. Prints `QUOTA-PROBE <name> PASS|FAIL` lines and
+//! `<mountpoint>:<name>` argument, makes a volume directory as the backends do (a cap-std
+//! handle, `backend_kit::quota` with `quota=required`, 10 MiB), writes 20 MiB into it without
+//! `CAP_SYS_RESOURCE` and checks the write stops at the limit with ENOSPC/EDQUOT, reads the
+//! usage back, raises the limit to 20 MiB (`quota::raise`, as an expansion does) and checks
+//! the rest fits. Prints `QUOTA-PROBE <name> PASS|FAIL` lines and
 //! `QUOTA-PROBE PASS` when every filesystem passed; also the cost of one `apply`.
 
 use std::io::Write;
 use std::time::Instant;
 
 use backend_kit::quota::{self, Applied, QuotaMode};
+use backend_kit::safe_fs;
 
 const MIB: u64 = 1 << 20;
 
@@ -28,8 +30,10 @@ fn main() {
 
 fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
     let dir_path = format!("{mount}/pvc-probe-{name}");
-    std::fs::create_dir_all(&dir_path)?;
-    let dir = std::fs::File::open(&dir_path)?;
+    let root = safe_fs::open_root(std::path::Path::new(mount))?;
+    let (handle, _) = safe_fs::create_path(&root, &[format!("pvc-probe-{name}")], 0o777)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let dir = safe_fs::as_file(&handle)?;
     let applied = quota::apply(QuotaMode::Required, &dir, &dir_path, 10 * MIB);
     println!("QUOTA-PROBE {name} apply: {applied:?}");
     if !matches!(applied, Ok(Applied::Limited { .. })) {
@@ -42,7 +46,8 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
     println!("QUOTA-PROBE {name} write past 10 MiB: {written} bytes, errno {errno:?}");
     let (used, limit) = quota::usage(&dir)?;
     println!("QUOTA-PROBE {name} usage: {used} of {limit} bytes");
-    quota::limit(&dir, quota::project_id(&dir_path), 20 * MIB)?;
+    let raised = quota::raise(&dir, 20 * MIB)?;
+    println!("QUOTA-PROBE {name} raised: {raised}");
     let (more, errno_more) = fill(&format!("{dir_path}/more"), 9 * MIB);
     println!("QUOTA-PROBE {name} after raising to 20 MiB: {more} more bytes, errno {errno_more:?}");
     let started = Instant::now();
@@ -56,7 +61,7 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
     let per = started.elapsed() / volumes;
     println!("QUOTA-PROBE {name} cost: {per:?} per volume (mkdir + project id + limit, {volumes} volumes)");
     let counted = (written..=written + 64 * 1024).contains(&used);
-    Ok(stopped && near_limit && limit == 10 * MIB && counted && more == 9 * MIB)
+    Ok(stopped && near_limit && limit == 10 * MIB && counted && raised && more == 9 * MIB)
 }
 
 /// Write up to `max` bytes in 1 MiB chunks; the bytes written and the errno that stopped it.

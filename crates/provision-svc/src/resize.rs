@@ -1,0 +1,165 @@
+//! Volume expansion, as kubernetes-csi/external-resizer does it for our PVs: a Bound claim
+//! of ours whose request grew past its capacity gets its volume grown by the backend
+//! (`Provisioner::expand`: quota raised, room reserved), the PV's capacity, then the claim's
+//! status capacity; events `Resizing`, then `VolumeResizeSuccessful` or `VolumeResizeFailed`.
+//! No node-side step: a directory needs no filesystem resize. Why here: docs/ARCHITECTURE.md.
+
+use api_types::ANN_DYNAMICALLY_PROVISIONED;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::runtime::reflector::ObjectRef;
+use provisioner_api::quantity;
+use serde_json::json;
+
+use crate::decision::{self, ProvisionerNames};
+use crate::operation::{OpError, Operation};
+
+/// Event reason: the backend is growing the volume (Normal).
+pub const RESIZING: &str = "Resizing";
+/// Event reason: the volume has its new size (Normal).
+pub const RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+/// Event reason: the volume cannot take the new size (Warning).
+pub const RESIZE_FAILED: &str = "VolumeResizeFailed";
+
+/// What a claim asks of its volume's size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Wanted {
+    /// The bound PV.
+    pub pv: String,
+    /// The claim's request.
+    pub request: Quantity,
+    /// The request in bytes.
+    pub bytes: u64,
+}
+
+/// The growth `claim` asks for: Bound to a PV, expected from one of `names`, with a request
+/// larger than its status capacity. `None` otherwise (nothing to do).
+pub fn wanted(claim: &PersistentVolumeClaim, names: &ProvisionerNames) -> Option<Wanted> {
+    let status = claim.status.as_ref()?;
+    if status.phase.as_deref() != Some("Bound") {
+        return None;
+    }
+    if !decision::expected_provisioner(claim).is_some_and(|p| names.is_known(p)) {
+        return None;
+    }
+    let spec = claim.spec.as_ref()?;
+    let pv = spec.volume_name.clone().filter(|v| !v.is_empty())?;
+    let request = spec
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")?
+        .clone();
+    let bytes = quantity::bytes(&request)?;
+    let capacity = status
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .and_then(quantity::bytes);
+    (capacity.is_none_or(|c| bytes > c)).then_some(Wanted { pv, request, bytes })
+}
+
+impl Operation {
+    /// Grow the volume of `claim` as [`wanted`] says; a refusal (the class does not allow
+    /// expansion, a smaller request than the PV has, a PV that is not this claim's) is a
+    /// Warning and final. Errors: the backend or an API call failed (retried).
+    pub async fn resize(&self, claim: &PersistentVolumeClaim, want: Wanted) -> Result<(), OpError> {
+        let cluster = &self.ports.cluster;
+        let refuse = |note: String| {
+            tracing::warn!(pv = %want.pv, %note, "volume not resized");
+            cluster.claim_event(claim, true, RESIZE_FAILED, note);
+            Ok(())
+        };
+        let class_name = decision::claim_class(claim);
+        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
+        let allowed = class.is_some_and(|c| c.allow_volume_expansion == Some(true));
+        if !allowed {
+            return refuse(format!(
+                "StorageClass {class_name:?} does not allow volume expansion"
+            ));
+        }
+        let failed = |e: String| OpError::Failed(format!("resizing volume {}: {e}", want.pv));
+        let Some(pv) = cluster
+            .get_pv(&want.pv)
+            .await
+            .map_err(|e| failed(e.to_string()))?
+        else {
+            return Ok(());
+        };
+        if let Some(why) = not_this_claims(&pv, claim, &self.settings.names) {
+            return refuse(why);
+        }
+        let pv_capacity = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"));
+        let pv_bytes = pv_capacity.and_then(quantity::bytes).unwrap_or(0);
+        if want.bytes < pv_bytes {
+            let note = format!(
+                "shrinking volume {} from {} to {} is not supported",
+                want.pv, pv_bytes, want.bytes
+            );
+            return refuse(note);
+        }
+        if want.bytes > pv_bytes {
+            let note = format!("External resizer is resizing volume {}", want.pv);
+            cluster.claim_event(claim, false, RESIZING, note);
+            if let Err(e) = self.ports.backend.expand(&pv, want.bytes).await {
+                cluster.claim_event(
+                    claim,
+                    true,
+                    RESIZE_FAILED,
+                    format!("resize volume {} failed: {e}", want.pv),
+                );
+                return Err(failed(e.to_string()));
+            }
+            let patch = json!({"spec": {"capacity": {"storage": want.request}}});
+            cluster
+                .patch_pv(&want.pv, &patch)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        }
+        let status = json!({"status": {"capacity": {"storage": want.request}}});
+        cluster
+            .patch_claim_status(claim, &status)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        tracing::info!(pv = %want.pv, bytes = want.bytes, "volume resized");
+        cluster.claim_event(
+            claim,
+            false,
+            RESIZE_SUCCESSFUL,
+            "Resize volume succeeded".into(),
+        );
+        Ok(())
+    }
+}
+
+/// Why `pv` is not `claim`'s volume of ours (provisioned by one of `names`, bound to the
+/// claim's uid), if it is not.
+fn not_this_claims(
+    pv: &PersistentVolume,
+    claim: &PersistentVolumeClaim,
+    names: &ProvisionerNames,
+) -> Option<String> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let by = pv
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
+    if !by.is_some_and(|p| names.is_known(p)) {
+        return Some(format!(
+            "PV {name} was not provisioned by this provisioner; not resizing it"
+        ));
+    }
+    let bound_uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref());
+    (bound_uid != claim.metadata.uid.as_deref())
+        .then(|| format!("PV {name} is not bound to this claim; not resizing it"))
+}
