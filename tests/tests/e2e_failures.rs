@@ -264,7 +264,7 @@ async fn failover_to_a_stale_replica_binds_every_claim_once(plane: ControlPlane)
     let name = sys.settings.provisioner_name.clone();
     let mut reported = check(
         &sys,
-        wait_for(Duration::from_secs(30), "the orphan report", || async {
+        wait_for(Duration::from_secs(60), "the orphan report", || async {
             let report = orphan_report::read(&mut conn.clone(), &name).await.ok()??;
             (report.reporter.starts_with("reclaim-svc") && report.orphans.len() == 3)
                 .then_some(report.orphans)
