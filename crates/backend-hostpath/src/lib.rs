@@ -48,15 +48,8 @@ pub struct HostPathArgs {
     /// Capacity of each base directory (a quantity, e.g. `500Gi`): a claim whose request
     /// does not fit beside the volumes already there fails (is rescheduled, with a selected
     /// node). Unset: unlimited.
-    #[arg(long, env = "HOSTPATH_CAPACITY", value_parser = parse_capacity)]
+    #[arg(long, env = "HOSTPATH_CAPACITY", value_parser = backend_kit::capacity::parse_quantity)]
     pub capacity: Option<u64>,
-}
-
-/// A positive quantity in bytes. Errors: not a positive quantity.
-fn parse_capacity(s: &str) -> Result<u64, String> {
-    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
-    provisioner_api::quantity::bytes(&q)
-        .ok_or_else(|| format!("{s:?} is not a positive quantity such as 500Gi"))
 }
 
 /// The hostpath backend. Idempotent per PV name.

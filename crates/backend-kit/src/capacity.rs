@@ -96,6 +96,13 @@ pub fn allocated(root: &Dir) -> io::Result<u64> {
     }
 }
 
+/// A capacity flag's value: a positive quantity (`500Gi`) in bytes. Errors: anything else.
+pub fn parse_quantity(s: &str) -> Result<u64, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
+    provisioner_api::quantity::bytes(&q)
+        .ok_or_else(|| format!("{s:?} is not a positive quantity such as 500Gi"))
+}
+
 fn sizes_dir(root: &Dir) -> io::Result<Dir> {
     let comps = [BOOKKEEPING_DIR.to_string(), SIZES_DIR.to_string()];
     safe_fs::create_path(root, &comps, 0o700)

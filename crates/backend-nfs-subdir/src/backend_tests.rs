@@ -34,6 +34,7 @@ fn fixture() -> Fixture {
         server: "nfs.example".into(),
         export_path: "/srv/k8s".into(),
         mount: mount.clone(),
+        capacity: None,
     };
     Fixture {
         _tmp: tmp,
@@ -837,4 +838,32 @@ async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
     );
     assert_eq!(tree(&f.mount), ["team-a", "team-a/archived-data"]);
     assert!(f.backend.list_volumes().await.unwrap().unwrap().is_empty());
+}
+
+/// `--nfs-capacity`: a claim that does not fit beside the export's volumes fails and leaves
+/// no directory; deleting a volume (or growing one) goes through the same records.
+#[tokio::test]
+async fn claims_beyond_the_export_capacity_fail_and_deletion_gives_room_back() {
+    let mut f = fixture();
+    f.backend.capacity = Some(3 << 19); // 1.5 MiB; every claim here asks for 1Mi
+    let first = f.backend.provision(&options(&[], &[])).await.unwrap();
+    let mut second = options(&[], &[]);
+    second.pv_name = "pvc-2".into();
+    let err = reason(f.backend.provision(&second).await.unwrap_err());
+    assert!(
+        err.contains(
+            "do not fit: 1048576 of the base directory's capacity of 1572864 bytes are taken"
+        ),
+        "{err}"
+    );
+    assert!(!f.mount.join("team-a-data-pvc-2").exists());
+    let pools = f.backend.capacity().await.unwrap().unwrap();
+    assert_eq!((pools[0].capacity, pools[0].allocated), (3 << 19, 1 << 20));
+    let err = f.backend.expand(&first, 2 << 30).await.unwrap_err();
+    assert!(
+        err.to_string().contains("cannot grow to 2147483648 bytes"),
+        "{err}"
+    );
+    f.backend.delete(&first).await.unwrap();
+    f.backend.provision(&second).await.unwrap();
 }

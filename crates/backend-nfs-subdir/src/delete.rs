@@ -295,6 +295,12 @@ fn apply_policy(
             .map(|()| None)
             .map_err(io_failed("remove the record of PV"))
     };
+    // Its size record goes with the directory (a retained one still takes its room).
+    let release = || {
+        if let Err(e) = backend_kit::capacity::release(root, pv_name) {
+            tracing::warn!(pv = pv_name, error = %e, "cannot forget the volume's size record");
+        }
+    };
     if matches!(policy, Ok(OnDelete::Retain)) {
         tracing::info!(pv = pv_name, directory = %rel, "retaining nfs-subdir directory");
         return forget();
@@ -302,6 +308,7 @@ fn apply_policy(
     let (parent_comps, last) = rel.split_last();
     let Some(parent) = existing_parent(root, pv_name, rel)? else {
         tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
+        release();
         return forget();
     };
     let policy = policy?;
@@ -322,6 +329,7 @@ fn apply_policy(
                 .remove_dir_all(last)
                 .map_err(io_failed("remove the volume directory"))?;
             tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
+            release();
         }
         OnDelete::Archive => {
             let target = archive_name(&parent, pv_name, last)?;
@@ -329,6 +337,7 @@ fn apply_policy(
                 .rename(last, &parent, &target)
                 .map_err(io_failed("archive the volume directory"))?;
             tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
+            release();
             forget()?;
             let mut archived = parent_comps.to_vec();
             archived.push(target);

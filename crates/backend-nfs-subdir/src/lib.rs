@@ -23,7 +23,8 @@ use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{
-    DeleteError, OrphanOutcome, ProvisionError, ProvisionOptions, Provisioner, VolumeError,
+    DeleteError, OrphanOutcome, PoolCapacity, ProvisionError, ProvisionOptions, Provisioner,
+    VolumeError,
 };
 
 /// PV annotation recording the delete policy resolved at provisioning time:
@@ -49,6 +50,11 @@ pub struct NfsSubdirArgs {
     /// Where the export is mounted in this pod; the backend never acts outside it.
     #[arg(long, env = "NFS_MOUNT", default_value = DEFAULT_MOUNT)]
     pub nfs_mount: PathBuf,
+
+    /// Capacity of the export (a quantity, e.g. `2Ti`): a claim whose request does not fit
+    /// beside the volumes already there fails. Unset: unlimited.
+    #[arg(long, env = "NFS_CAPACITY", value_parser = backend_kit::capacity::parse_quantity)]
+    pub nfs_capacity: Option<u64>,
 }
 
 pub use backend_kit::OnDelete;
@@ -63,6 +69,8 @@ pub struct NfsSubdir {
     pub export_path: String,
     /// Where the export is mounted in this process's filesystem.
     pub mount: PathBuf,
+    /// Capacity of the export (bytes; `None`: unlimited).
+    pub capacity: Option<u64>,
 }
 
 impl NfsSubdir {
@@ -85,6 +93,7 @@ impl NfsSubdir {
             server: server.to_string(),
             export_path: normalize_export(path)?,
             mount: args.nfs_mount.clone(),
+            capacity: args.nfs_capacity,
         })
     }
 }
@@ -161,17 +170,40 @@ impl Provisioner for NfsSubdir {
             .map_err(VolumeError::from)
     }
 
+    async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
+        let capacity = self.capacity?;
+        let mount = self.mount.clone();
+        let allocated = backend_kit::blocking("nfs-subdir capacity", move || {
+            let unreadable =
+                |e: std::io::Error| VolumeError::Unreadable(format!("size records: {e}"));
+            let root = backend_kit::safe_fs::open_root(&mount).map_err(unreadable)?;
+            backend_kit::capacity::allocated(&root).map_err(unreadable)
+        });
+        let pool = format!("{}:{}", self.server, self.export_path);
+        Some(allocated.await.map(|allocated| {
+            vec![PoolCapacity {
+                pool,
+                capacity,
+                allocated,
+            }]
+        }))
+    }
+
     /// Raises the directory's project quota limit when it has one (the mount is a local
     /// XFS/ext4 with project quotas); otherwise nothing limits the directory's size.
     async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
         let rel = delete::volume_directory(self, volume)?;
-        let mount = self.mount.clone();
+        let (mount, capacity) = (self.mount.clone(), self.capacity);
+        let pv_name = volume.metadata.name.clone();
         backend_kit::blocking("nfs-subdir expand", move || {
             let refused = |e: String| VolumeError::Refused(format!("directory \"{rel}\": {e}"));
             let root =
                 backend_kit::safe_fs::open_root(&mount).map_err(|e| refused(e.to_string()))?;
             let dir = backend_kit::safe_fs::open_path(&root, rel.components())
                 .map_err(|e| refused(e.to_string()))?;
+            if let (Some(room), Some(pv)) = (capacity, pv_name.as_deref()) {
+                backend_kit::capacity::grow(&root, pv, bytes, room).map_err(|r| refused(r.0))?;
+            }
             let readable =
                 backend_kit::safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
             backend_kit::quota::raise(&readable, bytes)
@@ -192,6 +224,7 @@ mod tests {
             nfs_server: s.map(str::to_string),
             nfs_path: p.map(str::to_string),
             nfs_mount: PathBuf::from(DEFAULT_MOUNT),
+            nfs_capacity: None,
         };
         let b = NfsSubdir::from_args(&args(Some("10.0.0.5"), Some("/exports//k8s/"))).unwrap();
         assert_eq!(b.server, "10.0.0.5");

@@ -23,6 +23,7 @@ use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::attrs::{
     DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
 };
+use backend_kit::capacity;
 use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 
@@ -173,11 +174,11 @@ pub async fn provision(
         .expect("filesystem_pv sets capacity")["storage"];
     let bytes = provisioner_api::quantity::bytes(storage).unwrap_or(u64::MAX);
 
-    let mount = backend.mount.clone();
+    let (mount, room) = (backend.mount.clone(), backend.capacity);
     let pv_name = options.pv_name.clone();
     let rel_for_task = rel.clone();
     backend_kit::blocking("nfs-subdir provision", move || {
-        create_blocking(&mount, &pv_name, &rel_for_task, attrs, (quota, bytes))
+        create_blocking(&mount, &pv_name, &rel_for_task, attrs, (quota, bytes, room))
             .map_err(ProvisionError::from)
     })
     .await?;
@@ -197,7 +198,7 @@ fn create_blocking(
     pv_name: &str,
     rel: &RelPath,
     attrs: DirAttrs,
-    (quota, bytes): (QuotaMode, u64),
+    (quota, bytes, room): (QuotaMode, u64, Option<u64>),
 ) -> Result<(), Refusal> {
     let root = safe_fs::open_root(mount).map_err(|e| {
         Refusal(format!(
@@ -284,8 +285,14 @@ fn create_blocking(
     attrs
         .apply(&dir)
         .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))?;
-    let limited = safe_fs::as_file(&dir)
-        .map_err(|e| Refusal(format!("cannot open \"{rel}\": {e}")))
+    let reserved = match room {
+        Some(room) => capacity::reserve(&root, pv_name, bytes, room),
+        None => Ok(()),
+    };
+    let limited = reserved
+        .and_then(|()| {
+            safe_fs::as_file(&dir).map_err(|e| Refusal(format!("cannot open \"{rel}\": {e}")))
+        })
         .and_then(|f| quota::apply(quota, &f, pv_name, bytes));
     match limited {
         Ok(Applied::Limited { project }) => {
@@ -298,6 +305,7 @@ fn create_blocking(
         Err(refusal) => {
             if created {
                 let _ = parent.remove_dir(last);
+                let _ = capacity::release(&root, pv_name);
             }
             return Err(forget(refusal));
         }
