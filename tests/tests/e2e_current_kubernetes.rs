@@ -7,23 +7,14 @@
 
 use std::time::Duration;
 
-use e2e::harness::{ControlPlane, System, SystemOptions};
+use e2e::harness::{ControlPlane, System};
 use e2e::on_both_planes;
 use e2e::realkube::KubeVersion;
 use kube::api::{Patch, PatchParams, PostParams};
 
 async fn system(plane: ControlPlane) -> (System, KubeVersion) {
     let version = plane.version();
-    let mut sys = System::start(SystemOptions {
-        control_plane: plane,
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(30))
-        .await
-        .expect("every service elects a leader");
-    (sys, version)
+    (System::started(plane, None).await, version)
 }
 
 /// Panic with the service log tails when `r` is an error.

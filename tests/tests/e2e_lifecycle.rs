@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use e2e::harness::{ControlPlane, Service, ServiceSettings, System, SystemOptions};
+use e2e::harness::{ControlPlane, Service, ServiceSettings, System};
 use e2e::on_both_planes;
 use e2e::sim::FaultSpec;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -21,16 +21,7 @@ use kube::api::{Patch, PatchParams};
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 
 async fn system(plane: ControlPlane) -> System {
-    let mut sys = System::start(SystemOptions {
-        control_plane: plane,
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(30))
-        .await
-        .expect("every service elects a leader");
-    sys
+    System::started(plane, None).await
 }
 
 /// Panic with the service log tails when `r` is an error.
@@ -245,20 +236,7 @@ async fn bad_storage_class_parameters_fail_with_an_event_and_create_nothing(plan
         )
         .await,
     );
-    let failed: Vec<String> = sys
-        .event_values()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e["reason"] == "ProvisioningFailed")
-        .map(|e| {
-            e["note"]
-                .as_str()
-                .or(e["message"].as_str())
-                .unwrap_or("")
-                .to_string()
-        })
-        .collect();
+    let failed = sys.event_notes("ProvisioningFailed").await.unwrap();
     assert!(
         failed.iter().all(|m| m.contains("path")),
         "the event names the bad parameter: {failed:?}"
@@ -354,20 +332,7 @@ async fn quota_classes_without_project_quotas(plane: ControlPlane) {
         &sys,
         sys.wait_pvs_and_dirs((2, 2), Duration::from_secs(30)).await,
     );
-    let notes: Vec<String> = sys
-        .event_values()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e["reason"] == "ProvisioningFailed")
-        .map(|e| {
-            e["note"]
-                .as_str()
-                .or(e["message"].as_str())
-                .unwrap_or("")
-                .to_string()
-        })
-        .collect();
+    let notes = sys.event_notes("ProvisioningFailed").await.unwrap();
     assert!(
         notes
             .iter()
@@ -438,16 +403,7 @@ fn with_second_base_dir(s: &mut ServiceSettings) {
 /// it in the first; pv-writer accepts both paths and reclaim-svc deletes each volume from
 /// where its PV says.
 async fn a_class_picks_one_of_several_base_dirs(plane: ControlPlane) {
-    let mut sys = System::start(SystemOptions {
-        control_plane: plane,
-        configure: Some(with_second_base_dir),
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(30))
-        .await
-        .expect("every service elects a leader");
+    let sys = System::started(plane, Some(with_second_base_dir)).await;
     let second = sys.base_dir().with_file_name("base-2");
     let second_param = second.display().to_string();
     sys.create_storage_class("second", "Immediate", &[("baseDir", &second_param)])
@@ -497,16 +453,7 @@ fn with_capacity(s: &mut ServiceSettings) {
 /// with a Warning; with a selected node it is rescheduled (the annotation removed); the free
 /// room is a metric; deleting the first volume makes room for the second.
 async fn claims_beyond_the_capacity_fail_until_room_is_freed(plane: ControlPlane) {
-    let mut sys = System::start(SystemOptions {
-        control_plane: plane,
-        configure: Some(with_capacity),
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(30))
-        .await
-        .expect("every service elects a leader");
+    let mut sys = System::started(plane, Some(with_capacity)).await;
     sys.create_storage_class("small", "Immediate", &[])
         .await
         .unwrap();
@@ -518,16 +465,8 @@ async fn claims_beyond_the_capacity_fail_until_room_is_freed(plane: ControlPlane
         sys.wait_objects_with_event("ProvisioningFailed", 1, Duration::from_secs(30))
             .await,
     );
-    let notes = sys.event_values().await.unwrap();
-    assert!(
-        notes.iter().any(|e| e["reason"] == "ProvisioningFailed"
-            && e["note"]
-                .as_str()
-                .or(e["message"].as_str())
-                .unwrap_or("")
-                .contains("do not fit")),
-        "{notes:?}"
-    );
+    let notes = sys.event_notes("ProvisioningFailed").await.unwrap();
+    assert!(notes.iter().any(|n| n.contains("do not fit")), "{notes:?}");
     let pool = sys.base_dir().display().to_string();
     let addr = sys.service(Service::Provision, 0).http_addr;
     let free = || async {

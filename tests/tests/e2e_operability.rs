@@ -21,7 +21,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::Duration;
 
 use e2e::harness::metrics::http_get;
-use e2e::harness::{wait_until, ControlPlane, Service, ServiceSettings, System, SystemOptions};
+use e2e::harness::{wait_until, ControlPlane, Service, ServiceSettings, System};
 use e2e::on_both_planes;
 use serde_json::Value;
 
@@ -30,17 +30,7 @@ fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
 }
 
 async fn system(plane: ControlPlane, configure: Option<fn(&mut ServiceSettings)>) -> System {
-    let mut sys = System::start(SystemOptions {
-        replicas: 1,
-        control_plane: plane,
-        configure,
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    sys.wait_leaders(Duration::from_secs(30))
-        .await
-        .expect("every service elects a leader");
+    let sys = System::started(plane, configure).await;
     sys.create_storage_class("hostpath", "Immediate", &[])
         .await
         .unwrap();

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use e2e::harness::{wait_until, ControlPlane, MetricsPage, Service, System, SystemOptions};
+use e2e::harness::{wait_until, ControlPlane, MetricsPage, Service, System};
 use e2e::on_both_planes;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -22,16 +22,7 @@ async fn system(
     plane: ControlPlane,
     configure: Option<fn(&mut e2e::harness::ServiceSettings)>,
 ) -> System {
-    let mut sys = System::start(SystemOptions {
-        control_plane: plane,
-        configure,
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    let r = sys.wait_leaders(Duration::from_secs(30)).await;
-    check(&sys, r);
-    sys
+    System::started(plane, configure).await
 }
 
 /// The leader's first delete fails (a file stands where the directory

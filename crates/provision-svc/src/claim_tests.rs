@@ -1691,8 +1691,9 @@ fn expandable(allow: bool, pv: PersistentVolume) -> World {
 #[tokio::test]
 async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does() {
     let c = bound("u1", "2Mi", "1Mi");
-    let w = expandable(true, volume_of(&c, "1Mi"));
-    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
+    let mut w = expandable(true, volume_of(&c, "1Mi"));
+    w.add_claim(&c);
+    assert_eq!(w.process("u1").await, Action::await_change());
     assert_eq!(
         *w.cluster.patches.lock().unwrap(),
         vec![
@@ -1737,7 +1738,9 @@ async fn shrinking_a_class_without_expansion_or_a_foreign_pv_is_a_warning_and_no
             pv.metadata.annotations = None;
         }
         let w = expandable(allow, pv);
-        assert_eq!(w.op.sync_claim(&c).await, Ok(()), "{expected}");
+        let want = crate::resize::wanted(&c, &w.op.settings.names).expect("growth wanted");
+        let resized = crate::resize::resize(&w.op, &c, want).await;
+        assert_eq!(resized, Ok(()), "{expected}");
         assert!(w.cluster.patches.lock().unwrap().is_empty(), "{expected}");
         let events = w.cluster.events();
         assert_eq!(events.len(), 1, "{events:?}");

@@ -37,7 +37,7 @@ use crate::decision::{self, ProvisionerNames};
 use crate::metrics::ServiceMetrics;
 use crate::operation::{Caches, OpError, Operation, Ports, Settings};
 use crate::ports::{EffectError, KubeCluster, SignedQueue};
-use crate::recovery;
+use crate::{recovery, resize};
 
 pub use crate::operation::CachedClaim;
 
@@ -101,7 +101,14 @@ pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Ac
         class = %decision::claim_class(&claim),
         attempt = requeues + 1,
     );
-    let result = op.sync(&claim).instrument(span.clone()).await;
+    let result = match resize::wanted(&claim, &op.settings.names) {
+        Some(want) => {
+            resize::resize(op, &claim, want)
+                .instrument(span.clone())
+                .await
+        }
+        None => op.sync(&claim).instrument(span.clone()).await,
+    };
     let threshold = op.settings.failure_threshold;
     match result {
         Ok(()) => {

@@ -448,10 +448,7 @@ impl Operation {
             }
         };
         if !should {
-            return match crate::resize::wanted(claim, &self.settings.names) {
-                Some(want) => self.resize(claim, want).await,
-                None => Ok(()),
-            };
+            return Ok(());
         }
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         self.first_attempt_ms(&uid);

@@ -60,81 +60,83 @@ pub fn wanted(claim: &PersistentVolumeClaim, names: &ProvisionerNames) -> Option
     (capacity.is_none_or(|c| bytes > c)).then_some(Wanted { pv, request, bytes })
 }
 
-impl Operation {
-    /// Grow the volume of `claim` as [`wanted`] says; a refusal (the class does not allow
-    /// expansion, a smaller request than the PV has, a PV that is not this claim's) is a
-    /// Warning and final. Errors: the backend or an API call failed (retried).
-    pub async fn resize(&self, claim: &PersistentVolumeClaim, want: Wanted) -> Result<(), OpError> {
-        let cluster = &self.ports.cluster;
-        let refuse = |note: String| {
-            tracing::warn!(pv = %want.pv, %note, "volume not resized");
-            cluster.claim_event(claim, true, RESIZE_FAILED, note);
-            Ok(())
-        };
-        let class_name = decision::claim_class(claim);
-        let class = self.caches.classes.get(&ObjectRef::new(&class_name));
-        let allowed = class.is_some_and(|c| c.allow_volume_expansion == Some(true));
-        if !allowed {
-            return refuse(format!(
-                "StorageClass {class_name:?} does not allow volume expansion"
-            ));
-        }
-        let failed = |e: String| OpError::Failed(format!("resizing volume {}: {e}", want.pv));
-        let Some(pv) = cluster
-            .get_pv(&want.pv)
-            .await
-            .map_err(|e| failed(e.to_string()))?
-        else {
-            return Ok(());
-        };
-        if let Some(why) = not_this_claims(&pv, claim, &self.settings.names) {
-            return refuse(why);
-        }
-        let pv_capacity = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.capacity.as_ref())
-            .and_then(|c| c.get("storage"));
-        let pv_bytes = pv_capacity.and_then(quantity::bytes).unwrap_or(0);
-        if want.bytes < pv_bytes {
-            let note = format!(
-                "shrinking volume {} from {} to {} is not supported",
-                want.pv, pv_bytes, want.bytes
+/// Grow the volume of `claim` as [`wanted`] says; a refusal (the class does not allow
+/// expansion, a smaller request than the PV has, a PV that is not this claim's) is a
+/// Warning and final. Errors: the backend or an API call failed (retried).
+pub async fn resize(
+    op: &Operation,
+    claim: &PersistentVolumeClaim,
+    want: Wanted,
+) -> Result<(), OpError> {
+    let cluster = &op.ports.cluster;
+    let refuse = |note: String| {
+        tracing::warn!(pv = %want.pv, %note, "volume not resized");
+        cluster.claim_event(claim, true, RESIZE_FAILED, note);
+        Ok(())
+    };
+    let class_name = decision::claim_class(claim);
+    let class = op.caches.classes.get(&ObjectRef::new(&class_name));
+    let allowed = class.is_some_and(|c| c.allow_volume_expansion == Some(true));
+    if !allowed {
+        return refuse(format!(
+            "StorageClass {class_name:?} does not allow volume expansion"
+        ));
+    }
+    let failed = |e: String| OpError::Failed(format!("resizing volume {}: {e}", want.pv));
+    let Some(pv) = cluster
+        .get_pv(&want.pv)
+        .await
+        .map_err(|e| failed(e.to_string()))?
+    else {
+        return Ok(());
+    };
+    if let Some(why) = not_this_claims(&pv, claim, &op.settings.names) {
+        return refuse(why);
+    }
+    let pv_capacity = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"));
+    let pv_bytes = pv_capacity.and_then(quantity::bytes).unwrap_or(0);
+    if want.bytes < pv_bytes {
+        let note = format!(
+            "shrinking volume {} from {} to {} is not supported",
+            want.pv, pv_bytes, want.bytes
+        );
+        return refuse(note);
+    }
+    if want.bytes > pv_bytes {
+        let note = format!("External resizer is resizing volume {}", want.pv);
+        cluster.claim_event(claim, false, RESIZING, note);
+        if let Err(e) = op.ports.backend.expand(&pv, want.bytes).await {
+            cluster.claim_event(
+                claim,
+                true,
+                RESIZE_FAILED,
+                format!("resize volume {} failed: {e}", want.pv),
             );
-            return refuse(note);
+            return Err(failed(e.to_string()));
         }
-        if want.bytes > pv_bytes {
-            let note = format!("External resizer is resizing volume {}", want.pv);
-            cluster.claim_event(claim, false, RESIZING, note);
-            if let Err(e) = self.ports.backend.expand(&pv, want.bytes).await {
-                cluster.claim_event(
-                    claim,
-                    true,
-                    RESIZE_FAILED,
-                    format!("resize volume {} failed: {e}", want.pv),
-                );
-                return Err(failed(e.to_string()));
-            }
-            let patch = json!({"spec": {"capacity": {"storage": want.request}}});
-            cluster
-                .patch_pv(&want.pv, &patch)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-        }
-        let status = json!({"status": {"capacity": {"storage": want.request}}});
+        let patch = json!({"spec": {"capacity": {"storage": want.request}}});
         cluster
-            .patch_claim_status(claim, &status)
+            .patch_pv(&want.pv, &patch)
             .await
             .map_err(|e| failed(e.to_string()))?;
-        tracing::info!(pv = %want.pv, bytes = want.bytes, "volume resized");
-        cluster.claim_event(
-            claim,
-            false,
-            RESIZE_SUCCESSFUL,
-            "Resize volume succeeded".into(),
-        );
-        Ok(())
     }
+    let status = json!({"status": {"capacity": {"storage": want.request}}});
+    cluster
+        .patch_claim_status(claim, &status)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    tracing::info!(pv = %want.pv, bytes = want.bytes, "volume resized");
+    cluster.claim_event(
+        claim,
+        false,
+        RESIZE_SUCCESSFUL,
+        "Resize volume succeeded".into(),
+    );
+    Ok(())
 }
 
 /// Why `pv` is not `claim`'s volume of ours (provisioned by one of `names`, bound to the

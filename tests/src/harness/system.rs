@@ -104,6 +104,25 @@ pub struct System {
 }
 
 impl System {
+    /// A system on `plane` (one replica each; `configure` adjusts the service flags) whose
+    /// services all elected a leader. Panics when it does not start (a test's set-up).
+    pub async fn started(
+        plane: ControlPlane,
+        configure: Option<fn(&mut ServiceSettings)>,
+    ) -> System {
+        let mut sys = System::start(SystemOptions {
+            control_plane: plane,
+            configure,
+            ..Default::default()
+        })
+        .await
+        .expect("system starts");
+        sys.wait_leaders(Duration::from_secs(30))
+            .await
+            .expect("every service elects a leader");
+        sys
+    }
+
     /// Build (if needed) and start everything; with `opts.replicas` > 0 and
     /// services enabled, waits until each replica serves `/healthz` (30 s).
     ///
@@ -634,6 +653,18 @@ impl System {
             }
         }
         Ok(out)
+    }
+
+    /// The notes of the events with `reason` (events.k8s.io `note`, core `message`).
+    ///
+    /// Errors: the API failed.
+    pub async fn event_notes(&self, reason: &str) -> anyhow::Result<Vec<String>> {
+        let events = self.event_values().await?.into_iter();
+        let notes = events.filter(|e| e["reason"] == reason).map(|e| {
+            let note = e["note"].as_str().or(e["message"].as_str());
+            note.unwrap_or_default().to_string()
+        });
+        Ok(notes.collect())
     }
 
     /// Every Event object once, as JSON in events.k8s.io/v1 field names (`regarding`,
