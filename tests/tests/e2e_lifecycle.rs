@@ -572,6 +572,12 @@ async fn a_grown_claim_gets_its_pv_and_status_capacity_raised(plane: ControlPlan
             .await,
     );
     assert_eq!(sys.events("Resizing").await.unwrap(), 1);
+    let claim = sys.claims_api().get(&claims[0]).await.unwrap();
+    let conditions = claim.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        conditions.iter().all(|c| c.type_ != "Resizing"),
+        "the Resizing condition is gone once resized: {conditions:?}"
+    );
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(30)).await);
 }

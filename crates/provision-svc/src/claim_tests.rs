@@ -1694,18 +1694,25 @@ async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does
     let mut w = expandable(true, volume_of(&c, "1Mi"));
     w.add_claim(&c);
     assert_eq!(w.process("u1").await, Action::await_change());
+    let patches = w.cluster.patches.lock().unwrap().clone();
+    let targets: Vec<&str> = patches.iter().map(|(t, _)| t.as_str()).collect();
     assert_eq!(
-        *w.cluster.patches.lock().unwrap(),
-        vec![
-            (
-                "pv/pvc-u1".to_string(),
-                serde_json::json!({"spec": {"capacity": {"storage": "2Mi"}}})
-            ),
-            (
-                "claim/claim-u1/status".to_string(),
-                serde_json::json!({"status": {"capacity": {"storage": "2Mi"}}})
-            ),
+        targets,
+        [
+            "claim/claim-u1/status",
+            "pv/pvc-u1",
+            "claim/claim-u1/status"
         ]
+    );
+    assert_eq!(patches[0].1["status"]["conditions"][0]["type"], "Resizing");
+    assert_eq!(patches[0].1["status"]["conditions"][0]["status"], "True");
+    assert_eq!(
+        patches[1].1,
+        serde_json::json!({"spec": {"capacity": {"storage": "2Mi"}}})
+    );
+    assert_eq!(
+        patches[2].1,
+        serde_json::json!({"status": {"capacity": {"storage": "2Mi"}, "conditions": []}})
     );
     let reasons: Vec<String> = w.cluster.events().into_iter().map(|e| e.1).collect();
     assert_eq!(reasons, ["Resizing", "VolumeResizeSuccessful"]);

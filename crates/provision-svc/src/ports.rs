@@ -90,7 +90,8 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// Merge-patch the PV `name` with `patch` (its capacity after an expansion).
     async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()>;
 
-    /// Merge-patch the status subresource of `claim` with `patch` (its capacity).
+    /// Merge-patch the status subresource of `claim` with `patch` (its capacity and conditions;
+    /// a list is replaced whole, as v1.19 does not merge claim conditions by `type`).
     async fn patch_claim_status(
         &self,
         claim: &PersistentVolumeClaim,

@@ -1,12 +1,14 @@
 //! Volume expansion, as kubernetes-csi/external-resizer does it for our PVs: a Bound claim
 //! of ours whose request grew past its capacity gets its volume grown by the backend
 //! (`Provisioner::expand`: quota raised, room reserved), the PV's capacity, then the claim's
-//! status capacity; events `Resizing`, then `VolumeResizeSuccessful` or `VolumeResizeFailed`.
+//! status capacity; the claim's `Resizing` condition meanwhile; events `Resizing`, then
+//! `VolumeResizeSuccessful` or `VolumeResizeFailed`.
 //! No node-side step: a directory needs no filesystem resize. Why here: docs/ARCHITECTURE.md.
 
 use api_types::ANN_DYNAMICALLY_PROVISIONED;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
 use provisioner_api::quantity;
 use serde_json::json;
@@ -106,7 +108,24 @@ pub async fn resize(
         );
         return refuse(note);
     }
+    // The claim's other conditions, kept in both status patches (merge patches replace lists).
+    let others: Vec<_> = claim
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .filter(|c| c.type_ != RESIZING)
+        .map(|c| serde_json::to_value(c).unwrap_or_default())
+        .collect();
     if want.bytes > pv_bytes {
+        let now = serde_json::to_value(Time(k8s_openapi::jiff::Timestamp::now()));
+        let resizing = json!({"type": RESIZING, "status": "True",
+            "lastTransitionTime": now.unwrap_or_default()});
+        let conditions: Vec<_> = others.iter().cloned().chain([resizing]).collect();
+        let status = json!({"status": {"conditions": conditions}});
+        cluster
+            .patch_claim_status(claim, &status)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
         let note = format!("External resizer is resizing volume {}", want.pv);
         cluster.claim_event(claim, false, RESIZING, note);
         if let Err(e) = op.ports.backend.expand(&pv, want.bytes).await {
@@ -124,7 +143,7 @@ pub async fn resize(
             .await
             .map_err(|e| failed(e.to_string()))?;
     }
-    let status = json!({"status": {"capacity": {"storage": want.request}}});
+    let status = json!({"status": {"capacity": {"storage": want.request}, "conditions": others}});
     cluster
         .patch_claim_status(claim, &status)
         .await
