@@ -18,10 +18,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use e2e::harness::{wait_eq, ControlPlane, Service, ServiceSettings, System, SystemOptions};
+use e2e::harness::{wait_eq, ControlPlane, Service, ServiceSettings, System};
 use e2e::on_both_planes;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 
 use backend_nfs_subdir::registry::REGISTRY_DIR as REGISTRY;
 use e2e::harness::{NFS_TEST_EXPORT as EXPORT, NFS_TEST_SERVER as SERVER};
@@ -31,16 +31,86 @@ fn check<T>(sys: &System, r: anyhow::Result<T>) -> T {
 }
 
 async fn system(plane: ControlPlane) -> System {
-    let mut sys = System::start(SystemOptions {
-        control_plane: plane,
-        configure: Some(ServiceSettings::use_nfs_subdir),
-        ..Default::default()
-    })
-    .await
-    .expect("system starts");
-    let r = sys.wait_leaders(Duration::from_secs(20)).await;
-    check(&sys, r);
-    sys
+    System::started(plane, Some(ServiceSettings::use_nfs_subdir)).await
+}
+
+/// nfs-subdir with `--nfs-capacity 1536Ki` (the harness's claims ask for 1Mi).
+fn nfs_with_capacity(s: &mut ServiceSettings) {
+    ServiceSettings::use_nfs_subdir(s);
+    for service in [Service::Provision, Service::Reclaim] {
+        s.extra_args
+            .push((service, vec!["--nfs-capacity".into(), "1536Ki".into()]));
+    }
+}
+
+/// The filesystem capabilities through nfs-subdir: `directoryMode` on the directory,
+/// `quota=required` refused (no project quotas here), `--nfs-capacity` refusing a claim
+/// that does not fit, and a grown claim's PV and status capacity raised.
+async fn directory_mode_quota_capacity_and_expansion_through_nfs_subdir(plane: ControlPlane) {
+    use std::os::unix::fs::PermissionsExt;
+    let sys = System::started(plane, Some(nfs_with_capacity)).await;
+    sys.create_storage_class("private", "Immediate", &[("directoryMode", "0750")])
+        .await
+        .unwrap();
+    sys.create_storage_class("strict", "Immediate", &[("quota", "required")])
+        .await
+        .unwrap();
+    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
+        kube::Api::all(sys.client.clone());
+    let allow = serde_json::json!({"allowVolumeExpansion": true});
+    classes
+        .patch("private", &PatchParams::default(), &Patch::Merge(&allow))
+        .await
+        .unwrap();
+    let strict = sys.create_claims("strict", 1, "strict").await.unwrap();
+    check(
+        &sys,
+        sys.wait_objects_with_event("ProvisioningFailed", 1, Duration::from_secs(30))
+            .await,
+    );
+    let first = sys.create_claims("first", 1, "private").await.unwrap();
+    check(&sys, sys.wait_provisioned(1, Duration::from_secs(30)).await);
+    let second = sys.create_claims("second", 1, "private").await.unwrap();
+    check(
+        &sys,
+        sys.wait_objects_with_event("ProvisioningFailed", 2, Duration::from_secs(30))
+            .await,
+    );
+    let notes = sys.event_notes("ProvisioningFailed").await.unwrap();
+    assert!(
+        notes.iter().any(|n| n.contains("quota=required")),
+        "{notes:?}"
+    );
+    assert!(notes.iter().any(|n| n.contains("do not fit")), "{notes:?}");
+    let pv = sys.pvs().await.unwrap().remove(0);
+    let dir = sys
+        .base_dir()
+        .join(nfs_path(&pv).trim_start_matches(&format!("{EXPORT}/")));
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o750, "{}", dir.display());
+    // Growing within the export's room: 1Mi to 1.25Mi.
+    let bigger = serde_json::json!({"spec": {"resources": {"requests": {"storage": "1280Ki"}}}});
+    sys.claims_api()
+        .patch(&first[0], &PatchParams::default(), &Patch::Merge(&bigger))
+        .await
+        .unwrap();
+    check(
+        &sys,
+        sys.wait_objects_with_event("VolumeResizeSuccessful", 1, Duration::from_secs(30))
+            .await,
+    );
+    let pv = sys.pvs().await.unwrap().remove(0);
+    let size = pv
+        .spec
+        .and_then(|s| s.capacity)
+        .and_then(|c| c.get("storage").cloned());
+    assert_eq!(size.map(|q| q.0).as_deref(), Some("1280Ki"));
+    for claims in [&first, &strict, &second] {
+        sys.delete_claims(claims).await.unwrap();
+    }
+    // The class's default policy archives: the PVs go, archived directories stay.
+    let pvs = || async { Ok(sys.pvs().await?.len()) };
+    check(&sys, wait_eq(Duration::from_secs(30), "PVs", 0, pvs).await);
 }
 
 /// A claim with labels and annotations, created; returns it.
@@ -487,4 +557,5 @@ on_both_planes!(
     nested_path_pattern_delete_removes_exactly_that_directory_and_archive_and_retain_keep_it,
     dot_dot_and_symlink_escapes_are_refused_and_nothing_outside_is_touched,
     sigkill_of_each_service_in_the_middle_of_a_batch_loses_nothing,
+    directory_mode_quota_capacity_and_expansion_through_nfs_subdir,
 );
