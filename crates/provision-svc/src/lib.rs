@@ -1,5 +1,5 @@
-//! provision-svc, the provisioning half of the seed controller: claims → backend volumes →
-//! PVs queued in Redis for pv-writer. Layout: docs/ARCHITECTURE.md.
+//! provision-svc: claims → backend volumes → PVs queued in Redis for pv-writer (the seed's
+//! provisioning half), and claims that grow. Layout: docs/ARCHITECTURE.md.
 
 pub mod api_calls;
 pub mod config;
@@ -19,7 +19,6 @@ use common::runtime::frame::serve;
 use provisioner_api::Provisioner;
 
 pub use crate::config::Cli;
-use crate::controller::TermDeps;
 
 /// provision-svc as the runtime knows it: name, Lease suffix, HTTP port, workers.
 pub const SPEC: ServiceSpec = ServiceSpec::new("provision-svc", "provision", 9101).with_workers(8);
@@ -28,7 +27,7 @@ pub const SPEC: ServiceSpec = ServiceSpec::new("provision-svc", "provision", 910
 /// `<provisioner>-provision` Lease one [`controller::run_term`] per term. Errors: setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
-    let deps = TermDeps {
+    let deps = controller::TermDeps {
         queue_key: cli.provision.queue_key.load()?,
         metrics: metrics::ServiceMetrics::register(&registry),
         backend,
