@@ -530,13 +530,7 @@ async fn a_grown_claim_gets_its_pv_and_status_capacity_raised(plane: ControlPlan
     sys.create_storage_class("grow", "Immediate", &[])
         .await
         .unwrap();
-    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
-        kube::Api::all(sys.client.clone());
-    let allow = serde_json::json!({"allowVolumeExpansion": true});
-    classes
-        .patch("grow", &PatchParams::default(), &Patch::Merge(&allow))
-        .await
-        .unwrap();
+    sys.allow_expansion("grow").await.unwrap();
     let claims = sys.create_claims("grow", 1, "grow").await.unwrap();
     check(&sys, sys.wait_provisioned(1, Duration::from_secs(30)).await);
     let bigger = serde_json::json!({"spec": {"resources": {"requests": {"storage": "3Mi"}}}});

@@ -55,13 +55,7 @@ async fn directory_mode_quota_capacity_and_expansion_through_nfs_subdir(plane: C
     sys.create_storage_class("strict", "Immediate", &[("quota", "required")])
         .await
         .unwrap();
-    let classes: kube::Api<k8s_openapi::api::storage::v1::StorageClass> =
-        kube::Api::all(sys.client.clone());
-    let allow = serde_json::json!({"allowVolumeExpansion": true});
-    classes
-        .patch("private", &PatchParams::default(), &Patch::Merge(&allow))
-        .await
-        .unwrap();
+    sys.allow_expansion("private").await.unwrap();
     let strict = sys.create_claims("strict", 1, "strict").await.unwrap();
     check(
         &sys,

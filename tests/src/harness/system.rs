@@ -450,6 +450,20 @@ impl System {
         Ok(())
     }
 
+    /// Set `allowVolumeExpansion: true` on the StorageClass `name`. Errors: the API rejects it.
+    pub async fn allow_expansion(&self, name: &str) -> anyhow::Result<()> {
+        let allow = json!({"allowVolumeExpansion": true});
+        Api::<StorageClass>::all(self.client.clone())
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&allow),
+            )
+            .await
+            .with_context(|| format!("allowing expansion in StorageClass {name}"))?;
+        Ok(())
+    }
+
     /// Create a Node object `name` (the hostpath backend's selected-node checks
     /// and the reschedule scenario read Nodes).
     ///
