@@ -245,7 +245,7 @@ pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
 }
 
 /// Rule 0: with a `--node-name`, a PV pinned to other node(s) only is refused.
-fn check_node(
+pub(crate) fn check_node(
     node_name: Option<&str>,
     name: &str,
     volume: &PersistentVolume,

@@ -144,17 +144,19 @@ pub async fn expand(
 ) -> Result<(), VolumeError> {
     validate_volume(backend, volume)?;
     let name = volume.metadata.name.clone().unwrap_or_default();
+    crate::delete::check_node(backend.node_name.as_deref(), &name, volume)
+        .map_err(|e| VolumeError::Refused(e.to_string()))?;
     let (base, room) = (backend.base_dir.clone(), backend.capacity);
     backend_kit::blocking("hostpath expand", move || {
         let refused = |e: String| VolumeError::Refused(format!("volume {name}: {e}"));
         let root = safe_fs::open_root(&base).map_err(|e| refused(e.to_string()))?;
+        let dir = safe_fs::open_path(&root, std::slice::from_ref(&name))
+            .map_err(|e| refused(e.to_string()))?;
         if let Some(room) = room {
             capacity::grow(&root, &name, bytes, room).map_err(|r| refused(r.0))?;
         }
-        let dir = safe_fs::open_path(&root, std::slice::from_ref(&name))
-            .map_err(|e| refused(e.to_string()))?;
         let readable = safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
-        quota::raise(&readable, bytes)
+        quota::raise(&readable, &name, bytes)
             .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
         Ok(())
     })
@@ -237,7 +239,7 @@ async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<()
     let base = base.to_path_buf();
     let name = name.to_string();
     backend_kit::blocking("hostpath provision", move || {
-        let (root, dir, created) = create_volume_dir_blocking(&base, &name, &new)?;
+        let (root, dir, created, reserved) = create_volume_dir_blocking(&base, &name, &new)?;
         let given = new.attrs.apply(&dir).map_err(|e| {
             Refusal(format!(
                 "cannot set mode/owner of {}: {e}",
@@ -258,6 +260,8 @@ async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<()
             Err(refusal) => {
                 if created {
                     let _ = root.remove_dir(&name);
+                }
+                if reserved {
                     let _ = capacity::release(&root, &name);
                 }
                 return Err(refusal.into());
@@ -268,37 +272,41 @@ async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<()
     .await
 }
 
-/// The base directory's handle, the volume directory's and whether it was made now; the
-/// room for it is reserved first. Errors: no room (state `new.full`), else `Finished`.
+/// The base directory's handle, the volume directory's, whether it was made now and whether
+/// its room was recorded now (reserved first). Errors: no room (state `new.full`), else
+/// `Finished`.
 fn create_volume_dir_blocking(
     base: &Path,
     name: &str,
     new: &NewVolume,
-) -> Result<(safe_fs::Dir, safe_fs::Dir, bool), ProvisionError> {
+) -> Result<(safe_fs::Dir, safe_fs::Dir, bool, bool), ProvisionError> {
     let io = |what: &str, p: &Path, e: std::io::Error| {
         ProvisionError::finished(format!("{what} {}: {e}", p.display()))
     };
     std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", base, e))?;
     let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
-    if let Some(room) = new.capacity {
-        capacity::reserve(&root, name, new.bytes, room).map_err(|r| ProvisionError::Failed {
-            state: new.full,
-            reason: format!("base directory {}: {}", base.display(), r.0),
-        })?;
-    }
+    let reserved = match new.capacity {
+        Some(room) => {
+            capacity::reserve(&root, name, new.bytes, room).map_err(|r| ProvisionError::Failed {
+                state: new.full,
+                reason: format!("base directory {}: {}", base.display(), r.0),
+            })?
+        }
+        None => false,
+    };
     let path = base.join(name);
     let made = safe_fs::create_path(&root, &[name.to_string()], new.attrs.mode);
-    if made.is_err() {
+    if made.is_err() && reserved {
         let _ = capacity::release(&root, name);
     }
     match made {
         Ok((dir, true)) => {
             tracing::info!(path = %path.display(), "created hostpath volume directory");
-            Ok((root, dir, true))
+            Ok((root, dir, true, reserved))
         }
         Ok((dir, false)) => {
             tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
-            Ok((root, dir, false))
+            Ok((root, dir, false, reserved))
         }
         Err(WalkError::NotADirectory(_)) => Err(ProvisionError::finished(format!(
             "{} exists and is not a directory",

@@ -18,9 +18,10 @@ pub const SIZES_DIR: &str = "sizes";
 static RESERVING: Mutex<()> = Mutex::new(());
 
 /// Record `bytes` for `pv_name` below `root` unless that would take the recorded total over
-/// `capacity` (bytes). Idempotent: a PV already recorded keeps its record. Errors: the
-/// capacity would be exceeded (the message gives the figures), or the records are unusable.
-pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), Refusal> {
+/// `capacity` (bytes); `true` when this call wrote the record. Idempotent: a PV already
+/// recorded keeps its record (`false`). Errors: the capacity would be exceeded (the message
+/// gives the figures), or the records are unusable.
+pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<bool, Refusal> {
     let _guard = RESERVING.lock().unwrap_or_else(|e| e.into_inner());
     let unusable = |e: io::Error| {
         Refusal(format!(
@@ -34,7 +35,7 @@ pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(
         )));
     }
     if safe_fs::entry(&sizes, pv_name).map_err(unusable)? != safe_fs::Entry::Absent {
-        return Ok(());
+        return Ok(false);
     }
     let allocated = allocated_in(&sizes).map_err(unusable)?;
     if allocated.saturating_add(bytes) > capacity {
@@ -43,7 +44,16 @@ pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(
             capacity.saturating_sub(allocated)
         )));
     }
-    sizes.write(pv_name, bytes.to_string()).map_err(unusable)
+    write_record(&sizes, pv_name, bytes).map_err(unusable)?;
+    Ok(true)
+}
+
+/// Write `pv_name`'s record whole (a temporary `.`-file renamed over it: a crash never leaves
+/// a half-written record).
+fn write_record(sizes: &Dir, pv_name: &str, bytes: u64) -> io::Result<()> {
+    let tmp = format!(".{pv_name}.tmp");
+    sizes.write(&tmp, bytes.to_string())?;
+    sizes.rename(&tmp, sizes, pv_name)
 }
 
 /// Change `pv_name`'s record to `bytes` unless the recorded total would then exceed
@@ -72,7 +82,7 @@ pub fn grow(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), 
             "the volume cannot grow to {bytes} bytes: its neighbours take {others} of the base directory's capacity of {capacity} bytes"
         )));
     }
-    sizes.write(pv_name, bytes.to_string()).map_err(unusable)
+    write_record(&sizes, pv_name, bytes).map_err(unusable)
 }
 
 /// Forget `pv_name`'s record (its volume is deleted or archived); absent is fine.
@@ -115,6 +125,9 @@ fn allocated_in(sizes: &Dir) -> io::Result<u64> {
     let mut total = 0_u64;
     for entry in sizes.entries()? {
         let name = entry?.file_name();
+        if name.to_string_lossy().starts_with('.') {
+            continue;
+        }
         let text = sizes.read_to_string(&name).unwrap_or_default();
         total = total.saturating_add(text.trim().parse().unwrap_or(0));
     }
@@ -130,15 +143,18 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let root = safe_fs::open_root(tmp.path()).unwrap();
         assert_eq!(allocated(&root).unwrap(), 0);
-        reserve(&root, "pvc-a", 600, 1000).unwrap();
-        reserve(&root, "pvc-a", 600, 1000).unwrap();
+        assert!(reserve(&root, "pvc-a", 600, 1000).unwrap());
+        assert!(
+            !reserve(&root, "pvc-a", 600, 1000).unwrap(),
+            "recorded already"
+        );
         assert_eq!(allocated(&root).unwrap(), 600);
         let err = reserve(&root, "pvc-b", 500, 1000).unwrap_err();
         assert_eq!(
             err.0,
             "the claim's 500 bytes do not fit: 600 of the base directory's capacity of 1000 bytes are taken, 400 free"
         );
-        reserve(&root, "pvc-b", 400, 1000).unwrap();
+        assert!(reserve(&root, "pvc-b", 400, 1000).unwrap());
         release(&root, "pvc-a").unwrap();
         release(&root, "pvc-a").unwrap();
         assert_eq!(allocated(&root).unwrap(), 400);

@@ -117,15 +117,16 @@ fn limit_project(fd: libc::c_int, project: u32, bytes: u64) -> io::Result<()> {
     quotactl(fd, libc::Q_SETQUOTA, project, &mut dq)
 }
 
-/// Raise the hard limit of `dir`'s project to `bytes` when it has one (a volume made with a
-/// `quota` other than `off` on a filesystem with project quotas); `Ok(false)` when it has
-/// none (also where the filesystem has no project ids). Errors: as [`limit`].
-pub fn raise(dir: &impl AsFd, bytes: u64) -> io::Result<bool> {
+/// Raise the hard limit of the project of `pv_name`'s directory `dir` to `bytes` when it has
+/// its own ([`project_id`]`(pv_name)`, set by [`apply`]); `Ok(false)` when it has none, or an
+/// inherited project id that other directories share (never raised for one volume).
+/// Errors: as [`limit`].
+pub fn raise(dir: &impl AsFd, pv_name: &str, bytes: u64) -> io::Result<bool> {
     let fd = dir.as_fd().as_raw_fd();
     let mut attr = FsXattr::default();
     // SAFETY: as in `limit`.
-    if check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) }).is_err() || attr.projid == 0
-    {
+    let read = check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) });
+    if read.is_err() || attr.projid != project_id(pv_name) {
         return Ok(false);
     }
     match usage(dir) {
@@ -143,7 +144,7 @@ pub fn usage(dir: &impl AsFd) -> io::Result<(u64, u64)> {
     // SAFETY: an all-zero `dqblk` is valid for the kernel to fill.
     let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
     quotactl(fd, libc::Q_GETQUOTA, attr.projid, &mut dq)?;
-    Ok((dq.dqb_curspace, dq.dqb_bhardlimit * 1024))
+    Ok((dq.dqb_curspace, dq.dqb_bhardlimit.saturating_mul(1024)))
 }
 
 /// A quota error in an operator's words.
@@ -239,13 +240,16 @@ mod tests {
         let o_path = limit(&dir, 1 << 20, 1 << 20).unwrap_err();
         assert_eq!(o_path.raw_os_error(), Some(libc::EBADF), "{o_path}");
         let readable = crate::safe_fs::as_file(&dir).unwrap();
-        if let Err(e) = limit(&readable, 1 << 20, 1 << 20) {
-            assert_ne!(e.raw_os_error(), Some(libc::EBADF), "{e}");
+        match limit(&readable, project_id("pvc-1"), 1 << 20) {
+            Err(e) => assert_ne!(e.raw_os_error(), Some(libc::EBADF), "{e}"),
+            Ok(()) => return, // this filesystem has project quotas
         }
         assert!(
-            !raise(&readable, 1 << 20).unwrap_or(true),
+            !raise(&readable, "pvc-1", 1 << 20).unwrap_or(true),
             "no limit to raise here"
         );
+        // Another volume's name never raises this project (an inherited or foreign id).
+        assert!(!raise(&readable, "pvc-2", 1 << 20).unwrap_or(true));
     }
 
     /// On a filesystem without project quotas (this test's temporary directory, on a host

@@ -295,7 +295,7 @@ fn apply_policy(
             .map(|()| None)
             .map_err(io_failed("remove the record of PV"))
     };
-    // Its size record goes with the directory (a retained one still takes its room).
+    // Its size record goes with the registry record: a retained directory is no longer ours.
     let release = || {
         if let Err(e) = backend_kit::capacity::release(root, pv_name) {
             tracing::warn!(pv = pv_name, error = %e, "cannot forget the volume's size record");
@@ -303,6 +303,7 @@ fn apply_policy(
     };
     if matches!(policy, Ok(OnDelete::Retain)) {
         tracing::info!(pv = pv_name, directory = %rel, "retaining nfs-subdir directory");
+        release();
         return forget();
     }
     let (parent_comps, last) = rel.split_last();

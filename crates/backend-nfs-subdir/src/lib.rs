@@ -206,7 +206,8 @@ impl Provisioner for NfsSubdir {
             }
             let readable =
                 backend_kit::safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
-            backend_kit::quota::raise(&readable, bytes)
+            let pv = pv_name.as_deref().unwrap_or_default();
+            backend_kit::quota::raise(&readable, pv, bytes)
                 .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
             Ok(())
         })

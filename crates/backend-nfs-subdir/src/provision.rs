@@ -282,14 +282,15 @@ fn create_blocking(
             ))))
         }
     };
-    attrs
+    let given = attrs
         .apply(&dir)
-        .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))?;
-    let reserved = match room {
-        Some(room) => capacity::reserve(&root, pv_name, bytes, room),
-        None => Ok(()),
-    };
-    let limited = reserved
+        .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")));
+    let mut reserved = false;
+    let limited = given
+        .and_then(|()| match room {
+            Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
+            None => Ok(()),
+        })
         .and_then(|()| {
             safe_fs::as_file(&dir).map_err(|e| Refusal(format!("cannot open \"{rel}\": {e}")))
         })
@@ -305,6 +306,8 @@ fn create_blocking(
         Err(refusal) => {
             if created {
                 let _ = parent.remove_dir(last);
+            }
+            if reserved {
                 let _ = capacity::release(&root, pv_name);
             }
             return Err(forget(refusal));

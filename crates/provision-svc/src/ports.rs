@@ -434,10 +434,12 @@ impl ClusterApi for KubeCluster {
         reason: &str,
         note: String,
     ) {
-        let action = if reason == reason::PROVISIONING {
-            "Provision"
-        } else {
-            "ProvisionFailed"
+        let action = match reason {
+            reason::PROVISIONING => "Provision",
+            crate::resize::RESIZING
+            | crate::resize::RESIZE_SUCCESSFUL
+            | crate::resize::RESIZE_FAILED => "Resize",
+            _ => "ProvisionFailed",
         };
         let claim = common::kube::events::reference(claim);
         let _ = self

@@ -46,7 +46,7 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
     println!("QUOTA-PROBE {name} write past 10 MiB: {written} bytes, errno {errno:?}");
     let (used, limit) = quota::usage(&dir)?;
     println!("QUOTA-PROBE {name} usage: {used} of {limit} bytes");
-    let raised = quota::raise(&dir, 20 * MIB)?;
+    let raised = quota::raise(&dir, &dir_path, 20 * MIB)?;
     println!("QUOTA-PROBE {name} raised: {raised}");
     let (more, errno_more) = fill(&format!("{dir_path}/more"), 9 * MIB);
     println!("QUOTA-PROBE {name} after raising to 20 MiB: {more} more bytes, errno {errno_more:?}");
