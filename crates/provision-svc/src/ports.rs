@@ -436,9 +436,9 @@ impl ClusterApi for KubeCluster {
     ) {
         let action = match reason {
             reason::PROVISIONING => "Provision",
-            crate::resize::RESIZING
-            | crate::resize::RESIZE_SUCCESSFUL
-            | crate::resize::RESIZE_FAILED => "Resize",
+            reason::RESIZING | reason::VOLUME_RESIZE_SUCCESSFUL | reason::VOLUME_RESIZE_FAILED => {
+                "Resize"
+            }
             _ => "ProvisionFailed",
         };
         let claim = common::kube::events::reference(claim);

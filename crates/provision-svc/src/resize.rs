@@ -6,6 +6,7 @@
 //! No node-side step: a directory needs no filesystem resize. Why here: docs/ARCHITECTURE.md.
 
 use api_types::ANN_DYNAMICALLY_PROVISIONED;
+use common::kube::events::reason::{RESIZING, VOLUME_RESIZE_FAILED, VOLUME_RESIZE_SUCCESSFUL};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -15,13 +16,6 @@ use serde_json::json;
 
 use crate::decision::{self, ProvisionerNames};
 use crate::operation::{OpError, Operation};
-
-/// Event reason: the backend is growing the volume (Normal).
-pub const RESIZING: &str = "Resizing";
-/// Event reason: the volume has its new size (Normal).
-pub const RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
-/// Event reason: the volume cannot take the new size (Warning).
-pub const RESIZE_FAILED: &str = "VolumeResizeFailed";
 
 /// What a claim asks of its volume's size.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,7 +67,7 @@ pub async fn resize(
     let cluster = &op.ports.cluster;
     let refuse = |note: String| {
         tracing::warn!(pv = %want.pv, %note, "volume not resized");
-        cluster.claim_event(claim, true, RESIZE_FAILED, note);
+        cluster.claim_event(claim, true, VOLUME_RESIZE_FAILED, note);
         Ok(())
     };
     let class_name = decision::claim_class(claim);
@@ -132,7 +126,7 @@ pub async fn resize(
             cluster.claim_event(
                 claim,
                 true,
-                RESIZE_FAILED,
+                VOLUME_RESIZE_FAILED,
                 format!("resize volume {} failed: {e}", want.pv),
             );
             return Err(failed(e.to_string()));
@@ -152,7 +146,7 @@ pub async fn resize(
     cluster.claim_event(
         claim,
         false,
-        RESIZE_SUCCESSFUL,
+        VOLUME_RESIZE_SUCCESSFUL,
         "Resize volume succeeded".into(),
     );
     Ok(())

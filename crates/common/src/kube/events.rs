@@ -39,6 +39,12 @@ pub mod reason {
     pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
     /// Warning, on the PV: the backend's delete failed or was refused.
     pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+    /// Normal, on the claim: its volume is being grown (the external-resizer's reason).
+    pub const RESIZING: &str = "Resizing";
+    /// Normal, on the claim: its volume has the new size.
+    pub const VOLUME_RESIZE_SUCCESSFUL: &str = "VolumeResizeSuccessful";
+    /// Warning, on the claim: its volume cannot take the new size.
+    pub const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
 }
 
 /// Identity of an event series (type, reason, action, note, object), hashed:
