@@ -1794,6 +1794,24 @@ fn every_overlay_renders_and_matches_the_services() {
     }
 }
 
+/// `components/volume-limits` gives provision-svc exactly `CHOWN` and `SYS_ADMIN` (quotas and
+/// directory owners), keeps `drop: [ALL]`, and changes nothing else.
+#[test]
+fn volume_limits_adds_two_capabilities_to_provision_svc_only() {
+    if !kubectl_available("volume_limits_adds_two_capabilities_to_provision_svc_only") {
+        return;
+    }
+    let r = render_base_with(&["volume-limits"]);
+    let mut problems = Vec::new();
+    for mut spec in services() {
+        if spec.name == "provision-svc" {
+            spec.added_capabilities = &["CHOWN", "SYS_ADMIN"];
+        }
+        problems.extend(check_deployment(&r, &spec).0);
+    }
+    assert_no_problems(&r, &problems);
+}
+
 #[test]
 fn base_with_external_redis_and_servicemonitor_renders_and_matches_the_services() {
     if !kubectl_available("base_with_external_redis_and_servicemonitor") {
