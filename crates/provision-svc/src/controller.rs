@@ -334,6 +334,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         retry: RetryPolicy::from_args(ctx.args.retry_backoff(crate::SPEC), &args.retry),
     });
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
+    let walk = gone_tx.clone();
     let listed = Arc::new(tokio::sync::Notify::new());
     let (observer, first_list) = (loop_ctx.clone(), listed.clone());
     let trigger = control::trigger(
@@ -365,6 +366,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             intents,
             listed,
             rescan,
+            walk,
             readiness: ctx.readiness.clone(),
         },
         shutdown.clone(),
@@ -400,19 +402,22 @@ struct RedisProbe {
     marker: DataMarker,
     /// One item reconciles every claim again.
     rescan: futures::channel::mpsc::UnboundedSender<()>,
+    /// Asks for a walk of the intents (claims gone while Redis did not answer).
+    walk: mpsc::UnboundedSender<Gone>,
     /// The service's `/readyz`.
     readiness: common::runtime::http::Readiness,
 }
 
 /// From the claims' first list until `shutdown`: readiness from Redis every
-/// [`REDIS_PROBE_INTERVAL`], the intent gauges every [`INTENT_GAUGES_INTERVAL`], and every
-/// claim reconciled again (`rescan`) when the data marker says Redis lost its data.
+/// [`REDIS_PROBE_INTERVAL`], the intent gauges every [`INTENT_GAUGES_INTERVAL`], every claim
+/// reconciled again (`rescan`) when Redis lost its data, an intent walk when it answers again.
 async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: CancellationToken) {
     let RedisProbe {
         intents,
         listed,
         mut marker,
         rescan,
+        walk,
         readiness,
     } = probe;
     tokio::select! {
@@ -429,6 +434,8 @@ async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: Cancellati
         if answered != up {
             if answered {
                 tracing::info!("Redis reachable again; ready");
+                // Claims gone while it did not answer were left to the next walk.
+                let _ = walk.send(Gone::Walk);
             } else {
                 tracing::warn!("Redis unreachable; not ready");
             }
@@ -445,6 +452,7 @@ async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: Cancellati
                 "Redis lost its data (its data marker vanished)"
             );
             let _ = rescan.unbounded_send(());
+            let _ = walk.send(Gone::Walk);
         }
         if gauges_read.elapsed() >= INTENT_GAUGES_INTERVAL {
             gauges_read = tokio::time::Instant::now();
