@@ -2,7 +2,9 @@
 # Boot Debian's own kernel in qemu with an XFS and an ext4 image (project quotas on) and run
 # PROBE (tests/src/bin/quota-probe.rs) against both: real quota enforcement where the host
 # kernel has none (docs/decisions/0014-sizes-enforced-with-project-quotas.md).
-# Usage: tools/quota-vm/run.sh PROBE  -> the VM's serial log on stdout; exit 0 iff it passed.
+# Usage: cargo build -p e2e --bin quota-probe && tools/quota-vm/run.sh target/debug/quota-probe
+# (or `cargo test -p e2e --test quota_vm`) -> the VM's serial log on stdout; exit 0 iff it passed.
+# x86_64 Debian host with an apt source for linux-image-amd64 (network on the first run).
 # Needs: qemu-system-x86, xfsprogs, e2fsprogs, busybox-static, cpio, kmod (Debian packages);
 # the kernel package is downloaded once per machine into ${SPLIT_PROVISIONER_CACHE}.
 set -euo pipefail

@@ -240,16 +240,18 @@ async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<()
     let name = name.to_string();
     backend_kit::blocking("hostpath provision", move || {
         let (root, dir, created, reserved) = create_volume_dir_blocking(&base, &name, &new)?;
-        let given = new.attrs.apply(&dir).map_err(|e| {
-            Refusal(format!(
-                "cannot set mode/owner of {}: {e}",
-                base.join(&name).display()
-            ))
-        });
+        // The quota first: setting the project id needs the owner the service still is.
         let readable = safe_fs::as_file(&dir)
             .map_err(|e| Refusal(format!("cannot open {}: {e}", base.join(&name).display())));
         let limited = readable.and_then(|f| quota::apply(new.quota, &f, &name, new.bytes));
-        match given.and(limited) {
+        let given = |applied| {
+            let shown = base.join(&name);
+            let owned = new.attrs.apply(&dir);
+            owned
+                .map(|()| applied)
+                .map_err(|e| Refusal(format!("cannot set mode/owner of {}: {e}", shown.display())))
+        };
+        match limited.and_then(given) {
             Ok(Applied::Limited { project }) => {
                 tracing::info!(pv = %name, project, bytes = new.bytes, "volume size limited")
             }

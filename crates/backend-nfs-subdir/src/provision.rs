@@ -282,19 +282,23 @@ fn create_blocking(
             ))))
         }
     };
-    let given = attrs
-        .apply(&dir)
-        .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")));
     let mut reserved = false;
-    let limited = given
-        .and_then(|()| match room {
-            Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
-            None => Ok(()),
-        })
+    let reservation = match room {
+        Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
+        None => Ok(()),
+    };
+    // The quota before the owner: setting the project id needs the owner the service still is.
+    let limited = reservation
         .and_then(|()| {
             safe_fs::as_file(&dir).map_err(|e| Refusal(format!("cannot open \"{rel}\": {e}")))
         })
-        .and_then(|f| quota::apply(quota, &f, pv_name, bytes));
+        .and_then(|f| quota::apply(quota, &f, pv_name, bytes))
+        .and_then(|applied| {
+            let owned = attrs.apply(&dir);
+            owned
+                .map(|()| applied)
+                .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))
+        });
     match limited {
         Ok(Applied::Limited { project }) => {
             tracing::info!(pv = pv_name, project, bytes, "volume size limited")
