@@ -1759,3 +1759,29 @@ async fn shrinking_a_class_without_expansion_or_a_foreign_pv_is_a_warning_and_no
         assert!(events[0].2.starts_with(&expected), "{events:?}");
     }
 }
+
+/// An intent left behind for a claim already Bound to its PV (a Redis crash lost the
+/// enqueue's clearing after a retry re-recorded it) is cleared by the claim's next sync.
+#[tokio::test]
+async fn a_bound_claims_leftover_intent_is_cleared_by_its_next_sync() {
+    let c = bound("u1", "1Mi", "1Mi");
+    let w = Setup::default().build();
+    let intent = ProvisionIntent {
+        version: api_types::queue::INTENT_VERSION,
+        pv_name: "pvc-u1".into(),
+        claim: api_types::queue::ClaimKey {
+            namespace: "ns".into(),
+            name: "claim-u1".into(),
+            uid: "u1".into(),
+        },
+        class: "fast".into(),
+        recorded_at_ms: 1,
+        storage_class: None,
+        selected_node: None,
+    };
+    w.intents.record(&intent, &c, Some(false)).await.unwrap();
+    assert!(w.intents.has("pvc-u1"));
+    assert_eq!(w.op.sync_claim(&c).await, Ok(()));
+    assert!(!w.intents.has("pvc-u1"), "the PV is the record now");
+    assert!(w.enqueued().is_empty(), "nothing provisioned again");
+}

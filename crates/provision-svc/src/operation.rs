@@ -447,10 +447,17 @@ impl Operation {
                 return Err(OpError::Failed(e.to_string()));
             }
         };
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
         if !should {
+            // Bound to the PV made for it: the PV is the record now, an intent left by a
+            // Redis crash between an enqueue and a retry would never be cleared otherwise.
+            let pv_name = pv_name_for_claim_uid(&uid);
+            let volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+            if !uid.is_empty() && volume == Some(pv_name.as_str()) {
+                self.clear_intent(&pv_name).await;
+            }
             return Ok(());
         }
-        let uid = claim.metadata.uid.clone().unwrap_or_default();
         self.first_attempt_ms(&uid);
         let start = Instant::now();
         let in_flight = InFlight::start(&self.metrics.in_flight);
