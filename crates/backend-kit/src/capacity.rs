@@ -23,17 +23,7 @@ static RESERVING: Mutex<()> = Mutex::new(());
 /// gives the figures), or the records are unusable.
 pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<bool, Refusal> {
     let _guard = RESERVING.lock().unwrap_or_else(|e| e.into_inner());
-    let unusable = |e: io::Error| {
-        Refusal(format!(
-            "cannot use the size records of the base directory: {e}"
-        ))
-    };
-    let sizes = sizes_dir(root).map_err(unusable)?;
-    if !is_single_component(pv_name) {
-        return Err(Refusal(format!(
-            "PV name {pv_name:?} is not a single path component"
-        )));
-    }
+    let sizes = records(root, pv_name)?;
     if safe_fs::entry(&sizes, pv_name).map_err(unusable)? != safe_fs::Entry::Absent {
         return Ok(false);
     }
@@ -60,17 +50,7 @@ fn write_record(sizes: &Dir, pv_name: &str, bytes: u64) -> io::Result<()> {
 /// `capacity`; a PV without a record gets one. Errors: as [`reserve`].
 pub fn grow(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), Refusal> {
     let _guard = RESERVING.lock().unwrap_or_else(|e| e.into_inner());
-    let unusable = |e: io::Error| {
-        Refusal(format!(
-            "cannot use the size records of the base directory: {e}"
-        ))
-    };
-    if !is_single_component(pv_name) {
-        return Err(Refusal(format!(
-            "PV name {pv_name:?} is not a single path component"
-        )));
-    }
-    let sizes = sizes_dir(root).map_err(unusable)?;
+    let sizes = records(root, pv_name)?;
     let own: u64 = sizes
         .read_to_string(pv_name)
         .ok()
@@ -111,6 +91,24 @@ pub fn parse_quantity(s: &str) -> Result<u64, String> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());
     provisioner_api::quantity::bytes(&q)
         .ok_or_else(|| format!("{s:?} is not a positive quantity such as 500Gi"))
+}
+
+/// A size-records failure as a refusal.
+fn unusable(e: io::Error) -> Refusal {
+    Refusal(format!(
+        "cannot use the size records of the base directory: {e}"
+    ))
+}
+
+/// The size-records directory below `root` (made if missing), for a record of `pv_name`.
+/// Errors: `pv_name` is not one path component, or the directory is unusable.
+fn records(root: &Dir, pv_name: &str) -> Result<Dir, Refusal> {
+    if !is_single_component(pv_name) {
+        return Err(Refusal(format!(
+            "PV name {pv_name:?} is not a single path component"
+        )));
+    }
+    sizes_dir(root).map_err(unusable)
 }
 
 fn sizes_dir(root: &Dir) -> io::Result<Dir> {

@@ -12,7 +12,7 @@ use super::pattern::RelPath;
 use backend_kit::safe_fs;
 
 /// Top-level bookkeeping directory in the mount (never a volume directory).
-pub const REGISTRY_DIR: &str = ".split-provisioner";
+pub const REGISTRY_DIR: &str = backend_kit::capacity::BOOKKEEPING_DIR;
 /// Sub-directory of [`REGISTRY_DIR`] holding one file per PV.
 pub const VOLUMES_DIR: &str = "volumes";
 
