@@ -135,23 +135,8 @@ impl Provisioner for HostPath {
 
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
         let capacity = self.capacity?;
-        let (base, pool) = (self.base_dir.clone(), self.base_dir.display().to_string());
-        let shown = pool.clone();
-        let allocated = backend_kit::blocking("hostpath capacity", move || {
-            let unreadable = |e: std::io::Error| {
-                VolumeError::Unreadable(format!("size records of {shown}: {e}"))
-            };
-            let root = backend_kit::safe_fs::open_root(&base).map_err(unreadable)?;
-            backend_kit::capacity::allocated(&root).map_err(unreadable)
-        });
-        let pools = |allocated| {
-            vec![PoolCapacity {
-                pool,
-                capacity,
-                allocated,
-            }]
-        };
-        Some(allocated.await.map(pools))
+        let pool = self.base_dir.display().to_string();
+        Some(backend_kit::capacity::pool(self.base_dir.clone(), pool, capacity).await)
     }
 }
 

@@ -86,6 +86,29 @@ pub fn allocated(root: &Dir) -> io::Result<u64> {
     }
 }
 
+/// One pool's capacity for `Provisioner::capacity`: `capacity` bytes at `root` (its records
+/// read on the blocking pool), named `pool`. Errors: the records are unreadable.
+pub async fn pool(
+    root: std::path::PathBuf,
+    pool: String,
+    capacity: u64,
+) -> Result<Vec<provisioner_api::PoolCapacity>, provisioner_api::VolumeError> {
+    let shown = pool.clone();
+    let allocated = crate::blocking("capacity", move || {
+        let unreadable = |e: io::Error| {
+            provisioner_api::VolumeError::Unreadable(format!("size records of {shown}: {e}"))
+        };
+        let root = safe_fs::open_root(&root).map_err(unreadable)?;
+        allocated(&root).map_err(unreadable)
+    });
+    let allocated = allocated.await?;
+    Ok(vec![provisioner_api::PoolCapacity {
+        pool,
+        capacity,
+        allocated,
+    }])
+}
+
 /// A capacity flag's value: a positive quantity (`500Gi`) in bytes. Errors: anything else.
 pub fn parse_quantity(s: &str) -> Result<u64, String> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string());

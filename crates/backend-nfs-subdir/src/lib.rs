@@ -172,21 +172,8 @@ impl Provisioner for NfsSubdir {
 
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
         let capacity = self.capacity?;
-        let mount = self.mount.clone();
-        let allocated = backend_kit::blocking("nfs-subdir capacity", move || {
-            let unreadable =
-                |e: std::io::Error| VolumeError::Unreadable(format!("size records: {e}"));
-            let root = backend_kit::safe_fs::open_root(&mount).map_err(unreadable)?;
-            backend_kit::capacity::allocated(&root).map_err(unreadable)
-        });
         let pool = format!("{}:{}", self.server, self.export_path);
-        Some(allocated.await.map(|allocated| {
-            vec![PoolCapacity {
-                pool,
-                capacity,
-                allocated,
-            }]
-        }))
+        Some(backend_kit::capacity::pool(self.mount.clone(), pool, capacity).await)
     }
 
     /// Raises the directory's project quota limit when it has one (the mount is a local
