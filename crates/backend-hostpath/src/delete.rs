@@ -348,6 +348,7 @@ fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), D
             Ok(())
         }
         OnDelete::Delete => {
+            backend_kit::quota::lift_before_removal(root, name, name);
             match root.remove_dir_all(name) {
                 // Already gone counts as removed.
                 Ok(()) => {}

@@ -52,8 +52,8 @@ pub enum Applied {
     Unenforced(String),
 }
 
-/// Apply `mode` to the new volume directory `dir` of `pv_name`: project id
-/// [`project_id`]`(pv_name)` limited to `bytes`. Errors: `required` and the limit could not
+/// Apply `mode` to the new volume directory `dir` of `pv_name`: its own project id (the
+/// first of [`candidates`]`(pv_name)` no other directory uses) limited to `bytes`. Errors: `required` and the limit could not
 /// be set (the message names the cause: no project quotas on the filesystem, kernel < 5.14,
 /// not permitted).
 pub fn apply(
@@ -65,9 +65,8 @@ pub fn apply(
     if mode == QuotaMode::Off {
         return Ok(Applied::Off);
     }
-    let project = project_id(pv_name);
-    match limit(dir, project, bytes) {
-        Ok(()) => Ok(Applied::Limited { project }),
+    match free_project(dir, pv_name).and_then(|p| limit(dir, p, bytes).map(|()| p)) {
+        Ok(project) => Ok(Applied::Limited { project }),
         Err(e) => {
             let reason = format!(
                 "cannot limit the volume of {pv_name} to {bytes} bytes with a project quota: {}",
@@ -91,6 +90,70 @@ pub fn project_id(pv_name: &str) -> u32 {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     });
     (1 << 20) + hash % ((1 << 31) - (1 << 20))
+}
+
+/// How many project ids, from [`project_id`] on, a volume may take when some are in use.
+pub const PROBES: u32 = 16;
+
+/// The project ids `pv_name`'s directory may own: [`project_id`] and the next
+/// [`PROBES`]` - 1`, wrapping within `[2^20, 2^31)`.
+pub fn candidates(pv_name: &str) -> impl Iterator<Item = u32> {
+    let (low, span) = (1_u32 << 20, (1_u32 << 31) - (1 << 20));
+    let first = project_id(pv_name) - low;
+    (0..PROBES).map(move |k| low + (first + k) % span)
+}
+
+/// The project id `dir` owns already (a retry of the same volume), else the first of
+/// [`candidates`] with no usage and no limit on the filesystem. Errors: every candidate in use.
+fn free_project(dir: &impl AsFd, pv_name: &str) -> io::Result<u32> {
+    if let Some(own) = own_project(dir, pv_name) {
+        return Ok(own);
+    }
+    candidates(pv_name)
+        .find(|&id| !taken(dir, id))
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "the {PROBES} project ids from {} on are all used by other directories",
+                project_id(pv_name)
+            ))
+        })
+}
+
+/// Whether `project` has usage or a limit on `dir`'s filesystem (XFS frees a removed
+/// directory's inodes in the background: its usage drops a moment after the removal).
+pub fn taken(dir: &impl AsFd, project: u32) -> bool {
+    // SAFETY: an all-zero `dqblk` is valid for the kernel to fill.
+    let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
+    quotactl(dir.as_fd().as_raw_fd(), libc::Q_GETQUOTA, project, &mut dq).is_ok()
+        && (dq.dqb_curspace > 0 || dq.dqb_curinodes > 0 || dq.dqb_bhardlimit > 0)
+}
+
+/// `dir`'s project id when it is one of `pv_name`'s [`candidates`] (set by [`apply`]), not
+/// one inherited from a parent or given by hand.
+fn own_project(dir: &impl AsFd, pv_name: &str) -> Option<u32> {
+    let mut attr = FsXattr::default();
+    // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to fill.
+    check(unsafe { libc::ioctl(dir.as_fd().as_raw_fd(), FS_IOC_FSGETXATTR, &mut attr) }).ok()?;
+    candidates(pv_name)
+        .any(|id| id == attr.projid)
+        .then_some(attr.projid)
+}
+
+/// Before `parent`'s entry `name` (the directory of `pv_name`) is removed: drop the limit of
+/// its own project, so the id is free again. Does nothing for a directory without one; a
+/// failure is logged (the id then stays taken, and a later volume probes past it).
+pub fn lift_before_removal(parent: &cap_std::fs::Dir, name: &str, pv_name: &str) {
+    let Ok(dir) = crate::safe_fs::open_path(parent, &[name.to_string()]) else {
+        return;
+    };
+    let Ok(readable) = crate::safe_fs::as_file(&dir) else {
+        return;
+    };
+    if let Some(project) = own_project(&readable, pv_name) {
+        if let Err(e) = limit_project(readable.as_raw_fd(), project, 0) {
+            tracing::warn!(pv = pv_name, project, error = %e, "cannot lift the volume's size limit");
+        }
+    }
 }
 
 /// Give `dir` the project id `project`, inherited by what is created in it, and a hard block
@@ -118,19 +181,17 @@ fn limit_project(fd: libc::c_int, project: u32, bytes: u64) -> io::Result<()> {
 }
 
 /// Raise the hard limit of the project of `pv_name`'s directory `dir` to `bytes` when it has
-/// its own ([`project_id`]`(pv_name)`, set by [`apply`]); `Ok(false)` when it has none, or an
-/// inherited project id that other directories share (never raised for one volume).
+/// its own (one of [`candidates`]`(pv_name)`, set by [`apply`]); `Ok(false)` when it has none,
+/// or an inherited project id that other directories share (never raised for one volume).
 /// Errors: as [`limit`].
 pub fn raise(dir: &impl AsFd, pv_name: &str, bytes: u64) -> io::Result<bool> {
-    let fd = dir.as_fd().as_raw_fd();
-    let mut attr = FsXattr::default();
-    // SAFETY: as in `limit`.
-    let read = check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) });
-    if read.is_err() || attr.projid != project_id(pv_name) {
+    let Some(project) = own_project(dir, pv_name) else {
         return Ok(false);
-    }
+    };
     match usage(dir) {
-        Ok((_, limit)) if limit > 0 => limit_project(fd, attr.projid, bytes).map(|()| true),
+        Ok((_, limit)) if limit > 0 => {
+            limit_project(dir.as_fd().as_raw_fd(), project, bytes).map(|()| true)
+        }
         _ => Ok(false),
     }
 }
@@ -227,6 +288,13 @@ mod tests {
         for name in ["", "a", "pvc-x", &"z".repeat(300)] {
             let id = project_id(name);
             assert!((1 << 20..1 << 31).contains(&id), "{name}: {id}");
+            let all: Vec<u32> = candidates(name).collect();
+            assert_eq!(all.len(), PROBES as usize);
+            assert_eq!(all[0], id);
+            assert!(
+                all.iter().all(|c| (1 << 20..1 << 31).contains(c)),
+                "{all:?}"
+            );
         }
     }
 

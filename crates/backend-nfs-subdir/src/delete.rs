@@ -326,6 +326,7 @@ fn apply_policy(
     }
     match policy {
         OnDelete::Delete => {
+            backend_kit::quota::lift_before_removal(&parent, last, pv_name);
             parent
                 .remove_dir_all(last)
                 .map_err(io_failed("remove the volume directory"))?;

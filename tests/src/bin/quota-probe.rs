@@ -50,6 +50,7 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
     println!("QUOTA-PROBE {name} raised: {raised}");
     let (more, errno_more) = fill(&format!("{dir_path}/more"), 9 * MIB);
     println!("QUOTA-PROBE {name} after raising to 20 MiB: {more} more bytes, errno {errno_more:?}");
+    let ids_ok = ids_are_unique_and_freed(mount, name)?;
     let started = Instant::now();
     let volumes = 100;
     for i in 0..volumes {
@@ -61,7 +62,49 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
     let per = started.elapsed() / volumes;
     println!("QUOTA-PROBE {name} cost: {per:?} per volume (mkdir + project id + limit, {volumes} volumes)");
     let counted = (written..=written + 64 * 1024).contains(&used);
-    Ok(stopped && near_limit && limit == 10 * MIB && counted && raised && more == 9 * MIB)
+    Ok(
+        stopped
+            && near_limit
+            && limit == 10 * MIB
+            && counted
+            && raised
+            && more == 9 * MIB
+            && ids_ok,
+    )
+}
+
+/// Two directories for one PV name (as two volumes whose names hash alike) get different
+/// project ids; once the first is removed (its limit lifted), its id is free again (within
+/// 2 s: XFS releases a removed directory's usage in the background).
+fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
+    let root = safe_fs::open_root(std::path::Path::new(mount))?;
+    let make = |entry: &str| -> std::io::Result<Option<u32>> {
+        let (handle, _) = safe_fs::create_path(&root, &[entry.to_string()], 0o777)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        std::fs::write(format!("{mount}/{entry}/file"), b"x")?;
+        let dir = safe_fs::as_file(&handle)?;
+        Ok(
+            match quota::apply(QuotaMode::Required, &dir, "pvc-same", MIB) {
+                Ok(Applied::Limited { project }) => Some(project),
+                _ => None,
+            },
+        )
+    };
+    let first = make("same-a")?;
+    let second = make("same-b")?;
+    quota::lift_before_removal(&root, "same-a", "pvc-same");
+    root.remove_dir_all("same-a")?;
+    let handle = std::fs::File::open(mount)?;
+    let freed = first.is_some_and(|id| {
+        (0..100).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            !quota::taken(&handle, id)
+        })
+    });
+    let again = make("same-c")?;
+    let expected: Vec<u32> = quota::candidates("pvc-same").take(2).collect();
+    println!("QUOTA-PROBE {name} ids: first {first:?}, second {second:?}, freed {freed}, after removal {again:?}, candidates {expected:?}");
+    Ok(first == Some(expected[0]) && second == Some(expected[1]) && freed && again == first)
 }
 
 /// Write up to `max` bytes in 1 MiB chunks; the bytes written and the errno that stopped it.
