@@ -16,6 +16,11 @@
 //!    Sentinel each); the primary hung (SIGSTOP) in a 100-claim burst until the Sentinels
 //!    fail over: every claim Bound once, a directory each, provision-svc saw the failover.
 //!
+//! 9. class parameters on the node: `directoryMode` is the directory's mode, `quota:
+//!    best-effort` provisions (the node's kernel has no project quotas), `quota: required`
+//!    fails with a Warning naming the cause, an expanded claim's PV and status grow and a Pod
+//!    mounts it after.
+//!
 //! Opt-in with `E2E_NODE=1` (root, tools/node/build.sh and images.sh); otherwise, or when
 //! the machine lacks what the node needs, it is skipped with one line saying why.
 //! `E2E_NODE_HOLD=1` keeps the cluster up afterwards and prints its kubeconfig;
@@ -308,6 +313,151 @@ async fn claim_survives_pods_and_goes_with_claim(cluster: &RealCluster) {
     )
     .await;
     eprintln!("node scenario 2: data kept across pods, directory removed with the claim");
+}
+
+/// Create claim `name` (1Gi) of `class` in `default`.
+async fn create_claim(claims: &Api<PersistentVolumeClaim>, name: &str, class: &str) {
+    let claim = json!({
+        "metadata": {"name": name},
+        "spec": {"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    });
+    let claim: PersistentVolumeClaim = serde_json::from_value(claim).unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+}
+
+/// The notes of the events of reason `reason` about claim `name` in `default`.
+async fn claim_event_notes(client: &kube::Client, name: &str, reason: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let selector = format!("involvedObject.name={name},reason={reason}");
+    let list = events.list(&ListParams::default().fields(&selector)).await;
+    list.map(|l| l.items.into_iter().filter_map(|e| e.message).collect())
+        .unwrap_or_default()
+}
+
+/// Scenario 9: a class with `directoryMode`, `quota: best-effort` and expansion, and one with
+/// `quota: required`, on the node.
+async fn class_parameters_on_the_node(cluster: &RealCluster) {
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kube::api::{Patch, PatchParams};
+    let client = cluster.client();
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let provisioner = classes.get("example-hostpath").await.unwrap().provisioner;
+    for (name, params) in [
+        (
+            "node-sized",
+            json!({"directoryMode": "0750", "quota": "best-effort"}),
+        ),
+        ("node-quota-required", json!({"quota": "required"})),
+    ] {
+        let class = json!({
+            "metadata": {"name": name}, "provisioner": provisioner, "parameters": params,
+            "reclaimPolicy": "Delete", "allowVolumeExpansion": true
+        });
+        let class: StorageClass = serde_json::from_value(class).unwrap();
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    create_claim(&claims, "node-sized", "node-sized").await;
+    create_claim(&claims, "node-unlimited", "node-quota-required").await;
+    let pv_name = wait_for("claim Bound", Duration::from_secs(60), || async {
+        let c = claims.get("node-sized").await.map_err(|e| e.to_string())?;
+        match (
+            c.status.as_ref().and_then(|s| s.phase.as_deref()),
+            c.spec.as_ref().and_then(|s| s.volume_name.clone()),
+        ) {
+            (Some("Bound"), Some(pv)) => Ok(pv),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let dir = PathBuf::from(BASE_DIR).join(&pv_name);
+    let mode = std::os::unix::fs::PermissionsExt::mode(&dir.metadata().unwrap().permissions());
+    assert_eq!(mode & 0o7777, 0o750, "directoryMode on {}", dir.display());
+
+    let failed = wait_for(
+        "quota=required refused",
+        Duration::from_secs(60),
+        || async {
+            let notes = claim_event_notes(&client, "node-unlimited", "ProvisioningFailed").await;
+            notes
+                .into_iter()
+                .next()
+                .ok_or_else(|| "no event yet".to_string())
+        },
+    )
+    .await;
+    assert!(
+        failed.contains("project quota") && failed.contains("quota=required"),
+        "{failed}"
+    );
+    let unlimited = claims.get("node-unlimited").await.unwrap();
+    assert_eq!(
+        unlimited.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+
+    let grow = json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}});
+    claims
+        .patch("node-sized", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    wait_for("claim and PV at 2Gi", Duration::from_secs(60), || async {
+        let c = claims.get("node-sized").await.map_err(|e| e.to_string())?;
+        let pv = pvs.get(&pv_name).await.map_err(|e| e.to_string())?;
+        let status = c.status.unwrap_or_default();
+        let claim_size = status.capacity.and_then(|c| c.get("storage").cloned());
+        let pv_size = pv.spec.and_then(|s| s.capacity?.get("storage").cloned());
+        let resizing = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .any(|c| c.type_ == "Resizing");
+        match (claim_size, pv_size) {
+            (Some(a), Some(b)) if a.0 == "2Gi" && b.0 == "2Gi" && !resizing => Ok(()),
+            other => Err(format!("{other:?}, resizing {resizing}")),
+        }
+    })
+    .await;
+    let resized = claim_event_notes(&client, "node-sized", "VolumeResizeSuccessful").await;
+    assert_eq!(resized.len(), 1, "{resized:?}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let script = "echo grown > /data/file && test \"$(stat -c %a /data)\" = 750";
+    run_to_success(&pods, workload_pod("sized-writer", "node-sized", script)).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("file")).unwrap(),
+        "grown\n"
+    );
+
+    for claim in ["node-sized", "node-unlimited"] {
+        claims
+            .delete(claim, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    wait_for(
+        "PV and directory gone",
+        Duration::from_secs(120),
+        || async {
+            let pv = pvs.get_opt(&pv_name).await.map_err(|e| e.to_string())?;
+            match (pv.is_none(), dir.exists()) {
+                (true, false) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    for name in ["node-sized", "node-quota-required"] {
+        classes
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eprintln!("node scenario 9: directory mode, best-effort and required quota, expansion");
 }
 
 /// GET `http://ip:port/metrics` (HTTP/1.0) and sum the samples of `metric`.
@@ -1246,6 +1396,9 @@ async fn node_scenarios() {
     }
     if scenario_on(8) {
         redis_sentinel_failover_in_a_burst(&cluster).await;
+    }
+    if scenario_on(9) {
+        class_parameters_on_the_node(&cluster).await;
     }
     eprintln!(
         "node: scenarios passed in {:.0} s",
