@@ -146,20 +146,15 @@ pub async fn expand(
     let name = volume.metadata.name.clone().unwrap_or_default();
     crate::delete::check_node(backend.node_name.as_deref(), &name, volume)
         .map_err(|e| VolumeError::Refused(e.to_string()))?;
-    let (base, room) = (backend.base_dir.clone(), backend.capacity);
-    backend_kit::blocking("hostpath expand", move || {
-        let refused = |e: String| VolumeError::Refused(format!("volume {name}: {e}"));
-        let root = safe_fs::open_root(&base).map_err(|e| refused(e.to_string()))?;
-        let dir = safe_fs::open_path(&root, std::slice::from_ref(&name))
-            .map_err(|e| refused(e.to_string()))?;
-        if let Some(room) = room {
-            capacity::grow(&root, &name, bytes, room).map_err(|r| refused(r.0))?;
-        }
-        let readable = safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
-        quota::raise(&readable, &name, bytes)
-            .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
-        Ok(())
-    })
+    let (base, shown) = (backend.base_dir.clone(), format!("volume {name}"));
+    quota::expand(
+        base,
+        vec![name.clone()],
+        name,
+        bytes,
+        backend.capacity,
+        shown,
+    )
     .await
 }
 

@@ -196,6 +196,33 @@ pub fn raise(dir: &impl AsFd, pv_name: &str, bytes: u64) -> io::Result<bool> {
     }
 }
 
+/// An expansion of the volume directory `components` under `root` (a backend's base
+/// directory or mount) to `bytes`: its room in `capacity` grown, then its own limit raised
+/// ([`raise`]). Errors: [`VolumeError::Refused`] naming `shown` and the failed step.
+pub async fn expand(
+    root: std::path::PathBuf,
+    components: Vec<String>,
+    pv_name: String,
+    bytes: u64,
+    capacity: Option<u64>,
+    shown: String,
+) -> Result<(), provisioner_api::VolumeError> {
+    crate::blocking("expand", move || {
+        let refused = |e: String| provisioner_api::VolumeError::Refused(format!("{shown}: {e}"));
+        let root = crate::safe_fs::open_root(&root).map_err(|e| refused(e.to_string()))?;
+        let dir =
+            crate::safe_fs::open_path(&root, &components).map_err(|e| refused(e.to_string()))?;
+        if let Some(room) = capacity {
+            crate::capacity::grow(&root, &pv_name, bytes, room).map_err(|r| refused(r.0))?;
+        }
+        let readable = crate::safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
+        raise(&readable, &pv_name, bytes)
+            .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
+        Ok(())
+    })
+    .await
+}
+
 /// Space used and hard limit (bytes, 0: none) of `dir`'s project. Errors: as [`limit`].
 pub fn usage(dir: &impl AsFd) -> io::Result<(u64, u64)> {
     let fd = dir.as_fd().as_raw_fd();

@@ -180,24 +180,16 @@ impl Provisioner for NfsSubdir {
     /// XFS/ext4 with project quotas); otherwise nothing limits the directory's size.
     async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
         let rel = delete::volume_directory(self, volume)?;
-        let (mount, capacity) = (self.mount.clone(), self.capacity);
-        let pv_name = volume.metadata.name.clone();
-        backend_kit::blocking("nfs-subdir expand", move || {
-            let refused = |e: String| VolumeError::Refused(format!("directory \"{rel}\": {e}"));
-            let root =
-                backend_kit::safe_fs::open_root(&mount).map_err(|e| refused(e.to_string()))?;
-            let dir = backend_kit::safe_fs::open_path(&root, rel.components())
-                .map_err(|e| refused(e.to_string()))?;
-            if let (Some(room), Some(pv)) = (capacity, pv_name.as_deref()) {
-                backend_kit::capacity::grow(&root, pv, bytes, room).map_err(|r| refused(r.0))?;
-            }
-            let readable =
-                backend_kit::safe_fs::as_file(&dir).map_err(|e| refused(e.to_string()))?;
-            let pv = pv_name.as_deref().unwrap_or_default();
-            backend_kit::quota::raise(&readable, pv, bytes)
-                .map_err(|e| refused(format!("cannot raise its size limit: {e}")))?;
-            Ok(())
-        })
+        let pv = volume.metadata.name.clone().unwrap_or_default();
+        let (components, shown) = (rel.components().to_vec(), format!("directory \"{rel}\""));
+        backend_kit::quota::expand(
+            self.mount.clone(),
+            components,
+            pv,
+            bytes,
+            self.capacity,
+            shown,
+        )
         .await
     }
 }

@@ -49,11 +49,6 @@ impl Deadline {
         self.at.saturating_duration_since(Instant::now())
     }
 
-    /// Whether the deadline has passed (seed: `ctx.Err() != nil`).
-    pub fn is_exceeded(&self) -> bool {
-        Instant::now() >= self.at
-    }
-
     /// Completes when the deadline passes (seed: `<-ctx.Done()`).
     pub async fn exceeded(&self) {
         tokio::time::sleep_until(self.at).await
