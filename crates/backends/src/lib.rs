@@ -1,9 +1,9 @@
 //! The built-in storage backends behind one flag group: `--backend
 //! hostpath|nfs-subdir` (env `BACKEND`) and each backend's own flags (the
 //! backend crates' clap `Args`). Only the services' binaries depend on this
-//! crate: each `main.rs` parses its service's command line plus
-//! [`BackendArgs`] ([`parse`]), builds the chosen backend and hands it to the
-//! service library, which knows only the `provisioner-api` trait.
+//! crate: each `main.rs` is one [`service_main`] call, which parses its service's command
+//! line plus [`BackendArgs`], builds the chosen backend and hands it to the service
+//! library, which knows only the `provisioner-api` trait.
 //!
 //! Adding a built-in backend: a [`BackendKind`] variant, its flags flattened
 //! into [`BackendArgs`], its constructor in [`BackendArgs::build`].
@@ -91,6 +91,25 @@ where
 /// (or `--help`, `--version`) print it and exit as clap does.
 pub fn parse<C: CommandFactory + FromArgMatches>() -> (C, BackendArgs) {
     try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+}
+
+/// A service binary's whole `main`: its command line (`C` plus [`BackendArgs`]), tracing
+/// from the shared flags `common` picks, the chosen backend, then `run` until SIGTERM.
+/// Errors: invalid backend flags (naming the flag), else `run`'s.
+pub fn service_main<C, Fut>(
+    common: fn(&C) -> &common::runtime::config::CommonArgs,
+    run: fn(C, Arc<dyn Provisioner>) -> Fut,
+) -> anyhow::Result<()>
+where
+    C: CommandFactory + FromArgMatches,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    common::runtime::alloc::block_on_service(async {
+        let (cli, backend) = parse::<C>();
+        common::runtime::telemetry::init(common(&cli).log_format, &common(&cli).log_level);
+        let backend = backend.build().map_err(anyhow::Error::msg)?;
+        run(cli, backend).await
+    })
 }
 
 #[cfg(test)]

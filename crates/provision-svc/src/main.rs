@@ -3,10 +3,5 @@
 //! backend.
 
 fn main() -> anyhow::Result<()> {
-    common::runtime::alloc::block_on_service(async {
-        let (cli, backend) = backends::parse::<provision_svc::Cli>();
-        common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
-        let backend = backend.build().map_err(anyhow::Error::msg)?;
-        provision_svc::run(cli, backend).await
-    })
+    backends::service_main(|cli: &provision_svc::Cli| &cli.common, provision_svc::run)
 }

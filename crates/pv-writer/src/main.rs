@@ -3,10 +3,5 @@
 //! backends' flags (the backend whose own check every queued PV must pass).
 
 fn main() -> anyhow::Result<()> {
-    common::runtime::alloc::block_on_service(async {
-        let (cli, backend) = backends::parse::<pv_writer::Cli>();
-        common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
-        let backend = backend.build().map_err(anyhow::Error::msg)?;
-        pv_writer::run(cli, backend).await
-    })
+    backends::service_main(|cli: &pv_writer::Cli| &cli.common, pv_writer::run)
 }
