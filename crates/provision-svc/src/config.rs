@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser};
 use common::handoff::queue::ReplicaAcks;
 use common::handoff::queue_auth::QueueKeyArgs;
-use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
+use common::runtime::config::{parse_duration, AdditionalProvisioners, CommonArgs, RetryArgs};
 
 /// Flags of the provisioning controller (without the backend's).
 #[derive(Debug, Clone, Args)]
@@ -20,14 +20,9 @@ pub struct ProvisionArgs {
     #[command(flatten, next_help_heading = "Provisioning")]
     pub queue_key: QueueKeyArgs,
 
-    /// Further provisioner names to provision for, besides `--provisioner-name`
-    /// (repeatable; comma-separated in the environment variable).
-    #[arg(
-        long = "additional-provisioner",
-        env = "ADDITIONAL_PROVISIONERS",
-        value_delimiter = ','
-    )]
-    pub additional_provisioners: Vec<String>,
+    /// `--additional-provisioner`.
+    #[command(flatten)]
+    pub additional_provisioners: AdditionalProvisioners,
 
     /// Add `external-provisioner.volume.kubernetes.io/finalizer` to provisioned
     /// PVs (seed `AddFinalizer`); set it as reclaim-svc's `--add-finalizer`, or
@@ -85,7 +80,7 @@ mod tests {
     fn defaults_follow_the_seed() {
         let cli = Cli::try_parse_from(["provision-svc"]).unwrap();
         let p = cli.provision;
-        assert!(p.additional_provisioners.is_empty());
+        assert!(p.additional_provisioners.names.is_empty());
         assert!(!p.add_finalizer);
         assert_eq!(p.failed_provision_threshold, 15);
         assert_eq!(p.provision_timeout, None);
@@ -110,7 +105,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            cli.provision.additional_provisioners,
+            cli.provision.additional_provisioners.names,
             vec!["a.io/x", "b.io/y"]
         );
         assert!(cli.provision.add_finalizer);

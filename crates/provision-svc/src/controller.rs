@@ -194,7 +194,7 @@ pub fn settings(common: &CommonArgs, args: &ProvisionArgs) -> Settings {
     Settings {
         names: ProvisionerNames {
             name: common.provisioner_name.clone(),
-            additional: args.additional_provisioners.clone(),
+            additional: args.additional_provisioners.names.clone(),
         },
         add_finalizer: args.add_finalizer,
         failure_threshold: FailureThreshold(args.failed_provision_threshold),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser};
 use common::handoff::queue_auth::QueueKeyArgs;
-use common::runtime::config::{parse_duration, CommonArgs};
+use common::runtime::config::{parse_duration, AdditionalProvisioners, CommonArgs};
 
 /// `pv-writer [FLAGS]`; the binary adds `--backend` and the backends' flags
 /// (the backend whose check every queued volume source must pass).
@@ -41,15 +41,9 @@ pub struct WriterArgs {
     #[arg(long, env = "VISIBILITY_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub visibility_timeout: Duration,
 
-    /// Further provisioner names accepted in a queued PV's
-    /// `pv.kubernetes.io/provisioned-by` annotation besides `--provisioner-name`
-    /// (same as provision-svc's; comma-separated in the environment variable).
-    #[arg(
-        long = "additional-provisioner",
-        env = "ADDITIONAL_PROVISIONERS",
-        value_delimiter = ','
-    )]
-    pub additional_provisioners: Vec<String>,
+    /// `--additional-provisioner`.
+    #[command(flatten)]
+    pub additional_provisioners: AdditionalProvisioners,
 
     /// The key that authenticates queue entries (`--queue-hmac-key-file`).
     #[command(flatten)]
@@ -117,7 +111,7 @@ mod tests {
             cli.writer.queue_key.queue_hmac_key_file,
             Some(PathBuf::from("/k"))
         );
-        assert_eq!(cli.writer.additional_provisioners, ["a.io/x"]);
+        assert_eq!(cli.writer.additional_provisioners.names, ["a.io/x"]);
 
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());

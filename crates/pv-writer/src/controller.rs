@@ -79,7 +79,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
     let names = std::iter::once(ctx.args.provisioner_name.clone())
-        .chain(args.additional_provisioners.iter().cloned())
+        .chain(args.additional_provisioners.names.iter().cloned())
         .collect();
     let checks = EntryChecks::new(names, key, backend);
     let writer = Arc::new(Writer::new(

@@ -365,6 +365,21 @@ pub struct CommonArgs {
 
 pub use crate::kube::retry::RetryArgs;
 
+/// `--additional-provisioner` of provision-svc and pv-writer (seed: a controller's
+/// additional provisioner names).
+#[derive(Debug, Clone, Default, Args)]
+pub struct AdditionalProvisioners {
+    /// Further provisioner names served besides `--provisioner-name`: provision-svc
+    /// provisions their claims, pv-writer accepts their PVs (repeatable; comma-separated in
+    /// the environment variable).
+    #[arg(
+        long = "additional-provisioner",
+        env = "ADDITIONAL_PROVISIONERS",
+        value_delimiter = ','
+    )]
+    pub names: Vec<String>,
+}
+
 impl CommonArgs {
     /// The Redis connection of `--redis-url` and the `--redis-*` credential and
     /// TLS flags (plus env `REDIS_PASSWORD`), for [`crate::handoff::queue::PvQueue::connect`]
