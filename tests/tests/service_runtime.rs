@@ -390,7 +390,7 @@ async fn sigterm_does_not_restart_the_renew_deadline() {
 fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
     let mut config = kube::Config::new(sim.url().parse().unwrap());
     config.default_namespace = "default".into();
-    common::runtime::kube_client::build_client(config, 0.0, 0).unwrap()
+    common::runtime::kube_client::build_client(config, 0.0, 0, None).unwrap()
 }
 
 async fn healthz(addr: std::net::SocketAddr) -> (u16, String) {

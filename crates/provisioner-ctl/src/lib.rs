@@ -26,7 +26,7 @@ pub async fn run_status(
     let client = if args.no_leases {
         None
     } else {
-        match common::runtime::kube_client::client_from_args(common_args).await {
+        match common::runtime::kube_client::client_from_args(common_args, None).await {
             Ok(c) => Some(c),
             Err(e) => {
                 client_error = Some(format!(

@@ -526,7 +526,7 @@ mod tests {
         let crate::cli::Command::Status { common, .. } = &cli.command else {
             panic!("status")
         };
-        let Err(err) = common::runtime::kube_client::client_from_args(common).await else {
+        let Err(err) = common::runtime::kube_client::client_from_args(common, None).await else {
             panic!("no kubeconfig there");
         };
         let text = error_chain(err.as_ref());

@@ -315,7 +315,7 @@ impl Plane {
             Plane::Real(r) => config_from_kubeconfig(r.kubeconfig(service)).await?,
             Plane::External(kc) => config_from_kubeconfig(kc).await?,
         };
-        common::runtime::kube_client::build_client(config, 0.0, 0)
+        common::runtime::kube_client::build_client(config, 0.0, 0, None)
     }
 
     /// Namespace of `service`'s Lease: the service's namespace in the deploy on a real

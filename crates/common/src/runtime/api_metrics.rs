@@ -1,9 +1,9 @@
 //! Kubernetes API request metrics under client-go's names, as a tower layer on
 //! the kube client's stack: `rest_client_requests_total{code, method}` (`"<error>"`
 //! when no response arrived) and `rest_client_request_duration_seconds{verb}` (to
-//! the response head). No `host` label (one API server per service). The layer sits
-//! inside the client-side rate limit, so limiter waits are not in the latency.
-//! See docs/decisions/0005-events-and-client-go-metrics.md.
+//! the response head), and each outcome told to the [`ApiReachability`] log. No `host`
+//! label (one API server per service). The layer sits inside the client-side rate limit,
+//! so limiter waits are not in the latency. See docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,19 +12,21 @@ use std::time::Instant;
 
 use prometheus::{HistogramVec, IntCounterVec, Registry};
 
-/// The two request families; cheap to clone (shared counters). Use it as a
-/// [`tower::Layer`].
+use crate::runtime::api_reachability::ApiReachability;
+
+/// The two request families and the reachability log; cheap to clone (shared counters).
+/// Use it as a [`tower::Layer`].
 #[derive(Clone)]
 pub struct ApiMetrics {
     requests_total: IntCounterVec,
     duration_seconds: HistogramVec,
+    reach: ApiReachability,
 }
 
 impl ApiMetrics {
-    /// Create both families and register them into `registry`.
-    ///
+    /// Create both families in `registry`, logging the reachability of `server` (its URL).
     /// Panics when they are already registered there (a programming error).
-    pub fn register(registry: &Registry) -> Self {
+    pub fn register(registry: &Registry, server: &str) -> Self {
         use crate::runtime::metrics::{counter_vec, histogram_vec};
         Self {
             requests_total: counter_vec(
@@ -39,6 +41,7 @@ impl ApiMetrics {
                 "Request latency in seconds to the Kubernetes API server (to the response head), by verb.",
                 &["verb"],
             ),
+            reach: ApiReachability::new(server),
         }
     }
 
@@ -71,14 +74,15 @@ pub struct ApiMetricsService<S> {
 impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for ApiMetricsService<S>
 where
     S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Error: Into<tower::BoxError>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, tower::BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: http::Request<ReqBody>) -> Self::Future {
@@ -87,10 +91,16 @@ where
         let start = Instant::now();
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let result = fut.await;
+            let result = fut.await.map_err(Into::into);
             let code = match &result {
-                Ok(resp) => resp.status().as_str().to_owned(),
-                Err(_) => "<error>".to_owned(),
+                Ok(resp) => {
+                    metrics.reach.answered();
+                    resp.status().as_str().to_owned()
+                }
+                Err(e) => {
+                    metrics.reach.failed(&**e);
+                    "<error>".to_owned()
+                }
             };
             metrics.observe(&method, &code, start.elapsed().as_secs_f64());
             result
@@ -106,10 +116,10 @@ mod tests {
     #[tokio::test]
     async fn counts_by_code_and_method_and_times_by_verb() {
         let registry = Registry::new();
-        let metrics = ApiMetrics::register(&registry);
+        let metrics = ApiMetrics::register(&registry, "https://10.0.0.1:6443");
         let mut svc = metrics.layer(tower::service_fn(|req: http::Request<()>| async move {
             if req.uri().path() == "/fail" {
-                return Err("connection refused");
+                return Err(tower::BoxError::from("connection refused"));
             }
             let status = if req.method() == http::Method::POST {
                 409

@@ -1,15 +1,11 @@
 //! Whether the API server answers, logged once per change: the first failure
 //! to reach it (with its address and the cause: connection refused, timed
 //! out, DNS, TLS, connection closed), a change of cause, and its return.
-//! A tower layer on the service's client ([`ReachabilityLayer`]) sees every
-//! request, so the retry loops (Lease, reflectors) need not log each attempt
+//! The client's request layer (`ApiMetrics`) tells it every outcome, so the retry loops (Lease, reflectors) need not log each attempt
 //! that fails for the same reason ([`unreachable_cause`] tells them apart).
 
 use std::error::Error as StdError;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 /// Why the API server could not be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,11 +134,6 @@ impl ApiReachability {
         }
     }
 
-    /// The server's URL.
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-
     /// The server answered a request (any HTTP status). Logs and returns
     /// [`Change::Reachable`] when it was unreachable.
     pub fn answered(&self) -> Option<Change> {
@@ -187,61 +178,6 @@ impl ApiReachability {
     }
 }
 
-/// Tower layer reporting every request's outcome to an [`ApiReachability`].
-#[derive(Clone)]
-pub struct ReachabilityLayer(pub ApiReachability);
-
-impl<S> tower::Layer<S> for ReachabilityLayer {
-    type Service = ReachabilityService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ReachabilityService {
-            inner,
-            reach: self.0.clone(),
-        }
-    }
-}
-
-/// The service of [`ReachabilityLayer`].
-#[derive(Clone)]
-pub struct ReachabilityService<S> {
-    inner: S,
-    reach: ApiReachability,
-}
-
-impl<S, Req, Res> tower::Service<Req> for ReachabilityService<S>
-where
-    S: tower::Service<Req, Response = Res>,
-    S::Error: Into<tower::BoxError>,
-    S::Future: Send + 'static,
-{
-    type Response = Res;
-    type Error = tower::BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Res, tower::BoxError>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, req: Req) -> Self::Future {
-        let reach = self.reach.clone();
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            match fut.await {
-                Ok(res) => {
-                    reach.answered();
-                    Ok(res)
-                }
-                Err(e) => {
-                    let e: tower::BoxError = e.into();
-                    reach.failed(&*e);
-                    Err(e)
-                }
-            }
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,7 +187,7 @@ mod tests {
     fn client(url: &str) -> kube::Client {
         let mut config = kube::Config::new(url.parse().unwrap());
         config.connect_timeout = Some(Duration::from_secs(5));
-        crate::runtime::kube_client::build_client(config, 0.0, 0).unwrap()
+        crate::runtime::kube_client::build_client(config, 0.0, 0, None).unwrap()
     }
 
     async fn cause_of(url: &str) -> Option<Cause> {

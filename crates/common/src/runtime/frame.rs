@@ -95,9 +95,7 @@ where
 {
     let client = match launch.client {
         Some(client) => client,
-        None => {
-            crate::runtime::kube_client::client_from_args_with_metrics(&args, &registry).await?
-        }
+        None => crate::runtime::kube_client::client_from_args(&args, Some(&registry)).await?,
     };
     let shutdown = launch.shutdown.unwrap_or_else(|| {
         let shutdown = CancellationToken::new();

@@ -20,7 +20,6 @@ use tower::util::option_layer;
 use tower::{Layer, Service};
 
 use crate::runtime::api_metrics::ApiMetrics;
-use crate::runtime::api_reachability::{ApiReachability, ReachabilityLayer};
 use crate::runtime::config::CommonArgs;
 
 /// The token bucket of `--kube-api-qps`/`--kube-api-burst` (client-go's semantics:
@@ -125,63 +124,33 @@ pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
     }
 }
 
-/// Build a client from `config` with the [`token_bucket_quota`] limit and kube's
-/// retry layer off (every caller retries itself). Errors: TLS or connector setup.
-pub fn build_client(config: Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
-    build_client_with_metrics(config, qps, burst, None)
-}
-
-/// [`build_client`] that also records every request in `metrics`, inside the rate
-/// limit as client-go does. Errors: as [`build_client`].
-pub fn build_client_with_metrics(
-    config: Config,
-    qps: f64,
-    burst: u32,
-    metrics: Option<&ApiMetrics>,
-) -> anyhow::Result<Client> {
-    build_layered(config, qps, burst, metrics, None)
-}
-
-/// [`build_client_with_metrics`] plus, innermost, `reach`.
-fn build_layered(
+/// Build a client from `config` with the [`token_bucket_quota`] limit, kube's retry layer
+/// off (every caller retries itself) and, when given, `metrics` on every request inside the
+/// limit, as client-go does. Errors: TLS or connector setup.
+pub fn build_client(
     mut config: Config,
     qps: f64,
     burst: u32,
-    metrics: Option<&ApiMetrics>,
-    reach: Option<ReachabilityLayer>,
+    metrics: Option<ApiMetrics>,
 ) -> anyhow::Result<Client> {
     config.default_retry = false;
     let builder = ClientBuilder::try_from(config).context("building Kubernetes client")?;
     let rate_limit = token_bucket_quota(qps, burst).map(TokenBucketLayer::new);
     Ok(builder
-        .with_layer(&option_layer(reach))
-        .with_layer(&option_layer(metrics.cloned()))
+        .with_layer(&option_layer(metrics))
         .with_layer(&option_layer(rate_limit))
         .build())
 }
 
-/// [`load_config`] then [`build_client`] with the flags' limits.
-pub async fn client_from_args(args: &CommonArgs) -> anyhow::Result<Client> {
-    let config = load_config(args).await?;
-    build_client(config, args.kube_api_qps, args.kube_api_burst)
-}
-
-/// [`client_from_args`] with the request metrics in `registry` and the API server's
-/// reachability logged once per change. Errors: as [`client_from_args`].
-pub async fn client_from_args_with_metrics(
+/// [`load_config`] then [`build_client`] with the flags' limits and, with a `registry`, the
+/// request metrics in it. Errors: as both.
+pub async fn client_from_args(
     args: &CommonArgs,
-    registry: &prometheus::Registry,
+    registry: Option<&prometheus::Registry>,
 ) -> anyhow::Result<Client> {
     let config = load_config(args).await?;
-    let metrics = ApiMetrics::register(registry);
-    let reach = ReachabilityLayer(ApiReachability::new(config.cluster_url.to_string()));
-    build_layered(
-        config,
-        args.kube_api_qps,
-        args.kube_api_burst,
-        Some(&metrics),
-        Some(reach),
-    )
+    let metrics = registry.map(|r| ApiMetrics::register(r, &config.cluster_url.to_string()));
+    build_client(config, args.kube_api_qps, args.kube_api_burst, metrics)
 }
 
 #[cfg(test)]
