@@ -495,16 +495,27 @@ mod tests {
         assert!(config.redacted_url().ends_with("u:***@h:1/0"));
     }
 
+    /// `url`'s config changed by `set`.
+    fn config(url: &str, set: impl FnOnce(&mut RedisConfig)) -> RedisConfig {
+        let mut config = RedisConfig::from(url);
+        set(&mut config);
+        config
+    }
+
+    /// The error building a client of `url`'s config changed by `set`.
+    fn refusal(url: &str, set: impl FnOnce(&mut RedisConfig)) -> String {
+        config(url, set).client().unwrap_err().to_string()
+    }
+
     #[test]
     fn password_comes_from_the_first_line_of_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pw");
         std::fs::write(&file, "p4ss\n").unwrap();
-        let config = RedisConfig {
-            username: Some("pv-writer".into()),
-            password_file: Some(file.clone()),
-            ..RedisConfig::from("redis://127.0.0.1:1/0")
-        };
+        let config = config("redis://127.0.0.1:1/0", |c| {
+            c.username = Some("pv-writer".into());
+            c.password_file = Some(file.clone());
+        });
         let client = config.client().unwrap();
         let settings = client.get_connection_info().redis_settings();
         assert_eq!(settings.username(), Some("pv-writer"));
@@ -513,15 +524,9 @@ mod tests {
         std::fs::write(&file, "\n").unwrap();
         let err = config.client().unwrap_err().to_string();
         assert!(err.contains("is empty"), "{err}");
-        let missing = RedisConfig {
-            password_file: Some(dir.path().join("absent")),
-            ..RedisConfig::from("redis://127.0.0.1:1/0")
-        };
-        assert!(missing
-            .client()
-            .unwrap_err()
-            .to_string()
-            .contains("reading --redis-password-file"));
+        let absent = dir.path().join("absent");
+        let err = refusal("redis://127.0.0.1:1/0", |c| c.password_file = Some(absent));
+        assert!(err.contains("reading --redis-password-file"), "{err}");
     }
 
     #[test]
@@ -529,23 +534,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pw");
         std::fs::write(&file, "a").unwrap();
-        let two_passwords = RedisConfig {
-            password_file: Some(file.clone()),
-            password: Some(Password::new("b")),
-            ..RedisConfig::from("redis://127.0.0.1:1/0")
-        };
-        assert!(two_passwords.client().is_err());
-        let url_and_file = RedisConfig {
-            password_file: Some(file),
-            ..RedisConfig::from("redis://u:c@127.0.0.1:1/0")
-        };
-        let err = url_and_file.client().unwrap_err().to_string();
+        refusal("redis://127.0.0.1:1/0", |c| {
+            c.password_file = Some(file.clone());
+            c.password = Some(Password::new("b"));
+        });
+        let err = refusal("redis://u:c@127.0.0.1:1/0", |c| {
+            c.password_file = Some(file)
+        });
         assert!(err.contains("use one") && !err.contains(":c@"), "{err}");
-        let two_users = RedisConfig {
-            username: Some("x".into()),
-            ..RedisConfig::from("redis://y@127.0.0.1:1/0")
-        };
-        assert!(two_users.client().is_err());
+        refusal("redis://y@127.0.0.1:1/0", |c| c.username = Some("x".into()));
     }
 
     #[test]
@@ -553,28 +550,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, "not a certificate").unwrap();
-        let plain = RedisConfig {
-            ca_file: Some(ca.clone()),
-            ..RedisConfig::from("redis://127.0.0.1:1/0")
-        };
-        assert!(plain
-            .client()
-            .unwrap_err()
-            .to_string()
-            .contains("rediss://"));
-        let missing = RedisConfig {
-            ca_file: Some(dir.path().join("absent.pem")),
-            ..RedisConfig::from("rediss://127.0.0.1:1/0")
-        };
-        assert!(missing
-            .client()
-            .unwrap_err()
-            .to_string()
-            .contains("CA file"));
-        let half = RedisConfig {
-            client_cert_file: Some(ca),
-            ..RedisConfig::from("rediss://127.0.0.1:1/0")
-        };
-        assert!(half.client().is_err());
+        let err = refusal("redis://127.0.0.1:1/0", |c| c.ca_file = Some(ca.clone()));
+        assert!(err.contains("rediss://"), "{err}");
+        let absent = dir.path().join("absent.pem");
+        let err = refusal("rediss://127.0.0.1:1/0", |c| c.ca_file = Some(absent));
+        assert!(err.contains("CA file"), "{err}");
+        refusal("rediss://127.0.0.1:1/0", |c| c.client_cert_file = Some(ca));
     }
 }

@@ -33,6 +33,11 @@ async fn queue(redis: &Redis, provisioner: &str) -> PvQueue {
     PvQueue::connect(&redis.url(), provisioner).await.unwrap()
 }
 
+/// Names of the entries `term` takes (up to 10, the usual visibility timeout), in order.
+async fn take(q: &PvQueue, term: u64) -> Vec<String> {
+    names(q.take_due(term, 10, VIS).await.unwrap())
+}
+
 fn names(taken: Option<Vec<TakenEntry>>) -> Vec<String> {
     taken
         .expect("current term")
@@ -79,7 +84,7 @@ async fn enqueue_is_idempotent_and_drains() {
         QueuedPvWrite::decode(&taken[0].payload).unwrap(),
         entry("pvc-a")
     );
-    assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()), ["pvc-b"]);
+    assert_eq!(take(&q, term).await, ["pvc-b"]);
     assert!(
         q.take_due(term, 10, VIS).await.unwrap().unwrap().is_empty(),
         "in flight is invisible"
@@ -283,7 +288,7 @@ async fn a_stale_term_cannot_take_complete_retry_or_dead_letter() {
 
     // The new term owns the work from here.
     assert_eq!(q.recover_inflight(new).await.unwrap(), 1);
-    let mut taken = names(q.take_due(new, 10, VIS).await.unwrap());
+    let mut taken = take(&q, new).await;
     taken.sort();
     assert_eq!(taken, ["pvc-a", "pvc-b"]);
     assert_eq!(q.holds(new, "pvc-a").await.unwrap(), Settled::Done);
@@ -321,20 +326,14 @@ async fn recovery_takes_only_entries_of_earlier_terms() {
         .unwrap();
     let first = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-old")).await.unwrap();
-    assert_eq!(
-        names(q.take_due(first, 10, VIS).await.unwrap()),
-        ["pvc-old"]
-    );
+    assert_eq!(take(&q, first).await, ["pvc-old"]);
     let second = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-mine")).await.unwrap();
-    assert_eq!(
-        names(q.take_due(second, 10, VIS).await.unwrap()),
-        ["pvc-mine"]
-    );
+    assert_eq!(take(&q, second).await, ["pvc-mine"]);
     // Recovery hands back pvc-legacy (no owner) and pvc-old (first term),
     // never this term's own pvc-mine.
     assert_eq!(q.recover_inflight(second).await.unwrap(), 2);
-    let mut taken = names(q.take_due(second, 10, VIS).await.unwrap());
+    let mut taken = take(&q, second).await;
     taken.sort();
     assert_eq!(taken, ["pvc-legacy", "pvc-old"]);
     assert_eq!(q.recover_inflight(second).await.unwrap(), 0);
@@ -349,15 +348,12 @@ async fn a_take_whose_reply_was_lost_is_requeued_unless_a_worker_holds_it() {
     let q = queue(&redis, "p").await;
     let old = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-old-term")).await.unwrap();
-    assert_eq!(
-        names(q.take_due(old, 10, VIS).await.unwrap()),
-        ["pvc-old-term"]
-    );
+    assert_eq!(take(&q, old).await, ["pvc-old-term"]);
     let term = q.begin_term().await.unwrap();
     for name in ["pvc-held", "pvc-lost"] {
         q.enqueue(&entry(name)).await.unwrap();
     }
-    let mut taken = names(q.take_due(term, 10, VIS).await.unwrap());
+    let mut taken = take(&q, term).await;
     taken.sort();
     assert_eq!(taken, ["pvc-held", "pvc-lost"]);
     // A worker holds pvc-held; pvc-lost's take reply never reached anyone.
@@ -367,10 +363,7 @@ async fn a_take_whose_reply_was_lost_is_requeued_unless_a_worker_holds_it() {
     );
     // pvc-lost is due again at once (not after the 60 s visibility timeout);
     // the held entry and the earlier term's entry are left alone.
-    assert_eq!(
-        names(q.take_due(term, 10, VIS).await.unwrap()),
-        ["pvc-lost"]
-    );
+    assert_eq!(take(&q, term).await, ["pvc-lost"]);
     assert_eq!(q.inflight_owners().await.unwrap().len(), 3);
     assert_eq!(
         q.requeue_unheld(term, &["pvc-held".into(), "pvc-lost".into()])
@@ -411,7 +404,7 @@ async fn visibility_and_retry_times_come_from_redis_not_the_callers_clock() {
     // Not taken again before the timeout, whatever the caller's clock says.
     assert!(q.take_due(term, 10, VIS).await.unwrap().unwrap().is_empty());
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()), ["pvc-a"]);
+    assert_eq!(take(&q, term).await, ["pvc-a"]);
 
     // A retry is due Redis' now + delay; pulled forward it is due at once.
     let before = q.redis_time_ms().await.unwrap();
@@ -496,7 +489,7 @@ async fn incoming_names_arm_only_fresh_entries() {
         3,
         "incoming counts as pending"
     );
-    assert_eq!(names(q.take_due(term, 10, VIS).await.unwrap()).len(), 3);
+    assert_eq!(take(&q, term).await.len(), 3);
     let letter = DeadLetter {
         pv_name: "pvc-dead".into(),
         reason: "test".into(),
@@ -518,7 +511,7 @@ async fn incoming_names_arm_only_fresh_entries() {
     for name in ["pvc-flying", "pvc-dead", "pvc-later", "pvc-ghost"] {
         let _: i64 = conn.rpush(q.keys.get(Key::Incoming), name).await.unwrap();
     }
-    assert!(names(q.take_due(term, 10, VIS).await.unwrap()).is_empty());
+    assert!(take(&q, term).await.is_empty());
     let still: f64 = conn
         .zscore(q.keys.get(Key::Due), "pvc-later")
         .await
@@ -567,7 +560,7 @@ async fn a_due_name_without_payload_is_dropped_from_every_index() {
         .await
         .unwrap();
 
-    let mut taken = names(q.take_due(term, 10, VIS).await.unwrap());
+    let mut taken = take(&q, term).await;
     taken.sort();
     assert_eq!(taken, ["pvc-kept"]);
     let enqueued: Vec<String> = conn.zrange(q.keys.get(Key::Enqueued), 0, -1).await.unwrap();
