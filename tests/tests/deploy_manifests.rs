@@ -67,7 +67,7 @@ struct ServiceSpec {
     /// The crate's `api_calls::API_CALLS`.
     api_calls: &'static [ApiCall],
     /// The binary's clap parser: the crate's `Cli` plus the backend flags
-    /// (`backends::command::<Cli>()`, as its `main.rs` parses).
+    /// (`backends::command::<Cli>(SPEC)`, as its `main.rs` parses).
     command: fn() -> clap::Command,
     /// Runs a storage backend (`--backend`): mounts the hostpath base dir
     /// (`--base-dir`) or the NFS export (`--nfs-mount`).
@@ -97,7 +97,7 @@ fn services() -> Vec<ServiceSpec> {
             name: "provision-svc",
             kind: provision_svc::SPEC,
             api_calls: provision_svc::api_calls::API_CALLS,
-            command: backends::command::<provision_svc::config::Cli>,
+            command: || backends::command::<provision_svc::config::Cli>(provision_svc::SPEC),
             backend: true,
             // uid 0 owns the base dir: creating volume directories needs no capability.
             added_capabilities: &[],
@@ -108,7 +108,7 @@ fn services() -> Vec<ServiceSpec> {
             name: "pv-writer",
             kind: pv_writer::SPEC,
             api_calls: pv_writer::api_calls::API_CALLS,
-            command: backends::command::<pv_writer::Cli>,
+            command: || backends::command::<pv_writer::Cli>(pv_writer::SPEC),
             backend: false,
             added_capabilities: &[],
             host_path_type: None,
@@ -118,7 +118,7 @@ fn services() -> Vec<ServiceSpec> {
             name: "reclaim-svc",
             kind: reclaim_svc::SPEC,
             api_calls: reclaim_svc::api_calls::API_CALLS,
-            command: backends::command::<reclaim_svc::Cli>,
+            command: || backends::command::<reclaim_svc::Cli>(reclaim_svc::SPEC),
             backend: true,
             // Removing files the consumers' uids wrote (FOWNER: sticky directories).
             added_capabilities: &["DAC_OVERRIDE", "FOWNER"],

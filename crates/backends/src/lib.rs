@@ -13,6 +13,7 @@ use std::sync::Arc;
 use backend_hostpath::{HostPath, HostPathArgs};
 use backend_nfs_subdir::{NfsSubdir, NfsSubdirArgs};
 use clap::{Args, CommandFactory, FromArgMatches, ValueEnum};
+use common::runtime::config::{ServiceCli, ServiceSpec};
 use provisioner_api::Provisioner;
 
 /// Which built-in backend a service runs.
@@ -52,61 +53,49 @@ impl BackendArgs {
     }
 }
 
-/// The command line of a service binary: the service library's `C` plus
-/// [`BackendArgs`] (so `--help` lists both), with `C`'s description.
-pub fn command<C: CommandFactory>() -> clap::Command {
-    let cmd = C::command();
-    let about = cmd.get_about().cloned();
-    let long_about = cmd.get_long_about().cloned();
-    // Flattening `BackendArgs` sets its doc comment as the description.
-    let cmd = BackendArgs::augment_args(cmd);
-    let cmd = match about {
-        Some(about) => cmd.about(about),
-        None => cmd.about(None::<&str>),
-    };
-    match long_about {
-        Some(long_about) => cmd.long_about(long_about),
-        None => cmd.long_about(None::<&str>),
-    }
+/// The command line of a service binary: `C` plus [`BackendArgs`] (so `--help` lists
+/// both), named and described as `spec` says.
+pub fn command<C: CommandFactory>(spec: ServiceSpec) -> clap::Command {
+    // Flattening `BackendArgs` sets its doc comment as the description: set ours after.
+    BackendArgs::augment_args(C::command())
+        .name(spec.name)
+        .bin_name(spec.name)
+        .about(spec.about)
+        .long_about(None::<&str>)
 }
 
-/// Parse `args` (program name first) as [`command`]`::<C>()`.
-///
+/// Parse `args` (program name first) as [`command`]`::<C>(spec)`.
 /// Errors: clap's usage error, formatted for the whole command.
-pub fn try_parse_from<C, I, T>(args: I) -> Result<(C, BackendArgs), clap::Error>
+pub fn try_parse_from<C, I, T>(spec: ServiceSpec, args: I) -> Result<(C, BackendArgs), clap::Error>
 where
     C: CommandFactory + FromArgMatches,
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let matches = command::<C>().try_get_matches_from(args)?;
-    let format = |e: clap::Error| e.format(&mut command::<C>());
+    let matches = command::<C>(spec).try_get_matches_from(args)?;
+    let format = |e: clap::Error| e.format(&mut command::<C>(spec));
     Ok((
         C::from_arg_matches(&matches).map_err(format)?,
         BackendArgs::from_arg_matches(&matches).map_err(format)?,
     ))
 }
 
-/// Parse the process's arguments as [`command`]`::<C>()`; on a usage error
-/// (or `--help`, `--version`) print it and exit as clap does.
-pub fn parse<C: CommandFactory + FromArgMatches>() -> (C, BackendArgs) {
-    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
-}
-
-/// A service binary's whole `main`: its command line (`C` plus [`BackendArgs`]), tracing
-/// from the shared flags `common` picks, the chosen backend, then `run` until SIGTERM.
+/// A service binary's whole `main`: the command line of `spec` (the service's flags `S`,
+/// the shared ones and [`BackendArgs`]; usage errors, `--help` and `--version` exit as clap
+/// does), tracing, the chosen backend, then `run` until SIGTERM.
 /// Errors: invalid backend flags (naming the flag), else `run`'s.
-pub fn service_main<C, Fut>(
-    common: fn(&C) -> &common::runtime::config::CommonArgs,
-    run: fn(C, Arc<dyn Provisioner>) -> Fut,
+pub fn service_main<S, Fut>(
+    spec: ServiceSpec,
+    run: fn(ServiceCli<S>, Arc<dyn Provisioner>) -> Fut,
 ) -> anyhow::Result<()>
 where
-    C: CommandFactory + FromArgMatches,
+    S: Args + FromArgMatches,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     common::runtime::alloc::block_on_service(async {
-        let (cli, backend) = parse::<C>();
-        common::runtime::telemetry::init(common(&cli).log_format, &common(&cli).log_level);
+        let parsed = try_parse_from::<ServiceCli<S>, _, _>(spec, std::env::args_os());
+        let (cli, backend) = parsed.unwrap_or_else(|e| e.exit());
+        common::runtime::telemetry::init(cli.common.log_format, &cli.common.log_level);
         let backend = backend.build().map_err(anyhow::Error::msg)?;
         run(cli, backend).await
     })
@@ -115,6 +104,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    const SPEC: ServiceSpec = ServiceSpec::new("svc", "svc", 0);
     use backend_hostpath::OnDelete;
     use clap::Parser;
     use std::path::PathBuf;
@@ -129,7 +119,7 @@ mod tests {
 
     #[test]
     fn hostpath_is_the_default_and_nfs_subdir_needs_its_flags() {
-        let (cli, backend) = try_parse_from::<Cli, _, _>(["svc"]).unwrap();
+        let (cli, backend) = try_parse_from::<Cli, _, _>(SPEC, ["svc"]).unwrap();
         assert_eq!(cli.workers, 1);
         assert_eq!(backend.kind, BackendKind::Hostpath);
         assert_eq!(
@@ -139,20 +129,24 @@ mod tests {
         let pv = k8s_pv("pvc-1", "/var/lib/hostpath-provisioner/pvc-1");
         backend.build().unwrap().validate_volume(&pv).unwrap();
 
-        let (_, backend) = try_parse_from::<Cli, _, _>(["svc", "--backend", "nfs-subdir"]).unwrap();
+        let (_, backend) =
+            try_parse_from::<Cli, _, _>(SPEC, ["svc", "--backend", "nfs-subdir"]).unwrap();
         assert!(backend
             .build()
             .err()
             .unwrap()
             .contains("--nfs-server (NFS_SERVER) is required"));
 
-        let (_, backend) = try_parse_from::<Cli, _, _>([
-            "svc",
-            "--backend=nfs-subdir",
-            "--nfs-server=nfs.example",
-            "--nfs-path=/srv/k8s",
-            "--nfs-mount=/mnt/export",
-        ])
+        let (_, backend) = try_parse_from::<Cli, _, _>(
+            SPEC,
+            [
+                "svc",
+                "--backend=nfs-subdir",
+                "--nfs-server=nfs.example",
+                "--nfs-path=/srv/k8s",
+                "--nfs-mount=/mnt/export",
+            ],
+        )
         .unwrap();
         assert_eq!(backend.kind, BackendKind::NfsSubdir);
         assert_eq!(backend.nfs.nfs_server.as_deref(), Some("nfs.example"));
@@ -165,26 +159,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("nfs"), "{err}");
-        assert!(try_parse_from::<Cli, _, _>(["svc", "--backend", "nfs"]).is_err());
+        assert!(try_parse_from::<Cli, _, _>(SPEC, ["svc", "--backend", "nfs"]).is_err());
     }
 
     #[test]
     fn backend_flags_sit_beside_the_service_flags() {
-        let (cli, backend) = try_parse_from::<Cli, _, _>([
-            "svc",
-            "--workers=3",
-            "--base-dir",
-            "/data",
-            "--node-name=n1",
-            "--on-delete",
-            "archive",
-        ])
+        let (cli, backend) = try_parse_from::<Cli, _, _>(
+            SPEC,
+            [
+                "svc",
+                "--workers=3",
+                "--base-dir",
+                "/data",
+                "--node-name=n1",
+                "--on-delete",
+                "archive",
+            ],
+        )
         .unwrap();
         assert_eq!(cli.workers, 3);
         assert_eq!(backend.hostpath.base_dirs, [PathBuf::from("/data")]);
         assert_eq!(backend.hostpath.node_name.as_deref(), Some("n1"));
         assert_eq!(backend.hostpath.on_delete, OnDelete::Archive);
-        let help = command::<Cli>().render_long_help().to_string();
+        let help = command::<Cli>(SPEC).render_long_help().to_string();
         for flag in [
             "--workers",
             "--backend",
@@ -194,7 +191,7 @@ mod tests {
         ] {
             assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
         }
-        let err = try_parse_from::<Cli, _, _>(["svc", "--on-delete", "shred"]).unwrap_err();
+        let err = try_parse_from::<Cli, _, _>(SPEC, ["svc", "--on-delete", "shred"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
     }
 

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::Args;
 use common::handoff::queue::ReplicaAcks;
 use common::handoff::queue_auth::QueueKeyArgs;
-use common::runtime::config::{parse_duration, AdditionalProvisioners, CommonArgs, RetryArgs};
+use common::runtime::config::{parse_duration, AdditionalProvisioners, RetryArgs, ServiceCli};
 
 /// Flags of the provisioning controller (without the backend's).
 #[derive(Debug, Clone, Args)]
@@ -55,31 +55,19 @@ pub struct ProvisionArgs {
     pub resync_period: Duration,
 }
 
-/// The `provision-svc` command line without the backend's flags (the binary
-/// adds `--backend` and the built-in backends' flags, see the `backends` crate).
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "provision-svc",
-    version,
-    about = "Provisions volumes for PersistentVolumeClaims and hands their PVs to pv-writer"
-)]
-pub struct Cli {
-    /// Flags shared by every service.
-    #[command(flatten)]
-    pub common: CommonArgs,
-    /// provision-svc's own flags.
-    #[command(flatten)]
-    pub provision: ProvisionArgs,
-}
+/// The `provision-svc` command line without the backend's flags (the binary adds `--backend` and
+/// the built-in backends' flags, see the `backends` crate).
+pub type Cli = ServiceCli<ProvisionArgs>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn defaults_follow_the_seed() {
         let cli = Cli::try_parse_from(["provision-svc"]).unwrap();
-        let p = cli.provision;
+        let p = cli.service;
         assert!(p.additional_provisioners.names.is_empty());
         assert!(!p.add_finalizer);
         assert_eq!(p.failed_provision_threshold, 15);
@@ -105,13 +93,13 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            cli.provision.additional_provisioners.names,
+            cli.service.additional_provisioners.names,
             vec!["a.io/x", "b.io/y"]
         );
-        assert!(cli.provision.add_finalizer);
-        assert_eq!(cli.provision.failed_provision_threshold, 0);
+        assert!(cli.service.add_finalizer);
+        assert_eq!(cli.service.failed_provision_threshold, 0);
         assert_eq!(
-            cli.provision.provision_timeout,
+            cli.service.provision_timeout,
             Some(Duration::from_secs(120))
         );
         assert_eq!(cli.common.worker_threads_for(crate::SPEC), 32);

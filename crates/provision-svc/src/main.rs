@@ -3,5 +3,5 @@
 //! backend.
 
 fn main() -> anyhow::Result<()> {
-    backends::service_main(|cli: &provision_svc::Cli| &cli.common, provision_svc::run)
+    backends::service_main(provision_svc::SPEC, provision_svc::run)
 }

@@ -5,26 +5,13 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::Args;
 use common::handoff::queue_auth::QueueKeyArgs;
-use common::runtime::config::{parse_duration, AdditionalProvisioners, CommonArgs};
+use common::runtime::config::{parse_duration, AdditionalProvisioners, ServiceCli};
 
-/// `pv-writer [FLAGS]`; the binary adds `--backend` and the backends' flags
-/// (the backend whose check every queued volume source must pass).
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "pv-writer",
-    version,
-    about = "Drains the durable Redis PV-write queue and creates the PersistentVolumes"
-)]
-pub struct Cli {
-    /// Flags shared by every service.
-    #[command(flatten)]
-    pub common: CommonArgs,
-    /// pv-writer's own flags.
-    #[command(flatten)]
-    pub writer: WriterArgs,
-}
+/// The `pv-writer` command line without the backend's flags (the binary adds `--backend` and
+/// the built-in backends' flags, see the `backends` crate).
+pub type Cli = ServiceCli<WriterArgs>;
 
 /// pv-writer's own flags.
 #[derive(Debug, Clone, Args)]
@@ -50,20 +37,18 @@ pub struct WriterArgs {
     pub queue_key: QueueKeyArgs,
 }
 
-impl Cli {
-    /// Check relations between flags. Errors: `--retry-interval-max` below
-    /// `--retry-interval-start`, or [`WriterArgs::validate`]'s.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        let retry = self.common.retry_backoff(crate::SPEC);
-        if retry.max < retry.initial {
-            anyhow::bail!(
-                "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
-                retry.max,
-                retry.initial
-            );
-        }
-        self.writer.validate()
+/// Check relations between `cli`'s flags. Errors: `--retry-interval-max` below
+/// `--retry-interval-start`, or [`WriterArgs::validate`]'s.
+pub fn validate(cli: &Cli) -> anyhow::Result<()> {
+    let retry = cli.common.retry_backoff(crate::SPEC);
+    if retry.max < retry.initial {
+        anyhow::bail!(
+            "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
+            retry.max,
+            retry.initial
+        );
     }
+    cli.service.validate()
 }
 
 impl WriterArgs {
@@ -85,6 +70,7 @@ impl WriterArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
     use std::path::PathBuf;
 
     #[test]
@@ -94,11 +80,11 @@ mod tests {
         let retry = cli.common.retry_backoff(crate::SPEC);
         assert_eq!(retry.initial, Duration::from_secs(1));
         assert_eq!(retry.max, Duration::from_secs(300));
-        assert_eq!(cli.writer.write_timeout, Duration::from_secs(30));
-        assert_eq!(cli.writer.visibility_timeout, Duration::from_secs(120));
-        assert!(cli.writer.queue_key.queue_hmac_key_file.is_none());
-        assert!(!cli.writer.queue_key.insecure_unsigned_queue);
-        cli.validate().unwrap();
+        assert_eq!(cli.service.write_timeout, Duration::from_secs(30));
+        assert_eq!(cli.service.visibility_timeout, Duration::from_secs(120));
+        assert!(cli.service.queue_key.queue_hmac_key_file.is_none());
+        assert!(!cli.service.queue_key.insecure_unsigned_queue);
+        validate(&cli).unwrap();
         let cli = Cli::try_parse_from([
             "pv-writer",
             "--queue-hmac-key-file",
@@ -108,10 +94,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            cli.writer.queue_key.queue_hmac_key_file,
+            cli.service.queue_key.queue_hmac_key_file,
             Some(PathBuf::from("/k"))
         );
-        assert_eq!(cli.writer.additional_provisioners.names, ["a.io/x"]);
+        assert_eq!(cli.service.additional_provisioners.names, ["a.io/x"]);
 
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["pv-writer", "--worker-threads", "0"]).is_err());
@@ -131,8 +117,8 @@ mod tests {
             "5s",
         ])
         .unwrap();
-        assert!(cli.validate().is_err());
+        assert!(validate(&cli).is_err());
         let cli = Cli::try_parse_from(["pv-writer", "--write-timeout", "2m"]).unwrap();
-        assert!(cli.validate().is_err());
+        assert!(validate(&cli).is_err());
     }
 }

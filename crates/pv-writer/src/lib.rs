@@ -21,19 +21,20 @@ use crate::controller::TermDeps;
 /// pv-writer as the runtime knows it: name, Lease suffix, HTTP port, workers, retry intervals.
 pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
     .with_workers(16)
-    .with_retry(Duration::from_secs(1), Duration::from_secs(300));
+    .with_retry(Duration::from_secs(1), Duration::from_secs(300))
+    .with_about("Drains the durable Redis PV-write queue and creates the PersistentVolumes");
 
 pub use config::Cli;
 
 /// Run with `backend` until SIGTERM: HTTP endpoints, and as leader of the
 /// `<provisioner>-pv-writer` Lease one [`controller::run_term`] per term. Errors: setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
-    cli.validate()?;
+    config::validate(&cli)?;
     let registry = prometheus::Registry::new();
     let deps = TermDeps {
-        key: cli.writer.queue_key.load()?,
+        key: cli.service.queue_key.load()?,
         metrics: metrics::WriterMetrics::register(&registry),
-        args: cli.writer,
+        args: cli.service,
         backend,
     };
     serve(SPEC, cli.common, registry, deps, controller::run_term).await

@@ -3,5 +3,5 @@
 //! backends' flags (the backend whose own check every queued PV must pass).
 
 fn main() -> anyhow::Result<()> {
-    backends::service_main(|cli: &pv_writer::Cli| &cli.common, pv_writer::run)
+    backends::service_main(pv_writer::SPEC, pv_writer::run)
 }

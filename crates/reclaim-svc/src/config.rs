@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use clap::{Args, Parser};
-use common::runtime::config::{parse_duration, CommonArgs, RetryArgs};
+use clap::Args;
+use common::runtime::config::{parse_duration, RetryArgs, ServiceCli};
 
 /// Flags of reclaim-svc itself (each with an environment twin).
 #[derive(Debug, Clone, Args)]
@@ -45,36 +45,25 @@ pub struct ReclaimArgs {
     pub sweep_min_age: Duration,
 }
 
-/// The reclaim-svc command line.
-#[derive(Debug, Clone, Parser)]
-#[command(
-    name = "reclaim-svc",
-    version,
-    about = "Deletes released volumes of a Kubernetes external provisioner and manages its PV finalizer"
-)]
-pub struct Cli {
-    /// Shared flags.
-    #[command(flatten)]
-    pub common: CommonArgs,
-    /// reclaim-svc's own flags.
-    #[command(flatten)]
-    pub reclaim: ReclaimArgs,
-}
+/// The `reclaim-svc` command line without the backend's flags (the binary adds `--backend` and
+/// the built-in backends' flags, see the `backends` crate).
+pub type Cli = ServiceCli<ReclaimArgs>;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn flag_defaults_follow_the_seed() {
         let cli = Cli::try_parse_from(["reclaim-svc"]).unwrap();
-        assert!(!cli.reclaim.add_finalizer);
-        assert_eq!(cli.reclaim.failed_delete_threshold, 15);
-        assert_eq!(cli.reclaim.deletion_timeout, Duration::ZERO);
-        assert_eq!(cli.reclaim.resync_period, Duration::from_secs(15 * 60));
+        assert!(!cli.service.add_finalizer);
+        assert_eq!(cli.service.failed_delete_threshold, 15);
+        assert_eq!(cli.service.deletion_timeout, Duration::ZERO);
+        assert_eq!(cli.service.resync_period, Duration::from_secs(15 * 60));
         assert_eq!(cli.common.worker_threads_for(crate::SPEC), 4);
-        assert!(!cli.reclaim.sweep_orphans);
-        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(3600));
+        assert!(!cli.service.sweep_orphans);
+        assert_eq!(cli.service.sweep_min_age, Duration::from_secs(3600));
     }
 
     #[test]
@@ -91,10 +80,10 @@ mod tests {
             "6h",
         ])
         .unwrap();
-        assert!(cli.reclaim.add_finalizer);
-        assert_eq!(cli.reclaim.failed_delete_threshold, 0);
-        assert_eq!(cli.reclaim.deletion_timeout, Duration::from_secs(120));
-        assert!(cli.reclaim.sweep_orphans);
-        assert_eq!(cli.reclaim.sweep_min_age, Duration::from_secs(6 * 3600));
+        assert!(cli.service.add_finalizer);
+        assert_eq!(cli.service.failed_delete_threshold, 0);
+        assert_eq!(cli.service.deletion_timeout, Duration::from_secs(120));
+        assert!(cli.service.sweep_orphans);
+        assert_eq!(cli.service.sweep_min_age, Duration::from_secs(6 * 3600));
     }
 }

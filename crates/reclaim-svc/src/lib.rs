@@ -21,7 +21,9 @@ use crate::controller::TermDeps;
 use crate::metrics::ReclaimMetrics;
 
 /// reclaim-svc as the runtime knows it: name, Lease suffix, HTTP port.
-pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103);
+pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103).with_about(
+    "Deletes released volumes of a Kubernetes external provisioner and manages its PV finalizer",
+);
 
 /// Run with `backend` until SIGTERM: HTTP endpoints, and as leader of the
 /// `<provisioner>-reclaim` Lease one [`controller::run_term`] per term. Errors: setup failures.
@@ -30,7 +32,7 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
     let deps = TermDeps {
         metrics: ReclaimMetrics::register(&registry),
         backend,
-        args: cli.reclaim,
+        args: cli.service,
     };
     serve(SPEC, cli.common, registry, deps, controller::run_term).await
 }

@@ -3,5 +3,5 @@
 //! this binary adds `--backend` and the built-in backends' flags.
 
 fn main() -> anyhow::Result<()> {
-    backends::service_main(|cli: &reclaim_svc::Cli| &cli.common, reclaim_svc::run)
+    backends::service_main(reclaim_svc::SPEC, reclaim_svc::run)
 }

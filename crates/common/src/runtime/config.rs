@@ -124,6 +124,8 @@ pub struct ServiceSpec {
     pub worker_threads: u32,
     /// Default `--retry-interval-start` / `--retry-interval-max`.
     pub retry_intervals: (Duration, Duration),
+    /// One-line description in `--help`.
+    pub about: &'static str,
 }
 
 impl ServiceSpec {
@@ -135,7 +137,13 @@ impl ServiceSpec {
             http_port,
             worker_threads: 4,
             retry_intervals: (Duration::from_secs(15), Duration::from_secs(1000)),
+            about: "",
         }
+    }
+
+    /// This spec with the `--help` description `about`.
+    pub const fn with_about(self, about: &'static str) -> Self {
+        ServiceSpec { about, ..self }
     }
 
     /// This spec with `n` default workers.
@@ -153,6 +161,19 @@ impl ServiceSpec {
             ..self
         }
     }
+}
+
+/// A service's command line: the shared flags and the service's own `S` (its name and
+/// description are its [`ServiceSpec`]'s, set by the binary).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(version)]
+pub struct ServiceCli<S: Args> {
+    /// Flags shared by every service.
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// The service's own flags.
+    #[command(flatten)]
+    pub service: S,
 }
 
 /// Flags every service takes.
