@@ -28,19 +28,28 @@ pub const VOLUME_PREFIX: &str = "pvc-";
 /// Remove (`delete`), rename to `archived-<name>` (`archive`) or leave
 /// (`retain`) the directory behind `volume`, per `--on-delete`.
 /// Errors: [`DeleteError::Refused`] when a rule fails; [`DeleteError::Failed`] on I/O errors.
-pub async fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
-    let (base, node) = (backend.base_dir.clone(), backend.node_name.clone());
-    let (on_delete, volume) = (backend.on_delete, volume.clone());
-    blocking("hostpath delete", move || {
-        delete_blocking(&base, node.as_deref(), on_delete, &volume)
-    })
-    .await
+pub fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
+    let base = &backend.base_dir;
+    let name = checked_name(base, volume)?;
+    check_node(backend.node_name.as_deref(), name, volume)?;
+    if backend.on_delete == OnDelete::Retain {
+        tracing::info!(pv = name, path = %base.join(name).display(), "retaining hostpath volume directory");
+        return Ok(());
+    }
+    let root = open_base(base)?;
+    let dir = base.join(name);
+    if !checked_entry(&root, &dir, name)? {
+        tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
+        release(&root, name);
+        return Ok(());
+    }
+    act(&root, base, name, backend.on_delete)
 }
 
 /// `delete_unprovisioned`: [`delete`] of `<base-dir>/<options.pv_name>`; never creates.
 /// Errors: [`DeleteError::Refused`] when the claim's selected node is not
 /// `--node-name`, else as [`delete`].
-pub async fn delete_unprovisioned(
+pub fn delete_unprovisioned(
     backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<(), DeleteError> {
@@ -56,15 +65,7 @@ pub async fn delete_unprovisioned(
             )));
         }
     }
-    delete(backend, &volume_for_directory(backend, &options.pv_name)).await
-}
-
-/// Names of the real directories (not symlinks) starting with `pvc-` in the base directory, sorted.
-///
-/// Errors: the base directory cannot be opened or read.
-pub async fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
-    let base = backend.base_dir.clone();
-    blocking("hostpath listing", move || list_blocking(&base)).await
+    delete(backend, &volume_for_directory(backend, &options.pv_name))
 }
 
 /// The volume directories `pvs` use (a `hostPath`/`local` path at, below or
@@ -82,19 +83,19 @@ pub async fn volumes_in_use(
     if paths.is_empty() {
         return Ok(used);
     }
-    let base = backend.base_dir.clone();
-    used.extend(blocking("hostpath listing", move || names_under(&base, &paths)).await?);
+    let backend = backend.clone();
+    used.extend(blocking("hostpath listing", move || names_under(&backend, &paths)).await?);
     Ok(used)
 }
 
 /// The base directory's entries that `paths` lie in (all of them for a path at or above it).
-fn names_under(base: &Path, paths: &[String]) -> Result<Vec<String>, VolumeError> {
+fn names_under(backend: &HostPath, paths: &[String]) -> Result<Vec<String>, VolumeError> {
     let resolved = |p: &Path| {
         [lexical(p)]
             .into_iter()
             .chain(std::fs::canonicalize(p).ok())
     };
-    let bases: Vec<PathBuf> = resolved(base).collect();
+    let bases: Vec<PathBuf> = resolved(&backend.base_dir).collect();
     let (mut names, mut all) = (Vec::new(), false);
     for form in paths.iter().flat_map(|p| resolved(Path::new(p))) {
         for b in &bases {
@@ -108,7 +109,7 @@ fn names_under(base: &Path, paths: &[String]) -> Result<Vec<String>, VolumeError
         }
     }
     if all {
-        names.extend(list_blocking(base)?);
+        names.extend(list_volumes(backend)?);
     }
     Ok(names)
 }
@@ -152,23 +153,12 @@ pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolu
 
 /// The orphan sweep's archive: `<base-dir>/<name>` renamed `archived-<name>`
 /// (rules 1–4) once its age is at least `min_age`. Errors: as [`delete`].
-pub async fn archive_orphan(
+pub fn archive_orphan(
     backend: &HostPath,
     volume: &PersistentVolume,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
-    let (base, volume) = (backend.base_dir.clone(), volume.clone());
-    blocking("hostpath orphan archive", move || {
-        archive_orphan_blocking(&base, &volume, min_age)
-    })
-    .await
-}
-
-fn archive_orphan_blocking(
-    base: &Path,
-    volume: &PersistentVolume,
-    min_age: std::time::Duration,
-) -> Result<OrphanOutcome, DeleteError> {
+    let base = &backend.base_dir;
     let name = checked_name(base, volume)?;
     let root = open_base(base)?;
     let dir = base.join(name);
@@ -197,7 +187,11 @@ fn archive_orphan_blocking(
     ))
 }
 
-fn list_blocking(base: &Path) -> Result<Vec<String>, VolumeError> {
+/// Names of the real directories (not symlinks) starting with `pvc-` in the base directory, sorted.
+///
+/// Errors: the base directory cannot be opened or read.
+pub fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
+    let base = &backend.base_dir;
     let shown = |e: io::Error| {
         VolumeError::Unreadable(format!(
             "cannot list base directory {}: {e}",
@@ -369,28 +363,6 @@ fn release(root: &Dir, name: &str) {
     }
 }
 
-fn delete_blocking(
-    base: &Path,
-    node_name: Option<&str>,
-    on_delete: OnDelete,
-    volume: &PersistentVolume,
-) -> Result<(), DeleteError> {
-    let name = checked_name(base, volume)?;
-    check_node(node_name, name, volume)?;
-    if on_delete == OnDelete::Retain {
-        tracing::info!(pv = name, path = %base.join(name).display(), "retaining hostpath volume directory");
-        return Ok(());
-    }
-    let root = open_base(base)?;
-    let dir = base.join(name);
-    if !checked_entry(&root, &dir, name)? {
-        tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
-        release(&root, name);
-        return Ok(());
-    }
-    act(&root, base, name, on_delete)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,18 +381,16 @@ mod tests {
         let mut b = backend(&base, OnDelete::Delete);
         b.node_name = Some("node-1".into());
         // Directory absent here: still refused, not "already deleted".
-        let reason = is_refused(delete(&b, &pinned(pv_at(&base, "pvc-9"), "node-2")).await);
+        let reason = is_refused(delete(&b, &pinned(pv_at(&base, "pvc-9"), "node-2")));
         assert_eq!(
             reason,
             "PV pvc-9 is pinned to node \"node-2\" but this reclaimer runs on node \"node-1\" (--node-name); its directory can only be removed on that node"
         );
         // Directory present here (same name on a shared base): left in place.
-        is_refused(delete(&b, &pinned(pv_at(&base, "pvc-1"), "node-2")).await);
+        is_refused(delete(&b, &pinned(pv_at(&base, "pvc-1"), "node-2")));
         assert!(base.join("pvc-1/data/file").exists());
         // Pinned to this node: removed.
-        delete(&b, &pinned(pv_at(&base, "pvc-1"), "node-1"))
-            .await
-            .unwrap();
+        delete(&b, &pinned(pv_at(&base, "pvc-1"), "node-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
@@ -431,7 +401,6 @@ mod tests {
             &backend(&base, OnDelete::Delete),
             &pinned(pv_at(&base, "pvc-1"), "node-2"),
         )
-        .await
         .unwrap();
         assert!(!base.join("pvc-1").exists());
     }
@@ -542,20 +511,18 @@ mod tests {
     async fn deletes_the_volume_directory_and_is_idempotent() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
-        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert!(base.exists());
         // Already absent: success.
-        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
     }
 
     #[tokio::test]
     async fn accepts_a_trailing_slash_in_the_pv_path() {
         let (_tmp, base) = setup();
         let path = format!("{}/", base.join("pvc-1").display());
-        delete(&backend(&base, OnDelete::Delete), &pv("pvc-1", &path))
-            .await
-            .unwrap();
+        delete(&backend(&base, OnDelete::Delete), &pv("pvc-1", &path)).unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
@@ -567,9 +534,7 @@ mod tests {
         std::fs::write(outside.join("keep"), b"keep").unwrap();
         symlink(&outside, base.join("pvc-1/link-dir")).unwrap();
         symlink(outside.join("keep"), base.join("pvc-1/data/link-file")).unwrap();
-        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1"))
-            .await
-            .unwrap();
+        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
     }
@@ -583,9 +548,7 @@ mod tests {
         symlink(&base, base.join("pvc-1/a/b/c/to-base")).unwrap();
         symlink(base.join("pvc-2"), base.join("pvc-1/a/to-pvc-2")).unwrap();
         symlink("/nonexistent/dangling", base.join("pvc-1/a/b/dangling")).unwrap();
-        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1"))
-            .await
-            .unwrap();
+        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert_eq!(
             std::fs::read(base.join("pvc-2/inner/keep")).unwrap(),
@@ -606,8 +569,10 @@ mod tests {
         std::fs::create_dir(&outside).unwrap();
         std::fs::write(outside.join("keep"), b"keep").unwrap();
         symlink(&outside, base.join("pvc-2")).unwrap();
-        let reason =
-            is_refused(delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-2")).await);
+        let reason = is_refused(delete(
+            &backend(&base, OnDelete::Delete),
+            &pv_at(&base, "pvc-2"),
+        ));
         assert!(reason.contains("is a symlink"), "{reason}");
         assert!(outside.join("keep").exists());
         assert!(base.join("pvc-2").symlink_metadata().is_ok());
@@ -617,7 +582,10 @@ mod tests {
     async fn a_symlink_to_another_pvs_directory_is_refused() {
         let (_tmp, base) = setup();
         symlink(base.join("pvc-1"), base.join("pvc-2")).unwrap();
-        is_refused(delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-2")).await);
+        is_refused(delete(
+            &backend(&base, OnDelete::Delete),
+            &pv_at(&base, "pvc-2"),
+        ));
         assert!(base.join("pvc-1/data/file").exists());
     }
 
@@ -627,12 +595,12 @@ mod tests {
         let b = backend(&base, OnDelete::Delete);
         // Path with `..` that lexically ends at the right place.
         let sneaky = format!("{}/x/../pvc-1", base.display());
-        let reason = is_refused(delete(&b, &pv("pvc-1", &sneaky)).await);
+        let reason = is_refused(delete(&b, &pv("pvc-1", &sneaky)));
         assert!(reason.contains("must be"), "{reason}");
         // Names that are not a single component.
         for name in ["..", ".", "", "a/b", "../base"] {
             let p = pv(name, &base.join(name).to_string_lossy());
-            let reason = is_refused(delete(&b, &p).await);
+            let reason = is_refused(delete(&b, &p));
             assert!(reason.contains("single path component"), "{name}: {reason}");
         }
         assert!(base.join("pvc-1/data/file").exists());
@@ -643,18 +611,15 @@ mod tests {
         let (tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
         let other = base.join("pvc-1").to_string_lossy().into_owned();
-        is_refused(delete(&b, &pv("pvc-2", &other)).await);
-        is_refused(delete(&b, &pv("pvc-1", "/etc")).await);
-        is_refused(
-            delete(
-                &b,
-                &pv("pvc-1", &tmp.path().join("pvc-1").to_string_lossy()),
-            )
-            .await,
-        );
+        is_refused(delete(&b, &pv("pvc-2", &other)));
+        is_refused(delete(&b, &pv("pvc-1", "/etc")));
+        is_refused(delete(
+            &b,
+            &pv("pvc-1", &tmp.path().join("pvc-1").to_string_lossy()),
+        ));
         let mut no_host_path = pv_at(&base, "pvc-1");
         no_host_path.spec.as_mut().unwrap().host_path = None;
-        let reason = is_refused(delete(&b, &no_host_path).await);
+        let reason = is_refused(delete(&b, &no_host_path));
         assert!(reason.contains("no spec.hostPath"), "{reason}");
         assert!(base.join("pvc-1/data/file").exists());
     }
@@ -663,8 +628,10 @@ mod tests {
     async fn a_regular_file_is_refused() {
         let (_tmp, base) = setup();
         std::fs::write(base.join("pvc-3"), b"f").unwrap();
-        let reason =
-            is_refused(delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-3")).await);
+        let reason = is_refused(delete(
+            &backend(&base, OnDelete::Delete),
+            &pv_at(&base, "pvc-3"),
+        ));
         assert!(reason.contains("not a directory"), "{reason}");
         assert!(base.join("pvc-3").exists());
     }
@@ -673,7 +640,7 @@ mod tests {
     async fn a_missing_base_directory_fails_instead_of_succeeding() {
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().join("unmounted");
-        let r = delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1")).await;
+        let r = delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1"));
         assert!(matches!(r, Err(DeleteError::Failed { .. })), "{r:?}");
     }
 
@@ -683,9 +650,7 @@ mod tests {
         let alias = tmp.path().join("alias");
         symlink(&base, &alias).unwrap();
         // PV written with the configured (symlinked) base.
-        delete(&backend(&alias, OnDelete::Delete), &pv_at(&alias, "pvc-1"))
-            .await
-            .unwrap();
+        delete(&backend(&alias, OnDelete::Delete), &pv_at(&alias, "pvc-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
@@ -693,17 +658,17 @@ mod tests {
     async fn archive_renames_and_never_overwrites() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Archive);
-        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert_eq!(
             std::fs::read(base.join("archived-pvc-1/data/file")).unwrap(),
             b"x"
         );
         // Second delivery: directory absent, archive present → success.
-        delete(&b, &pv_at(&base, "pvc-1")).await.unwrap();
+        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
         // A new directory of the same name with an archive already there → refused.
         std::fs::create_dir(base.join("pvc-1")).unwrap();
-        let reason = is_refused(delete(&b, &pv_at(&base, "pvc-1")).await);
+        let reason = is_refused(delete(&b, &pv_at(&base, "pvc-1")));
         assert!(reason.contains("already exists"), "{reason}");
         assert!(base.join("pvc-1").exists());
     }
@@ -712,9 +677,7 @@ mod tests {
     async fn volume_for_directory_addresses_the_orphan() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
-        delete(&b, &volume_for_directory(&b, "pvc-1"))
-            .await
-            .unwrap();
+        delete(&b, &volume_for_directory(&b, "pvc-1")).unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
@@ -724,18 +687,13 @@ mod tests {
         let b = backend(&base, OnDelete::Delete);
         let orphan = volume_for_directory(&b, "pvc-1");
         // Just created: too young for a one-hour minimum age, left in place.
-        match archive_orphan(&b, &orphan, std::time::Duration::from_secs(3600))
-            .await
-            .unwrap()
-        {
+        match archive_orphan(&b, &orphan, std::time::Duration::from_secs(3600)).unwrap() {
             OrphanOutcome::TooYoung(age) => assert!(age < std::time::Duration::from_secs(60)),
             other => panic!("expected TooYoung, got {other:?}"),
         }
         assert!(base.join("pvc-1/data/file").exists());
         // Old enough: archived (never removed), even though --on-delete is delete.
-        let outcome = archive_orphan(&b, &orphan, std::time::Duration::ZERO)
-            .await
-            .unwrap();
+        let outcome = archive_orphan(&b, &orphan, std::time::Duration::ZERO).unwrap();
         let archived = std::fs::canonicalize(&base).unwrap().join("archived-pvc-1");
         assert_eq!(outcome, OrphanOutcome::Archived(archived));
         assert!(!base.join("pvc-1").exists());
@@ -745,9 +703,7 @@ mod tests {
         );
         // Gone now.
         assert_eq!(
-            archive_orphan(&b, &orphan, std::time::Duration::ZERO)
-                .await
-                .unwrap(),
+            archive_orphan(&b, &orphan, std::time::Duration::ZERO).unwrap(),
             OrphanOutcome::Absent
         );
         // A symlinked orphan is refused and its target kept.
@@ -756,8 +712,7 @@ mod tests {
             &b,
             &volume_for_directory(&b, "pvc-2"),
             std::time::Duration::ZERO,
-        )
-        .await;
+        );
         assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
         assert!(base.join("archived-pvc-1/data/file").exists());
     }
@@ -777,7 +732,7 @@ mod tests {
             format!("{}/x/../pvc-1", base.display()),
             "/pvc-1".to_string(),
         ] {
-            let r = archive_orphan(&b, &pv("pvc-1", &path), std::time::Duration::ZERO).await;
+            let r = archive_orphan(&b, &pv("pvc-1", &path), std::time::Duration::ZERO);
             match r {
                 Err(DeleteError::Refused { reason }) => {
                     assert!(reason.contains("must be"), "{path}: {reason}")
@@ -801,12 +756,11 @@ mod tests {
         std::fs::write(outside.join("keep"), b"keep").unwrap();
         symlink(&outside, base.join("pvc-7")).unwrap();
         for on_delete in [OnDelete::Delete, OnDelete::Archive] {
-            let reason =
-                is_refused(delete(&backend(&base, on_delete), &pv_at(&base, "pvc-7")).await);
+            let reason = is_refused(delete(&backend(&base, on_delete), &pv_at(&base, "pvc-7")));
             assert!(reason.contains("is a symlink"), "{reason}");
         }
         let b = backend(&base, OnDelete::Delete);
-        let r = archive_orphan(&b, &pv_at(&base, "pvc-7"), std::time::Duration::ZERO).await;
+        let r = archive_orphan(&b, &pv_at(&base, "pvc-7"), std::time::Duration::ZERO);
         assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
         assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
         assert!(base
@@ -891,18 +845,14 @@ mod tests {
         std::fs::create_dir_all(base.join("pvc-1/data")).unwrap();
         std::fs::create_dir_all(base.join("pvc-2")).unwrap();
         let b = backend(&base, OnDelete::Delete);
-        delete_unprovisioned(&b, &unprovisioned("pvc-1", None))
-            .await
-            .unwrap();
+        delete_unprovisioned(&b, &unprovisioned("pvc-1", None)).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert!(base.join("pvc-2").exists(), "other volumes untouched");
         // Absent: success, and nothing is created.
-        delete_unprovisioned(&b, &unprovisioned("pvc-3", None))
-            .await
-            .unwrap();
+        delete_unprovisioned(&b, &unprovisioned("pvc-3", None)).unwrap();
         assert!(!base.join("pvc-3").exists());
         // Unsafe names are refused.
-        is_refused(delete_unprovisioned(&b, &unprovisioned("../x", None)).await);
+        is_refused(delete_unprovisioned(&b, &unprovisioned("../x", None)));
     }
 
     #[tokio::test]
@@ -911,22 +861,20 @@ mod tests {
         std::fs::create_dir_all(base.join("pvc-1")).unwrap();
         let mut b = backend(&base, OnDelete::Delete);
         b.node_name = Some("node-a".into());
-        let msg =
-            is_refused(delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-b"))).await);
+        let msg = is_refused(delete_unprovisioned(
+            &b,
+            &unprovisioned("pvc-1", Some("node-b")),
+        ));
         assert!(msg.contains("node-b"), "{msg}");
         assert!(base.join("pvc-1").exists());
-        delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-a")))
-            .await
-            .unwrap();
+        delete_unprovisioned(&b, &unprovisioned("pvc-1", Some("node-a"))).unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
     #[tokio::test]
     async fn retain_leaves_the_directory() {
         let (_tmp, base) = setup();
-        delete(&backend(&base, OnDelete::Retain), &pv_at(&base, "pvc-1"))
-            .await
-            .unwrap();
+        delete(&backend(&base, OnDelete::Retain), &pv_at(&base, "pvc-1")).unwrap();
         assert!(base.join("pvc-1/data/file").exists());
     }
 
@@ -939,10 +887,9 @@ mod tests {
         std::fs::write(base.join("pvc-file"), b"").unwrap();
         symlink(tmp.path(), base.join("pvc-link")).unwrap();
         let b = backend(&base, OnDelete::Delete);
-        assert_eq!(list_volumes(&b).await.unwrap(), vec!["pvc-0", "pvc-1"]);
+        assert_eq!(list_volumes(&b).unwrap(), vec!["pvc-0", "pvc-1"]);
         let missing = backend(&tmp.path().join("nope"), OnDelete::Delete);
         assert!(list_volumes(&missing)
-            .await
             .unwrap_err()
             .to_string()
             .contains("nope"));

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use backend_kit::blocking;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provisioner_api::{
@@ -94,19 +95,29 @@ impl Provisioner for HostPath {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        provision::provision(self, options).await
+        let (backend, options) = (self.clone(), options.clone());
+        blocking("hostpath provision", move || {
+            provision::provision(&backend, &options)
+        })
+        .await
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        delete::delete(self, volume).await
+        let (backend, volume) = (self.clone(), volume.clone());
+        blocking("hostpath delete", move || delete::delete(&backend, &volume)).await
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        delete::delete_unprovisioned(self, options).await
+        let (backend, options) = (self.clone(), options.clone());
+        blocking("hostpath delete", move || {
+            delete::delete_unprovisioned(&backend, &options)
+        })
+        .await
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
-        Some(delete::list_volumes(self).await)
+        let backend = self.clone();
+        Some(blocking("hostpath listing", move || delete::list_volumes(&backend)).await)
     }
 
     async fn volumes_in_use(
@@ -121,8 +132,9 @@ impl Provisioner for HostPath {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        let volume = delete::volume_for_directory(self, pv_name);
-        Some(delete::archive_orphan(self, &volume, min_age).await)
+        let (backend, volume) = (self.clone(), delete::volume_for_directory(self, pv_name));
+        let archive = move || delete::archive_orphan(&backend, &volume, min_age);
+        Some(blocking("hostpath orphan archive", archive).await)
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {

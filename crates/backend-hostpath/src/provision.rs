@@ -42,7 +42,7 @@ pub const HOST_PATH_TYPE: &str = "DirectoryOrCreate";
 /// Create `<base-dir>/<pv name>` (and the base directory) and return its PV.
 /// Errors: [`ProvisionError::Failed`], state `Reschedule` for another selected
 /// node than `--node-name`, else `Finished` (module docs).
-pub async fn provision(
+pub fn provision(
     backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
@@ -96,7 +96,7 @@ pub async fn provision(
         capacity: backend.capacity,
         full,
     };
-    create_volume_dir(&backend.base_dir, &options.pv_name, new).await?;
+    create_volume_dir(&backend.base_dir, &options.pv_name, new)?;
     let path = backend.base_dir.join(&options.pv_name);
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
@@ -230,49 +230,44 @@ struct NewVolume {
 /// Create `<base>/<name>` (reused when a real directory) relative to a handle on `base`,
 /// which is created by path if missing, as `new` says; a directory made now is removed
 /// again (and its room given back) when a later step fails.
-async fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<(), ProvisionError> {
-    let base = base.to_path_buf();
-    let name = name.to_string();
-    backend_kit::blocking("hostpath provision", move || {
-        let (root, dir, created, reserved) = create_volume_dir_blocking(&base, &name, &new)?;
-        // The quota first: setting the project id needs the owner the service still is.
-        let readable = safe_fs::as_file(&dir)
-            .map_err(|e| Refusal(format!("cannot open {}: {e}", base.join(&name).display())));
-        let limited = readable.and_then(|f| quota::apply(new.quota, &f, &name, new.bytes));
-        let given = |applied| {
-            let shown = base.join(&name);
-            let owned = new.attrs.apply(&dir);
-            owned
-                .map(|()| applied)
-                .map_err(|e| Refusal(format!("cannot set mode/owner of {}: {e}", shown.display())))
-        };
-        match limited.and_then(given) {
-            Ok(Applied::Limited { project }) => {
-                tracing::info!(pv = %name, project, bytes = new.bytes, "volume size limited")
-            }
-            Ok(Applied::Unenforced(reason)) => {
-                tracing::warn!(pv = %name, %reason, "volume size not enforced")
-            }
-            Ok(Applied::Off) => {}
-            Err(refusal) => {
-                if created {
-                    let _ = root.remove_dir(&name);
-                }
-                if reserved {
-                    let _ = capacity::release(&root, &name);
-                }
-                return Err(refusal.into());
-            }
+fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<(), ProvisionError> {
+    let (root, dir, created, reserved) = reserve_and_create(base, name, &new)?;
+    // The quota first: setting the project id needs the owner the service still is.
+    let readable = safe_fs::as_file(&dir)
+        .map_err(|e| Refusal(format!("cannot open {}: {e}", base.join(name).display())));
+    let limited = readable.and_then(|f| quota::apply(new.quota, &f, name, new.bytes));
+    let given = |applied| {
+        let shown = base.join(name);
+        let owned = new.attrs.apply(&dir);
+        owned
+            .map(|()| applied)
+            .map_err(|e| Refusal(format!("cannot set mode/owner of {}: {e}", shown.display())))
+    };
+    match limited.and_then(given) {
+        Ok(Applied::Limited { project }) => {
+            tracing::info!(pv = %name, project, bytes = new.bytes, "volume size limited")
         }
-        Ok(())
-    })
-    .await
+        Ok(Applied::Unenforced(reason)) => {
+            tracing::warn!(pv = %name, %reason, "volume size not enforced")
+        }
+        Ok(Applied::Off) => {}
+        Err(refusal) => {
+            if created {
+                let _ = root.remove_dir(name);
+            }
+            if reserved {
+                let _ = capacity::release(&root, name);
+            }
+            return Err(refusal.into());
+        }
+    }
+    Ok(())
 }
 
 /// The base directory's handle, the volume directory's, whether it was made now and whether
 /// its room was recorded now (reserved first). Errors: no room (state `new.full`), else
 /// `Finished`.
-fn create_volume_dir_blocking(
+fn reserve_and_create(
     base: &Path,
     name: &str,
     new: &NewVolume,
@@ -389,7 +384,7 @@ pub(crate) mod tests {
     async fn validate_volume_accepts_only_what_provision_makes() {
         let tmp = tempfile::tempdir().unwrap();
         let b = backend(tmp.path(), Some("node-a"));
-        let pv = provision(&b, &options(Some("1Gi"))).await.unwrap();
+        let pv = provision(&b, &options(Some("1Gi"))).unwrap();
         validate_volume(&b, &pv).unwrap();
 
         let with = |edit: &dyn Fn(&mut PersistentVolume)| {
@@ -440,7 +435,7 @@ pub(crate) mod tests {
         let b = backend(&base, Some("node-a"));
         let mut opts = options(Some("1Gi"));
         opts.storage_class.mount_options = Some(vec!["noatime".into()]);
-        let pv = provision(&b, &opts).await.unwrap();
+        let pv = provision(&b, &opts).unwrap();
 
         let dir = base.join("pvc-123");
         let meta = std::fs::metadata(&dir).unwrap();
@@ -493,9 +488,9 @@ pub(crate) mod tests {
             },
             ..Default::default()
         });
-        let first = provision(&b, &opts).await.unwrap();
+        let first = provision(&b, &opts).unwrap();
         std::fs::write(tmp.path().join("pvc-123/data"), b"keep").unwrap();
-        let second = provision(&b, &opts).await.unwrap();
+        let second = provision(&b, &opts).unwrap();
         assert_eq!(first, second);
         assert_eq!(
             std::fs::read(tmp.path().join("pvc-123/data")).unwrap(),
@@ -526,9 +521,7 @@ pub(crate) mod tests {
     async fn a_selected_node_other_than_node_name_reschedules_and_creates_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let b = backend(tmp.path(), Some("storage-node"));
-        let e = provision(&b, &on_node(options(Some("1Gi")), "other-node"))
-            .await
-            .unwrap_err();
+        let e = provision(&b, &on_node(options(Some("1Gi")), "other-node")).unwrap_err();
         assert_eq!(
             e,
             ProvisionError::Failed {
@@ -539,17 +532,13 @@ pub(crate) mod tests {
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
 
         // The same node is fine, and without --node-name any selected node is used.
-        let pv = provision(&b, &on_node(options(Some("1Gi")), "storage-node"))
-            .await
-            .unwrap();
+        let pv = provision(&b, &on_node(options(Some("1Gi")), "storage-node")).unwrap();
         assert_eq!(
             pv.spec.unwrap().node_affinity,
             Some(node_affinity("storage-node"))
         );
         let anywhere = backend(tmp.path(), None);
-        let pv = provision(&anywhere, &on_node(options(Some("1Gi")), "node-x"))
-            .await
-            .unwrap();
+        let pv = provision(&anywhere, &on_node(options(Some("1Gi")), "node-x")).unwrap();
         assert_eq!(
             pv.spec.unwrap().node_affinity,
             Some(node_affinity("node-x"))
@@ -561,13 +550,13 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let b = backend(tmp.path(), Some("n"));
 
-        let e = provision(&b, &options(None)).await.unwrap_err();
+        let e = provision(&b, &options(None)).unwrap_err();
         assert_eq!(
             reason(e),
             "claim has no storage request (resources.requests.storage)"
         );
         for bad in ["0", "-1Gi", "0Gi", "abc", "1Qi", ""] {
-            let e = provision(&b, &options(Some(bad))).await.unwrap_err();
+            let e = provision(&b, &options(Some(bad))).unwrap_err();
             assert_eq!(
                 reason(e),
                 format!("claim's storage request {bad:?} is not a positive quantity")
@@ -577,14 +566,14 @@ pub(crate) mod tests {
         let mut block = options(Some("1Gi"));
         block.pvc.spec.as_mut().unwrap().volume_mode = Some("Block".into());
         assert_eq!(
-            reason(provision(&b, &block).await.unwrap_err()),
+            reason(provision(&b, &block).unwrap_err()),
             "the hostpath backend does not support volumeMode Block"
         );
 
         let mut vac = options(Some("1Gi"));
         vac.pvc.spec.as_mut().unwrap().volume_attributes_class_name = Some("gold".into());
         assert_eq!(
-            reason(provision(&b, &vac).await.unwrap_err()),
+            reason(provision(&b, &vac).unwrap_err()),
             "claim names VolumeAttributesClass \"gold\", but the hostpath backend is not a CSI driver and cannot apply volume attributes; remove spec.volumeAttributesClassName"
         );
 
@@ -594,7 +583,7 @@ pub(crate) mod tests {
             ("path".to_string(), "/x".to_string()),
         ]));
         assert_eq!(
-            reason(provision(&b, &params).await.unwrap_err()),
+            reason(provision(&b, &params).unwrap_err()),
             "StorageClass \"local\" has parameters the hostpath backend does not know: path, zz (it accepts baseDir, quota, directoryMode, directoryUID, directoryGID)"
         );
         // A `quota` the backend cannot honour, and one it does not know: no directory either.
@@ -608,31 +597,27 @@ pub(crate) mod tests {
             let mut quota = options(Some("1Gi"));
             let parameters = BTreeMap::from([("quota".to_string(), value.to_string())]);
             quota.storage_class.parameters = Some(parameters);
-            let err = reason(provision(&b, &quota).await.unwrap_err());
+            let err = reason(provision(&b, &quota).unwrap_err());
             assert!(err.contains(expected), "{value}: {err}");
         }
 
         let mut no_modes = options(Some("1Gi"));
         no_modes.pvc.spec.as_mut().unwrap().access_modes = None;
         assert_eq!(
-            reason(provision(&b, &no_modes).await.unwrap_err()),
+            reason(provision(&b, &no_modes).unwrap_err()),
             "claim has no access modes"
         );
 
         let no_node = backend(tmp.path(), None);
         assert_eq!(
-            reason(
-                provision(&no_node, &options(Some("1Gi")))
-                    .await
-                    .unwrap_err()
-            ),
+            reason(provision(&no_node, &options(Some("1Gi"))).unwrap_err()),
             "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend"
         );
 
         for bad_name in ["../escape", "a/b", "..", ""] {
             let mut o = options(Some("1Gi"));
             o.pv_name = bad_name.into();
-            let r = reason(provision(&b, &o).await.unwrap_err());
+            let r = reason(provision(&b, &o).unwrap_err());
             assert!(r.contains("is not a single path component"), "{r}");
         }
 
@@ -654,7 +639,7 @@ pub(crate) mod tests {
         let params = [("directoryMode", "0750"), ("directoryGID", gid.as_str())];
         let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         opts.storage_class.parameters = Some(params.collect());
-        provision(&b, &opts).await.unwrap();
+        provision(&b, &opts).unwrap();
         let meta = std::fs::metadata(tmp.path().join("pvc-123")).unwrap();
         assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
         assert_eq!(meta.gid().to_string(), gid);
@@ -662,7 +647,7 @@ pub(crate) mod tests {
         bad.pv_name = "pvc-456".into();
         let params = BTreeMap::from([("directoryMode".to_string(), "rwx".to_string())]);
         bad.storage_class.parameters = Some(params);
-        let err = reason(provision(&b, &bad).await.unwrap_err());
+        let err = reason(provision(&b, &bad).unwrap_err());
         assert!(
             err.contains("directoryMode=\"rwx\" is not an octal permission mode"),
             "{err}"
@@ -679,37 +664,32 @@ pub(crate) mod tests {
             capacity: Some(3 << 29), // 1.5 GiB
             ..backend(tmp.path(), Some("n"))
         };
-        let first = provision(&b, &options(Some("1Gi"))).await.unwrap();
+        let first = provision(&b, &options(Some("1Gi"))).unwrap();
         let mut second = options(Some("1Gi"));
         second.pv_name = "pvc-456".into();
-        let err = reason(provision(&b, &second).await.unwrap_err());
+        let err = reason(provision(&b, &second).unwrap_err());
         let dir = tmp.path().display();
         assert_eq!(
             err,
             format!("base directory {dir}: the claim's 1073741824 bytes do not fit: 1073741824 of the base directory's capacity of 1610612736 bytes are taken, 536870912 free")
         );
-        match provision(&b, &on_node(second.clone(), "n"))
-            .await
-            .unwrap_err()
-        {
+        match provision(&b, &on_node(second.clone(), "n")).unwrap_err() {
             ProvisionError::Failed { state, .. } => {
                 assert_eq!(state, ProvisioningState::Reschedule)
             }
             other => panic!("{other:?}"),
         }
         assert!(!tmp.path().join("pvc-456").exists());
-        provision(&b, &options(Some("1Gi"))).await.unwrap(); // the same volume again: its own room
-        crate::delete::delete(&b, &first).await.unwrap();
-        provision(&b, &second).await.unwrap();
+        provision(&b, &options(Some("1Gi"))).unwrap(); // the same volume again: its own room
+        crate::delete::delete(&b, &first).unwrap();
+        provision(&b, &second).unwrap();
     }
 
     #[tokio::test]
     async fn a_file_in_the_way_is_an_error() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("pvc-123"), b"").unwrap();
-        let e = provision(&backend(tmp.path(), Some("n")), &options(Some("1Gi")))
-            .await
-            .unwrap_err();
+        let e = provision(&backend(tmp.path(), Some("n")), &options(Some("1Gi"))).unwrap_err();
         assert_eq!(
             reason(e),
             format!(
@@ -731,9 +711,7 @@ pub(crate) mod tests {
         std::fs::create_dir(&outside).unwrap();
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::symlink(&outside, base.join("pvc-123")).unwrap();
-        let e = provision(&backend(&base, Some("n")), &options(Some("1Gi")))
-            .await
-            .unwrap_err();
+        let e = provision(&backend(&base, Some("n")), &options(Some("1Gi"))).unwrap_err();
         assert_eq!(
             reason(e),
             format!(
