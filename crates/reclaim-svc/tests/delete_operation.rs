@@ -292,6 +292,18 @@ fn harness(answer: Result<(), DeleteError>, add_finalizer: bool) -> Harness {
     }
 }
 
+/// A harness whose backend answers `err`, with the released PV `pvc-1` stored.
+fn failing(err: DeleteError) -> Harness {
+    let h = harness(Err(err), false);
+    h.api.put(released("pvc-1", &[]));
+    h
+}
+
+/// The (reason, note) of each event published so far.
+fn events(h: &Harness) -> Vec<(String, String)> {
+    h.events.0.lock().unwrap().clone()
+}
+
 fn stored(h: &Harness, name: &str) -> PersistentVolume {
     h.api.get(name).expect("PV present")
 }
@@ -332,13 +344,9 @@ async fn with_finalizer_the_pv_outlives_the_asset_and_only_our_finalizer_is_remo
 
 #[tokio::test]
 async fn backend_failure_publishes_volume_failed_delete_and_counts_a_failure() {
-    let h = harness(
-        Err(DeleteError::Failed {
-            reason: "disk on fire".into(),
-        }),
-        false,
-    );
-    h.api.put(released("pvc-1", &[]));
+    let h = failing(DeleteError::Failed {
+        reason: "disk on fire".into(),
+    });
     let err = h
         .reclaimer
         .sync_volume(&stored(&h, "pvc-1"))
@@ -347,7 +355,7 @@ async fn backend_failure_publishes_volume_failed_delete_and_counts_a_failure() {
     assert!(matches!(err, SyncError::Backend { .. }), "{err}");
     assert!(h.api.get("pvc-1").is_some(), "PV kept");
     assert_eq!(
-        *h.events.0.lock().unwrap(),
+        events(&h),
         vec![("VolumeFailedDelete".to_string(), "disk on fire".to_string())]
     );
     assert_eq!(
@@ -358,17 +366,13 @@ async fn backend_failure_publishes_volume_failed_delete_and_counts_a_failure() {
 
 #[tokio::test]
 async fn refused_delete_is_reported_and_nothing_else_happens() {
-    let h = harness(
-        Err(DeleteError::Refused {
-            reason: "path outside base".into(),
-        }),
-        false,
-    );
-    h.api.put(released("pvc-1", &[]));
+    let h = failing(DeleteError::Refused {
+        reason: "path outside base".into(),
+    });
     assert!(h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.is_err());
     assert!(h.api.get("pvc-1").is_some());
     assert_eq!(
-        *h.events.0.lock().unwrap(),
+        events(&h),
         vec![(
             "VolumeFailedDelete".to_string(),
             "deletion refused: path outside base".to_string()
@@ -378,18 +382,14 @@ async fn refused_delete_is_reported_and_nothing_else_happens() {
 
 #[tokio::test]
 async fn ignored_delete_leaves_the_pv() {
-    let h = harness(
-        Err(DeleteError::Ignored {
-            reason: "not mine".into(),
-        }),
-        false,
-    );
-    h.api.put(released("pvc-1", &[]));
+    let h = failing(DeleteError::Ignored {
+        reason: "not mine".into(),
+    });
     h.reclaimer.sync_volume(&stored(&h, "pvc-1")).await.unwrap();
     assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_some());
     assert_eq!(h.api.log(), vec!["GET pvc-1"]);
-    assert!(h.events.0.lock().unwrap().is_empty());
+    assert!(events(&h).is_empty());
 }
 
 #[tokio::test]
@@ -490,14 +490,10 @@ async fn finalizer_is_removed_when_the_option_is_off_and_pvs_of_others_are_untou
 
 #[tokio::test]
 async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
-    let h = harness(
-        Err(DeleteError::Failed {
-            reason: "boom".into(),
-        }),
-        false,
-    );
+    let h = failing(DeleteError::Failed {
+        reason: "boom".into(),
+    });
     let pv = released("pvc-1", &[]);
-    h.api.put(pv.clone());
     let (store, mut writer) = reflector::store::<CachedPv>();
     writer.apply_watcher_event(&watcher::Event::Apply(cached(&h, "pvc-1")));
     let ctx = context(
@@ -529,7 +525,7 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
         );
     }
     assert_eq!(h.backend.deleted().len(), 4);
-    assert_eq!(h.events.0.lock().unwrap().len(), 4);
+    assert_eq!(events(&h).len(), 4);
 
     // A deleted PV is forgotten: its failures are dropped (seed forgetVolume).
     let gone = cached(&h, "pvc-1");
@@ -710,7 +706,7 @@ async fn a_delete_decided_on_a_stale_copy_is_not_carried_out() {
     h.api.0.lock().unwrap().pvs.clear();
     h.reclaimer.delete_volume_operation(&decided).await.unwrap();
     assert!(h.backend.deleted().is_empty());
-    assert!(h.events.0.lock().unwrap().is_empty());
+    assert!(events(&h).is_empty());
 }
 
 /// A leader whose term is no longer current (paused past its Lease) deletes

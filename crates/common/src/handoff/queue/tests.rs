@@ -38,6 +38,20 @@ async fn take(q: &PvQueue, term: u64) -> Vec<String> {
     names(q.take_due(term, 10, VIS).await.unwrap())
 }
 
+/// A private Redis and a queue of provisioner `p` on it.
+async fn started() -> (Redis, PvQueue) {
+    let redis = Redis::start().await;
+    let q = queue(&redis, "p").await;
+    (redis, q)
+}
+
+/// Complete `names` in `term`, each settled.
+async fn complete_all(q: &PvQueue, term: u64, names: &[&str]) {
+    for name in names {
+        assert_eq!(q.complete(term, name).await.unwrap(), Settled::Done);
+    }
+}
+
 fn names(taken: Option<Vec<TakenEntry>>) -> Vec<String> {
     taken
         .expect("current term")
@@ -251,8 +265,7 @@ async fn a_term_begun_after_a_flush_stays_above_the_lost_one() {
 
 #[tokio::test]
 async fn a_stale_term_cannot_take_complete_retry_or_dead_letter() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     let old = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-a")).await.unwrap();
     q.enqueue(&entry("pvc-b")).await.unwrap();
@@ -308,8 +321,7 @@ async fn a_stale_term_cannot_take_complete_retry_or_dead_letter() {
 
 #[tokio::test]
 async fn recovery_takes_only_entries_of_earlier_terms() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     // An in-flight entry of the previous layout (no owner recorded).
     q.enqueue(&entry("pvc-legacy")).await.unwrap();
     let _: () = q
@@ -337,15 +349,12 @@ async fn recovery_takes_only_entries_of_earlier_terms() {
     taken.sort();
     assert_eq!(taken, ["pvc-legacy", "pvc-old"]);
     assert_eq!(q.recover_inflight(second).await.unwrap(), 0);
-    for name in ["pvc-legacy", "pvc-mine", "pvc-old"] {
-        assert_eq!(q.complete(second, name).await.unwrap(), Settled::Done);
-    }
+    complete_all(&q, second, &["pvc-legacy", "pvc-mine", "pvc-old"]).await;
 }
 
 #[tokio::test]
 async fn a_take_whose_reply_was_lost_is_requeued_unless_a_worker_holds_it() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     let old = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-old-term")).await.unwrap();
     assert_eq!(take(&q, old).await, ["pvc-old-term"]);
@@ -376,15 +385,12 @@ async fn a_take_whose_reply_was_lost_is_requeued_unless_a_worker_holds_it() {
     assert_eq!(q.requeue_unheld(old, &[]).await.unwrap(), None);
     assert_eq!(q.fenced_operations().await.unwrap(), fenced + 1);
     assert_eq!(q.inflight_owners().await.unwrap().len(), 3);
-    for name in ["pvc-held", "pvc-lost"] {
-        assert_eq!(q.complete(term, name).await.unwrap(), Settled::Done);
-    }
+    complete_all(&q, term, &["pvc-held", "pvc-lost"]).await;
 }
 
 #[tokio::test]
 async fn visibility_and_retry_times_come_from_redis_not_the_callers_clock() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     let term = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-a")).await.unwrap();
     let before = q.redis_time_ms().await.unwrap();
@@ -431,8 +437,7 @@ async fn visibility_and_retry_times_come_from_redis_not_the_callers_clock() {
 
 #[tokio::test]
 async fn dead_letters_keep_the_payload_and_can_be_requeued() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     let term = q.begin_term().await.unwrap();
     q.enqueue_raw("pvc-x", b"{garbled").await.unwrap();
     let taken = q.take_due(term, 10, VIS).await.unwrap().unwrap();
@@ -478,8 +483,7 @@ async fn dead_letters_keep_the_payload_and_can_be_requeued() {
 /// flight or dead, delays no retry and ignores names without a payload.
 #[tokio::test]
 async fn incoming_names_arm_only_fresh_entries() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     let term = q.begin_term().await.unwrap();
     for name in ["pvc-flying", "pvc-dead", "pvc-later"] {
         q.enqueue(&entry(name)).await.unwrap();
@@ -534,8 +538,7 @@ async fn incoming_names_arm_only_fresh_entries() {
 
 #[tokio::test]
 async fn a_due_name_without_payload_is_dropped_from_every_index() {
-    let redis = Redis::start().await;
-    let q = queue(&redis, "p").await;
+    let (_redis, q) = started().await;
     let term = q.begin_term().await.unwrap();
     q.enqueue_raw("pvc-lost", b"{}").await.unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
