@@ -678,11 +678,7 @@ async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() 
             "{err:?}"
         );
     }
-    assert!(
-        delete::archive_orphan(&f.backend, "pvc-e", std::time::Duration::ZERO)
-            .await
-            .is_err()
-    );
+    assert!(delete::archive_orphan(&f.backend, "pvc-e", std::time::Duration::ZERO).is_err());
     assert!(f.mount.join("team-a/web/db").is_dir());
     assert!(f.mount.join("team-a/app/file").is_file());
     registry::remove(&root, "pvc-e").unwrap();
@@ -819,21 +815,15 @@ async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
     f.backend.provision(&o).await.unwrap();
     let hour = std::time::Duration::from_secs(3600);
     assert!(matches!(
-        delete::archive_orphan(&f.backend, "pvc-1", hour)
-            .await
-            .unwrap(),
+        delete::archive_orphan(&f.backend, "pvc-1", hour).unwrap(),
         OrphanOutcome::TooYoung(_)
     ));
     assert_eq!(
-        delete::archive_orphan(&f.backend, "pvc-unknown", hour)
-            .await
-            .unwrap(),
+        delete::archive_orphan(&f.backend, "pvc-unknown", hour).unwrap(),
         OrphanOutcome::Absent
     );
     assert_eq!(
-        delete::archive_orphan(&f.backend, "pvc-1", std::time::Duration::ZERO)
-            .await
-            .unwrap(),
+        delete::archive_orphan(&f.backend, "pvc-1", std::time::Duration::ZERO).unwrap(),
         OrphanOutcome::Archived(f.mount.join("team-a/archived-data"))
     );
     assert_eq!(tree(&f.mount), ["team-a", "team-a/archived-data"]);

@@ -18,7 +18,7 @@ use provisioner_api::{DeleteError, ProvisionOptions, VolumeError};
 use VolumeError::Unreadable as unreadable;
 
 use super::pattern::RelPath;
-use super::provision::{class_policy, parse_go_bool, PARAM_ARCHIVE_ON_DELETE, PARAM_ON_DELETE};
+use super::provision::{class_policy, parameters_policy, PARAM_ARCHIVE_ON_DELETE};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
@@ -29,11 +29,7 @@ use provisioner_api::OrphanOutcome;
 /// Errors: a message naming the failed check.
 pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    if !registry::valid_pv_name(name) {
-        return Err(Refusal(format!(
-            "PV name {name:?} is not a valid object name"
-        )));
-    }
+    registry::check_pv_name(name)?;
     let spec = pv
         .spec
         .as_ref()
@@ -68,35 +64,22 @@ pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<Re
 /// `path` relative to the export (`a/b`), when it is absolute, has no `..`
 /// and lies strictly below `--nfs-path`.
 fn below_export(backend: &NfsSubdir, path: &str) -> Option<String> {
-    if !path.starts_with('/') {
-        return None;
-    }
-    let comps: Vec<&str> = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
-    if comps.contains(&"..") {
-        return None;
-    }
-    let export: Vec<&str> = backend
-        .export_path
-        .split('/')
-        .filter(|c| !c.is_empty())
-        .collect();
-    if comps.len() <= export.len() || comps[..export.len()] != export[..] {
-        return None;
-    }
-    Some(comps[export.len()..].join("/"))
+    let path = super::normalize_export(path).ok()?;
+    let rest = path
+        .strip_prefix(backend.export_prefix())?
+        .strip_prefix('/')?;
+    (!rest.is_empty()).then(|| rest.to_string())
 }
 
 /// Whether deleting `volume` needs its StorageClass: it carries no
 /// [`ANN_ON_DELETE`] (provisioned by upstream before a migration).
 pub fn reads_class_at_delete(volume: &PersistentVolume) -> bool {
-    volume
-        .metadata
-        .annotations
-        .as_ref()
-        .is_none_or(|a| !a.contains_key(ANN_ON_DELETE))
+    recorded_policy(volume).is_none()
+}
+
+/// The value of `volume`'s [`ANN_ON_DELETE`] annotation.
+fn recorded_policy(volume: &PersistentVolume) -> Option<&String> {
+    volume.metadata.annotations.as_ref()?.get(ANN_ON_DELETE)
 }
 
 /// Upstream's delete policy from the class read at delete time: `onDelete` wins,
@@ -114,79 +97,53 @@ pub fn upstream_policy(
         });
     };
     let params = class.parameters.clone().unwrap_or_default();
-    match params.get(PARAM_ON_DELETE).map(String::as_str) {
-        Some("delete") => return Ok(OnDelete::Delete),
-        Some("retain") => return Ok(OnDelete::Retain),
-        _ => {}
-    }
-    match params.get(PARAM_ARCHIVE_ON_DELETE) {
-        None => Ok(OnDelete::Archive),
-        Some(v) => match parse_go_bool(v) {
-            Some(false) => Ok(OnDelete::Delete),
-            Some(true) => Ok(OnDelete::Archive),
-            None => Err(DeleteError::Failed {
-                reason: format!(
-                    "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
-                    class.metadata.name.as_deref().unwrap_or_default()
-                ),
-            }),
-        },
-    }
+    parameters_policy(&params).map_err(|v| DeleteError::Failed {
+        reason: format!(
+            "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
+            class.metadata.name.as_deref().unwrap_or_default()
+        ),
+    })
 }
 
-/// Delete, archive or retain the directory behind `volume` (module docs).
+/// Delete, archive or retain the directory behind `volume` (module docs); a PV without
+/// [`ANN_ON_DELETE`] follows [`upstream_policy`] of `class`, its class as just read.
 /// Errors: [`DeleteError::Refused`] when a check fails, [`DeleteError::Failed`] on I/O.
-pub async fn delete(backend: &NfsSubdir, volume: &PersistentVolume) -> Result<(), DeleteError> {
-    delete_with_class(backend, volume, None).await
-}
-
-/// [`delete`] given the PV's class as just read: a PV without [`ANN_ON_DELETE`]
-/// follows [`upstream_policy`]. Errors: as [`delete`] and [`upstream_policy`].
-pub async fn delete_with_class(
+pub fn delete(
     backend: &NfsSubdir,
     volume: &PersistentVolume,
     class: Option<&StorageClass>,
 ) -> Result<(), DeleteError> {
     let rel = volume_directory(backend, volume)?;
-    let name = volume.metadata.name.clone().unwrap_or_default();
-    let policy = match volume
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_ON_DELETE))
-    {
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    let policy = match recorded_policy(volume) {
         // Provisioned before a migration from upstream: the class decides.
-        None => upstream_policy(&name, class),
+        None => upstream_policy(name, class),
         Some(v) => Ok(OnDelete::from_annotation(v).ok_or_else(|| {
             refused(format!(
                 "PV {name} has annotation {ANN_ON_DELETE}={v:?}; expected delete, retain or archive"
             ))
         })?),
     };
-    let mount = backend.mount.clone();
-    blocking("nfs-subdir delete", move || {
-        let root = open_root(&mount)?;
-        match registry::get(&root, &name).map_err(io_failed("read the record of PV"))? {
-            Some(r) if r != rel => {
+    let root = open_root(&backend.mount)?;
+    match registry::get(&root, name).map_err(io_failed("read the record of PV"))? {
+        Some(r) if r != rel => {
+            return Err(refused(format!(
+                "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
+            )))
+        }
+        Some(_) => {}
+        None => {
+            let others = registry::other_owners(&root, name, &rel)
+                .map_err(io_failed("read the volume records"))?;
+            if !others.is_empty() {
                 return Err(refused(format!(
-                    "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
-                )))
-            }
-            Some(_) => {}
-            None => {
-                let others = registry::other_owners(&root, &name, &rel)
-                    .map_err(io_failed("read the volume records"))?;
-                if !others.is_empty() {
-                    return Err(refused(format!(
-                        "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
-                        others.join(", ")
-                    )));
-                }
+                    "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
+                    others.join(", ")
+                )));
             }
         }
-        apply_policy(&root, &name, &rel, policy).map(|_| ())
-    })
-    .await
+    }
+    apply_policy(&root, name, &rel, policy).map(|_| ())
 }
 
 /// The recorded PVs whose directory any of `pvs` uses (an `nfs.path` equal to,
@@ -205,7 +162,7 @@ pub async fn volumes_in_use(
         return Ok(used);
     }
     let mount = backend.mount.clone();
-    let records = blocking("nfs-subdir listing", move || records_at(&mount)).await?;
+    let (_, records) = blocking("nfs-subdir listing", move || records_at(&mount)).await?;
     for (name, rel) in records {
         if paths.iter().any(|p| p.overlaps(&rel)) {
             used.insert(name);
@@ -216,50 +173,41 @@ pub async fn volumes_in_use(
 
 /// `delete_unprovisioned`: the class's policy on the directory recorded for
 /// `options.pv_name` only (recorded before creation); never creates. Errors: as [`delete`].
-pub async fn delete_unprovisioned(
+pub fn delete_unprovisioned(
     backend: &NfsSubdir,
     options: &ProvisionOptions,
 ) -> Result<(), DeleteError> {
     // A class failing the checks made provision refuse before recording anything;
     // archive keeps the data if it changed since.
     let policy = class_policy(&options.storage_class).unwrap_or(OnDelete::Archive);
-    let name = options.pv_name.clone();
-    if !registry::valid_pv_name(&name) {
+    let name = &options.pv_name;
+    if !registry::valid_pv_name(name) {
         return Ok(());
     }
-    let mount = backend.mount.clone();
-    blocking("nfs-subdir delete", move || {
-        let root = open_root(&mount)?;
-        let Some(rel) = registry::get(&root, &name).map_err(io_failed("read the record of PV"))?
-        else {
-            return Ok(());
-        };
-        apply_policy(&root, &name, &rel, Ok(policy)).map(|_| ())
-    })
-    .await
+    let root = open_root(&backend.mount)?;
+    let Some(rel) = registry::get(&root, name).map_err(io_failed("read the record of PV"))? else {
+        return Ok(());
+    };
+    apply_policy(&root, name, &rel, Ok(policy)).map(|_| ())
 }
 
 /// PV names whose recorded directory exists (a real directory reached without
 /// crossing a symlink), sorted.
 /// Errors: the mount or the records cannot be read.
-pub async fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, VolumeError> {
-    let mount = backend.mount.clone();
-    blocking("nfs-subdir listing", move || {
-        let root = safe_fs::open_root(&mount).map_err(|e| unreadable(mount_error(&mount, e)))?;
-        let records = registry::all(&root).map_err(records_error)?;
-        Ok(records
-            .into_iter()
-            .filter(|(_, rel)| safe_fs::open_path(&root, rel.components()).is_ok())
-            .map(|(name, _)| name)
-            .collect())
-    })
-    .await
+pub fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, VolumeError> {
+    let (root, records) = records_at(&backend.mount)?;
+    Ok(records
+        .into_iter()
+        .filter(|(_, rel)| safe_fs::open_path(&root, rel.components()).is_ok())
+        .map(|(name, _)| name)
+        .collect())
 }
 
-/// Every (PV name, directory) the registry on the export at `mount` records.
-fn records_at(mount: &std::path::Path) -> Result<Vec<(String, RelPath)>, VolumeError> {
+/// A handle on the export at `mount` and every (PV name, directory) its registry records.
+fn records_at(mount: &std::path::Path) -> Result<(Dir, Vec<(String, RelPath)>), VolumeError> {
     let root = safe_fs::open_root(mount).map_err(|e| unreadable(mount_error(mount, e)))?;
-    registry::all(&root).map_err(records_error)
+    let records = registry::all(&root).map_err(records_error)?;
+    Ok((root, records))
 }
 
 fn records_error(e: io::Error) -> VolumeError {
@@ -378,41 +326,32 @@ fn existing_parent(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<Option<Di
 
 /// The orphan sweep's archive of the directory recorded for `pv_name`, with
 /// every check, once its age is at least `min_age`. Errors: as [`delete`].
-pub async fn archive_orphan(
+pub fn archive_orphan(
     backend: &NfsSubdir,
     pv_name: &str,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
-    let mount = backend.mount.clone();
-    let name = pv_name.to_string();
-    blocking("nfs-subdir orphan archive", move || {
-        if !registry::valid_pv_name(&name) {
-            return Err(refused(format!(
-                "PV name {name:?} is not a valid object name"
-            )));
-        }
-        let root = open_root(&mount)?;
-        let Some(rel) = registry::get(&root, &name).map_err(io_failed("read the record of PV"))?
-        else {
-            return Ok(OrphanOutcome::Absent);
-        };
-        let dir = match safe_fs::open_path(&root, rel.components()) {
-            Ok(d) => d,
-            Err(WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
-            Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {name}: {e}"))),
-        };
-        let age = safe_fs::age(&dir).map_err(io_failed("inspect the volume directory"))?;
-        if age < min_age {
-            return Ok(OrphanOutcome::TooYoung(age));
-        }
-        Ok(
-            match apply_policy(&root, &name, &rel, Ok(OnDelete::Archive))? {
-                Some(archived) => OrphanOutcome::Archived(mount.join(archived)),
-                None => OrphanOutcome::Absent,
-            },
-        )
-    })
-    .await
+    registry::check_pv_name(pv_name)?;
+    let root = open_root(&backend.mount)?;
+    let Some(rel) = registry::get(&root, pv_name).map_err(io_failed("read the record of PV"))?
+    else {
+        return Ok(OrphanOutcome::Absent);
+    };
+    let dir = match safe_fs::open_path(&root, rel.components()) {
+        Ok(d) => d,
+        Err(WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
+        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+    };
+    let age = safe_fs::age(&dir).map_err(io_failed("inspect the volume directory"))?;
+    if age < min_age {
+        return Ok(OrphanOutcome::TooYoung(age));
+    }
+    Ok(
+        match apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))? {
+            Some(archived) => OrphanOutcome::Archived(backend.mount.join(archived)),
+            None => OrphanOutcome::Absent,
+        },
+    )
 }
 
 /// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in

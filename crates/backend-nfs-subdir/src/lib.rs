@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use backend_kit::blocking;
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -96,6 +97,11 @@ impl NfsSubdir {
             capacity: args.nfs_capacity,
         })
     }
+
+    /// The export path without a trailing `/` (empty for the root `/`).
+    pub fn export_prefix(&self) -> &str {
+        self.export_path.trim_end_matches('/')
+    }
 }
 
 /// Normalize an export path: absolute, `.`/empty components dropped, no `..`.
@@ -122,11 +128,15 @@ impl Provisioner for NfsSubdir {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        provision::provision(self, options).await
+        let (backend, options) = (self.clone(), options.clone());
+        blocking("nfs-subdir provision", move || {
+            provision::provision(&backend, &options)
+        })
+        .await
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        delete::delete(self, volume).await
+        self.delete_with_class(volume, None).await
     }
 
     fn reads_class_at_delete(&self, volume: &PersistentVolume) -> bool {
@@ -138,11 +148,14 @@ impl Provisioner for NfsSubdir {
         volume: &PersistentVolume,
         class: Option<&StorageClass>,
     ) -> Result<(), DeleteError> {
-        delete::delete_with_class(self, volume, class).await
+        let (backend, volume, class) = (self.clone(), volume.clone(), class.cloned());
+        let task = move || delete::delete(&backend, &volume, class.as_ref());
+        blocking("nfs-subdir delete", task).await
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
-        Some(delete::list_volumes(self).await)
+        let backend = self.clone();
+        Some(blocking("nfs-subdir listing", move || delete::list_volumes(&backend)).await)
     }
 
     async fn volumes_in_use(
@@ -157,11 +170,15 @@ impl Provisioner for NfsSubdir {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        Some(delete::archive_orphan(self, pv_name, min_age).await)
+        let (backend, pv_name) = (self.clone(), pv_name.to_string());
+        let archive = move || delete::archive_orphan(&backend, &pv_name, min_age);
+        Some(blocking("nfs-subdir orphan archive", archive).await)
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        delete::delete_unprovisioned(self, options).await
+        let (backend, options) = (self.clone(), options.clone());
+        let task = move || delete::delete_unprovisioned(&backend, &options);
+        blocking("nfs-subdir delete", task).await
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {

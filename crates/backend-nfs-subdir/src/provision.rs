@@ -87,24 +87,36 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
     )?;
     let empty = BTreeMap::new();
     let params = parameters.unwrap_or(&empty);
+    if let Some(other) = params
+        .get(PARAM_ON_DELETE)
+        .filter(|v| !matches!(v.as_str(), "delete" | "retain"))
+    {
+        return Err(Refusal(format!(
+            "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
+        )));
+    }
+    parameters_policy(params).map_err(|v| {
+        Refusal(format!(
+            "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
+        ))
+    })
+}
+
+/// Upstream's delete policy from class `params`: `onDelete` `delete`/`retain` wins (another
+/// value is ignored), else `archiveOnDelete` (`false` deletes), else archive.
+/// Errors: the value of a non-boolean `archiveOnDelete`.
+pub fn parameters_policy(params: &BTreeMap<String, String>) -> Result<OnDelete, &String> {
     match params.get(PARAM_ON_DELETE).map(String::as_str) {
         Some("delete") => return Ok(OnDelete::Delete),
         Some("retain") => return Ok(OnDelete::Retain),
-        Some(other) => {
-            return Err(Refusal(format!(
-                "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
-            )))
-        }
-        None => {}
+        _ => {}
     }
     match params.get(PARAM_ARCHIVE_ON_DELETE) {
         None => Ok(OnDelete::Archive),
         Some(v) => match parse_go_bool(v) {
             Some(true) => Ok(OnDelete::Archive),
             Some(false) => Ok(OnDelete::Delete),
-            None => Err(Refusal(format!(
-                "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
-            ))),
+            None => Err(v),
         },
     }
 }
@@ -132,17 +144,13 @@ pub fn directory_for(options: &ProvisionOptions) -> Result<RelPath, Refusal> {
 
 /// `nfs.path` of the directory `rel` below the export.
 pub fn server_path(backend: &NfsSubdir, rel: &RelPath) -> String {
-    if backend.export_path == "/" {
-        format!("/{rel}")
-    } else {
-        format!("{}/{rel}", backend.export_path)
-    }
+    format!("{}/{rel}", backend.export_prefix())
 }
 
 /// Create the claim's sub-directory and return its PV (module docs).
 /// Errors: [`ProvisionError::Failed`] (state `Finished`) for every refusal of
 /// the backend docs and for filesystem errors.
-pub async fn provision(
+pub fn provision(
     backend: &NfsSubdir,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
@@ -159,12 +167,7 @@ pub async fn provision(
         ));
     }
     let mut pv = backend_kit::claim::filesystem_pv(options, "nfs-subdir")?;
-    if !registry::valid_pv_name(&options.pv_name) {
-        return Err(ProvisionError::finished(format!(
-            "PV name {:?} is not a valid object name",
-            options.pv_name
-        )));
-    }
+    registry::check_pv_name(&options.pv_name)?;
     let attrs = create_attrs(options)?;
     let rel = directory_for(options)?;
     let storage = &pv
@@ -174,14 +177,8 @@ pub async fn provision(
         .expect("filesystem_pv sets capacity")["storage"];
     let bytes = provisioner_api::quantity::bytes(storage).unwrap_or(u64::MAX);
 
-    let (mount, room) = (backend.mount.clone(), backend.capacity);
-    let pv_name = options.pv_name.clone();
-    let rel_for_task = rel.clone();
-    backend_kit::blocking("nfs-subdir provision", move || {
-        create_blocking(&mount, &pv_name, &rel_for_task, attrs, (quota, bytes, room))
-            .map_err(ProvisionError::from)
-    })
-    .await?;
+    let room = (quota, bytes, backend.capacity);
+    create_dir(&backend.mount, &options.pv_name, &rel, attrs, room)?;
 
     let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
     pv.metadata.annotations = Some(BTreeMap::from([annotation]));
@@ -193,7 +190,7 @@ pub async fn provision(
     Ok(pv)
 }
 
-fn create_blocking(
+fn create_dir(
     mount: &std::path::Path,
     pv_name: &str,
     rel: &RelPath,

@@ -9,7 +9,7 @@ use std::io::{self, Read, Write};
 use cap_std::fs::{Dir, OpenOptions};
 
 use super::pattern::RelPath;
-use backend_kit::safe_fs;
+use backend_kit::{safe_fs, Refusal};
 
 /// Top-level bookkeeping directory in the mount (never a volume directory).
 pub const REGISTRY_DIR: &str = backend_kit::capacity::BOOKKEEPING_DIR;
@@ -27,15 +27,14 @@ pub fn valid_pv_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
+/// Refuse a `pv_name` that is not [`valid_pv_name`].
+pub fn check_pv_name(pv_name: &str) -> Result<(), Refusal> {
+    let refusal = || Refusal(format!("PV name {pv_name:?} is not a valid object name"));
+    valid_pv_name(pv_name).then_some(()).ok_or_else(refusal)
+}
+
 fn check_name(pv_name: &str) -> io::Result<()> {
-    if valid_pv_name(pv_name) {
-        Ok(())
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("PV name {pv_name:?} is not a valid object name"),
-        ))
-    }
+    check_pv_name(pv_name).map_err(|r| io::Error::new(io::ErrorKind::InvalidInput, r.0))
 }
 
 fn open_volumes(root: &Dir, create: bool) -> io::Result<Option<Dir>> {
