@@ -14,6 +14,7 @@ use std::collections::HashSet;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
+use backend_kit::capacity::release_logged;
 use backend_kit::safe_fs::{self, Entry};
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use cap_std::fs::Dir;
@@ -40,7 +41,7 @@ pub fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), Delet
     let dir = base.join(name);
     if !checked_entry(&root, &dir, name)? {
         tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
-        release(&root, name);
+        release_logged(&root, name);
         return Ok(());
     }
     act(&root, base, name, backend.on_delete)
@@ -322,7 +323,7 @@ fn checked_entry(root: &Dir, dir: &Path, name: &str) -> Result<bool, DeleteError
 fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), DeleteError> {
     let dir = base.join(name);
     match on_delete {
-        OnDelete::Retain => Ok(()),
+        OnDelete::Retain => return Ok(()),
         OnDelete::Archive => {
             let archive_name = format!("{ARCHIVE_PREFIX}{name}");
             let archive = base.join(&archive_name);
@@ -338,8 +339,6 @@ fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), D
             root.rename(name, root, &archive_name)
                 .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
             tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
-            release(root, name);
-            Ok(())
         }
         OnDelete::Delete => {
             backend_kit::quota::lift_before_removal(root, name, name);
@@ -350,17 +349,10 @@ fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), D
                 Err(e) => return Err(failed("cannot remove volume directory", &dir, e)),
             }
             tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
-            release(root, name);
-            Ok(())
         }
     }
-}
-
-/// Forget `name`'s size record; a failure is logged (it only over-counts the capacity used).
-fn release(root: &Dir, name: &str) {
-    if let Err(e) = backend_kit::capacity::release(root, name) {
-        tracing::warn!(pv = name, error = %e, "cannot forget the volume's size record");
-    }
+    release_logged(root, name);
+    Ok(())
 }
 
 #[cfg(test)]

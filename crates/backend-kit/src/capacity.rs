@@ -77,6 +77,14 @@ pub fn release(root: &Dir, pv_name: &str) -> io::Result<()> {
     }
 }
 
+/// [`release`] after a deletion or archive: a failure is only logged (it over-counts the
+/// capacity used, never under-counts).
+pub fn release_logged(root: &Dir, pv_name: &str) {
+    if let Err(e) = release(root, pv_name) {
+        tracing::warn!(pv = pv_name, error = %e, "cannot forget the volume's size record");
+    }
+}
+
 /// The recorded total below `root` (bytes; 0 without records). Errors: unreadable records.
 pub fn allocated(root: &Dir) -> io::Result<u64> {
     match safe_fs::open_path(root, &[BOOKKEEPING_DIR.into(), SIZES_DIR.into()]) {

@@ -238,26 +238,20 @@ fn apply_policy(
     rel: &RelPath,
     policy: Result<OnDelete, DeleteError>,
 ) -> Result<Option<String>, DeleteError> {
+    // The size record goes with the registry record: a retained directory is no longer ours.
     let forget = || {
+        backend_kit::capacity::release_logged(root, pv_name);
         registry::remove(root, pv_name)
             .map(|()| None)
             .map_err(io_failed("remove the record of PV"))
     };
-    // Its size record goes with the registry record: a retained directory is no longer ours.
-    let release = || {
-        if let Err(e) = backend_kit::capacity::release(root, pv_name) {
-            tracing::warn!(pv = pv_name, error = %e, "cannot forget the volume's size record");
-        }
-    };
     if matches!(policy, Ok(OnDelete::Retain)) {
         tracing::info!(pv = pv_name, directory = %rel, "retaining nfs-subdir directory");
-        release();
         return forget();
     }
     let (parent_comps, last) = rel.split_last();
     let Some(parent) = existing_parent(root, pv_name, rel)? else {
         tracing::info!(pv = pv_name, directory = %rel, "nfs-subdir directory already absent");
-        release();
         return forget();
     };
     let policy = policy?;
@@ -279,7 +273,7 @@ fn apply_policy(
                 .remove_dir_all(last)
                 .map_err(io_failed("remove the volume directory"))?;
             tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
-            release();
+            forget()
         }
         OnDelete::Archive => {
             let target = archive_name(&parent, pv_name, last)?;
@@ -287,15 +281,13 @@ fn apply_policy(
                 .rename(last, &parent, &target)
                 .map_err(io_failed("archive the volume directory"))?;
             tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
-            release();
             forget()?;
             let mut archived = parent_comps.to_vec();
             archived.push(target);
-            return Ok(Some(archived.join("/")));
+            Ok(Some(archived.join("/")))
         }
         OnDelete::Retain => unreachable!("handled above"),
     }
-    forget()
 }
 
 /// The parent of `rel` when `rel` is a real directory reached without crossing
