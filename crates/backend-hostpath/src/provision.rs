@@ -13,7 +13,7 @@ use backend_kit::attrs::{
     DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
 };
 use backend_kit::capacity;
-use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
+use backend_kit::quota::{self, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -232,34 +232,16 @@ struct NewVolume {
 /// again (and its room given back) when a later step fails.
 fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<(), ProvisionError> {
     let (root, dir, created, reserved) = reserve_and_create(base, name, &new)?;
-    // The quota first: setting the project id needs the owner the service still is.
-    let readable = safe_fs::as_file(&dir)
-        .map_err(|e| Refusal(format!("cannot open {}: {e}", base.join(name).display())));
-    let limited = readable.and_then(|f| quota::apply(new.quota, &f, name, new.bytes));
-    let given = |applied| {
-        let shown = base.join(name);
-        let owned = new.attrs.apply(&dir);
-        owned
-            .map(|()| applied)
-            .map_err(|e| Refusal(format!("cannot set mode/owner of {}: {e}", shown.display())))
-    };
-    match limited.and_then(given) {
-        Ok(Applied::Limited { project }) => {
-            tracing::info!(pv = %name, project, bytes = new.bytes, "volume size limited")
+    let shown = base.join(name).display().to_string();
+    let (attrs, quota) = (&new.attrs, new.quota);
+    if let Err(refusal) = quota::limit_and_own(&dir, name, quota, new.bytes, attrs, &shown) {
+        if created {
+            let _ = root.remove_dir(name);
         }
-        Ok(Applied::Unenforced(reason)) => {
-            tracing::warn!(pv = %name, %reason, "volume size not enforced")
+        if reserved {
+            let _ = capacity::release(&root, name);
         }
-        Ok(Applied::Off) => {}
-        Err(refusal) => {
-            if created {
-                let _ = root.remove_dir(name);
-            }
-            if reserved {
-                let _ = capacity::release(&root, name);
-            }
-            return Err(refusal.into());
-        }
+        return Err(refusal.into());
     }
     Ok(())
 }

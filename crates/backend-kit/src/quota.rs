@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 
+use crate::attrs::DirAttrs;
+use crate::safe_fs::{self, Dir};
 use crate::Refusal;
 
 /// StorageClass parameter choosing the [`QuotaMode`].
@@ -80,6 +82,33 @@ pub fn apply(
             }
         }
     }
+}
+
+/// Finish the new volume directory `dir` of `pv_name`: [`apply`] `mode`, then `attrs` (the
+/// limit first: setting the project id needs the owner the service still is), logging the
+/// limit. Errors: either step failed (`shown` names the directory).
+pub fn limit_and_own(
+    dir: &Dir,
+    pv_name: &str,
+    mode: QuotaMode,
+    bytes: u64,
+    attrs: &DirAttrs,
+    shown: &str,
+) -> Result<(), Refusal> {
+    let file = safe_fs::as_file(dir).map_err(|e| Refusal(format!("cannot open {shown}: {e}")))?;
+    let applied = apply(mode, &file, pv_name, bytes)?;
+    let owned = attrs.apply(dir);
+    owned.map_err(|e| Refusal(format!("cannot set mode/owner of {shown}: {e}")))?;
+    match applied {
+        Applied::Limited { project } => {
+            tracing::info!(pv = pv_name, project, bytes, "volume size limited")
+        }
+        Applied::Unenforced(reason) => {
+            tracing::warn!(pv = pv_name, %reason, "volume size not enforced")
+        }
+        Applied::Off => {}
+    }
+    Ok(())
 }
 
 /// The project id of `pv_name`'s directory: a stable hash into `[2^20, 2^31)`, clear of the

@@ -24,7 +24,7 @@ use backend_kit::attrs::{
     DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
 };
 use backend_kit::capacity;
-use backend_kit::quota::{self, Applied, QuotaMode, QUOTA_PARAMETER};
+use backend_kit::quota::{self, QuotaMode, QUOTA_PARAMETER};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 
 /// StorageClass parameters the backend accepts (upstream's names).
@@ -284,35 +284,17 @@ fn create_dir(
         Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
         None => Ok(()),
     };
-    // The quota before the owner: setting the project id needs the owner the service still is.
-    let limited = reservation
-        .and_then(|()| {
-            safe_fs::as_file(&dir).map_err(|e| Refusal(format!("cannot open \"{rel}\": {e}")))
-        })
-        .and_then(|f| quota::apply(quota, &f, pv_name, bytes))
-        .and_then(|applied| {
-            let owned = attrs.apply(&dir);
-            owned
-                .map(|()| applied)
-                .map_err(|e| Refusal(format!("cannot set mode/owner of \"{rel}\": {e}")))
-        });
-    match limited {
-        Ok(Applied::Limited { project }) => {
-            tracing::info!(pv = pv_name, project, bytes, "volume size limited")
+    let shown = format!("\"{rel}\"");
+    let finished = reservation
+        .and_then(|()| quota::limit_and_own(&dir, pv_name, quota, bytes, &attrs, &shown));
+    if let Err(refusal) = finished {
+        if created {
+            let _ = parent.remove_dir(last);
         }
-        Ok(Applied::Unenforced(reason)) => {
-            tracing::warn!(pv = pv_name, %reason, "volume size not enforced")
+        if reserved {
+            let _ = capacity::release(&root, pv_name);
         }
-        Ok(Applied::Off) => {}
-        Err(refusal) => {
-            if created {
-                let _ = parent.remove_dir(last);
-            }
-            if reserved {
-                let _ = capacity::release(&root, pv_name);
-            }
-            return Err(forget(refusal));
-        }
+        return Err(forget(refusal));
     }
     tracing::info!(pv = pv_name, directory = %rel, created, "nfs-subdir volume directory ready");
     Ok(())
