@@ -48,10 +48,11 @@ pub fn provision(
 ) -> Result<PersistentVolume, ProvisionError> {
     let class = &options.storage_class;
     let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    validate_parameters(class_name, class.parameters.as_ref())?;
-    let quota = QuotaMode::from_parameters(class.parameters.as_ref())?;
-    let attrs = DirAttrs::from_class(class.parameters.as_ref())?;
-    check_base_dir(backend, class_name, class.parameters.as_ref())?;
+    let params = class.parameters.as_ref();
+    backend_kit::claim::check_parameters("hostpath", class_name, params, ACCEPTED_PARAMETERS)?;
+    let quota = QuotaMode::from_parameters(params)?;
+    let attrs = DirAttrs::from_class(params)?;
+    check_base_dir(backend, class_name, params)?;
     check_pv_name(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
@@ -104,18 +105,6 @@ pub fn provision(
     });
     spec.node_affinity = Some(node_affinity(&node));
     Ok(pv)
-}
-
-/// Refuse every StorageClass parameter (the backend accepts none).
-/// Errors: [`ProvisionError::Failed`] (state `Finished`) naming the keys, sorted.
-pub fn validate_parameters(
-    class_name: &str,
-    parameters: Option<&BTreeMap<String, String>>,
-) -> Result<(), ProvisionError> {
-    let accepted = ACCEPTED_PARAMETERS;
-    Ok(backend_kit::claim::check_parameters(
-        "hostpath", class_name, parameters, accepted,
-    )?)
 }
 
 /// Required node affinity `kubernetes.io/hostname In [node]`.
@@ -707,7 +696,9 @@ pub(crate) mod tests {
 
     #[test]
     fn no_parameters_pass_validation() {
-        assert!(validate_parameters("c", None).is_ok());
-        assert!(validate_parameters("c", Some(&BTreeMap::new())).is_ok());
+        let check =
+            |p| backend_kit::claim::check_parameters("hostpath", "c", p, ACCEPTED_PARAMETERS);
+        assert!(check(None).is_ok());
+        assert!(check(Some(&BTreeMap::new())).is_ok());
     }
 }
