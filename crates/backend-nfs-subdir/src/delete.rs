@@ -214,7 +214,8 @@ fn records_error(e: io::Error) -> VolumeError {
     unreadable(format!("cannot read the volume records: {e}"))
 }
 
-fn mount_error(mount: &std::path::Path, e: io::Error) -> String {
+/// Why the NFS mount at `mount` could not be opened.
+pub(crate) fn mount_error(mount: &std::path::Path, e: io::Error) -> String {
     format!("cannot open the NFS mount {}: {e}", mount.display())
 }
 

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{NFSVolumeSource, PersistentVolume};
 use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
+use super::delete::mount_error;
 use super::pattern::{volume_path, PatternInput, RelPath};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::attrs::{
@@ -197,13 +198,9 @@ fn create_dir(
     attrs: DirAttrs,
     (quota, bytes, room): (QuotaMode, u64, Option<u64>),
 ) -> Result<(), Refusal> {
-    let root = safe_fs::open_root(mount).map_err(|e| {
-        Refusal(format!(
-            "cannot open the NFS mount {}: {e}",
-            mount.display()
-        ))
-    })?;
+    let root = safe_fs::open_root(mount).map_err(|e| Refusal(mount_error(mount, e)))?;
     let (parent_comps, last) = rel.split_last();
+    let refusing = |e: WalkError| Refusal(format!("refusing directory \"{rel}\": {e}"));
     // Record-then-check below; serialized within this process so two
     // nesting claims provisioned at once never both refuse.
     let guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
@@ -226,7 +223,7 @@ fn create_dir(
                     Err(e) => return Err(Refusal(format!("cannot inspect \"{rel}\": {e}"))),
                 },
                 Err(WalkError::Missing(_)) => {}
-                Err(e) => return Err(Refusal(format!("refusing directory \"{rel}\": {e}"))),
+                Err(e) => return Err(refusing(e)),
             }
             registry::put(&root, pv_name, rel)
                 .map_err(|e| Refusal(format!("cannot record PV {pv_name}: {e}")))?;
@@ -251,14 +248,8 @@ fn create_dir(
         }
     }
     drop(guard);
-    let parent = match safe_fs::create_path(&root, parent_comps, PARENT_MODE) {
-        Ok((d, _)) => d,
-        Err(e) => {
-            return Err(forget(Refusal(format!(
-                "refusing directory \"{rel}\": {e}"
-            ))))
-        }
-    };
+    let (parent, _) =
+        safe_fs::create_path(&root, parent_comps, PARENT_MODE).map_err(|e| forget(refusing(e)))?;
     let created = match parent.create_dir(last) {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
@@ -271,14 +262,7 @@ fn create_dir(
             return Err(taken(&root, pv_name, rel));
         }
     }
-    let dir = match safe_fs::open_path(&parent, &[last.to_string()]) {
-        Ok(d) => d,
-        Err(e) => {
-            return Err(forget(Refusal(format!(
-                "refusing directory \"{rel}\": {e}"
-            ))))
-        }
-    };
+    let dir = safe_fs::open_path(&parent, &[last.to_string()]).map_err(|e| forget(refusing(e)))?;
     let mut reserved = false;
     let reservation = match room {
         Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
