@@ -356,13 +356,7 @@ impl Operation {
                     .stalled_queue_entries
                     .with_label_values(&[kind])
                     .inc();
-                self.ports.cluster.claim_event(
-                    claim,
-                    true,
-                    reason::PROVISIONING_FAILED,
-                    msg.clone(),
-                );
-                Err(failed(ProvisioningState::Finished, msg))
+                Err(self.warned(claim, ProvisioningState::Finished, msg))
             }
             Err(e) => {
                 let msg = format!("checking pv-writer's queue for {pv_name:?}: {e}");
@@ -386,15 +380,23 @@ impl Operation {
             }
             Err(e) => {
                 let err = format!("failed to get target node: {e}");
-                self.ports.cluster.claim_event(
-                    claim,
-                    true,
-                    reason::PROVISIONING_FAILED,
-                    err.clone(),
-                );
-                Err(failed(ProvisioningState::NoChange, err))
+                Err(self.warned(claim, ProvisioningState::NoChange, err))
             }
         }
+    }
+
+    /// A `ProvisioningFailed` Warning on `claim` saying `msg`, and the failed attempt in `state`.
+    fn warned(
+        &self,
+        claim: &PersistentVolumeClaim,
+        state: ProvisioningState,
+        msg: String,
+    ) -> Attempt {
+        let note = msg.clone();
+        self.ports
+            .cluster
+            .claim_event(claim, true, reason::PROVISIONING_FAILED, note);
+        failed(state, msg)
     }
 
     /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` event, then

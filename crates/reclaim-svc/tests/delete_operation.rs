@@ -240,6 +240,17 @@ fn assert_deleted_with_only_our_finalizer_removed(h: &Harness) {
 /// backoff from `retry_start` to `retry_max` without jitter, the failure
 /// threshold `threshold` and the seed's `--deletion-timeout` `deletion_timeout`
 /// (zero: none).
+/// [`context`] with 1 s retries, threshold 15 and no deletion timeout.
+fn quick_context(h: &Harness) -> Arc<Context> {
+    context(
+        h.reclaimer.clone(),
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        15,
+        Duration::ZERO,
+    )
+}
+
 fn context(
     reclaimer: Arc<Reclaimer>,
     retry_start: Duration,
@@ -493,7 +504,6 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
     let h = failing(DeleteError::Failed {
         reason: "boom".into(),
     });
-    let pv = released("pvc-1", &[]);
     let (store, mut writer) = reflector::store::<CachedPv>();
     writer.apply_watcher_event(&watcher::Event::Apply(cached(&h, "pvc-1")));
     let ctx = context(
@@ -538,13 +548,7 @@ async fn failed_syncs_are_retried_up_to_the_threshold_then_given_up() {
 async fn a_successful_sync_forgets_earlier_failures() {
     let h = harness(Ok(()), false);
     h.api.put(released("pvc-1", &[]));
-    let ctx = context(
-        h.reclaimer.clone(),
-        Duration::from_secs(1),
-        Duration::from_secs(1),
-        15,
-        Duration::ZERO,
-    );
+    let ctx = quick_context(&h);
     let key = "pvc-1".to_string();
     ctx.retry.next_delay(&key);
     ctx.retry.next_delay(&key);
@@ -572,13 +576,7 @@ async fn reconcile_syncs_the_whole_pv_from_its_compact_cache_entry() {
         kube::ResourceExt::finalizers(&entry).is_empty(),
         "the typed part is the identity only"
     );
-    let ctx = context(
-        h.reclaimer.clone(),
-        Duration::from_secs(1),
-        Duration::from_secs(1),
-        15,
-        Duration::ZERO,
-    );
+    let ctx = quick_context(&h);
     let action = reconcile(Arc::new(entry), ctx).await.unwrap();
     assert_eq!(action, Action::await_change());
     assert_eq!(h.backend.deleted(), vec!["pvc-1".to_string()]);
