@@ -91,6 +91,16 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 "#;
 
+/// Lua prelude after `NOW_LUA`: `requeue(due, inflight, owners, name)` makes an in-flight
+/// entry due now and forgets its owner.
+const REQUEUE_LUA: &str = r#"
+local function requeue(due, inflight, owners, name)
+  redis.call('ZREM', inflight, name)
+  redis.call('HDEL', owners, name)
+  redis.call('ZADD', due, now, name)
+end
+"#;
+
 /// Lua prelude of every writer-side script: `term_ok(epoch_key, fenced_key, epoch)`
 /// is false (and counts a fenced operation) when `epoch` is not the current term.
 const TERM_LUA: &str = r#"
@@ -157,7 +167,7 @@ pub(super) static TAKE_DUE: LazyLock<QueueScript> = LazyLock::new(|| {
         &[
             Payloads, Due, InFlight, Attempts, Enqueued, Epoch, Owners, Fenced, Incoming, Dead,
         ],
-        &[NOW_LUA, TERM_LUA],
+        &[NOW_LUA, REQUEUE_LUA, TERM_LUA],
         r#"
 if not term_ok(KEYS[6], KEYS[8], ARGV[1]) then return {0, {}} end
 local incoming = redis.call('LPOP', KEYS[9], 1000)
@@ -174,11 +184,7 @@ if incoming then
   end
 end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
-for _, name in ipairs(expired) do
-  redis.call('ZREM', KEYS[3], name)
-  redis.call('HDEL', KEYS[7], name)
-  redis.call('ZADD', KEYS[2], now, name)
-end
+for _, name in ipairs(expired) do requeue(KEYS[2], KEYS[3], KEYS[7], name) end
 local names = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 local out = {}
 for _, name in ipairs(names) do
@@ -205,16 +211,14 @@ return {1, out}
 pub(super) static RECOVER_INFLIGHT: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
         &[Due, InFlight, Owners],
-        &[NOW_LUA],
+        &[NOW_LUA, REQUEUE_LUA],
         r#"
 local names = redis.call('ZRANGE', KEYS[2], 0, -1)
 local n = 0
 for _, name in ipairs(names) do
   local owner = tonumber(redis.call('HGET', KEYS[3], name) or '0')
   if owner < tonumber(ARGV[1]) then
-    redis.call('ZREM', KEYS[2], name)
-    redis.call('HDEL', KEYS[3], name)
-    redis.call('ZADD', KEYS[1], now, name)
+    requeue(KEYS[1], KEYS[2], KEYS[3], name)
     n = n + 1
   end
 end
@@ -229,7 +233,7 @@ return n
 pub(super) static REQUEUE_UNHELD: LazyLock<QueueScript> = LazyLock::new(|| {
     QueueScript::new(
         &[Epoch, Fenced, Due, InFlight, Owners],
-        &[NOW_LUA, TERM_LUA],
+        &[NOW_LUA, REQUEUE_LUA, TERM_LUA],
         r#"
 if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
 local held = {}
@@ -237,9 +241,7 @@ for i = 2, #ARGV do held[ARGV[i]] = true end
 local n = 0
 for _, name in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
   if not held[name] and redis.call('HGET', KEYS[5], name) == ARGV[1] then
-    redis.call('ZREM', KEYS[4], name)
-    redis.call('HDEL', KEYS[5], name)
-    redis.call('ZADD', KEYS[3], now, name)
+    requeue(KEYS[3], KEYS[4], KEYS[5], name)
     n = n + 1
   end
 end
