@@ -326,12 +326,18 @@ async fn create_claim(claims: &Api<PersistentVolumeClaim>, name: &str, class: &s
     claims.create(&PostParams::default(), &claim).await.unwrap();
 }
 
-/// The notes of the events of reason `reason` about claim `name` in `default`.
+/// The notes of the events of reason `reason` about claim `name` in `default`, each once per
+/// time it was published (an Event's `count` or `series.count`).
 async fn claim_event_notes(client: &kube::Client, name: &str, reason: &str) -> Vec<String> {
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
     let selector = format!("involvedObject.name={name},reason={reason}");
     let list = events.list(&ListParams::default().fields(&selector)).await;
-    list.map(|l| l.items.into_iter().filter_map(|e| e.message).collect())
+    let each = |e: k8s_openapi::api::core::v1::Event| {
+        let series = e.series.as_ref().and_then(|s| s.count).unwrap_or(1);
+        let times = e.count.unwrap_or(1).max(series).max(1) as usize;
+        std::iter::repeat_n(e.message.unwrap_or_default(), times)
+    };
+    list.map(|l| l.items.into_iter().flat_map(each).collect())
         .unwrap_or_default()
 }
 
@@ -423,6 +429,20 @@ async fn class_parameters_on_the_node(cluster: &RealCluster) {
         }
     })
     .await;
+    // The event follows the status patch: wait for it, then make sure no second one follows.
+    wait_for(
+        "VolumeResizeSuccessful",
+        Duration::from_secs(30),
+        || async {
+            let notes = claim_event_notes(&client, "node-sized", "VolumeResizeSuccessful").await;
+            notes
+                .into_iter()
+                .next()
+                .ok_or_else(|| "no event yet".to_string())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let resized = claim_event_notes(&client, "node-sized", "VolumeResizeSuccessful").await;
     assert_eq!(resized.len(), 1, "{resized:?}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");

@@ -1719,6 +1719,21 @@ async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does
     assert!(w.enqueued().is_empty(), "nothing provisioned");
 }
 
+/// A second pass on a claim whose cached status predates the first pass's status patch (the
+/// PV is grown already) completes the status without a second `VolumeResizeSuccessful` (the
+/// node scenario saw two).
+#[tokio::test]
+async fn a_pass_on_a_stale_claim_after_the_pv_grew_publishes_no_second_success() {
+    let c = bound("u1", "2Mi", "1Mi");
+    let mut w = expandable(true, volume_of(&c, "2Mi"));
+    w.add_claim(&c);
+    assert_eq!(w.process("u1").await, Action::await_change());
+    let patches = w.cluster.patches.lock().unwrap().clone();
+    let targets: Vec<&str> = patches.iter().map(|(t, _)| t.as_str()).collect();
+    assert_eq!(targets, ["claim/claim-u1/status"]);
+    assert!(w.cluster.events().is_empty(), "{:?}", w.cluster.events());
+}
+
 #[tokio::test]
 async fn shrinking_a_class_without_expansion_or_a_foreign_pv_is_a_warning_and_no_change() {
     let c = bound("u1", "2Mi", "1Mi");

@@ -110,7 +110,10 @@ pub async fn resize(
         .filter(|c| c.type_ != RESIZING)
         .map(|c| serde_json::to_value(c).unwrap_or_default())
         .collect();
-    if want.bytes > pv_bytes {
+    // Not grown here: the PV has the size already (a pass on a claim from a cache that has
+    // not seen the status patch yet, or after a crash between the two patches).
+    let grown = want.bytes > pv_bytes;
+    if grown {
         let now = serde_json::to_value(Time(k8s_openapi::jiff::Timestamp::now()));
         let resizing = json!({"type": RESIZING, "status": "True",
             "lastTransitionTime": now.unwrap_or_default()});
@@ -142,13 +145,11 @@ pub async fn resize(
         .patch_claim_status(claim, &status)
         .await
         .map_err(|e| failed(e.to_string()))?;
-    tracing::info!(pv = %want.pv, bytes = want.bytes, "volume resized");
-    cluster.claim_event(
-        claim,
-        false,
-        VOLUME_RESIZE_SUCCESSFUL,
-        "Resize volume succeeded".into(),
-    );
+    tracing::info!(pv = %want.pv, bytes = want.bytes, grown, "volume resized");
+    if grown {
+        let note = "Resize volume succeeded".to_string();
+        cluster.claim_event(claim, false, VOLUME_RESIZE_SUCCESSFUL, note);
+    }
     Ok(())
 }
 
