@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd};
 
 use crate::attrs::DirAttrs;
 use crate::safe_fs::{self, Dir};
@@ -54,10 +54,9 @@ pub enum Applied {
     Unenforced(String),
 }
 
-/// Apply `mode` to the new volume directory `dir` of `pv_name`: its own project id (the
-/// first of [`candidates`]`(pv_name)` no other directory uses) limited to `bytes`. Errors: `required` and the limit could not
-/// be set (the message names the cause: no project quotas on the filesystem, kernel < 5.14,
-/// not permitted).
+/// Apply `mode` to the new volume directory `dir` of `pv_name`: its own project id (one of
+/// [`candidates`] no other directory uses) limited to `bytes`. Errors: `required` and no limit
+/// (the cause named: no project quotas, kernel < 5.14, not permitted, every id taken).
 pub fn apply(
     mode: QuotaMode,
     dir: &impl AsFd,
@@ -97,8 +96,11 @@ pub fn limit_and_own(
 ) -> Result<(), Refusal> {
     let file = safe_fs::as_file(dir).map_err(|e| Refusal(format!("cannot open {shown}: {e}")))?;
     let applied = apply(mode, &file, pv_name, bytes)?;
-    let owned = attrs.apply(dir);
-    owned.map_err(|e| Refusal(format!("cannot set mode/owner of {shown}: {e}")))?;
+    if let Err(e) = attrs.apply(dir) {
+        // The directory goes again: its id must not stay taken.
+        let _ = lift(&file, pv_name);
+        return Err(Refusal(format!("cannot set mode/owner of {shown}: {e}")));
+    }
     match applied {
         Applied::Limited { project } => {
             tracing::info!(pv = pv_name, project, bytes, "volume size limited")
@@ -127,9 +129,13 @@ pub const PROBES: u32 = 16;
 /// The project ids `pv_name`'s directory may own: [`project_id`] and the next
 /// [`PROBES`]` - 1`, wrapping within `[2^20, 2^31)`.
 pub fn candidates(pv_name: &str) -> impl Iterator<Item = u32> {
+    probes_from(project_id(pv_name))
+}
+
+/// [`PROBES`] ids from `first` on, wrapping within `[2^20, 2^31)`.
+fn probes_from(first: u32) -> impl Iterator<Item = u32> {
     let (low, span) = (1_u32 << 20, (1_u32 << 31) - (1 << 20));
-    let first = project_id(pv_name) - low;
-    (0..PROBES).map(move |k| low + (first + k) % span)
+    (0..PROBES).map(move |k| low + (first - low + k) % span)
 }
 
 /// The project id `dir` owns already (a retry of the same volume), else the first of
@@ -158,19 +164,37 @@ pub fn taken(dir: &impl AsFd, project: u32) -> bool {
 }
 
 /// `dir`'s project id when it is one of `pv_name`'s [`candidates`] (set by [`apply`]), not
-/// one inherited from a parent or given by hand.
+/// one inherited from its parent (the same id as the parent's) or given by hand.
 fn own_project(dir: &impl AsFd, pv_name: &str) -> Option<u32> {
+    let fd = dir.as_fd().as_raw_fd();
+    let id = project_of(fd)?;
+    // SAFETY: openat of ".." relative to an open directory; the result is owned below.
+    let parent = unsafe {
+        libc::openat(
+            fd,
+            c"..".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    let parent = (parent >= 0).then(|| {
+        // SAFETY: `parent` is a descriptor openat just returned and nothing else owns.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(parent) }
+    });
+    let inherited = parent.is_some_and(|p| project_of(p.as_raw_fd()) == Some(id));
+    (!inherited && candidates(pv_name).any(|c| c == id)).then_some(id)
+}
+
+/// The project id of the directory open at `fd`.
+fn project_of(fd: libc::c_int) -> Option<u32> {
     let mut attr = FsXattr::default();
     // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to fill.
-    check(unsafe { libc::ioctl(dir.as_fd().as_raw_fd(), FS_IOC_FSGETXATTR, &mut attr) }).ok()?;
-    candidates(pv_name)
-        .any(|id| id == attr.projid)
-        .then_some(attr.projid)
+    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) }).ok()?;
+    Some(attr.projid)
 }
 
 /// Before `parent`'s entry `name` (the directory of `pv_name`) is removed: drop the limit of
-/// its own project, so the id is free again. Does nothing for a directory without one; a
-/// failure is logged (the id then stays taken, and a later volume probes past it).
+/// its own project, so the id is free again. Nothing for a directory without its own limited
+/// project (or that cannot be opened); a failed lift is logged (a later volume probes past it).
 pub fn lift_before_removal(parent: &cap_std::fs::Dir, name: &str, pv_name: &str) {
     let Ok(dir) = crate::safe_fs::open_path(parent, &[name.to_string()]) else {
         return;
@@ -178,10 +202,19 @@ pub fn lift_before_removal(parent: &cap_std::fs::Dir, name: &str, pv_name: &str)
     let Ok(readable) = crate::safe_fs::as_file(&dir) else {
         return;
     };
-    if let Some(project) = own_project(&readable, pv_name) {
-        if let Err(e) = limit_project(readable.as_raw_fd(), project, 0) {
-            tracing::warn!(pv = pv_name, project, error = %e, "cannot lift the volume's size limit");
+    if let Err((project, e)) = lift(&readable, pv_name) {
+        tracing::warn!(pv = pv_name, project, error = %e, "cannot lift the volume's size limit");
+    }
+}
+
+/// Drop the limit of `dir`'s own project (see [`own_project`]) when it has one above 0.
+/// Errors: the project and the `quotactl_fd` error.
+fn lift(dir: &impl AsFd, pv_name: &str) -> Result<(), (u32, io::Error)> {
+    match (own_project(dir, pv_name), usage(dir)) {
+        (Some(project), Ok((_, limit))) if limit > 0 => {
+            limit_project(dir.as_fd().as_raw_fd(), project, 0).map_err(|e| (project, e))
         }
+        _ => Ok(()),
     }
 }
 
@@ -209,10 +242,9 @@ fn limit_project(fd: libc::c_int, project: u32, bytes: u64) -> io::Result<()> {
     quotactl(fd, libc::Q_SETQUOTA, project, &mut dq)
 }
 
-/// Raise the hard limit of the project of `pv_name`'s directory `dir` to `bytes` when it has
-/// its own (one of [`candidates`]`(pv_name)`, set by [`apply`]); `Ok(false)` when it has none,
-/// or an inherited project id that other directories share (never raised for one volume).
-/// Errors: as [`limit`].
+/// Raise the limit of `pv_name`'s directory `dir` to `bytes` when it has its own limited
+/// project (one of [`candidates`], not its parent's); `Ok(false)` when not (an inherited,
+/// shared id is never raised for one volume). Errors: as [`limit`].
 pub fn raise(dir: &impl AsFd, pv_name: &str, bytes: u64) -> io::Result<bool> {
     let Some(project) = own_project(dir, pv_name) else {
         return Ok(false);
@@ -352,6 +384,11 @@ mod tests {
                 "{all:?}"
             );
         }
+        // Near the top of the range the ids wrap to its bottom, all distinct.
+        let top: Vec<u32> = probes_from((1 << 31) - 2).collect();
+        assert_eq!(top[..3], [(1 << 31) - 2, (1 << 31) - 1, 1 << 20]);
+        let distinct: std::collections::BTreeSet<u32> = top.iter().copied().collect();
+        assert_eq!(distinct.len(), PROBES as usize);
     }
 
     /// The backends' directory handles are `O_PATH`, on which the ioctls fail with `EBADF`:

@@ -3,7 +3,8 @@
 //! handle, `backend_kit::quota` with `quota=required`, 10 MiB), writes 20 MiB into it without
 //! `CAP_SYS_RESOURCE` and checks the write stops at the limit with ENOSPC/EDQUOT, reads the
 //! usage back, raises the limit to 20 MiB (`quota::raise`, as an expansion does) and checks
-//! the rest fits. Prints `QUOTA-PROBE <name> PASS|FAIL` lines and
+//! the rest fits; checks project ids (distinct per directory, kept by a retry, not taken from
+//! a parent, freed on removal). Prints `QUOTA-PROBE <name> PASS|FAIL` lines and
 //! `QUOTA-PROBE PASS` when every filesystem passed; also the cost of one `apply`.
 
 use std::io::Write;
@@ -74,7 +75,7 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
 }
 
 /// Two directories for one PV name (as two volumes whose names hash alike) get different
-/// project ids; once the first is removed (its limit lifted), its id is free again (within
+/// project ids, a retry on the first keeps its id; once the first is removed (its limit lifted), its id is free again (within
 /// 2 s: XFS releases a removed directory's usage in the background).
 fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
     let root = safe_fs::open_root(std::path::Path::new(mount))?;
@@ -91,6 +92,19 @@ fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
         )
     };
     let first = make("same-a")?;
+    // A retry of the same volume keeps its directory's id.
+    let handle_a = safe_fs::open_path(&root, &["same-a".to_string()])
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let retried = match quota::apply(
+        QuotaMode::Required,
+        &safe_fs::as_file(&handle_a)?,
+        "pvc-same",
+        MIB,
+    ) {
+        Ok(Applied::Limited { project }) => Some(project),
+        _ => None,
+    };
+    drop(handle_a); // an open handle would keep the removed directory's inode, and its usage
     let second = make("same-b")?;
     quota::lift_before_removal(&root, "same-a", "pvc-same");
     root.remove_dir_all("same-a")?;
@@ -103,8 +117,34 @@ fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
     });
     let again = make("same-c")?;
     let expected: Vec<u32> = quota::candidates("pvc-same").take(2).collect();
-    println!("QUOTA-PROBE {name} ids: first {first:?}, second {second:?}, freed {freed}, after removal {again:?}, candidates {expected:?}");
-    Ok(first == Some(expected[0]) && second == Some(expected[1]) && freed && again == first)
+    // A directory that inherited its parent's id (one of its own candidates) takes another,
+    // and the parent's limit stays.
+    let (parent, _) = safe_fs::create_path(&root, &["nest".to_string()], 0o777)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let parent = safe_fs::as_file(&parent)?;
+    quota::limit(&parent, expected[0], 3 * MIB)?;
+    let (child, _) = safe_fs::create_path(&root, &["nest".to_string(), "child".to_string()], 0o777)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let child = match quota::apply(
+        QuotaMode::Required,
+        &safe_fs::as_file(&child)?,
+        "pvc-same",
+        MIB,
+    ) {
+        Ok(Applied::Limited { project }) => Some(project),
+        _ => None,
+    };
+    let parent_limit = quota::usage(&parent)?.1;
+    println!("QUOTA-PROBE {name} nested: child {child:?}, parent's limit {parent_limit}");
+    let nested_ok = child.is_some() && child != Some(expected[0]) && parent_limit == 3 * MIB;
+    println!("QUOTA-PROBE {name} ids: first {first:?}, retried {retried:?}, second {second:?}, freed {freed}, after removal {again:?}, candidates {expected:?}");
+    let retry_kept = retried == first;
+    Ok(first == Some(expected[0])
+        && retry_kept
+        && second == Some(expected[1])
+        && freed
+        && again == first
+        && nested_ok)
 }
 
 /// Write up to `max` bytes in 1 MiB chunks; the bytes written and the errno that stopped it.
