@@ -80,10 +80,9 @@ where
     ))
 }
 
-/// A service binary's whole `main`: the command line of `spec` (the service's flags `S`,
-/// the shared ones and [`BackendArgs`]; usage errors, `--help` and `--version` exit as clap
-/// does), tracing, the chosen backend, then `run` until SIGTERM.
-/// Errors: invalid backend flags (naming the flag), else `run`'s.
+/// A service binary's whole `main`: `spec`'s command line (exits on a usage error, `--help`,
+/// `--version`), tracing, the chosen backend, then `run` until SIGTERM. Errors: invalid
+/// backend flags (naming the flag), else `run`'s.
 pub fn service_main<S, Fut>(
     spec: ServiceSpec,
     run: fn(ServiceCli<S>, Arc<dyn Provisioner>) -> Fut,
