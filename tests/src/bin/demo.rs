@@ -53,7 +53,7 @@ struct Args {
     /// Run against this existing cluster instead (overrides `--control-plane`).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Namespace of the claims (created in the simulator's `default` otherwise).
+    /// Namespace of the claims; on a real cluster it must exist.
     #[arg(long, default_value = "default")]
     namespace: String,
     /// Storage backend of provision-svc and reclaim-svc.
@@ -229,9 +229,15 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
         BackendKind::NfsSubdir => &[("onDelete", "delete")],
     };
     sys.create_storage_class(class, "Immediate", params).await?;
+    let shown: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "created StorageClass {class} (provisioner {}, reclaimPolicy Delete, parameters {params:?})",
-        sys.settings.provisioner_name
+        "created StorageClass {class} (provisioner {}, reclaimPolicy Delete, parameters: {})",
+        sys.settings.provisioner_name,
+        if shown.is_empty() {
+            "none".to_string()
+        } else {
+            shown.join(", ")
+        }
     );
 
     let t = Instant::now();
