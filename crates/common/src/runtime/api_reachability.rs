@@ -99,6 +99,17 @@ pub fn unreachable_cause(err: &(dyn StdError + 'static)) -> Option<Cause> {
     None
 }
 
+/// Log the failed call `what` (e.g. "lease renewal failed") about `object`: at debug level
+/// when the API server is unreachable (the client's request layer logs that once), else as
+/// a warning.
+pub fn log_failure(object: &str, what: &str, error: &(dyn StdError + 'static)) {
+    if unreachable_cause(error).is_some() {
+        tracing::debug!(object, error = %error, "{what}");
+    } else {
+        tracing::warn!(object, error = %error, "{what}");
+    }
+}
+
 /// A change [`ApiReachability`] logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {

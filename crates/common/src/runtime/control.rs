@@ -73,11 +73,11 @@ where
 /// re-lists by itself): at debug level when the API server is unreachable,
 /// which the client logs once.
 pub fn log_watch_error(kind: &str, error: &watcher::Error) {
-    if crate::runtime::api_reachability::unreachable_cause(error).is_some() {
-        tracing::debug!(kind, %error, "watch failed; the reflector retries")
-    } else {
-        tracing::warn!(kind, %error, "watch failed; the reflector retries")
-    }
+    crate::runtime::api_reachability::log_failure(
+        kind,
+        "watch failed; the reflector retries",
+        error,
+    )
 }
 
 /// Run `reconcile` for the objects of `trigger` (cached in `store`) until

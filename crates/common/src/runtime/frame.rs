@@ -17,7 +17,7 @@ use kube::Client;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::api_reachability::unreachable_cause;
+use crate::runtime::api_reachability::log_failure;
 use crate::runtime::config::{CommonArgs, ServiceSpec};
 use crate::runtime::health::{self, Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
@@ -275,12 +275,12 @@ impl Campaign<'_> {
                     return Some(e);
                 }
                 Err(err) => {
-                    // An unreachable server is logged once by the client.
-                    if unreachable_cause(err.as_ref()).is_some() {
-                        tracing::debug!(lease = %self.lease, namespace = self.namespace, error = %err, "cannot prepare leader election, retrying");
-                    } else {
-                        tracing::warn!(lease = %self.lease, namespace = self.namespace, error = %err, "cannot prepare leader election, retrying");
-                    }
+                    let lease = format!("{}/{}", self.namespace, self.lease);
+                    log_failure(
+                        &lease,
+                        "cannot prepare leader election, retrying",
+                        err.as_ref(),
+                    );
                     tokio::select! {
                         _ = self.shutdown.cancelled() => return None,
                         _ = tokio::time::sleep(self.timing.retry_period) => {}

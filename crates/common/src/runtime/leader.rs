@@ -14,7 +14,7 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::api_reachability::unreachable_cause;
+use crate::runtime::api_reachability::log_failure;
 
 /// Path of the namespace file of the pod's service account.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
@@ -190,11 +190,7 @@ impl LeaderElector {
                     Ok(true) => return true,
                     Ok(false) => {}
                     Err(err) => {
-                        if unreachable_cause(&err).is_some() {
-                            tracing::debug!(lease = %self.lease_name, error = %err, "lease acquisition attempt failed");
-                        } else {
-                            tracing::warn!(lease = %self.lease_name, error = %err, "lease acquisition attempt failed");
-                        }
+                        log_failure(&self.lease_name, "lease acquisition attempt failed", &err);
                         tokio::time::sleep(self.timing.retry_period).await;
                     }
                 },
@@ -211,11 +207,7 @@ impl LeaderElector {
                     Ok(false) => return self.why_lost().await,
                     Ok(true) => {}
                     Err(err) => {
-                        if unreachable_cause(&err).is_some() {
-                            tracing::debug!(lease = %self.lease_name, error = %err, "lease renewal failed");
-                        } else {
-                            tracing::warn!(lease = %self.lease_name, error = %err, "lease renewal failed");
-                        }
+                        log_failure(&self.lease_name, "lease renewal failed", &err);
                         tokio::time::sleep(self.timing.retry_period).await;
                     }
                 }
@@ -273,11 +265,7 @@ impl LeaderElector {
                     }
                 }
                 Err(err) => {
-                    if unreachable_cause(&err).is_some() {
-                        tracing::debug!(lease = %self.lease_name, error = %err, "reading lease failed")
-                    } else {
-                        tracing::warn!(lease = %self.lease_name, error = %err, "reading lease failed")
-                    }
+                    log_failure(&self.lease_name, "reading lease failed", &err);
                 }
             }
             if confirmed_at.elapsed() > self.timing.renew_deadline {
