@@ -241,6 +241,12 @@ impl Default for Liveness {
 mod tests {
     use super::*;
 
+    /// Liveness with a stall timeout of `stall` s and a renew tolerance of `renew` s.
+    fn liveness(stall: u64, renew: u64) -> Liveness {
+        let (stall, renew) = (Duration::from_secs(stall), Duration::from_secs(renew));
+        Liveness::new(Heartbeat::default(), stall, renew)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_term_is_current_only_while_leading_and_renewing() {
         let live = Liveness::default();
@@ -262,11 +268,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_loop_is_unhealthy_an_idle_or_stopped_one_is_not() {
-        let live = Liveness::new(
-            Heartbeat::default(),
-            Duration::from_secs(10),
-            Duration::from_secs(16),
-        );
+        let live = liveness(10, 16);
         tokio::time::advance(Duration::from_secs(60)).await;
         assert_eq!(
             live.check(),
@@ -286,11 +288,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_leader_that_cannot_renew_is_unhealthy_a_campaigning_one_is_not() {
-        let live = Liveness::new(
-            Heartbeat::default(),
-            Duration::from_secs(300),
-            Duration::from_secs(16),
-        );
+        let live = liveness(300, 16);
         live.set_leading(true);
         tokio::time::advance(Duration::from_secs(15)).await;
         assert_eq!(live.check(), Ok(()));
