@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backend_kit::blocking;
+use backend_kit::{blocking, blocking_with};
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provisioner_api::{
@@ -95,24 +95,16 @@ impl Provisioner for HostPath {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        let (backend, options) = (self.clone(), options.clone());
-        blocking("hostpath provision", move || {
-            provision::provision(&backend, &options)
-        })
-        .await
+        blocking_with("hostpath provision", self, options, provision::provision).await
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        let (backend, volume) = (self.clone(), volume.clone());
-        blocking("hostpath delete", move || delete::delete(&backend, &volume)).await
+        blocking_with("hostpath delete", self, volume, delete::delete).await
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        let (backend, options) = (self.clone(), options.clone());
-        blocking("hostpath delete", move || {
-            delete::delete_unprovisioned(&backend, &options)
-        })
-        .await
+        let task = delete::delete_unprovisioned;
+        blocking_with("hostpath delete", self, options, task).await
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
@@ -132,9 +124,10 @@ impl Provisioner for HostPath {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        let (backend, volume) = (self.clone(), delete::volume_for_directory(self, pv_name));
-        let archive = move || delete::archive_orphan(&backend, &volume, min_age);
-        Some(blocking("hostpath orphan archive", archive).await)
+        let volume = delete::volume_for_directory(self, pv_name);
+        let archive =
+            move |backend: &Self, volume: &_| delete::archive_orphan(backend, volume, min_age);
+        Some(blocking_with("hostpath orphan archive", self, &volume, archive).await)
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {

@@ -113,6 +113,25 @@ where
         .map_err(|source| TaskFailed { what, source })?
 }
 
+/// [`blocking`] of `f(&backend, &input)` on clones of both (the pool takes owned values).
+///
+/// Errors: as [`blocking`].
+pub async fn blocking_with<B, I, T, E>(
+    what: &'static str,
+    backend: &B,
+    input: &I,
+    f: impl FnOnce(&B, &I) -> Result<T, E> + Send + 'static,
+) -> Result<T, E>
+where
+    B: Clone + Send + 'static,
+    I: Clone + Send + 'static,
+    T: Send + 'static,
+    E: From<TaskFailed> + Send + 'static,
+{
+    let (backend, input) = (backend.clone(), input.clone());
+    blocking(what, move || f(&backend, &input)).await
+}
+
 /// A [`DeleteError::Refused`] with `reason`.
 pub fn refused(reason: String) -> DeleteError {
     DeleteError::Refused { reason }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use backend_kit::blocking;
+use backend_kit::{blocking, blocking_with};
 use clap::Args;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -128,11 +128,7 @@ impl Provisioner for NfsSubdir {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        let (backend, options) = (self.clone(), options.clone());
-        blocking("nfs-subdir provision", move || {
-            provision::provision(&backend, &options)
-        })
-        .await
+        blocking_with("nfs-subdir provision", self, options, provision::provision).await
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
@@ -148,9 +144,10 @@ impl Provisioner for NfsSubdir {
         volume: &PersistentVolume,
         class: Option<&StorageClass>,
     ) -> Result<(), DeleteError> {
-        let (backend, volume, class) = (self.clone(), volume.clone(), class.cloned());
-        let task = move || delete::delete(&backend, &volume, class.as_ref());
-        blocking("nfs-subdir delete", task).await
+        let class = class.cloned();
+        let task =
+            move |backend: &Self, volume: &_| delete::delete(backend, volume, class.as_ref());
+        blocking_with("nfs-subdir delete", self, volume, task).await
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
@@ -170,15 +167,15 @@ impl Provisioner for NfsSubdir {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        let (backend, pv_name) = (self.clone(), pv_name.to_string());
-        let archive = move || delete::archive_orphan(&backend, &pv_name, min_age);
-        Some(blocking("nfs-subdir orphan archive", archive).await)
+        let archive =
+            move |backend: &Self, name: &String| delete::archive_orphan(backend, name, min_age);
+        let name = pv_name.to_string();
+        Some(blocking_with("nfs-subdir orphan archive", self, &name, archive).await)
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        let (backend, options) = (self.clone(), options.clone());
-        let task = move || delete::delete_unprovisioned(&backend, &options);
-        blocking("nfs-subdir delete", task).await
+        let task = delete::delete_unprovisioned;
+        blocking_with("nfs-subdir delete", self, options, task).await
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
