@@ -4,6 +4,7 @@
 //! deletion needs nothing but the PV.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -50,6 +51,25 @@ impl BaseDirs {
             .find(|b| Some(b.base_dir.as_path()) == parent)
             .unwrap_or(&self.0[0])
     }
+
+    /// Every base directory's answer to `ask`, joined: the first error, or `None`
+    /// when a directory has no answer.
+    async fn all_of<'a, T, F>(
+        &'a self,
+        ask: impl Fn(&'a HostPath) -> F,
+    ) -> Option<Result<Vec<T>, VolumeError>>
+    where
+        F: Future<Output = Option<Result<Vec<T>, VolumeError>>>,
+    {
+        let mut all = Vec::new();
+        for dir in &self.0 {
+            match ask(dir).await? {
+                Ok(items) => all.extend(items),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(Ok(all))
+    }
 }
 
 #[async_trait]
@@ -78,14 +98,7 @@ impl Provisioner for BaseDirs {
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
-        let mut all = Vec::new();
-        for dir in &self.0 {
-            match dir.list_volumes().await? {
-                Ok(names) => all.extend(names),
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        Some(Ok(all))
+        self.all_of(|dir| dir.list_volumes()).await
     }
 
     async fn volumes_in_use(
@@ -104,14 +117,7 @@ impl Provisioner for BaseDirs {
     }
 
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
-        let mut pools = Vec::new();
-        for dir in &self.0 {
-            match dir.capacity().await? {
-                Ok(p) => pools.extend(p),
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        Some(Ok(pools))
+        self.all_of(|dir| dir.capacity()).await
     }
 
     async fn archive_orphan(
