@@ -44,36 +44,66 @@ fn fixture() -> Fixture {
     }
 }
 
+impl Fixture {
+    /// The PV of `o`, which must be provisioned.
+    async fn provision(&self, o: &ProvisionOptions) -> PersistentVolume {
+        self.backend.provision(o).await.unwrap()
+    }
+
+    /// Delete `pv`, which must succeed.
+    async fn delete(&self, pv: &PersistentVolume) {
+        self.backend.delete(pv).await.unwrap()
+    }
+
+    /// Why provisioning `o` fails (a `Finished` failure).
+    async fn refusal(&self, o: &ProvisionOptions) -> String {
+        reason(self.backend.provision(o).await.unwrap_err())
+    }
+
+    /// Why deleting `pv` is refused.
+    async fn delete_refusal(&self, pv: &PersistentVolume) -> String {
+        match self.backend.delete(pv).await.unwrap_err() {
+            DeleteError::Refused { reason } => reason,
+            other => panic!("expected Refused, got {other:?}"),
+        }
+    }
+}
+
+fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Class parameters: directories named by `pattern`, deleted on reclaim.
+fn deleting(pattern: &str) -> [(&str, &str); 2] {
+    [("pathPattern", pattern), ("onDelete", "delete")]
+}
+
 fn options(params: &[(&str, &str)], annotations: &[(&str, &str)]) -> ProvisionOptions {
+    options_for("pvc-1", params, annotations)
+}
+
+fn options_for(
+    pv_name: &str,
+    params: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> ProvisionOptions {
     ProvisionOptions {
         storage_class: StorageClass {
-            metadata: ObjectMeta {
-                name: Some("nfs-client".into()),
-                ..Default::default()
-            },
             provisioner: "example.com/nfs".into(),
-            parameters: Some(
-                params
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
             mount_options: Some(vec!["nfsvers=4.1".into()]),
             reclaim_policy: Some("Delete".into()),
-            ..Default::default()
+            ..class(params)
         },
-        pv_name: "pvc-1".into(),
+        pv_name: pv_name.into(),
         pvc: PersistentVolumeClaim {
             metadata: ObjectMeta {
                 namespace: Some("team-a".into()),
                 name: Some("data".into()),
-                labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
-                annotations: Some(
-                    annotations
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect(),
-                ),
+                labels: Some(string_map(&[("app", "web")])),
+                annotations: Some(string_map(annotations)),
                 ..Default::default()
             },
             spec: Some(PersistentVolumeClaimSpec {
@@ -125,7 +155,7 @@ fn tree(root: &Path) -> Vec<String> {
 #[tokio::test]
 async fn default_directory_and_pv_shape() {
     let f = fixture();
-    let pv = f.backend.provision(&options(&[], &[])).await.unwrap();
+    let pv = f.provision(&options(&[], &[])).await;
     let dir = f.mount.join("team-a-data-pvc-1");
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, 0o777);
@@ -151,74 +181,56 @@ async fn default_directory_and_pv_shape() {
     );
     // Idempotent: the same PV again, data kept.
     std::fs::write(dir.join("f"), b"keep").unwrap();
-    assert_eq!(f.backend.provision(&options(&[], &[])).await.unwrap(), pv);
+    assert_eq!(f.provision(&options(&[], &[])).await, pv);
     assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"keep");
 }
 
 #[tokio::test]
 async fn nested_pattern_delete_removes_exactly_that_directory() {
     let f = fixture();
-    let params = [
-        (
-            "pathPattern",
-            "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}",
-        ),
-        ("onDelete", "delete"),
-    ];
-    let pv = f.backend.provision(&options(&params, &[])).await.unwrap();
+    let params = deleting("${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}");
+    let pv = f.provision(&options(&params, &[])).await;
     assert_eq!(
         pv.spec.as_ref().unwrap().nfs.as_ref().unwrap().path,
         "/srv/k8s/team-a/web/data"
     );
     // A sibling volume and a file in the shared parent must survive.
-    let mut sibling = options(
-        &[
-            (
-                "pathPattern",
-                "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.name}",
-            ),
-            ("onDelete", "delete"),
-        ],
-        &[],
-    );
-    sibling.pv_name = "pvc-2".into();
+    let mut sibling = options_for("pvc-2", &params, &[]);
     sibling.pvc.metadata.name = Some("logs".into());
-    f.backend.provision(&sibling).await.unwrap();
+    f.provision(&sibling).await;
     std::fs::write(f.mount.join("team-a/web/data/x"), b"x").unwrap();
     std::fs::write(f.mount.join("team-a/web/keep"), b"k").unwrap();
-    f.backend.delete(&pv).await.unwrap();
+    f.delete(&pv).await;
     assert_eq!(
         tree(&f.mount),
         ["team-a", "team-a/web", "team-a/web/keep", "team-a/web/logs"]
     );
     assert_eq!(f.backend.list_volumes().await.unwrap().unwrap(), ["pvc-2"]);
     // Already gone: success.
-    f.backend.delete(&pv).await.unwrap();
+    f.delete(&pv).await;
 }
 
 #[tokio::test]
 async fn archive_of_a_nested_path_stays_in_its_parent() {
     let f = fixture();
     let params = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
-    let pv = f.backend.provision(&options(&params, &[])).await.unwrap();
+    let pv = f.provision(&options(&params, &[])).await;
     std::fs::write(f.mount.join("team-a/data/x"), b"x").unwrap();
-    f.backend.delete(&pv).await.unwrap();
+    f.delete(&pv).await;
     assert_eq!(
         tree(&f.mount),
         ["team-a", "team-a/archived-data", "team-a/archived-data/x"]
     );
     // The same claim name again: the second archive gets the PV name appended.
-    let mut again = options(&params, &[]);
-    again.pv_name = "pvc-9".into();
-    let pv2 = f.backend.provision(&again).await.unwrap();
-    f.backend.delete(&pv2).await.unwrap();
+    let pv2 = f.provision(&options_for("pvc-9", &params, &[])).await;
+    f.delete(&pv2).await;
     assert!(f.mount.join("team-a/archived-data-pvc-9").is_dir());
     // archiveOnDelete "false" deletes; "true" archives.
     for (value, archived) in [("false", false), ("True", true)] {
-        let mut o = options(&[("archiveOnDelete", value)], &[]);
-        o.pv_name = format!("pvc-{value}").to_lowercase();
-        let pv = f.backend.provision(&o).await.unwrap();
-        f.backend.delete(&pv).await.unwrap();
+        let pv_name = format!("pvc-{value}").to_lowercase();
+        let o = options_for(&pv_name, &[("archiveOnDelete", value)], &[]);
+        let pv = f.provision(&o).await;
+        f.delete(&pv).await;
         let name = format!("team-a-data-{}", o.pv_name);
         assert!(!f.mount.join(&name).exists());
         assert_eq!(
@@ -233,14 +245,12 @@ async fn archive_of_a_nested_path_stays_in_its_parent() {
 async fn retain_leaves_the_directory() {
     let f = fixture();
     let pv = f
-        .backend
         .provision(&options(
             &[("onDelete", "retain"), ("archiveOnDelete", "false")],
             &[],
         ))
-        .await
-        .unwrap();
-    f.backend.delete(&pv).await.unwrap();
+        .await;
+    f.delete(&pv).await;
     assert_eq!(tree(&f.mount), ["team-a-data-pvc-1"]);
     assert!(f.backend.list_volumes().await.unwrap().unwrap().is_empty());
 }
@@ -250,7 +260,6 @@ async fn create_annotations_apply_and_bad_values_are_refused() {
     let f = fixture();
     let (uid, gid) = own_ids();
     let pv = f
-        .backend
         .provision(&options(
             &[],
             &[
@@ -259,23 +268,20 @@ async fn create_annotations_apply_and_bad_values_are_refused() {
                 ("nfs.io/createGID", &gid.to_string()),
             ],
         ))
-        .await
-        .unwrap();
+        .await;
     assert!(pv.spec.is_some());
     let meta = std::fs::metadata(f.mount.join("team-a-data-pvc-1")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o7777, 0o750);
-    for (k, v, msg) in [
-        ("nfs.io/createMode", "0999", "not an octal permission mode"),
-        ("nfs.io/createMode", "rwx", "not an octal permission mode"),
-        ("nfs.io/createMode", "17777", "not an octal permission mode"),
-        ("nfs.io/createUID", "-1", "not a numeric id"),
-        ("nfs.io/createGID", "root", "not a numeric id"),
-        ("nfs.io/createUID", "99999999999", "not a numeric id"),
+    let (bad_mode, bad_id) = ("not an octal permission mode", "not a numeric id");
+    for (k, values, msg) in [
+        ("nfs.io/createMode", &["0999", "rwx", "17777"][..], bad_mode),
+        ("nfs.io/createUID", &["-1", "99999999999"], bad_id),
+        ("nfs.io/createGID", &["root"], bad_id),
     ] {
-        let mut o = options(&[], &[(k, v)]);
-        o.pv_name = "pvc-bad".into();
-        let r = reason(f.backend.provision(&o).await.unwrap_err());
-        assert!(r.contains(msg) && r.contains(k), "{k}={v}: {r}");
+        for v in values {
+            let r = f.refusal(&options_for("pvc-bad", &[], &[(k, v)])).await;
+            assert!(r.contains(msg) && r.contains(k), "{k}={v}: {r}");
+        }
     }
     assert_eq!(tree(&f.mount), ["team-a-data-pvc-1"]);
 
@@ -284,9 +290,7 @@ async fn create_annotations_apply_and_bad_values_are_refused() {
         ("directoryMode", "0700"),
         ("directoryGID", &gid.to_string()),
     ];
-    let mut o = options(&class, &[]);
-    o.pv_name = "pvc-2".into();
-    f.backend.provision(&o).await.unwrap();
+    f.provision(&options_for("pvc-2", &class, &[])).await;
     let mode = |dir: &str| {
         std::fs::metadata(f.mount.join(dir))
             .unwrap()
@@ -295,13 +299,12 @@ async fn create_annotations_apply_and_bad_values_are_refused() {
             & 0o7777
     };
     assert_eq!(mode("team-a-data-pvc-2"), 0o700);
-    let mut o = options(&class, &[("nfs.io/createMode", "0755")]);
-    o.pv_name = "pvc-3".into();
-    f.backend.provision(&o).await.unwrap();
+    let o = options_for("pvc-3", &class, &[("nfs.io/createMode", "0755")]);
+    f.provision(&o).await;
     assert_eq!(mode("team-a-data-pvc-3"), 0o755);
-    let mut o = options(&[("directoryUID", "me")], &[]);
-    o.pv_name = "pvc-4".into();
-    let r = reason(f.backend.provision(&o).await.unwrap_err());
+    let r = f
+        .refusal(&options_for("pvc-4", &[("directoryUID", "me")], &[]))
+        .await;
     assert!(
         r.contains("StorageClass parameter directoryUID=\"me\" is not a numeric id"),
         "{r}"
@@ -328,14 +331,12 @@ async fn claim_and_class_refusals_create_nothing() {
     no_modes.pvc.spec.as_mut().unwrap().access_modes = None;
     let mut no_request = options(&[], &[]);
     no_request.pvc.spec.as_mut().unwrap().resources = None;
-    let mut bad_name = options(&[], &[]);
-    bad_name.pv_name = "../x".into();
     let cases = [
         (selector, "claim Selector is not supported"),
         (block, "does not support volumeMode Block"),
         (no_modes, "claim has no access modes"),
         (no_request, "claim has no storage request"),
-        (bad_name, "is not a valid object name"),
+        (options_for("../x", &[], &[]), "is not a valid object name"),
         (
             options(&[("archiveOnDelete", "yes")], &[]),
             "archiveOnDelete=\"yes\" is not a boolean",
@@ -378,7 +379,7 @@ async fn claim_and_class_refusals_create_nothing() {
         ),
     ];
     for (o, expected) in cases {
-        let r = reason(f.backend.provision(&o).await.unwrap_err());
+        let r = f.refusal(&o).await;
         assert!(r.contains(expected), "{expected}: {r}");
     }
     assert!(tree(&f.mount).is_empty());
@@ -390,31 +391,18 @@ async fn symlink_escapes_are_refused_and_nothing_outside_is_touched() {
     let f = fixture();
     std::os::unix::fs::symlink(&f.outside, f.mount.join("team-a")).unwrap();
     // Provisioning through a symlinked parent.
-    let params = [
-        ("pathPattern", "${.PVC.namespace}/${.PVC.name}"),
-        ("onDelete", "delete"),
-    ];
-    let r = reason(
-        f.backend
-            .provision(&options(&params, &[]))
-            .await
-            .unwrap_err(),
-    );
+    let params = deleting("${.PVC.namespace}/${.PVC.name}");
+    let r = f.refusal(&options(&params, &[])).await;
     assert!(r.contains("\"team-a\" is a symlink"), "{r}");
     assert_eq!(tree(&f.outside), ["secret"]);
     // Deleting a PV whose path crosses the symlink: refused, target intact.
     let pv = pv_at("pvc-1", "/srv/k8s/team-a/secret", "delete");
-    match f.backend.delete(&pv).await.unwrap_err() {
-        DeleteError::Refused { reason } => assert!(reason.contains("symlink"), "{reason}"),
-        other => panic!("{other:?}"),
-    }
+    let r = f.delete_refusal(&pv).await;
+    assert!(r.contains("symlink"), "{r}");
     // The volume directory itself a symlink: refused, not followed.
     std::os::unix::fs::symlink(&f.outside, f.mount.join("link")).unwrap();
-    let pv = pv_at("pvc-1", "/srv/k8s/link", "delete");
-    assert!(matches!(
-        f.backend.delete(&pv).await,
-        Err(DeleteError::Refused { .. })
-    ));
+    f.delete_refusal(&pv_at("pvc-1", "/srv/k8s/link", "delete"))
+        .await;
     assert_eq!(tree(&f.outside), ["secret"]);
 }
 
@@ -422,10 +410,7 @@ fn pv_at(name: &str, path: &str, policy: &str) -> PersistentVolume {
     PersistentVolume {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            annotations: Some(BTreeMap::from([(
-                ANN_ON_DELETE.to_string(),
-                policy.to_string(),
-            )])),
+            annotations: Some(string_map(&[(ANN_ON_DELETE, policy)])),
             ..Default::default()
         },
         spec: Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
@@ -468,10 +453,8 @@ async fn foreign_pvs_are_refused_and_left_alone() {
         ),
     ];
     for (pv, expected) in cases {
-        match f.backend.delete(&pv).await.unwrap_err() {
-            DeleteError::Refused { reason } => assert!(reason.contains(expected), "{reason}"),
-            other => panic!("{other:?}"),
-        }
+        let r = f.delete_refusal(&pv).await;
+        assert!(r.contains(expected), "{r}");
         assert!(f.backend.validate_volume(&pv).is_err() || expected.starts_with("expected"));
     }
     let mut other_server = pv_at("pvc-1", "/srv/k8s/victim", "delete");
@@ -519,12 +502,7 @@ fn class(params: &[(&str, &str)]) -> StorageClass {
             name: Some("nfs-client".into()),
             ..Default::default()
         },
-        parameters: Some(
-            params
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ),
+        parameters: Some(string_map(params)),
         ..Default::default()
     }
 }
@@ -581,7 +559,7 @@ async fn a_pv_provisioned_by_upstream_follows_its_class_at_delete_time() {
 
     // Ours: the recorded policy wins over the class.
     let o = options(&[("onDelete", "retain")], &[]);
-    let ours = f.backend.provision(&o).await.unwrap();
+    let ours = f.provision(&o).await;
     assert!(!f.backend.reads_class_at_delete(&ours));
     f.backend
         .delete_with_class(&ours, Some(&class(&[("onDelete", "delete")])))
@@ -597,26 +575,11 @@ async fn a_pv_provisioned_by_upstream_follows_its_class_at_delete_time() {
 #[tokio::test]
 async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() {
     let f = fixture();
-    let pattern = [
-        (
-            "pathPattern",
-            "${.PVC.namespace}/${.PVC.annotations.nfs.io/storage-path}",
-        ),
-        ("onDelete", "delete"),
-    ];
-    let at = |pv: &str, path: &str| {
-        let mut o = options(&pattern, &[("nfs.io/storage-path", path)]);
-        o.pv_name = pv.into();
-        o
-    };
-    let outer = f.backend.provision(&at("pvc-a", "app")).await.unwrap();
+    let pattern = deleting("${.PVC.namespace}/${.PVC.annotations.nfs.io/storage-path}");
+    let at = |pv: &str, path: &str| options_for(pv, &pattern, &[("nfs.io/storage-path", path)]);
+    let outer = f.provision(&at("pvc-a", "app")).await;
     std::fs::write(f.mount.join("team-a/app/file"), b"a").unwrap();
-    let r = reason(
-        f.backend
-            .provision(&at("pvc-b", "app/db"))
-            .await
-            .unwrap_err(),
-    );
+    let r = f.refusal(&at("pvc-b", "app/db")).await;
     assert!(
         r.contains("\"team-a/app/db\" is inside the directory \"team-a/app\" of PV pvc-a"),
         "{r}"
@@ -631,32 +594,20 @@ async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() 
 
     // The other order, with the outer claim still in flight (recorded only).
     let root = backend_kit::safe_fs::open_root(&f.mount).unwrap();
-    registry::put(
-        &root,
-        "pvc-c",
-        &pattern::RelPath::parse("team-a/web").unwrap(),
-    )
-    .unwrap();
-    let r = reason(
-        f.backend
-            .provision(&at("pvc-d", "web/db"))
-            .await
-            .unwrap_err(),
-    );
+    let record = |pv: &str, path: &str| {
+        registry::put(&root, pv, &pattern::RelPath::parse(path).unwrap()).unwrap()
+    };
+    record("pvc-c", "team-a/web");
+    let r = f.refusal(&at("pvc-d", "web/db")).await;
     assert!(
         r.contains("is inside the directory \"team-a/web\" of PV pvc-c"),
         "{r}"
     );
     registry::remove(&root, "pvc-c").unwrap();
-    let inner = f.backend.provision(&at("pvc-d", "web/db")).await.unwrap();
-    registry::put(
-        &root,
-        "pvc-c",
-        &pattern::RelPath::parse("team-a/web").unwrap(),
-    )
-    .unwrap();
+    let inner = f.provision(&at("pvc-d", "web/db")).await;
+    record("pvc-c", "team-a/web");
     // pvc-c retried: its directory would contain pvc-d's.
-    let r = reason(f.backend.provision(&at("pvc-c", "web")).await.unwrap_err());
+    let r = f.refusal(&at("pvc-c", "web")).await;
     assert!(
         r.contains("contains the directory \"team-a/web/db\" of PV pvc-d"),
         "{r}"
@@ -664,19 +615,13 @@ async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() 
 
     // Nested volumes left by older releases: the outer one is neither
     // deleted, archived nor swept with the inner one's data.
-    registry::put(&root, "pvc-e", &pattern::RelPath::parse("team-a").unwrap()).unwrap();
+    record("pvc-e", "team-a");
     let around = pv_at("pvc-e", "/srv/k8s/team-a", "delete");
     for policy in ["delete", "archive"] {
         let mut pv = around.clone();
-        pv.metadata.annotations = Some(BTreeMap::from([(
-            ANN_ON_DELETE.to_string(),
-            policy.to_string(),
-        )]));
-        let err = f.backend.delete(&pv).await.unwrap_err();
-        assert!(
-            matches!(&err, DeleteError::Refused { reason } if reason.contains("contains the directory")),
-            "{err:?}"
-        );
+        pv.metadata.annotations = Some(string_map(&[(ANN_ON_DELETE, policy)]));
+        let r = f.delete_refusal(&pv).await;
+        assert!(r.contains("contains the directory"), "{r}");
     }
     assert!(delete::archive_orphan(&f.backend, "pvc-e", std::time::Duration::ZERO).is_err());
     assert!(f.mount.join("team-a/web/db").is_dir());
@@ -684,8 +629,8 @@ async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() 
     registry::remove(&root, "pvc-e").unwrap();
     registry::remove(&root, "pvc-c").unwrap();
     // Inner and outer, deleted: each removes exactly its own directory.
-    f.backend.delete(&inner).await.unwrap();
-    f.backend.delete(&outer).await.unwrap();
+    f.delete(&inner).await;
+    f.delete(&outer).await;
     assert_eq!(tree(&f.mount), ["team-a", "team-a/web"]);
 }
 
@@ -695,7 +640,7 @@ async fn volumes_nested_in_one_another_are_refused_and_never_removed_together() 
 async fn volumes_in_use_go_by_path_not_by_name() {
     let f = fixture();
     let pattern = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
-    f.backend.provision(&options(&pattern, &[])).await.unwrap();
+    f.provision(&options(&pattern, &[])).await;
     let used = |pvs: Vec<PersistentVolume>| {
         let b = f.backend.clone();
         async move {
@@ -730,50 +675,38 @@ async fn volumes_in_use_go_by_path_not_by_name() {
 #[tokio::test]
 async fn two_claims_for_one_directory_the_second_is_refused() {
     let f = fixture();
-    let params = [
-        ("pathPattern", "shared/${.PVC.labels.app}"),
-        ("onDelete", "delete"),
-    ];
-    let first = f.backend.provision(&options(&params, &[])).await.unwrap();
-    let mut second = options(&params, &[]);
-    second.pv_name = "pvc-2".into();
-    let r = reason(f.backend.provision(&second).await.unwrap_err());
+    let params = deleting("shared/${.PVC.labels.app}");
+    let first = f.provision(&options(&params, &[])).await;
+    let second = options_for("pvc-2", &params, &[]);
+    let r = f.refusal(&second).await;
     assert!(r.contains("already belongs to PV pvc-1"), "{r}");
     // A PV forged to name the first one's directory cannot delete it.
-    let forged = pv_at("pvc-2", "/srv/k8s/shared/web", "delete");
-    assert!(matches!(
-        f.backend.delete(&forged).await,
-        Err(DeleteError::Refused { .. })
-    ));
+    f.delete_refusal(&pv_at("pvc-2", "/srv/k8s/shared/web", "delete"))
+        .await;
     // Recovery of the refused claim touches nothing either.
     f.backend.delete_unprovisioned(&second).await.unwrap();
     assert!(f.mount.join("shared/web").is_dir());
     // A pre-existing directory is not adopted.
     std::fs::create_dir(f.mount.join("team-a-data-pvc-3")).unwrap();
-    let mut third = options(&[], &[]);
-    third.pv_name = "pvc-3".into();
-    let r = reason(f.backend.provision(&third).await.unwrap_err());
+    let r = f.refusal(&options_for("pvc-3", &[], &[])).await;
     assert!(r.contains("was not created for PV pvc-3"), "{r}");
     // The owner deletes normally.
-    f.backend.delete(&first).await.unwrap();
+    f.delete(&first).await;
     assert!(!f.mount.join("shared/web").exists());
 }
 
 #[tokio::test]
 async fn delete_unprovisioned_follows_the_class_policy_and_needs_a_record() {
     let f = fixture();
-    let o = options(
-        &[("pathPattern", "a/${.PV.name}"), ("onDelete", "delete")],
-        &[],
-    );
+    let o = options(&deleting("a/${.PV.name}"), &[]);
     // Nothing recorded: success, nothing created.
     f.backend.delete_unprovisioned(&o).await.unwrap();
     assert!(tree(&f.mount).is_empty());
-    f.backend.provision(&o).await.unwrap();
+    f.provision(&o).await;
     f.backend.delete_unprovisioned(&o).await.unwrap();
     assert_eq!(tree(&f.mount), ["a"]);
     let archive = options(&[("pathPattern", "a/${.PV.name}")], &[]);
-    f.backend.provision(&archive).await.unwrap();
+    f.provision(&archive).await;
     f.backend.delete_unprovisioned(&archive).await.unwrap();
     assert_eq!(tree(&f.mount), ["a", "a/archived-pvc-1"]);
 }
@@ -783,12 +716,7 @@ async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
     let f = fixture();
     std::fs::write(f.mount.join("team-a"), b"not a dir").unwrap();
     let params = [("pathPattern", "${.PVC.namespace}/${.PVC.name}")];
-    let r = reason(
-        f.backend
-            .provision(&options(&params, &[]))
-            .await
-            .unwrap_err(),
-    );
+    let r = f.refusal(&options(&params, &[])).await;
     assert!(
         r.contains("\"team-a\" exists and is not a directory"),
         "{r}"
@@ -799,10 +727,10 @@ async fn a_file_in_the_way_or_a_changed_directory_is_refused() {
     // elsewhere (its labels changed) is refused instead of making a second
     // directory.
     let by_label = [("pathPattern", "${.PVC.labels.app}")];
-    f.backend.provision(&options(&by_label, &[])).await.unwrap();
+    f.provision(&options(&by_label, &[])).await;
     let mut relabelled = options(&by_label, &[]);
-    relabelled.pvc.metadata.labels = Some(BTreeMap::from([("app".to_string(), "db".to_string())]));
-    let r = reason(f.backend.provision(&relabelled).await.unwrap_err());
+    relabelled.pvc.metadata.labels = Some(string_map(&[("app", "db")]));
+    let r = f.refusal(&relabelled).await;
     assert!(r.contains("was already provisioned at \"web\""), "{r}");
     assert_eq!(tree(&f.mount), ["web"]);
 }
@@ -812,7 +740,7 @@ async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
     use provisioner_api::OrphanOutcome;
     let f = fixture();
     let o = options(&[("pathPattern", "${.PVC.namespace}/${.PVC.name}")], &[]);
-    f.backend.provision(&o).await.unwrap();
+    f.provision(&o).await;
     let hour = std::time::Duration::from_secs(3600);
     assert!(matches!(
         delete::archive_orphan(&f.backend, "pvc-1", hour).unwrap(),
@@ -836,10 +764,9 @@ async fn orphan_archiving_keeps_young_directories_and_archives_old_ones() {
 async fn claims_beyond_the_export_capacity_fail_and_deletion_gives_room_back() {
     let mut f = fixture();
     f.backend.capacity = Some(3 << 19); // 1.5 MiB; every claim here asks for 1Mi
-    let first = f.backend.provision(&options(&[], &[])).await.unwrap();
-    let mut second = options(&[], &[]);
-    second.pv_name = "pvc-2".into();
-    let err = reason(f.backend.provision(&second).await.unwrap_err());
+    let first = f.provision(&options(&[], &[])).await;
+    let second = options_for("pvc-2", &[], &[]);
+    let err = f.refusal(&second).await;
     assert!(
         err.contains(
             "do not fit: 1048576 of the base directory's capacity of 1572864 bytes are taken"
@@ -854,6 +781,6 @@ async fn claims_beyond_the_export_capacity_fail_and_deletion_gives_room_back() {
         err.to_string().contains("cannot grow to 2147483648 bytes"),
         "{err}"
     );
-    f.backend.delete(&first).await.unwrap();
-    f.backend.provision(&second).await.unwrap();
+    f.delete(&first).await;
+    f.provision(&second).await;
 }
