@@ -361,6 +361,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use std::os::unix::fs::symlink;
+    use std::time::Duration;
 
     fn pinned(mut pv: PersistentVolume, node: &str) -> PersistentVolume {
         pv.spec.as_mut().unwrap().node_affinity = Some(crate::provision::node_affinity(node));
@@ -436,7 +437,35 @@ mod tests {
         (tmp, base)
     }
 
-    fn is_refused(r: Result<(), DeleteError>) -> String {
+    /// [`delete`] of `<base>/<name>` by a backend that deletes.
+    fn delete_at(base: &Path, name: &str) -> Result<(), DeleteError> {
+        delete(&backend(base, OnDelete::Delete), &pv_at(base, name))
+    }
+
+    /// `dir`, created with a file `keep` in it that a test checks survives ([`assert_kept`]).
+    fn with_keep(dir: PathBuf) -> PathBuf {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("keep"), b"keep").unwrap();
+        dir
+    }
+
+    /// `<tmp>/outside` ([`with_keep`]), linked to from `link`.
+    fn linked_outside(tmp: &Path, link: PathBuf) -> PathBuf {
+        let outside = with_keep(tmp.join("outside"));
+        symlink(&outside, link).unwrap();
+        outside
+    }
+
+    fn assert_kept(dir: &Path) {
+        assert_eq!(std::fs::read(dir.join("keep")).unwrap(), b"keep");
+    }
+
+    fn assert_refused<T: std::fmt::Debug>(r: Result<T, DeleteError>, expected: &str) {
+        let reason = is_refused(r);
+        assert!(reason.contains(expected), "{reason}");
+    }
+
+    fn is_refused<T: std::fmt::Debug>(r: Result<T, DeleteError>) -> String {
         match r {
             Err(DeleteError::Refused { reason }) => reason,
             other => panic!("expected Refused, got {other:?}"),
@@ -502,12 +531,11 @@ mod tests {
     #[tokio::test]
     async fn deletes_the_volume_directory_and_is_idempotent() {
         let (_tmp, base) = setup();
-        let b = backend(&base, OnDelete::Delete);
-        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
+        delete_at(&base, "pvc-1").unwrap();
         assert!(!base.join("pvc-1").exists());
         assert!(base.exists());
         // Already absent: success.
-        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
+        delete_at(&base, "pvc-1").unwrap();
     }
 
     #[tokio::test]
@@ -521,14 +549,11 @@ mod tests {
     #[tokio::test]
     async fn symlinks_inside_the_volume_are_removed_not_followed() {
         let (tmp, base) = setup();
-        let outside = tmp.path().join("precious");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("keep"), b"keep").unwrap();
-        symlink(&outside, base.join("pvc-1/link-dir")).unwrap();
+        let outside = linked_outside(tmp.path(), base.join("pvc-1/link-dir"));
         symlink(outside.join("keep"), base.join("pvc-1/data/link-file")).unwrap();
-        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1")).unwrap();
+        delete_at(&base, "pvc-1").unwrap();
         assert!(!base.join("pvc-1").exists());
-        assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
+        assert_kept(&outside);
     }
 
     #[tokio::test]
@@ -540,7 +565,7 @@ mod tests {
         symlink(&base, base.join("pvc-1/a/b/c/to-base")).unwrap();
         symlink(base.join("pvc-2"), base.join("pvc-1/a/to-pvc-2")).unwrap();
         symlink("/nonexistent/dangling", base.join("pvc-1/a/b/dangling")).unwrap();
-        delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1")).unwrap();
+        delete_at(&base, "pvc-1").unwrap();
         assert!(!base.join("pvc-1").exists());
         assert_eq!(
             std::fs::read(base.join("pvc-2/inner/keep")).unwrap(),
@@ -557,15 +582,8 @@ mod tests {
     #[tokio::test]
     async fn a_volume_path_that_is_a_symlink_out_of_the_base_is_refused() {
         let (tmp, base) = setup();
-        let outside = tmp.path().join("elsewhere");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("keep"), b"keep").unwrap();
-        symlink(&outside, base.join("pvc-2")).unwrap();
-        let reason = is_refused(delete(
-            &backend(&base, OnDelete::Delete),
-            &pv_at(&base, "pvc-2"),
-        ));
-        assert!(reason.contains("is a symlink"), "{reason}");
+        let outside = linked_outside(tmp.path(), base.join("pvc-2"));
+        assert_refused(delete_at(&base, "pvc-2"), "is a symlink");
         assert!(outside.join("keep").exists());
         assert!(base.join("pvc-2").symlink_metadata().is_ok());
     }
@@ -574,10 +592,7 @@ mod tests {
     async fn a_symlink_to_another_pvs_directory_is_refused() {
         let (_tmp, base) = setup();
         symlink(base.join("pvc-1"), base.join("pvc-2")).unwrap();
-        is_refused(delete(
-            &backend(&base, OnDelete::Delete),
-            &pv_at(&base, "pvc-2"),
-        ));
+        is_refused(delete_at(&base, "pvc-2"));
         assert!(base.join("pvc-1/data/file").exists());
     }
 
@@ -587,8 +602,7 @@ mod tests {
         let b = backend(&base, OnDelete::Delete);
         // Path with `..` that lexically ends at the right place.
         let sneaky = format!("{}/x/../pvc-1", base.display());
-        let reason = is_refused(delete(&b, &pv("pvc-1", &sneaky)));
-        assert!(reason.contains("must be"), "{reason}");
+        assert_refused(delete(&b, &pv("pvc-1", &sneaky)), "must be");
         // Names that are not a single component.
         for name in ["..", ".", "", "a/b", "../base"] {
             let p = pv(name, &base.join(name).to_string_lossy());
@@ -611,8 +625,7 @@ mod tests {
         ));
         let mut no_host_path = pv_at(&base, "pvc-1");
         no_host_path.spec.as_mut().unwrap().host_path = None;
-        let reason = is_refused(delete(&b, &no_host_path));
-        assert!(reason.contains("no spec.hostPath"), "{reason}");
+        assert_refused(delete(&b, &no_host_path), "no spec.hostPath");
         assert!(base.join("pvc-1/data/file").exists());
     }
 
@@ -620,11 +633,7 @@ mod tests {
     async fn a_regular_file_is_refused() {
         let (_tmp, base) = setup();
         std::fs::write(base.join("pvc-3"), b"f").unwrap();
-        let reason = is_refused(delete(
-            &backend(&base, OnDelete::Delete),
-            &pv_at(&base, "pvc-3"),
-        ));
-        assert!(reason.contains("not a directory"), "{reason}");
+        assert_refused(delete_at(&base, "pvc-3"), "not a directory");
         assert!(base.join("pvc-3").exists());
     }
 
@@ -632,7 +641,7 @@ mod tests {
     async fn a_missing_base_directory_fails_instead_of_succeeding() {
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().join("unmounted");
-        let r = delete(&backend(&base, OnDelete::Delete), &pv_at(&base, "pvc-1"));
+        let r = delete_at(&base, "pvc-1");
         assert!(matches!(r, Err(DeleteError::Failed { .. })), "{r:?}");
     }
 
@@ -642,26 +651,25 @@ mod tests {
         let alias = tmp.path().join("alias");
         symlink(&base, &alias).unwrap();
         // PV written with the configured (symlinked) base.
-        delete(&backend(&alias, OnDelete::Delete), &pv_at(&alias, "pvc-1")).unwrap();
+        delete_at(&alias, "pvc-1").unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
     #[tokio::test]
     async fn archive_renames_and_never_overwrites() {
         let (_tmp, base) = setup();
-        let b = backend(&base, OnDelete::Archive);
-        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
+        let (b, pv) = (backend(&base, OnDelete::Archive), pv_at(&base, "pvc-1"));
+        delete(&b, &pv).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert_eq!(
             std::fs::read(base.join("archived-pvc-1/data/file")).unwrap(),
             b"x"
         );
         // Second delivery: directory absent, archive present → success.
-        delete(&b, &pv_at(&base, "pvc-1")).unwrap();
+        delete(&b, &pv).unwrap();
         // A new directory of the same name with an archive already there → refused.
         std::fs::create_dir(base.join("pvc-1")).unwrap();
-        let reason = is_refused(delete(&b, &pv_at(&base, "pvc-1")));
-        assert!(reason.contains("already exists"), "{reason}");
+        assert_refused(delete(&b, &pv), "already exists");
         assert!(base.join("pvc-1").exists());
     }
 
@@ -679,13 +687,13 @@ mod tests {
         let b = backend(&base, OnDelete::Delete);
         let orphan = volume_for_directory(&b, "pvc-1");
         // Just created: too young for a one-hour minimum age, left in place.
-        match archive_orphan(&b, &orphan, std::time::Duration::from_secs(3600)).unwrap() {
-            OrphanOutcome::TooYoung(age) => assert!(age < std::time::Duration::from_secs(60)),
+        match archive_orphan(&b, &orphan, Duration::from_secs(3600)).unwrap() {
+            OrphanOutcome::TooYoung(age) => assert!(age < Duration::from_secs(60)),
             other => panic!("expected TooYoung, got {other:?}"),
         }
         assert!(base.join("pvc-1/data/file").exists());
         // Old enough: archived (never removed), even though --on-delete is delete.
-        let outcome = archive_orphan(&b, &orphan, std::time::Duration::ZERO).unwrap();
+        let outcome = archive_orphan(&b, &orphan, Duration::ZERO).unwrap();
         let archived = std::fs::canonicalize(&base).unwrap().join("archived-pvc-1");
         assert_eq!(outcome, OrphanOutcome::Archived(archived));
         assert!(!base.join("pvc-1").exists());
@@ -695,17 +703,16 @@ mod tests {
         );
         // Gone now.
         assert_eq!(
-            archive_orphan(&b, &orphan, std::time::Duration::ZERO).unwrap(),
+            archive_orphan(&b, &orphan, Duration::ZERO).unwrap(),
             OrphanOutcome::Absent
         );
         // A symlinked orphan is refused and its target kept.
         symlink(base.join("archived-pvc-1"), base.join("pvc-2")).unwrap();
-        let r = archive_orphan(
+        is_refused(archive_orphan(
             &b,
             &volume_for_directory(&b, "pvc-2"),
-            std::time::Duration::ZERO,
-        );
-        assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
+            Duration::ZERO,
+        ));
         assert!(base.join("archived-pvc-1/data/file").exists());
     }
 
@@ -716,21 +723,15 @@ mod tests {
     async fn archive_orphan_refuses_a_path_whose_parent_is_not_the_base_dir() {
         let (tmp, base) = setup();
         let elsewhere = tmp.path().join("elsewhere");
-        std::fs::create_dir_all(elsewhere.join("pvc-1")).unwrap();
-        std::fs::write(elsewhere.join("pvc-1/keep"), b"keep").unwrap();
+        with_keep(elsewhere.join("pvc-1"));
         let b = backend(&base, OnDelete::Delete);
         for path in [
             elsewhere.join("pvc-1").to_string_lossy().into_owned(),
             format!("{}/x/../pvc-1", base.display()),
             "/pvc-1".to_string(),
         ] {
-            let r = archive_orphan(&b, &pv("pvc-1", &path), std::time::Duration::ZERO);
-            match r {
-                Err(DeleteError::Refused { reason }) => {
-                    assert!(reason.contains("must be"), "{path}: {reason}")
-                }
-                other => panic!("{path}: expected Refused, got {other:?}"),
-            }
+            let reason = is_refused(archive_orphan(&b, &pv("pvc-1", &path), Duration::ZERO));
+            assert!(reason.contains("must be"), "{path}: {reason}");
         }
         assert!(elsewhere.join("pvc-1/keep").exists());
         assert!(!elsewhere.join("archived-pvc-1").exists());
@@ -743,18 +744,16 @@ mod tests {
     #[tokio::test]
     async fn a_planted_volume_symlink_is_refused_by_delete_archive_and_orphan_archive() {
         let (tmp, base) = setup();
-        let outside = tmp.path().join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        std::fs::write(outside.join("keep"), b"keep").unwrap();
-        symlink(&outside, base.join("pvc-7")).unwrap();
+        let outside = linked_outside(tmp.path(), base.join("pvc-7"));
         for on_delete in [OnDelete::Delete, OnDelete::Archive] {
-            let reason = is_refused(delete(&backend(&base, on_delete), &pv_at(&base, "pvc-7")));
-            assert!(reason.contains("is a symlink"), "{reason}");
+            assert_refused(
+                delete(&backend(&base, on_delete), &pv_at(&base, "pvc-7")),
+                "is a symlink",
+            );
         }
         let b = backend(&base, OnDelete::Delete);
-        let r = archive_orphan(&b, &pv_at(&base, "pvc-7"), std::time::Duration::ZERO);
-        assert!(matches!(r, Err(DeleteError::Refused { .. })), "{r:?}");
-        assert_eq!(std::fs::read(outside.join("keep")).unwrap(), b"keep");
+        is_refused(archive_orphan(&b, &pv_at(&base, "pvc-7"), Duration::ZERO));
+        assert_kept(&outside);
         assert!(base
             .join("pvc-7")
             .symlink_metadata()
@@ -771,8 +770,7 @@ mod tests {
     fn a_symlink_swapped_in_after_the_check_never_redirects_the_action() {
         let (tmp, base) = setup();
         let outside = tmp.path().join("outside");
-        std::fs::create_dir_all(outside.join("sub")).unwrap();
-        std::fs::write(outside.join("sub/keep"), b"keep").unwrap();
+        let sub = with_keep(outside.join("sub"));
         let root = open_base(&base).unwrap();
         assert!(checked_entry(&root, &base.join("pvc-1"), "pvc-1").unwrap());
         // Swap: the checked directory is replaced by a symlink to `outside`.
@@ -783,7 +781,7 @@ mod tests {
             base.join("pvc-1").symlink_metadata().is_err(),
             "link removed"
         );
-        assert_eq!(std::fs::read(outside.join("sub/keep")).unwrap(), b"keep");
+        assert_kept(&sub);
 
         symlink(&outside, base.join("pvc-1")).unwrap();
         act(&root, &base, "pvc-1", OnDelete::Archive).unwrap();
@@ -792,7 +790,7 @@ mod tests {
             archived.file_type().is_symlink(),
             "the link itself was renamed"
         );
-        assert_eq!(std::fs::read(outside.join("sub/keep")).unwrap(), b"keep");
+        assert_kept(&sub);
         assert!(!outside.join("archived-pvc-1").exists());
     }
 
@@ -806,8 +804,7 @@ mod tests {
         symlink(&base, &alias).unwrap();
         let root = open_base(&alias).unwrap();
         let decoy = tmp.path().join("decoy");
-        std::fs::create_dir_all(decoy.join("pvc-1")).unwrap();
-        std::fs::write(decoy.join("pvc-1/keep"), b"keep").unwrap();
+        with_keep(decoy.join("pvc-1"));
         std::fs::remove_file(&alias).unwrap();
         symlink(&decoy, &alias).unwrap();
         act(&root, &alias, "pvc-1", OnDelete::Delete).unwrap();
