@@ -163,10 +163,16 @@ pub fn nested_with(
 mod tests {
     use super::*;
 
-    #[test]
-    fn put_get_remove_and_list() {
+    /// A temporary directory and a handle on it, as the export's root.
+    fn temp_root() -> (tempfile::TempDir, Dir) {
         let tmp = tempfile::tempdir().unwrap();
         let root = safe_fs::open_root(tmp.path()).unwrap();
+        (tmp, root)
+    }
+
+    #[test]
+    fn put_get_remove_and_list() {
+        let (tmp, root) = temp_root();
         assert_eq!(get(&root, "pvc-1").unwrap(), None);
         assert!(all(&root).unwrap().is_empty());
         let p = RelPath::parse("a/b").unwrap();
@@ -207,11 +213,10 @@ mod tests {
 
     #[test]
     fn a_corrupt_record_is_an_error_not_a_guess() {
-        let tmp = tempfile::tempdir().unwrap();
+        let (tmp, root) = temp_root();
         let dir = tmp.path().join(".split-provisioner/volumes");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("pvc-1"), "../../etc\n").unwrap();
-        let root = safe_fs::open_root(tmp.path()).unwrap();
         assert!(get(&root, "pvc-1")
             .unwrap_err()
             .to_string()
