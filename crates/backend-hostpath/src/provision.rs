@@ -9,11 +9,9 @@ use backend_kit::Refusal;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use backend_kit::attrs::{
-    DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
-};
+use backend_kit::attrs::DirAttrs;
 use backend_kit::capacity;
-use backend_kit::quota::{self, QuotaMode, QUOTA_PARAMETER};
+use backend_kit::quota::{self, QuotaMode};
 use backend_kit::safe_fs::{self, WalkError};
 use k8s_openapi::api::core::v1::{
     HostPathVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -24,14 +22,9 @@ use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState, Volum
 use super::base_dirs::PARAM_BASE_DIR;
 use super::HostPath;
 
-/// StorageClass `parameters` keys the hostpath backend accepts.
-pub const ACCEPTED_PARAMETERS: &[&str] = &[
-    PARAM_BASE_DIR,
-    QUOTA_PARAMETER,
-    PARAM_DIRECTORY_MODE,
-    PARAM_DIRECTORY_UID,
-    PARAM_DIRECTORY_GID,
-];
+/// StorageClass `parameters` keys the hostpath backend accepts besides
+/// [`backend_kit::claim::FILESYSTEM_PARAMETERS`].
+pub const OWN_PARAMETERS: &[&str] = &[PARAM_BASE_DIR];
 
 /// Node label used for the PV's node affinity.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -46,10 +39,8 @@ pub fn provision(
     backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
-    let class = &options.storage_class;
-    let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    let params = class.parameters.as_ref();
-    backend_kit::claim::check_parameters("hostpath", class_name, params, ACCEPTED_PARAMETERS)?;
+    let (class_name, params) =
+        backend_kit::claim::checked_class("hostpath", &options.storage_class, OWN_PARAMETERS)?;
     let quota = QuotaMode::from_parameters(params)?;
     let attrs = DirAttrs::from_class(params)?;
     check_base_dir(backend, class_name, params)?;
@@ -696,9 +687,14 @@ pub(crate) mod tests {
 
     #[test]
     fn no_parameters_pass_validation() {
-        let check =
-            |p| backend_kit::claim::check_parameters("hostpath", "c", p, ACCEPTED_PARAMETERS);
+        let check = |parameters| {
+            let class = StorageClass {
+                parameters,
+                ..Default::default()
+            };
+            backend_kit::claim::checked_class("hostpath", &class, OWN_PARAMETERS).map(|_| ())
+        };
         assert!(check(None).is_ok());
-        assert!(check(Some(&BTreeMap::new())).is_ok());
+        assert!(check(Some(BTreeMap::new())).is_ok());
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaimSpec, PersistentVolumeSpec,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
@@ -71,6 +72,31 @@ pub fn filesystem_pv(
         }),
         status: None,
     })
+}
+
+type Parameters = BTreeMap<String, String>;
+
+/// StorageClass parameters backend-kit reads for every filesystem backend (project quota,
+/// directory mode and owner).
+pub const FILESYSTEM_PARAMETERS: &[&str] = &[
+    crate::quota::QUOTA_PARAMETER,
+    crate::attrs::PARAM_DIRECTORY_MODE,
+    crate::attrs::PARAM_DIRECTORY_UID,
+    crate::attrs::PARAM_DIRECTORY_GID,
+];
+
+/// `class`'s name and parameters, once [`check_parameters`] accepts the backend's `own`
+/// parameters, then [`FILESYSTEM_PARAMETERS`]. Errors: as [`check_parameters`].
+pub fn checked_class<'a>(
+    backend: &str,
+    class: &'a StorageClass,
+    own: &[&str],
+) -> Result<(&'a str, Option<&'a Parameters>), Refusal> {
+    let name = class.metadata.name.as_deref().unwrap_or_default();
+    let parameters = class.parameters.as_ref();
+    let accepted = [own, FILESYSTEM_PARAMETERS].concat();
+    check_parameters(backend, name, parameters, &accepted)?;
+    Ok((name, parameters))
 }
 
 /// Refuse every StorageClass parameter not in `accepted`.

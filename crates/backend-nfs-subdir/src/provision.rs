@@ -21,23 +21,14 @@ use provisioner_api::{ProvisionError, ProvisionOptions};
 use super::delete::mount_error;
 use super::pattern::{volume_path, PatternInput, RelPath};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
-use backend_kit::attrs::{
-    DirAttrs, PARAM_DIRECTORY_GID, PARAM_DIRECTORY_MODE, PARAM_DIRECTORY_UID,
-};
+use backend_kit::attrs::DirAttrs;
 use backend_kit::capacity;
-use backend_kit::quota::{self, QuotaMode, QUOTA_PARAMETER};
+use backend_kit::quota::{self, QuotaMode};
 use backend_kit::safe_fs::{self, Entry, WalkError};
 
-/// StorageClass parameters the backend accepts (upstream's names).
-pub const ACCEPTED_PARAMETERS: &[&str] = &[
-    PARAM_PATH_PATTERN,
-    PARAM_ON_DELETE,
-    PARAM_ARCHIVE_ON_DELETE,
-    QUOTA_PARAMETER,
-    PARAM_DIRECTORY_MODE,
-    PARAM_DIRECTORY_UID,
-    PARAM_DIRECTORY_GID,
-];
+/// StorageClass parameters the backend accepts (upstream's names) besides
+/// [`backend_kit::claim::FILESYSTEM_PARAMETERS`].
+pub const OWN_PARAMETERS: &[&str] = &[PARAM_PATH_PATTERN, PARAM_ON_DELETE, PARAM_ARCHIVE_ON_DELETE];
 /// Parameter: sub-directory template.
 pub const PARAM_PATH_PATTERN: &str = "pathPattern";
 /// Parameter: `delete` or `retain`.
@@ -78,14 +69,8 @@ pub fn parse_go_bool(v: &str) -> Option<bool> {
 /// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
 /// parameter, a bad `onDelete` or a non-boolean `archiveOnDelete`.
 pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
-    let class_name = class.metadata.name.as_deref().unwrap_or_default();
-    let parameters = class.parameters.as_ref();
-    backend_kit::claim::check_parameters(
-        "nfs-subdir",
-        class_name,
-        parameters,
-        ACCEPTED_PARAMETERS,
-    )?;
+    let (class_name, parameters) =
+        backend_kit::claim::checked_class("nfs-subdir", class, OWN_PARAMETERS)?;
     let empty = BTreeMap::new();
     let params = parameters.unwrap_or(&empty);
     if let Some(other) = params
