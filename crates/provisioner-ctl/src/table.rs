@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::status::Status;
+use crate::status::{LeaseStatus, Status};
 
 /// The terminal rendering: per provisioner name a summary line, then the
 /// Leases, in-flight entries, dead letters, intents and orphans as aligned
@@ -26,89 +26,53 @@ pub fn render_table(status: &Status) -> String {
             None => out.push_str("  queue: unavailable\n"),
         }
         if !p.leases.is_empty() {
-            section(
-                &mut out,
-                "leases",
-                &["SERVICE", "LEASE", "HOLDER", "RENEWED", "STATE"],
-                p.leases.iter().map(|l| {
-                    let state = if l.error.is_some() {
-                        "unreadable"
-                    } else if !l.found {
-                        "not found"
-                    } else if l.holder.is_none() {
-                        "no holder"
-                    } else if l.expired {
-                        "expired"
-                    } else {
-                        "held"
-                    };
-                    vec![
-                        l.service.clone(),
-                        match &l.namespace {
-                            Some(ns) => format!("{ns}/{}", l.name),
-                            None => l.name.clone(),
-                        },
-                        l.holder.clone().unwrap_or_else(|| "-".into()),
-                        l.renewed_seconds_ago
-                            .map(|s| format!("{} ago", secs(s)))
-                            .unwrap_or_else(|| "-".into()),
-                        state.to_string(),
-                    ]
-                }),
-            );
+            let header = ["SERVICE", "LEASE", "HOLDER", "RENEWED", "STATE"];
+            section(&mut out, "leases", header, p.leases.iter().map(lease_row));
         }
         if let Some(q) = &p.queue {
-            section(
-                &mut out,
-                "in flight",
-                &["PV", "CLAIM", "OWNER TERM", "VISIBLE AGAIN IN", "ATTEMPTS"],
-                q.in_flight.iter().map(|e| {
-                    vec![
-                        e.pv_name.clone(),
-                        e.claim.clone().unwrap_or_else(|| "<unreadable>".into()),
-                        match e.owner_term {
-                            Some(t) if e.stale_owner => format!("{t} (stale)"),
-                            Some(t) => t.to_string(),
-                            None => "-".into(),
-                        },
-                        secs(e.visible_again_in_seconds),
-                        e.attempts.to_string(),
-                    ]
-                }),
-            );
-            section(
-                &mut out,
-                "dead letters",
-                &["PV", "CLAIM", "ATTEMPTS", "DEAD FOR", "REASON"],
-                q.dead_letters.iter().map(|d| {
-                    vec![
-                        d.pv_name.clone(),
-                        d.claim.clone().unwrap_or_else(|| "-".into()),
-                        d.attempts.to_string(),
-                        secs(d.dead_for_seconds),
-                        d.reason.clone(),
-                    ]
-                }),
-            );
+            let header = ["PV", "CLAIM", "OWNER TERM", "VISIBLE AGAIN IN", "ATTEMPTS"];
+            let rows = q.in_flight.iter().map(|e| {
+                let term = match e.owner_term {
+                    Some(t) if e.stale_owner => format!("{t} (stale)"),
+                    Some(t) => t.to_string(),
+                    None => "-".into(),
+                };
+                [
+                    e.pv_name.clone(),
+                    e.claim.clone().unwrap_or_else(|| "<unreadable>".into()),
+                    term,
+                    secs(e.visible_again_in_seconds),
+                    e.attempts.to_string(),
+                ]
+            });
+            section(&mut out, "in flight", header, rows);
+            let header = ["PV", "CLAIM", "ATTEMPTS", "DEAD FOR", "REASON"];
+            let rows = q.dead_letters.iter().map(|d| {
+                [
+                    d.pv_name.clone(),
+                    dash(d.claim.clone()),
+                    d.attempts.to_string(),
+                    secs(d.dead_for_seconds),
+                    d.reason.clone(),
+                ]
+            });
+            section(&mut out, "dead letters", header, rows);
         }
         let intents = "intents (volumes being made)";
         if p.unavailable.contains(&"intents") {
             let _ = writeln!(out, "  {intents}: unavailable");
         } else {
-            section(
-                &mut out,
-                intents,
-                &["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"],
-                p.intents.iter().map(|i| {
-                    vec![
-                        i.pv_name.clone(),
-                        i.claim.clone(),
-                        i.class.clone(),
-                        secs(i.age_seconds),
-                        i.in_background.to_string(),
-                    ]
-                }),
-            );
+            let header = ["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"];
+            let rows = p.intents.iter().map(|i| {
+                [
+                    i.pv_name.clone(),
+                    i.claim.clone(),
+                    i.class.clone(),
+                    secs(i.age_seconds),
+                    i.in_background.to_string(),
+                ]
+            });
+            section(&mut out, intents, header, rows);
         }
         match &p.orphan_report {
             Some(r) => {
@@ -136,8 +100,34 @@ pub fn render_table(status: &Status) -> String {
     out
 }
 
+/// A Lease's row: service, `namespace/name`, holder, last renewal and state.
+fn lease_row(l: &LeaseStatus) -> [String; 5] {
+    let state = if l.error.is_some() {
+        "unreadable"
+    } else if !l.found {
+        "not found"
+    } else if l.holder.is_none() {
+        "no holder"
+    } else if l.expired {
+        "expired"
+    } else {
+        "held"
+    };
+    let name = match &l.namespace {
+        Some(ns) => format!("{ns}/{}", l.name),
+        None => l.name.clone(),
+    };
+    let holder = dash(l.holder.clone());
+    let renewed = dash(l.renewed_seconds_ago.map(|s| format!("{} ago", secs(s))));
+    [l.service.clone(), name, holder, renewed, state.to_string()]
+}
+
 fn secs(s: f64) -> String {
     format!("{s:.0}s")
+}
+
+fn dash(cell: Option<String>) -> String {
+    cell.unwrap_or_else(|| "-".into())
 }
 
 /// Append `title` and an aligned table (two-space indent, columns padded to
@@ -145,32 +135,30 @@ fn secs(s: f64) -> String {
 fn section(
     out: &mut String,
     title: &str,
-    header: &[&str],
-    rows: impl Iterator<Item = Vec<String>>,
+    header: [&str; 5],
+    rows: impl Iterator<Item = [String; 5]>,
 ) {
-    let rows: Vec<Vec<String>> = rows.collect();
-    if rows.is_empty() {
+    let rows: Vec<[String; 5]> = std::iter::once(header.map(String::from))
+        .chain(rows)
+        .collect();
+    if rows.len() == 1 {
         let _ = writeln!(out, "  {title}: none");
         return;
     }
     let _ = writeln!(out, "  {title}:");
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    let mut widths = [0; 5];
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    for row in std::iter::once(&header).chain(&rows) {
-        let mut line = String::from("   ");
-        for (i, cell) in row.iter().enumerate() {
-            line.push(' ');
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                let _ = write!(line, "{cell:<w$} ", w = widths[i]);
-            }
-        }
+    for row in &rows {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let line = format!("    {}", cells.join("  "));
         let _ = writeln!(out, "{}", line.trim_end());
     }
 }
