@@ -5,6 +5,7 @@
 //! its own, and one that fails is reported in `errors` while the rest is shown.
 
 use std::collections::HashMap;
+use std::fmt::Display;
 
 use api_types::lease_name;
 use common::handoff::intents::IntentStore;
@@ -38,7 +39,7 @@ impl Status {
 }
 
 /// Everything about one provisioner name.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ProvisionerStatus {
     /// The provisioner name (StorageClass `provisioner`).
     pub provisioner_name: String,
@@ -47,6 +48,10 @@ pub struct ProvisionerStatus {
     /// Provisioning intents: volumes provision-svc is making whose PV is not
     /// queued yet, sorted by PV name.
     pub intents: Vec<IntentStatus>,
+    /// Sections whose source could not be read (`queue`, `intents`, `orphan sweep`):
+    /// the table says `unavailable` instead of empty; the cause is in `errors`.
+    #[serde(skip)]
+    pub unavailable: Vec<&'static str>,
     /// The last completed orphan sweep; `None` before the first one (or when
     /// unreadable, then see `errors`).
     pub orphan_report: Option<OrphanReport>,
@@ -56,10 +61,6 @@ pub struct ProvisionerStatus {
     pub leases: Vec<LeaseStatus>,
     /// Parts that could not be read.
     pub errors: Vec<String>,
-    /// Sections whose source could not be read (`queue`, `intents`, `orphan sweep`):
-    /// the table says `unavailable` instead of empty; the cause is in `errors`.
-    #[serde(skip)]
-    pub unavailable: Vec<&'static str>,
 }
 
 /// The durable PV-write queue.
@@ -176,51 +177,31 @@ async fn gather_one(
 ) -> ProvisionerStatus {
     let mut status = ProvisionerStatus {
         provisioner_name: name.to_string(),
-        queue: None,
-        intents: Vec::new(),
-        orphan_report: None,
-        orphan_report_age_seconds: None,
-        leases: Vec::new(),
-        errors: Vec::new(),
-        unavailable: Vec::new(),
-    };
-    let fail = |status: &mut ProvisionerStatus, part: &'static str, e: String| {
-        status.errors.push(format!("{part}: {e}"));
-        status.unavailable.push(part);
+        ..Default::default()
     };
     match common::handoff::redis_store::connect(redis).await {
         Ok(conn) => {
-            let queue = PvQueue::with_connection(conn.clone(), name);
-            match queue_status(&queue).await {
-                Ok(q) => status.queue = Some(q),
-                Err(e) => fail(&mut status, "queue", e.to_string()),
+            let queue = queue_status(&PvQueue::with_connection(conn.clone(), name)).await;
+            status.queue = status.read("queue", queue);
+            let intents = IntentStore::with_connection(conn.clone(), name);
+            if let Some(entries) = status.read("intents", intents.list_with_claims().await) {
+                status.intents = entries
+                    .into_iter()
+                    .map(|e| IntentStatus {
+                        claim: e.intent.claim.to_string(),
+                        pv_name: e.intent.pv_name,
+                        class: e.intent.class,
+                        age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
+                        in_background: e.claim.is_some_and(|c| c.in_background),
+                    })
+                    .collect();
+                status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
             }
-            match IntentStore::with_connection(conn.clone(), name)
-                .list_with_claims()
-                .await
-            {
-                Ok(entries) => {
-                    status.intents = entries
-                        .into_iter()
-                        .map(|e| IntentStatus {
-                            claim: format!("{}/{}", e.intent.claim.namespace, e.intent.claim.name),
-                            pv_name: e.intent.pv_name,
-                            class: e.intent.class,
-                            age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
-                            in_background: e.claim.is_some_and(|c| c.in_background),
-                        })
-                        .collect();
-                    status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-                }
-                Err(e) => fail(&mut status, "intents", e.to_string()),
-            }
-            match orphan_report::read(&mut conn.clone(), name).await {
-                Ok(report) => {
-                    status.orphan_report_age_seconds =
-                        report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
-                    status.orphan_report = report;
-                }
-                Err(e) => fail(&mut status, "orphan sweep", e.to_string()),
+            let report = orphan_report::read(&mut conn.clone(), name).await;
+            if let Some(report) = status.read("orphan sweep", report) {
+                status.orphan_report_age_seconds =
+                    report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
+                status.orphan_report = report;
             }
         }
         // The error names the (redacted) URL; once, for the three parts it hides.
@@ -241,6 +222,18 @@ async fn gather_one(
     status
 }
 
+impl ProvisionerStatus {
+    /// `result`'s value; on an error, `None` with `part` noted in `errors` and `unavailable`.
+    fn read<T>(&mut self, part: &'static str, result: Result<T, impl Display>) -> Option<T> {
+        result
+            .map_err(|e| {
+                self.errors.push(format!("{part}: {e}"));
+                self.unavailable.push(part);
+            })
+            .ok()
+    }
+}
+
 async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::queue::QueueError> {
     let stats = queue.stats().await?;
     let now = stats.redis_now_ms;
@@ -254,11 +247,7 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::q
             PendingState::InFlight(until) => {
                 let owner_term = owners.get(&e.pv_name).copied();
                 Some(InFlightStatus {
-                    claim: e
-                        .entry
-                        .as_ref()
-                        .ok()
-                        .map(|w| format!("{}/{}", w.claim.namespace, w.claim.name)),
+                    claim: e.entry.as_ref().ok().map(|w| w.claim.to_string()),
                     stale_owner: owner_term.is_some_and(|t| t < current_term),
                     owner_term,
                     visible_again_in_seconds: age_seconds(until, now),
@@ -274,10 +263,7 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::q
         .await?
         .into_iter()
         .map(|d| DeadLetterStatus {
-            claim: d
-                .claim
-                .as_ref()
-                .map(|c| format!("{}/{}", c.namespace, c.name)),
+            claim: d.claim.as_ref().map(|c| c.to_string()),
             dead_for_seconds: age_seconds(now, d.dead_at_ms),
             pv_name: d.pv_name,
             reason: d.reason,
