@@ -8,6 +8,8 @@ pub mod status;
 pub mod table;
 
 use cli::{OutputFormat, StatusArgs};
+use common::kube::time::now_ms;
+use common::runtime::{kube_client::client_from_args, telemetry::error_chain};
 
 /// Gather ([`status::gather`]) with the `--redis-*` flags and `--kubeconfig` (unless
 /// `--no-leases`), print a table or JSON. Errors: after printing, the count of
@@ -21,30 +23,18 @@ pub async fn run_status(
     } else {
         args.provisioner_names.clone()
     };
-    let namespace = common_args.leader_election_namespace.as_deref();
-    let mut client_error = None;
-    let client = if args.no_leases {
-        None
-    } else {
-        match common::runtime::kube_client::client_from_args(common_args, None).await {
-            Ok(c) => Some(c),
-            Err(e) => {
-                client_error = Some(format!(
-                    "leases: {}",
-                    common::runtime::telemetry::error_chain(e.as_ref())
-                ));
-                None
-            }
-        }
+    let client = match args.no_leases {
+        true => None,
+        false => Some(client_from_args(common_args, None).await),
     };
-    let mut status = status::gather(
-        &names,
-        &common_args.redis(),
-        client.as_ref().map(|c| (c, namespace)),
-        common::kube::time::now_ms(),
-    )
-    .await;
-    if let Some(e) = client_error {
+    let namespace = common_args.leader_election_namespace.as_deref();
+    let leases = client
+        .as_ref()
+        .and_then(|c| c.as_ref().ok())
+        .map(|c| (c, namespace));
+    let mut status = status::gather(&names, &common_args.redis(), leases, now_ms()).await;
+    if let Some(Err(e)) = client {
+        let e = format!("leases: {}", error_chain(e.as_ref()));
         for p in &mut status.provisioners {
             p.errors.push(e.clone());
         }
