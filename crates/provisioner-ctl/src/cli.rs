@@ -61,23 +61,16 @@ pub enum OutputFormat {
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
     /// Entries waiting to be written (due, retrying or in flight).
-    List(QueueArgs),
+    List(CommonArgs),
     /// Dead-lettered entries and why they were refused.
-    Dead(QueueArgs),
+    Dead(CommonArgs),
     /// Move a dead-lettered entry back to the queue.
     Requeue {
         /// The PV name of the entry.
         pv_name: String,
         #[command(flatten)]
-        queue: QueueArgs,
+        common: CommonArgs,
     },
-}
-
-/// The shared flags of a `queue` action.
-#[derive(Debug, Clone, Args)]
-pub struct QueueArgs {
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 /// What a `queue` command does.
@@ -104,9 +97,9 @@ impl QueueCommand {
     /// The shared flags of this action.
     pub fn common(&self) -> &CommonArgs {
         match self {
-            QueueCommand::List(q)
-            | QueueCommand::Dead(q)
-            | QueueCommand::Requeue { queue: q, .. } => &q.common,
+            QueueCommand::List(common)
+            | QueueCommand::Dead(common)
+            | QueueCommand::Requeue { common, .. } => common,
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use anyhow::Context;
+use api_types::queue::ClaimKey;
 use common::handoff::queue::{DeadLetter, PendingEntry, PendingState, PvQueue};
 use common::kube::time::now_ms;
 
@@ -45,6 +46,10 @@ fn seconds(ms: u64) -> String {
     format!("{}s", ms / 1000)
 }
 
+fn with_uid(claim: &ClaimKey) -> String {
+    format!("{claim} (uid {})", claim.uid)
+}
+
 /// Tab-separated table of pending entries: `PV CLAIM CLASS STATE ATTEMPTS AGE`,
 /// where STATE is `due`, `retry in <n>s` or `in flight (<n>s left)` and AGE is
 /// the time since enqueue. Unreadable payloads show `<unreadable: ...>` as claim.
@@ -60,7 +65,7 @@ pub fn format_pending(entries: &[PendingEntry], now_ms: u64) -> String {
         };
         let (claim, class, age) = match &e.entry {
             Ok(entry) => (
-                format!("{} (uid {})", entry.claim, entry.claim.uid),
+                with_uid(&entry.claim),
                 entry.class.clone(),
                 seconds(now_ms.saturating_sub(entry.enqueued_at_ms)),
             ),
@@ -79,11 +84,7 @@ pub fn format_pending(entries: &[PendingEntry], now_ms: u64) -> String {
 pub fn format_dead(letters: &[DeadLetter], now_ms: u64) -> String {
     let mut out = String::from("PV\tCLAIM\tATTEMPTS\tDEAD-FOR\tREASON\n");
     for d in letters {
-        let claim = d
-            .claim
-            .as_ref()
-            .map(|c| format!("{c} (uid {})", c.uid))
-            .unwrap_or_else(|| "-".into());
+        let claim = d.claim.as_ref().map_or_else(|| "-".into(), with_uid);
         let _ = writeln!(
             out,
             "{}\t{claim}\t{}\t{}\t{}",
