@@ -4,7 +4,6 @@
 //! orphan sweep's report and the three Leases. Read-only; each part is read on
 //! its own, and one that fails is reported in `errors` while the rest is shown.
 
-use std::collections::HashMap;
 use std::fmt::Display;
 
 use api_types::lease_name;
@@ -238,7 +237,7 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::q
     let stats = queue.stats().await?;
     let now = stats.redis_now_ms;
     let current_term = queue.current_term().await?;
-    let owners: HashMap<String, u64> = queue.inflight_owners().await?;
+    let owners = queue.inflight_owners().await?;
     let in_flight = queue
         .list_pending()
         .await?
@@ -291,21 +290,18 @@ async fn find_lease(
         return Ok(api.get_opt(name).await?);
     }
     let api: Api<Lease> = Api::all(client.clone());
-    let found = api
-        .list(&kube::api::ListParams::default().fields(&format!("metadata.name={name}")))
-        .await?
-        .items;
-    match found.len() {
-        0 | 1 => Ok(found.into_iter().next()),
-        _ => Err(anyhow::anyhow!(
-            "a Lease {name} exists in several namespaces ({}); give --leader-election-namespace",
-            found
-                .iter()
-                .filter_map(|l| l.metadata.namespace.clone())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
+    let by_name = kube::api::ListParams::default().fields(&format!("metadata.name={name}"));
+    let found = api.list(&by_name).await?.items;
+    anyhow::ensure!(
+        found.len() <= 1,
+        "a Lease {name} exists in several namespaces ({}); give --leader-election-namespace",
+        found
+            .iter()
+            .filter_map(|l| l.metadata.namespace.clone())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(found.into_iter().next())
 }
 
 /// The services' component names and Lease suffixes (`<provisioner>-<suffix>`).
@@ -333,9 +329,7 @@ async fn lease_status(
     match find_lease(client, &name, namespace).await {
         Ok(Some(lease)) => {
             status.found = true;
-            if let Some(ns) = lease.metadata.namespace.clone() {
-                status.namespace = Some(ns);
-            }
+            status.namespace = lease.metadata.namespace.or(status.namespace);
             let spec = lease.spec.unwrap_or_default();
             status.holder = spec.holder_identity.filter(|h| !h.is_empty());
             status.renewed_seconds_ago = spec
