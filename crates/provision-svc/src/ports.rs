@@ -472,6 +472,16 @@ mod tests {
             .unwrap()
     }
 
+    /// The next request the client sends, and where to answer it.
+    async fn next(
+        handle: &mut Handle,
+    ) -> (
+        Request<Body>,
+        tower_test::mock::SendResponse<Response<Body>>,
+    ) {
+        handle.next_request().await.expect("a request")
+    }
+
     /// A `Status` failure response: `code`, `reason`, `message`.
     fn status(code: u16, reason: &str, message: &str) -> Response<Body> {
         let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
@@ -483,18 +493,20 @@ mod tests {
     async fn node_lookup_maps_404_to_none_and_other_errors_to_err() {
         let (cluster, mut handle) = cluster();
         let server = tokio::spawn(async move {
-            let (req, send) = handle.next_request().await.unwrap();
-            assert_eq!(req.method(), Method::GET);
-            assert_eq!(req.uri().path(), "/api/v1/nodes/gone");
+            let (req, send) = next(&mut handle).await;
+            assert_eq!(
+                (req.method(), req.uri().path()),
+                (&Method::GET, "/api/v1/nodes/gone")
+            );
             send.send_response(status(404, "NotFound", "nodes \"gone\" not found"));
-            let (req, send) = handle.next_request().await.unwrap();
+            let (req, send) = next(&mut handle).await;
             assert_eq!(req.uri().path(), "/api/v1/nodes/n1");
             send.send_response(json_response(
                 200,
                 serde_json::json!({
                 "kind": "Node", "apiVersion": "v1", "metadata": {"name": "n1"}}),
             ));
-            let (_, send) = handle.next_request().await.unwrap();
+            let (_, send) = next(&mut handle).await;
             send.send_response(status(500, "InternalError", "etcd down"));
         });
         assert!(cluster.get_node("gone").await.unwrap().is_none());
@@ -514,7 +526,7 @@ mod tests {
     async fn reschedule_is_a_conditional_merge_patch_and_a_conflict_is_done() {
         let (cluster, mut handle) = cluster();
         let server = tokio::spawn(async move {
-            let (req, send) = handle.next_request().await.unwrap();
+            let (req, send) = next(&mut handle).await;
             assert_eq!(req.method(), Method::PATCH);
             assert_eq!(
                 req.uri().path(),
@@ -539,9 +551,9 @@ mod tests {
                 "metadata": {"name": "data", "namespace": "ns"}}),
             ));
             // The claim changed since (re-scheduled): 409 Conflict.
-            let (_, send) = handle.next_request().await.unwrap();
+            let (_, send) = next(&mut handle).await;
             send.send_response(status(409, "Conflict", "the object has been modified"));
-            let (_, send) = handle.next_request().await.unwrap();
+            let (_, send) = next(&mut handle).await;
             send.send_response(status(500, "InternalError", "etcd down"));
         });
         let claim = PersistentVolumeClaim {
