@@ -114,7 +114,7 @@ where
     let addr = args.http_socket_addr(spec);
     let (http_addr, server) = http::serve(
         addr,
-        http::router_with_liveness(
+        http::router(
             registry.clone(),
             readiness.clone(),
             liveness.clone(),

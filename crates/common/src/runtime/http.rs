@@ -64,15 +64,9 @@ struct AppState {
     liveness: Liveness,
 }
 
-/// [`router_with_liveness`] with a [`Liveness`] no work loop reports to
-/// (`/healthz` always 200).
-pub fn router(registry: Registry, readiness: Readiness, metrics_path: &str) -> Router {
-    router_with_liveness(registry, readiness, Liveness::default(), metrics_path)
-}
-
 /// The router: `metrics_path` → text exposition, `/healthz` → 200 `ok` or 503
 /// with the reason ([`Liveness::check`]), `/readyz` → 200 `ok` or 503 `not ready`.
-pub fn router_with_liveness(
+pub fn router(
     registry: Registry,
     readiness: Readiness,
     liveness: Liveness,
@@ -138,6 +132,14 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    /// `app` served on a free local port: its address, the stop and the server task.
+    async fn serving(app: Router) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        let stop = CancellationToken::new();
+        let local = "127.0.0.1:0".parse().unwrap();
+        let (addr, task) = serve(local, app, stop.clone()).await.unwrap();
+        (addr, stop, task)
+    }
+
     async fn get_text(addr: SocketAddr, path: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -159,14 +161,13 @@ mod tests {
         let g = crate::runtime::metrics::gauge(&registry, "queue_depth", "test gauge");
         g.set(7);
         let readiness = Readiness::default();
-        let stop = CancellationToken::new();
-        let (addr, task) = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            router(registry, readiness.clone(), "/custom-metrics"),
-            stop.clone(),
-        )
-        .await
-        .unwrap();
+        let (addr, stop, task) = serving(router(
+            registry,
+            readiness.clone(),
+            Liveness::default(),
+            "/custom-metrics",
+        ))
+        .await;
 
         let (code, body) = get_text(addr, "/custom-metrics").await;
         assert_eq!(code, 200);
@@ -204,19 +205,13 @@ mod tests {
             Duration::from_millis(200),
             Duration::from_secs(60),
         );
-        let stop = CancellationToken::new();
-        let (addr, task) = serve(
-            "127.0.0.1:0".parse().unwrap(),
-            router_with_liveness(
-                Registry::new(),
-                Readiness::default(),
-                liveness.clone(),
-                "/metrics",
-            ),
-            stop.clone(),
-        )
-        .await
-        .unwrap();
+        let (addr, stop, task) = serving(router(
+            Registry::new(),
+            Readiness::default(),
+            liveness.clone(),
+            "/metrics",
+        ))
+        .await;
         liveness.set_working(true);
         // A loop that beats (busy or idle) stays healthy past the stall timeout.
         for _ in 0..4 {
