@@ -132,6 +132,11 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    /// The HTTP status of GET `path`.
+    async fn status(addr: SocketAddr, path: &str) -> u16 {
+        get_text(addr, path).await.0
+    }
+
     /// `app` served on a free local port: its address, the stop and the server task.
     async fn serving(app: Router) -> (SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
         let stop = CancellationToken::new();
@@ -173,21 +178,21 @@ mod tests {
         assert_eq!(code, 200);
         assert!(body.contains("# TYPE queue_depth gauge"), "{body}");
         assert!(body.contains("queue_depth 7"), "{body}");
-        assert_eq!(get_text(addr, "/healthz").await.0, 200);
+        assert_eq!(status(addr, "/healthz").await, 200);
 
         // Standing by: ready. Leading without synced work: not ready. Then ready.
-        assert_eq!(get_text(addr, "/readyz").await.0, 200);
+        assert_eq!(status(addr, "/readyz").await, 200);
         readiness.set_leading(true);
         assert_eq!(
             get_text(addr, "/readyz").await,
             (503, "not ready".to_string())
         );
         readiness.set_ready(true);
-        assert_eq!(get_text(addr, "/readyz").await.0, 200);
+        assert_eq!(status(addr, "/readyz").await, 200);
         readiness.set_leading(false);
         readiness.set_leading(true);
         assert_eq!(
-            get_text(addr, "/readyz").await.0,
+            status(addr, "/readyz").await,
             503,
             "losing the lead resets work readiness"
         );
@@ -217,7 +222,7 @@ mod tests {
         for _ in 0..4 {
             liveness.heartbeat().beat();
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert_eq!(get_text(addr, "/healthz").await.0, 200);
+            assert_eq!(status(addr, "/healthz").await, 200);
         }
         // The loop pauses: no beat for longer than the stall timeout.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -225,11 +230,7 @@ mod tests {
         assert_eq!(code, 503);
         assert!(body.contains("work loop stalled"), "{body}");
         liveness.heartbeat().beat();
-        assert_eq!(
-            get_text(addr, "/healthz").await.0,
-            200,
-            "beats again: healthy"
-        );
+        assert_eq!(status(addr, "/healthz").await, 200, "beats again: healthy");
         stop.cancel();
         task.await.unwrap();
     }
