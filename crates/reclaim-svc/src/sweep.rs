@@ -348,8 +348,7 @@ mod tests {
     #[tokio::test]
     async fn reports_only_volumes_nothing_accounts_for() {
         let (backend, acc) = fixture(false);
-        let token = CancellationToken::new();
-        let (result, m) = run(&backend, &acc, true, false, &token).await;
+        let (result, m) = run(&backend, &acc, true, false, &CancellationToken::new()).await;
         let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-orphan"]);
         assert_eq!(m.found.get(), 1);
@@ -362,8 +361,7 @@ mod tests {
     async fn archives_old_orphans_and_never_deletes() {
         let (mut backend, acc) = fixture(false);
         backend.volumes.as_mut().unwrap().push("pvc-young".into());
-        let token = CancellationToken::new();
-        let (result, m) = run(&backend, &acc, true, true, &token).await;
+        let (result, m) = run(&backend, &acc, true, true, &CancellationToken::new()).await;
         let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-orphan", "pvc-young"]);
         assert_eq!(
@@ -389,8 +387,7 @@ mod tests {
         backend
             .uses
             .insert("restore-orphan".into(), "pvc-orphan".into());
-        let token = CancellationToken::new();
-        let (result, _) = run(&backend, &acc, false, true, &token).await;
+        let (result, _) = run(&backend, &acc, false, true, &CancellationToken::new()).await;
         let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-cached"]);
         assert_eq!(
@@ -413,8 +410,7 @@ mod tests {
     #[tokio::test]
     async fn a_lookup_failure_abandons_the_sweep() {
         let (backend, acc) = fixture(true);
-        let token = CancellationToken::new();
-        let (result, _) = run(&backend, &acc, false, true, &token).await;
+        let (result, _) = run(&backend, &acc, false, true, &CancellationToken::new()).await;
         let err = result.unwrap_err();
         assert_eq!(err.to_string(), "queue: redis down");
         assert!(backend.archived().is_empty());
@@ -424,8 +420,7 @@ mod tests {
     async fn a_backend_that_cannot_archive_is_only_reported() {
         let (mut backend, acc) = fixture(false);
         backend.can_archive = false;
-        let token = CancellationToken::new();
-        let (result, m) = run(&backend, &acc, false, true, &token).await;
+        let (result, m) = run(&backend, &acc, false, true, &CancellationToken::new()).await;
         let orphans = result.unwrap();
         assert_eq!(orphans, vec!["pvc-cached", "pvc-orphan"]);
         assert_eq!(m.found.get(), 2);
