@@ -254,6 +254,11 @@ mod tests {
         pv(Some(ME), PHASE_RELEASED, POLICY_DELETE, &[], false)
     }
 
+    /// [`should_delete`] for our provisioner with every class allowed.
+    fn verdict(pv: &PersistentVolume, add_finalizer: bool) -> Result<(), Skip> {
+        should_delete(pv, ME, add_finalizer, allow)
+    }
+
     fn allow(_: &PersistentVolume) -> bool {
         true
     }
@@ -328,8 +333,8 @@ mod tests {
 
     #[test]
     fn should_delete_a_released_delete_policy_pv_of_ours() {
-        assert_eq!(should_delete(&released(), ME, false, allow), Ok(()));
-        assert_eq!(should_delete(&released(), ME, true, allow), Ok(()));
+        assert_eq!(verdict(&released(), false), Ok(()));
+        assert_eq!(verdict(&released(), true), Ok(()));
     }
 
     #[test]
@@ -351,50 +356,35 @@ mod tests {
     #[test]
     fn with_finalizer_option_a_deleted_pv_without_our_finalizer_is_done() {
         let gone = pv(Some(ME), "Released", "Delete", &[PROTECTION], true);
-        assert_eq!(
-            should_delete(&gone, ME, true, allow),
-            Err(Skip::FinalizerGone)
-        );
+        assert_eq!(verdict(&gone, true), Err(Skip::FinalizerGone));
         // Being deleted but still holding our finalizer: the asset is deleted.
         let pending = pv(Some(ME), "Released", "Delete", &[FINALIZER_PV], true);
-        assert_eq!(should_delete(&pending, ME, true, allow), Ok(()));
+        assert_eq!(verdict(&pending, true), Ok(()));
     }
 
     #[test]
     fn without_finalizer_option_a_pv_being_deleted_is_left_alone() {
         let deleting = pv(Some(ME), "Released", "Delete", &[FINALIZER_PV], true);
-        assert_eq!(
-            should_delete(&deleting, ME, false, allow),
-            Err(Skip::BeingDeleted)
-        );
+        assert_eq!(verdict(&deleting, false), Err(Skip::BeingDeleted));
     }
 
     #[test]
     fn phase_policy_and_ownership_are_required() {
         for phase in ["Bound", "Available", "Pending", "Failed"] {
             let v = pv(Some(ME), phase, "Delete", &[], false);
-            assert_eq!(should_delete(&v, ME, false, allow), Err(Skip::NotReleased));
+            assert_eq!(verdict(&v, false), Err(Skip::NotReleased));
         }
         let mut no_status = released();
         no_status.status = None;
-        assert_eq!(
-            should_delete(&no_status, ME, false, allow),
-            Err(Skip::NotReleased)
-        );
+        assert_eq!(verdict(&no_status, false), Err(Skip::NotReleased));
         for policy in ["Retain", "Recycle", ""] {
             let v = pv(Some(ME), "Released", policy, &[], false);
-            assert_eq!(
-                should_delete(&v, ME, false, allow),
-                Err(Skip::PolicyNotDelete)
-            );
+            assert_eq!(verdict(&v, false), Err(Skip::PolicyNotDelete));
         }
         let theirs = pv(Some(OTHER), "Released", "Delete", &[], false);
-        assert_eq!(should_delete(&theirs, ME, false, allow), Err(Skip::NotOurs));
+        assert_eq!(verdict(&theirs, false), Err(Skip::NotOurs));
         let unannotated = pv(None, "Released", "Delete", &[], false);
-        assert_eq!(
-            should_delete(&unannotated, ME, false, allow),
-            Err(Skip::NotOurs)
-        );
+        assert_eq!(verdict(&unannotated, false), Err(Skip::NotOurs));
     }
 
     fn strings(list: &[&str]) -> Vec<String> {
