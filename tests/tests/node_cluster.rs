@@ -243,17 +243,7 @@ async fn claim_survives_pods_and_goes_with_claim(cluster: &RealCluster) {
     }))
     .unwrap();
     claims.create(&PostParams::default(), &claim).await.unwrap();
-    let pv_name = wait_for("claim Bound", Duration::from_secs(60), || async {
-        let c = claims.get("node-data").await.map_err(|e| e.to_string())?;
-        match (
-            c.status.as_ref().and_then(|s| s.phase.as_deref()),
-            c.spec.as_ref().and_then(|s| s.volume_name.clone()),
-        ) {
-            (Some("Bound"), Some(pv)) => Ok(pv),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let pv_name = bound_pv(&claims, "node-data").await;
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     let pv = pvs.get(&pv_name).await.unwrap();
     let dir = PathBuf::from(
@@ -295,24 +285,37 @@ async fn claim_survives_pods_and_goes_with_claim(cluster: &RealCluster) {
         .delete("node-data", &DeleteParams::default())
         .await
         .unwrap();
+    pv_and_directory_gone(&pvs, &pv_name, &dir).await;
+    eprintln!("node scenario 2: data kept across pods, directory removed with the claim");
+}
+
+/// Wait until claim `name` is Bound; its PV's name.
+async fn bound_pv(claims: &Api<PersistentVolumeClaim>, name: &str) -> String {
+    wait_for("claim Bound", Duration::from_secs(60), || async {
+        let c = claims.get(name).await.map_err(|e| e.to_string())?;
+        let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
+        match (phase, c.spec.as_ref().and_then(|s| s.volume_name.clone())) {
+            (Some("Bound"), Some(pv)) => Ok(pv),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
+/// Wait until PV `pv_name` and its directory `dir` on the node are gone.
+async fn pv_and_directory_gone(pvs: &Api<PersistentVolume>, pv_name: &str, dir: &std::path::Path) {
     wait_for(
         "PV and directory gone",
         Duration::from_secs(120),
         || async {
-            let pv = pvs.get_opt(&pv_name).await.map_err(|e| e.to_string())?;
-            if pv.is_none() && !dir.exists() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "pv present: {}, dir present: {}",
-                    pv.is_some(),
-                    dir.exists()
-                ))
+            let pv = pvs.get_opt(pv_name).await.map_err(|e| e.to_string())?;
+            match (pv.is_some(), dir.exists()) {
+                (false, false) => Ok(()),
+                (pv, dir) => Err(format!("pv present: {pv}, dir present: {dir}")),
             }
         },
     )
-    .await;
-    eprintln!("node scenario 2: data kept across pods, directory removed with the claim");
+    .await
 }
 
 /// Create claim `name` (1Gi) of `class` in `default`.
@@ -339,6 +342,18 @@ async fn claim_event_notes(client: &kube::Client, name: &str, reason: &str) -> V
     };
     list.map(|l| l.items.into_iter().flat_map(each).collect())
         .unwrap_or_default()
+}
+
+/// Wait (60 s) for the first event of reason `reason` about claim `name`; its note.
+async fn first_event_note(client: &kube::Client, name: &str, reason: &str) -> String {
+    wait_for(reason, Duration::from_secs(60), || async {
+        let notes = claim_event_notes(client, name, reason).await;
+        notes
+            .into_iter()
+            .next()
+            .ok_or_else(|| "no event yet".to_string())
+    })
+    .await
 }
 
 /// Scenario 9: a class with `directoryMode`, `quota: best-effort` and expansion, and one with
@@ -369,33 +384,12 @@ async fn class_parameters_on_the_node(cluster: &RealCluster) {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
     create_claim(&claims, "node-sized", "node-sized").await;
     create_claim(&claims, "node-unlimited", "node-quota-required").await;
-    let pv_name = wait_for("claim Bound", Duration::from_secs(60), || async {
-        let c = claims.get("node-sized").await.map_err(|e| e.to_string())?;
-        match (
-            c.status.as_ref().and_then(|s| s.phase.as_deref()),
-            c.spec.as_ref().and_then(|s| s.volume_name.clone()),
-        ) {
-            (Some("Bound"), Some(pv)) => Ok(pv),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let pv_name = bound_pv(&claims, "node-sized").await;
     let dir = PathBuf::from(BASE_DIR).join(&pv_name);
     let mode = std::os::unix::fs::PermissionsExt::mode(&dir.metadata().unwrap().permissions());
     assert_eq!(mode & 0o7777, 0o750, "directoryMode on {}", dir.display());
 
-    let failed = wait_for(
-        "quota=required refused",
-        Duration::from_secs(60),
-        || async {
-            let notes = claim_event_notes(&client, "node-unlimited", "ProvisioningFailed").await;
-            notes
-                .into_iter()
-                .next()
-                .ok_or_else(|| "no event yet".to_string())
-        },
-    )
-    .await;
+    let failed = first_event_note(&client, "node-unlimited", "ProvisioningFailed").await;
     assert!(
         failed.contains("project quota") && failed.contains("quota=required"),
         "{failed}"
@@ -430,18 +424,7 @@ async fn class_parameters_on_the_node(cluster: &RealCluster) {
     })
     .await;
     // The event follows the status patch: wait for it, then make sure no second one follows.
-    wait_for(
-        "VolumeResizeSuccessful",
-        Duration::from_secs(30),
-        || async {
-            let notes = claim_event_notes(&client, "node-sized", "VolumeResizeSuccessful").await;
-            notes
-                .into_iter()
-                .next()
-                .ok_or_else(|| "no event yet".to_string())
-        },
-    )
-    .await;
+    first_event_note(&client, "node-sized", "VolumeResizeSuccessful").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let resized = claim_event_notes(&client, "node-sized", "VolumeResizeSuccessful").await;
     assert_eq!(resized.len(), 1, "{resized:?}");
@@ -459,18 +442,7 @@ async fn class_parameters_on_the_node(cluster: &RealCluster) {
             .await
             .unwrap();
     }
-    wait_for(
-        "PV and directory gone",
-        Duration::from_secs(120),
-        || async {
-            let pv = pvs.get_opt(&pv_name).await.map_err(|e| e.to_string())?;
-            match (pv.is_none(), dir.exists()) {
-                (true, false) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
+    pv_and_directory_gone(&pvs, &pv_name, &dir).await;
     for name in ["node-sized", "node-quota-required"] {
         classes
             .delete(name, &DeleteParams::default())

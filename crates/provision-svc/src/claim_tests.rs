@@ -1688,12 +1688,18 @@ fn expandable(allow: bool, pv: PersistentVolume) -> World {
     .build()
 }
 
-#[tokio::test]
-async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does() {
+/// One pass on a Bound claim asking for 2Mi (status 1Mi) whose PV has `pv_size`.
+async fn grown_to_2mi_with_a_pv_of(pv_size: &str) -> World {
     let c = bound("u1", "2Mi", "1Mi");
-    let mut w = expandable(true, volume_of(&c, "1Mi"));
+    let mut w = expandable(true, volume_of(&c, pv_size));
     w.add_claim(&c);
     assert_eq!(w.process("u1").await, Action::await_change());
+    w
+}
+
+#[tokio::test]
+async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does() {
+    let w = grown_to_2mi_with_a_pv_of("1Mi").await;
     let patches = w.cluster.patches.lock().unwrap().clone();
     let targets: Vec<&str> = patches.iter().map(|(t, _)| t.as_str()).collect();
     assert_eq!(
@@ -1724,13 +1730,16 @@ async fn a_grown_request_grows_the_pv_then_the_claims_status_as_the_resizer_does
 /// node scenario saw two).
 #[tokio::test]
 async fn a_pass_on_a_stale_claim_after_the_pv_grew_publishes_no_second_success() {
-    let c = bound("u1", "2Mi", "1Mi");
-    let mut w = expandable(true, volume_of(&c, "2Mi"));
-    w.add_claim(&c);
-    assert_eq!(w.process("u1").await, Action::await_change());
-    let patches = w.cluster.patches.lock().unwrap().clone();
-    let targets: Vec<&str> = patches.iter().map(|(t, _)| t.as_str()).collect();
-    assert_eq!(targets, ["claim/claim-u1/status"]);
+    let w = grown_to_2mi_with_a_pv_of("2Mi").await;
+    let patched: Vec<String> = w
+        .cluster
+        .patches
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.0.clone())
+        .collect();
+    assert_eq!(patched, ["claim/claim-u1/status"]);
     assert!(w.cluster.events().is_empty(), "{:?}", w.cluster.events());
 }
 

@@ -75,14 +75,15 @@ fn probe(mount: &str, name: &str) -> std::io::Result<bool> {
 }
 
 /// Two directories for one PV name (as two volumes whose names hash alike) get different
-/// project ids, a retry on the first keeps its id; once the first is removed (its limit lifted), its id is free again (within
-/// 2 s: XFS releases a removed directory's usage in the background).
+/// project ids, a retry keeps its id, a nested directory does not take its parent's; once
+/// the first is removed (limit lifted), its id is free again (XFS: within 2 s).
 fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
     let root = safe_fs::open_root(std::path::Path::new(mount))?;
-    let make = |entry: &str| -> std::io::Result<Option<u32>> {
-        let (handle, _) = safe_fs::create_path(&root, &[entry.to_string()], 0o777)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        std::fs::write(format!("{mount}/{entry}/file"), b"x")?;
+    let walk_error = |e: safe_fs::WalkError| std::io::Error::other(e.to_string());
+    // The project `quota=required` gives the directory at `path` (created if missing).
+    let limited = |path: &[&str]| -> std::io::Result<Option<u32>> {
+        let path: Vec<String> = path.iter().map(|c| c.to_string()).collect();
+        let (handle, _) = safe_fs::create_path(&root, &path, 0o777).map_err(walk_error)?;
         let dir = safe_fs::as_file(&handle)?;
         Ok(
             match quota::apply(QuotaMode::Required, &dir, "pvc-same", MIB) {
@@ -91,20 +92,13 @@ fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
             },
         )
     };
-    let first = make("same-a")?;
-    // A retry of the same volume keeps its directory's id.
-    let handle_a = safe_fs::open_path(&root, &["same-a".to_string()])
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let retried = match quota::apply(
-        QuotaMode::Required,
-        &safe_fs::as_file(&handle_a)?,
-        "pvc-same",
-        MIB,
-    ) {
-        Ok(Applied::Limited { project }) => Some(project),
-        _ => None,
+    let make = |entry: &str| -> std::io::Result<Option<u32>> {
+        std::fs::create_dir(format!("{mount}/{entry}"))?;
+        std::fs::write(format!("{mount}/{entry}/file"), b"x")?;
+        limited(&[entry])
     };
-    drop(handle_a); // an open handle would keep the removed directory's inode, and its usage
+    let first = make("same-a")?;
+    let retried = limited(&["same-a"])?; // a retry of the same volume keeps its id
     let second = make("same-b")?;
     quota::lift_before_removal(&root, "same-a", "pvc-same");
     root.remove_dir_all("same-a")?;
@@ -119,21 +113,11 @@ fn ids_are_unique_and_freed(mount: &str, name: &str) -> std::io::Result<bool> {
     let expected: Vec<u32> = quota::candidates("pvc-same").take(2).collect();
     // A directory that inherited its parent's id (one of its own candidates) takes another,
     // and the parent's limit stays.
-    let (parent, _) = safe_fs::create_path(&root, &["nest".to_string()], 0o777)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let (parent, _) =
+        safe_fs::create_path(&root, &["nest".to_string()], 0o777).map_err(walk_error)?;
     let parent = safe_fs::as_file(&parent)?;
     quota::limit(&parent, expected[0], 3 * MIB)?;
-    let (child, _) = safe_fs::create_path(&root, &["nest".to_string(), "child".to_string()], 0o777)
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let child = match quota::apply(
-        QuotaMode::Required,
-        &safe_fs::as_file(&child)?,
-        "pvc-same",
-        MIB,
-    ) {
-        Ok(Applied::Limited { project }) => Some(project),
-        _ => None,
-    };
+    let child = limited(&["nest", "child"])?;
     let parent_limit = quota::usage(&parent)?.1;
     println!("QUOTA-PROBE {name} nested: child {child:?}, parent's limit {parent_limit}");
     let nested_ok = child.is_some() && child != Some(expected[0]) && parent_limit == 3 * MIB;
