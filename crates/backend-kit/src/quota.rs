@@ -98,7 +98,7 @@ pub fn limit_and_own(
     let applied = apply(mode, &file, pv_name, bytes)?;
     if let Err(e) = attrs.apply(dir) {
         // The directory goes again: its id must not stay taken.
-        let _ = lift(&file, pv_name);
+        let _ = raise(&file, pv_name, 0);
         return Err(Refusal(format!("cannot set mode/owner of {shown}: {e}")));
     }
     match applied {
@@ -195,26 +195,15 @@ fn project_of(fd: libc::c_int) -> Option<u32> {
 /// Before `parent`'s entry `name` (the directory of `pv_name`) is removed: drop the limit of
 /// its own project, so the id is free again. Nothing for a directory without its own limited
 /// project (or that cannot be opened); a failed lift is logged (a later volume probes past it).
-pub fn lift_before_removal(parent: &cap_std::fs::Dir, name: &str, pv_name: &str) {
-    let Ok(dir) = crate::safe_fs::open_path(parent, &[name.to_string()]) else {
+pub fn lift_before_removal(parent: &Dir, name: &str, pv_name: &str) {
+    let Ok(dir) = safe_fs::open_path(parent, &[name.to_string()]) else {
         return;
     };
-    let Ok(readable) = crate::safe_fs::as_file(&dir) else {
+    let Ok(readable) = safe_fs::as_file(&dir) else {
         return;
     };
-    if let Err((project, e)) = lift(&readable, pv_name) {
-        tracing::warn!(pv = pv_name, project, error = %e, "cannot lift the volume's size limit");
-    }
-}
-
-/// Drop the limit of `dir`'s own project (see [`own_project`]) when it has one above 0.
-/// Errors: the project and the `quotactl_fd` error.
-fn lift(dir: &impl AsFd, pv_name: &str) -> Result<(), (u32, io::Error)> {
-    match (own_project(dir, pv_name), usage(dir)) {
-        (Some(project), Ok((_, limit))) if limit > 0 => {
-            limit_project(dir.as_fd().as_raw_fd(), project, 0).map_err(|e| (project, e))
-        }
-        _ => Ok(()),
+    if let Err(e) = raise(&readable, pv_name, 0) {
+        tracing::warn!(pv = pv_name, error = %e, "cannot lift the volume's size limit");
     }
 }
 
@@ -242,9 +231,9 @@ fn limit_project(fd: libc::c_int, project: u32, bytes: u64) -> io::Result<()> {
     quotactl(fd, libc::Q_SETQUOTA, project, &mut dq)
 }
 
-/// Raise the limit of `pv_name`'s directory `dir` to `bytes` when it has its own limited
-/// project (one of [`candidates`], not its parent's); `Ok(false)` when not (an inherited,
-/// shared id is never raised for one volume). Errors: as [`limit`].
+/// Set the limit of `pv_name`'s directory `dir` to `bytes` (0 lifts it) when it has its own
+/// limited project (one of [`candidates`], not its parent's); `Ok(false)` when not (an
+/// inherited, shared id is never changed for one volume). Errors: as [`limit`].
 pub fn raise(dir: &impl AsFd, pv_name: &str, bytes: u64) -> io::Result<bool> {
     let Some(project) = own_project(dir, pv_name) else {
         return Ok(false);

@@ -103,10 +103,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    const SPEC: ServiceSpec = ServiceSpec::new("svc", "svc", 0);
     use backend_hostpath::OnDelete;
     use clap::Parser;
     use std::path::PathBuf;
+
+    const SPEC: ServiceSpec = ServiceSpec::new("svc", "svc", 0);
 
     /// A service command line without backend flags, as the service libraries have.
     #[derive(Debug, Parser)]
