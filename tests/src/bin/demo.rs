@@ -148,6 +148,9 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             BackendKind::Hostpath => None,
             BackendKind::NfsSubdir => Some(ServiceSettings::use_nfs_subdir),
         },
+        // nfs-subdir-external-provisioner's name (the deploy's nfs overlay uses it too).
+        provisioner_name: (args.backend == BackendKind::NfsSubdir)
+            .then(|| "k8s-sigs.io/nfs-subdir-external-provisioner".into()),
         ..Default::default()
     })
     .await?;

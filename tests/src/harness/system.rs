@@ -54,6 +54,9 @@ pub struct SystemOptions {
     /// Options of a real control plane (ignored otherwise), e.g. the
     /// controller manager's client-side limit for the benchmark.
     pub real_cluster: crate::realkube::RealClusterOptions,
+    /// Provisioner name on the simulator or an external cluster (default
+    /// `example.com/hostpath`); a real control plane uses its deploy's.
+    pub provisioner_name: Option<String>,
 }
 
 impl Default for SystemOptions {
@@ -70,6 +73,7 @@ impl Default for SystemOptions {
             no_services: false,
             redis_security: RedisSecurity::default(),
             real_cluster: Default::default(),
+            provisioner_name: None,
         }
     }
 }
@@ -145,15 +149,18 @@ impl System {
             Some(path) => Plane::External(path.clone()),
             None => Plane::start_with(opts.control_plane, opts.real_cluster.clone()).await?,
         };
-        let acl_provisioner = plane
-            .real()
-            .map(|real| real.rbac.provisioner_name.clone())
-            .unwrap_or_else(|| "example.com/hostpath".into());
+        let provisioner_name = match plane.real() {
+            Some(real) => real.rbac.provisioner_name.clone(),
+            None => opts
+                .provisioner_name
+                .clone()
+                .unwrap_or_else(|| "example.com/hostpath".into()),
+        };
         let redis = RedisServer::start_secured(
             &root.join("redis"),
             &log_dir.join("redis.log"),
             opts.redis_security,
-            &acl_provisioner,
+            &provisioner_name,
         )
         .await?;
         let client = plane.admin_client().await?;
@@ -169,8 +176,8 @@ impl System {
                     .insert(s, real.kubeconfig(s).to_path_buf());
             }
             settings.lease_namespaces = real.rbac.namespaces.clone();
-            settings.provisioner_name = real.rbac.provisioner_name.clone();
         }
+        settings.provisioner_name = provisioner_name;
         if let Some(f) = opts.configure {
             f(&mut settings);
         }
