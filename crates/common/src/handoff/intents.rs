@@ -58,8 +58,7 @@ pub enum IntentError {
 pub struct IntentEntry {
     /// The intent.
     pub intent: ProvisionIntent,
-    /// The claim snapshot, `None` when the intent was recorded without one
-    /// ([`IntentStore::record`]) or the snapshot is unreadable (logged).
+    /// The claim snapshot, `None` when it is missing or unreadable (logged).
     pub claim: Option<IntentClaim>,
 }
 
@@ -96,16 +95,6 @@ impl IntentStore {
     /// The store's Redis connection (shared, e.g. with the [`DataMarker`](super::data_marker::DataMarker)).
     pub fn connection(&self) -> RedisConn {
         self.conn.clone()
-    }
-
-    /// Record `intent` (keyed by its PV name), replacing any earlier one, without
-    /// a claim snapshot. Returns true when no intent existed for that PV before.
-    pub async fn record(&self, intent: &ProvisionIntent) -> Result<bool, IntentError> {
-        let mut conn = self.conn.clone();
-        let added: usize = conn
-            .hset(&self.intents_key, &intent.pv_name, intent.encode())
-            .await?;
-        Ok(added == 1)
     }
 
     /// Record `intent` together with a snapshot of `claim` and whether it is
@@ -275,7 +264,10 @@ mod tests {
             .await
             .unwrap();
 
-        assert!(store.record(&intent("b")).await.unwrap());
+        assert!(store
+            .record_with_claim(&intent("b"), &claim("b"), false)
+            .await
+            .unwrap());
         assert!(store
             .record_with_claim(&intent("a"), &claim("a"), true)
             .await
@@ -306,7 +298,7 @@ mod tests {
                 claim: claim("a")
             })
         );
-        assert_eq!(entries[1].claim, None);
+        assert_eq!(entries[1].claim.as_ref().unwrap().claim, claim("b"));
         assert_eq!(
             store
                 .entry("pvc-a")
@@ -318,8 +310,11 @@ mod tests {
                 .claim,
             claim("a")
         );
-        let bare = store.entry("pvc-b").await.unwrap().unwrap();
-        assert_eq!((bare.intent, bare.claim), (intent("b"), None));
+        let b = store.entry("pvc-b").await.unwrap().unwrap();
+        assert_eq!(
+            (b.intent, b.claim.unwrap().claim),
+            (intent("b"), claim("b"))
+        );
 
         assert!(store.clear("pvc-a").await.unwrap());
         assert!(!store.clear("pvc-a").await.unwrap());
@@ -331,7 +326,10 @@ mod tests {
     async fn garbled_records_are_skipped_but_still_contained() {
         let redis = start_redis().await;
         let store = IntentStore::connect(&redis.url(), "p").await.unwrap();
-        store.record(&intent("ok")).await.unwrap();
+        store
+            .record_with_claim(&intent("ok"), &claim("ok"), false)
+            .await
+            .unwrap();
         let mut conn = redis_store::connect(&redis.url()).await.unwrap();
         let _: () = conn
             .hset("provisioner:{p}:provision-intents", "pvc-bad", "{oops")

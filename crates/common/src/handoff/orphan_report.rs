@@ -18,7 +18,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store;
-use api_types::queue::DecodeError;
+use api_types::queue::{decode_versions, DecodeError};
 
 /// The record version this release writes.
 pub const REPORT_VERSION: u32 = 1;
@@ -87,17 +87,9 @@ pub async fn read(
         .transpose()
 }
 
-/// Decode a stored report, checking its version.
-///
-/// Errors: garbled JSON, or another version than [`REPORT_VERSION`].
+/// Decode a stored report. Errors: garbled JSON, or another version than [`REPORT_VERSION`].
 pub fn decode(bytes: &[u8]) -> Result<OrphanReport, DecodeError> {
-    let report: OrphanReport =
-        serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
-    if report.version != REPORT_VERSION {
-        let found = u64::from(report.version);
-        return Err(DecodeError::UnknownVersion { found });
-    }
-    Ok(report)
+    decode_versions(bytes, REPORT_VERSION..=REPORT_VERSION)
 }
 
 #[cfg(test)]
