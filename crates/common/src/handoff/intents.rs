@@ -147,35 +147,27 @@ impl IntentStore {
         Ok(conn.hlen(&self.intents_key).await?)
     }
 
-    /// All readable intents, sorted by PV name. Unreadable records are logged
-    /// and skipped (they stay stored; [`contains`](Self::contains) still sees them).
-    pub async fn list(&self) -> Result<Vec<ProvisionIntent>, IntentError> {
-        let mut conn = self.conn.clone();
-        let raw: HashMap<String, Vec<u8>> = conn.hgetall(&self.intents_key).await?;
-        let mut out: Vec<ProvisionIntent> = raw
-            .into_iter()
-            .filter_map(|(pv_name, bytes)| decode_logged(&pv_name, &bytes, ProvisionIntent::decode))
-            .collect();
-        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-        Ok(out)
-    }
-
     /// All readable intents with their claim snapshots, sorted by PV name.
-    /// Unreadable intents are logged and skipped; an unreadable snapshot is
-    /// logged and reported as `None`.
+    /// Unreadable intents are logged and skipped (they stay stored; [`contains`](Self::contains)
+    /// still sees them); an unreadable snapshot is logged and reported as `None`.
     pub async fn list_with_claims(&self) -> Result<Vec<IntentEntry>, IntentError> {
-        let intents = self.list().await?;
-        let mut conn = self.conn.clone();
-        let mut claims: HashMap<String, Vec<u8>> = conn.hgetall(&self.claims_key).await?;
-        Ok(intents
+        let (intents, mut claims): (HashMap<String, Vec<u8>>, HashMap<String, Vec<u8>>) =
+            redis::pipe()
+                .hgetall(&self.intents_key)
+                .hgetall(&self.claims_key)
+                .query_async(&mut self.conn.clone())
+                .await?;
+        let mut out: Vec<IntentEntry> = intents
             .into_iter()
-            .map(|intent| {
-                let claim = claims
-                    .remove(&intent.pv_name)
-                    .and_then(|bytes| decode_logged(&intent.pv_name, &bytes, IntentClaim::decode));
-                IntentEntry { intent, claim }
+            .filter_map(|(pv_name, bytes)| {
+                let intent = decode_logged(&pv_name, &bytes, ProvisionIntent::decode)?;
+                let claim = claims.remove(&pv_name);
+                let claim = claim.and_then(|b| decode_logged(&pv_name, &b, IntentClaim::decode));
+                Some(IntentEntry { intent, claim })
             })
-            .collect())
+            .collect();
+        out.sort_by(|a, b| a.intent.pv_name.cmp(&b.intent.pv_name));
+        Ok(out)
     }
 
     /// The intent of `pv_name` with its claim snapshot (an unreadable snapshot is
@@ -224,6 +216,12 @@ mod tests {
 
     async fn start_redis() -> TestRedis {
         TestRedis::start().await
+    }
+
+    /// The intents `store` lists, without their claims.
+    async fn intents_of(store: &IntentStore) -> Vec<ProvisionIntent> {
+        let entries = store.list_with_claims().await.unwrap();
+        entries.into_iter().map(|e| e.intent).collect()
     }
 
     fn intent(uid: &str) -> ProvisionIntent {
@@ -279,14 +277,11 @@ mod tests {
                 .unwrap(),
             "second record of one PV replaces, is not new"
         );
-        assert_eq!(store.list().await.unwrap(), vec![intent("a"), intent("b")]);
+        assert_eq!(intents_of(&store).await, vec![intent("a"), intent("b")]);
         assert_eq!(store.count().await.unwrap(), 2);
         assert!(store.contains("pvc-a").await.unwrap());
         assert!(!store.contains("pvc-z").await.unwrap());
-        assert!(
-            other.list().await.unwrap().is_empty(),
-            "per-provisioner keys"
-        );
+        assert!(intents_of(&other).await.is_empty(), "per-provisioner keys");
 
         let entries = store.list_with_claims().await.unwrap();
         assert_eq!(entries.len(), 2);
@@ -319,7 +314,7 @@ mod tests {
         assert!(store.clear("pvc-a").await.unwrap());
         assert!(!store.clear("pvc-a").await.unwrap());
         assert_eq!(store.entry("pvc-a").await.unwrap(), None);
-        assert_eq!(store.list().await.unwrap(), vec![intent("b")]);
+        assert_eq!(intents_of(&store).await, vec![intent("b")]);
     }
 
     #[tokio::test]
@@ -343,7 +338,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(store.list().await.unwrap(), vec![intent("ok")]);
+        assert_eq!(intents_of(&store).await, vec![intent("ok")]);
         assert!(store.contains("pvc-bad").await.unwrap());
         assert_eq!(store.count().await.unwrap(), 2);
         let entries = store.list_with_claims().await.unwrap();

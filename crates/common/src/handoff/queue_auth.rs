@@ -129,15 +129,11 @@ pub struct QueueKey {
 
 impl std::fmt::Debug for QueueKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.previous {
-            None => write!(f, "QueueKey({} bytes)", self.key.len()),
-            Some(p) => write!(
-                f,
-                "QueueKey({} bytes, previous {} bytes)",
-                self.key.len(),
-                p.len()
-            ),
+        write!(f, "QueueKey({} bytes", self.key.len())?;
+        if let Some(p) = &self.previous {
+            write!(f, ", previous {} bytes", p.len())?;
         }
+        f.write_str(")")
     }
 }
 

@@ -126,25 +126,10 @@ pub struct RedisConfig {
     pub sentinel_password_file: Option<PathBuf>,
 }
 
-impl From<&str> for RedisConfig {
-    fn from(url: &str) -> Self {
+impl<S: AsRef<str>> From<S> for RedisConfig {
+    fn from(url: S) -> Self {
         RedisConfig {
-            url: url.to_string(),
-            ..Default::default()
-        }
-    }
-}
-
-impl From<&String> for RedisConfig {
-    fn from(url: &String) -> Self {
-        url.as_str().into()
-    }
-}
-
-impl From<String> for RedisConfig {
-    fn from(url: String) -> Self {
-        RedisConfig {
-            url,
+            url: url.as_ref().to_string(),
             ..Default::default()
         }
     }
