@@ -15,24 +15,8 @@ use api_types::queue::{DecodeError, ProvisionIntent, SCHEMA_VERSION};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use redis::AsyncCommands;
 
+use crate::handoff::queue::{Key, Keys};
 use crate::handoff::redis_store;
-
-/// The intents hash of `provisioner_name`: `<prefix>provision-intents`
-/// (also cleared by the queue's enqueue script, [`crate::handoff::queue::PvQueue::enqueue`]).
-pub fn intents_key(provisioner_name: &str) -> String {
-    format!(
-        "{}provision-intents",
-        redis_store::key_prefix(provisioner_name)
-    )
-}
-
-/// The claim-snapshot hash of `provisioner_name`: `<prefix>provision-intent-claims`.
-pub fn intent_claims_key(provisioner_name: &str) -> String {
-    format!(
-        "{}provision-intent-claims",
-        redis_store::key_prefix(provisioner_name)
-    )
-}
 
 /// Failure of an [`IntentStore`] operation.
 #[derive(Debug, thiserror::Error)]
@@ -85,10 +69,11 @@ impl IntentStore {
 
     /// A store over an existing connection.
     pub fn with_connection(conn: RedisConn, provisioner_name: &str) -> Self {
+        let keys = Keys::new(provisioner_name);
         Self {
             conn,
-            intents_key: intents_key(provisioner_name),
-            claims_key: intent_claims_key(provisioner_name),
+            intents_key: keys.get(Key::Intents).to_string(),
+            claims_key: keys.get(Key::IntentClaims).to_string(),
         }
     }
 

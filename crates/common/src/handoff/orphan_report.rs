@@ -83,13 +83,10 @@ pub async fn read(
 ) -> Result<Option<OrphanReport>, ReportError> {
     let key = report_key(provisioner_name);
     let raw: Option<Vec<u8>> = conn.get(&key).await?;
-    raw.map(|bytes| decode(&bytes).map_err(|detail| ReportError::Corrupt { key, detail }))
+    let report = raw.map(|bytes| decode_versions(&bytes, REPORT_VERSION..=REPORT_VERSION));
+    report
         .transpose()
-}
-
-/// Decode a stored report. Errors: garbled JSON, or another version than [`REPORT_VERSION`].
-pub fn decode(bytes: &[u8]) -> Result<OrphanReport, DecodeError> {
-    decode_versions(bytes, REPORT_VERSION..=REPORT_VERSION)
+        .map_err(|detail| ReportError::Corrupt { key, detail })
 }
 
 #[cfg(test)]
@@ -102,6 +99,10 @@ mod tests {
             report_key("example.com/hostpath"),
             "provisioner:{example.com/hostpath}:orphan-report"
         );
+    }
+
+    fn decode(bytes: &[u8]) -> Result<OrphanReport, DecodeError> {
+        decode_versions(bytes, REPORT_VERSION..=REPORT_VERSION)
     }
 
     #[test]

@@ -16,8 +16,9 @@ use redis::{AsyncCommands, ScriptInvocation};
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store::{self, RedisConfig};
+pub(crate) use scripts::{Key, Keys};
 use scripts::{
-    Key, Keys, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
+    BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
     REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
 };
 
