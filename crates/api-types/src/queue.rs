@@ -128,12 +128,8 @@ pub enum DecodeError {
     },
 }
 
-fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, DecodeError> {
-    decode_versions(bytes, SCHEMA_VERSION..=SCHEMA_VERSION)
-}
-
 /// Decode a record whose `version` lies in `known`.
-fn decode_versions<T: for<'de> Deserialize<'de>>(
+pub fn decode_versions<T: for<'de> Deserialize<'de>>(
     bytes: &[u8],
     known: std::ops::RangeInclusive<u32>,
 ) -> Result<T, DecodeError> {
@@ -171,11 +167,10 @@ impl QueuedPvWrite {
 
     /// The bytes an HMAC covers: the stored JSON form with `mac` left out.
     pub fn canonical_bytes(&self) -> Vec<u8> {
-        if self.mac.is_none() {
-            return self.encode();
-        }
-        let mut unsigned = self.clone();
-        unsigned.mac = None;
+        let unsigned = QueuedPvWrite {
+            mac: None,
+            ..self.clone()
+        };
         unsigned.encode()
     }
 
@@ -206,7 +201,7 @@ impl IntentClaim {
 
     /// Parse a stored record. Errors: [`DecodeError`].
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        decode(bytes)
+        decode_versions(bytes, SCHEMA_VERSION..=SCHEMA_VERSION)
     }
 }
 

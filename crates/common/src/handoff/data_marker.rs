@@ -18,7 +18,7 @@ impl DataMarker {
     /// The marker of `provisioner_name` on `conn`; nothing is read yet.
     pub fn new(conn: RedisConn, provisioner_name: &str) -> Self {
         DataMarker {
-            key: data_marker_key(provisioner_name),
+            key: format!("{}data-marker", key_prefix(provisioner_name)),
             seen: None,
             switches: conn.primary_switches(),
             conn,
@@ -44,11 +44,6 @@ impl DataMarker {
         self.seen = Some(now);
         Ok(lost || moved)
     }
-}
-
-/// `provisioner:{<name>}:data-marker`.
-pub fn data_marker_key(provisioner_name: &str) -> String {
-    format!("{}data-marker", key_prefix(provisioner_name))
 }
 
 #[cfg(test)]

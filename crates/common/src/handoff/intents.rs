@@ -15,24 +15,8 @@ use api_types::queue::{DecodeError, ProvisionIntent, SCHEMA_VERSION};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use redis::AsyncCommands;
 
+use crate::handoff::queue::{Key, Keys};
 use crate::handoff::redis_store;
-
-/// The intents hash of `provisioner_name`: `<prefix>provision-intents`
-/// (also cleared by the queue's enqueue script, [`crate::handoff::queue::PvQueue::enqueue`]).
-pub fn intents_key(provisioner_name: &str) -> String {
-    format!(
-        "{}provision-intents",
-        redis_store::key_prefix(provisioner_name)
-    )
-}
-
-/// The claim-snapshot hash of `provisioner_name`: `<prefix>provision-intent-claims`.
-pub fn intent_claims_key(provisioner_name: &str) -> String {
-    format!(
-        "{}provision-intent-claims",
-        redis_store::key_prefix(provisioner_name)
-    )
-}
 
 /// Failure of an [`IntentStore`] operation.
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +42,7 @@ pub enum IntentError {
 pub struct IntentEntry {
     /// The intent.
     pub intent: ProvisionIntent,
-    /// The claim snapshot, `None` when the intent was recorded without one
-    /// ([`IntentStore::record`]) or the snapshot is unreadable (logged).
+    /// The claim snapshot, `None` when it is missing or unreadable (logged).
     pub claim: Option<IntentClaim>,
 }
 
@@ -86,26 +69,17 @@ impl IntentStore {
 
     /// A store over an existing connection.
     pub fn with_connection(conn: RedisConn, provisioner_name: &str) -> Self {
+        let keys = Keys::new(provisioner_name);
         Self {
             conn,
-            intents_key: intents_key(provisioner_name),
-            claims_key: intent_claims_key(provisioner_name),
+            intents_key: keys.get(Key::Intents).to_string(),
+            claims_key: keys.get(Key::IntentClaims).to_string(),
         }
     }
 
     /// The store's Redis connection (shared, e.g. with the [`DataMarker`](super::data_marker::DataMarker)).
     pub fn connection(&self) -> RedisConn {
         self.conn.clone()
-    }
-
-    /// Record `intent` (keyed by its PV name), replacing any earlier one, without
-    /// a claim snapshot. Returns true when no intent existed for that PV before.
-    pub async fn record(&self, intent: &ProvisionIntent) -> Result<bool, IntentError> {
-        let mut conn = self.conn.clone();
-        let added: usize = conn
-            .hset(&self.intents_key, &intent.pv_name, intent.encode())
-            .await?;
-        Ok(added == 1)
     }
 
     /// Record `intent` together with a snapshot of `claim` and whether it is
@@ -158,35 +132,27 @@ impl IntentStore {
         Ok(conn.hlen(&self.intents_key).await?)
     }
 
-    /// All readable intents, sorted by PV name. Unreadable records are logged
-    /// and skipped (they stay stored; [`contains`](Self::contains) still sees them).
-    pub async fn list(&self) -> Result<Vec<ProvisionIntent>, IntentError> {
-        let mut conn = self.conn.clone();
-        let raw: HashMap<String, Vec<u8>> = conn.hgetall(&self.intents_key).await?;
-        let mut out: Vec<ProvisionIntent> = raw
-            .into_iter()
-            .filter_map(|(pv_name, bytes)| decode_logged(&pv_name, &bytes, ProvisionIntent::decode))
-            .collect();
-        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-        Ok(out)
-    }
-
     /// All readable intents with their claim snapshots, sorted by PV name.
-    /// Unreadable intents are logged and skipped; an unreadable snapshot is
-    /// logged and reported as `None`.
+    /// Unreadable intents are logged and skipped (they stay stored; [`contains`](Self::contains)
+    /// still sees them); an unreadable snapshot is logged and reported as `None`.
     pub async fn list_with_claims(&self) -> Result<Vec<IntentEntry>, IntentError> {
-        let intents = self.list().await?;
-        let mut conn = self.conn.clone();
-        let mut claims: HashMap<String, Vec<u8>> = conn.hgetall(&self.claims_key).await?;
-        Ok(intents
+        let (intents, mut claims): (HashMap<String, Vec<u8>>, HashMap<String, Vec<u8>>) =
+            redis::pipe()
+                .hgetall(&self.intents_key)
+                .hgetall(&self.claims_key)
+                .query_async(&mut self.conn.clone())
+                .await?;
+        let mut out: Vec<IntentEntry> = intents
             .into_iter()
-            .map(|intent| {
-                let claim = claims
-                    .remove(&intent.pv_name)
-                    .and_then(|bytes| decode_logged(&intent.pv_name, &bytes, IntentClaim::decode));
-                IntentEntry { intent, claim }
+            .filter_map(|(pv_name, bytes)| {
+                let intent = decode_logged(&pv_name, &bytes, ProvisionIntent::decode)?;
+                let claim = claims.remove(&pv_name);
+                let claim = claim.and_then(|b| decode_logged(&pv_name, &b, IntentClaim::decode));
+                Some(IntentEntry { intent, claim })
             })
-            .collect())
+            .collect();
+        out.sort_by(|a, b| a.intent.pv_name.cmp(&b.intent.pv_name));
+        Ok(out)
     }
 
     /// The intent of `pv_name` with its claim snapshot (an unreadable snapshot is
@@ -237,6 +203,12 @@ mod tests {
         TestRedis::start().await
     }
 
+    /// The intents `store` lists, without their claims.
+    async fn intents_of(store: &IntentStore) -> Vec<ProvisionIntent> {
+        let entries = store.list_with_claims().await.unwrap();
+        entries.into_iter().map(|e| e.intent).collect()
+    }
+
     fn intent(uid: &str) -> ProvisionIntent {
         ProvisionIntent {
             version: SCHEMA_VERSION,
@@ -275,7 +247,10 @@ mod tests {
             .await
             .unwrap();
 
-        assert!(store.record(&intent("b")).await.unwrap());
+        assert!(store
+            .record_with_claim(&intent("b"), &claim("b"), false)
+            .await
+            .unwrap());
         assert!(store
             .record_with_claim(&intent("a"), &claim("a"), true)
             .await
@@ -287,14 +262,11 @@ mod tests {
                 .unwrap(),
             "second record of one PV replaces, is not new"
         );
-        assert_eq!(store.list().await.unwrap(), vec![intent("a"), intent("b")]);
+        assert_eq!(intents_of(&store).await, vec![intent("a"), intent("b")]);
         assert_eq!(store.count().await.unwrap(), 2);
         assert!(store.contains("pvc-a").await.unwrap());
         assert!(!store.contains("pvc-z").await.unwrap());
-        assert!(
-            other.list().await.unwrap().is_empty(),
-            "per-provisioner keys"
-        );
+        assert!(intents_of(&other).await.is_empty(), "per-provisioner keys");
 
         let entries = store.list_with_claims().await.unwrap();
         assert_eq!(entries.len(), 2);
@@ -306,7 +278,7 @@ mod tests {
                 claim: claim("a")
             })
         );
-        assert_eq!(entries[1].claim, None);
+        assert_eq!(entries[1].claim.as_ref().unwrap().claim, claim("b"));
         assert_eq!(
             store
                 .entry("pvc-a")
@@ -318,20 +290,26 @@ mod tests {
                 .claim,
             claim("a")
         );
-        let bare = store.entry("pvc-b").await.unwrap().unwrap();
-        assert_eq!((bare.intent, bare.claim), (intent("b"), None));
+        let b = store.entry("pvc-b").await.unwrap().unwrap();
+        assert_eq!(
+            (b.intent, b.claim.unwrap().claim),
+            (intent("b"), claim("b"))
+        );
 
         assert!(store.clear("pvc-a").await.unwrap());
         assert!(!store.clear("pvc-a").await.unwrap());
         assert_eq!(store.entry("pvc-a").await.unwrap(), None);
-        assert_eq!(store.list().await.unwrap(), vec![intent("b")]);
+        assert_eq!(intents_of(&store).await, vec![intent("b")]);
     }
 
     #[tokio::test]
     async fn garbled_records_are_skipped_but_still_contained() {
         let redis = start_redis().await;
         let store = IntentStore::connect(&redis.url(), "p").await.unwrap();
-        store.record(&intent("ok")).await.unwrap();
+        store
+            .record_with_claim(&intent("ok"), &claim("ok"), false)
+            .await
+            .unwrap();
         let mut conn = redis_store::connect(&redis.url()).await.unwrap();
         let _: () = conn
             .hset("provisioner:{p}:provision-intents", "pvc-bad", "{oops")
@@ -345,7 +323,7 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(store.list().await.unwrap(), vec![intent("ok")]);
+        assert_eq!(intents_of(&store).await, vec![intent("ok")]);
         assert!(store.contains("pvc-bad").await.unwrap());
         assert_eq!(store.count().await.unwrap(), 2);
         let entries = store.list_with_claims().await.unwrap();

@@ -18,7 +18,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store;
-use api_types::queue::DecodeError;
+use api_types::queue::{decode_versions, DecodeError};
 
 /// The record version this release writes.
 pub const REPORT_VERSION: u32 = 1;
@@ -83,21 +83,10 @@ pub async fn read(
 ) -> Result<Option<OrphanReport>, ReportError> {
     let key = report_key(provisioner_name);
     let raw: Option<Vec<u8>> = conn.get(&key).await?;
-    raw.map(|bytes| decode(&bytes).map_err(|detail| ReportError::Corrupt { key, detail }))
+    let report = raw.map(|bytes| decode_versions(&bytes, REPORT_VERSION..=REPORT_VERSION));
+    report
         .transpose()
-}
-
-/// Decode a stored report, checking its version.
-///
-/// Errors: garbled JSON, or another version than [`REPORT_VERSION`].
-pub fn decode(bytes: &[u8]) -> Result<OrphanReport, DecodeError> {
-    let report: OrphanReport =
-        serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
-    if report.version != REPORT_VERSION {
-        let found = u64::from(report.version);
-        return Err(DecodeError::UnknownVersion { found });
-    }
-    Ok(report)
+        .map_err(|detail| ReportError::Corrupt { key, detail })
 }
 
 #[cfg(test)]
@@ -110,6 +99,10 @@ mod tests {
             report_key("example.com/hostpath"),
             "provisioner:{example.com/hostpath}:orphan-report"
         );
+    }
+
+    fn decode(bytes: &[u8]) -> Result<OrphanReport, DecodeError> {
+        decode_versions(bytes, REPORT_VERSION..=REPORT_VERSION)
     }
 
     #[test]

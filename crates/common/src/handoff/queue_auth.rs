@@ -50,28 +50,28 @@ impl QueueKeyArgs {
     /// no key file and no `--insecure-unsigned-queue`; an unreadable or too short key file
     /// ([`KeyError`]).
     pub fn load(&self) -> Result<Option<QueueKey>, KeyError> {
-        match &self.queue_hmac_key_file {
-            Some(path) => {
-                let key = QueueKey::load(path)?;
-                match &self.queue_hmac_previous_key_file {
-                    Some(prev) if prev.exists() => {
-                        let previous = QueueKey::load(prev)?;
-                        tracing::info!(file = %prev.display(), "accepting entries signed with the previous queue key");
-                        Ok(Some(key.with_previous(previous)))
-                    }
-                    _ => Ok(Some(key)),
-                }
+        let Some(path) = &self.queue_hmac_key_file else {
+            if !self.insecure_unsigned_queue {
+                return Err(KeyError::Missing);
             }
-            None if self.insecure_unsigned_queue => {
-                tracing::warn!(
-                    flag = "--insecure-unsigned-queue",
-                    at_risk = "anyone who can write to Redis can have PVs created",
-                    "PV-write queue entries are not authenticated"
-                );
-                Ok(None)
-            }
-            None => Err(KeyError::Missing),
-        }
+            tracing::warn!(
+                flag = "--insecure-unsigned-queue",
+                at_risk = "anyone who can write to Redis can have PVs created",
+                "PV-write queue entries are not authenticated"
+            );
+            return Ok(None);
+        };
+        let key = QueueKey::load(path)?;
+        let previous = self.queue_hmac_previous_key_file.as_ref();
+        let Some(prev) = previous.filter(|p| p.exists()) else {
+            return Ok(Some(key));
+        };
+        let previous = QueueKey::load(prev)?;
+        tracing::info!(file = %prev.display(), "accepting entries signed with the previous queue key");
+        Ok(Some(QueueKey {
+            previous: Some(previous.key),
+            ..key
+        }))
     }
 }
 
@@ -129,15 +129,11 @@ pub struct QueueKey {
 
 impl std::fmt::Debug for QueueKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.previous {
-            None => write!(f, "QueueKey({} bytes)", self.key.len()),
-            Some(p) => write!(
-                f,
-                "QueueKey({} bytes, previous {} bytes)",
-                self.key.len(),
-                p.len()
-            ),
+        write!(f, "QueueKey({} bytes", self.key.len())?;
+        if let Some(p) = &self.previous {
+            write!(f, ", previous {} bytes", p.len())?;
         }
+        f.write_str(")")
     }
 }
 
@@ -157,14 +153,6 @@ impl QueueKey {
             key: trimmed.to_vec(),
             previous: None,
         })
-    }
-
-    /// This key, also accepting entries signed with `previous` (its current key).
-    pub fn with_previous(self, previous: QueueKey) -> Self {
-        QueueKey {
-            previous: Some(previous.key),
-            ..self
-        }
     }
 
     /// Read the key from `path`.
@@ -262,7 +250,10 @@ mod tests {
 
     #[test]
     fn a_rotation_signs_with_the_current_key_and_accepts_the_previous() {
-        let rotated = key(2).with_previous(key(1));
+        let rotated = QueueKey {
+            previous: Some(key(1).key),
+            ..key(2)
+        };
         let mut before = entry();
         key(1).sign("p", &mut before);
         rotated.verify("p", &before).unwrap();

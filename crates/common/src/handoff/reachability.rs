@@ -7,22 +7,15 @@ use std::time::Duration;
 use super::redis_conn::RedisConn;
 use super::redis_store::{connect, RedisConfig};
 
-/// Name of the gauge [`watch_reachability`] sets: `redis_reachable`, 1 while
-/// Redis answered the last `PING`, 0 otherwise.
-pub const REACHABLE_GAUGE: &str = "redis_reachable";
-
-/// Register the `redis_reachable` gauge into `registry` (starting at 0: not
-/// known to be reachable yet).
+/// Register the `redis_reachable` gauge ([`watch_reachability`] sets it) into
+/// `registry`, starting at 0: not known to be reachable yet.
 pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge {
-    let gauge = prometheus::IntGauge::new(
-        REACHABLE_GAUGE,
+    prometheus::register_int_gauge_with_registry!(
+        "redis_reachable",
         "1 while Redis (--redis-url, with the service's credentials) answered the last PING (probed every 5 s, 2 s timeout), 0 otherwise.",
+        registry
     )
-    .expect("valid metric");
-    registry
-        .register(Box::new(gauge.clone()))
-        .expect("metric registered twice");
-    gauge
+    .expect("redis_reachable registered once")
 }
 
 /// Until `stop`: every `interval`, `PING` Redis at `config` (2 s bound) and set

@@ -171,17 +171,20 @@ impl RedisConn {
         }
     }
 
-    /// After `err`: with Sentinels and a failover-like error, look the primary up.
-    async fn after_error(&mut self, err: &redis::RedisError) {
-        let failover_like = err.is_io_error()
-            || err.is_connection_dropped()
-            || err.is_connection_refusal()
-            || err.is_timeout()
-            || matches!(err.code(), Some("READONLY" | "MASTERDOWN"));
-        if let (true, Some(failover)) = (failover_like, &self.failover) {
-            failover.look_up().await;
-            self.refresh();
+    /// `result` of a command; after a failover-like error, with Sentinels, look the primary up.
+    async fn after<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        if let (Err(err), Some(failover)) = (&result, &self.failover) {
+            if err.is_io_error()
+                || err.is_connection_dropped()
+                || err.is_connection_refusal()
+                || err.is_timeout()
+                || matches!(err.code(), Some("READONLY" | "MASTERDOWN"))
+            {
+                failover.look_up().await;
+                self.refresh();
+            }
         }
+        result
     }
 }
 
@@ -199,13 +202,9 @@ impl Failover {
         let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.sentinels.primary()).await {
             Ok(Ok(client)) => client,
             Ok(Err(err)) => {
-                tracing::warn!(error = %err, "no Sentinel names a primary that answers");
-                return;
+                return tracing::warn!(error = %err, "no Sentinel names a primary that answers")
             }
-            Err(_) => {
-                tracing::warn!("Sentinels did not name a primary within 2 s");
-                return;
-            }
+            Err(_) => return tracing::warn!("Sentinels did not name a primary within 2 s"),
         };
         let addr = client.get_connection_info().addr().to_string();
         let old = self.primary.lock().expect("not poisoned").0.clone();
@@ -235,10 +234,7 @@ impl ConnectionLike for RedisConn {
         Box::pin(async move {
             self.refresh();
             let result = self.manager.req_packed_command(cmd).await;
-            if let Err(err) = &result {
-                self.after_error(err).await;
-            }
-            result
+            self.after(result).await
         })
     }
 
@@ -254,10 +250,7 @@ impl ConnectionLike for RedisConn {
                 .manager
                 .req_packed_commands(pipeline, offset, count)
                 .await;
-            if let Err(err) = &result {
-                self.after_error(err).await;
-            }
-            result
+            self.after(result).await
         })
     }
 

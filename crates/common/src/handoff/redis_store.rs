@@ -126,25 +126,10 @@ pub struct RedisConfig {
     pub sentinel_password_file: Option<PathBuf>,
 }
 
-impl From<&str> for RedisConfig {
-    fn from(url: &str) -> Self {
+impl<S: AsRef<str>> From<S> for RedisConfig {
+    fn from(url: S) -> Self {
         RedisConfig {
-            url: url.to_string(),
-            ..Default::default()
-        }
-    }
-}
-
-impl From<&String> for RedisConfig {
-    fn from(url: &String) -> Self {
-        url.as_str().into()
-    }
-}
-
-impl From<String> for RedisConfig {
-    fn from(url: String) -> Self {
-        RedisConfig {
-            url,
+            url: url.as_ref().to_string(),
             ..Default::default()
         }
     }
@@ -223,14 +208,9 @@ impl RedisConfig {
         }
     }
 
-    /// The URL with any password replaced by `***`.
-    pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
-    }
-
     fn config_error(&self, detail: impl Into<String>) -> ConnectError {
         ConnectError::Config {
-            url: self.redacted_url(),
+            url: redact_url(&self.url),
             detail: detail.into(),
         }
     }
@@ -394,7 +374,7 @@ impl RedisConfig {
 
     /// Map a failed connection attempt or first command to the cause.
     pub fn classify(&self, err: redis::RedisError) -> ConnectError {
-        let url = self.redacted_url();
+        let url = redact_url(&self.url);
         // redis-rs reports a refused `AUTH` at connect as AuthenticationFailed
         // without the server's code; Redis >= 6 answers it with WRONGPASS.
         let code = err.code().map(str::to_string).or_else(|| {
@@ -492,7 +472,7 @@ mod tests {
         };
         let shown = format!("{config:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(config.redacted_url().ends_with("u:***@h:1/0"));
+        assert!(redact_url(&config.url).ends_with("u:***@h:1/0"));
     }
 
     /// `url`'s config changed by `set`.

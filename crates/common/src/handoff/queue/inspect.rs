@@ -64,15 +64,6 @@ impl QueueStats {
 }
 
 impl PvQueue {
-    /// Redis' clock (`TIME`), in ms since the Unix epoch.
-    pub async fn redis_time_ms(&self) -> Result<u64, QueueError> {
-        let (secs, micros): (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(cmd("time"))?;
-        Ok(secs * 1000 + micros / 1000)
-    }
-
     /// Depth (incoming, due and in flight), dead-letter count and oldest
     /// enqueue time, in one pipeline.
     pub async fn stats(&self) -> Result<QueueStats, QueueError> {
@@ -159,13 +150,8 @@ impl PvQueue {
             .await
             .map_err(cmd("list_dead"))?;
         let mut out = raw
-            .into_iter()
-            .map(|(pv_name, bytes)| {
-                serde_json::from_slice::<DeadLetter>(&bytes).map_err(|e| QueueError::Corrupt {
-                    pv_name,
-                    detail: e.to_string(),
-                })
-            })
+            .iter()
+            .map(|(pv_name, bytes)| decode_dead(pv_name, bytes))
             .collect::<Result<Vec<_>, _>>()?;
         out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
         Ok(out)
@@ -191,13 +177,7 @@ impl PvQueue {
             .hget(self.keys.get(Key::Dead), pv_name)
             .await
             .map_err(cmd("dead_letter_of"))?;
-        raw.map(|bytes| {
-            serde_json::from_slice(&bytes).map_err(|e| QueueError::Corrupt {
-                pv_name: pv_name.to_string(),
-                detail: e.to_string(),
-            })
-        })
-        .transpose()
+        raw.map(|bytes| decode_dead(pv_name, &bytes)).transpose()
     }
 
     /// The stored payload of `pv_name` (pending or dead), if any.
@@ -210,6 +190,14 @@ impl PvQueue {
     }
 }
 
+/// A stored dead letter; [`QueueError::Corrupt`] when it does not decode.
+fn decode_dead(pv_name: &str, bytes: &[u8]) -> Result<DeadLetter, QueueError> {
+    serde_json::from_slice(bytes).map_err(|e| QueueError::Corrupt {
+        pv_name: pv_name.to_string(),
+        detail: e.to_string(),
+    })
+}
+
 /// `LLEN incoming`, `ZCARD due`, `ZCARD inflight`, `HLEN dead`, oldest of
 /// `enqueued`, `TIME`.
 type StatsScan = (u64, u64, u64, u64, Vec<(String, f64)>, (u64, u64));
@@ -220,6 +208,6 @@ type PendingScan = (
     Vec<String>,
     Vec<(String, f64)>,
     Vec<(String, f64)>,
-    std::collections::HashMap<String, u32>,
+    HashMap<String, u32>,
     HashMap<String, f64>,
 );

@@ -6,8 +6,9 @@
 //! docs/decisions/0002-pv-write-queue.md. Every change touching more than one
 //! key is one Lua script (module `scripts`), timed by Redis' own `TIME`.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::handoff::redis_conn::{Endpoint, RedisConn};
 use api_types::queue::{ClaimKey, QueuedPvWrite};
@@ -15,8 +16,9 @@ use redis::{AsyncCommands, ScriptInvocation};
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store::{self, RedisConfig};
+pub(crate) use scripts::{Key, Keys};
 use scripts::{
-    Key, Keys, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
+    BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
     REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
 };
 
@@ -93,13 +95,13 @@ pub struct PvQueue {
     /// Client for the dedicated connection that blocks on the wake-up list
     /// (a blocking command would stall every other command on `conn`).
     waker: Option<Waker>,
-    /// Whether the server answers `WAITAOF` (0 unknown, 1 yes, 2 no).
-    waitaof: std::sync::Arc<AtomicU8>,
+    /// Set once the server turned out not to answer `WAITAOF`.
+    no_waitaof: Arc<AtomicBool>,
     /// Replicas that must acknowledge an enqueue (`WAIT`), and for how long.
     replica_acks: ReplicaAcks,
     replica_timeout: Duration,
     /// The primary's replica count (`ROLE`) and when it was read, for `Auto`.
-    replicas_seen: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, u32)>>>,
+    replicas_seen: Arc<Mutex<Option<(Instant, u32)>>>,
 }
 
 /// How many replicas must acknowledge an enqueue (`WAIT`) before it counts as
@@ -156,20 +158,10 @@ pub enum Settled {
     Fenced,
 }
 
-impl Settled {
-    fn from_code(code: i64) -> Self {
-        match code {
-            1 => Settled::Done,
-            -1 => Settled::Fenced,
-            _ => Settled::NotInFlight,
-        }
-    }
-}
-
 #[derive(Clone)]
 struct Waker {
     primary: Endpoint,
-    conn: std::sync::Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
+    conn: Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
 }
 
 impl PvQueue {
@@ -197,7 +189,7 @@ impl PvQueue {
             conn,
             keys: Keys::new(provisioner_name),
             waker: None,
-            waitaof: Default::default(),
+            no_waitaof: Default::default(),
             replica_acks: ReplicaAcks::Auto,
             replica_timeout: Duration::from_secs(1),
             replicas_seen: Default::default(),
@@ -276,7 +268,7 @@ impl PvQueue {
 
     /// The primary's connected replicas (`ROLE`), read at most every 5 s; 0 when unknown.
     async fn connected_replicas(&self) -> u32 {
-        let fresh = |seen: &Option<(std::time::Instant, u32)>| {
+        let fresh = |seen: &Option<(Instant, u32)>| {
             seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5))
                 .map(|(_, n)| n)
         };
@@ -292,17 +284,14 @@ impl PvQueue {
             },
             _ => 0,
         };
-        *self.replicas_seen.lock().expect("not poisoned") = Some((std::time::Instant::now(), n));
+        *self.replicas_seen.lock().expect("not poisoned") = Some((Instant::now(), n));
         n
     }
 
     /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): true once the local AOF holds every write so
     /// far; an older server or one without AOF is remembered and logged once.
     async fn wait_aof(&self) -> bool {
-        const UNKNOWN: u8 = 0;
-        const SUPPORTED: u8 = 1;
-        const UNSUPPORTED: u8 = 2;
-        if self.waitaof.load(Ordering::Relaxed) == UNSUPPORTED {
+        if self.no_waitaof.load(Ordering::Relaxed) {
             return false;
         }
         let answer: Result<(i64, i64), _> = redis::cmd("WAITAOF")
@@ -313,7 +302,6 @@ impl PvQueue {
             .await;
         match answer {
             Ok((local, _)) => {
-                self.waitaof.store(SUPPORTED, Ordering::Relaxed);
                 if local < 1 {
                     tracing::warn!("Redis did not fsync its AOF within 1 s of an enqueue");
                 }
@@ -322,7 +310,7 @@ impl PvQueue {
             Err(err) => {
                 let text = err.to_string().to_ascii_lowercase();
                 if text.contains("unknown command") || text.contains("appendonly") {
-                    if self.waitaof.swap(UNSUPPORTED, Ordering::Relaxed) == UNKNOWN {
+                    if !self.no_waitaof.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %err, needs = "Redis >= 7.2 with appendonly yes", at_risk = "enqueues within the appendfsync window (provisioned again from their intent)", "Redis cannot confirm AOF fsyncs");
                     }
                 } else {
@@ -347,16 +335,9 @@ impl PvQueue {
                 .set_connection_timeout(Some(Duration::from_secs(2)))
                 .set_response_timeout(Some(timeout + Duration::from_secs(2)));
             let client = waker.primary.primary().await;
-            let conn = match client {
-                Ok(client) => {
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await
-                }
-                Err(err) => Err(err),
-            }
-            .map_err(cmd("wait_for_work"))?;
-            *slot = Some(conn);
+            let client = client.map_err(cmd("wait_for_work"))?;
+            let conn = client.get_multiplexed_async_connection_with_config(&config);
+            *slot = Some(conn.await.map_err(cmd("wait_for_work"))?);
         }
         let conn = slot.as_mut().expect("connection just made");
         let popped: Result<Option<(String, String)>, _> = conn
@@ -538,9 +519,7 @@ impl PvQueue {
         self.run("pull_forward_retries", &PULL_FORWARD.bind(&self.keys))
             .await
     }
-}
 
-impl PvQueue {
     /// Run `invocation` (a script bound to this queue's keys); `operation` names it in errors.
     async fn run<T: redis::FromRedisValue>(
         &self,
@@ -552,9 +531,7 @@ impl PvQueue {
             .await
             .map_err(cmd(operation))
     }
-}
 
-impl PvQueue {
     /// The integer at `key` (0 when absent).
     async fn counter(&self, operation: &'static str, key: Key) -> Result<u64, QueueError> {
         let n: Option<u64> = self
@@ -572,7 +549,11 @@ impl PvQueue {
         operation: &'static str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Settled, QueueError> {
-        Ok(Settled::from_code(self.run(operation, invocation).await?))
+        Ok(match self.run::<i64>(operation, invocation).await? {
+            1 => Settled::Done,
+            -1 => Settled::Fenced,
+            _ => Settled::NotInFlight,
+        })
     }
 }
 

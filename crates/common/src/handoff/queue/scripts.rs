@@ -4,12 +4,12 @@ use std::sync::LazyLock;
 
 use redis::{Script, ScriptInvocation};
 
-use crate::handoff::{intents, redis_store};
+use crate::handoff::redis_store;
 use Key::*;
 
-/// One Redis key of a provisioner's queue (see docs/ARCHITECTURE.md, "The durable store").
+/// One Redis key of a provisioner's queue or intents (docs/ARCHITECTURE.md, "The durable store").
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Key {
+pub(crate) enum Key {
     Payloads,
     Incoming,
     Due,
@@ -27,11 +27,11 @@ pub(super) enum Key {
 
 /// The key names of one provisioner, indexed by [`Key`].
 #[derive(Debug, Clone)]
-pub(super) struct Keys([String; 13]);
+pub(crate) struct Keys([String; 13]);
 
 impl Keys {
     /// The keys under `provisioner_name`'s prefix (`provisioner:{<name>}:`).
-    pub(super) fn new(provisioner_name: &str) -> Self {
+    pub(crate) fn new(provisioner_name: &str) -> Self {
         let p = redis_store::key_prefix(provisioner_name);
         let q = |suffix: &str| format!("{p}pv-queue:{suffix}");
         Keys([
@@ -46,13 +46,13 @@ impl Keys {
             q("epoch"),
             q("owners"),
             q("fenced"),
-            intents::intents_key(provisioner_name),
-            intents::intent_claims_key(provisioner_name),
+            format!("{p}provision-intents"),
+            format!("{p}provision-intent-claims"),
         ])
     }
 
     /// The name of `key`.
-    pub(super) fn get(&self, key: Key) -> &str {
+    pub(crate) fn get(&self, key: Key) -> &str {
         &self.0[key as usize]
     }
 }

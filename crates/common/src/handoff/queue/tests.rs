@@ -133,7 +133,10 @@ async fn enqueue_clears_the_provisioning_intent_in_the_same_script() {
         .record_with_claim(&intent_for("pvc-a"), &claim, true)
         .await
         .unwrap();
-    intents.record(&intent_for("pvc-b")).await.unwrap();
+    intents
+        .record_with_claim(&intent_for("pvc-b"), &claim, false)
+        .await
+        .unwrap();
 
     // An observer polling both hashes atomically never sees the PV neither
     // queued nor covered by its intent.
@@ -393,7 +396,7 @@ async fn visibility_and_retry_times_come_from_redis_not_the_callers_clock() {
     let (_redis, q) = started().await;
     let term = q.begin_term().await.unwrap();
     q.enqueue(&entry("pvc-a")).await.unwrap();
-    let before = q.redis_time_ms().await.unwrap();
+    let before = q.stats().await.unwrap().redis_now_ms;
     assert_eq!(
         names(
             q.take_due(term, 10, Duration::from_millis(600))
@@ -413,7 +416,7 @@ async fn visibility_and_retry_times_come_from_redis_not_the_callers_clock() {
     assert_eq!(take(&q, term).await, ["pvc-a"]);
 
     // A retry is due Redis' now + delay; pulled forward it is due at once.
-    let before = q.redis_time_ms().await.unwrap();
+    let before = q.stats().await.unwrap().redis_now_ms;
     assert_eq!(
         q.schedule_retry(term, "pvc-a", Duration::from_secs(60), 3)
             .await
