@@ -4,21 +4,19 @@
 //! API server while writes fail and keeps the queue gauges fresh.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::handoff::queue::{PvQueue, QueueError};
-use common::handoff::queue_auth::QueueKey;
 use common::runtime::frame::ServiceContext;
-use common::runtime::health::Heartbeat;
+use common::runtime::health::{self, Heartbeat};
 use common::runtime::http::Readiness;
-use provisioner_api::Provisioner;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
 use crate::checks::EntryChecks;
-use crate::config::WriterArgs;
 use crate::decision::is_transient_code;
 use crate::metrics::WriterMetrics;
 use crate::operation::{Writer, WriterConfig, WriterError};
@@ -28,29 +26,13 @@ use crate::operation::{Writer, WriterConfig, WriterError};
 /// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-/// What a leader term needs besides the [`ServiceContext`]; cloned per term.
-#[derive(Clone)]
-pub struct TermDeps {
-    /// pv-writer's flags.
-    pub args: WriterArgs,
-    /// Metrics, registered once per process.
-    pub metrics: WriterMetrics,
-    /// The queue-signing key (`--queue-key-file`); `None`: entries unsigned.
-    pub key: Option<QueueKey>,
-    /// The backend whose `validate_volume` every PV passes.
-    pub backend: Arc<dyn Provisioner>,
-}
-
 /// One leader term: connect to Redis (not ready until it answers), then drain
 /// with a new [`Writer`] until shutdown, writing only entries that pass
 /// [`EntryChecks`]. Errors: a newer leader term ([`WriterError::Superseded`]).
-pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let TermDeps {
-        args,
-        metrics,
-        key,
-        backend,
-    } = deps;
+pub async fn run_term(
+    ctx: ServiceContext,
+    (config, metrics, checks): (WriterConfig, WriterMetrics, EntryChecks),
+) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let Some(queue) = ctx
         .args
@@ -68,35 +50,18 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     else {
         return Ok(());
     };
-    let retry = ctx.args.retry_backoff(crate::SPEC);
-    let config = WriterConfig {
-        workers: ctx.args.worker_threads_for(crate::SPEC),
-        retry_initial: retry.initial,
-        retry_max: retry.max,
-        redis_reconnect: ctx.args.redis_reconnect_period,
-        write_timeout: args.write_timeout,
-        visibility_timeout: args.visibility_timeout,
-    };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
-    let names = std::iter::once(ctx.args.provisioner_name.clone())
-        .chain(args.additional_provisioners.names.iter().cloned())
-        .collect();
-    let checks = EntryChecks::new(names, key, backend);
-    let writer = Arc::new(Writer::new(
+    let writer = Writer::new(
         queue,
         checks,
         ctx.client.clone(),
         &ctx.identity,
         metrics,
         config,
-    ));
-    Ok(writer
-        .run_term(
-            ctx.shutdown.clone(),
-            ctx.readiness.clone(),
-            ctx.heartbeat.clone(),
-            ctx.args.healthz_stall_timeout,
-        )
+    );
+    let stall_timeout = ctx.args.healthz_stall_timeout;
+    Ok(Arc::new(writer)
+        .run_term(ctx.shutdown, ctx.readiness, ctx.heartbeat, stall_timeout)
         .await?)
 }
 
@@ -108,10 +73,11 @@ impl Writer {
             .retry_initial
             .clamp(Duration::from_millis(100), Duration::from_secs(5));
         let timeout = self.config.write_timeout.min(Duration::from_secs(5));
-        loop {
-            if sleep_or_cancel(interval, &shutdown).await {
-                return;
-            }
+        while shutdown
+            .run_until_cancelled(sleep(interval))
+            .await
+            .is_some()
+        {
             if !self.degraded.swap(false, Ordering::SeqCst) && !self.api_down.load(Ordering::SeqCst)
             {
                 continue;
@@ -122,16 +88,14 @@ impl Writer {
                 Ok(Err(kube::Error::Api(s))) if !is_transient_code(s.code) => {
                     self.api_is_up().await
                 }
-                Ok(Err(err)) => {
-                    if !self.api_down.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(error = %err, "API server unavailable; PV writes wait for it");
-                    }
+                // Down: logged when it goes down.
+                Ok(Err(err)) if !self.api_down.swap(true, Ordering::SeqCst) => {
+                    tracing::warn!(error = %err, "API server unavailable; PV writes wait for it")
                 }
-                Err(_) => {
-                    if !self.api_down.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(?timeout, "API server not answering; PV writes wait for it");
-                    }
+                Err(_) if !self.api_down.swap(true, Ordering::SeqCst) => {
+                    tracing::warn!(?timeout, "API server not answering; PV writes wait for it")
                 }
+                _ => {}
             }
         }
     }
@@ -158,23 +122,24 @@ impl Writer {
         stall_timeout: Duration,
     ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
-        let mut beater = JoinSet::new();
-        {
-            let (dispatched, ready) = (self.dispatched.clone(), readiness.clone());
-            beater.spawn(common::runtime::health::beat_while_progressing(
-                heartbeat,
-                common::runtime::health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
-                stall_timeout,
-                move || {
-                    if ready.is_ready() {
-                        dispatched.age()
-                    } else {
-                        Duration::ZERO
-                    }
-                },
-                shutdown.clone(),
-            ));
-        }
+        // Every task below is owned by a JoinSet held by this future: when the
+        // runtime aborts the work loop (lost Lease, grace period over), dropping
+        // the sets aborts them, so nothing writes after the Lease is released.
+        let mut background = JoinSet::new();
+        let (dispatched, ready) = (self.dispatched.clone(), readiness.clone());
+        background.spawn(health::beat_while_progressing(
+            heartbeat,
+            health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+            stall_timeout,
+            move || {
+                if ready.is_ready() {
+                    dispatched.age()
+                } else {
+                    Duration::ZERO
+                }
+            },
+            shutdown.clone(),
+        ));
         // A new term; anything in flight under an earlier one belongs to a
         // previous leader that is gone or fenced.
         let started = || async {
@@ -202,10 +167,6 @@ impl Writer {
             "began a pv-writer term; took over PV writes left in flight by earlier terms"
         );
         readiness.set_ready(true);
-        // Every task below is owned by a JoinSet held by this future: when the
-        // runtime aborts the work loop (lost Lease, grace period over), dropping
-        // the sets aborts them, so nothing writes after the Lease is released.
-        let mut background = JoinSet::new();
         background.spawn(self.clone().refresh_stats(shutdown.clone()));
         background.spawn(self.clone().probe_loop(shutdown.clone()));
 
@@ -227,12 +188,15 @@ impl Writer {
             }
             self.dispatched.beat();
             while tasks.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+            // Wait for a free worker, then take up to as many entries as workers are free.
+            let limit = tokio::select! {
+                free = permits.acquire() => {
+                    let _free = free.expect("semaphore never closed");
+                    permits.available_permits() + 1
+                }
                 _ = shutdown.cancelled() => break,
             };
             let epoch = self.epoch.load(Ordering::SeqCst);
-            let limit = permits.available_permits() + 1;
             // Ok(Err(operation)): this term is stale, refused at `operation`.
             let taken = async {
                 if tokio::time::Instant::now() >= orphan_check_at {
@@ -255,58 +219,45 @@ impl Writer {
             .await;
             let batch = match taken {
                 Ok(Err(fenced_at)) => {
-                    drop(permit);
                     self.fenced(fenced_at);
                     continue;
                 }
                 Ok(Ok(batch)) => {
-                    if redis_down {
+                    if std::mem::take(&mut redis_down) {
                         tracing::info!("Redis reachable again; draining");
-                        redis_down = false;
                     }
                     readiness.set_ready(true);
                     batch
                 }
                 Err(err) => {
-                    if !redis_down {
+                    if !std::mem::replace(&mut redis_down, true) {
                         tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
                     }
-                    redis_down = true;
                     readiness.set_ready(false);
                     orphan_check_at = tokio::time::Instant::now();
-                    drop(permit);
-                    sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
+                    let reconnect = sleep(self.config.redis_reconnect);
+                    shutdown.run_until_cancelled(reconnect).await;
                     continue;
                 }
             };
             if batch.is_empty() {
-                drop(permit);
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    woken = self.queue.wait_for_work(POLL_INTERVAL) => {
-                        if woken.is_err() {
-                            orphan_check_at = tokio::time::Instant::now();
-                            sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
-                        }
-                    }
+                let woken = self.queue.wait_for_work(POLL_INTERVAL);
+                if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
+                    orphan_check_at = tokio::time::Instant::now();
+                    shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
                 }
                 continue;
             }
-            let mut first = Some(permit);
             for taken in batch {
-                let permit = first.take().unwrap_or_else(|| {
-                    permits
-                        .clone()
-                        .try_acquire_owned()
-                        .expect("only the dispatcher acquires permits")
-                });
-                let writer = self.clone();
-                let shutdown = shutdown.clone();
+                let permit = permits
+                    .clone()
+                    .try_acquire_owned()
+                    .expect("only the dispatcher acquires permits");
+                let (writer, shutdown) = (self.clone(), shutdown.clone());
                 let hold = held.hold(&taken.pv_name);
                 tasks.spawn(async move {
                     writer.process(taken, &shutdown).await;
-                    drop(hold);
-                    drop(permit);
+                    drop((hold, permit));
                 });
             }
         }
@@ -347,17 +298,17 @@ impl Writer {
         true
     }
 
+    /// Every second, the queue gauges from Redis.
     async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while shutdown.run_until_cancelled(every.tick()).await.is_some() {
             if let Ok(stats) = self.queue.stats().await {
                 self.metrics.depth.set(stats.depth as i64);
                 self.metrics.dead_letters.set(stats.dead as i64);
                 self.metrics
                     .oldest_age_seconds
                     .set(stats.oldest_age_seconds(stats.redis_now_ms));
-            }
-            if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
-                return;
             }
         }
     }
@@ -368,62 +319,30 @@ impl Writer {
 /// Redis calls failed; after a failure it does so at its next turn.
 pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
 
-/// PV names this replica's workers hold, from the take to the settle; counted,
-/// as a term can take a name again while a first worker still holds it (its
-/// visibility timeout passed while it waited for Redis).
+/// PV names this replica's workers hold, from the take to the settle: one entry per
+/// live guard of [`Held::hold`], as a term can take a name again while a first worker
+/// still holds it (its visibility timeout passed while it waited for Redis).
 #[derive(Clone, Default)]
-struct Held(Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>);
+struct Held(Arc<Mutex<Vec<Arc<str>>>>);
 
 impl Held {
-    /// Hold `pv_name` until the returned guard is dropped.
-    fn hold(&self, pv_name: &str) -> HeldName {
-        *self
-            .0
-            .lock()
-            .expect("held names poisoned")
-            .entry(pv_name.to_string())
-            .or_default() += 1;
-        HeldName {
-            held: self.clone(),
-            pv_name: pv_name.to_string(),
-        }
+    /// Hold `pv_name` until the returned guard is dropped (also when the worker task is aborted).
+    fn hold(&self, pv_name: &str) -> Arc<str> {
+        let guard: Arc<str> = pv_name.into();
+        let mut held = self.0.lock().expect("held names poisoned");
+        held.retain(|name| Arc::strong_count(name) > 1);
+        held.push(guard.clone());
+        guard
     }
 
     /// The names held now.
     fn names(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .expect("held names poisoned")
-            .keys()
-            .cloned()
-            .collect()
-    }
-}
-
-/// Releases its name from [`Held`] when dropped (also when the worker task is aborted).
-struct HeldName {
-    held: Held,
-    pv_name: String,
-}
-
-impl Drop for HeldName {
-    fn drop(&mut self) {
-        if let Ok(mut names) = self.held.0.lock() {
-            if let Some(n) = names.get_mut(&self.pv_name) {
-                *n -= 1;
-                if *n == 0 {
-                    names.remove(&self.pv_name);
-                }
-            }
-        }
-    }
-}
-
-/// Sleep `d`; true if `token` fired first.
-async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => false,
-        _ = token.cancelled() => true,
+        let mut held = self.0.lock().expect("held names poisoned");
+        held.retain(|name| Arc::strong_count(name) > 1);
+        let mut names: Vec<String> = held.iter().map(|name| name.to_string()).collect();
+        names.sort();
+        names.dedup();
+        names
     }
 }
 
