@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use rand::Rng;
 
 use crate::checks::Refusal;
+use crate::metrics::outcome;
 
 /// What one taken entry comes to; the operation settles it once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +52,9 @@ pub fn unreadable(err: &DecodeError) -> Verdict {
 /// What the API server said about one PV write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteResult {
-    /// `201 Created`.
-    Created,
-    /// `409 AlreadyExists` and the existing PV's `claimRef.uid` is the entry's claim uid.
-    AlreadyExists,
+    /// The PV is stored: `201 Created` ([`outcome::CREATED`]), or `409 AlreadyExists` with the
+    /// existing PV's `claimRef.uid` the entry's claim uid ([`outcome::ALREADY_EXISTS`]).
+    Stored(&'static str),
     /// Permanent refusal; `kind` is the `pv_writer_dead_letters_total` reason label.
     Refused {
         /// `claimed_by_other`, `invalid` or `bad_request`.
@@ -74,7 +74,7 @@ pub fn already_exists(entry: &QueuedPvWrite, existing: &PersistentVolume) -> Wri
     let claim_ref = existing.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
     let uid = claim_ref.and_then(|c| c.uid.as_deref());
     if uid == Some(entry.claim.uid.as_str()) {
-        return WriteResult::AlreadyExists;
+        return WriteResult::Stored(outcome::ALREADY_EXISTS);
     }
     let owner = claim_ref
         .map(|c| {

@@ -108,7 +108,7 @@ pub async fn write_pv(
         Err(_) => {
             return WriteResult::Transient(format!("creating PV timed out after {timeout:?}"))
         }
-        Ok(Ok(_)) => return WriteResult::Created,
+        Ok(Ok(_)) => return WriteResult::Stored(outcome::CREATED),
         Ok(Err(kube::Error::Api(status))) => status,
         Ok(Err(other)) => return WriteResult::Transient(format!("creating PV: {other}")),
     };
@@ -304,14 +304,8 @@ impl Writer {
                 return;
             }
             (Verdict::Written { result, started_ms }, Some(entry)) => match result {
-                WriteResult::Created => {
-                    return self
-                        .complete_written(taken, entry, outcome::CREATED, shutdown)
-                        .await
-                }
-                WriteResult::AlreadyExists => {
-                    let label = outcome::ALREADY_EXISTS;
-                    return self.complete_written(taken, entry, label, shutdown).await;
+                WriteResult::Stored(label) => {
+                    return self.complete_written(taken, entry, label, shutdown).await
                 }
                 WriteResult::Transient(reason) => {
                     return self.retry(taken, reason, started_ms, shutdown).await
