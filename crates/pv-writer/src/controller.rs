@@ -3,8 +3,9 @@
 //! [`Writer::process`] on each with `--worker-threads` concurrency, probes the
 //! API server while writes fail and keeps the queue gauges fresh.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::handoff::queue::{PvQueue, QueueError};
@@ -126,14 +127,16 @@ impl Writer {
         // runtime aborts the work loop (lost Lease, grace period over), dropping
         // the sets aborts them, so nothing writes after the Lease is released.
         let mut background = JoinSet::new();
-        let (dispatched, ready) = (self.dispatched.clone(), readiness.clone());
+        // Beaten by the dispatcher at each turn of its loop.
+        let dispatched = Heartbeat::default();
+        let (beaten, ready) = (dispatched.clone(), readiness.clone());
         background.spawn(health::beat_while_progressing(
             heartbeat,
             health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
             stall_timeout,
             move || {
                 if ready.is_ready() {
-                    dispatched.age()
+                    beaten.age()
                 } else {
                     Duration::ZERO
                 }
@@ -172,7 +175,8 @@ impl Writer {
 
         let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
-        let held = Held::default();
+        // The PV name each worker task holds, from the take to the settle.
+        let mut held = HashMap::new();
         let mut redis_down = false;
         // Next look for entries of this term that no worker holds: soon after
         // any failed Redis call of the dispatcher (its take may have run without
@@ -186,8 +190,7 @@ impl Writer {
                 );
                 break;
             }
-            self.dispatched.beat();
-            while tasks.try_join_next().is_some() {}
+            dispatched.beat();
             // Wait for a free worker, then take up to as many entries as workers are free.
             let limit = tokio::select! {
                 free = permits.acquire() => {
@@ -196,11 +199,14 @@ impl Writer {
                 }
                 _ = shutdown.cancelled() => break,
             };
+            while let Some(done) = tasks.try_join_next_with_id() {
+                held.remove(&done.map_or_else(|err| err.id(), |(id, ())| id));
+            }
             let epoch = self.epoch.load(Ordering::SeqCst);
             // Ok(Err(operation)): this term is stale, refused at `operation`.
             let taken = async {
                 if tokio::time::Instant::now() >= orphan_check_at {
-                    match self.queue.requeue_unheld(epoch, &held.names()).await? {
+                    match self.queue.requeue_unheld(epoch, &held.values().cloned().collect::<Vec<_>>()).await? {
                         None => return Ok(Err("requeue_unheld")),
                         Some(0) => {}
                         Some(n) => tracing::warn!(
@@ -254,11 +260,12 @@ impl Writer {
                     .try_acquire_owned()
                     .expect("only the dispatcher acquires permits");
                 let (writer, shutdown) = (self.clone(), shutdown.clone());
-                let hold = held.hold(&taken.pv_name);
-                tasks.spawn(async move {
+                let pv_name = taken.pv_name.clone();
+                let task = tasks.spawn(async move {
                     writer.process(taken, &shutdown).await;
-                    drop((hold, permit));
+                    drop(permit);
                 });
+                held.insert(task.id(), pv_name);
             }
         }
         tracing::info!(
@@ -318,51 +325,3 @@ impl Writer {
 /// holds ([`common::handoff::queue::PvQueue::requeue_unheld`]) when none of its
 /// Redis calls failed; after a failure it does so at its next turn.
 pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
-
-/// PV names this replica's workers hold, from the take to the settle: one entry per
-/// live guard of [`Held::hold`], as a term can take a name again while a first worker
-/// still holds it (its visibility timeout passed while it waited for Redis).
-#[derive(Clone, Default)]
-struct Held(Arc<Mutex<Vec<Arc<str>>>>);
-
-impl Held {
-    /// Hold `pv_name` until the returned guard is dropped (also when the worker task is aborted).
-    fn hold(&self, pv_name: &str) -> Arc<str> {
-        let guard: Arc<str> = pv_name.into();
-        let mut held = self.0.lock().expect("held names poisoned");
-        held.retain(|name| Arc::strong_count(name) > 1);
-        held.push(guard.clone());
-        guard
-    }
-
-    /// The names held now.
-    fn names(&self) -> Vec<String> {
-        let mut held = self.0.lock().expect("held names poisoned");
-        held.retain(|name| Arc::strong_count(name) > 1);
-        let mut names: Vec<String> = held.iter().map(|name| name.to_string()).collect();
-        names.sort();
-        names.dedup();
-        names
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_name_held_twice_stays_held_until_both_holders_are_done() {
-        let held = Held::default();
-        let first = held.hold("pvc-1");
-        let second = held.hold("pvc-1");
-        let other = held.hold("pvc-2");
-        drop(first);
-        let mut names = held.names();
-        names.sort();
-        assert_eq!(names, ["pvc-1", "pvc-2"]);
-        drop(second);
-        assert_eq!(held.names(), ["pvc-2"]);
-        drop(other);
-        assert!(held.names().is_empty());
-    }
-}
