@@ -13,6 +13,7 @@ use std::sync::Arc;
 use api_types::annotations::{pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED};
 use api_types::queue::QueuedPvWrite;
 use common::handoff::queue_auth::QueueKey;
+use k8s_openapi::api::core::v1::ObjectReference;
 use provisioner_api::Provisioner;
 
 /// Why an entry was refused: `kind` is the metric label, `reason` the sentence
@@ -27,7 +28,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(kind: &'static str, reason: String) -> Self {
+    pub(crate) fn new(kind: &'static str, reason: String) -> Self {
         Refusal { kind, reason }
     }
 }
@@ -91,17 +92,9 @@ impl EntryChecks {
                 && r.kind.as_deref().unwrap_or("PersistentVolumeClaim") == "PersistentVolumeClaim"
         });
         if !matches {
-            let got = claim_ref
-                .map(|r| {
-                    format!(
-                        "{} {}/{} (uid {})",
-                        r.kind.as_deref().unwrap_or("?"),
-                        r.namespace.as_deref().unwrap_or(""),
-                        r.name.as_deref().unwrap_or(""),
-                        r.uid.as_deref().unwrap_or("none")
-                    )
-                })
-                .unwrap_or_else(|| "none".to_string());
+            let got = claim_ref.map_or("none".to_string(), |r| {
+                format!("{} {}", r.kind.as_deref().unwrap_or("?"), describe(r))
+            });
             return Err(Refusal::new(
                 "claim_ref",
                 format!(
@@ -129,6 +122,17 @@ impl EntryChecks {
             .validate_volume(&entry.pv)
             .map_err(|e| Refusal::new("volume_source", format!("{e}; refusing to write it")))
     }
+}
+
+/// `namespace/name (uid …)` of a claim reference.
+pub(crate) fn describe(r: &ObjectReference) -> String {
+    let (namespace, name) = (r.namespace.as_deref(), r.name.as_deref());
+    format!(
+        "{}/{} (uid {})",
+        namespace.unwrap_or(""),
+        name.unwrap_or(""),
+        r.uid.as_deref().unwrap_or("none")
+    )
 }
 
 #[cfg(test)]

@@ -283,11 +283,12 @@ impl Writer {
         verdict: Verdict,
         shutdown: &CancellationToken,
     ) {
-        let (kind, reason, refused) = match (verdict, entry) {
-            (Verdict::Unreadable { kind, reason }, _) => (kind, reason, false),
-            (Verdict::Refused(Refusal { kind, reason }), _) => {
+        let (refusal, refused) = match (verdict, entry) {
+            (Verdict::Unreadable(refusal), _) => (refusal, false),
+            (Verdict::Refused(refusal), _) => {
+                let Refusal { kind, reason } = &refusal;
                 tracing::error!(%reason, kind, "refusing a queue entry provision-svc could not have produced");
-                (kind, reason, true)
+                (refusal, true)
             }
             (Verdict::ClaimGone(reason), _) => {
                 if self.complete(&taken.pv_name, shutdown).await {
@@ -306,14 +307,15 @@ impl Writer {
                 WriteResult::Transient(reason) => {
                     return self.retry(taken, reason, started_ms, shutdown).await
                 }
-                WriteResult::Refused { kind, reason } => {
+                WriteResult::Refused(refusal) => {
+                    let reason = &refusal.reason;
                     tracing::warn!(%reason, "PV write refused; moving it to the dead-letter set");
-                    (kind, reason, false)
+                    (refusal, false)
                 }
             },
             (Verdict::Leave | Verdict::Written { .. }, _) => return,
         };
-        self.dead_letter(taken, entry, kind, reason, refused, shutdown)
+        self.dead_letter(taken, entry, refusal, refused, shutdown)
             .await
     }
 
@@ -409,8 +411,7 @@ impl Writer {
         &self,
         taken: &TakenEntry,
         entry: Option<&QueuedPvWrite>,
-        kind: &'static str,
-        reason: String,
+        Refusal { kind, reason }: Refusal,
         refused: bool,
         shutdown: &CancellationToken,
     ) {
