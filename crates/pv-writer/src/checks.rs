@@ -68,22 +68,14 @@ impl EntryChecks {
             })?;
         }
         let name = entry.pv_name();
-        if name != queue_key {
-            return Err(Refusal::new(
-                "name_mismatch",
-                format!("queue entry {queue_key} holds a PV named {name:?}; refusing to write it"),
-            ));
-        }
+        require(name == queue_key, "name_mismatch", || {
+            format!("queue entry {queue_key} holds a PV named {name:?}")
+        })?;
         let expected = pv_name_for_claim_uid(&entry.claim.uid);
-        if name != expected {
-            return Err(Refusal::new(
-                "pv_name",
-                format!(
-                    "PV {name} is not named after its claim {} (expected {expected}); refusing to write it",
-                    entry.claim
-                ),
-            ));
-        }
+        require(name == expected, "pv_name", || {
+            let claim = &entry.claim;
+            format!("PV {name} is not named after its claim {claim} (expected {expected})")
+        })?;
         let claim_ref = entry.pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
         let matches = claim_ref.is_some_and(|r| {
             r.namespace.as_deref() == Some(entry.claim.namespace.as_str())
@@ -91,37 +83,36 @@ impl EntryChecks {
                 && r.uid.as_deref() == Some(entry.claim.uid.as_str())
                 && r.kind.as_deref().unwrap_or("PersistentVolumeClaim") == "PersistentVolumeClaim"
         });
-        if !matches {
+        require(matches, "claim_ref", || {
             let got = claim_ref.map_or("none".to_string(), |r| {
                 format!("{} {}", r.kind.as_deref().unwrap_or("?"), describe(r))
             });
-            return Err(Refusal::new(
-                "claim_ref",
-                format!(
-                    "PV {name} has claimRef {got}, not its claim {} (uid {}); refusing to write it",
-                    entry.claim, entry.claim.uid
-                ),
-            ));
-        }
+            let (claim, uid) = (&entry.claim, &entry.claim.uid);
+            format!("PV {name} has claimRef {got}, not its claim {claim} (uid {uid})")
+        })?;
         let provisioned_by = entry
             .pv
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
-        if !provisioned_by.is_some_and(|p| self.provisioner_names.contains(p)) {
-            return Err(Refusal::new(
-                "provisioned_by",
-                format!(
-                    "PV {name} has {ANN_DYNAMICALLY_PROVISIONED}={provisioned_by:?}, not this provisioner ({}); refusing to write it",
-                    self.provisioner_names.join(", ")
-                ),
-            ));
-        }
+        let ours = provisioned_by.is_some_and(|p| self.provisioner_names.contains(p));
+        require(ours, "provisioned_by", || {
+            format!(
+                "PV {name} has {ANN_DYNAMICALLY_PROVISIONED}={provisioned_by:?}, not this provisioner ({})",
+                self.provisioner_names.join(", ")
+            )
+        })?;
         self.backend
             .validate_volume(&entry.pv)
             .map_err(|e| Refusal::new("volume_source", format!("{e}; refusing to write it")))
     }
+}
+
+/// Unless `ok`, a refusal under `kind`: "`what`; refusing to write it".
+fn require(ok: bool, kind: &'static str, what: impl FnOnce() -> String) -> Result<(), Refusal> {
+    ok.then_some(())
+        .ok_or_else(|| Refusal::new(kind, format!("{}; refusing to write it", what())))
 }
 
 /// `namespace/name (uid …)` of a claim reference.

@@ -146,11 +146,11 @@ impl Writer {
         // A new term; anything in flight under an earlier one belongs to a
         // previous leader that is gone or fenced.
         let started = || async {
-            let epoch = match self.epoch.load(Ordering::SeqCst) {
+            let epoch = match self.term() {
                 0 => self.queue.begin_term().await?,
                 epoch => epoch,
             };
-            self.epoch.store(epoch, Ordering::SeqCst);
+            self.set_term(epoch);
             let recovered = self.queue.recover_inflight(epoch).await?;
             Ok::<_, QueueError>((epoch, recovered))
         };
@@ -185,7 +185,7 @@ impl Writer {
         while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
                 tracing::error!(
-                    term = self.epoch.load(Ordering::SeqCst),
+                    term = self.term(),
                     "a newer pv-writer leader term began; stopping"
                 );
                 break;
@@ -202,7 +202,7 @@ impl Writer {
             while let Some(done) = tasks.try_join_next_with_id() {
                 held.remove(&done.map_or_else(|err| err.id(), |(id, ())| id));
             }
-            let epoch = self.epoch.load(Ordering::SeqCst);
+            let epoch = self.term();
             // Ok(Err(operation)): this term is stale, refused at `operation`.
             let taken = async {
                 if tokio::time::Instant::now() >= orphan_check_at {
@@ -276,7 +276,7 @@ impl Writer {
         background.shutdown().await;
         if self.superseded.load(Ordering::SeqCst) {
             readiness.set_ready(false);
-            return Err(WriterError::Superseded(self.epoch.load(Ordering::SeqCst)));
+            return Err(WriterError::Superseded(self.term()));
         }
         Ok(())
     }
@@ -285,7 +285,7 @@ impl Writer {
     /// of an earlier term of ours was refused), or below it (Redis lost its data: a
     /// term above ours begins). False when a newer leader began or Redis is unreachable.
     async fn resume_after_lost_term(&self) -> bool {
-        let ours = self.epoch.load(Ordering::SeqCst);
+        let ours = self.term();
         let current = match self.queue.current_term().await {
             Ok(current) if current <= ours => current,
             _ => return false,
@@ -294,7 +294,7 @@ impl Writer {
             let Ok(epoch) = self.queue.begin_term_above(ours).await else {
                 return false;
             };
-            self.epoch.store(epoch, Ordering::SeqCst);
+            self.set_term(epoch);
             tracing::error!(
                 lost_term = ours,
                 term = epoch,

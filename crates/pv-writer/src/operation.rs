@@ -24,7 +24,7 @@ use crate::checks::{EntryChecks, Refusal};
 use crate::decision::{
     already_exists, refused_create, retry_delay, unreadable, Verdict, WriteResult,
 };
-use crate::metrics::{outcome, WriterMetrics};
+use crate::metrics::{inc, outcome, WriterMetrics};
 
 /// Longest a worker waits for the API server to take a claim event, so a slow
 /// API server cannot hold a taken entry past its `--visibility-timeout`.
@@ -183,7 +183,7 @@ impl Writer {
         self.epoch.store(epoch, Ordering::SeqCst);
     }
 
-    fn term(&self) -> u64 {
+    pub(crate) fn term(&self) -> u64 {
         self.epoch.load(Ordering::SeqCst)
     }
 
@@ -293,10 +293,7 @@ impl Writer {
             (Verdict::ClaimGone(reason), _) => {
                 if self.complete(&taken.pv_name, shutdown).await {
                     tracing::warn!(%reason, "dropped a queue entry whose claim is gone; no PV written");
-                    self.metrics
-                        .refused_entries_total
-                        .with_label_values(&[CLAIM_GONE])
-                        .inc();
+                    inc(&self.metrics.refused_entries_total, CLAIM_GONE);
                 }
                 return;
             }
@@ -348,7 +345,7 @@ impl Writer {
         if !self.complete(pv_name, shutdown).await {
             return;
         }
-        self.metrics.writes_total.with_label_values(&[label]).inc();
+        inc(&self.metrics.writes_total, label);
         let provisioning_seconds =
             now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
         self.metrics
@@ -396,10 +393,7 @@ impl Writer {
         });
         if retried.await == Some(Settled::Done) {
             self.metrics.retries_total.inc();
-            self.metrics
-                .writes_total
-                .with_label_values(&[outcome::RETRY])
-                .inc();
+            inc(&self.metrics.writes_total, outcome::RETRY);
             tracing::warn!(attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
         }
     }
@@ -433,19 +427,10 @@ impl Writer {
         self.metrics
             .provision
             .failed(trusted.map_or("", |e| e.class.as_str()));
-        self.metrics
-            .writes_total
-            .with_label_values(&[outcome::DEAD_LETTER])
-            .inc();
-        self.metrics
-            .dead_lettered_total
-            .with_label_values(&[kind])
-            .inc();
+        inc(&self.metrics.writes_total, outcome::DEAD_LETTER);
+        inc(&self.metrics.dead_lettered_total, kind);
         if refused {
-            self.metrics
-                .refused_entries_total
-                .with_label_values(&[kind])
-                .inc();
+            inc(&self.metrics.refused_entries_total, kind);
         }
         if let Some(entry) = entry {
             let claim = claim_reference(&entry.claim);
