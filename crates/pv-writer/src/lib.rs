@@ -41,9 +41,8 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
         visibility_timeout: args.visibility_timeout,
         redis_reconnect: common.redis_reconnect_period,
     };
-    let names = std::iter::once(common.provisioner_name.clone())
-        .chain(args.additional_provisioners.names.iter().cloned())
-        .collect();
+    let mut names = vec![common.provisioner_name.clone()];
+    names.extend_from_slice(&args.additional_provisioners.names);
     let checks = EntryChecks::new(names, args.queue_key.load()?, backend);
     let registry = prometheus::Registry::new();
     let deps = (config, metrics::WriterMetrics::register(&registry), checks);
