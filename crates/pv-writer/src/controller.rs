@@ -14,7 +14,7 @@ use common::runtime::health::{self, Heartbeat};
 use common::runtime::http::Readiness;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tokio::time::sleep;
+use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::checks::EntryChecks;
@@ -181,7 +181,7 @@ impl Writer {
         // Next look for entries of this term that no worker holds: soon after
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
-        let mut orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
+        let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
         while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
                 tracing::error!(
@@ -205,8 +205,9 @@ impl Writer {
             let epoch = self.term();
             // Ok(Err(operation)): this term is stale, refused at `operation`.
             let taken = async {
-                if tokio::time::Instant::now() >= orphan_check_at {
-                    match self.queue.requeue_unheld(epoch, &held.values().cloned().collect::<Vec<_>>()).await? {
+                if Instant::now() >= orphan_check_at {
+                    let held: Vec<String> = held.values().cloned().collect();
+                    match self.queue.requeue_unheld(epoch, &held).await? {
                         None => return Ok(Err("requeue_unheld")),
                         Some(0) => {}
                         Some(n) => tracing::warn!(
@@ -214,7 +215,7 @@ impl Writer {
                             "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
                         ),
                     }
-                    orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
+                    orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
                 }
                 let taken = self
                     .queue
@@ -240,7 +241,7 @@ impl Writer {
                         tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
                     }
                     readiness.set_ready(false);
-                    orphan_check_at = tokio::time::Instant::now();
+                    orphan_check_at = Instant::now();
                     let reconnect = sleep(self.config.redis_reconnect);
                     shutdown.run_until_cancelled(reconnect).await;
                     continue;
@@ -249,7 +250,7 @@ impl Writer {
             if batch.is_empty() {
                 let woken = self.queue.wait_for_work(POLL_INTERVAL);
                 if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
-                    orphan_check_at = tokio::time::Instant::now();
+                    orphan_check_at = Instant::now();
                     shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
                 }
                 continue;

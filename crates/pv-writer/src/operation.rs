@@ -59,7 +59,7 @@ pub enum WriterError {
     Superseded(u64),
 }
 
-/// `call` within `timeout`; Err: the transient reason, "`what` timed out after …" or "`what`: error".
+/// `call` within `timeout`; Err: the transient reason, "`what` timed out …" or "`what`: …".
 async fn within<T>(
     timeout: Duration,
     what: &str,
