@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use api_types::queue::QueuedPvWrite;
 use common::handoff::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
-use common::kube::events::{claim_reference, event, reason, EventSink};
+use common::kube::events::reason::{PROVISIONING_FAILED, PROVISIONING_SUCCEEDED};
+use common::kube::events::{claim_reference, event, EventSink};
 use common::kube::retry::Backoff;
 use common::kube::time::now_ms;
 use common::runtime::http::Readiness;
@@ -346,26 +347,21 @@ impl Writer {
             return;
         }
         inc(&self.metrics.writes_total, label);
-        let provisioning_seconds =
-            now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
-        self.metrics
-            .provision
-            .succeeded(&entry.class, provisioning_seconds);
-        tracing::info!(outcome = label, provisioning_seconds, "PV written");
+        let seconds = now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
+        self.metrics.provision.succeeded(&entry.class, seconds);
+        tracing::info!(
+            outcome = label,
+            provisioning_seconds = seconds,
+            "PV written"
+        );
     }
 
     /// `ProvisioningSucceeded` on the entry's claim, once per claim and PV.
     async fn announce(&self, entry: &QueuedPvWrite, pv_name: &str) {
+        let note = format!("Successfully provisioned volume {pv_name}");
+        let succeeded = event(false, PROVISIONING_SUCCEEDED, "Provision", note);
         let claim = claim_reference(&entry.claim);
-        let publish = self.events.publish_once(
-            &claim,
-            event(
-                false,
-                reason::PROVISIONING_SUCCEEDED,
-                "Provision",
-                format!("Successfully provisioned volume {pv_name}"),
-            ),
-        );
+        let publish = self.events.publish_once(&claim, succeeded);
         publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, publish).await;
     }
 
@@ -424,9 +420,8 @@ impl Writer {
         }
         // The class of an entry whose MAC failed is attacker-chosen: not a label.
         let trusted = entry.filter(|_| kind != "unsigned" && kind != "bad_signature");
-        self.metrics
-            .provision
-            .failed(trusted.map_or("", |e| e.class.as_str()));
+        let class = trusted.map_or("", |e| e.class.as_str());
+        self.metrics.provision.failed(class);
         inc(&self.metrics.writes_total, outcome::DEAD_LETTER);
         inc(&self.metrics.dead_lettered_total, kind);
         if refused {
@@ -434,13 +429,8 @@ impl Writer {
         }
         if let Some(entry) = entry {
             let claim = claim_reference(&entry.claim);
-            let note = event(
-                true,
-                reason::PROVISIONING_FAILED,
-                "Provision",
-                letter.reason,
-            );
-            let publish = self.events.publish(&claim, note);
+            let failed = event(true, PROVISIONING_FAILED, "Provision", letter.reason);
+            let publish = self.events.publish(&claim, failed);
             publish_bounded(EVENT_PUBLISH_TIMEOUT, entry.pv_name(), publish).await;
         }
     }
@@ -555,7 +545,7 @@ mod tests {
             &object,
             event(
                 false,
-                reason::PROVISIONING_SUCCEEDED,
+                PROVISIONING_SUCCEEDED,
                 "Provision",
                 "Successfully provisioned volume pvc-uid-1".into(),
             ),
