@@ -52,14 +52,7 @@ pub async fn run_term(
         return Ok(());
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
-    let writer = Writer::new(
-        queue,
-        checks,
-        ctx.client.clone(),
-        &ctx.identity,
-        metrics,
-        config,
-    );
+    let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
     let stall_timeout = ctx.args.healthz_stall_timeout;
     Ok(Arc::new(writer)
         .run_term(ctx.shutdown, ctx.readiness, ctx.heartbeat, stall_timeout)

@@ -444,17 +444,14 @@ impl Writer {
     ) -> bool {
         let epoch = self.term();
         let held = self.redis("holds", shutdown, || self.queue.holds(epoch, pv_name));
-        match held.await {
-            Some(Settled::Done) => true,
-            Some(Settled::NotInFlight) => {
-                tracing::warn!(
-                    stage,
-                    "queue entry no longer in flight under this term; the other take settles it"
-                );
-                false
-            }
-            Some(Settled::Fenced) | None => false,
+        let held = held.await;
+        if held == Some(Settled::NotInFlight) {
+            tracing::warn!(
+                stage,
+                "queue entry no longer in flight under this term; the other take settles it"
+            );
         }
+        held == Some(Settled::Done)
     }
 
     /// Run settlement `operation` until Redis answers, counting a fenced one; `None`
