@@ -90,12 +90,8 @@ impl EntryChecks {
             let (claim, uid) = (&entry.claim, &entry.claim.uid);
             format!("PV {name} has claimRef {got}, not its claim {claim} (uid {uid})")
         })?;
-        let provisioned_by = entry
-            .pv
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
+        let annotations = entry.pv.metadata.annotations.as_ref();
+        let provisioned_by = annotations.and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
         let ours = provisioned_by.is_some_and(|p| self.provisioner_names.contains(p));
         require(ours, "provisioned_by", || {
             format!(
