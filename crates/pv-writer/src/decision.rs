@@ -77,17 +77,13 @@ pub fn already_exists(entry: &QueuedPvWrite, existing: &PersistentVolume) -> Wri
 /// Verdict on a create refused with HTTP `code` (not 409): 422 refused as
 /// `invalid`, 400 as `bad_request`, anything else transient.
 pub fn refused_create(name: &str, code: u16, reason: &str, message: &str) -> WriteResult {
-    match code {
-        422 => WriteResult::Refused(Refusal::new(
-            "invalid",
-            format!("API server rejected PV {name} as invalid: {message}"),
-        )),
-        400 => WriteResult::Refused(Refusal::new(
-            "bad_request",
-            format!("API server rejected PV {name} as a bad request: {message}"),
-        )),
-        code => WriteResult::Transient(format!("creating PV: {code} {reason}: {message}")),
-    }
+    let (kind, rejected_as) = match code {
+        422 => ("invalid", "invalid"),
+        400 => ("bad_request", "a bad request"),
+        code => return WriteResult::Transient(format!("creating PV: {code} {reason}: {message}")),
+    };
+    let why = format!("API server rejected PV {name} as {rejected_as}: {message}");
+    WriteResult::Refused(Refusal::new(kind, why))
 }
 
 /// Whether an API answer with HTTP `code` means the API server cannot serve
