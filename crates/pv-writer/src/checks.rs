@@ -13,6 +13,7 @@ use std::sync::Arc;
 use api_types::annotations::{pv_name_for_claim_uid, ANN_DYNAMICALLY_PROVISIONED};
 use api_types::queue::QueuedPvWrite;
 use common::handoff::queue_auth::QueueKey;
+use k8s_openapi::api::core::v1::ObjectReference;
 use provisioner_api::Provisioner;
 
 /// Why an entry was refused: `kind` is the metric label, `reason` the sentence
@@ -27,7 +28,7 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(kind: &'static str, reason: String) -> Self {
+    pub(crate) fn new(kind: &'static str, reason: String) -> Self {
         Refusal { kind, reason }
     }
 }
@@ -67,22 +68,14 @@ impl EntryChecks {
             })?;
         }
         let name = entry.pv_name();
-        if name != queue_key {
-            return Err(Refusal::new(
-                "name_mismatch",
-                format!("queue entry {queue_key} holds a PV named {name:?}; refusing to write it"),
-            ));
-        }
+        require(name == queue_key, "name_mismatch", || {
+            format!("queue entry {queue_key} holds a PV named {name:?}")
+        })?;
         let expected = pv_name_for_claim_uid(&entry.claim.uid);
-        if name != expected {
-            return Err(Refusal::new(
-                "pv_name",
-                format!(
-                    "PV {name} is not named after its claim {} (expected {expected}); refusing to write it",
-                    entry.claim
-                ),
-            ));
-        }
+        require(name == expected, "pv_name", || {
+            let claim = &entry.claim;
+            format!("PV {name} is not named after its claim {claim} (expected {expected})")
+        })?;
         let claim_ref = entry.pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
         let matches = claim_ref.is_some_and(|r| {
             r.namespace.as_deref() == Some(entry.claim.namespace.as_str())
@@ -90,45 +83,43 @@ impl EntryChecks {
                 && r.uid.as_deref() == Some(entry.claim.uid.as_str())
                 && r.kind.as_deref().unwrap_or("PersistentVolumeClaim") == "PersistentVolumeClaim"
         });
-        if !matches {
-            let got = claim_ref
-                .map(|r| {
-                    format!(
-                        "{} {}/{} (uid {})",
-                        r.kind.as_deref().unwrap_or("?"),
-                        r.namespace.as_deref().unwrap_or(""),
-                        r.name.as_deref().unwrap_or(""),
-                        r.uid.as_deref().unwrap_or("none")
-                    )
-                })
-                .unwrap_or_else(|| "none".to_string());
-            return Err(Refusal::new(
-                "claim_ref",
-                format!(
-                    "PV {name} has claimRef {got}, not its claim {} (uid {}); refusing to write it",
-                    entry.claim, entry.claim.uid
-                ),
-            ));
-        }
-        let provisioned_by = entry
-            .pv
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
-        if !provisioned_by.is_some_and(|p| self.provisioner_names.contains(p)) {
-            return Err(Refusal::new(
-                "provisioned_by",
-                format!(
-                    "PV {name} has {ANN_DYNAMICALLY_PROVISIONED}={provisioned_by:?}, not this provisioner ({}); refusing to write it",
-                    self.provisioner_names.join(", ")
-                ),
-            ));
-        }
+        require(matches, "claim_ref", || {
+            let got = claim_ref.map_or("none".to_string(), |r| {
+                format!("{} {}", r.kind.as_deref().unwrap_or("?"), describe(r))
+            });
+            let (claim, uid) = (&entry.claim, &entry.claim.uid);
+            format!("PV {name} has claimRef {got}, not its claim {claim} (uid {uid})")
+        })?;
+        let annotations = entry.pv.metadata.annotations.as_ref();
+        let provisioned_by = annotations.and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
+        let ours = provisioned_by.is_some_and(|p| self.provisioner_names.contains(p));
+        require(ours, "provisioned_by", || {
+            format!(
+                "PV {name} has {ANN_DYNAMICALLY_PROVISIONED}={provisioned_by:?}, not this provisioner ({})",
+                self.provisioner_names.join(", ")
+            )
+        })?;
         self.backend
             .validate_volume(&entry.pv)
             .map_err(|e| Refusal::new("volume_source", format!("{e}; refusing to write it")))
     }
+}
+
+/// Unless `ok`, a refusal under `kind`: "`what`; refusing to write it".
+fn require(ok: bool, kind: &'static str, what: impl FnOnce() -> String) -> Result<(), Refusal> {
+    ok.then_some(())
+        .ok_or_else(|| Refusal::new(kind, format!("{}; refusing to write it", what())))
+}
+
+/// `namespace/name (uid …)` of a claim reference.
+pub(crate) fn describe(r: &ObjectReference) -> String {
+    let (namespace, name) = (r.namespace.as_deref(), r.name.as_deref());
+    format!(
+        "{}/{} (uid {})",
+        namespace.unwrap_or(""),
+        name.unwrap_or(""),
+        r.uid.as_deref().unwrap_or("none")
+    )
 }
 
 #[cfg(test)]

@@ -38,33 +38,22 @@ pub struct WriterArgs {
 }
 
 /// Check relations between `cli`'s flags. Errors: `--retry-interval-max` below
-/// `--retry-interval-start`, or [`WriterArgs::validate`]'s.
+/// `--retry-interval-start`, or `--visibility-timeout` not above `--write-timeout`.
 pub fn validate(cli: &Cli) -> anyhow::Result<()> {
-    let retry = cli.common.retry_backoff(crate::SPEC);
-    if retry.max < retry.initial {
-        anyhow::bail!(
-            "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
-            retry.max,
-            retry.initial
-        );
-    }
-    cli.service.validate()
-}
-
-impl WriterArgs {
-    /// Check relations between pv-writer's own flags.
-    ///
-    /// Errors: `--visibility-timeout` not above `--write-timeout`.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        if self.visibility_timeout <= self.write_timeout {
-            anyhow::bail!(
-                "--visibility-timeout ({:?}) must exceed --write-timeout ({:?})",
-                self.visibility_timeout,
-                self.write_timeout
-            );
-        }
-        Ok(())
-    }
+    let (retry, args) = (cli.common.retry_backoff(crate::SPEC), &cli.service);
+    anyhow::ensure!(
+        retry.max >= retry.initial,
+        "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
+        retry.max,
+        retry.initial
+    );
+    anyhow::ensure!(
+        args.visibility_timeout > args.write_timeout,
+        "--visibility-timeout ({:?}) must exceed --write-timeout ({:?})",
+        args.visibility_timeout,
+        args.write_timeout
+    );
+    Ok(())
 }
 
 #[cfg(test)]

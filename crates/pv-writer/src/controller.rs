@@ -3,22 +3,21 @@
 //! [`Writer::process`] on each with `--worker-threads` concurrency, probes the
 //! API server while writes fail and keeps the queue gauges fresh.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::handoff::queue::{PvQueue, QueueError};
-use common::handoff::queue_auth::QueueKey;
 use common::runtime::frame::ServiceContext;
-use common::runtime::health::Heartbeat;
+use common::runtime::health::{self, Heartbeat};
 use common::runtime::http::Readiness;
-use provisioner_api::Provisioner;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::checks::EntryChecks;
-use crate::config::WriterArgs;
 use crate::decision::is_transient_code;
 use crate::metrics::WriterMetrics;
 use crate::operation::{Writer, WriterConfig, WriterError};
@@ -28,29 +27,13 @@ use crate::operation::{Writer, WriterConfig, WriterError};
 /// this only bounds how late a retry that comes due is picked up.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-/// What a leader term needs besides the [`ServiceContext`]; cloned per term.
-#[derive(Clone)]
-pub struct TermDeps {
-    /// pv-writer's flags.
-    pub args: WriterArgs,
-    /// Metrics, registered once per process.
-    pub metrics: WriterMetrics,
-    /// The queue-signing key (`--queue-key-file`); `None`: entries unsigned.
-    pub key: Option<QueueKey>,
-    /// The backend whose `validate_volume` every PV passes.
-    pub backend: Arc<dyn Provisioner>,
-}
-
 /// One leader term: connect to Redis (not ready until it answers), then drain
 /// with a new [`Writer`] until shutdown, writing only entries that pass
 /// [`EntryChecks`]. Errors: a newer leader term ([`WriterError::Superseded`]).
-pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let TermDeps {
-        args,
-        metrics,
-        key,
-        backend,
-    } = deps;
+pub async fn run_term(
+    ctx: ServiceContext,
+    (config, metrics, checks): (WriterConfig, WriterMetrics, EntryChecks),
+) -> anyhow::Result<()> {
     ctx.readiness.set_ready(false);
     let Some(queue) = ctx
         .args
@@ -68,35 +51,11 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     else {
         return Ok(());
     };
-    let retry = ctx.args.retry_backoff(crate::SPEC);
-    let config = WriterConfig {
-        workers: ctx.args.worker_threads_for(crate::SPEC),
-        retry_initial: retry.initial,
-        retry_max: retry.max,
-        redis_reconnect: ctx.args.redis_reconnect_period,
-        write_timeout: args.write_timeout,
-        visibility_timeout: args.visibility_timeout,
-    };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
-    let names = std::iter::once(ctx.args.provisioner_name.clone())
-        .chain(args.additional_provisioners.names.iter().cloned())
-        .collect();
-    let checks = EntryChecks::new(names, key, backend);
-    let writer = Arc::new(Writer::new(
-        queue,
-        checks,
-        ctx.client.clone(),
-        &ctx.identity,
-        metrics,
-        config,
-    ));
-    Ok(writer
-        .run_term(
-            ctx.shutdown.clone(),
-            ctx.readiness.clone(),
-            ctx.heartbeat.clone(),
-            ctx.args.healthz_stall_timeout,
-        )
+    let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
+    let stall_timeout = ctx.args.healthz_stall_timeout;
+    Ok(Arc::new(writer)
+        .run_term(ctx.shutdown, ctx.readiness, ctx.heartbeat, stall_timeout)
         .await?)
 }
 
@@ -108,10 +67,11 @@ impl Writer {
             .retry_initial
             .clamp(Duration::from_millis(100), Duration::from_secs(5));
         let timeout = self.config.write_timeout.min(Duration::from_secs(5));
-        loop {
-            if sleep_or_cancel(interval, &shutdown).await {
-                return;
-            }
+        while shutdown
+            .run_until_cancelled(sleep(interval))
+            .await
+            .is_some()
+        {
             if !self.degraded.swap(false, Ordering::SeqCst) && !self.api_down.load(Ordering::SeqCst)
             {
                 continue;
@@ -122,16 +82,14 @@ impl Writer {
                 Ok(Err(kube::Error::Api(s))) if !is_transient_code(s.code) => {
                     self.api_is_up().await
                 }
-                Ok(Err(err)) => {
-                    if !self.api_down.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(error = %err, "API server unavailable; PV writes wait for it");
-                    }
+                // Down: logged when it goes down.
+                Ok(Err(err)) if !self.api_down.swap(true, Ordering::SeqCst) => {
+                    tracing::warn!(error = %err, "API server unavailable; PV writes wait for it")
                 }
-                Err(_) => {
-                    if !self.api_down.swap(true, Ordering::SeqCst) {
-                        tracing::warn!(?timeout, "API server not answering; PV writes wait for it");
-                    }
+                Err(_) if !self.api_down.swap(true, Ordering::SeqCst) => {
+                    tracing::warn!(?timeout, "API server not answering; PV writes wait for it")
                 }
+                _ => {}
             }
         }
     }
@@ -158,31 +116,34 @@ impl Writer {
         stall_timeout: Duration,
     ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
-        let mut beater = JoinSet::new();
-        {
-            let (dispatched, ready) = (self.dispatched.clone(), readiness.clone());
-            beater.spawn(common::runtime::health::beat_while_progressing(
-                heartbeat,
-                common::runtime::health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
-                stall_timeout,
-                move || {
-                    if ready.is_ready() {
-                        dispatched.age()
-                    } else {
-                        Duration::ZERO
-                    }
-                },
-                shutdown.clone(),
-            ));
-        }
+        // Every task below is owned by a JoinSet held by this future: when the
+        // runtime aborts the work loop (lost Lease, grace period over), dropping
+        // the sets aborts them, so nothing writes after the Lease is released.
+        let mut background = JoinSet::new();
+        // Beaten by the dispatcher at each turn of its loop.
+        let dispatched = Heartbeat::default();
+        let (beaten, ready) = (dispatched.clone(), readiness.clone());
+        background.spawn(health::beat_while_progressing(
+            heartbeat,
+            health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+            stall_timeout,
+            move || {
+                if ready.is_ready() {
+                    beaten.age()
+                } else {
+                    Duration::ZERO
+                }
+            },
+            shutdown.clone(),
+        ));
         // A new term; anything in flight under an earlier one belongs to a
         // previous leader that is gone or fenced.
         let started = || async {
-            let epoch = match self.epoch.load(Ordering::SeqCst) {
+            let epoch = match self.term() {
                 0 => self.queue.begin_term().await?,
                 epoch => epoch,
             };
-            self.epoch.store(epoch, Ordering::SeqCst);
+            self.set_term(epoch);
             let recovered = self.queue.recover_inflight(epoch).await?;
             Ok::<_, QueueError>((epoch, recovered))
         };
@@ -202,41 +163,44 @@ impl Writer {
             "began a pv-writer term; took over PV writes left in flight by earlier terms"
         );
         readiness.set_ready(true);
-        // Every task below is owned by a JoinSet held by this future: when the
-        // runtime aborts the work loop (lost Lease, grace period over), dropping
-        // the sets aborts them, so nothing writes after the Lease is released.
-        let mut background = JoinSet::new();
         background.spawn(self.clone().refresh_stats(shutdown.clone()));
         background.spawn(self.clone().probe_loop(shutdown.clone()));
 
         let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
-        let held = Held::default();
+        // The PV name each worker task holds, from the take to the settle.
+        let mut held = HashMap::new();
         let mut redis_down = false;
         // Next look for entries of this term that no worker holds: soon after
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
-        let mut orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
+        let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
         while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
                 tracing::error!(
-                    term = self.epoch.load(Ordering::SeqCst),
+                    term = self.term(),
                     "a newer pv-writer leader term began; stopping"
                 );
                 break;
             }
-            self.dispatched.beat();
-            while tasks.try_join_next().is_some() {}
-            let permit = tokio::select! {
-                p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+            dispatched.beat();
+            // Wait for a free worker, then take up to as many entries as workers are free.
+            let limit = tokio::select! {
+                free = permits.acquire() => {
+                    let _free = free.expect("semaphore never closed");
+                    permits.available_permits() + 1
+                }
                 _ = shutdown.cancelled() => break,
             };
-            let epoch = self.epoch.load(Ordering::SeqCst);
-            let limit = permits.available_permits() + 1;
+            while let Some(done) = tasks.try_join_next_with_id() {
+                held.remove(&done.map_or_else(|err| err.id(), |(id, ())| id));
+            }
+            let epoch = self.term();
             // Ok(Err(operation)): this term is stale, refused at `operation`.
             let taken = async {
-                if tokio::time::Instant::now() >= orphan_check_at {
-                    match self.queue.requeue_unheld(epoch, &held.names()).await? {
+                if Instant::now() >= orphan_check_at {
+                    let held: Vec<String> = held.values().cloned().collect();
+                    match self.queue.requeue_unheld(epoch, &held).await? {
                         None => return Ok(Err("requeue_unheld")),
                         Some(0) => {}
                         Some(n) => tracing::warn!(
@@ -244,7 +208,7 @@ impl Writer {
                             "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
                         ),
                     }
-                    orphan_check_at = tokio::time::Instant::now() + ORPHAN_CHECK_PERIOD;
+                    orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
                 }
                 let taken = self
                     .queue
@@ -255,59 +219,47 @@ impl Writer {
             .await;
             let batch = match taken {
                 Ok(Err(fenced_at)) => {
-                    drop(permit);
                     self.fenced(fenced_at);
                     continue;
                 }
                 Ok(Ok(batch)) => {
-                    if redis_down {
+                    if std::mem::take(&mut redis_down) {
                         tracing::info!("Redis reachable again; draining");
-                        redis_down = false;
                     }
                     readiness.set_ready(true);
                     batch
                 }
                 Err(err) => {
-                    if !redis_down {
+                    if !std::mem::replace(&mut redis_down, true) {
                         tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
                     }
-                    redis_down = true;
                     readiness.set_ready(false);
-                    orphan_check_at = tokio::time::Instant::now();
-                    drop(permit);
-                    sleep_or_cancel(self.config.redis_reconnect, &shutdown).await;
+                    orphan_check_at = Instant::now();
+                    let reconnect = sleep(self.config.redis_reconnect);
+                    shutdown.run_until_cancelled(reconnect).await;
                     continue;
                 }
             };
             if batch.is_empty() {
-                drop(permit);
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    woken = self.queue.wait_for_work(POLL_INTERVAL) => {
-                        if woken.is_err() {
-                            orphan_check_at = tokio::time::Instant::now();
-                            sleep_or_cancel(POLL_INTERVAL, &shutdown).await;
-                        }
-                    }
+                let woken = self.queue.wait_for_work(POLL_INTERVAL);
+                if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
+                    orphan_check_at = Instant::now();
+                    shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
                 }
                 continue;
             }
-            let mut first = Some(permit);
             for taken in batch {
-                let permit = first.take().unwrap_or_else(|| {
-                    permits
-                        .clone()
-                        .try_acquire_owned()
-                        .expect("only the dispatcher acquires permits")
-                });
-                let writer = self.clone();
-                let shutdown = shutdown.clone();
-                let hold = held.hold(&taken.pv_name);
-                tasks.spawn(async move {
+                let permit = permits
+                    .clone()
+                    .try_acquire_owned()
+                    .expect("only the dispatcher acquires permits");
+                let (writer, shutdown) = (self.clone(), shutdown.clone());
+                let pv_name = taken.pv_name.clone();
+                let task = tasks.spawn(async move {
                     writer.process(taken, &shutdown).await;
-                    drop(hold);
                     drop(permit);
                 });
+                held.insert(task.id(), pv_name);
             }
         }
         tracing::info!(
@@ -318,7 +270,7 @@ impl Writer {
         background.shutdown().await;
         if self.superseded.load(Ordering::SeqCst) {
             readiness.set_ready(false);
-            return Err(WriterError::Superseded(self.epoch.load(Ordering::SeqCst)));
+            return Err(WriterError::Superseded(self.term()));
         }
         Ok(())
     }
@@ -327,7 +279,7 @@ impl Writer {
     /// of an earlier term of ours was refused), or below it (Redis lost its data: a
     /// term above ours begins). False when a newer leader began or Redis is unreachable.
     async fn resume_after_lost_term(&self) -> bool {
-        let ours = self.epoch.load(Ordering::SeqCst);
+        let ours = self.term();
         let current = match self.queue.current_term().await {
             Ok(current) if current <= ours => current,
             _ => return false,
@@ -336,7 +288,7 @@ impl Writer {
             let Ok(epoch) = self.queue.begin_term_above(ours).await else {
                 return false;
             };
-            self.epoch.store(epoch, Ordering::SeqCst);
+            self.set_term(epoch);
             tracing::error!(
                 lost_term = ours,
                 term = epoch,
@@ -347,17 +299,17 @@ impl Writer {
         true
     }
 
+    /// Every second, the queue gauges from Redis.
     async fn refresh_stats(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while shutdown.run_until_cancelled(every.tick()).await.is_some() {
             if let Ok(stats) = self.queue.stats().await {
                 self.metrics.depth.set(stats.depth as i64);
                 self.metrics.dead_letters.set(stats.dead as i64);
                 self.metrics
                     .oldest_age_seconds
                     .set(stats.oldest_age_seconds(stats.redis_now_ms));
-            }
-            if sleep_or_cancel(Duration::from_secs(1), &shutdown).await {
-                return;
             }
         }
     }
@@ -367,83 +319,3 @@ impl Writer {
 /// holds ([`common::handoff::queue::PvQueue::requeue_unheld`]) when none of its
 /// Redis calls failed; after a failure it does so at its next turn.
 pub const ORPHAN_CHECK_PERIOD: Duration = Duration::from_secs(30);
-
-/// PV names this replica's workers hold, from the take to the settle; counted,
-/// as a term can take a name again while a first worker still holds it (its
-/// visibility timeout passed while it waited for Redis).
-#[derive(Clone, Default)]
-struct Held(Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>);
-
-impl Held {
-    /// Hold `pv_name` until the returned guard is dropped.
-    fn hold(&self, pv_name: &str) -> HeldName {
-        *self
-            .0
-            .lock()
-            .expect("held names poisoned")
-            .entry(pv_name.to_string())
-            .or_default() += 1;
-        HeldName {
-            held: self.clone(),
-            pv_name: pv_name.to_string(),
-        }
-    }
-
-    /// The names held now.
-    fn names(&self) -> Vec<String> {
-        self.0
-            .lock()
-            .expect("held names poisoned")
-            .keys()
-            .cloned()
-            .collect()
-    }
-}
-
-/// Releases its name from [`Held`] when dropped (also when the worker task is aborted).
-struct HeldName {
-    held: Held,
-    pv_name: String,
-}
-
-impl Drop for HeldName {
-    fn drop(&mut self) {
-        if let Ok(mut names) = self.held.0.lock() {
-            if let Some(n) = names.get_mut(&self.pv_name) {
-                *n -= 1;
-                if *n == 0 {
-                    names.remove(&self.pv_name);
-                }
-            }
-        }
-    }
-}
-
-/// Sleep `d`; true if `token` fired first.
-async fn sleep_or_cancel(d: Duration, token: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(d) => false,
-        _ = token.cancelled() => true,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_name_held_twice_stays_held_until_both_holders_are_done() {
-        let held = Held::default();
-        let first = held.hold("pvc-1");
-        let second = held.hold("pvc-1");
-        let other = held.hold("pvc-2");
-        drop(first);
-        let mut names = held.names();
-        names.sort();
-        assert_eq!(names, ["pvc-1", "pvc-2"]);
-        drop(second);
-        assert_eq!(held.names(), ["pvc-2"]);
-        drop(other);
-        assert!(held.names().is_empty());
-    }
-}

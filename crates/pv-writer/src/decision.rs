@@ -9,20 +9,17 @@ use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use rand::Rng;
 
-use crate::checks::Refusal;
+use crate::checks::{describe, Refusal};
+use crate::metrics::outcome;
 
 /// What one taken entry comes to; the operation settles it once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Nothing to settle: no longer held by this term, fenced, or shutdown came first.
     Leave,
-    /// Unreadable payload: dead-lettered under `kind`, no event (no trusted claim).
-    Unreadable {
-        /// `garbled` or `unknown_version`.
-        kind: &'static str,
-        /// Dead-letter reason.
-        reason: String,
-    },
+    /// Unreadable payload (`garbled` or `unknown_version`): dead-lettered, no event (no
+    /// trusted claim).
+    Unreadable(Refusal),
     /// Failed an entry check: dead-lettered, counted as refused, Warning event.
     Refused(Refusal),
     /// The claim is gone or was re-created: completed without a PV (`claim_gone`).
@@ -42,26 +39,17 @@ pub fn unreadable(err: &DecodeError) -> Verdict {
         DecodeError::Garbled(_) => "garbled",
         DecodeError::UnknownVersion { .. } => "unknown_version",
     };
-    Verdict::Unreadable {
-        kind,
-        reason: format!("unreadable queue entry: {err}"),
-    }
+    Verdict::Unreadable(Refusal::new(kind, format!("unreadable queue entry: {err}")))
 }
 
 /// What the API server said about one PV write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WriteResult {
-    /// `201 Created`.
-    Created,
-    /// `409 AlreadyExists` and the existing PV's `claimRef.uid` is the entry's claim uid.
-    AlreadyExists,
-    /// Permanent refusal; `kind` is the `pv_writer_dead_letters_total` reason label.
-    Refused {
-        /// `claimed_by_other`, `invalid` or `bad_request`.
-        kind: &'static str,
-        /// Human-readable reason (event note, dead-letter record).
-        reason: String,
-    },
+    /// The PV is stored: `201 Created` ([`outcome::CREATED`]), or `409 AlreadyExists` with the
+    /// existing PV's `claimRef.uid` the entry's claim uid ([`outcome::ALREADY_EXISTS`]).
+    Stored(&'static str),
+    /// Permanent refusal: `claimed_by_other`, `invalid` or `bad_request`.
+    Refused(Refusal),
     /// Worth retrying.
     Transient(String),
 }
@@ -74,41 +62,28 @@ pub fn already_exists(entry: &QueuedPvWrite, existing: &PersistentVolume) -> Wri
     let claim_ref = existing.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
     let uid = claim_ref.and_then(|c| c.uid.as_deref());
     if uid == Some(entry.claim.uid.as_str()) {
-        return WriteResult::AlreadyExists;
+        return WriteResult::Stored(outcome::ALREADY_EXISTS);
     }
-    let owner = claim_ref
-        .map(|c| {
-            format!(
-                "claim {}/{} (uid {})",
-                c.namespace.as_deref().unwrap_or(""),
-                c.name.as_deref().unwrap_or(""),
-                c.uid.as_deref().unwrap_or("none")
-            )
-        })
-        .unwrap_or_else(|| "no claim".to_string());
-    WriteResult::Refused {
-        kind: "claimed_by_other",
-        reason: format!(
+    let owner = claim_ref.map_or("no claim".to_string(), |c| format!("claim {}", describe(c)));
+    WriteResult::Refused(Refusal::new(
+        "claimed_by_other",
+        format!(
             "PV {name} already exists for {owner}, not for claim {} (uid {}); the volume is kept, requeue after resolving",
             entry.claim, entry.claim.uid
         ),
-    }
+    ))
 }
 
 /// Verdict on a create refused with HTTP `code` (not 409): 422 refused as
 /// `invalid`, 400 as `bad_request`, anything else transient.
 pub fn refused_create(name: &str, code: u16, reason: &str, message: &str) -> WriteResult {
-    match code {
-        422 => WriteResult::Refused {
-            kind: "invalid",
-            reason: format!("API server rejected PV {name} as invalid: {message}"),
-        },
-        400 => WriteResult::Refused {
-            kind: "bad_request",
-            reason: format!("API server rejected PV {name} as a bad request: {message}"),
-        },
-        code => WriteResult::Transient(format!("creating PV: {code} {reason}: {message}")),
-    }
+    let (kind, rejected_as) = match code {
+        422 => ("invalid", "invalid"),
+        400 => ("bad_request", "a bad request"),
+        code => return WriteResult::Transient(format!("creating PV: {code} {reason}: {message}")),
+    };
+    let why = format!("API server rejected PV {name} as {rejected_as}: {message}");
+    WriteResult::Refused(Refusal::new(kind, why))
 }
 
 /// Whether an API answer with HTTP `code` means the API server cannot serve
@@ -155,17 +130,17 @@ mod tests {
     fn refusals_and_transient_codes() {
         assert_eq!(
             refused_create("pv-1", 422, "Invalid", "bad spec"),
-            WriteResult::Refused {
-                kind: "invalid",
-                reason: "API server rejected PV pv-1 as invalid: bad spec".into()
-            }
+            WriteResult::Refused(Refusal::new(
+                "invalid",
+                "API server rejected PV pv-1 as invalid: bad spec".into()
+            ))
         );
         assert!(matches!(
             refused_create("pv-1", 400, "BadRequest", "x"),
-            WriteResult::Refused {
+            WriteResult::Refused(Refusal {
                 kind: "bad_request",
                 ..
-            }
+            })
         ));
         for code in [500, 503, 429, 403, 401, 404] {
             assert!(matches!(

@@ -16,7 +16,8 @@ use common::runtime::config::ServiceSpec;
 use common::runtime::frame::serve;
 use provisioner_api::Provisioner;
 
-use crate::controller::TermDeps;
+use crate::checks::EntryChecks;
+use crate::operation::WriterConfig;
 
 /// pv-writer as the runtime knows it: name, Lease suffix, HTTP port, workers, retry intervals.
 pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
@@ -30,12 +31,20 @@ pub use config::Cli;
 /// `<provisioner>-pv-writer` Lease one [`controller::run_term`] per term. Errors: setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     config::validate(&cli)?;
-    let registry = prometheus::Registry::new();
-    let deps = TermDeps {
-        key: cli.service.queue_key.load()?,
-        metrics: metrics::WriterMetrics::register(&registry),
-        args: cli.service,
-        backend,
+    let (common, args) = (&cli.common, &cli.service);
+    let retry = common.retry_backoff(SPEC);
+    let config = WriterConfig {
+        workers: common.worker_threads_for(SPEC),
+        retry_initial: retry.initial,
+        retry_max: retry.max,
+        write_timeout: args.write_timeout,
+        visibility_timeout: args.visibility_timeout,
+        redis_reconnect: common.redis_reconnect_period,
     };
+    let mut names = vec![common.provisioner_name.clone()];
+    names.extend_from_slice(&args.additional_provisioners.names);
+    let checks = EntryChecks::new(names, args.queue_key.load()?, backend);
+    let registry = prometheus::Registry::new();
+    let deps = (config, metrics::WriterMetrics::register(&registry), checks);
     serve(SPEC, cli.common, registry, deps, controller::run_term).await
 }

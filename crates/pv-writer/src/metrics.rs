@@ -68,3 +68,8 @@ impl WriterMetrics {
         }
     }
 }
+
+/// Add one to `family`'s series `label`.
+pub(crate) fn inc(family: &IntCounterVec, label: &str) {
+    family.with_label_values(&[label]).inc();
+}

@@ -4,15 +4,16 @@
 //! and metrics. Every settlement carries the leader term's epoch (fencing).
 //! Rules and rationale: docs/decisions/0009-pv-writer-entry-rules.md.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use api_types::queue::QueuedPvWrite;
 use common::handoff::queue::{DeadLetter, PvQueue, QueueError, Settled, TakenEntry};
-use common::kube::events::{claim_reference, event, reason, EventSink};
+use common::kube::events::reason::{PROVISIONING_FAILED, PROVISIONING_SUCCEEDED};
+use common::kube::events::{claim_reference, event, EventSink};
 use common::kube::retry::Backoff;
 use common::kube::time::now_ms;
-use common::runtime::health::Heartbeat;
 use common::runtime::http::Readiness;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
@@ -20,11 +21,11 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::checks::EntryChecks;
+use crate::checks::{EntryChecks, Refusal};
 use crate::decision::{
     already_exists, refused_create, retry_delay, unreadable, Verdict, WriteResult,
 };
-use crate::metrics::{outcome, WriterMetrics};
+use crate::metrics::{inc, outcome, WriterMetrics};
 
 /// Longest a worker waits for the API server to take a claim event, so a slow
 /// API server cannot hold a taken entry past its `--visibility-timeout`.
@@ -59,39 +60,41 @@ pub enum WriterError {
     Superseded(u64),
 }
 
-/// Whether an entry's claim still exists with the entry's uid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimLive {
-    /// It does.
-    Yes,
-    /// It is gone (404) or was re-created (another uid): the reason.
-    Gone(String),
-    /// The API server did not answer (transient): the reason.
-    Unknown(String),
+/// `call` within `timeout`; Err: the transient reason, "`what` timed out …" or "`what`: …".
+async fn within<T>(
+    timeout: Duration,
+    what: &str,
+    call: impl Future<Output = kube::Result<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, call).await {
+        Err(_) => Err(format!("{what} timed out after {timeout:?}")),
+        Ok(answer) => answer.map_err(|err| format!("{what}: {err}")),
+    }
 }
 
-/// GET `entry`'s claim within `timeout` (never a cache) and compare its uid.
-pub async fn claim_live(client: &Client, entry: &QueuedPvWrite, timeout: Duration) -> ClaimLive {
-    let claim = &entry.claim;
+/// GET `entry`'s claim within `timeout` (never a cache) and compare its uid: `Ok(None)` it
+/// lives, `Ok(Some(reason))` it is gone (404) or was re-created (another uid), `Err(reason)`
+/// the API server did not answer (transient).
+pub async fn claim_gone(
+    client: &Client,
+    entry: &QueuedPvWrite,
+    timeout: Duration,
+) -> Result<Option<String>, String> {
+    let (claim, pv) = (&entry.claim, entry.pv_name());
     let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &claim.namespace);
-    match tokio::time::timeout(timeout, api.get_opt(&claim.name)).await {
-        Err(_) => ClaimLive::Unknown(format!("reading claim {claim} timed out after {timeout:?}")),
-        Ok(Err(err)) => ClaimLive::Unknown(format!("reading claim {claim}: {err}")),
-        Ok(Ok(None)) => ClaimLive::Gone(format!(
-            "claim {claim} (uid {}) no longer exists; PV {} not created",
-            claim.uid,
-            entry.pv_name()
+    let what = format!("reading claim {claim}");
+    Ok(match within(timeout, &what, api.get_opt(&claim.name)).await? {
+        None => Some(format!(
+            "claim {claim} (uid {}) no longer exists; PV {pv} not created",
+            claim.uid
         )),
-        Ok(Ok(Some(live))) if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) => {
-            ClaimLive::Gone(format!(
-                "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {} not created",
-                live.metadata.uid.as_deref().unwrap_or("<none>"),
-                claim.uid,
-                entry.pv_name()
-            ))
-        }
-        Ok(Ok(Some(_))) => ClaimLive::Yes,
-    }
+        Some(live) if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) => Some(format!(
+            "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {pv} not created",
+            live.metadata.uid.as_deref().unwrap_or("<none>"),
+            claim.uid
+        )),
+        Some(_) => None,
+    })
 }
 
 /// Create `entry`'s PV through `api` within `timeout` and classify the answer.
@@ -100,32 +103,22 @@ pub async fn write_pv(
     entry: &QueuedPvWrite,
     timeout: Duration,
 ) -> WriteResult {
-    let name = entry.pv_name();
-    let created =
-        match tokio::time::timeout(timeout, api.create(&PostParams::default(), &entry.pv)).await {
-            Err(_) => {
-                return WriteResult::Transient(format!("creating PV timed out after {timeout:?}"))
-            }
-            Ok(r) => r,
-        };
-    let status = match created {
-        Ok(_) => return WriteResult::Created,
-        Err(kube::Error::Api(status)) => status,
-        Err(other) => return WriteResult::Transient(format!("creating PV: {other}")),
+    let (name, params) = (entry.pv_name(), PostParams::default());
+    let status = match tokio::time::timeout(timeout, api.create(&params, &entry.pv)).await {
+        Err(_) => {
+            return WriteResult::Transient(format!("creating PV timed out after {timeout:?}"))
+        }
+        Ok(Ok(_)) => return WriteResult::Stored(outcome::CREATED),
+        Ok(Err(kube::Error::Api(status))) => status,
+        Ok(Err(other)) => return WriteResult::Transient(format!("creating PV: {other}")),
     };
-    if status.is_already_exists() || (status.code == 409 && status.reason == "AlreadyExists") {
-        let existing = match tokio::time::timeout(timeout, api.get(name)).await {
-            Err(_) => {
-                return WriteResult::Transient(format!(
-                    "reading existing PV timed out after {timeout:?}"
-                ))
-            }
-            Ok(Err(err)) => return WriteResult::Transient(format!("reading existing PV: {err}")),
-            Ok(Ok(pv)) => pv,
-        };
-        return already_exists(entry, &existing);
+    if !(status.is_already_exists() || (status.code == 409 && status.reason == "AlreadyExists")) {
+        return refused_create(name, status.code, &status.reason, &status.message);
     }
-    refused_create(name, status.code, &status.reason, &status.message)
+    match within(timeout, "reading existing PV", api.get(name)).await {
+        Ok(existing) => already_exists(entry, &existing),
+        Err(reason) => WriteResult::Transient(reason),
+    }
 }
 
 /// The PV writer of one leader term: [`process`](Self::process) per entry and
@@ -153,8 +146,6 @@ pub struct Writer {
     pub(crate) probe_name: std::sync::Mutex<String>,
     /// `/readyz` of the running drain, which a worker stuck on Redis clears too.
     pub(crate) readiness: std::sync::OnceLock<Readiness>,
-    /// Beaten by the dispatcher at each turn of its loop.
-    pub(crate) dispatched: Heartbeat,
 }
 
 impl Writer {
@@ -183,7 +174,6 @@ impl Writer {
             recovered_at_ms: AtomicU64::new(0),
             probe_name: std::sync::Mutex::new(String::new()),
             readiness: std::sync::OnceLock::new(),
-            dispatched: Heartbeat::default(),
         }
     }
 
@@ -194,7 +184,7 @@ impl Writer {
         self.epoch.store(epoch, Ordering::SeqCst);
     }
 
-    fn term(&self) -> u64 {
+    pub(crate) fn term(&self) -> u64 {
         self.epoch.load(Ordering::SeqCst)
     }
 
@@ -237,26 +227,29 @@ impl Writer {
             claim_uid = tracing::field::Empty,
             class = tracing::field::Empty,
         );
-        self.process_entry(taken, shutdown).instrument(span).await
-    }
-
-    async fn process_entry(&self, taken: TakenEntry, shutdown: &CancellationToken) {
-        let entry = match QueuedPvWrite::decode(&taken.payload) {
-            Ok(entry) => entry,
-            Err(err) => {
-                tracing::error!(error = %err, "unreadable PV write in the queue; moving it to the dead-letter set");
-                return self.settle(&taken, None, unreadable(&err), shutdown).await;
-            }
-        };
-        let span = tracing::Span::current();
-        span.record("claim", tracing::field::display(&entry.claim));
-        span.record("claim_uid", entry.claim.uid.as_str());
-        span.record("class", entry.class.as_str());
-        let verdict = match self.checks.check(&taken.pv_name, &entry) {
-            Err(refusal) => Verdict::Refused(refusal),
-            Ok(()) => self.write(&taken.pv_name, &entry, shutdown).await,
-        };
-        self.settle(&taken, Some(&entry), verdict, shutdown).await
+        async {
+            let entry = QueuedPvWrite::decode(&taken.payload);
+            let verdict = match &entry {
+                Err(err) => {
+                    tracing::error!(error = %err, "unreadable PV write in the queue; moving it to the dead-letter set");
+                    unreadable(err)
+                }
+                Ok(entry) => {
+                    let span = tracing::Span::current();
+                    span.record("claim", tracing::field::display(&entry.claim));
+                    span.record("claim_uid", entry.claim.uid.as_str());
+                    span.record("class", entry.class.as_str());
+                    match self.checks.check(&taken.pv_name, entry) {
+                        Err(refusal) => Verdict::Refused(refusal),
+                        Ok(()) => self.write(&taken.pv_name, entry, shutdown).await,
+                    }
+                }
+            };
+            self.settle(&taken, entry.as_ref().ok(), verdict, shutdown)
+                .await
+        }
+        .instrument(span)
+        .await
     }
 
     /// The create of a checked entry, made only while this term holds it and
@@ -270,12 +263,12 @@ impl Writer {
         if !self.still_holds(pv_name, "before create", shutdown).await {
             return Verdict::Leave;
         }
-        let live = claim_live(&self.client, entry, self.config.write_timeout).await;
+        let live = claim_gone(&self.client, entry, self.config.write_timeout).await;
         let (started_ms, started) = (now_ms(), Instant::now());
         let result = match live {
-            ClaimLive::Gone(reason) => return Verdict::ClaimGone(reason),
-            ClaimLive::Unknown(reason) => WriteResult::Transient(reason),
-            ClaimLive::Yes => write_pv(&self.api, entry, self.config.write_timeout).await,
+            Ok(Some(reason)) => return Verdict::ClaimGone(reason),
+            Err(reason) => WriteResult::Transient(reason),
+            Ok(None) => write_pv(&self.api, entry, self.config.write_timeout).await,
         };
         self.metrics
             .write_duration_seconds
@@ -291,67 +284,44 @@ impl Writer {
         verdict: Verdict,
         shutdown: &CancellationToken,
     ) {
-        let pv_name = taken.pv_name.as_str();
-        match (verdict, entry) {
-            (Verdict::Unreadable { kind, reason }, _) => {
-                self.dead_letter(taken, None, kind, reason, shutdown).await;
+        let (refusal, refused) = match (verdict, entry) {
+            (Verdict::Unreadable(refusal), _) => (refusal, false),
+            (Verdict::Refused(refusal), _) => {
+                let Refusal { kind, reason } = &refusal;
+                tracing::error!(%reason, kind, "refusing a queue entry provision-svc could not have produced");
+                (refusal, true)
             }
-            (Verdict::Refused(refusal), Some(entry)) => {
-                tracing::error!(reason = %refusal.reason, kind = refusal.kind, "refusing a queue entry provision-svc could not have produced");
-                if self
-                    .dead_letter(
-                        taken,
-                        Some(entry),
-                        refusal.kind,
-                        refusal.reason.clone(),
-                        shutdown,
-                    )
-                    .await
-                {
-                    self.metrics
-                        .refused_entries_total
-                        .with_label_values(&[refusal.kind])
-                        .inc();
-                    self.claim_failed(entry, refusal.reason).await;
-                }
-            }
-            (Verdict::ClaimGone(reason), Some(_)) => {
-                let epoch = self.term();
-                if self
-                    .done("complete", shutdown, || self.queue.complete(epoch, pv_name))
-                    .await
-                {
+            (Verdict::ClaimGone(reason), _) => {
+                if self.complete(&taken.pv_name, shutdown).await {
                     tracing::warn!(%reason, "dropped a queue entry whose claim is gone; no PV written");
-                    self.metrics
-                        .refused_entries_total
-                        .with_label_values(&[CLAIM_GONE])
-                        .inc();
+                    inc(&self.metrics.refused_entries_total, CLAIM_GONE);
                 }
+                return;
             }
             (Verdict::Written { result, started_ms }, Some(entry)) => match result {
-                WriteResult::Created => {
-                    self.complete_written(taken, entry, outcome::CREATED, shutdown)
-                        .await
-                }
-                WriteResult::AlreadyExists => {
-                    self.complete_written(taken, entry, outcome::ALREADY_EXISTS, shutdown)
-                        .await
-                }
-                WriteResult::Refused { kind, reason } => {
-                    tracing::warn!(%reason, "PV write refused; moving it to the dead-letter set");
-                    if self
-                        .dead_letter(taken, Some(entry), kind, reason.clone(), shutdown)
-                        .await
-                    {
-                        self.claim_failed(entry, reason).await;
-                    }
+                WriteResult::Stored(label) => {
+                    return self.complete_written(taken, entry, label, shutdown).await
                 }
                 WriteResult::Transient(reason) => {
-                    self.retry(taken, reason, started_ms, shutdown).await
+                    return self.retry(taken, reason, started_ms, shutdown).await
+                }
+                WriteResult::Refused(refusal) => {
+                    let reason = &refusal.reason;
+                    tracing::warn!(%reason, "PV write refused; moving it to the dead-letter set");
+                    (refusal, false)
                 }
             },
-            (Verdict::Leave, _) | (_, None) => {}
-        }
+            (Verdict::Leave | Verdict::Written { .. }, _) => return,
+        };
+        self.dead_letter(taken, entry, refusal, refused, shutdown)
+            .await
+    }
+
+    /// Complete `pv_name` under this term; whether it was done.
+    async fn complete(&self, pv_name: &str, shutdown: &CancellationToken) -> bool {
+        let epoch = self.term();
+        let completed = self.redis("complete", shutdown, || self.queue.complete(epoch, pv_name));
+        completed.await == Some(Settled::Done)
     }
 
     /// A stored PV: announce it (only while this term holds the entry; the
@@ -373,34 +343,25 @@ impl Writer {
             return;
         }
         self.announce(entry, pv_name).await;
-        let epoch = self.term();
-        if !self
-            .done("complete", shutdown, || self.queue.complete(epoch, pv_name))
-            .await
-        {
+        if !self.complete(pv_name, shutdown).await {
             return;
         }
-        self.metrics.writes_total.with_label_values(&[label]).inc();
-        let provisioning_seconds =
-            now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
-        self.metrics
-            .provision
-            .succeeded(&entry.class, provisioning_seconds);
-        tracing::info!(outcome = label, provisioning_seconds, "PV written");
+        inc(&self.metrics.writes_total, label);
+        let seconds = now_ms().saturating_sub(entry.provisioning_started_ms()) as f64 / 1000.0;
+        self.metrics.provision.succeeded(&entry.class, seconds);
+        tracing::info!(
+            outcome = label,
+            provisioning_seconds = seconds,
+            "PV written"
+        );
     }
 
     /// `ProvisioningSucceeded` on the entry's claim, once per claim and PV.
     async fn announce(&self, entry: &QueuedPvWrite, pv_name: &str) {
+        let note = format!("Successfully provisioned volume {pv_name}");
+        let succeeded = event(false, PROVISIONING_SUCCEEDED, "Provision", note);
         let claim = claim_reference(&entry.claim);
-        let publish = self.events.publish_once(
-            &claim,
-            event(
-                false,
-                reason::PROVISIONING_SUCCEEDED,
-                "Provision",
-                format!("Successfully provisioned volume {pv_name}"),
-            ),
-        );
+        let publish = self.events.publish_once(&claim, succeeded);
         publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, publish).await;
     }
 
@@ -422,40 +383,28 @@ impl Writer {
         } else {
             retry_delay(self.config.retry_initial, self.config.retry_max, attempts)
         };
-        let retried = self.done("schedule_retry", shutdown, || {
+        let retried = self.redis("schedule_retry", shutdown, || {
             self.queue
                 .schedule_retry(self.term(), pv_name, delay, attempts)
         });
-        if retried.await {
+        if retried.await == Some(Settled::Done) {
             self.metrics.retries_total.inc();
-            self.metrics
-                .writes_total
-                .with_label_values(&[outcome::RETRY])
-                .inc();
+            inc(&self.metrics.writes_total, outcome::RETRY);
             tracing::warn!(attempts, retry_in = ?delay, %reason, "PV write failed; will retry");
         }
     }
 
-    /// A Warning `ProvisioningFailed` event with `note` on `entry`'s claim.
-    async fn claim_failed(&self, entry: &QueuedPvWrite, note: String) {
-        let claim = claim_reference(&entry.claim);
-        let publish = self.events.publish(
-            &claim,
-            event(true, reason::PROVISIONING_FAILED, "Provision", note),
-        );
-        publish_bounded(EVENT_PUBLISH_TIMEOUT, entry.pv_name(), publish).await;
-    }
-
-    /// Dead-letter `taken`; returns whether it was moved (false: Redis gave up
-    /// at shutdown, the entry was gone, or this term is stale).
+    /// Dead-letter `taken` under `kind`; once moved, count it (as refused too when
+    /// `refused`) and put a Warning `ProvisioningFailed` with `reason` on the entry's
+    /// claim. Not moved: Redis gave up at shutdown, the entry was gone, or this term is stale.
     async fn dead_letter(
         &self,
         taken: &TakenEntry,
         entry: Option<&QueuedPvWrite>,
-        kind: &'static str,
-        reason: String,
+        Refusal { kind, reason }: Refusal,
+        refused: bool,
         shutdown: &CancellationToken,
-    ) -> bool {
+    ) {
         let letter = DeadLetter {
             pv_name: taken.pv_name.clone(),
             reason,
@@ -463,27 +412,27 @@ impl Writer {
             attempts: taken.attempts,
             claim: entry.map(|e| e.claim.clone()),
         };
-        let moved = self.done("dead_letter", shutdown, || {
+        let moved = self.redis("dead_letter", shutdown, || {
             self.queue.dead_letter(self.term(), &letter)
         });
-        if !moved.await {
-            return false;
+        if moved.await != Some(Settled::Done) {
+            return;
         }
         // The class of an entry whose MAC failed is attacker-chosen: not a label.
-        let class = match (entry, kind) {
-            (Some(e), k) if k != "unsigned" && k != "bad_signature" => e.class.as_str(),
-            _ => "",
-        };
+        let trusted = entry.filter(|_| kind != "unsigned" && kind != "bad_signature");
+        let class = trusted.map_or("", |e| e.class.as_str());
         self.metrics.provision.failed(class);
-        self.metrics
-            .writes_total
-            .with_label_values(&[outcome::DEAD_LETTER])
-            .inc();
-        self.metrics
-            .dead_lettered_total
-            .with_label_values(&[kind])
-            .inc();
-        true
+        inc(&self.metrics.writes_total, outcome::DEAD_LETTER);
+        inc(&self.metrics.dead_lettered_total, kind);
+        if refused {
+            inc(&self.metrics.refused_entries_total, kind);
+        }
+        if let Some(entry) = entry {
+            let claim = claim_reference(&entry.claim);
+            let failed = event(true, PROVISIONING_FAILED, "Provision", letter.reason);
+            let publish = self.events.publish(&claim, failed);
+            publish_bounded(EVENT_PUBLISH_TIMEOUT, entry.pv_name(), publish).await;
+        }
     }
 
     /// Whether this term still holds `pv_name` in flight (asked at `stage`).
@@ -494,59 +443,28 @@ impl Writer {
         shutdown: &CancellationToken,
     ) -> bool {
         let epoch = self.term();
-        match self
-            .redis("holds", shutdown, || self.queue.holds(epoch, pv_name))
-            .await
-        {
-            Some(Settled::Done) => true,
-            Some(Settled::Fenced) => {
-                self.fenced("holds");
-                false
-            }
-            Some(Settled::NotInFlight) => {
-                tracing::warn!(
-                    stage,
-                    "queue entry no longer in flight under this term; the other take settles it"
-                );
-                false
-            }
-            None => false,
+        let held = self.redis("holds", shutdown, || self.queue.holds(epoch, pv_name));
+        let held = held.await;
+        if held == Some(Settled::NotInFlight) {
+            tracing::warn!(
+                stage,
+                "queue entry no longer in flight under this term; the other take settles it"
+            );
         }
+        held == Some(Settled::Done)
     }
 
-    /// Run settlement `operation` until Redis answers; whether it was done
-    /// (a fenced one is counted).
-    async fn done<F, Fut>(
+    /// Run settlement `operation` until Redis answers, counting a fenced one; `None`
+    /// if shutdown came first (the entry then stays in flight for the next leader).
+    async fn redis<F, Fut>(
         &self,
         operation: &'static str,
         shutdown: &CancellationToken,
         op: F,
-    ) -> bool
+    ) -> Option<Settled>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<Settled, QueueError>>,
-    {
-        match self.redis(operation, shutdown, op).await {
-            Some(Settled::Done) => true,
-            Some(Settled::Fenced) => {
-                self.fenced(operation);
-                false
-            }
-            Some(Settled::NotInFlight) | None => false,
-        }
-    }
-
-    /// Run a Redis operation until it succeeds; `None` if shutdown came first
-    /// (the entry then stays in flight for the next leader).
-    async fn redis<T, F, Fut>(
-        &self,
-        operation: &str,
-        shutdown: &CancellationToken,
-        op: F,
-    ) -> Option<T>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<T, QueueError>>,
+        Fut: Future<Output = Result<Settled, QueueError>>,
     {
         let mut failed = false;
         let settled = self
@@ -559,10 +477,11 @@ impl Writer {
                 tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
             })
             .await;
-        if failed && settled.is_some() {
-            if let Some(r) = self.readiness.get() {
-                r.set_ready(true);
-            }
+        if let Some(r) = self.readiness.get().filter(|_| failed && settled.is_some()) {
+            r.set_ready(true);
+        }
+        if settled == Some(Settled::Fenced) {
+            self.fenced(operation);
         }
         settled
     }
@@ -623,7 +542,7 @@ mod tests {
             &object,
             event(
                 false,
-                reason::PROVISIONING_SUCCEEDED,
+                PROVISIONING_SUCCEEDED,
                 "Provision",
                 "Successfully provisioned volume pvc-uid-1".into(),
             ),
