@@ -32,23 +32,16 @@ use crate::sweep;
 /// decoded by [`reconcile`] for each sync ([`Compact`]).
 pub type CachedPv = Compact<PersistentVolume>;
 
-/// Tuning of the control loop.
-#[derive(Debug, Clone)]
-pub struct LoopConfig {
-    /// Give up a PV after this many failed syncs (0 = never).
-    pub threshold: FailureThreshold,
-    /// Upper bound of one sync; zero = unlimited (seed `deletionTimeout`).
-    pub deletion_timeout: Duration,
-}
-
 /// What [`reconcile`] and [`error_policy`] share.
 pub struct Context {
     /// Runs the seed's sync and delete operation.
     pub reclaimer: Arc<Reclaimer>,
     /// Per-PV failure counts and backoff.
     pub retry: Arc<RetryPolicy<String>>,
-    /// Threshold and deletion timeout.
-    pub config: LoopConfig,
+    /// Give up a PV after this many failed syncs (0 = never).
+    pub threshold: FailureThreshold,
+    /// Upper bound of one sync; zero = unlimited (seed `deletionTimeout`).
+    pub deletion_timeout: Duration,
 }
 
 impl Context {
@@ -79,7 +72,7 @@ impl Context {
 /// its failures. Errors: [`SyncError`], handed to [`error_policy`].
 pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Action, SyncError> {
     let pv = cached.object();
-    let timeout = ctx.config.deletion_timeout;
+    let timeout = ctx.deletion_timeout;
     ctx.reclaimer.sync_volume_within(&pv, timeout).await?;
     ctx.retry.forget(&pv.name_any());
     Ok(Action::await_change())
@@ -91,7 +84,7 @@ pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Actio
 pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Action {
     let key = pv.name_any();
     let requeues = ctx.retry.requeues(&key);
-    let threshold = ctx.config.threshold;
+    let threshold = ctx.threshold;
     if threshold.allows_retry(requeues) {
         let delay = ctx.retry.next_delay(&key);
         tracing::warn!(pv = %key, failures = requeues, threshold = threshold.0, ?delay, error = %err, "retrying syncing PV");
@@ -134,10 +127,6 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         add,
     )
     .with_term(ctx.term.clone());
-    let config = LoopConfig {
-        threshold: FailureThreshold(reclaim.failed_delete_threshold),
-        deletion_timeout: reclaim.deletion_timeout,
-    };
     let workers = ctx.args.worker_threads_for(crate::SPEC);
     tracing::info!(provisioner = %ctx.args.provisioner_name, add_finalizer = add, failed_delete_threshold = reclaim.failed_delete_threshold, workers, "starting PV reclaim loop");
     let loop_ctx = Arc::new(Context {
@@ -146,26 +135,24 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             ctx.args.retry_backoff(crate::SPEC),
             &reclaim.retry,
         )),
-        config,
+        threshold: FailureThreshold(reclaim.failed_delete_threshold),
+        deletion_timeout: reclaim.deletion_timeout,
     });
-    let readiness = ctx.readiness.clone();
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<CachedPv>>();
-    let on_synced = move |store: &Store<CachedPv>| {
-        readiness.set_ready(true);
-        let _ = synced_tx.send(store.clone());
-    };
     let job = sweep::SweepJob {
         redis: ctx.args.redis(),
         provisioner_name: ctx.args.provisioner_name.clone(),
         pvs: api.clone(),
         backend,
-        archive: reclaim.sweep_orphans,
-        min_age: reclaim.sweep_min_age,
-        shutdown: ctx.shutdown.clone(),
+        action: sweep::SweepAction {
+            archive: reclaim.sweep_orphans,
+            min_age: reclaim.sweep_min_age,
+            shutdown: ctx.shutdown.clone(),
+        },
         metrics: metrics.sweep,
         reporter: ctx.identity.clone(),
     };
     // The sweep is part of this future: it stops with the term.
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<CachedPv>>();
     let sweep_shutdown = ctx.shutdown.clone();
     let sweep_task = async move {
         let Ok(store) = synced_rx.await else { return };
@@ -176,7 +163,8 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         }
     };
     let (store, writer) = reflector::store::<CachedPv>();
-    let (observer, mut on_synced) = (loop_ctx.clone(), Some(on_synced));
+    let (observer, readiness, mut synced_tx) =
+        (loop_ctx.clone(), ctx.readiness.clone(), Some(synced_tx));
     let trigger = control::trigger(
         Api::<CachedPv>::all(ctx.client.clone()),
         writer,
@@ -184,9 +172,10 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         move |event, store| {
             observer.observe(event, store);
             let first_list = matches!(event, watcher::Event::InitDone);
-            if let Some(f) = on_synced.take_if(|_| first_list) {
+            if let Some(synced_tx) = synced_tx.take_if(|_| first_list) {
                 tracing::info!(pvs = store.state().len(), "PV reflector synced");
-                f(store);
+                readiness.set_ready(true);
+                let _ = synced_tx.send(store.clone());
             }
         },
     );

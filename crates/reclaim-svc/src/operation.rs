@@ -193,10 +193,8 @@ impl Reclaimer {
     /// The backend's delete of `volume`'s asset, decided again on a quorum read
     /// and under a current leader term; `Ok(false)` when nothing more is to be done.
     async fn delete_asset(&self, volume: &PersistentVolume, name: &str) -> Result<bool, SyncError> {
-        let fresh = match self.api.get_opt(name).await {
-            Ok(fresh) => fresh,
-            Err(source) => return Err(SyncError::Reread(name.into(), source)),
-        };
+        let reread = self.api.get_opt(name).await;
+        let fresh = reread.map_err(|source| SyncError::Reread(name.into(), source))?;
         let fresh = match decision::still_to_delete(volume, fresh, |v| self.should_delete(v)) {
             Ok(fresh) => fresh,
             Err(stale) => {
@@ -267,11 +265,11 @@ impl Reclaimer {
         let Some(fresh) = remaining.filter(|pv| decision::has_finalizer(pv, FINALIZER_PV)) else {
             return Ok(());
         };
+        // Only the PV we deleted: a same-named successor is left alone.
         let ours = |v: &PersistentVolume| {
-            let (list, modified) =
-                decision::remove_finalizer(decision::finalizers(v), FINALIZER_PV);
-            // Only the PV we deleted: a same-named successor is left alone.
-            (modified && v.metadata.uid.as_deref() == Some(uid)).then_some(list)
+            let ours = decision::has_finalizer(v, FINALIZER_PV);
+            (ours && v.metadata.uid.as_deref() == Some(uid))
+                .then(|| decision::without(decision::finalizers(v), FINALIZER_PV))
         };
         if let Err(source) = update_finalizers(&self.api, &fresh, ours).await {
             tracing::info!(pv = %name, error = %source, "failed to remove finalizer");

@@ -112,13 +112,13 @@ pub async fn find_orphans(
 }
 
 /// What the sweep does with the orphans it finds.
-pub struct SweepAction<'a> {
+pub struct SweepAction {
     /// Archive orphans through the backend (`--sweep-orphans`); `false`: report only.
     pub archive: bool,
     /// `--sweep-min-age`: younger orphans are left alone.
     pub min_age: Duration,
     /// The service's shutdown token: no orphan is archived once it fired.
-    pub shutdown: &'a CancellationToken,
+    pub shutdown: CancellationToken,
 }
 
 /// One sweep: list, find orphans, set the gauges and with `action.archive`
@@ -128,7 +128,7 @@ pub async fn sweep(
     backend: &dyn Provisioner,
     cached_pv: impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
-    action: SweepAction<'_>,
+    action: &SweepAction,
     metrics: &SweepMetrics,
 ) -> Result<Vec<String>, SweepError> {
     let Some(listed) = backend.list_volumes().await else {
@@ -198,13 +198,8 @@ pub struct SweepJob {
     pub pvs: Api<PersistentVolume>,
     /// The backend whose volumes are swept.
     pub backend: Arc<dyn Provisioner>,
-    /// Archive orphans through the backend (`--sweep-orphans`); `false`
-    /// reports only.
-    pub archive: bool,
-    /// `--sweep-min-age`.
-    pub min_age: Duration,
-    /// The service's shutdown token.
-    pub shutdown: CancellationToken,
+    /// What to do with the orphans found.
+    pub action: SweepAction,
     /// Gauges to set.
     pub metrics: SweepMetrics,
     /// This replica's identity, recorded as the report's `reporter`.
@@ -214,46 +209,37 @@ pub struct SweepJob {
 /// Connect to Redis, run [`sweep`] once and store its report; failures are only
 /// logged. Run inside the leader's work future, so a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
-    if let Err(error) = sweep_and_report(&job, cached_pv).await {
+    let (redis, name) = (&job.redis, job.provisioner_name.as_str());
+    let result = async {
+        let accounting = LiveAccounting {
+            intents: IntentStore::connect(redis, name)
+                .await
+                .map_err(lookup("intents"))?,
+            queue: PvQueue::connect(redis, name)
+                .await
+                .map_err(lookup("queue"))?,
+            pvs: job.pvs.clone(),
+        };
+        let backend = job.backend.as_ref();
+        let mut orphans = sweep(backend, cached_pv, &accounting, &job.action, &job.metrics).await?;
+        orphans.sort();
+        let report = OrphanReport {
+            version: orphan_report::REPORT_VERSION,
+            swept_at_ms: common::kube::time::now_ms(),
+            reporter: job.reporter.clone(),
+            orphans,
+            archived: job.metrics.archived.get().max(0) as u64,
+        };
+        let mut conn = common::handoff::redis_store::connect(redis)
+            .await
+            .map_err(lookup("report"))?;
+        orphan_report::write(&mut conn, name, &report)
+            .await
+            .map_err(lookup("report"))
+    };
+    if let Err(error) = result.await {
         tracing::warn!(%error, "orphan sweep abandoned");
     }
-}
-
-async fn sweep_and_report(
-    job: &SweepJob,
-    cached_pv: impl Fn(&str) -> bool,
-) -> Result<(), SweepError> {
-    let (redis, name) = (&job.redis, job.provisioner_name.as_str());
-    let accounting = LiveAccounting {
-        intents: IntentStore::connect(redis, name)
-            .await
-            .map_err(lookup("intents"))?,
-        queue: PvQueue::connect(redis, name)
-            .await
-            .map_err(lookup("queue"))?,
-        pvs: job.pvs.clone(),
-    };
-    let action = SweepAction {
-        archive: job.archive,
-        min_age: job.min_age,
-        shutdown: &job.shutdown,
-    };
-    let backend = job.backend.as_ref();
-    let mut orphans = sweep(backend, cached_pv, &accounting, action, &job.metrics).await?;
-    orphans.sort();
-    let report = OrphanReport {
-        version: orphan_report::REPORT_VERSION,
-        swept_at_ms: common::kube::time::now_ms(),
-        reporter: job.reporter.clone(),
-        orphans,
-        archived: job.metrics.archived.get().max(0) as u64,
-    };
-    let mut conn = common::handoff::redis_store::connect(redis)
-        .await
-        .map_err(lookup("report"))?;
-    orphan_report::write(&mut conn, name, &report)
-        .await
-        .map_err(lookup("report"))
 }
 
 #[cfg(test)]
@@ -339,10 +325,10 @@ mod tests {
         let action = SweepAction {
             archive,
             min_age,
-            shutdown,
+            shutdown: shutdown.clone(),
         };
         let is_cached = |n: &str| cached && n == "pvc-cached";
-        (sweep(backend, is_cached, acc, action, &m).await, m)
+        (sweep(backend, is_cached, acc, &action, &m).await, m)
     }
 
     #[tokio::test]
