@@ -110,11 +110,7 @@ pub struct TermDeps {
 /// (readiness), one orphan sweep; a new reflector and reclaimer each term.
 /// Errors: none once running.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let TermDeps {
-        backend,
-        metrics,
-        args: reclaim,
-    } = deps;
+    let (backend, metrics, reclaim) = (deps.backend, deps.metrics, deps.args);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
     let (provisioner, add) = (ctx.args.provisioner_name.clone(), reclaim.add_finalizer);

@@ -137,9 +137,7 @@ impl Reclaimer {
         let start = Instant::now();
         let result = self.delete_volume_operation(&volume).await;
         match &result {
-            Ok(()) => {
-                self.metrics.succeeded(class, start.elapsed().as_secs_f64());
-            }
+            Ok(()) => self.metrics.succeeded(class, start.elapsed().as_secs_f64()),
             // Not a failed delete: this replica no longer leads.
             Err(SyncError::NotLeader(..)) => {}
             Err(_) => self.metrics.failed(class),
@@ -161,8 +159,7 @@ impl Reclaimer {
             self.events
                 .publish(volume, failed_delete(err.to_string()))
                 .await;
-            let class = decision::storage_class(volume);
-            self.metrics.failed(class);
+            self.metrics.failed(decision::storage_class(volume));
             return Err(err);
         };
         result
@@ -202,25 +199,21 @@ impl Reclaimer {
                 return Ok(false);
             }
         };
-        let deleted = match self.class_for(&fresh).await {
-            Err(err) => Err(err),
-            Ok(class) => {
-                if let Err(reason) = self.term.check() {
-                    tracing::warn!(pv = %name, %reason, "leader term not current, volume not deleted");
-                    return Err(SyncError::NotLeader(name.into(), reason));
-                }
-                let call = async {
-                    match class {
-                        Some(class) => self.backend.delete_with_class(&fresh, class.as_ref()).await,
-                        None => self.backend.delete(&fresh).await,
-                    }
-                };
-                let reason = |e: deadline::Exceeded| e.to_string();
-                deadline::bound(call)
-                    .await
-                    .unwrap_or_else(|e| Err(DeleteError::Failed { reason: reason(e) }))
+        let class = self.class_for(&fresh).await;
+        if let Some(reason) = class.as_ref().ok().and_then(|_| self.term.check().err()) {
+            tracing::warn!(pv = %name, %reason, "leader term not current, volume not deleted");
+            return Err(SyncError::NotLeader(name.into(), reason));
+        }
+        let call = async {
+            match class? {
+                Some(class) => self.backend.delete_with_class(&fresh, class.as_ref()).await,
+                None => self.backend.delete(&fresh).await,
             }
         };
+        let deleted = deadline::bound(call).await.unwrap_or_else(|e| {
+            let reason = e.to_string();
+            Err(DeleteError::Failed { reason })
+        });
         match deleted {
             Ok(()) => {
                 tracing::info!(pv = %name, "volume deleted");

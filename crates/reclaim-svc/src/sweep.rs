@@ -93,14 +93,10 @@ pub async fn find_orphans(
     backend: &dyn Provisioner,
 ) -> Result<Vec<String>, SweepError> {
     let mut candidates = Vec::new();
-    for name in volumes {
-        if cached_pv(name) {
-            continue;
+    for name in volumes.iter().filter(|name| !cached_pv(name)) {
+        if !accounting.has_intent(name).await? && !accounting.is_queued(name).await? {
+            candidates.push(name.clone());
         }
-        if accounting.has_intent(name).await? || accounting.is_queued(name).await? {
-            continue;
-        }
-        candidates.push(name.clone());
     }
     if candidates.is_empty() {
         return Ok(candidates);
