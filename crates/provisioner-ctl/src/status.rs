@@ -23,20 +23,6 @@ pub struct Status {
     pub provisioners: Vec<ProvisionerStatus>,
 }
 
-impl Status {
-    /// Every part that could not be read, as `"<provisioner>: <error>"`.
-    pub fn errors(&self) -> Vec<String> {
-        self.provisioners
-            .iter()
-            .flat_map(|p| {
-                p.errors
-                    .iter()
-                    .map(move |e| format!("{}: {e}", p.provisioner_name))
-            })
-            .collect()
-    }
-}
-
 /// Everything about one provisioner name.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ProvisionerStatus {
@@ -452,14 +438,6 @@ mod tests {
         let lease = &json["provisioners"][0]["leases"][1];
         assert_eq!(lease["namespace"], serde_json::Value::Null, "{lease}");
         assert_eq!(lease["found"], false, "{lease}");
-    }
-
-    #[test]
-    fn errors_name_their_provisioner() {
-        assert_eq!(
-            sample().errors(),
-            ["example.com/hostpath: intents: redis: boom"]
-        );
     }
 
     #[tokio::test]
