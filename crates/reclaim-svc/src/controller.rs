@@ -13,8 +13,10 @@ use std::time::Duration;
 use common::kube::cache::Compact;
 use common::kube::events::EventSink;
 use common::kube::retry::{FailureThreshold, RetryPolicy};
+use common::kube::workqueue_metrics::WorkQueueMetrics;
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
+use common::runtime::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -24,9 +26,8 @@ use kube::{Resource, ResourceExt};
 use provisioner_api::Provisioner;
 
 use crate::config::ReclaimArgs;
-use crate::metrics::ReclaimMetrics;
 use crate::operation::{Reclaimer, SyncError};
-use crate::sweep;
+use crate::sweep::{self, SweepMetrics};
 
 /// A PV as the PV cache holds it: identity typed, the rest as compact JSON
 /// decoded by [`reconcile`] for each sync ([`Compact`]).
@@ -100,8 +101,12 @@ pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Ac
 pub struct TermDeps {
     /// The backend whose volumes are reclaimed.
     pub backend: Arc<dyn Provisioner>,
-    /// Metrics, registered once per process.
-    pub metrics: ReclaimMetrics,
+    /// The seed's delete families (label `class`), registered once per process.
+    pub delete: DeleteMetrics,
+    /// The orphan sweep's gauges.
+    pub sweep: SweepMetrics,
+    /// client-go's `workqueue_*` series of the PV queue (`name="volumes"`).
+    pub queue: WorkQueueMetrics,
     /// reclaim-svc's own flags.
     pub args: ReclaimArgs,
 }
@@ -110,7 +115,7 @@ pub struct TermDeps {
 /// (readiness), one orphan sweep; a new reflector and reclaimer each term.
 /// Errors: none once running.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let (backend, metrics, reclaim) = (deps.backend, deps.metrics, deps.args);
+    let (backend, reclaim) = (deps.backend, deps.args);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
     let (provisioner, add) = (ctx.args.provisioner_name.clone(), reclaim.add_finalizer);
@@ -118,7 +123,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         api.clone(),
         backend.clone(),
         Arc::new(events),
-        metrics.delete,
+        deps.delete,
         provisioner,
         add,
     )
@@ -144,7 +149,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             min_age: reclaim.sweep_min_age,
             shutdown: ctx.shutdown.clone(),
         },
-        metrics: metrics.sweep,
+        metrics: deps.sweep,
         reporter: ctx.identity.clone(),
     };
     // The sweep is part of this future: it stops with the term.
@@ -164,7 +169,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let trigger = control::trigger(
         Api::<CachedPv>::all(ctx.client.clone()),
         writer,
-        metrics.queue.clone(),
+        deps.queue.clone(),
         move |event, store| {
             observer.observe(event, store);
             let first_list = matches!(event, watcher::Event::InitDone);
@@ -180,7 +185,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         resync_period: reclaim.resync_period,
         stall: ctx.args.healthz_stall_timeout,
         heartbeat: ctx.heartbeat.clone(),
-        metrics: metrics.queue,
+        metrics: deps.queue,
         shutdown: ctx.shutdown.clone(),
         reconcile_all: None,
     };

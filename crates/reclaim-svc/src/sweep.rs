@@ -14,13 +14,40 @@ use std::time::Duration;
 use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
+use common::runtime::metrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::ListParams;
 use kube::Api;
+use prometheus::{IntGauge, Registry};
 use provisioner_api::{OrphanOutcome, Provisioner, VolumeError};
 use tokio_util::sync::CancellationToken;
 
-pub use crate::metrics::SweepMetrics;
+/// Gauges of the last sweep.
+#[derive(Clone)]
+pub struct SweepMetrics {
+    /// `reclaim_orphan_volumes`: orphans the last sweep found.
+    pub found: IntGauge,
+    /// `reclaim_orphan_volumes_archived`: orphans the last sweep archived.
+    pub archived: IntGauge,
+}
+
+impl SweepMetrics {
+    /// Create and register both gauges.
+    pub fn register(registry: &Registry) -> Self {
+        Self {
+            found: metrics::gauge(
+                registry,
+                "reclaim_orphan_volumes",
+                "Backend volumes found by the last orphan sweep with no PV, no pending PV write and no provisioning intent.",
+            ),
+            archived: metrics::gauge(
+                registry,
+                "reclaim_orphan_volumes_archived",
+                "Orphaned backend volumes older than --sweep-min-age archived (renamed archived-<name>, never removed) by the last orphan sweep (only with --sweep-orphans).",
+            ),
+        }
+    }
+}
 
 /// Why a sweep was abandoned ("unknown" is never "orphan").
 #[derive(Debug, thiserror::Error)]
@@ -241,7 +268,6 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus::Registry;
     use provisioner_api::testing::FakeProvisioner;
 
     struct Fake {
