@@ -53,7 +53,7 @@ impl Context {
             watcher::Event::Delete(pv) => {
                 self.retry.forget(&pv.name_any());
                 if let Some(uid) = pv.meta().uid.as_deref() {
-                    self.reclaimer.forget_uid(uid);
+                    self.reclaimer.retain_uids(|alive| alive != uid);
                 }
             }
             watcher::Event::InitDone => {

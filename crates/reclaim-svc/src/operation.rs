@@ -72,7 +72,6 @@ fn failed_delete(note: String) -> Event {
 /// released volumes. Shared (`Arc`) by the workers; one PV is never synced twice at once.
 pub struct Reclaimer {
     api: Api<PersistentVolume>,
-    classes: Api<StorageClass>,
     term: LeaderTerm,
     backend: Arc<dyn Provisioner>,
     events: Arc<dyn EventPublisher>,
@@ -94,7 +93,6 @@ impl Reclaimer {
         add_finalizer: bool,
     ) -> Self {
         Self {
-            classes: Api::all(api.clone().into_client()),
             term: LeaderTerm::unconditional(),
             api,
             backend,
@@ -119,13 +117,10 @@ impl Reclaimer {
         let name = volume.name_any();
         let (provisioner, add) = (self.provisioner_name.as_str(), self.add_finalizer);
         let compute = |v: &PersistentVolume| decision::finalizer_update(v, provisioner, add);
-        let volume = match update_finalizers(&self.api, volume, compute).await {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                tracing::debug!(pv = %name, "PV disappeared while updating its finalizers");
-                return Ok(());
-            }
-            Err(source) => return Err(SyncError::Finalizer(name, source)),
+        let updated = update_finalizers(&self.api, volume, compute).await;
+        let Some(volume) = updated.map_err(|e| SyncError::Finalizer(name.clone(), e))? else {
+            tracing::debug!(pv = %name, "PV disappeared while updating its finalizers");
+            return Ok(());
         };
         if let Err(skip) = self.should_delete(&volume) {
             if skip != Skip::NotReleased && skip != Skip::NotOurs {
@@ -294,7 +289,8 @@ impl Reclaimer {
         let failed = |e| DeleteError::Failed {
             reason: format!("cannot read StorageClass {name:?} of PV {pv}: {e}"),
         };
-        self.classes.get_opt(name).await.map(Some).map_err(failed)
+        let classes = Api::<StorageClass>::all(self.api.clone().into_client());
+        classes.get_opt(name).await.map(Some).map_err(failed)
     }
 
     fn deleted_assets(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -308,12 +304,7 @@ impl Reclaimer {
         self.deleted_assets().contains(uid)
     }
 
-    /// Forget `uid` (its PV is gone from the API server).
-    pub fn forget_uid(&self, uid: &str) {
-        self.deleted_assets().remove(uid);
-    }
-
-    /// Keep only the remembered uids for which `alive` holds (after a re-list).
+    /// Keep only the remembered uids for which `alive` holds (their PVs still exist).
     pub fn retain_uids(&self, alive: impl Fn(&str) -> bool) {
         self.deleted_assets().retain(|u| alive(u));
     }

@@ -413,7 +413,7 @@ async fn second_delivery_after_a_failed_pv_delete_does_not_call_the_backend_agai
     h.reclaimer.sync_volume(&pv).await.unwrap();
     assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_none());
-    h.reclaimer.forget_uid("uid-pvc-1");
+    h.reclaimer.retain_uids(|uid| uid != "uid-pvc-1");
     assert!(!h.reclaimer.asset_deleted("uid-pvc-1"));
 }
 
