@@ -306,31 +306,30 @@ async fn lease_status(
     now_ms: u64,
 ) -> LeaseStatus {
     let name = lease_name(provisioner_name, lease_suffix);
+    let found = find_lease(client, &name, namespace).await;
     let mut status = LeaseStatus {
         service: service.to_string(),
-        name: name.clone(),
+        name,
         namespace: namespace.map(str::to_string),
+        error: found.as_ref().err().map(|e| error_chain(e.as_ref())),
         ..Default::default()
     };
-    match find_lease(client, &name, namespace).await {
-        Ok(Some(lease)) => {
-            status.found = true;
-            status.namespace = lease.metadata.namespace.or(status.namespace);
-            let spec = lease.spec.unwrap_or_default();
-            status.holder = spec.holder_identity.filter(|h| !h.is_empty());
-            status.renewed_seconds_ago = spec
-                .renew_time
-                .map(|t| age_seconds(now_ms, t.0.as_millisecond().max(0) as u64));
-            status.lease_duration_seconds = spec.lease_duration_seconds;
-            status.transitions = spec.lease_transitions;
-            status.expired = match (status.renewed_seconds_ago, spec.lease_duration_seconds) {
-                (Some(ago), Some(d)) => ago > f64::from(d),
-                _ => status.holder.is_some(),
-            };
-        }
-        Ok(None) => {}
-        Err(e) => status.error = Some(error_chain(e.as_ref())),
-    }
+    let Ok(Some(lease)) = found else {
+        return status;
+    };
+    status.found = true;
+    status.namespace = lease.metadata.namespace.or(status.namespace);
+    let spec = lease.spec.unwrap_or_default();
+    status.holder = spec.holder_identity.filter(|h| !h.is_empty());
+    status.renewed_seconds_ago = spec
+        .renew_time
+        .map(|t| age_seconds(now_ms, t.0.as_millisecond().max(0) as u64));
+    status.lease_duration_seconds = spec.lease_duration_seconds;
+    status.transitions = spec.lease_transitions;
+    status.expired = match (status.renewed_seconds_ago, spec.lease_duration_seconds) {
+        (Some(ago), Some(d)) => ago > f64::from(d),
+        _ => status.holder.is_some(),
+    };
     status
 }
 

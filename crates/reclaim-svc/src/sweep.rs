@@ -73,10 +73,9 @@ fn lookup<E: std::error::Error + Send + Sync + 'static>(
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
 pub trait Accounting: Send + Sync {
-    /// Whether a provisioning intent is recorded for `pv_name`.
-    async fn has_intent(&self, pv_name: &str) -> Result<bool, SweepError>;
-    /// Whether a PV write for `pv_name` is pending in the durable queue.
-    async fn is_queued(&self, pv_name: &str) -> Result<bool, SweepError>;
+    /// Whether a provisioning intent is recorded for `pv_name` or, if not, a PV
+    /// write for it is pending in the durable queue.
+    async fn is_pending(&self, pv_name: &str) -> Result<bool, SweepError>;
     /// Every PV on the API server (a quorum read).
     async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError>;
 }
@@ -93,13 +92,11 @@ pub struct LiveAccounting {
 
 #[async_trait::async_trait]
 impl Accounting for LiveAccounting {
-    async fn has_intent(&self, pv_name: &str) -> Result<bool, SweepError> {
-        self.intents
-            .contains(pv_name)
-            .await
-            .map_err(lookup("intents"))
-    }
-    async fn is_queued(&self, pv_name: &str) -> Result<bool, SweepError> {
+    async fn is_pending(&self, pv_name: &str) -> Result<bool, SweepError> {
+        let intent = self.intents.contains(pv_name).await;
+        if intent.map_err(lookup("intents"))? {
+            return Ok(true);
+        }
         self.queue
             .is_pending(pv_name)
             .await
@@ -121,7 +118,7 @@ pub async fn find_orphans(
 ) -> Result<Vec<String>, SweepError> {
     let mut candidates = Vec::new();
     for name in volumes.iter().filter(|name| !cached_pv(name)) {
-        if !accounting.has_intent(name).await? && !accounting.is_queued(name).await? {
+        if !accounting.is_pending(name).await? {
             candidates.push(name.clone());
         }
     }
@@ -279,10 +276,10 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Accounting for Fake {
-        async fn has_intent(&self, n: &str) -> Result<bool, SweepError> {
-            Ok(self.intents.contains(&n))
-        }
-        async fn is_queued(&self, n: &str) -> Result<bool, SweepError> {
+        async fn is_pending(&self, n: &str) -> Result<bool, SweepError> {
+            if self.intents.contains(&n) {
+                return Ok(true);
+            }
             if self.fail {
                 return Err(SweepError::Lookup("queue", "redis down".into()));
             }
