@@ -149,62 +149,54 @@ pub async fn gather(
 ) -> Status {
     let mut provisioners = Vec::with_capacity(names.len());
     for name in names {
-        provisioners.push(gather_one(name, redis, leases, now_ms).await);
+        let mut status = ProvisionerStatus {
+            provisioner_name: name.to_string(),
+            ..Default::default()
+        };
+        match common::handoff::redis_store::connect(redis).await {
+            Ok(conn) => {
+                let queue = queue_status(&PvQueue::with_connection(conn.clone(), name)).await;
+                status.queue = status.read("queue", queue);
+                let intents = IntentStore::with_connection(conn.clone(), name);
+                if let Some(entries) = status.read("intents", intents.list_with_claims().await) {
+                    status.intents = entries
+                        .into_iter()
+                        .map(|e| IntentStatus {
+                            claim: e.intent.claim.to_string(),
+                            pv_name: e.intent.pv_name,
+                            class: e.intent.class,
+                            age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
+                            in_background: e.claim.is_some_and(|c| c.in_background),
+                        })
+                        .collect();
+                    status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+                }
+                let report = orphan_report::read(&mut conn.clone(), name).await;
+                if let Some(report) = status.read("orphan sweep", report) {
+                    status.orphan_report_age_seconds =
+                        report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
+                    status.orphan_report = report;
+                }
+            }
+            // The error names the (redacted) URL; once, for the three parts it hides.
+            Err(e) => {
+                status.errors.push(format!("redis: {e}"));
+                status.unavailable = vec!["queue", "intents", "orphan sweep"];
+            }
+        }
+        if let Some((client, namespace)) = leases {
+            for (service, lease_suffix) in SERVICES {
+                let lease =
+                    lease_status(client, service, lease_suffix, name, namespace, now_ms).await;
+                if let Some(e) = &lease.error {
+                    status.errors.push(format!("lease {}: {e}", lease.name));
+                }
+                status.leases.push(lease);
+            }
+        }
+        provisioners.push(status);
     }
     Status { provisioners }
-}
-
-async fn gather_one(
-    name: &str,
-    redis: &RedisConfig,
-    leases: Option<(&Client, Option<&str>)>,
-    now_ms: u64,
-) -> ProvisionerStatus {
-    let mut status = ProvisionerStatus {
-        provisioner_name: name.to_string(),
-        ..Default::default()
-    };
-    match common::handoff::redis_store::connect(redis).await {
-        Ok(conn) => {
-            let queue = queue_status(&PvQueue::with_connection(conn.clone(), name)).await;
-            status.queue = status.read("queue", queue);
-            let intents = IntentStore::with_connection(conn.clone(), name);
-            if let Some(entries) = status.read("intents", intents.list_with_claims().await) {
-                status.intents = entries
-                    .into_iter()
-                    .map(|e| IntentStatus {
-                        claim: e.intent.claim.to_string(),
-                        pv_name: e.intent.pv_name,
-                        class: e.intent.class,
-                        age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
-                        in_background: e.claim.is_some_and(|c| c.in_background),
-                    })
-                    .collect();
-                status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-            }
-            let report = orphan_report::read(&mut conn.clone(), name).await;
-            if let Some(report) = status.read("orphan sweep", report) {
-                status.orphan_report_age_seconds =
-                    report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
-                status.orphan_report = report;
-            }
-        }
-        // The error names the (redacted) URL; once, for the three parts it hides.
-        Err(e) => {
-            status.errors.push(format!("redis: {e}"));
-            status.unavailable = vec!["queue", "intents", "orphan sweep"];
-        }
-    }
-    if let Some((client, namespace)) = leases {
-        for (service, lease_suffix) in SERVICES {
-            let lease = lease_status(client, service, lease_suffix, name, namespace, now_ms).await;
-            if let Some(e) = &lease.error {
-                status.errors.push(format!("lease {}: {e}", lease.name));
-            }
-            status.leases.push(lease);
-        }
-    }
-    status
 }
 
 impl ProvisionerStatus {
