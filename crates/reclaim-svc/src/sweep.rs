@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
@@ -19,7 +20,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::ListParams;
 use kube::Api;
 use prometheus::{IntGauge, Registry};
-use provisioner_api::{OrphanOutcome, Provisioner, VolumeError};
+use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
 
 /// Gauges of the last sweep.
@@ -49,35 +50,14 @@ impl SweepMetrics {
     }
 }
 
-/// Why a sweep was abandoned ("unknown" is never "orphan").
-#[derive(Debug, thiserror::Error)]
-pub enum SweepError {
-    /// Reaching or reading Redis (intents, queue, report) or the PVs failed.
-    #[error("{0}: {1}")]
-    Lookup(
-        &'static str,
-        #[source] Box<dyn std::error::Error + Send + Sync>,
-    ),
-    /// The backend could not list its volumes or map PVs to them.
-    #[error("backend volumes: {0}")]
-    Backend(#[from] VolumeError),
-}
-
-/// A [`SweepError::Lookup`] of `what`.
-fn lookup<E: std::error::Error + Send + Sync + 'static>(
-    what: &'static str,
-) -> impl Fn(E) -> SweepError {
-    move |e| SweepError::Lookup(what, Box::new(e))
-}
-
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
 pub trait Accounting: Send + Sync {
     /// Whether a provisioning intent is recorded for `pv_name` or, if not, a PV
     /// write for it is pending in the durable queue.
-    async fn is_pending(&self, pv_name: &str) -> Result<bool, SweepError>;
+    async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool>;
     /// Every PV on the API server (a quorum read).
-    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError>;
+    async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>>;
 }
 
 /// [`Accounting`] backed by Redis (intents, queue) and the API server (PVs).
@@ -92,19 +72,16 @@ pub struct LiveAccounting {
 
 #[async_trait::async_trait]
 impl Accounting for LiveAccounting {
-    async fn is_pending(&self, pv_name: &str) -> Result<bool, SweepError> {
+    async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool> {
         let intent = self.intents.contains(pv_name).await;
-        if intent.map_err(lookup("intents"))? {
+        if intent.context("intents")? {
             return Ok(true);
         }
-        self.queue
-            .is_pending(pv_name)
-            .await
-            .map_err(lookup("queue"))
+        self.queue.is_pending(pv_name).await.context("queue")
     }
-    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError> {
+    async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
         let list = self.pvs.list(&ListParams::default()).await;
-        list.map(|l| l.items).map_err(lookup("PVs"))
+        list.map(|l| l.items).context("PVs")
     }
 }
 
@@ -115,7 +92,7 @@ pub async fn find_orphans(
     cached_pv: &impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
     backend: &dyn Provisioner,
-) -> Result<Vec<String>, SweepError> {
+) -> anyhow::Result<Vec<String>> {
     let mut candidates = Vec::new();
     for name in volumes.iter().filter(|name| !cached_pv(name)) {
         if !accounting.is_pending(name).await? {
@@ -126,7 +103,8 @@ pub async fn find_orphans(
         return Ok(candidates);
     }
     let pvs = accounting.list_pvs().await?;
-    let in_use = backend.volumes_in_use(&pvs).await?;
+    let in_use = backend.volumes_in_use(&pvs).await;
+    let in_use = in_use.context("backend volumes")?;
     candidates.retain(|name| !in_use.contains(name));
     Ok(candidates)
 }
@@ -150,12 +128,12 @@ pub async fn sweep(
     accounting: &dyn Accounting,
     action: &SweepAction,
     metrics: &SweepMetrics,
-) -> Result<Vec<String>, SweepError> {
+) -> anyhow::Result<Vec<String>> {
     let Some(listed) = backend.list_volumes().await else {
         tracing::info!("orphan sweep skipped, backend cannot list volumes");
         return Ok(Vec::new());
     };
-    let volumes = listed?;
+    let volumes = listed.context("backend volumes")?;
     let orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
     metrics.found.set(orphans.len() as i64);
     metrics.archived.set(0);
@@ -232,12 +210,8 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
     let (redis, name) = (&job.redis, job.provisioner_name.as_str());
     let result = async {
         let accounting = LiveAccounting {
-            intents: IntentStore::connect(redis, name)
-                .await
-                .map_err(lookup("intents"))?,
-            queue: PvQueue::connect(redis, name)
-                .await
-                .map_err(lookup("queue"))?,
+            intents: IntentStore::connect(redis, name).await.context("intents")?,
+            queue: PvQueue::connect(redis, name).await.context("queue")?,
             pvs: job.pvs.clone(),
         };
         let backend = job.backend.as_ref();
@@ -252,13 +226,13 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
         };
         let mut conn = common::handoff::redis_store::connect(redis)
             .await
-            .map_err(lookup("report"))?;
+            .context("report")?;
         orphan_report::write(&mut conn, name, &report)
             .await
-            .map_err(lookup("report"))
+            .context("report")
     };
     if let Err(error) = result.await {
-        tracing::warn!(%error, "orphan sweep abandoned");
+        tracing::warn!(error = format!("{error:#}"), "orphan sweep abandoned");
     }
 }
 
@@ -276,16 +250,16 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Accounting for Fake {
-        async fn is_pending(&self, n: &str) -> Result<bool, SweepError> {
+        async fn is_pending(&self, n: &str) -> anyhow::Result<bool> {
             if self.intents.contains(&n) {
                 return Ok(true);
             }
             if self.fail {
-                return Err(SweepError::Lookup("queue", "redis down".into()));
+                return Err(anyhow::anyhow!("redis down").context("queue"));
             }
             Ok(self.queued.contains(&n))
         }
-        async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError> {
+        async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
             Ok(self
                 .pvs
                 .iter()
@@ -338,7 +312,7 @@ mod tests {
         cached: bool,
         archive: bool,
         shutdown: &CancellationToken,
-    ) -> (Result<Vec<String>, SweepError>, SweepMetrics) {
+    ) -> (anyhow::Result<Vec<String>>, SweepMetrics) {
         let m = SweepMetrics::register(&Registry::new());
         let min_age = Duration::from_secs(3600);
         let action = SweepAction {
@@ -417,7 +391,7 @@ mod tests {
         let (backend, acc) = fixture(true);
         let (result, _) = run(&backend, &acc, false, true, &CancellationToken::new()).await;
         let err = result.unwrap_err();
-        assert_eq!(err.to_string(), "queue: redis down");
+        assert_eq!(format!("{err:#}"), "queue: redis down");
         assert!(backend.archived().is_empty());
     }
 
