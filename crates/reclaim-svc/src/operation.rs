@@ -5,8 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use api_types::FINALIZER_PV;
 use common::kube::events::{self, reason, EventSink};
@@ -17,8 +16,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::Event;
 use kube::ResourceExt;
-use provisioner_api::deadline;
-use provisioner_api::{DeleteError, Provisioner};
+use provisioner_api::{deadline, DeleteError, Provisioner};
 
 use crate::decision::{self, Skip};
 use crate::finalizer::update_finalizers;
