@@ -85,21 +85,12 @@ pub enum Action<'a> {
 }
 
 impl QueueCommand {
-    /// What this command does.
-    pub fn action(&self) -> Action<'_> {
+    /// What this command does, and its shared flags.
+    pub fn parts(&self) -> (Action<'_>, &CommonArgs) {
         match self {
-            QueueCommand::List(_) => Action::List,
-            QueueCommand::Dead(_) => Action::Dead,
-            QueueCommand::Requeue { pv_name, .. } => Action::Requeue(pv_name),
-        }
-    }
-
-    /// The shared flags of this action.
-    pub fn common(&self) -> &CommonArgs {
-        match self {
-            QueueCommand::List(common)
-            | QueueCommand::Dead(common)
-            | QueueCommand::Requeue { common, .. } => common,
+            QueueCommand::List(common) => (Action::List, common),
+            QueueCommand::Dead(common) => (Action::Dead, common),
+            QueueCommand::Requeue { pv_name, common } => (Action::Requeue(pv_name), common),
         }
     }
 }
@@ -122,8 +113,9 @@ mod tests {
         let Command::Queue { action } = &cli.command else {
             panic!("queue")
         };
-        assert_eq!(action.action(), Action::Requeue("pvc-1"));
-        assert_eq!(action.common().redis_url.as_str(), "redis://r:1/0");
+        let (action, common) = action.parts();
+        assert_eq!(action, Action::Requeue("pvc-1"));
+        assert_eq!(common.redis_url.as_str(), "redis://r:1/0");
         let cli = Cli::try_parse_from([
             "provisioner-ctl",
             "status",

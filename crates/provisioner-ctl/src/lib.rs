@@ -30,8 +30,7 @@ pub async fn run_status(
     let namespace = common_args.leader_election_namespace.as_deref();
     let leases = client
         .as_ref()
-        .and_then(|c| c.as_ref().ok())
-        .map(|c| (c, namespace));
+        .and_then(|c| Some((c.as_ref().ok()?, namespace)));
     let mut status = status::gather(&names, &common_args.redis(), leases, now_ms()).await;
     if let Some(Err(e)) = client {
         let e = format!("leases: {}", error_chain(e.as_ref()));
@@ -47,7 +46,7 @@ pub async fn run_status(
         ),
     }
     // The causes are in the output already; the exit error only counts them.
-    let errors = status.errors().len();
+    let errors: usize = status.provisioners.iter().map(|p| p.errors.len()).sum();
     anyhow::ensure!(errors == 0, "{errors} part(s) could not be read");
     Ok(())
 }

@@ -14,11 +14,11 @@ use crate::cli::QueueCommand;
 /// Connect with `command`'s flags, run it and print its text.
 /// Errors: Redis unreachable, or as [`run_queue_command`].
 pub async fn run(command: &QueueCommand) -> anyhow::Result<()> {
-    let common = command.common();
+    let (action, common) = command.parts();
     let queue = PvQueue::connect(common.redis(), &common.provisioner_name)
         .await
         .context("connecting to the queue")?;
-    print!("{}", run_queue_command(&queue, command.action()).await?);
+    print!("{}", run_queue_command(&queue, action).await?);
     Ok(())
 }
 

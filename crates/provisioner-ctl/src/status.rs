@@ -23,20 +23,6 @@ pub struct Status {
     pub provisioners: Vec<ProvisionerStatus>,
 }
 
-impl Status {
-    /// Every part that could not be read, as `"<provisioner>: <error>"`.
-    pub fn errors(&self) -> Vec<String> {
-        self.provisioners
-            .iter()
-            .flat_map(|p| {
-                p.errors
-                    .iter()
-                    .map(move |e| format!("{}: {e}", p.provisioner_name))
-            })
-            .collect()
-    }
-}
-
 /// Everything about one provisioner name.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ProvisionerStatus {
@@ -163,62 +149,54 @@ pub async fn gather(
 ) -> Status {
     let mut provisioners = Vec::with_capacity(names.len());
     for name in names {
-        provisioners.push(gather_one(name, redis, leases, now_ms).await);
+        let mut status = ProvisionerStatus {
+            provisioner_name: name.to_string(),
+            ..Default::default()
+        };
+        match common::handoff::redis_store::connect(redis).await {
+            Ok(conn) => {
+                let queue = queue_status(&PvQueue::with_connection(conn.clone(), name)).await;
+                status.queue = status.read("queue", queue);
+                let intents = IntentStore::with_connection(conn.clone(), name);
+                if let Some(entries) = status.read("intents", intents.list_with_claims().await) {
+                    status.intents = entries
+                        .into_iter()
+                        .map(|e| IntentStatus {
+                            claim: e.intent.claim.to_string(),
+                            pv_name: e.intent.pv_name,
+                            class: e.intent.class,
+                            age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
+                            in_background: e.claim.is_some_and(|c| c.in_background),
+                        })
+                        .collect();
+                    status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
+                }
+                let report = orphan_report::read(&mut conn.clone(), name).await;
+                if let Some(report) = status.read("orphan sweep", report) {
+                    status.orphan_report_age_seconds =
+                        report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
+                    status.orphan_report = report;
+                }
+            }
+            // The error names the (redacted) URL; once, for the three parts it hides.
+            Err(e) => {
+                status.errors.push(format!("redis: {e}"));
+                status.unavailable = vec!["queue", "intents", "orphan sweep"];
+            }
+        }
+        if let Some((client, namespace)) = leases {
+            for (service, lease_suffix) in SERVICES {
+                let lease =
+                    lease_status(client, service, lease_suffix, name, namespace, now_ms).await;
+                if let Some(e) = &lease.error {
+                    status.errors.push(format!("lease {}: {e}", lease.name));
+                }
+                status.leases.push(lease);
+            }
+        }
+        provisioners.push(status);
     }
     Status { provisioners }
-}
-
-async fn gather_one(
-    name: &str,
-    redis: &RedisConfig,
-    leases: Option<(&Client, Option<&str>)>,
-    now_ms: u64,
-) -> ProvisionerStatus {
-    let mut status = ProvisionerStatus {
-        provisioner_name: name.to_string(),
-        ..Default::default()
-    };
-    match common::handoff::redis_store::connect(redis).await {
-        Ok(conn) => {
-            let queue = queue_status(&PvQueue::with_connection(conn.clone(), name)).await;
-            status.queue = status.read("queue", queue);
-            let intents = IntentStore::with_connection(conn.clone(), name);
-            if let Some(entries) = status.read("intents", intents.list_with_claims().await) {
-                status.intents = entries
-                    .into_iter()
-                    .map(|e| IntentStatus {
-                        claim: e.intent.claim.to_string(),
-                        pv_name: e.intent.pv_name,
-                        class: e.intent.class,
-                        age_seconds: age_seconds(now_ms, e.intent.recorded_at_ms),
-                        in_background: e.claim.is_some_and(|c| c.in_background),
-                    })
-                    .collect();
-                status.intents.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-            }
-            let report = orphan_report::read(&mut conn.clone(), name).await;
-            if let Some(report) = status.read("orphan sweep", report) {
-                status.orphan_report_age_seconds =
-                    report.as_ref().map(|r| age_seconds(now_ms, r.swept_at_ms));
-                status.orphan_report = report;
-            }
-        }
-        // The error names the (redacted) URL; once, for the three parts it hides.
-        Err(e) => {
-            status.errors.push(format!("redis: {e}"));
-            status.unavailable = vec!["queue", "intents", "orphan sweep"];
-        }
-    }
-    if let Some((client, namespace)) = leases {
-        for (service, lease_suffix) in SERVICES {
-            let lease = lease_status(client, service, lease_suffix, name, namespace, now_ms).await;
-            if let Some(e) = &lease.error {
-                status.errors.push(format!("lease {}: {e}", lease.name));
-            }
-            status.leases.push(lease);
-        }
-    }
-    status
 }
 
 impl ProvisionerStatus {
@@ -320,31 +298,30 @@ async fn lease_status(
     now_ms: u64,
 ) -> LeaseStatus {
     let name = lease_name(provisioner_name, lease_suffix);
+    let found = find_lease(client, &name, namespace).await;
     let mut status = LeaseStatus {
         service: service.to_string(),
-        name: name.clone(),
+        name,
         namespace: namespace.map(str::to_string),
+        error: found.as_ref().err().map(|e| error_chain(e.as_ref())),
         ..Default::default()
     };
-    match find_lease(client, &name, namespace).await {
-        Ok(Some(lease)) => {
-            status.found = true;
-            status.namespace = lease.metadata.namespace.or(status.namespace);
-            let spec = lease.spec.unwrap_or_default();
-            status.holder = spec.holder_identity.filter(|h| !h.is_empty());
-            status.renewed_seconds_ago = spec
-                .renew_time
-                .map(|t| age_seconds(now_ms, t.0.as_millisecond().max(0) as u64));
-            status.lease_duration_seconds = spec.lease_duration_seconds;
-            status.transitions = spec.lease_transitions;
-            status.expired = match (status.renewed_seconds_ago, spec.lease_duration_seconds) {
-                (Some(ago), Some(d)) => ago > f64::from(d),
-                _ => status.holder.is_some(),
-            };
-        }
-        Ok(None) => {}
-        Err(e) => status.error = Some(error_chain(e.as_ref())),
-    }
+    let Ok(Some(lease)) = found else {
+        return status;
+    };
+    status.found = true;
+    status.namespace = lease.metadata.namespace.or(status.namespace);
+    let spec = lease.spec.unwrap_or_default();
+    status.holder = spec.holder_identity.filter(|h| !h.is_empty());
+    status.renewed_seconds_ago = spec
+        .renew_time
+        .map(|t| age_seconds(now_ms, t.0.as_millisecond().max(0) as u64));
+    status.lease_duration_seconds = spec.lease_duration_seconds;
+    status.transitions = spec.lease_transitions;
+    status.expired = match (status.renewed_seconds_ago, spec.lease_duration_seconds) {
+        (Some(ago), Some(d)) => ago > f64::from(d),
+        _ => status.holder.is_some(),
+    };
     status
 }
 
@@ -452,14 +429,6 @@ mod tests {
         let lease = &json["provisioners"][0]["leases"][1];
         assert_eq!(lease["namespace"], serde_json::Value::Null, "{lease}");
         assert_eq!(lease["found"], false, "{lease}");
-    }
-
-    #[test]
-    fn errors_name_their_provisioner() {
-        assert_eq!(
-            sample().errors(),
-            ["example.com/hostpath: intents: redis: boom"]
-        );
     }
 
     #[tokio::test]

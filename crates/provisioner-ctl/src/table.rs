@@ -146,12 +146,8 @@ fn section(
         return;
     }
     let _ = writeln!(out, "  {title}:");
-    let mut widths = [0; 5];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
+    let widths: [usize; 5] =
+        std::array::from_fn(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0));
     for row in &rows {
         let cells: Vec<String> = row
             .iter()

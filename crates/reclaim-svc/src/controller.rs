@@ -13,8 +13,10 @@ use std::time::Duration;
 use common::kube::cache::Compact;
 use common::kube::events::EventSink;
 use common::kube::retry::{FailureThreshold, RetryPolicy};
+use common::kube::workqueue_metrics::WorkQueueMetrics;
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
+use common::runtime::metrics::DeleteMetrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -24,22 +26,12 @@ use kube::{Resource, ResourceExt};
 use provisioner_api::Provisioner;
 
 use crate::config::ReclaimArgs;
-use crate::metrics::ReclaimMetrics;
 use crate::operation::{Reclaimer, SyncError};
-use crate::sweep;
+use crate::sweep::{self, SweepMetrics};
 
 /// A PV as the PV cache holds it: identity typed, the rest as compact JSON
 /// decoded by [`reconcile`] for each sync ([`Compact`]).
 pub type CachedPv = Compact<PersistentVolume>;
-
-/// Tuning of the control loop.
-#[derive(Debug, Clone)]
-pub struct LoopConfig {
-    /// Give up a PV after this many failed syncs (0 = never).
-    pub threshold: FailureThreshold,
-    /// Upper bound of one sync; zero = unlimited (seed `deletionTimeout`).
-    pub deletion_timeout: Duration,
-}
 
 /// What [`reconcile`] and [`error_policy`] share.
 pub struct Context {
@@ -47,8 +39,10 @@ pub struct Context {
     pub reclaimer: Arc<Reclaimer>,
     /// Per-PV failure counts and backoff.
     pub retry: Arc<RetryPolicy<String>>,
-    /// Threshold and deletion timeout.
-    pub config: LoopConfig,
+    /// Give up a PV after this many failed syncs (0 = never).
+    pub threshold: FailureThreshold,
+    /// Upper bound of one sync; zero = unlimited (seed `deletionTimeout`).
+    pub deletion_timeout: Duration,
 }
 
 impl Context {
@@ -59,7 +53,7 @@ impl Context {
             watcher::Event::Delete(pv) => {
                 self.retry.forget(&pv.name_any());
                 if let Some(uid) = pv.meta().uid.as_deref() {
-                    self.reclaimer.forget_uid(uid);
+                    self.reclaimer.retain_uids(|alive| alive != uid);
                 }
             }
             watcher::Event::InitDone => {
@@ -79,7 +73,7 @@ impl Context {
 /// its failures. Errors: [`SyncError`], handed to [`error_policy`].
 pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Action, SyncError> {
     let pv = cached.object();
-    let timeout = ctx.config.deletion_timeout;
+    let timeout = ctx.deletion_timeout;
     ctx.reclaimer.sync_volume_within(&pv, timeout).await?;
     ctx.retry.forget(&pv.name_any());
     Ok(Action::await_change())
@@ -91,7 +85,7 @@ pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Actio
 pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Action {
     let key = pv.name_any();
     let requeues = ctx.retry.requeues(&key);
-    let threshold = ctx.config.threshold;
+    let threshold = ctx.threshold;
     if threshold.allows_retry(requeues) {
         let delay = ctx.retry.next_delay(&key);
         tracing::warn!(pv = %key, failures = requeues, threshold = threshold.0, ?delay, error = %err, "retrying syncing PV");
@@ -107,8 +101,12 @@ pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Ac
 pub struct TermDeps {
     /// The backend whose volumes are reclaimed.
     pub backend: Arc<dyn Provisioner>,
-    /// Metrics, registered once per process.
-    pub metrics: ReclaimMetrics,
+    /// The seed's delete families (label `class`), registered once per process.
+    pub delete: DeleteMetrics,
+    /// The orphan sweep's gauges.
+    pub sweep: SweepMetrics,
+    /// client-go's `workqueue_*` series of the PV queue (`name="volumes"`).
+    pub queue: WorkQueueMetrics,
     /// reclaim-svc's own flags.
     pub args: ReclaimArgs,
 }
@@ -117,11 +115,7 @@ pub struct TermDeps {
 /// (readiness), one orphan sweep; a new reflector and reclaimer each term.
 /// Errors: none once running.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let TermDeps {
-        backend,
-        metrics,
-        args: reclaim,
-    } = deps;
+    let (backend, reclaim) = (deps.backend, deps.args);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
     let (provisioner, add) = (ctx.args.provisioner_name.clone(), reclaim.add_finalizer);
@@ -129,15 +123,11 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         api.clone(),
         backend.clone(),
         Arc::new(events),
-        metrics.delete,
+        deps.delete,
         provisioner,
         add,
     )
     .with_term(ctx.term.clone());
-    let config = LoopConfig {
-        threshold: FailureThreshold(reclaim.failed_delete_threshold),
-        deletion_timeout: reclaim.deletion_timeout,
-    };
     let workers = ctx.args.worker_threads_for(crate::SPEC);
     tracing::info!(provisioner = %ctx.args.provisioner_name, add_finalizer = add, failed_delete_threshold = reclaim.failed_delete_threshold, workers, "starting PV reclaim loop");
     let loop_ctx = Arc::new(Context {
@@ -146,26 +136,24 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             ctx.args.retry_backoff(crate::SPEC),
             &reclaim.retry,
         )),
-        config,
+        threshold: FailureThreshold(reclaim.failed_delete_threshold),
+        deletion_timeout: reclaim.deletion_timeout,
     });
-    let readiness = ctx.readiness.clone();
-    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<CachedPv>>();
-    let on_synced = move |store: &Store<CachedPv>| {
-        readiness.set_ready(true);
-        let _ = synced_tx.send(store.clone());
-    };
     let job = sweep::SweepJob {
         redis: ctx.args.redis(),
         provisioner_name: ctx.args.provisioner_name.clone(),
         pvs: api.clone(),
         backend,
-        archive: reclaim.sweep_orphans,
-        min_age: reclaim.sweep_min_age,
-        shutdown: ctx.shutdown.clone(),
-        metrics: metrics.sweep,
+        action: sweep::SweepAction {
+            archive: reclaim.sweep_orphans,
+            min_age: reclaim.sweep_min_age,
+            shutdown: ctx.shutdown.clone(),
+        },
+        metrics: deps.sweep,
         reporter: ctx.identity.clone(),
     };
     // The sweep is part of this future: it stops with the term.
+    let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<Store<CachedPv>>();
     let sweep_shutdown = ctx.shutdown.clone();
     let sweep_task = async move {
         let Ok(store) = synced_rx.await else { return };
@@ -176,17 +164,19 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         }
     };
     let (store, writer) = reflector::store::<CachedPv>();
-    let (observer, mut on_synced) = (loop_ctx.clone(), Some(on_synced));
+    let (observer, readiness, mut synced_tx) =
+        (loop_ctx.clone(), ctx.readiness.clone(), Some(synced_tx));
     let trigger = control::trigger(
         Api::<CachedPv>::all(ctx.client.clone()),
         writer,
-        metrics.queue.clone(),
+        deps.queue.clone(),
         move |event, store| {
             observer.observe(event, store);
             let first_list = matches!(event, watcher::Event::InitDone);
-            if let Some(f) = on_synced.take_if(|_| first_list) {
+            if let Some(synced_tx) = synced_tx.take_if(|_| first_list) {
                 tracing::info!(pvs = store.state().len(), "PV reflector synced");
-                f(store);
+                readiness.set_ready(true);
+                let _ = synced_tx.send(store.clone());
             }
         },
     );
@@ -195,7 +185,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         resync_period: reclaim.resync_period,
         stall: ctx.args.healthz_stall_timeout,
         heartbeat: ctx.heartbeat.clone(),
-        metrics: metrics.queue,
+        metrics: deps.queue,
         shutdown: ctx.shutdown.clone(),
         reconcile_all: None,
     };

@@ -21,11 +21,9 @@ pub fn is_ours(volume: &PersistentVolume, provisioner_name: &str) -> bool {
     let Some(annotations) = volume.metadata.annotations.as_ref() else {
         return false;
     };
-    let Some(provisioned_by) = annotations.get(ANN_DYNAMICALLY_PROVISIONED) else {
-        return false;
-    };
-    provisioned_by == provisioner_name
-        || annotations.get(ANN_MIGRATED_TO).map(String::as_str) == Some(provisioner_name)
+    let names_us = |key: &str| annotations.get(key).is_some_and(|p| p == provisioner_name);
+    annotations.contains_key(ANN_DYNAMICALLY_PROVISIONED)
+        && (names_us(ANN_DYNAMICALLY_PROVISIONED) || names_us(ANN_MIGRATED_TO))
 }
 
 /// Why [`should_delete`] declined a PV; the first failing check, in the seed's order.
@@ -119,48 +117,20 @@ pub fn finalizer_update(
     if !is_ours(volume, provisioner_name) {
         return None;
     }
-    let current = finalizers(volume);
-    let policy = reclaim_policy(volume);
-    let mut result = None;
-    if !add_finalizer || policy == Some(POLICY_RETAIN) || policy == Some(POLICY_RECYCLE) {
-        let (list, modified) = remove_finalizer(current, FINALIZER_PV);
-        if modified {
-            result = Some(list);
-        }
+    let (current, policy) = (finalizers(volume), reclaim_policy(volume));
+    let has = has_finalizer(volume, FINALIZER_PV);
+    if has && (!add_finalizer || matches!(policy, Some(POLICY_RETAIN | POLICY_RECYCLE))) {
+        return Some(without(current, FINALIZER_PV));
     }
-    if add_finalizer
-        && policy == Some(POLICY_DELETE)
-        && volume.metadata.deletion_timestamp.is_none()
-    {
-        let (list, modified) = add_finalizer_to(current, FINALIZER_PV);
-        if modified {
-            result = Some(list);
-        }
-    }
-    result
+    let add = add_finalizer && policy == Some(POLICY_DELETE);
+    (!has && add && volume.metadata.deletion_timestamp.is_none())
+        .then(|| [current, &[FINALIZER_PV.to_string()]].concat())
 }
 
-/// `finalizers` without any `finalizer` entry, and whether anything was removed
-/// (seed `removeFinalizer`).
-pub fn remove_finalizer(finalizers: &[String], finalizer: &str) -> (Vec<String>, bool) {
-    let kept: Vec<String> = finalizers
-        .iter()
-        .filter(|f| f.as_str() != finalizer)
-        .cloned()
-        .collect();
-    let modified = kept.len() != finalizers.len();
-    (kept, modified)
-}
-
-/// `finalizers` with `finalizer` appended unless already present, and whether
-/// it was added (seed `addFinalizer`).
-pub fn add_finalizer_to(finalizers: &[String], finalizer: &str) -> (Vec<String>, bool) {
-    if finalizers.iter().any(|f| f == finalizer) {
-        return (finalizers.to_vec(), false);
-    }
-    let mut list = finalizers.to_vec();
-    list.push(finalizer.to_string());
-    (list, true)
+/// `finalizers` without any `finalizer` entry (seed `removeFinalizer`).
+pub fn without(finalizers: &[String], finalizer: &str) -> Vec<String> {
+    let kept = finalizers.iter().filter(|f| f.as_str() != finalizer);
+    kept.cloned().collect()
 }
 
 /// Whether `volume` carries `finalizer` (seed `checkFinalizer`).
@@ -469,22 +439,8 @@ mod tests {
     }
 
     #[test]
-    fn add_and_remove_helpers_follow_the_seed() {
-        assert_eq!(
-            remove_finalizer(&strings(&["a", "b", "a"]), "a"),
-            (strings(&["b"]), true)
-        );
-        assert_eq!(
-            remove_finalizer(&strings(&["b"]), "a"),
-            (strings(&["b"]), false)
-        );
-        assert_eq!(
-            add_finalizer_to(&strings(&["b"]), "a"),
-            (strings(&["b", "a"]), true)
-        );
-        assert_eq!(
-            add_finalizer_to(&strings(&["a", "b"]), "a"),
-            (strings(&["a", "b"]), false)
-        );
+    fn without_removes_every_copy_of_the_finalizer() {
+        assert_eq!(without(&strings(&["a", "b", "a"]), "a"), strings(&["b"]));
+        assert_eq!(without(&strings(&["b"]), "a"), strings(&["b"]));
     }
 }

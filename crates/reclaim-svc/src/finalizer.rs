@@ -12,15 +12,10 @@ pub const MAX_CONFLICT_RETRIES: usize = 5;
 /// The merge patch body setting `metadata.finalizers` to `finalizers` (JSON
 /// `null` when empty, which removes the field) guarded by `resource_version`.
 pub fn finalizers_patch(finalizers: &[String], resource_version: &str) -> serde_json::Value {
-    let list = if finalizers.is_empty() {
-        serde_json::Value::Null
-    } else {
-        serde_json::json!(finalizers)
-    };
     serde_json::json!({
         "metadata": {
             "resourceVersion": resource_version,
-            "finalizers": list,
+            "finalizers": (!finalizers.is_empty()).then_some(finalizers),
         }
     })
 }
@@ -43,44 +38,33 @@ where
         let Some(desired) = compute(&current) else {
             return Ok(Some(current));
         };
-        let Some(rv) = current.metadata.resource_version.clone() else {
-            // Without a resourceVersion the patch could not detect concurrent
-            // changes: read a proper copy first.
-            match api.get_opt(&name).await? {
-                Some(fresh) if fresh.metadata.resource_version.is_some() => {
-                    current = fresh;
-                    continue;
+        // Without a resourceVersion the patch could not detect concurrent
+        // changes: read a proper copy first.
+        if let Some(rv) = current.metadata.resource_version.as_deref() {
+            let patch = Patch::Merge(finalizers_patch(&desired, rv));
+            match api.patch(&name, &PatchParams::default(), &patch).await {
+                Ok(updated) => {
+                    tracing::info!(pv = %name, finalizers = ?desired, "PV finalizers updated");
+                    return Ok(Some(updated));
                 }
-                Some(_) => {
-                    return Err(kube::Error::Service(
-                        format!("PV {name} has no metadata.resourceVersion").into(),
-                    ))
+                Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
+                Err(kube::Error::Api(status))
+                    if status.is_conflict() && conflicts < MAX_CONFLICT_RETRIES =>
+                {
+                    conflicts += 1;
+                    tracing::debug!(pv = %name, conflicts, "PV changed concurrently, recomputing finalizers");
                 }
-                None => return Ok(None),
+                Err(err) => return Err(err),
             }
-        };
-        let patch = finalizers_patch(&desired, &rv);
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(updated) => {
-                tracing::info!(pv = %name, finalizers = ?desired, "PV finalizers updated");
-                return Ok(Some(updated));
-            }
-            Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(None),
-            Err(kube::Error::Api(status))
-                if status.is_conflict() && conflicts < MAX_CONFLICT_RETRIES =>
-            {
-                conflicts += 1;
-                tracing::debug!(pv = %name, conflicts, "PV changed concurrently, recomputing finalizers");
-                match api.get_opt(&name).await? {
-                    Some(fresh) => current = fresh,
-                    None => return Ok(None),
-                }
-            }
-            Err(err) => return Err(err),
         }
+        let Some(fresh) = api.get_opt(&name).await? else {
+            return Ok(None);
+        };
+        if fresh.metadata.resource_version.is_none() {
+            let msg = format!("PV {name} has no metadata.resourceVersion");
+            return Err(kube::Error::Service(msg.into()));
+        }
+        current = fresh;
     }
 }
 

@@ -6,19 +6,20 @@ pub mod config;
 pub mod controller;
 pub mod decision;
 pub mod finalizer;
-pub mod metrics;
 pub mod operation;
 pub mod sweep;
 
 use std::sync::Arc;
 
+use common::kube::workqueue_metrics::WorkQueueMetrics;
 use common::runtime::config::ServiceSpec;
 use common::runtime::frame::serve;
+use common::runtime::metrics::DeleteMetrics;
 use provisioner_api::Provisioner;
 
 pub use crate::config::Cli;
 use crate::controller::TermDeps;
-use crate::metrics::ReclaimMetrics;
+use crate::sweep::SweepMetrics;
 
 /// reclaim-svc as the runtime knows it: name, Lease suffix, HTTP port.
 pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103).with_about(
@@ -30,7 +31,9 @@ pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103).w
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
     let deps = TermDeps {
-        metrics: ReclaimMetrics::register(&registry),
+        delete: DeleteMetrics::delete(&registry),
+        sweep: SweepMetrics::register(&registry),
+        queue: WorkQueueMetrics::register(&registry, "volumes"),
         backend,
         args: cli.service,
     };

@@ -5,8 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use api_types::FINALIZER_PV;
 use common::kube::events::{self, reason, EventSink};
@@ -17,8 +16,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::Event;
 use kube::ResourceExt;
-use provisioner_api::deadline;
-use provisioner_api::{DeleteError, Provisioner};
+use provisioner_api::{deadline, DeleteError, Provisioner};
 
 use crate::decision::{self, Skip};
 use crate::finalizer::update_finalizers;
@@ -72,7 +70,6 @@ fn failed_delete(note: String) -> Event {
 /// released volumes. Shared (`Arc`) by the workers; one PV is never synced twice at once.
 pub struct Reclaimer {
     api: Api<PersistentVolume>,
-    classes: Api<StorageClass>,
     term: LeaderTerm,
     backend: Arc<dyn Provisioner>,
     events: Arc<dyn EventPublisher>,
@@ -94,7 +91,6 @@ impl Reclaimer {
         add_finalizer: bool,
     ) -> Self {
         Self {
-            classes: Api::all(api.clone().into_client()),
             term: LeaderTerm::unconditional(),
             api,
             backend,
@@ -119,13 +115,10 @@ impl Reclaimer {
         let name = volume.name_any();
         let (provisioner, add) = (self.provisioner_name.as_str(), self.add_finalizer);
         let compute = |v: &PersistentVolume| decision::finalizer_update(v, provisioner, add);
-        let volume = match update_finalizers(&self.api, volume, compute).await {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                tracing::debug!(pv = %name, "PV disappeared while updating its finalizers");
-                return Ok(());
-            }
-            Err(source) => return Err(SyncError::Finalizer(name, source)),
+        let updated = update_finalizers(&self.api, volume, compute).await;
+        let Some(volume) = updated.map_err(|e| SyncError::Finalizer(name.clone(), e))? else {
+            tracing::debug!(pv = %name, "PV disappeared while updating its finalizers");
+            return Ok(());
         };
         if let Err(skip) = self.should_delete(&volume) {
             if skip != Skip::NotReleased && skip != Skip::NotOurs {
@@ -137,9 +130,7 @@ impl Reclaimer {
         let start = Instant::now();
         let result = self.delete_volume_operation(&volume).await;
         match &result {
-            Ok(()) => {
-                self.metrics.succeeded(class, start.elapsed().as_secs_f64());
-            }
+            Ok(()) => self.metrics.succeeded(class, start.elapsed().as_secs_f64()),
             // Not a failed delete: this replica no longer leads.
             Err(SyncError::NotLeader(..)) => {}
             Err(_) => self.metrics.failed(class),
@@ -161,8 +152,7 @@ impl Reclaimer {
             self.events
                 .publish(volume, failed_delete(err.to_string()))
                 .await;
-            let class = decision::storage_class(volume);
-            self.metrics.failed(class);
+            self.metrics.failed(decision::storage_class(volume));
             return Err(err);
         };
         result
@@ -193,10 +183,8 @@ impl Reclaimer {
     /// The backend's delete of `volume`'s asset, decided again on a quorum read
     /// and under a current leader term; `Ok(false)` when nothing more is to be done.
     async fn delete_asset(&self, volume: &PersistentVolume, name: &str) -> Result<bool, SyncError> {
-        let fresh = match self.api.get_opt(name).await {
-            Ok(fresh) => fresh,
-            Err(source) => return Err(SyncError::Reread(name.into(), source)),
-        };
+        let reread = self.api.get_opt(name).await;
+        let fresh = reread.map_err(|source| SyncError::Reread(name.into(), source))?;
         let fresh = match decision::still_to_delete(volume, fresh, |v| self.should_delete(v)) {
             Ok(fresh) => fresh,
             Err(stale) => {
@@ -204,25 +192,21 @@ impl Reclaimer {
                 return Ok(false);
             }
         };
-        let deleted = match self.class_for(&fresh).await {
-            Err(err) => Err(err),
-            Ok(class) => {
-                if let Err(reason) = self.term.check() {
-                    tracing::warn!(pv = %name, %reason, "leader term not current, volume not deleted");
-                    return Err(SyncError::NotLeader(name.into(), reason));
-                }
-                let call = async {
-                    match class {
-                        Some(class) => self.backend.delete_with_class(&fresh, class.as_ref()).await,
-                        None => self.backend.delete(&fresh).await,
-                    }
-                };
-                let reason = |e: deadline::Exceeded| e.to_string();
-                deadline::bound(call)
-                    .await
-                    .unwrap_or_else(|e| Err(DeleteError::Failed { reason: reason(e) }))
+        let class = self.class_for(&fresh).await;
+        if let Some(reason) = class.as_ref().ok().and_then(|_| self.term.check().err()) {
+            tracing::warn!(pv = %name, %reason, "leader term not current, volume not deleted");
+            return Err(SyncError::NotLeader(name.into(), reason));
+        }
+        let call = async {
+            match class? {
+                Some(class) => self.backend.delete_with_class(&fresh, class.as_ref()).await,
+                None => self.backend.delete(&fresh).await,
             }
         };
+        let deleted = deadline::bound(call).await.unwrap_or_else(|e| {
+            let reason = e.to_string();
+            Err(DeleteError::Failed { reason })
+        });
         match deleted {
             Ok(()) => {
                 tracing::info!(pv = %name, "volume deleted");
@@ -267,11 +251,11 @@ impl Reclaimer {
         let Some(fresh) = remaining.filter(|pv| decision::has_finalizer(pv, FINALIZER_PV)) else {
             return Ok(());
         };
+        // Only the PV we deleted: a same-named successor is left alone.
         let ours = |v: &PersistentVolume| {
-            let (list, modified) =
-                decision::remove_finalizer(decision::finalizers(v), FINALIZER_PV);
-            // Only the PV we deleted: a same-named successor is left alone.
-            (modified && v.metadata.uid.as_deref() == Some(uid)).then_some(list)
+            let ours = decision::has_finalizer(v, FINALIZER_PV);
+            (ours && v.metadata.uid.as_deref() == Some(uid))
+                .then(|| decision::without(decision::finalizers(v), FINALIZER_PV))
         };
         if let Err(source) = update_finalizers(&self.api, &fresh, ours).await {
             tracing::info!(pv = %name, error = %source, "failed to remove finalizer");
@@ -303,7 +287,8 @@ impl Reclaimer {
         let failed = |e| DeleteError::Failed {
             reason: format!("cannot read StorageClass {name:?} of PV {pv}: {e}"),
         };
-        self.classes.get_opt(name).await.map(Some).map_err(failed)
+        let classes = Api::<StorageClass>::all(self.api.clone().into_client());
+        classes.get_opt(name).await.map(Some).map_err(failed)
     }
 
     fn deleted_assets(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
@@ -317,12 +302,7 @@ impl Reclaimer {
         self.deleted_assets().contains(uid)
     }
 
-    /// Forget `uid` (its PV is gone from the API server).
-    pub fn forget_uid(&self, uid: &str) {
-        self.deleted_assets().remove(uid);
-    }
-
-    /// Keep only the remembered uids for which `alive` holds (after a re-list).
+    /// Keep only the remembered uids for which `alive` holds (their PVs still exist).
     pub fn retain_uids(&self, alive: impl Fn(&str) -> bool) {
         self.deleted_assets().retain(|u| alive(u));
     }

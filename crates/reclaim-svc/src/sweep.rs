@@ -11,47 +11,52 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
+use common::runtime::metrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::ListParams;
-use kube::Api;
-use provisioner_api::{OrphanOutcome, Provisioner, VolumeError};
+use kube::api::{Api, ListParams};
+use prometheus::{IntGauge, Registry};
+use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
 
-pub use crate::metrics::SweepMetrics;
-
-/// Why a sweep was abandoned ("unknown" is never "orphan").
-#[derive(Debug, thiserror::Error)]
-pub enum SweepError {
-    /// Reaching or reading Redis (intents, queue, report) or the PVs failed.
-    #[error("{0}: {1}")]
-    Lookup(
-        &'static str,
-        #[source] Box<dyn std::error::Error + Send + Sync>,
-    ),
-    /// The backend could not list its volumes or map PVs to them.
-    #[error("backend volumes: {0}")]
-    Backend(#[from] VolumeError),
+/// Gauges of the last sweep.
+#[derive(Clone)]
+pub struct SweepMetrics {
+    /// `reclaim_orphan_volumes`: orphans the last sweep found.
+    pub found: IntGauge,
+    /// `reclaim_orphan_volumes_archived`: orphans the last sweep archived.
+    pub archived: IntGauge,
 }
 
-/// A [`SweepError::Lookup`] of `what`.
-fn lookup<E: std::error::Error + Send + Sync + 'static>(
-    what: &'static str,
-) -> impl Fn(E) -> SweepError {
-    move |e| SweepError::Lookup(what, Box::new(e))
+impl SweepMetrics {
+    /// Create and register both gauges.
+    pub fn register(registry: &Registry) -> Self {
+        Self {
+            found: metrics::gauge(
+                registry,
+                "reclaim_orphan_volumes",
+                "Backend volumes found by the last orphan sweep with no PV, no pending PV write and no provisioning intent.",
+            ),
+            archived: metrics::gauge(
+                registry,
+                "reclaim_orphan_volumes_archived",
+                "Orphaned backend volumes older than --sweep-min-age archived (renamed archived-<name>, never removed) by the last orphan sweep (only with --sweep-orphans).",
+            ),
+        }
+    }
 }
 
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
 pub trait Accounting: Send + Sync {
-    /// Whether a provisioning intent is recorded for `pv_name`.
-    async fn has_intent(&self, pv_name: &str) -> Result<bool, SweepError>;
-    /// Whether a PV write for `pv_name` is pending in the durable queue.
-    async fn is_queued(&self, pv_name: &str) -> Result<bool, SweepError>;
+    /// Whether a provisioning intent is recorded for `pv_name` or, if not, a PV
+    /// write for it is pending in the durable queue.
+    async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool>;
     /// Every PV on the API server (a quorum read).
-    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError>;
+    async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>>;
 }
 
 /// [`Accounting`] backed by Redis (intents, queue) and the API server (PVs).
@@ -66,21 +71,16 @@ pub struct LiveAccounting {
 
 #[async_trait::async_trait]
 impl Accounting for LiveAccounting {
-    async fn has_intent(&self, pv_name: &str) -> Result<bool, SweepError> {
-        self.intents
-            .contains(pv_name)
-            .await
-            .map_err(lookup("intents"))
+    async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool> {
+        let intent = self.intents.contains(pv_name).await;
+        if intent.context("intents")? {
+            return Ok(true);
+        }
+        self.queue.is_pending(pv_name).await.context("queue")
     }
-    async fn is_queued(&self, pv_name: &str) -> Result<bool, SweepError> {
-        self.queue
-            .is_pending(pv_name)
-            .await
-            .map_err(lookup("queue"))
-    }
-    async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError> {
+    async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
         let list = self.pvs.list(&ListParams::default()).await;
-        list.map(|l| l.items).map_err(lookup("PVs"))
+        list.map(|l| l.items).context("PVs")
     }
 }
 
@@ -91,34 +91,31 @@ pub async fn find_orphans(
     cached_pv: &impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
     backend: &dyn Provisioner,
-) -> Result<Vec<String>, SweepError> {
+) -> anyhow::Result<Vec<String>> {
     let mut candidates = Vec::new();
-    for name in volumes {
-        if cached_pv(name) {
-            continue;
+    for name in volumes.iter().filter(|name| !cached_pv(name)) {
+        if !accounting.is_pending(name).await? {
+            candidates.push(name.clone());
         }
-        if accounting.has_intent(name).await? || accounting.is_queued(name).await? {
-            continue;
-        }
-        candidates.push(name.clone());
     }
     if candidates.is_empty() {
         return Ok(candidates);
     }
     let pvs = accounting.list_pvs().await?;
-    let in_use = backend.volumes_in_use(&pvs).await?;
+    let in_use = backend.volumes_in_use(&pvs).await;
+    let in_use = in_use.context("backend volumes")?;
     candidates.retain(|name| !in_use.contains(name));
     Ok(candidates)
 }
 
 /// What the sweep does with the orphans it finds.
-pub struct SweepAction<'a> {
+pub struct SweepAction {
     /// Archive orphans through the backend (`--sweep-orphans`); `false`: report only.
     pub archive: bool,
     /// `--sweep-min-age`: younger orphans are left alone.
     pub min_age: Duration,
     /// The service's shutdown token: no orphan is archived once it fired.
-    pub shutdown: &'a CancellationToken,
+    pub shutdown: CancellationToken,
 }
 
 /// One sweep: list, find orphans, set the gauges and with `action.archive`
@@ -128,14 +125,14 @@ pub async fn sweep(
     backend: &dyn Provisioner,
     cached_pv: impl Fn(&str) -> bool,
     accounting: &dyn Accounting,
-    action: SweepAction<'_>,
+    action: &SweepAction,
     metrics: &SweepMetrics,
-) -> Result<Vec<String>, SweepError> {
+) -> anyhow::Result<Vec<String>> {
     let Some(listed) = backend.list_volumes().await else {
         tracing::info!("orphan sweep skipped, backend cannot list volumes");
         return Ok(Vec::new());
     };
-    let volumes = listed?;
+    let volumes = listed.context("backend volumes")?;
     let orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
     metrics.found.set(orphans.len() as i64);
     metrics.archived.set(0);
@@ -198,13 +195,8 @@ pub struct SweepJob {
     pub pvs: Api<PersistentVolume>,
     /// The backend whose volumes are swept.
     pub backend: Arc<dyn Provisioner>,
-    /// Archive orphans through the backend (`--sweep-orphans`); `false`
-    /// reports only.
-    pub archive: bool,
-    /// `--sweep-min-age`.
-    pub min_age: Duration,
-    /// The service's shutdown token.
-    pub shutdown: CancellationToken,
+    /// What to do with the orphans found.
+    pub action: SweepAction,
     /// Gauges to set.
     pub metrics: SweepMetrics,
     /// This replica's identity, recorded as the report's `reporter`.
@@ -214,52 +206,38 @@ pub struct SweepJob {
 /// Connect to Redis, run [`sweep`] once and store its report; failures are only
 /// logged. Run inside the leader's work future, so a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
-    if let Err(error) = sweep_and_report(&job, cached_pv).await {
-        tracing::warn!(%error, "orphan sweep abandoned");
-    }
-}
-
-async fn sweep_and_report(
-    job: &SweepJob,
-    cached_pv: impl Fn(&str) -> bool,
-) -> Result<(), SweepError> {
     let (redis, name) = (&job.redis, job.provisioner_name.as_str());
-    let accounting = LiveAccounting {
-        intents: IntentStore::connect(redis, name)
+    let result = async {
+        let accounting = LiveAccounting {
+            intents: IntentStore::connect(redis, name).await.context("intents")?,
+            queue: PvQueue::connect(redis, name).await.context("queue")?,
+            pvs: job.pvs.clone(),
+        };
+        let backend = job.backend.as_ref();
+        let mut orphans = sweep(backend, cached_pv, &accounting, &job.action, &job.metrics).await?;
+        orphans.sort();
+        let report = OrphanReport {
+            version: orphan_report::REPORT_VERSION,
+            swept_at_ms: common::kube::time::now_ms(),
+            reporter: job.reporter.clone(),
+            orphans,
+            archived: job.metrics.archived.get().max(0) as u64,
+        };
+        let mut conn = common::handoff::redis_store::connect(redis)
             .await
-            .map_err(lookup("intents"))?,
-        queue: PvQueue::connect(redis, name)
+            .context("report")?;
+        orphan_report::write(&mut conn, name, &report)
             .await
-            .map_err(lookup("queue"))?,
-        pvs: job.pvs.clone(),
+            .context("report")
     };
-    let action = SweepAction {
-        archive: job.archive,
-        min_age: job.min_age,
-        shutdown: &job.shutdown,
-    };
-    let backend = job.backend.as_ref();
-    let mut orphans = sweep(backend, cached_pv, &accounting, action, &job.metrics).await?;
-    orphans.sort();
-    let report = OrphanReport {
-        version: orphan_report::REPORT_VERSION,
-        swept_at_ms: common::kube::time::now_ms(),
-        reporter: job.reporter.clone(),
-        orphans,
-        archived: job.metrics.archived.get().max(0) as u64,
-    };
-    let mut conn = common::handoff::redis_store::connect(redis)
-        .await
-        .map_err(lookup("report"))?;
-    orphan_report::write(&mut conn, name, &report)
-        .await
-        .map_err(lookup("report"))
+    if let Err(error) = result.await {
+        tracing::warn!(error = format!("{error:#}"), "orphan sweep abandoned");
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prometheus::Registry;
     use provisioner_api::testing::FakeProvisioner;
 
     struct Fake {
@@ -271,16 +249,16 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Accounting for Fake {
-        async fn has_intent(&self, n: &str) -> Result<bool, SweepError> {
-            Ok(self.intents.contains(&n))
-        }
-        async fn is_queued(&self, n: &str) -> Result<bool, SweepError> {
+        async fn is_pending(&self, n: &str) -> anyhow::Result<bool> {
+            if self.intents.contains(&n) {
+                return Ok(true);
+            }
             if self.fail {
-                return Err(SweepError::Lookup("queue", "redis down".into()));
+                return Err(anyhow::anyhow!("redis down").context("queue"));
             }
             Ok(self.queued.contains(&n))
         }
-        async fn list_pvs(&self) -> Result<Vec<PersistentVolume>, SweepError> {
+        async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
             Ok(self
                 .pvs
                 .iter()
@@ -333,16 +311,16 @@ mod tests {
         cached: bool,
         archive: bool,
         shutdown: &CancellationToken,
-    ) -> (Result<Vec<String>, SweepError>, SweepMetrics) {
+    ) -> (anyhow::Result<Vec<String>>, SweepMetrics) {
         let m = SweepMetrics::register(&Registry::new());
         let min_age = Duration::from_secs(3600);
         let action = SweepAction {
             archive,
             min_age,
-            shutdown,
+            shutdown: shutdown.clone(),
         };
         let is_cached = |n: &str| cached && n == "pvc-cached";
-        (sweep(backend, is_cached, acc, action, &m).await, m)
+        (sweep(backend, is_cached, acc, &action, &m).await, m)
     }
 
     #[tokio::test]
@@ -412,7 +390,7 @@ mod tests {
         let (backend, acc) = fixture(true);
         let (result, _) = run(&backend, &acc, false, true, &CancellationToken::new()).await;
         let err = result.unwrap_err();
-        assert_eq!(err.to_string(), "queue: redis down");
+        assert_eq!(format!("{err:#}"), "queue: redis down");
         assert!(backend.archived().is_empty());
     }
 

@@ -22,7 +22,7 @@ use kube::{Api, Client};
 use prometheus::Registry;
 use provisioner_api::testing::FakeProvisioner;
 use provisioner_api::DeleteError;
-use reclaim_svc::controller::{error_policy, reconcile, CachedPv, Context, LoopConfig};
+use reclaim_svc::controller::{error_policy, reconcile, CachedPv, Context};
 use reclaim_svc::operation::{EventPublisher, Reclaimer, SyncError};
 
 const ME: &str = "example.com/hostpath";
@@ -261,10 +261,8 @@ fn context(
     Arc::new(Context {
         reclaimer,
         retry: Arc::new(RetryPolicy::<String>::new(retry_start, retry_max, 0.0, 1)),
-        config: LoopConfig {
-            threshold: FailureThreshold(threshold),
-            deletion_timeout,
-        },
+        threshold: FailureThreshold(threshold),
+        deletion_timeout,
     })
 }
 
@@ -415,7 +413,7 @@ async fn second_delivery_after_a_failed_pv_delete_does_not_call_the_backend_agai
     h.reclaimer.sync_volume(&pv).await.unwrap();
     assert_eq!(h.backend.deleted().len(), 1);
     assert!(h.api.get("pvc-1").is_none());
-    h.reclaimer.forget_uid("uid-pvc-1");
+    h.reclaimer.retain_uids(|uid| uid != "uid-pvc-1");
     assert!(!h.reclaimer.asset_deleted("uid-pvc-1"));
 }
 
