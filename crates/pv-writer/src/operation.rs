@@ -60,26 +60,30 @@ pub enum WriterError {
     Superseded(u64),
 }
 
-/// `call` within `timeout`; Err: the transient reason, "`what` timed out …" or "`what`: …".
+/// An API call that timed out or failed (transient): "`what` timed out …" or "`what`: …".
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unanswered(pub String);
+
+/// `call` within `timeout`.
 async fn within<T>(
     timeout: Duration,
     what: &str,
     call: impl Future<Output = kube::Result<T>>,
-) -> Result<T, String> {
+) -> Result<T, Unanswered> {
     match tokio::time::timeout(timeout, call).await {
-        Err(_) => Err(format!("{what} timed out after {timeout:?}")),
-        Ok(answer) => answer.map_err(|err| format!("{what}: {err}")),
+        Err(_) => Err(Unanswered(format!("{what} timed out after {timeout:?}"))),
+        Ok(answer) => answer.map_err(|err| Unanswered(format!("{what}: {err}"))),
     }
 }
 
 /// GET `entry`'s claim within `timeout` (never a cache) and compare its uid: `Ok(None)` it
-/// lives, `Ok(Some(reason))` it is gone (404) or was re-created (another uid), `Err(reason)`
-/// the API server did not answer (transient).
+/// lives, `Ok(Some(reason))` it is gone (404) or was re-created (another uid).
 pub async fn claim_gone(
     client: &Client,
     entry: &QueuedPvWrite,
     timeout: Duration,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Unanswered> {
     let (claim, pv) = (&entry.claim, entry.pv_name());
     let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &claim.namespace);
     let what = format!("reading claim {claim}");
@@ -117,7 +121,7 @@ pub async fn write_pv(
     }
     match within(timeout, "reading existing PV", api.get(name)).await {
         Ok(existing) => already_exists(entry, &existing),
-        Err(reason) => WriteResult::Transient(reason),
+        Err(Unanswered(reason)) => WriteResult::Transient(reason),
     }
 }
 
@@ -267,7 +271,7 @@ impl Writer {
         let (started_ms, started) = (now_ms(), Instant::now());
         let result = match live {
             Ok(Some(reason)) => return Verdict::ClaimGone(reason),
-            Err(reason) => WriteResult::Transient(reason),
+            Err(Unanswered(reason)) => WriteResult::Transient(reason),
             Ok(None) => write_pv(&self.api, entry, self.config.write_timeout).await,
         };
         self.metrics
