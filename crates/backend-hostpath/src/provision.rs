@@ -81,14 +81,7 @@ pub fn provision(
     } else {
         ProvisioningState::Finished
     };
-    let new = NewVolume {
-        attrs,
-        quota,
-        bytes,
-        capacity: backend.capacity,
-        full,
-    };
-    create_volume_dir(&backend.base_dir, &options.pv_name, new)?;
+    create_volume_dir(backend, &options.pv_name, &attrs, quota, bytes, full)?;
     let path = backend.base_dir.join(&options.pv_name);
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
@@ -197,84 +190,67 @@ fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     )))
 }
 
-/// What a new volume directory gets: owner and mode, a size limit of `bytes` as `quota` says,
-/// and room in the base directory's `capacity` (else a failure in state `full`).
-struct NewVolume {
-    attrs: DirAttrs,
+/// Create `<base-dir>/<name>` (reused when a real directory) relative to a handle on the base
+/// directory, which is created by path if missing: its room in `--capacity` reserved first
+/// (else a failure in state `full`), then its size limit (`quota`, `bytes`) and `attrs`.
+/// What this call made (directory, room) is undone when a later step fails.
+fn create_volume_dir(
+    backend: &HostPath,
+    name: &str,
+    attrs: &DirAttrs,
     quota: QuotaMode,
     bytes: u64,
-    capacity: Option<u64>,
     full: ProvisioningState,
-}
-
-/// Create `<base>/<name>` (reused when a real directory) relative to a handle on `base`,
-/// which is created by path if missing, as `new` says; a directory made now is removed
-/// again (and its room given back) when a later step fails.
-fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<(), ProvisionError> {
-    let (root, dir, created, reserved) = reserve_and_create(base, name, &new)?;
-    let shown = base.join(name).display().to_string();
-    let (attrs, quota) = (&new.attrs, new.quota);
-    if let Err(refusal) = quota::limit_and_own(&dir, name, quota, new.bytes, attrs, &shown) {
+) -> Result<(), ProvisionError> {
+    let base = &backend.base_dir;
+    let io = |what: &str, e: std::io::Error| {
+        ProvisionError::finished(format!("{what} {}: {e}", base.display()))
+    };
+    std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", e))?;
+    let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", e))?;
+    let reserved = match backend.capacity {
+        Some(room) => {
+            capacity::reserve(&root, name, bytes, room).map_err(|r| ProvisionError::Failed {
+                state: full,
+                reason: format!("base directory {}: {}", base.display(), r.0),
+            })?
+        }
+        None => false,
+    };
+    let undo = |created: bool| {
         if created {
             let _ = root.remove_dir(name);
         }
         if reserved {
             let _ = capacity::release(&root, name);
         }
-        return Err(refusal.into());
-    }
-    Ok(())
-}
-
-/// The base directory's handle, the volume directory's, whether it was made now and whether
-/// its room was recorded now (reserved first). Errors: no room (state `new.full`), else
-/// `Finished`.
-fn reserve_and_create(
-    base: &Path,
-    name: &str,
-    new: &NewVolume,
-) -> Result<(safe_fs::Dir, safe_fs::Dir, bool, bool), ProvisionError> {
-    let io = |what: &str, p: &Path, e: std::io::Error| {
-        ProvisionError::finished(format!("{what} {}: {e}", p.display()))
-    };
-    std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", base, e))?;
-    let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
-    let reserved = match new.capacity {
-        Some(room) => {
-            capacity::reserve(&root, name, new.bytes, room).map_err(|r| ProvisionError::Failed {
-                state: new.full,
-                reason: format!("base directory {}: {}", base.display(), r.0),
-            })?
-        }
-        None => false,
     };
     let path = base.join(name);
-    let made = safe_fs::create_path(&root, &[name.to_string()], new.attrs.mode);
-    if made.is_err() && reserved {
-        let _ = capacity::release(&root, name);
-    }
-    match made {
-        Ok((dir, true)) => {
-            tracing::info!(path = %path.display(), "created hostpath volume directory");
-            Ok((root, dir, true, reserved))
+    let (dir, created) = match safe_fs::create_path(&root, &[name.to_string()], attrs.mode) {
+        Ok(made) => made,
+        Err(e) => {
+            undo(false);
+            return Err(ProvisionError::finished(match e {
+                WalkError::NotADirectory(_) => {
+                    format!("{} exists and is not a directory", path.display())
+                }
+                WalkError::Symlink(_) => {
+                    format!("{} is a symlink; refusing to follow it", path.display())
+                }
+                e => format!("cannot create volume directory {}: {e}", path.display()),
+            }));
         }
-        Ok((dir, false)) => {
-            tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
-            Ok((root, dir, false, reserved))
-        }
-        Err(WalkError::NotADirectory(_)) => Err(ProvisionError::finished(format!(
-            "{} exists and is not a directory",
-            path.display()
-        ))),
-        Err(WalkError::Symlink(_)) => Err(ProvisionError::finished(format!(
-            "{} is a symlink; refusing to follow it",
-            path.display()
-        ))),
-        Err(e) => Err(ProvisionError::finished(format!(
-            "cannot create volume directory {}: {e}",
-            path.display()
-        ))),
+    };
+    if created {
+        tracing::info!(path = %path.display(), "created hostpath volume directory");
+    } else {
+        tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
     }
+    let shown = path.display().to_string();
+    quota::limit_and_own(&dir, name, quota, bytes, attrs, &shown).map_err(|refusal| {
+        undo(created);
+        refusal.into()
+    })
 }
 
 #[cfg(test)]

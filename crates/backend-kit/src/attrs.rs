@@ -14,13 +14,6 @@ pub const PARAM_DIRECTORY_MODE: &str = "directoryMode";
 pub const PARAM_DIRECTORY_UID: &str = "directoryUID";
 /// StorageClass parameter: numeric group of a new volume directory (default: the service's).
 pub const PARAM_DIRECTORY_GID: &str = "directoryGID";
-/// The StorageClass parameters [`DirAttrs::from_class`] reads.
-pub const CLASS_PARAMETERS: [&str; 3] = [
-    PARAM_DIRECTORY_MODE,
-    PARAM_DIRECTORY_UID,
-    PARAM_DIRECTORY_GID,
-];
-
 /// Owner and permissions of a new volume directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirAttrs {
@@ -47,7 +40,12 @@ impl DirAttrs {
     /// The class's `directoryMode`/`directoryUID`/`directoryGID` over the defaults.
     /// Errors: as [`DirAttrs::overridden`].
     pub fn from_class(parameters: Option<&BTreeMap<String, String>>) -> Result<Self, Refusal> {
-        Self::default().overridden(parameters, CLASS_PARAMETERS, "StorageClass parameter")
+        let keys = [
+            PARAM_DIRECTORY_MODE,
+            PARAM_DIRECTORY_UID,
+            PARAM_DIRECTORY_GID,
+        ];
+        Self::default().overridden(parameters, keys, "StorageClass parameter")
     }
 
     /// `self` with the values `values` holds under `keys` (mode, uid, gid); `source` names

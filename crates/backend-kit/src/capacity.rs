@@ -139,14 +139,10 @@ fn records(root: &Dir, pv_name: &str) -> Result<Dir, Refusal> {
             "PV name {pv_name:?} is not a single path component"
         )));
     }
-    sizes_dir(root).map_err(unusable)
-}
-
-fn sizes_dir(root: &Dir) -> io::Result<Dir> {
     let comps = [BOOKKEEPING_DIR.to_string(), SIZES_DIR.to_string()];
-    safe_fs::create_path(root, &comps, 0o700)
-        .map(|(dir, _)| dir)
-        .map_err(|e| io::Error::other(e.to_string()))
+    let made = safe_fs::create_path(root, &comps, 0o700);
+    made.map(|(dir, _)| dir)
+        .map_err(|e| unusable(io::Error::other(e.to_string())))
 }
 
 /// The sum of the records in `sizes`; a record that is not a number counts as 0.

@@ -3,21 +3,20 @@
 use crate::Refusal;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaimSpec, PersistentVolumeSpec,
-};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
-/// The claim's `(spec, storage request, access modes)`, checked for a filesystem
-/// backend named `backend`. Errors (final): `Block` mode, no storage request, no
-/// access modes, or a `volumeAttributesClassName` (only CSI drivers apply one).
-pub fn filesystem_claim(
+/// The PV named `options.pv_name` for the claim, checked for a filesystem backend named
+/// `backend`: its request as capacity, access modes and volume mode, the class's reclaim
+/// policy and mount options; the backend adds its volume source. Errors (final): `Block`
+/// mode, no storage request, no access modes, or a `volumeAttributesClassName` (only CSI
+/// drivers apply one).
+pub fn filesystem_pv(
     options: &ProvisionOptions,
     backend: &str,
-) -> Result<(PersistentVolumeClaimSpec, Quantity, Vec<String>), ProvisionError> {
+) -> Result<PersistentVolume, ProvisionError> {
     let claim_spec = options.pvc.spec.clone().unwrap_or_default();
     if claim_spec.volume_mode.as_deref() == Some("Block") {
         return Err(ProvisionError::finished(format!(
@@ -42,21 +41,10 @@ pub fn filesystem_claim(
         .ok_or_else(|| {
             ProvisionError::finished("claim has no storage request (resources.requests.storage)")
         })?;
-    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
+    let access_modes = claim_spec.access_modes.unwrap_or_default();
     if access_modes.is_empty() {
         return Err(ProvisionError::finished("claim has no access modes"));
     }
-    Ok((claim_spec, request, access_modes))
-}
-
-/// The PV named `options.pv_name` for the checked claim: its request as
-/// capacity, access modes and volume mode, the class's reclaim policy and mount
-/// options; the backend adds its volume source. Errors: as [`filesystem_claim`].
-pub fn filesystem_pv(
-    options: &ProvisionOptions,
-    backend: &str,
-) -> Result<PersistentVolume, ProvisionError> {
-    let (claim_spec, request, access_modes) = filesystem_claim(options, backend)?;
     Ok(PersistentVolume {
         metadata: ObjectMeta {
             name: Some(options.pv_name.clone()),
