@@ -19,7 +19,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::delete::mount_error;
-use super::pattern::{volume_path, PatternInput, RelPath};
+use super::pattern::{volume_path, RelPath};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::attrs::DirAttrs;
 use backend_kit::capacity;
@@ -45,25 +45,6 @@ pub const ANN_CREATE_GID: &str = "nfs.io/createGID";
 
 /// Permissions of intermediate directories of a nested `pathPattern`.
 pub const PARENT_MODE: u32 = 0o755;
-
-/// The new directory's owner and permissions: the class's `directory*` parameters, then
-/// the claim's `nfs.io/create*` annotations (upstream's) over them.
-/// Errors: a bad value in either ([`DirAttrs::overridden`]).
-pub fn create_attrs(options: &ProvisionOptions) -> Result<DirAttrs, Refusal> {
-    let class = DirAttrs::from_class(options.storage_class.parameters.as_ref())?;
-    let annotations = options.pvc.metadata.annotations.as_ref();
-    let keys = [ANN_CREATE_MODE, ANN_CREATE_UID, ANN_CREATE_GID];
-    class.overridden(annotations, keys, "claim annotation")
-}
-
-/// Go's `strconv.ParseBool`, which upstream applies to `archiveOnDelete`.
-pub fn parse_go_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
 
 /// Check the class's parameters and resolve its delete policy (as
 /// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
@@ -91,46 +72,19 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
 /// Upstream's delete policy from class `params`: `onDelete` `delete`/`retain` wins (another
 /// value is ignored), else `archiveOnDelete` (`false` deletes), else archive.
 /// Errors: the value of a non-boolean `archiveOnDelete`.
-pub fn parameters_policy(params: &BTreeMap<String, String>) -> Result<OnDelete, &String> {
-    match params.get(PARAM_ON_DELETE).map(String::as_str) {
-        Some("delete") => return Ok(OnDelete::Delete),
-        Some("retain") => return Ok(OnDelete::Retain),
-        _ => {}
+pub fn parameters_policy(params: &BTreeMap<String, String>) -> Result<OnDelete, String> {
+    let on_delete = params.get(PARAM_ON_DELETE).map(String::as_str);
+    // `archiveOnDelete` is read as Go's `strconv.ParseBool` reads it, as upstream does.
+    match (
+        on_delete,
+        params.get(PARAM_ARCHIVE_ON_DELETE).map(String::as_str),
+    ) {
+        (Some("delete"), _) => Ok(OnDelete::Delete),
+        (Some("retain"), _) => Ok(OnDelete::Retain),
+        (_, None | Some("1" | "t" | "T" | "TRUE" | "true" | "True")) => Ok(OnDelete::Archive),
+        (_, Some("0" | "f" | "F" | "FALSE" | "false" | "False")) => Ok(OnDelete::Delete),
+        (_, Some(v)) => Err(v.to_string()),
     }
-    match params.get(PARAM_ARCHIVE_ON_DELETE) {
-        None => Ok(OnDelete::Archive),
-        Some(v) => match parse_go_bool(v) {
-            Some(true) => Ok(OnDelete::Archive),
-            Some(false) => Ok(OnDelete::Delete),
-            None => Err(v),
-        },
-    }
-}
-
-/// The sub-directory `options` resolves to (see [`super::pattern`]).
-///
-/// Errors: as [`volume_path`].
-pub fn directory_for(options: &ProvisionOptions) -> Result<RelPath, Refusal> {
-    let meta = &options.pvc.metadata;
-    let input = PatternInput {
-        namespace: meta.namespace.as_deref().unwrap_or_default(),
-        name: meta.name.as_deref().unwrap_or_default(),
-        labels: meta.labels.as_ref(),
-        annotations: meta.annotations.as_ref(),
-        pv_name: &options.pv_name,
-    };
-    let pattern = options
-        .storage_class
-        .parameters
-        .as_ref()
-        .and_then(|p| p.get(PARAM_PATH_PATTERN))
-        .map(String::as_str);
-    volume_path(pattern, &input)
-}
-
-/// `nfs.path` of the directory `rel` below the export.
-pub fn server_path(backend: &NfsSubdir, rel: &RelPath) -> String {
-    format!("{}/{rel}", backend.export_prefix())
 }
 
 /// Create the claim's sub-directory and return its PV (module docs).
@@ -141,7 +95,8 @@ pub fn provision(
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
     let policy = class_policy(&options.storage_class)?;
-    let quota = QuotaMode::from_parameters(options.storage_class.parameters.as_ref())?;
+    let params = options.storage_class.parameters.as_ref();
+    let quota = QuotaMode::from_parameters(params)?;
     if options
         .pvc
         .spec
@@ -154,8 +109,14 @@ pub fn provision(
     }
     let mut pv = backend_kit::claim::filesystem_pv(options, "nfs-subdir")?;
     registry::check_pv_name(&options.pv_name)?;
-    let attrs = create_attrs(options)?;
-    let rel = directory_for(options)?;
+    // The class's `directory*` parameters, then the claim's `nfs.io/create*` annotations.
+    let annotations = options.pvc.metadata.annotations.as_ref();
+    let keys = [ANN_CREATE_MODE, ANN_CREATE_UID, ANN_CREATE_GID];
+    let attrs = DirAttrs::from_class(params)?.overridden(annotations, keys, "claim annotation")?;
+    let pattern = params
+        .and_then(|p| p.get(PARAM_PATH_PATTERN))
+        .map(String::as_str);
+    let rel = volume_path(pattern, &options.pvc.metadata, &options.pv_name)?;
     let storage = &pv
         .spec
         .as_ref()
@@ -170,7 +131,7 @@ pub fn provision(
     pv.metadata.annotations = Some(BTreeMap::from([annotation]));
     pv.spec.get_or_insert_with(Default::default).nfs = Some(NFSVolumeSource {
         server: backend.server.clone(),
-        path: server_path(backend, &rel),
+        path: format!("{}/{rel}", backend.export_prefix()),
         read_only: None,
     });
     Ok(pv)

@@ -92,7 +92,7 @@ pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
     let mut opts = OpenOptions::new();
     opts.write(true).create(true).truncate(true);
     let mut file = dir.open_with(&tmp, &opts)?;
-    file.write_all(format!("{}\n", path.as_string()).as_bytes())?;
+    file.write_all(format!("{path}\n").as_bytes())?;
     file.sync_all()?;
     dir.rename(&tmp, &dir, pv_name)
 }
