@@ -30,9 +30,14 @@ pub const VOLUME_PREFIX: &str = "pvc-";
 /// (`retain`) the directory behind `volume`, per `--on-delete`.
 /// Errors: [`DeleteError::Refused`] when a rule fails; [`DeleteError::Failed`] on I/O errors.
 pub fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
-    let base = &backend.base_dir;
-    let name = checked_name(base, volume)?;
+    let name = checked_name(&backend.base_dir, volume)?;
     check_node(backend.node_name.as_deref(), name, volume)?;
+    delete_dir(backend, name)
+}
+
+/// `--on-delete` applied to `<base-dir>/<name>` (a name checked by the caller), rules 3–4.
+fn delete_dir(backend: &HostPath, name: &str) -> Result<(), DeleteError> {
+    let base = &backend.base_dir;
     if backend.on_delete == OnDelete::Retain {
         tracing::info!(pv = name, path = %base.join(name).display(), "retaining hostpath volume directory");
         return Ok(());
@@ -47,7 +52,8 @@ pub fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), Delet
     act(&root, base, name, backend.on_delete)
 }
 
-/// `delete_unprovisioned`: [`delete`] of `<base-dir>/<options.pv_name>`; never creates.
+/// `delete_unprovisioned`: `--on-delete` applied to `<base-dir>/<options.pv_name>` with the
+/// checks of [`delete`]; never creates.
 /// Errors: [`DeleteError::Refused`] when the claim's selected node is not
 /// `--node-name`, else as [`delete`].
 pub fn delete_unprovisioned(
@@ -66,7 +72,7 @@ pub fn delete_unprovisioned(
             )));
         }
     }
-    delete(backend, &volume_for_directory(backend, &options.pv_name))
+    delete_dir(backend, single_component(&options.pv_name)?)
 }
 
 /// The volume directories `pvs` use (a `hostPath`/`local` path at, below or
@@ -130,37 +136,15 @@ fn lexical(path: &Path) -> PathBuf {
     out
 }
 
-/// A minimal PV (name and `spec.hostPath.path`) addressing `<base-dir>/<pv_name>`,
-/// so an orphaned directory goes through every check of [`delete`].
-pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolume {
-    use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
-    let path = backend
-        .base_dir
-        .join(pv_name)
-        .to_string_lossy()
-        .into_owned();
-    PersistentVolume {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(pv_name.to_string()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            host_path: Some(HostPathVolumeSource { path, type_: None }),
-            ..Default::default()
-        }),
-        status: None,
-    }
-}
-
-/// The orphan sweep's archive: `<base-dir>/<name>` renamed `archived-<name>`
-/// (rules 1–4) once its age is at least `min_age`. Errors: as [`delete`].
+/// The orphan sweep's archive: `<base-dir>/<pv_name>` renamed `archived-<pv_name>`
+/// (rules 1, 3, 4) once its age is at least `min_age`. Errors: as [`delete`].
 pub fn archive_orphan(
     backend: &HostPath,
-    volume: &PersistentVolume,
+    pv_name: &str,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
     let base = &backend.base_dir;
-    let name = checked_name(base, volume)?;
+    let name = single_component(pv_name)?;
     let root = open_base(base)?;
     let dir = base.join(name);
     if !checked_entry(&root, &dir, name)? {
@@ -263,12 +247,7 @@ pub(crate) fn checked_name<'a>(
     base: &Path,
     volume: &'a PersistentVolume,
 ) -> Result<&'a str, DeleteError> {
-    let name = volume.metadata.name.as_deref().unwrap_or_default();
-    if !backend_kit::is_single_component(name) {
-        return Err(refused(format!(
-            "PV name {name:?} is not a single path component"
-        )));
-    }
+    let name = single_component(volume.metadata.name.as_deref().unwrap_or_default())?;
     let Some(path) = volume
         .spec
         .as_ref()
@@ -289,6 +268,16 @@ pub(crate) fn checked_name<'a>(
         )));
     }
     Ok(name)
+}
+
+/// Rule 1: `name` is one path component.
+fn single_component(name: &str) -> Result<&str, DeleteError> {
+    if backend_kit::is_single_component(name) {
+        return Ok(name);
+    }
+    Err(refused(format!(
+        "PV name {name:?} is not a single path component"
+    )))
 }
 
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {
@@ -677,7 +666,7 @@ mod tests {
     async fn volume_for_directory_addresses_the_orphan() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
-        delete(&b, &volume_for_directory(&b, "pvc-1")).unwrap();
+        delete_dir(&b, "pvc-1").unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
@@ -685,15 +674,15 @@ mod tests {
     async fn orphans_are_archived_only_when_old_enough() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
-        let orphan = volume_for_directory(&b, "pvc-1");
+        let orphan = "pvc-1";
         // Just created: too young for a one-hour minimum age, left in place.
-        match archive_orphan(&b, &orphan, Duration::from_secs(3600)).unwrap() {
+        match archive_orphan(&b, orphan, Duration::from_secs(3600)).unwrap() {
             OrphanOutcome::TooYoung(age) => assert!(age < Duration::from_secs(60)),
             other => panic!("expected TooYoung, got {other:?}"),
         }
         assert!(base.join("pvc-1/data/file").exists());
         // Old enough: archived (never removed), even though --on-delete is delete.
-        let outcome = archive_orphan(&b, &orphan, Duration::ZERO).unwrap();
+        let outcome = archive_orphan(&b, orphan, Duration::ZERO).unwrap();
         let archived = std::fs::canonicalize(&base).unwrap().join("archived-pvc-1");
         assert_eq!(outcome, OrphanOutcome::Archived(archived));
         assert!(!base.join("pvc-1").exists());
@@ -703,35 +692,26 @@ mod tests {
         );
         // Gone now.
         assert_eq!(
-            archive_orphan(&b, &orphan, Duration::ZERO).unwrap(),
+            archive_orphan(&b, orphan, Duration::ZERO).unwrap(),
             OrphanOutcome::Absent
         );
         // A symlinked orphan is refused and its target kept.
         symlink(base.join("archived-pvc-1"), base.join("pvc-2")).unwrap();
-        is_refused(archive_orphan(
-            &b,
-            &volume_for_directory(&b, "pvc-2"),
-            Duration::ZERO,
-        ));
+        is_refused(archive_orphan(&b, "pvc-2", Duration::ZERO));
         assert!(base.join("archived-pvc-1/data/file").exists());
     }
 
-    /// archive_orphan addresses `<--base-dir>/<name>`, never the PV path's own
-    /// parent: an old directory of the same name elsewhere is refused and left
-    /// alone (the old code archived `/elsewhere/pvc-1` to `/elsewhere/archived-pvc-1`).
+    /// archive_orphan addresses `<--base-dir>/<name>` only: a name that is not one path
+    /// component is refused and a directory of the same name elsewhere is left alone.
     #[tokio::test]
-    async fn archive_orphan_refuses_a_path_whose_parent_is_not_the_base_dir() {
+    async fn archive_orphan_refuses_a_name_that_leaves_the_base_dir() {
         let (tmp, base) = setup();
         let elsewhere = tmp.path().join("elsewhere");
         with_keep(elsewhere.join("pvc-1"));
         let b = backend(&base, OnDelete::Delete);
-        for path in [
-            elsewhere.join("pvc-1").to_string_lossy().into_owned(),
-            format!("{}/x/../pvc-1", base.display()),
-            "/pvc-1".to_string(),
-        ] {
-            let reason = is_refused(archive_orphan(&b, &pv("pvc-1", &path), Duration::ZERO));
-            assert!(reason.contains("must be"), "{path}: {reason}");
+        for name in ["../elsewhere/pvc-1", "x/../pvc-1", "/pvc-1", ".."] {
+            let reason = is_refused(archive_orphan(&b, name, Duration::ZERO));
+            assert!(reason.contains("single path component"), "{name}: {reason}");
         }
         assert!(elsewhere.join("pvc-1/keep").exists());
         assert!(!elsewhere.join("archived-pvc-1").exists());
@@ -752,7 +732,7 @@ mod tests {
             );
         }
         let b = backend(&base, OnDelete::Delete);
-        is_refused(archive_orphan(&b, &pv_at(&base, "pvc-7"), Duration::ZERO));
+        is_refused(archive_orphan(&b, "pvc-7", Duration::ZERO));
         assert_kept(&outside);
         assert!(base
             .join("pvc-7")

@@ -6,7 +6,6 @@
 //! `--node-name`, which is `Reschedule`; the class may set no parameter.
 
 use backend_kit::Refusal;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use backend_kit::attrs::DirAttrs;
@@ -43,7 +42,13 @@ pub fn provision(
         backend_kit::claim::checked_class("hostpath", &options.storage_class, OWN_PARAMETERS)?;
     let quota = QuotaMode::from_parameters(params)?;
     let attrs = DirAttrs::from_class(params)?;
-    check_base_dir(backend, class_name, params)?;
+    if let Some(dir) = params.and_then(|p| p.get(PARAM_BASE_DIR)) {
+        if Path::new(dir) != backend.base_dir {
+            return Err(ProvisionError::finished(format!(
+                "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
+            )));
+        }
+    }
     check_pv_name(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
@@ -167,20 +172,6 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
     Ok(())
 }
 
-/// Refuse a class whose `baseDir` is not this backend's base directory.
-fn check_base_dir(
-    backend: &HostPath,
-    class_name: &str,
-    parameters: Option<&BTreeMap<String, String>>,
-) -> Result<(), Refusal> {
-    match parameters.and_then(|p| p.get(PARAM_BASE_DIR)) {
-        Some(dir) if Path::new(dir) != backend.base_dir => Err(Refusal(format!(
-            "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
-        ))),
-        _ => Ok(()),
-    }
-}
-
 fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
     if backend_kit::is_single_component(pv_name) {
         return Ok(());
@@ -264,6 +255,7 @@ pub(crate) mod tests {
     use k8s_openapi::api::storage::v1::StorageClass;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap;
 
     pub(crate) fn backend(base: &Path, node: Option<&str>) -> HostPath {
         HostPath {

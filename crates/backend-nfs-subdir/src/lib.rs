@@ -196,15 +196,8 @@ impl Provisioner for NfsSubdir {
         let rel = delete::volume_directory(self, volume)?;
         let pv = volume.metadata.name.clone().unwrap_or_default();
         let (components, shown) = (rel.components().to_vec(), format!("directory \"{rel}\""));
-        backend_kit::quota::expand(
-            self.mount.clone(),
-            components,
-            pv,
-            bytes,
-            self.capacity,
-            shown,
-        )
-        .await
+        let mount = self.mount.clone();
+        backend_kit::quota::expand(mount, components, pv, bytes, self.capacity, shown).await
     }
 }
 
