@@ -186,10 +186,15 @@ fn own_project(dir: &impl AsFd, pv_name: &str) -> Option<u32> {
 
 /// The project id of the directory open at `fd`.
 fn project_of(fd: libc::c_int) -> Option<u32> {
+    fsxattr(fd).ok().map(|attr| attr.projid)
+}
+
+/// The `struct fsxattr` of the directory open at `fd`. Errors: the ioctl failed.
+fn fsxattr(fd: libc::c_int) -> io::Result<FsXattr> {
     let mut attr = FsXattr::default();
     // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to fill.
-    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) }).ok()?;
-    Some(attr.projid)
+    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) })?;
+    Ok(attr)
 }
 
 /// Before `parent`'s entry `name` (the directory of `pv_name`) is removed: drop the limit of
@@ -212,9 +217,7 @@ pub fn lift_before_removal(parent: &Dir, name: &str, pv_name: &str) {
 /// `quotactl_fd` failed (`ENOSYS`: kernel < 5.14; `ESRCH`/`ENOTSUP`: no project quotas).
 pub fn limit(dir: &impl AsFd, project: u32, bytes: u64) -> io::Result<()> {
     let fd = dir.as_fd().as_raw_fd();
-    let mut attr = FsXattr::default();
-    // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to fill.
-    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) })?;
+    let mut attr = fsxattr(fd)?;
     attr.projid = project;
     attr.xflags |= FS_XFLAG_PROJINHERIT;
     // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to read.
@@ -276,12 +279,10 @@ pub async fn expand(
 /// Space used and hard limit (bytes, 0: none) of `dir`'s project. Errors: as [`limit`].
 pub fn usage(dir: &impl AsFd) -> io::Result<(u64, u64)> {
     let fd = dir.as_fd().as_raw_fd();
-    let mut attr = FsXattr::default();
-    // SAFETY: as in `limit`.
-    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) })?;
+    let project = fsxattr(fd)?.projid;
     // SAFETY: an all-zero `dqblk` is valid for the kernel to fill.
     let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
-    quotactl(fd, libc::Q_GETQUOTA, attr.projid, &mut dq)?;
+    quotactl(fd, libc::Q_GETQUOTA, project, &mut dq)?;
     Ok((dq.dqb_curspace, dq.dqb_bhardlimit.saturating_mul(1024)))
 }
 

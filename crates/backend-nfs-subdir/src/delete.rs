@@ -124,8 +124,8 @@ pub fn delete(
             ))
         })?),
     };
-    let root = open_root(&backend.mount)?;
-    match registry::get(&root, name).map_err(io_failed("read the record of PV"))? {
+    let (root, recorded) = recorded(backend, name)?;
+    match recorded {
         Some(r) if r != rel => {
             return Err(refused(format!(
                 "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
@@ -184,8 +184,7 @@ pub fn delete_unprovisioned(
     if !registry::valid_pv_name(name) {
         return Ok(());
     }
-    let root = open_root(&backend.mount)?;
-    let Some(rel) = registry::get(&root, name).map_err(io_failed("read the record of PV"))? else {
+    let (root, Some(rel)) = recorded(backend, name)? else {
         return Ok(());
     };
     apply_policy(&root, name, &rel, Ok(policy)).map(|_| ())
@@ -206,12 +205,9 @@ pub fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, VolumeError> {
 /// A handle on the export at `mount` and every (PV name, directory) its registry records.
 fn records_at(mount: &std::path::Path) -> Result<(Dir, Vec<(String, RelPath)>), VolumeError> {
     let root = safe_fs::open_root(mount).map_err(|e| unreadable(mount_error(mount, e)))?;
-    let records = registry::all(&root).map_err(records_error)?;
+    let records = registry::all(&root)
+        .map_err(|e| unreadable(format!("cannot read the volume records: {e}")))?;
     Ok((root, records))
-}
-
-fn records_error(e: io::Error) -> VolumeError {
-    unreadable(format!("cannot read the volume records: {e}"))
 }
 
 /// Why the NFS mount at `mount` could not be opened.
@@ -219,10 +215,15 @@ pub(crate) fn mount_error(mount: &std::path::Path, e: io::Error) -> String {
     format!("cannot open the NFS mount {}: {e}", mount.display())
 }
 
-fn open_root(mount: &std::path::Path) -> Result<Dir, DeleteError> {
-    safe_fs::open_root(mount).map_err(|e| DeleteError::Failed {
+/// A handle on the mount and the directory recorded for `pv_name`.
+/// Errors: the mount or the record cannot be read.
+fn recorded(backend: &NfsSubdir, pv_name: &str) -> Result<(Dir, Option<RelPath>), DeleteError> {
+    let mount = &backend.mount;
+    let root = safe_fs::open_root(mount).map_err(|e| DeleteError::Failed {
         reason: mount_error(mount, e),
-    })
+    })?;
+    let rel = registry::get(&root, pv_name).map_err(io_failed("read the record of PV"))?;
+    Ok((root, rel))
 }
 
 fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
@@ -325,9 +326,7 @@ pub fn archive_orphan(
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
     registry::check_pv_name(pv_name)?;
-    let root = open_root(&backend.mount)?;
-    let Some(rel) = registry::get(&root, pv_name).map_err(io_failed("read the record of PV"))?
-    else {
+    let (root, Some(rel)) = recorded(backend, pv_name)? else {
         return Ok(OrphanOutcome::Absent);
     };
     let dir = match safe_fs::open_path(&root, rel.components()) {
