@@ -15,7 +15,8 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use backend_kit::capacity::release_logged;
-use backend_kit::safe_fs::{self, Entry};
+use backend_kit::safe_fs;
+use backend_kit::volume_dir;
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -37,19 +38,18 @@ pub fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), Delet
 
 /// `--on-delete` applied to `<base-dir>/<name>` (a name checked by the caller), rules 3–4.
 fn delete_dir(backend: &HostPath, name: &str) -> Result<(), DeleteError> {
-    let base = &backend.base_dir;
+    let dir = backend.base_dir.join(name);
     if backend.on_delete == OnDelete::Retain {
-        tracing::info!(pv = name, path = %base.join(name).display(), "retaining hostpath volume directory");
+        tracing::info!(pv = name, path = %dir.display(), "retaining hostpath volume directory");
         return Ok(());
     }
-    let root = open_base(base)?;
-    let dir = base.join(name);
-    if !checked_entry(&root, &dir, name)? {
+    let root = open_base(&backend.base_dir)?;
+    if !volume_dir::existing(&root, name, &shown(&dir))? {
         tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
         release_logged(&root, name);
         return Ok(());
     }
-    act(&root, base, name, backend.on_delete)
+    act(&root, &dir, name, backend.on_delete == OnDelete::Archive)
 }
 
 /// `delete_unprovisioned`: `--on-delete` applied to `<base-dir>/<options.pv_name>` with the
@@ -147,25 +147,16 @@ pub fn archive_orphan(
     let name = single_component(pv_name)?;
     let root = open_base(base)?;
     let dir = base.join(name);
-    if !checked_entry(&root, &dir, name)? {
+    if !volume_dir::existing(&root, name, &shown(&dir))? {
         return Ok(OrphanOutcome::Absent);
     }
-    let age = match safe_fs::open_path(&root, &[name.to_string()]) {
-        Ok(handle) => {
-            safe_fs::age(&handle).map_err(|e| failed("cannot inspect volume directory", &dir, e))?
-        }
-        Err(safe_fs::WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
-        Err(e) => {
-            return Err(refused(format!(
-                "volume path {} changed while inspecting it: {e}",
-                dir.display()
-            )))
-        }
+    let Some(age) = volume_dir::age(&root, &[name.to_string()], &shown(&dir))? else {
+        return Ok(OrphanOutcome::Absent);
     };
     if age < min_age {
         return Ok(OrphanOutcome::TooYoung(age));
     }
-    act(&root, base, name, OnDelete::Archive)?;
+    act(&root, &dir, name, true)?;
     let real_base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
     Ok(OrphanOutcome::Archived(
         real_base.join(format!("{ARCHIVE_PREFIX}{name}")),
@@ -284,61 +275,22 @@ fn open_base(base: &Path) -> Result<Dir, DeleteError> {
     safe_fs::open_root(base).map_err(|e| failed("cannot open base directory", base, e))
 }
 
-/// Rules 3 and 4 on the entry `name` of `root`: `Ok(true)` for a real directory, `Ok(false)` when absent.
-fn checked_entry(root: &Dir, dir: &Path, name: &str) -> Result<bool, DeleteError> {
-    match safe_fs::entry(root, name)
-        .map_err(|e| failed("cannot inspect volume directory", dir, e))?
-    {
-        Entry::Absent => Ok(false),
-        Entry::Directory => Ok(true),
-        Entry::Symlink => {
-            let target = root
-                .read_link_contents(name)
-                .map(|t| t.display().to_string())
-                .unwrap_or_else(|_| "?".into());
-            Err(refused(format!(
-                "volume path {} is a symlink (to {target}); refusing to follow it",
-                dir.display()
-            )))
-        }
-        Entry::Other => Err(refused(format!(
-            "volume path {} is not a directory",
-            dir.display()
-        ))),
-    }
+/// How errors name the volume directory `dir`.
+fn shown(dir: &Path) -> String {
+    format!("volume path {}", dir.display())
 }
 
-/// Remove or archive `name` relative to `root` (checked by the caller).
-fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), DeleteError> {
-    let dir = base.join(name);
-    match on_delete {
-        OnDelete::Retain => return Ok(()),
-        OnDelete::Archive => {
-            let archive_name = format!("{ARCHIVE_PREFIX}{name}");
-            let archive = base.join(&archive_name);
-            if safe_fs::entry(root, &archive_name)
-                .map_err(|e| failed("cannot inspect archive destination", &archive, e))?
-                != Entry::Absent
-            {
-                return Err(refused(format!(
-                    "archive destination {} already exists; not overwriting it",
-                    archive.display()
-                )));
-            }
-            root.rename(name, root, &archive_name)
-                .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
-            tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
-        }
-        OnDelete::Delete => {
-            backend_kit::quota::lift_before_removal(root, name, name);
-            match root.remove_dir_all(name) {
-                // Already gone counts as removed.
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(failed("cannot remove volume directory", &dir, e)),
-            }
-            tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
-        }
+/// Archive (`archive`) or remove the directory `name` of `root` at `dir` (checked by the
+/// caller), forgetting its size record.
+fn act(root: &Dir, dir: &Path, name: &str, archive: bool) -> Result<(), DeleteError> {
+    if archive {
+        let targets = [format!("{ARCHIVE_PREFIX}{name}")];
+        let target = volume_dir::archive(root, name, &targets, &shown(dir))?;
+        let archive = dir.with_file_name(target);
+        tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
+    } else {
+        volume_dir::remove(root, name, name, &shown(dir))?;
+        tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
     }
     release_logged(root, name);
     Ok(())
@@ -752,11 +704,12 @@ mod tests {
         let outside = tmp.path().join("outside");
         let sub = with_keep(outside.join("sub"));
         let root = open_base(&base).unwrap();
-        assert!(checked_entry(&root, &base.join("pvc-1"), "pvc-1").unwrap());
+        let dir = base.join("pvc-1");
+        assert!(volume_dir::existing(&root, "pvc-1", &shown(&dir)).unwrap());
         // Swap: the checked directory is replaced by a symlink to `outside`.
         std::fs::rename(base.join("pvc-1"), tmp.path().join("moved")).unwrap();
         symlink(&outside, base.join("pvc-1")).unwrap();
-        act(&root, &base, "pvc-1", OnDelete::Delete).unwrap();
+        act(&root, &dir, "pvc-1", false).unwrap();
         assert!(
             base.join("pvc-1").symlink_metadata().is_err(),
             "link removed"
@@ -764,7 +717,7 @@ mod tests {
         assert_kept(&sub);
 
         symlink(&outside, base.join("pvc-1")).unwrap();
-        act(&root, &base, "pvc-1", OnDelete::Archive).unwrap();
+        act(&root, &dir, "pvc-1", true).unwrap();
         let archived = base.join("archived-pvc-1").symlink_metadata().unwrap();
         assert!(
             archived.file_type().is_symlink(),
@@ -787,7 +740,7 @@ mod tests {
         with_keep(decoy.join("pvc-1"));
         std::fs::remove_file(&alias).unwrap();
         symlink(&decoy, &alias).unwrap();
-        act(&root, &alias, "pvc-1", OnDelete::Delete).unwrap();
+        act(&root, &alias.join("pvc-1"), "pvc-1", false).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert!(decoy.join("pvc-1/keep").exists());
     }

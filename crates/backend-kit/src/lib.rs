@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod claim;
 pub mod quota;
 pub mod safe_fs;
+pub mod volume_dir;
 
 use std::collections::HashSet;
 

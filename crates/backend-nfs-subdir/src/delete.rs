@@ -20,7 +20,8 @@ use VolumeError::Unreadable as unreadable;
 use super::pattern::RelPath;
 use super::provision::{class_policy, parameters_policy, PARAM_ARCHIVE_ON_DELETE};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
-use backend_kit::safe_fs::{self, Entry, WalkError};
+use backend_kit::safe_fs::{self, WalkError};
+use backend_kit::volume_dir;
 use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
 
@@ -257,39 +258,35 @@ fn apply_policy(
         return forget();
     };
     let policy = policy?;
-    let inside: Vec<(String, RelPath)> = registry::nested_with(root, pv_name, rel)
-        .map_err(io_failed("read the volume records"))?
-        .into_iter()
-        .filter(|(_, other)| rel.contains(other))
-        .collect();
-    if let Some((other_pv, other)) = inside.first() {
+    let nested =
+        registry::nested_with(root, pv_name, rel).map_err(io_failed("read the volume records"))?;
+    if let Some((other_pv, other)) = nested.iter().find(|(_, other)| rel.contains(other)) {
         return Err(refused(format!(
             "directory \"{rel}\" of PV {pv_name} contains the directory \"{other}\" of PV {other_pv}; refusing to {} it with the other volume's data",
             if policy == OnDelete::Delete { "delete" } else { "archive" }
         )));
     }
-    match policy {
-        OnDelete::Delete => {
-            backend_kit::quota::lift_before_removal(&parent, last, pv_name);
-            parent
-                .remove_dir_all(last)
-                .map_err(io_failed("remove the volume directory"))?;
-            tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
-            forget()
-        }
-        OnDelete::Archive => {
-            let target = archive_name(&parent, pv_name, last)?;
-            parent
-                .rename(last, &parent, &target)
-                .map_err(io_failed("archive the volume directory"))?;
-            tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
-            forget()?;
-            let mut archived = parent_comps.to_vec();
-            archived.push(target);
-            Ok(Some(archived.join("/")))
-        }
-        OnDelete::Retain => unreachable!("handled above"),
-    }
+    let shown = shown(pv_name, rel);
+    let archived = if policy == OnDelete::Delete {
+        volume_dir::remove(&parent, last, pv_name, &shown)?;
+        tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
+        None
+    } else {
+        let targets = [
+            format!("{ARCHIVE_PREFIX}{last}"),
+            format!("{ARCHIVE_PREFIX}{last}-{pv_name}"),
+        ];
+        let target = volume_dir::archive(&parent, last, &targets, &shown)?;
+        tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
+        Some([parent_comps, &[target]].concat().join("/"))
+    };
+    forget()?;
+    Ok(archived)
+}
+
+/// How errors name the directory `rel` of `pv_name`.
+fn shown(pv_name: &str, rel: &RelPath) -> String {
+    format!("directory \"{rel}\" of PV {pv_name}")
 }
 
 /// The parent of `rel` when `rel` is a real directory reached without crossing
@@ -304,18 +301,10 @@ fn existing_parent(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<Option<Di
                 reason: format!("cannot open \"{p}\" below the NFS mount: {e}"),
             })
         }
-        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+        Err(e) => return Err(refused(format!("{}: {e}", shown(pv_name, rel)))),
     };
-    match safe_fs::entry(&parent, last).map_err(io_failed("inspect the volume directory"))? {
-        Entry::Absent => Ok(None),
-        Entry::Directory => Ok(Some(parent)),
-        Entry::Symlink => Err(refused(format!(
-            "\"{rel}\" of PV {pv_name} is a symlink; refusing to follow it"
-        ))),
-        Entry::Other => Err(refused(format!(
-            "\"{rel}\" of PV {pv_name} is not a directory; refusing"
-        ))),
-    }
+    let existing = volume_dir::existing(&parent, last, &shown(pv_name, rel))?;
+    Ok(existing.then_some(parent))
 }
 
 /// The orphan sweep's archive of the directory recorded for `pv_name`, with
@@ -329,12 +318,9 @@ pub fn archive_orphan(
     let (root, Some(rel)) = recorded(backend, pv_name)? else {
         return Ok(OrphanOutcome::Absent);
     };
-    let dir = match safe_fs::open_path(&root, rel.components()) {
-        Ok(d) => d,
-        Err(WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
-        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+    let Some(age) = volume_dir::age(&root, rel.components(), &shown(pv_name, &rel))? else {
+        return Ok(OrphanOutcome::Absent);
     };
-    let age = safe_fs::age(&dir).map_err(io_failed("inspect the volume directory"))?;
     if age < min_age {
         return Ok(OrphanOutcome::TooYoung(age));
     }
@@ -344,23 +330,4 @@ pub fn archive_orphan(
             None => OrphanOutcome::Absent,
         },
     )
-}
-
-/// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in
-/// `parent` (module docs).
-/// Errors: [`DeleteError::Refused`] when both exist.
-fn archive_name(parent: &Dir, pv_name: &str, last: &str) -> Result<String, DeleteError> {
-    let first = format!("{ARCHIVE_PREFIX}{last}");
-    let second = format!("{ARCHIVE_PREFIX}{last}-{pv_name}");
-    for candidate in [&first, &second] {
-        if candidate.len() <= 255
-            && safe_fs::entry(parent, candidate).map_err(io_failed("inspect the archive name"))?
-                == Entry::Absent
-        {
-            return Ok(candidate.clone());
-        }
-    }
-    Err(refused(format!(
-        "cannot archive \"{last}\" of PV {pv_name}: {first:?} and {second:?} both exist (or are too long) in its parent directory"
-    )))
 }
