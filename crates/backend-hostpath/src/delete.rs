@@ -17,7 +17,7 @@ use std::path::{Component, Path, PathBuf};
 use backend_kit::capacity::release_logged;
 use backend_kit::safe_fs;
 use backend_kit::volume_dir;
-use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
+use backend_kit::{blocking, failed, refused, ARCHIVE_PREFIX};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions, VolumeError};
@@ -178,26 +178,25 @@ pub fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
     let mut names = Vec::new();
     for entry in root.entries().map_err(shown)? {
         let entry = entry.map_err(shown)?;
-        let Ok(name) = entry.file_name().into_string() else {
-            continue;
-        };
         // cap-std's DirEntry::file_type does not follow symlinks.
-        if name.starts_with(VOLUME_PREFIX) && entry.file_type().is_ok_and(|t| t.is_dir()) {
-            names.push(name);
-        }
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let name = entry.file_name().into_string().ok();
+        names.extend(name.filter(|n| is_dir && n.starts_with(VOLUME_PREFIX)));
     }
     names.sort();
     Ok(names)
 }
 
-fn failed(what: &str, path: &Path, err: io::Error) -> DeleteError {
-    DeleteError::Failed {
-        reason: format!("{what} {}: {err}", path.display()),
-    }
-}
-
-/// The `kubernetes.io/hostname` values of `volume`'s required node affinity (`In`), sorted, deduplicated.
-pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
+/// Rule 0: with a `--node-name`, a PV pinned (required `kubernetes.io/hostname In` node
+/// affinity) to other node(s) only is refused.
+pub(crate) fn check_node(
+    node_name: Option<&str>,
+    name: &str,
+    volume: &PersistentVolume,
+) -> Result<(), DeleteError> {
+    let Some(own) = node_name else {
+        return Ok(());
+    };
     let mut nodes: Vec<String> = volume
         .spec
         .as_ref()
@@ -211,19 +210,6 @@ pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
         .collect();
     nodes.sort();
     nodes.dedup();
-    nodes
-}
-
-/// Rule 0: with a `--node-name`, a PV pinned to other node(s) only is refused.
-pub(crate) fn check_node(
-    node_name: Option<&str>,
-    name: &str,
-    volume: &PersistentVolume,
-) -> Result<(), DeleteError> {
-    let Some(own) = node_name else {
-        return Ok(());
-    };
-    let nodes = affinity_nodes(volume);
     if nodes.is_empty() || nodes.iter().any(|n| n == own) {
         return Ok(());
     }
@@ -272,7 +258,13 @@ fn single_component(name: &str) -> Result<&str, DeleteError> {
 }
 
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {
-    safe_fs::open_root(base).map_err(|e| failed("cannot open base directory", base, e))
+    let cannot = |e| {
+        failed(format!(
+            "cannot open base directory {}: {e}",
+            base.display()
+        ))
+    };
+    safe_fs::open_root(base).map_err(cannot)
 }
 
 /// How errors name the volume directory `dir`.

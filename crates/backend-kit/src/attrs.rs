@@ -92,7 +92,7 @@ impl DirAttrs {
     pub fn apply(&self, dir: &Dir) -> io::Result<()> {
         safe_fs::set_mode(dir, self.mode)?;
         if self.uid.is_some() || self.gid.is_some() {
-            safe_fs::set_owner(dir, self.uid, self.gid)?;
+            std::os::unix::fs::fchown(safe_fs::as_file(dir)?, self.uid, self.gid)?;
         }
         Ok(())
     }

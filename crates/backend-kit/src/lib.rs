@@ -80,9 +80,7 @@ pub struct TaskFailed {
 
 impl From<TaskFailed> for DeleteError {
     fn from(e: TaskFailed) -> Self {
-        DeleteError::Failed {
-            reason: e.to_string(),
-        }
+        failed(e.to_string())
     }
 }
 
@@ -136,6 +134,11 @@ where
 /// A [`DeleteError::Refused`] with `reason`.
 pub fn refused(reason: String) -> DeleteError {
     DeleteError::Refused { reason }
+}
+
+/// A [`DeleteError::Failed`] with `reason`.
+pub fn failed(reason: String) -> DeleteError {
+    DeleteError::Failed { reason }
 }
 
 /// The start of `volumes_in_use`: the PVs' own names, and the paths `paths`

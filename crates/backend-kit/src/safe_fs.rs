@@ -118,13 +118,6 @@ pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
     ))
 }
 
-/// Change the owner and/or group of the directory behind `dir` (`fchown`);
-/// `None` keeps the current value.
-/// Errors: the underlying `fchown` failed (e.g. not permitted).
-pub fn set_owner(dir: &Dir, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-    std::os::unix::fs::fchown(as_file(dir)?, uid, gid)
-}
-
 /// What is at `name` inside `dir`, without following a symlink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {

@@ -8,11 +8,7 @@ use std::time::Duration;
 use provisioner_api::DeleteError;
 
 use crate::safe_fs::{self, Dir, Entry, WalkError};
-use crate::{quota, refused};
-
-fn failed(reason: String) -> DeleteError {
-    DeleteError::Failed { reason }
-}
+use crate::{failed, quota, refused};
 
 /// Whether `name` in `parent` is a real directory (`true`) or absent (`false`).
 /// Errors: [`DeleteError::Refused`] for a symlink or anything else there,

@@ -22,7 +22,7 @@ use super::provision::{class_policy, parameters_policy, PARAM_ARCHIVE_ON_DELETE}
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::safe_fs::{self, WalkError};
 use backend_kit::volume_dir;
-use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
+use backend_kit::{blocking, failed, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
 
 /// The sub-directory (below the mount) that `pv` names, after the module
@@ -91,18 +91,16 @@ pub fn upstream_policy(
     class: Option<&StorageClass>,
 ) -> Result<OnDelete, DeleteError> {
     let Some(class) = class else {
-        return Err(DeleteError::Failed {
-            reason: format!(
-                "PV {pv_name} has no {ANN_ON_DELETE} annotation (provisioned before a migration), so its delete policy comes from its StorageClass, which does not exist (or the PV names none); nothing touched (recreate the class, or set the PV's reclaim policy to Retain)"
-            ),
-        });
+        return Err(failed(format!(
+            "PV {pv_name} has no {ANN_ON_DELETE} annotation (provisioned before a migration), so its delete policy comes from its StorageClass, which does not exist (or the PV names none); nothing touched (recreate the class, or set the PV's reclaim policy to Retain)"
+        )));
     };
     let params = class.parameters.clone().unwrap_or_default();
-    parameters_policy(&params).map_err(|v| DeleteError::Failed {
-        reason: format!(
+    parameters_policy(&params).map_err(|v| {
+        failed(format!(
             "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
             class.metadata.name.as_deref().unwrap_or_default()
-        ),
+        ))
     })
 }
 
@@ -220,17 +218,13 @@ pub(crate) fn mount_error(mount: &std::path::Path, e: io::Error) -> String {
 /// Errors: the mount or the record cannot be read.
 fn recorded(backend: &NfsSubdir, pv_name: &str) -> Result<(Dir, Option<RelPath>), DeleteError> {
     let mount = &backend.mount;
-    let root = safe_fs::open_root(mount).map_err(|e| DeleteError::Failed {
-        reason: mount_error(mount, e),
-    })?;
+    let root = safe_fs::open_root(mount).map_err(|e| failed(mount_error(mount, e)))?;
     let rel = registry::get(&root, pv_name).map_err(io_failed("read the record of PV"))?;
     Ok((root, rel))
 }
 
 fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
-    move |e| DeleteError::Failed {
-        reason: format!("cannot {what}: {e}"),
-    }
+    move |e| failed(format!("cannot {what}: {e}"))
 }
 
 /// Apply `policy` to `rel` (an unresolved one fails only when the directory
@@ -297,9 +291,9 @@ fn existing_parent(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<Option<Di
         Ok(p) => p,
         Err(WalkError::Missing(_)) => return Ok(None),
         Err(WalkError::Io(p, e)) => {
-            return Err(DeleteError::Failed {
-                reason: format!("cannot open \"{p}\" below the NFS mount: {e}"),
-            })
+            return Err(failed(format!(
+                "cannot open \"{p}\" below the NFS mount: {e}"
+            )))
         }
         Err(e) => return Err(refused(format!("{}: {e}", shown(pv_name, rel)))),
     };

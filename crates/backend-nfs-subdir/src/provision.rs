@@ -209,19 +209,18 @@ fn create_dir(
         }
     }
     let dir = safe_fs::open_path(&parent, &[last.to_string()]).map_err(|e| forget(refusing(e)))?;
-    let mut reserved = false;
-    let reservation = match room {
-        Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
-        None => Ok(()),
-    };
+    let reserved = room.map_or(Ok(false), |room| {
+        capacity::reserve(&root, pv_name, bytes, room)
+    });
     let shown = format!("\"{rel}\"");
-    let finished = reservation
-        .and_then(|()| quota::limit_and_own(&dir, pv_name, quota, bytes, &attrs, &shown));
+    let finished = reserved
+        .clone()
+        .and_then(|_| quota::limit_and_own(&dir, pv_name, quota, bytes, &attrs, &shown));
     if let Err(refusal) = finished {
         if created {
             let _ = parent.remove_dir(last);
         }
-        if reserved {
+        if reserved == Ok(true) {
             let _ = capacity::release(&root, pv_name);
         }
         return Err(forget(refusal));
