@@ -72,14 +72,9 @@ fn below_export(backend: &NfsSubdir, path: &str) -> Option<String> {
     (!rest.is_empty()).then(|| rest.to_string())
 }
 
-/// Whether deleting `volume` needs its StorageClass: it carries no
-/// [`ANN_ON_DELETE`] (provisioned by upstream before a migration).
-pub fn reads_class_at_delete(volume: &PersistentVolume) -> bool {
-    recorded_policy(volume).is_none()
-}
-
-/// The value of `volume`'s [`ANN_ON_DELETE`] annotation.
-fn recorded_policy(volume: &PersistentVolume) -> Option<&String> {
+/// The value of `volume`'s [`ANN_ON_DELETE`] annotation; without it (provisioned by upstream
+/// before a migration) deleting `volume` needs its StorageClass.
+pub fn recorded_policy(volume: &PersistentVolume) -> Option<&String> {
     volume.metadata.annotations.as_ref()?.get(ANN_ON_DELETE)
 }
 

@@ -136,7 +136,7 @@ impl Provisioner for NfsSubdir {
     }
 
     fn reads_class_at_delete(&self, volume: &PersistentVolume) -> bool {
-        delete::reads_class_at_delete(volume)
+        delete::recorded_policy(volume).is_none()
     }
 
     async fn delete_with_class(

@@ -1,5 +1,5 @@
 //! Per-operation deadlines, the seed's `context.WithTimeout` around one sync
-//! (`--provision-timeout`, `--deletion-timeout`): [`scope`] sets the task's
+//! (`--provision-timeout`, `--deletion-timeout`): [`within`] sets the task's
 //! [`Deadline`], backends read it with [`current`]/[`cancelled`], and [`bound`]
 //! abandons a call [`ABANDON_GRACE`] after it. Why a task-local:
 //! docs/decisions/0007-operation-deadline-is-task-local.md.
@@ -46,15 +46,6 @@ pub struct Exceeded {
     pub timeout: Duration,
 }
 
-/// Run `fut` with `deadline` as the current task's deadline (no deadline when
-/// `None`). Does not itself stop `fut`: see [`bound`].
-pub async fn scope<F: Future>(deadline: Option<Deadline>, fut: F) -> F::Output {
-    match deadline {
-        Some(d) => CURRENT.scope(d, fut).await,
-        None => fut.await,
-    }
-}
-
 /// The deadline of the operation this task is running, if any.
 pub fn current() -> Option<Deadline> {
     CURRENT.try_with(|d| *d).ok()
@@ -89,7 +80,7 @@ pub async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::O
         return Ok(fut.await);
     };
     let Deadline { at, timeout } = deadline;
-    tokio::time::timeout_at(at + 2 * ABANDON_GRACE, scope(Some(deadline), fut))
+    tokio::time::timeout_at(at + 2 * ABANDON_GRACE, CURRENT.scope(deadline, fut))
         .await
         .map_err(|_| Exceeded { timeout })
 }
@@ -102,11 +93,9 @@ mod tests {
     async fn bound_abandons_a_slow_call_after_the_grace() {
         let d = Deadline::after(Duration::from_secs(10));
         let start = Instant::now();
-        let r = scope(
-            Some(d),
-            bound(tokio::time::sleep(Duration::from_secs(3600))),
-        )
-        .await;
+        let r = CURRENT
+            .scope(d, bound(tokio::time::sleep(Duration::from_secs(3600))))
+            .await;
         assert_eq!(
             r,
             Err(Exceeded {
@@ -127,7 +116,9 @@ mod tests {
                 seen.at.saturating_duration_since(Instant::now())
             ))
         };
-        let r = scope(Some(Deadline::after(Duration::from_secs(5))), bound(call)).await;
+        let r = CURRENT
+            .scope(Deadline::after(Duration::from_secs(5)), bound(call))
+            .await;
         assert_eq!(r, Ok(Err("stopped, 0ns left".to_string())));
         assert_eq!(start.elapsed(), Duration::from_secs(5));
     }
