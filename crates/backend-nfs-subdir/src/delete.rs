@@ -90,8 +90,7 @@ pub fn upstream_policy(
             "PV {pv_name} has no {ANN_ON_DELETE} annotation (provisioned before a migration), so its delete policy comes from its StorageClass, which does not exist (or the PV names none); nothing touched (recreate the class, or set the PV's reclaim policy to Retain)"
         )));
     };
-    let params = class.parameters.clone().unwrap_or_default();
-    parameters_policy(&params).map_err(|v| {
+    parameters_policy(class.parameters.as_ref()).map_err(|v| {
         failed(format!(
             "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
             class.metadata.name.as_deref().unwrap_or_default()

@@ -52,17 +52,13 @@ pub const PARENT_MODE: u32 = 0o755;
 pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
     let (class_name, parameters) =
         backend_kit::claim::checked_class("nfs-subdir", class, OWN_PARAMETERS)?;
-    let empty = BTreeMap::new();
-    let params = parameters.unwrap_or(&empty);
-    if let Some(other) = params
-        .get(PARAM_ON_DELETE)
-        .filter(|v| !matches!(v.as_str(), "delete" | "retain"))
-    {
+    let on_delete = parameters.and_then(|p| p.get(PARAM_ON_DELETE));
+    if let Some(other) = on_delete.filter(|v| !matches!(v.as_str(), "delete" | "retain")) {
         return Err(Refusal(format!(
             "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
         )));
     }
-    parameters_policy(params).map_err(|v| {
+    parameters_policy(parameters).map_err(|v| {
         Refusal(format!(
             "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
         ))
@@ -72,13 +68,10 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
 /// Upstream's delete policy from class `params`: `onDelete` `delete`/`retain` wins (another
 /// value is ignored), else `archiveOnDelete` (`false` deletes), else archive.
 /// Errors: the value of a non-boolean `archiveOnDelete`.
-pub fn parameters_policy(params: &BTreeMap<String, String>) -> Result<OnDelete, String> {
-    let on_delete = params.get(PARAM_ON_DELETE).map(String::as_str);
+pub fn parameters_policy(params: Option<&BTreeMap<String, String>>) -> Result<OnDelete, String> {
+    let get = |key| params.and_then(|p| p.get(key)).map(String::as_str);
     // `archiveOnDelete` is read as Go's `strconv.ParseBool` reads it, as upstream does.
-    match (
-        on_delete,
-        params.get(PARAM_ARCHIVE_ON_DELETE).map(String::as_str),
-    ) {
+    match (get(PARAM_ON_DELETE), get(PARAM_ARCHIVE_ON_DELETE)) {
         (Some("delete"), _) => Ok(OnDelete::Delete),
         (Some("retain"), _) => Ok(OnDelete::Retain),
         (_, None | Some("1" | "t" | "T" | "TRUE" | "true" | "True")) => Ok(OnDelete::Archive),
