@@ -123,17 +123,14 @@ fn names_under(backend: &HostPath, paths: &[String]) -> Result<Vec<String>, Volu
 
 /// `path` with `.` and empty components dropped and `..` applied, without touching the filesystem.
 fn lexical(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
+    path.components().fold(PathBuf::new(), |mut out, c| {
         match c {
             Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
+            Component::ParentDir => _ = out.pop(),
             c => out.push(c),
         }
-    }
-    out
+        out
+    })
 }
 
 /// The orphan sweep's archive: `<base-dir>/<pv_name>` renamed `archived-<pv_name>`

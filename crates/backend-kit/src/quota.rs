@@ -15,7 +15,7 @@ use crate::Refusal;
 pub const QUOTA_PARAMETER: &str = "quota";
 
 /// What a class asks for a claim's size (`quota` parameter; default `off`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QuotaMode {
     /// No limit (the directory may grow until the filesystem is full).
     Off,
@@ -29,14 +29,13 @@ impl QuotaMode {
     /// The mode `parameters` ask for. Errors: a `quota` value other than
     /// `off`, `best-effort`, `required`.
     pub fn from_parameters(parameters: Option<&BTreeMap<String, String>>) -> Result<Self, Refusal> {
-        match parameters.and_then(|p| p.get(QUOTA_PARAMETER)).map(String::as_str) {
-            None | Some("off") => Ok(QuotaMode::Off),
-            Some("best-effort") => Ok(QuotaMode::BestEffort),
-            Some("required") => Ok(QuotaMode::Required),
-            Some(other) => Err(Refusal(format!(
-                "StorageClass parameter {QUOTA_PARAMETER}={other:?} is not one of off, best-effort, required"
-            ))),
-        }
+        let value = parameters.and_then(|p| p.get(QUOTA_PARAMETER));
+        let value = value.map_or("off", String::as_str);
+        <Self as clap::ValueEnum>::from_str(value, false).map_err(|_| {
+            Refusal(format!(
+                "StorageClass parameter {QUOTA_PARAMETER}={value:?} is not one of off, best-effort, required"
+            ))
+        })
     }
 }
 
