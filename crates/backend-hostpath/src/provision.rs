@@ -59,12 +59,10 @@ pub fn provision(
             request.0
         )));
     }
-    let selected = options
-        .selected_node
-        .as_ref()
-        .and_then(|n| n.metadata.name.clone());
-    if let (Some(selected), Some(own)) = (selected.as_deref(), backend.node_name.as_deref()) {
-        if selected != own {
+    let selected = options.selected_node.as_ref();
+    let selected_name = selected.and_then(|n| n.metadata.name.as_ref());
+    let node = match (selected_name, backend.node_name.as_ref()) {
+        (Some(selected), Some(own)) if selected != own => {
             return Err(ProvisionError::Failed {
                 state: ProvisioningState::Reschedule,
                 reason: format!(
@@ -72,16 +70,13 @@ pub fn provision(
                 ),
             });
         }
-    }
-    let bytes = provisioner_api::quantity::bytes(request).unwrap_or(u64::MAX);
-    let node = selected
-        .or_else(|| backend.node_name.clone())
-        .ok_or_else(|| {
-            ProvisionError::finished(
+        (Some(node), _) | (None, Some(node)) => node.clone(),
+        (None, None) => return Err(ProvisionError::finished(
             "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
-        )
-        })?;
-    let full = if options.selected_node.is_some() {
+        )),
+    };
+    let bytes = provisioner_api::quantity::bytes(request).unwrap_or(u64::MAX);
+    let full = if selected.is_some() {
         ProvisioningState::Reschedule
     } else {
         ProvisioningState::Finished
