@@ -604,7 +604,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn volume_for_directory_addresses_the_orphan() {
+    async fn delete_dir_addresses_the_orphan() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
         delete_dir(&b, "pvc-1").unwrap();

@@ -90,12 +90,8 @@ pub fn provision(
     let policy = class_policy(&options.storage_class)?;
     let params = options.storage_class.parameters.as_ref();
     let quota = QuotaMode::from_parameters(params)?;
-    if options
-        .pvc
-        .spec
-        .as_ref()
-        .is_some_and(|spec| spec.selector.is_some())
-    {
+    let claim_spec = options.pvc.spec.as_ref();
+    if claim_spec.is_some_and(|spec| spec.selector.is_some()) {
         return Err(ProvisionError::finished(
             "claim Selector is not supported by the nfs-subdir backend",
         ));
@@ -194,12 +190,10 @@ fn create_dir(
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(e) => return Err(forget(Refusal(format!("cannot create \"{rel}\": {e}")))),
     };
-    if !created {
-        let others = registry::other_owners(&root, pv_name, rel).unwrap_or_default();
-        if !retry || !others.is_empty() {
-            let _ = registry::remove(&root, pv_name);
-            return Err(taken(&root, pv_name, rel));
-        }
+    let others = || registry::other_owners(&root, pv_name, rel).unwrap_or_default();
+    if !created && (!retry || !others().is_empty()) {
+        let _ = registry::remove(&root, pv_name);
+        return Err(taken(&root, pv_name, rel));
     }
     let dir = safe_fs::open_path(&parent, &[last.to_string()]).map_err(|e| forget(refusing(e)))?;
     let reserved = room.map_or(Ok(false), |room| {
