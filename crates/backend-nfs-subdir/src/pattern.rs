@@ -143,21 +143,17 @@ fn lookup(key: &str, claim: &ObjectMeta, pv_name: &str) -> Result<String, Refusa
         }
         Ok(value.clone())
     };
-    match key {
-        ".PVC.namespace" => Ok(claim.namespace.clone().unwrap_or_default()),
-        ".PVC.name" => Ok(claim.name.clone().unwrap_or_default()),
-        ".PV.name" => Ok(pv_name.to_string()),
-        k => {
-            if let Some(label) = k.strip_prefix(".PVC.labels.") {
-                from_map("label", claim.labels.as_ref(), label)
-            } else if let Some(ann) = k.strip_prefix(".PVC.annotations.") {
-                from_map("annotation", claim.annotations.as_ref(), ann)
-            } else {
-                Err(Refusal(format!(
-                    "pathPattern placeholder \"${{{k}}}\" is unknown (known: ${{.PVC.namespace}}, ${{.PVC.name}}, ${{.PVC.labels.KEY}}, ${{.PVC.annotations.KEY}}, ${{.PV.name}})"
-                )))
-            }
-        }
+    let label = key.strip_prefix(".PVC.labels.");
+    let annotation = key.strip_prefix(".PVC.annotations.");
+    match (key, label, annotation) {
+        (".PVC.namespace", ..) => Ok(claim.namespace.clone().unwrap_or_default()),
+        (".PVC.name", ..) => Ok(claim.name.clone().unwrap_or_default()),
+        (".PV.name", ..) => Ok(pv_name.to_string()),
+        (_, Some(label), _) => from_map("label", claim.labels.as_ref(), label),
+        (_, _, Some(ann)) => from_map("annotation", claim.annotations.as_ref(), ann),
+        (k, ..) => Err(Refusal(format!(
+            "pathPattern placeholder \"${{{k}}}\" is unknown (known: ${{.PVC.namespace}}, ${{.PVC.name}}, ${{.PVC.labels.KEY}}, ${{.PVC.annotations.KEY}}, ${{.PV.name}})"
+        ))),
     }
 }
 
