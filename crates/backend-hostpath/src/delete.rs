@@ -60,17 +60,14 @@ pub fn delete_unprovisioned(
     backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<(), DeleteError> {
-    let selected = options
-        .selected_node
-        .as_ref()
-        .and_then(|n| n.metadata.name.as_deref());
-    if let (Some(selected), Some(own)) = (selected, backend.node_name.as_deref()) {
-        if selected != own {
-            return Err(refused(format!(
-                "volume {} was provisioned for node {selected:?} but this service runs on node {own:?} (--node-name); its directory can only be removed on that node",
-                options.pv_name
-            )));
-        }
+    let selected = options.selected_node.as_ref();
+    let selected = selected.and_then(|n| n.metadata.name.as_deref());
+    let own = backend.node_name.as_deref();
+    if let Some((selected, own)) = selected.zip(own).filter(|(s, o)| s != o) {
+        return Err(refused(format!(
+            "volume {} was provisioned for node {selected:?} but this service runs on node {own:?} (--node-name); its directory can only be removed on that node",
+            options.pv_name
+        )));
     }
     delete_dir(backend, single_component(&options.pv_name)?)
 }

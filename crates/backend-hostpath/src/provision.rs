@@ -42,12 +42,11 @@ pub fn provision(
         backend_kit::claim::checked_class("hostpath", &options.storage_class, OWN_PARAMETERS)?;
     let quota = QuotaMode::from_parameters(params)?;
     let attrs = DirAttrs::from_class(params)?;
-    if let Some(dir) = params.and_then(|p| p.get(PARAM_BASE_DIR)) {
-        if Path::new(dir) != backend.base_dir {
-            return Err(ProvisionError::finished(format!(
-                "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
-            )));
-        }
+    let base_dir = params.and_then(|p| p.get(PARAM_BASE_DIR));
+    if let Some(dir) = base_dir.filter(|dir| Path::new(dir) != backend.base_dir) {
+        return Err(ProvisionError::finished(format!(
+            "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
+        )));
     }
     check_pv_name(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
