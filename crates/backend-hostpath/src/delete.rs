@@ -69,7 +69,7 @@ pub fn delete_unprovisioned(
             options.pv_name
         )));
     }
-    delete_dir(backend, single_component(&options.pv_name)?)
+    delete_dir(backend, backend_kit::single_component(&options.pv_name)?)
 }
 
 /// The volume directories `pvs` use (a `hostPath`/`local` path at, below or
@@ -138,7 +138,7 @@ pub fn archive_orphan(
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
     let base = &backend.base_dir;
-    let name = single_component(pv_name)?;
+    let name = backend_kit::single_component(pv_name)?;
     let root = open_base(base)?;
     let dir = base.join(name);
     if !volume_dir::existing(&root, name, &shown(&dir))? {
@@ -218,7 +218,8 @@ pub(crate) fn checked_name<'a>(
     base: &Path,
     volume: &'a PersistentVolume,
 ) -> Result<&'a str, DeleteError> {
-    let name = single_component(volume.metadata.name.as_deref().unwrap_or_default())?;
+    let name = volume.metadata.name.as_deref().unwrap_or_default();
+    let name = backend_kit::single_component(name)?;
     let Some(path) = volume
         .spec
         .as_ref()
@@ -239,16 +240,6 @@ pub(crate) fn checked_name<'a>(
         )));
     }
     Ok(name)
-}
-
-/// Rule 1: `name` is one path component.
-fn single_component(name: &str) -> Result<&str, DeleteError> {
-    if backend_kit::is_single_component(name) {
-        return Ok(name);
-    }
-    Err(refused(format!(
-        "PV name {name:?} is not a single path component"
-    )))
 }
 
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {

@@ -48,7 +48,7 @@ pub fn provision(
             "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
         )));
     }
-    check_pv_name(&options.pv_name)?;
+    backend_kit::single_component(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
     let request = &spec.capacity.as_ref().expect("filesystem_pv sets capacity")["storage"];
@@ -135,7 +135,7 @@ pub async fn expand(
 /// Errors: the first failed check, naming the PV.
 pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    check_pv_name(name).map_err(|e| Refusal(format!("PV name {name:?}: {e}")))?;
+    backend_kit::single_component(name)?;
     let spec = pv
         .spec
         .as_ref()
@@ -164,15 +164,6 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
         )));
     }
     Ok(())
-}
-
-fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
-    if backend_kit::is_single_component(pv_name) {
-        return Ok(());
-    }
-    Err(ProvisionError::finished(format!(
-        "PV name {pv_name:?} is not a single path component; refusing to create a directory for it"
-    )))
 }
 
 /// Create `<base-dir>/<name>` (reused when a real directory) relative to a handle on the base
