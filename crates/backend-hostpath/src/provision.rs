@@ -136,16 +136,7 @@ pub async fn expand(
 pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     backend_kit::single_component(name)?;
-    let spec = pv
-        .spec
-        .as_ref()
-        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
-    if let Some(other) = backend_kit::claim::other_sources(spec, "hostPath").first() {
-        return Err(Refusal(format!(
-            "PV {name} has a {other} volume source; the hostpath backend only makes hostPath volumes"
-        )));
-    }
-    let source = spec
+    let source = backend_kit::claim::only_source(pv, "hostPath")?
         .host_path
         .as_ref()
         .ok_or_else(|| Refusal(format!("PV {name} has no hostPath volume source")))?;
@@ -331,7 +322,7 @@ pub(crate) mod tests {
                 read_only: None,
             })
         })
-        .contains("nfs volume source"));
+        .contains("volume sources besides hostPath: nfs"));
         assert!(with(&|pv| pv.spec = None).contains("no spec"));
         // The name must be one path component, and the path follows the name.
         let err = with(&|pv| {

@@ -127,6 +127,27 @@ const NON_SOURCE_KEYS: &[&str] = &[
     "volumeMode",
 ];
 
+/// `pv`'s spec, when `source` (a JSON name such as `hostPath`) is the only volume source it
+/// may have. Errors: no spec, or other volume sources (named).
+pub fn only_source<'a>(
+    pv: &'a PersistentVolume,
+    source: &str,
+) -> Result<&'a PersistentVolumeSpec, Refusal> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let spec = pv
+        .spec
+        .as_ref()
+        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
+    let others = other_sources(spec, source);
+    if !others.is_empty() {
+        return Err(Refusal(format!(
+            "PV {name} has volume sources besides {source}: {}",
+            others.join(", ")
+        )));
+    }
+    Ok(spec)
+}
+
 /// The volume sources of `spec` (JSON names, sorted) other than `source`.
 pub fn other_sources(spec: &PersistentVolumeSpec, source: &str) -> Vec<String> {
     let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(spec) else {

@@ -31,22 +31,12 @@ use provisioner_api::OrphanOutcome;
 pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     registry::check_pv_name(name)?;
-    let spec = pv
-        .spec
-        .as_ref()
-        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
+    let spec = backend_kit::claim::only_source(pv, "nfs")?;
     let nfs = spec.nfs.as_ref().ok_or_else(|| {
         Refusal(format!(
             "PV {name} has no spec.nfs; it is not an nfs-subdir volume"
         ))
     })?;
-    let extra = backend_kit::claim::other_sources(spec, "nfs");
-    if !extra.is_empty() {
-        return Err(Refusal(format!(
-            "PV {name} has volume sources besides nfs: {}",
-            extra.join(", ")
-        )));
-    }
     if nfs.server != backend.server {
         return Err(Refusal(format!(
             "PV {name} is on NFS server {:?}, not this provisioner's {:?}",
