@@ -141,9 +141,7 @@ pub fn archive_orphan(
     let name = backend_kit::single_component(pv_name)?;
     let root = open_base(base)?;
     let dir = base.join(name);
-    if !volume_dir::existing(&root, name, &shown(&dir))? {
-        return Ok(OrphanOutcome::Absent);
-    }
+    // A symlink or a file there is refused by the walk.
     let Some(age) = volume_dir::age(&root, &[name.to_string()], &shown(&dir))? else {
         return Ok(OrphanOutcome::Absent);
     };

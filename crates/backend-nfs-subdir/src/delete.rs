@@ -107,8 +107,8 @@ pub fn delete(
             ))
         })?),
     };
-    let (root, recorded) = recorded(backend, name)?;
-    match recorded {
+    let (root, record) = recorded(backend, name)?;
+    match record {
         Some(r) if r != rel => {
             return Err(refused(format!(
                 "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
