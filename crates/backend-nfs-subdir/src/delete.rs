@@ -302,10 +302,7 @@ pub fn archive_orphan(
     if age < min_age {
         return Ok(OrphanOutcome::TooYoung(age));
     }
-    Ok(
-        match apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))? {
-            Some(archived) => OrphanOutcome::Archived(backend.mount.join(archived)),
-            None => OrphanOutcome::Absent,
-        },
-    )
+    let archived = apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))?;
+    let in_mount = |a| OrphanOutcome::Archived(backend.mount.join(a));
+    Ok(archived.map_or(OrphanOutcome::Absent, in_mount))
 }
