@@ -173,15 +173,10 @@ fn create_dir(
     };
     // Checked after recording ours, so of two claims whose directories nest
     // (provisioned at once, by any replica) at least one sees the other.
-    match registry::nested_with(&root, pv_name, rel) {
-        Ok(nested) if nested.is_empty() => {}
-        Ok(nested) => return Err(forget(nesting(rel, &nested))),
-        Err(e) => {
-            return Err(forget(Refusal(format!(
-                "cannot read the volume records: {e}"
-            ))))
-        }
-    }
+    registry::nested_with(&root, pv_name, rel)
+        .map_err(|e| Refusal(format!("cannot read the volume records: {e}")))
+        .and_then(|nested| nesting(rel, &nested))
+        .map_err(forget)?;
     drop(guard);
     let (parent, _) =
         safe_fs::create_path(&root, parent_comps, PARENT_MODE).map_err(|e| forget(refusing(e)))?;
@@ -219,17 +214,19 @@ fn create_dir(
 /// Held while a provisioning records its directory and checks for nesting.
 static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The refusal of `rel`, which is inside or contains the `nested` volumes.
-fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> Refusal {
-    let (pv, other) = &nested[0];
+/// Refuses `rel` when it is inside or contains any of the `nested` volumes.
+fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> Result<(), Refusal> {
+    let Some((pv, other)) = nested.first() else {
+        return Ok(());
+    };
     let relation = if other.contains(rel) {
         "is inside"
     } else {
         "contains"
     };
-    Refusal(format!(
+    Err(Refusal(format!(
         "directory \"{rel}\" {relation} the directory \"{other}\" of PV {pv}; a volume's directory must neither be inside nor contain another's (check the class's pathPattern and the claim's annotations), refusing"
-    ))
+    )))
 }
 
 fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> Refusal {
