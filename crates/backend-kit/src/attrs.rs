@@ -62,23 +62,24 @@ impl DirAttrs {
             None => self.mode,
             Some(v) => {
                 let digits = v.strip_prefix("0o").unwrap_or(v);
-                match u32::from_str_radix(digits, 8) {
-                    Ok(m) if !digits.is_empty() && !digits.starts_with('+') && m <= 0o7777 => m,
-                    _ => {
-                        return Err(Refusal(format!(
+                let mode = u32::from_str_radix(digits, 8).ok();
+                mode.filter(|m| !digits.starts_with('+') && *m <= 0o7777)
+                    .ok_or_else(|| {
+                        Refusal(format!(
                             "{source} {mode_key}={v:?} is not an octal permission mode (0-7777)"
-                        )))
-                    }
-                }
+                        ))
+                    })?
             }
         };
+        // Decimal digits only (`u32`'s parser also takes a leading `+`).
         let id = |k: &str, current: Option<u32>| match get(k) {
             None => Ok(current),
-            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v
+            Some(v) => v
                 .parse::<u32>()
+                .ok()
+                .filter(|_| v.bytes().all(|b| b.is_ascii_digit()))
                 .map(Some)
-                .map_err(|_| Refusal(format!("{source} {k}={v:?} is not a numeric id"))),
-            Some(v) => Err(Refusal(format!("{source} {k}={v:?} is not a numeric id"))),
+                .ok_or_else(|| Refusal(format!("{source} {k}={v:?} is not a numeric id"))),
         };
         Ok(DirAttrs {
             mode,
