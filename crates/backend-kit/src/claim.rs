@@ -73,8 +73,9 @@ pub const FILESYSTEM_PARAMETERS: &[&str] = &[
     crate::attrs::PARAM_DIRECTORY_GID,
 ];
 
-/// `class`'s name and parameters, once [`check_parameters`] accepts the backend's `own`
-/// parameters, then [`FILESYSTEM_PARAMETERS`]. Errors: as [`check_parameters`].
+/// `class`'s name and parameters, once every parameter is one of the backend's `own` or
+/// [`FILESYSTEM_PARAMETERS`]. Errors: a message naming the class, the unknown keys (sorted)
+/// and what is accepted.
 pub fn checked_class<'a>(
     backend: &str,
     class: &'a StorageClass,
@@ -83,34 +84,17 @@ pub fn checked_class<'a>(
     let name = class.metadata.name.as_deref().unwrap_or_default();
     let parameters = class.parameters.as_ref();
     let accepted = [own, FILESYSTEM_PARAMETERS].concat();
-    check_parameters(backend, name, parameters, &accepted)?;
-    Ok((name, parameters))
-}
-
-/// Refuse every StorageClass parameter not in `accepted`.
-/// Errors: a message naming the class, the unknown keys (sorted) and `accepted`.
-pub fn check_parameters(
-    backend: &str,
-    class_name: &str,
-    parameters: Option<&BTreeMap<String, String>>,
-    accepted: &[&str],
-) -> Result<(), Refusal> {
-    let keys = parameters.into_iter().flat_map(|p| p.keys());
-    let unknown: Vec<&str> = keys
-        .map(String::as_str)
-        .filter(|k| !accepted.contains(k))
-        .collect();
+    let keys = parameters
+        .into_iter()
+        .flat_map(|p| p.keys().map(String::as_str));
+    let unknown: Vec<&str> = keys.filter(|k| !accepted.contains(k)).collect();
     if unknown.is_empty() {
-        return Ok(());
+        return Ok((name, parameters));
     }
-    let accepts = if accepted.is_empty() {
-        "none".to_string()
-    } else {
-        accepted.join(", ")
-    };
     Err(Refusal(format!(
-        "StorageClass {class_name:?} has parameters the {backend} backend does not know: {} (it accepts {accepts})",
-        unknown.join(", ")
+        "StorageClass {name:?} has parameters the {backend} backend does not know: {} (it accepts {})",
+        unknown.join(", "),
+        accepted.join(", ")
     )))
 }
 
@@ -164,21 +148,23 @@ mod tests {
 
     #[test]
     fn unknown_parameters_are_named_with_what_is_accepted() {
-        let params = BTreeMap::from([
+        let mut class = StorageClass {
+            metadata: ObjectMeta {
+                name: Some("c".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(checked_class("x", &class, &[]), Ok(("c", None)));
+        class.parameters = Some(BTreeMap::from([
             ("b".to_string(), String::new()),
             ("a".to_string(), String::new()),
-        ]);
+            ("quota".to_string(), String::new()),
+        ]));
         assert_eq!(
-            check_parameters("hostpath", "c", Some(&params), &[]).unwrap_err().0,
-            "StorageClass \"c\" has parameters the hostpath backend does not know: a, b (it accepts none)"
+            checked_class("x", &class, &["b"]).unwrap_err().0,
+            "StorageClass \"c\" has parameters the x backend does not know: a (it accepts b, quota, directoryMode, directoryUID, directoryGID)"
         );
-        assert_eq!(
-            check_parameters("x", "c", Some(&params), &["b"])
-                .unwrap_err()
-                .0,
-            "StorageClass \"c\" has parameters the x backend does not know: a (it accepts b)"
-        );
-        assert!(check_parameters("x", "c", None, &[]).is_ok());
     }
 
     #[test]
