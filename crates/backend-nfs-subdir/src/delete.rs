@@ -146,11 +146,9 @@ pub async fn volumes_in_use(
     }
     let mount = backend.mount.clone();
     let (_, records) = blocking("nfs-subdir listing", move || records_at(&mount)).await?;
-    for (name, rel) in records {
-        if paths.iter().any(|p| p.overlaps(&rel)) {
-            used.insert(name);
-        }
-    }
+    let overlapped =
+        |(name, rel): (String, RelPath)| paths.iter().any(|p| p.overlaps(&rel)).then_some(name);
+    used.extend(records.into_iter().filter_map(overlapped));
     Ok(used)
 }
 
