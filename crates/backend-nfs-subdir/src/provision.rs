@@ -106,19 +106,16 @@ pub fn provision(
         .and_then(|p| p.get(PARAM_PATH_PATTERN))
         .map(String::as_str);
     let rel = volume_path(pattern, &options.pvc.metadata, &options.pv_name)?;
-    let storage = &pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .expect("filesystem_pv sets capacity")["storage"];
+    let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
+    pv.metadata.annotations = Some(BTreeMap::from([annotation]));
+    let spec = pv.spec.get_or_insert_with(Default::default);
+    let storage = &spec.capacity.as_ref().expect("filesystem_pv sets capacity")["storage"];
     let bytes = provisioner_api::quantity::bytes(storage).unwrap_or(u64::MAX);
 
     let room = (quota, bytes, backend.capacity);
     create_dir(&backend.mount, &options.pv_name, &rel, attrs, room)?;
 
-    let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
-    pv.metadata.annotations = Some(BTreeMap::from([annotation]));
-    pv.spec.get_or_insert_with(Default::default).nfs = Some(NFSVolumeSource {
+    spec.nfs = Some(NFSVolumeSource {
         server: backend.server.clone(),
         path: format!("{}/{rel}", backend.export_prefix()),
         read_only: None,
