@@ -200,10 +200,8 @@ fn fsxattr(fd: libc::c_int) -> io::Result<FsXattr> {
 /// its own project, so the id is free again. Nothing for a directory without its own limited
 /// project (or that cannot be opened); a failed lift is logged (a later volume probes past it).
 pub fn lift_before_removal(parent: &Dir, name: &str, pv_name: &str) {
-    let Ok(dir) = safe_fs::open_path(parent, &[name.to_string()]) else {
-        return;
-    };
-    let Ok(readable) = safe_fs::as_file(&dir) else {
+    let dir = safe_fs::open_path(parent, &[name.to_string()]).ok();
+    let Some(readable) = dir.and_then(|dir| safe_fs::as_file(&dir).ok()) else {
         return;
     };
     if let Err(e) = raise(&readable, pv_name, 0) {
