@@ -111,13 +111,12 @@ pub fn normalize_export(path: &str) -> Result<String, String> {
     if !path.starts_with('/') {
         return Err(format!("--nfs-path {path:?} must be an absolute path"));
     }
-    let mut comps = Vec::new();
-    for c in path.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => return Err(format!("--nfs-path {path:?} must not contain \"..\"")),
-            c => comps.push(c),
-        }
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !matches!(*c, "" | "."))
+        .collect();
+    if comps.contains(&"..") {
+        return Err(format!("--nfs-path {path:?} must not contain \"..\""));
     }
     Ok(format!("/{}", comps.join("/")))
 }
