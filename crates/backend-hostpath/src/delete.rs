@@ -15,8 +15,9 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use backend_kit::capacity::release_logged;
-use backend_kit::safe_fs::{self, Entry};
-use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
+use backend_kit::safe_fs;
+use backend_kit::volume_dir;
+use backend_kit::{blocking, failed, refused, ARCHIVE_PREFIX};
 use cap_std::fs::Dir;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use provisioner_api::{DeleteError, OrphanOutcome, ProvisionOptions, VolumeError};
@@ -30,43 +31,45 @@ pub const VOLUME_PREFIX: &str = "pvc-";
 /// (`retain`) the directory behind `volume`, per `--on-delete`.
 /// Errors: [`DeleteError::Refused`] when a rule fails; [`DeleteError::Failed`] on I/O errors.
 pub fn delete(backend: &HostPath, volume: &PersistentVolume) -> Result<(), DeleteError> {
-    let base = &backend.base_dir;
-    let name = checked_name(base, volume)?;
+    let name = checked_name(&backend.base_dir, volume)?;
     check_node(backend.node_name.as_deref(), name, volume)?;
+    delete_dir(backend, name)
+}
+
+/// `--on-delete` applied to `<base-dir>/<name>` (a name checked by the caller), rules 3–4.
+fn delete_dir(backend: &HostPath, name: &str) -> Result<(), DeleteError> {
+    let dir = backend.base_dir.join(name);
     if backend.on_delete == OnDelete::Retain {
-        tracing::info!(pv = name, path = %base.join(name).display(), "retaining hostpath volume directory");
+        tracing::info!(pv = name, path = %dir.display(), "retaining hostpath volume directory");
         return Ok(());
     }
-    let root = open_base(base)?;
-    let dir = base.join(name);
-    if !checked_entry(&root, &dir, name)? {
+    let root = open_base(&backend.base_dir)?;
+    if !volume_dir::existing(&root, name, &shown(&dir))? {
         tracing::info!(pv = name, path = %dir.display(), "hostpath volume directory already absent");
         release_logged(&root, name);
         return Ok(());
     }
-    act(&root, base, name, backend.on_delete)
+    act(&root, &dir, name, backend.on_delete == OnDelete::Archive)
 }
 
-/// `delete_unprovisioned`: [`delete`] of `<base-dir>/<options.pv_name>`; never creates.
+/// `delete_unprovisioned`: `--on-delete` applied to `<base-dir>/<options.pv_name>` with the
+/// checks of [`delete`]; never creates.
 /// Errors: [`DeleteError::Refused`] when the claim's selected node is not
 /// `--node-name`, else as [`delete`].
 pub fn delete_unprovisioned(
     backend: &HostPath,
     options: &ProvisionOptions,
 ) -> Result<(), DeleteError> {
-    let selected = options
-        .selected_node
-        .as_ref()
-        .and_then(|n| n.metadata.name.as_deref());
-    if let (Some(selected), Some(own)) = (selected, backend.node_name.as_deref()) {
-        if selected != own {
-            return Err(refused(format!(
-                "volume {} was provisioned for node {selected:?} but this service runs on node {own:?} (--node-name); its directory can only be removed on that node",
-                options.pv_name
-            )));
-        }
+    let selected = options.selected_node.as_ref();
+    let selected = selected.and_then(|n| n.metadata.name.as_deref());
+    let own = backend.node_name.as_deref();
+    if let Some((selected, own)) = selected.zip(own).filter(|(s, o)| s != o) {
+        return Err(refused(format!(
+            "volume {} was provisioned for node {selected:?} but this service runs on node {own:?} (--node-name); its directory can only be removed on that node",
+            options.pv_name
+        )));
     }
-    delete(backend, &volume_for_directory(backend, &options.pv_name))
+    delete_dir(backend, backend_kit::single_component(&options.pv_name)?)
 }
 
 /// The volume directories `pvs` use (a `hostPath`/`local` path at, below or
@@ -117,71 +120,35 @@ fn names_under(backend: &HostPath, paths: &[String]) -> Result<Vec<String>, Volu
 
 /// `path` with `.` and empty components dropped and `..` applied, without touching the filesystem.
 fn lexical(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
+    path.components().fold(PathBuf::new(), |mut out, c| {
         match c {
             Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
+            Component::ParentDir => _ = out.pop(),
             c => out.push(c),
         }
-    }
-    out
+        out
+    })
 }
 
-/// A minimal PV (name and `spec.hostPath.path`) addressing `<base-dir>/<pv_name>`,
-/// so an orphaned directory goes through every check of [`delete`].
-pub fn volume_for_directory(backend: &HostPath, pv_name: &str) -> PersistentVolume {
-    use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolumeSpec};
-    let path = backend
-        .base_dir
-        .join(pv_name)
-        .to_string_lossy()
-        .into_owned();
-    PersistentVolume {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(pv_name.to_string()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            host_path: Some(HostPathVolumeSource { path, type_: None }),
-            ..Default::default()
-        }),
-        status: None,
-    }
-}
-
-/// The orphan sweep's archive: `<base-dir>/<name>` renamed `archived-<name>`
-/// (rules 1–4) once its age is at least `min_age`. Errors: as [`delete`].
+/// The orphan sweep's archive: `<base-dir>/<pv_name>` renamed `archived-<pv_name>`
+/// (rules 1, 3, 4) once its age is at least `min_age`. Errors: as [`delete`].
 pub fn archive_orphan(
     backend: &HostPath,
-    volume: &PersistentVolume,
+    pv_name: &str,
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
     let base = &backend.base_dir;
-    let name = checked_name(base, volume)?;
+    let name = backend_kit::single_component(pv_name)?;
     let root = open_base(base)?;
     let dir = base.join(name);
-    if !checked_entry(&root, &dir, name)? {
+    // A symlink or a file there is refused by the walk.
+    let Some(age) = volume_dir::age(&root, &[name.to_string()], &shown(&dir))? else {
         return Ok(OrphanOutcome::Absent);
-    }
-    let age = match safe_fs::open_path(&root, &[name.to_string()]) {
-        Ok(handle) => {
-            safe_fs::age(&handle).map_err(|e| failed("cannot inspect volume directory", &dir, e))?
-        }
-        Err(safe_fs::WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
-        Err(e) => {
-            return Err(refused(format!(
-                "volume path {} changed while inspecting it: {e}",
-                dir.display()
-            )))
-        }
     };
     if age < min_age {
         return Ok(OrphanOutcome::TooYoung(age));
     }
-    act(&root, base, name, OnDelete::Archive)?;
+    act(&root, &dir, name, true)?;
     let real_base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
     Ok(OrphanOutcome::Archived(
         real_base.join(format!("{ARCHIVE_PREFIX}{name}")),
@@ -203,26 +170,25 @@ pub fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
     let mut names = Vec::new();
     for entry in root.entries().map_err(shown)? {
         let entry = entry.map_err(shown)?;
-        let Ok(name) = entry.file_name().into_string() else {
-            continue;
-        };
         // cap-std's DirEntry::file_type does not follow symlinks.
-        if name.starts_with(VOLUME_PREFIX) && entry.file_type().is_ok_and(|t| t.is_dir()) {
-            names.push(name);
-        }
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let name = entry.file_name().into_string().ok();
+        names.extend(name.filter(|n| is_dir && n.starts_with(VOLUME_PREFIX)));
     }
     names.sort();
     Ok(names)
 }
 
-fn failed(what: &str, path: &Path, err: io::Error) -> DeleteError {
-    DeleteError::Failed {
-        reason: format!("{what} {}: {err}", path.display()),
-    }
-}
-
-/// The `kubernetes.io/hostname` values of `volume`'s required node affinity (`In`), sorted, deduplicated.
-pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
+/// Rule 0: with a `--node-name`, a PV pinned (required `kubernetes.io/hostname In` node
+/// affinity) to other node(s) only is refused.
+pub(crate) fn check_node(
+    node_name: Option<&str>,
+    name: &str,
+    volume: &PersistentVolume,
+) -> Result<(), DeleteError> {
+    let Some(own) = node_name else {
+        return Ok(());
+    };
     let mut nodes: Vec<String> = volume
         .spec
         .as_ref()
@@ -236,19 +202,6 @@ pub fn affinity_nodes(volume: &PersistentVolume) -> Vec<String> {
         .collect();
     nodes.sort();
     nodes.dedup();
-    nodes
-}
-
-/// Rule 0: with a `--node-name`, a PV pinned to other node(s) only is refused.
-pub(crate) fn check_node(
-    node_name: Option<&str>,
-    name: &str,
-    volume: &PersistentVolume,
-) -> Result<(), DeleteError> {
-    let Some(own) = node_name else {
-        return Ok(());
-    };
-    let nodes = affinity_nodes(volume);
     if nodes.is_empty() || nodes.iter().any(|n| n == own) {
         return Ok(());
     }
@@ -264,11 +217,7 @@ pub(crate) fn checked_name<'a>(
     volume: &'a PersistentVolume,
 ) -> Result<&'a str, DeleteError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
-    if !backend_kit::is_single_component(name) {
-        return Err(refused(format!(
-            "PV name {name:?} is not a single path component"
-        )));
-    }
+    let name = backend_kit::single_component(name)?;
     let Some(path) = volume
         .spec
         .as_ref()
@@ -292,64 +241,31 @@ pub(crate) fn checked_name<'a>(
 }
 
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {
-    safe_fs::open_root(base).map_err(|e| failed("cannot open base directory", base, e))
+    let cannot = |e| {
+        failed(format!(
+            "cannot open base directory {}: {e}",
+            base.display()
+        ))
+    };
+    safe_fs::open_root(base).map_err(cannot)
 }
 
-/// Rules 3 and 4 on the entry `name` of `root`: `Ok(true)` for a real directory, `Ok(false)` when absent.
-fn checked_entry(root: &Dir, dir: &Path, name: &str) -> Result<bool, DeleteError> {
-    match safe_fs::entry(root, name)
-        .map_err(|e| failed("cannot inspect volume directory", dir, e))?
-    {
-        Entry::Absent => Ok(false),
-        Entry::Directory => Ok(true),
-        Entry::Symlink => {
-            let target = root
-                .read_link_contents(name)
-                .map(|t| t.display().to_string())
-                .unwrap_or_else(|_| "?".into());
-            Err(refused(format!(
-                "volume path {} is a symlink (to {target}); refusing to follow it",
-                dir.display()
-            )))
-        }
-        Entry::Other => Err(refused(format!(
-            "volume path {} is not a directory",
-            dir.display()
-        ))),
-    }
+/// How errors name the volume directory `dir`.
+fn shown(dir: &Path) -> String {
+    format!("volume path {}", dir.display())
 }
 
-/// Remove or archive `name` relative to `root` (checked by the caller).
-fn act(root: &Dir, base: &Path, name: &str, on_delete: OnDelete) -> Result<(), DeleteError> {
-    let dir = base.join(name);
-    match on_delete {
-        OnDelete::Retain => return Ok(()),
-        OnDelete::Archive => {
-            let archive_name = format!("{ARCHIVE_PREFIX}{name}");
-            let archive = base.join(&archive_name);
-            if safe_fs::entry(root, &archive_name)
-                .map_err(|e| failed("cannot inspect archive destination", &archive, e))?
-                != Entry::Absent
-            {
-                return Err(refused(format!(
-                    "archive destination {} already exists; not overwriting it",
-                    archive.display()
-                )));
-            }
-            root.rename(name, root, &archive_name)
-                .map_err(|e| failed("cannot archive volume directory", &dir, e))?;
-            tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
-        }
-        OnDelete::Delete => {
-            backend_kit::quota::lift_before_removal(root, name, name);
-            match root.remove_dir_all(name) {
-                // Already gone counts as removed.
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(failed("cannot remove volume directory", &dir, e)),
-            }
-            tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
-        }
+/// Archive (`archive`) or remove the directory `name` of `root` at `dir` (checked by the
+/// caller), forgetting its size record.
+fn act(root: &Dir, dir: &Path, name: &str, archive: bool) -> Result<(), DeleteError> {
+    if archive {
+        let targets = [format!("{ARCHIVE_PREFIX}{name}")];
+        let target = volume_dir::archive(root, name, &targets, &shown(dir))?;
+        let archive = dir.with_file_name(target);
+        tracing::info!(pv = name, path = %dir.display(), archive = %archive.display(), "archived hostpath volume directory");
+    } else {
+        volume_dir::remove(root, name, name, &shown(dir))?;
+        tracing::info!(pv = name, path = %dir.display(), "deleted hostpath volume directory");
     }
     release_logged(root, name);
     Ok(())
@@ -674,10 +590,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn volume_for_directory_addresses_the_orphan() {
+    async fn delete_dir_addresses_the_orphan() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
-        delete(&b, &volume_for_directory(&b, "pvc-1")).unwrap();
+        delete_dir(&b, "pvc-1").unwrap();
         assert!(!base.join("pvc-1").exists());
     }
 
@@ -685,15 +601,15 @@ mod tests {
     async fn orphans_are_archived_only_when_old_enough() {
         let (_tmp, base) = setup();
         let b = backend(&base, OnDelete::Delete);
-        let orphan = volume_for_directory(&b, "pvc-1");
+        let orphan = "pvc-1";
         // Just created: too young for a one-hour minimum age, left in place.
-        match archive_orphan(&b, &orphan, Duration::from_secs(3600)).unwrap() {
+        match archive_orphan(&b, orphan, Duration::from_secs(3600)).unwrap() {
             OrphanOutcome::TooYoung(age) => assert!(age < Duration::from_secs(60)),
             other => panic!("expected TooYoung, got {other:?}"),
         }
         assert!(base.join("pvc-1/data/file").exists());
         // Old enough: archived (never removed), even though --on-delete is delete.
-        let outcome = archive_orphan(&b, &orphan, Duration::ZERO).unwrap();
+        let outcome = archive_orphan(&b, orphan, Duration::ZERO).unwrap();
         let archived = std::fs::canonicalize(&base).unwrap().join("archived-pvc-1");
         assert_eq!(outcome, OrphanOutcome::Archived(archived));
         assert!(!base.join("pvc-1").exists());
@@ -703,35 +619,26 @@ mod tests {
         );
         // Gone now.
         assert_eq!(
-            archive_orphan(&b, &orphan, Duration::ZERO).unwrap(),
+            archive_orphan(&b, orphan, Duration::ZERO).unwrap(),
             OrphanOutcome::Absent
         );
         // A symlinked orphan is refused and its target kept.
         symlink(base.join("archived-pvc-1"), base.join("pvc-2")).unwrap();
-        is_refused(archive_orphan(
-            &b,
-            &volume_for_directory(&b, "pvc-2"),
-            Duration::ZERO,
-        ));
+        is_refused(archive_orphan(&b, "pvc-2", Duration::ZERO));
         assert!(base.join("archived-pvc-1/data/file").exists());
     }
 
-    /// archive_orphan addresses `<--base-dir>/<name>`, never the PV path's own
-    /// parent: an old directory of the same name elsewhere is refused and left
-    /// alone (the old code archived `/elsewhere/pvc-1` to `/elsewhere/archived-pvc-1`).
+    /// archive_orphan addresses `<--base-dir>/<name>` only: a name that is not one path
+    /// component is refused and a directory of the same name elsewhere is left alone.
     #[tokio::test]
-    async fn archive_orphan_refuses_a_path_whose_parent_is_not_the_base_dir() {
+    async fn archive_orphan_refuses_a_name_that_leaves_the_base_dir() {
         let (tmp, base) = setup();
         let elsewhere = tmp.path().join("elsewhere");
         with_keep(elsewhere.join("pvc-1"));
         let b = backend(&base, OnDelete::Delete);
-        for path in [
-            elsewhere.join("pvc-1").to_string_lossy().into_owned(),
-            format!("{}/x/../pvc-1", base.display()),
-            "/pvc-1".to_string(),
-        ] {
-            let reason = is_refused(archive_orphan(&b, &pv("pvc-1", &path), Duration::ZERO));
-            assert!(reason.contains("must be"), "{path}: {reason}");
+        for name in ["../elsewhere/pvc-1", "x/../pvc-1", "/pvc-1", ".."] {
+            let reason = is_refused(archive_orphan(&b, name, Duration::ZERO));
+            assert!(reason.contains("single path component"), "{name}: {reason}");
         }
         assert!(elsewhere.join("pvc-1/keep").exists());
         assert!(!elsewhere.join("archived-pvc-1").exists());
@@ -752,7 +659,7 @@ mod tests {
             );
         }
         let b = backend(&base, OnDelete::Delete);
-        is_refused(archive_orphan(&b, &pv_at(&base, "pvc-7"), Duration::ZERO));
+        is_refused(archive_orphan(&b, "pvc-7", Duration::ZERO));
         assert_kept(&outside);
         assert!(base
             .join("pvc-7")
@@ -772,11 +679,12 @@ mod tests {
         let outside = tmp.path().join("outside");
         let sub = with_keep(outside.join("sub"));
         let root = open_base(&base).unwrap();
-        assert!(checked_entry(&root, &base.join("pvc-1"), "pvc-1").unwrap());
+        let dir = base.join("pvc-1");
+        assert!(volume_dir::existing(&root, "pvc-1", &shown(&dir)).unwrap());
         // Swap: the checked directory is replaced by a symlink to `outside`.
         std::fs::rename(base.join("pvc-1"), tmp.path().join("moved")).unwrap();
         symlink(&outside, base.join("pvc-1")).unwrap();
-        act(&root, &base, "pvc-1", OnDelete::Delete).unwrap();
+        act(&root, &dir, "pvc-1", false).unwrap();
         assert!(
             base.join("pvc-1").symlink_metadata().is_err(),
             "link removed"
@@ -784,7 +692,7 @@ mod tests {
         assert_kept(&sub);
 
         symlink(&outside, base.join("pvc-1")).unwrap();
-        act(&root, &base, "pvc-1", OnDelete::Archive).unwrap();
+        act(&root, &dir, "pvc-1", true).unwrap();
         let archived = base.join("archived-pvc-1").symlink_metadata().unwrap();
         assert!(
             archived.file_type().is_symlink(),
@@ -807,7 +715,7 @@ mod tests {
         with_keep(decoy.join("pvc-1"));
         std::fs::remove_file(&alias).unwrap();
         symlink(&decoy, &alias).unwrap();
-        act(&root, &alias, "pvc-1", OnDelete::Delete).unwrap();
+        act(&root, &alias.join("pvc-1"), "pvc-1", false).unwrap();
         assert!(!base.join("pvc-1").exists());
         assert!(decoy.join("pvc-1/keep").exists());
     }

@@ -124,10 +124,10 @@ impl Provisioner for HostPath {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        let volume = delete::volume_for_directory(self, pv_name);
         let archive =
-            move |backend: &Self, volume: &_| delete::archive_orphan(backend, volume, min_age);
-        Some(blocking_with("hostpath orphan archive", self, &volume, archive).await)
+            move |backend: &Self, name: &String| delete::archive_orphan(backend, name, min_age);
+        let name = pv_name.to_string();
+        Some(blocking_with("hostpath orphan archive", self, &name, archive).await)
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {

@@ -6,7 +6,6 @@
 //! `--node-name`, which is `Reschedule`; the class may set no parameter.
 
 use backend_kit::Refusal;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use backend_kit::attrs::DirAttrs;
@@ -43,8 +42,13 @@ pub fn provision(
         backend_kit::claim::checked_class("hostpath", &options.storage_class, OWN_PARAMETERS)?;
     let quota = QuotaMode::from_parameters(params)?;
     let attrs = DirAttrs::from_class(params)?;
-    check_base_dir(backend, class_name, params)?;
-    check_pv_name(&options.pv_name)?;
+    let base_dir = params.and_then(|p| p.get(PARAM_BASE_DIR));
+    if let Some(dir) = base_dir.filter(|dir| Path::new(dir) != backend.base_dir) {
+        return Err(ProvisionError::finished(format!(
+            "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
+        )));
+    }
+    backend_kit::single_component(&options.pv_name)?;
     let mut pv = backend_kit::claim::filesystem_pv(options, "hostpath")?;
     let spec = pv.spec.get_or_insert_with(Default::default);
     let request = &spec.capacity.as_ref().expect("filesystem_pv sets capacity")["storage"];
@@ -54,12 +58,10 @@ pub fn provision(
             request.0
         )));
     }
-    let selected = options
-        .selected_node
-        .as_ref()
-        .and_then(|n| n.metadata.name.clone());
-    if let (Some(selected), Some(own)) = (selected.as_deref(), backend.node_name.as_deref()) {
-        if selected != own {
+    let selected = options.selected_node.as_ref();
+    let selected_name = selected.and_then(|n| n.metadata.name.as_ref());
+    let node = match (selected_name, backend.node_name.as_ref()) {
+        (Some(selected), Some(own)) if selected != own => {
             return Err(ProvisionError::Failed {
                 state: ProvisioningState::Reschedule,
                 reason: format!(
@@ -67,28 +69,18 @@ pub fn provision(
                 ),
             });
         }
-    }
-    let bytes = provisioner_api::quantity::bytes(request).unwrap_or(u64::MAX);
-    let node = selected
-        .or_else(|| backend.node_name.clone())
-        .ok_or_else(|| {
-            ProvisionError::finished(
+        (Some(node), _) | (None, Some(node)) => node.clone(),
+        (None, None) => return Err(ProvisionError::finished(
             "no selected node on the claim and no --node-name (NODE_NAME) for the hostpath backend",
-        )
-        })?;
-    let full = if options.selected_node.is_some() {
+        )),
+    };
+    let bytes = provisioner_api::quantity::bytes(request).unwrap_or(u64::MAX);
+    let full = if selected.is_some() {
         ProvisioningState::Reschedule
     } else {
         ProvisioningState::Finished
     };
-    let new = NewVolume {
-        attrs,
-        quota,
-        bytes,
-        capacity: backend.capacity,
-        full,
-    };
-    create_volume_dir(&backend.base_dir, &options.pv_name, new)?;
+    create_volume_dir(backend, &options.pv_name, &attrs, quota, bytes, full)?;
     let path = backend.base_dir.join(&options.pv_name);
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
@@ -143,17 +135,8 @@ pub async fn expand(
 /// Errors: the first failed check, naming the PV.
 pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    check_pv_name(name).map_err(|e| Refusal(format!("PV name {name:?}: {e}")))?;
-    let spec = pv
-        .spec
-        .as_ref()
-        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
-    if let Some(other) = backend_kit::claim::other_sources(spec, "hostPath").first() {
-        return Err(Refusal(format!(
-            "PV {name} has a {other} volume source; the hostpath backend only makes hostPath volumes"
-        )));
-    }
-    let source = spec
+    backend_kit::single_component(name)?;
+    let source = backend_kit::claim::only_source(pv, "hostPath")?
         .host_path
         .as_ref()
         .ok_or_else(|| Refusal(format!("PV {name} has no hostPath volume source")))?;
@@ -174,107 +157,67 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
     Ok(())
 }
 
-/// Refuse a class whose `baseDir` is not this backend's base directory.
-fn check_base_dir(
+/// Create `<base-dir>/<name>` (reused when a real directory) relative to a handle on the base
+/// directory, which is created by path if missing: its room in `--capacity` reserved first
+/// (else a failure in state `full`), then its size limit (`quota`, `bytes`) and `attrs`.
+/// What this call made (directory, room) is undone when a later step fails.
+fn create_volume_dir(
     backend: &HostPath,
-    class_name: &str,
-    parameters: Option<&BTreeMap<String, String>>,
-) -> Result<(), Refusal> {
-    match parameters.and_then(|p| p.get(PARAM_BASE_DIR)) {
-        Some(dir) if Path::new(dir) != backend.base_dir => Err(Refusal(format!(
-            "StorageClass {class_name:?} has {PARAM_BASE_DIR}={dir:?}, which is not one of this provisioner's --base-dir"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn check_pv_name(pv_name: &str) -> Result<(), ProvisionError> {
-    if backend_kit::is_single_component(pv_name) {
-        return Ok(());
-    }
-    Err(ProvisionError::finished(format!(
-        "PV name {pv_name:?} is not a single path component; refusing to create a directory for it"
-    )))
-}
-
-/// What a new volume directory gets: owner and mode, a size limit of `bytes` as `quota` says,
-/// and room in the base directory's `capacity` (else a failure in state `full`).
-struct NewVolume {
-    attrs: DirAttrs,
+    name: &str,
+    attrs: &DirAttrs,
     quota: QuotaMode,
     bytes: u64,
-    capacity: Option<u64>,
     full: ProvisioningState,
-}
-
-/// Create `<base>/<name>` (reused when a real directory) relative to a handle on `base`,
-/// which is created by path if missing, as `new` says; a directory made now is removed
-/// again (and its room given back) when a later step fails.
-fn create_volume_dir(base: &Path, name: &str, new: NewVolume) -> Result<(), ProvisionError> {
-    let (root, dir, created, reserved) = reserve_and_create(base, name, &new)?;
-    let shown = base.join(name).display().to_string();
-    let (attrs, quota) = (&new.attrs, new.quota);
-    if let Err(refusal) = quota::limit_and_own(&dir, name, quota, new.bytes, attrs, &shown) {
+) -> Result<(), ProvisionError> {
+    let base = &backend.base_dir;
+    let io = |what: &str, e: std::io::Error| {
+        ProvisionError::finished(format!("{what} {}: {e}", base.display()))
+    };
+    std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", e))?;
+    let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", e))?;
+    let reserved = match backend.capacity {
+        Some(room) => {
+            capacity::reserve(&root, name, bytes, room).map_err(|r| ProvisionError::Failed {
+                state: full,
+                reason: format!("base directory {}: {}", base.display(), r.0),
+            })?
+        }
+        None => false,
+    };
+    let undo = |created: bool| {
         if created {
             let _ = root.remove_dir(name);
         }
         if reserved {
             let _ = capacity::release(&root, name);
         }
-        return Err(refusal.into());
-    }
-    Ok(())
-}
-
-/// The base directory's handle, the volume directory's, whether it was made now and whether
-/// its room was recorded now (reserved first). Errors: no room (state `new.full`), else
-/// `Finished`.
-fn reserve_and_create(
-    base: &Path,
-    name: &str,
-    new: &NewVolume,
-) -> Result<(safe_fs::Dir, safe_fs::Dir, bool, bool), ProvisionError> {
-    let io = |what: &str, p: &Path, e: std::io::Error| {
-        ProvisionError::finished(format!("{what} {}: {e}", p.display()))
-    };
-    std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", base, e))?;
-    let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", base, e))?;
-    let reserved = match new.capacity {
-        Some(room) => {
-            capacity::reserve(&root, name, new.bytes, room).map_err(|r| ProvisionError::Failed {
-                state: new.full,
-                reason: format!("base directory {}: {}", base.display(), r.0),
-            })?
-        }
-        None => false,
     };
     let path = base.join(name);
-    let made = safe_fs::create_path(&root, &[name.to_string()], new.attrs.mode);
-    if made.is_err() && reserved {
-        let _ = capacity::release(&root, name);
-    }
-    match made {
-        Ok((dir, true)) => {
-            tracing::info!(path = %path.display(), "created hostpath volume directory");
-            Ok((root, dir, true, reserved))
+    let (dir, created) = match safe_fs::create_path(&root, &[name.to_string()], attrs.mode) {
+        Ok(made) => made,
+        Err(e) => {
+            undo(false);
+            return Err(ProvisionError::finished(match e {
+                WalkError::NotADirectory(_) => {
+                    format!("{} exists and is not a directory", path.display())
+                }
+                WalkError::Symlink(_) => {
+                    format!("{} is a symlink; refusing to follow it", path.display())
+                }
+                e => format!("cannot create volume directory {}: {e}", path.display()),
+            }));
         }
-        Ok((dir, false)) => {
-            tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
-            Ok((root, dir, false, reserved))
-        }
-        Err(WalkError::NotADirectory(_)) => Err(ProvisionError::finished(format!(
-            "{} exists and is not a directory",
-            path.display()
-        ))),
-        Err(WalkError::Symlink(_)) => Err(ProvisionError::finished(format!(
-            "{} is a symlink; refusing to follow it",
-            path.display()
-        ))),
-        Err(e) => Err(ProvisionError::finished(format!(
-            "cannot create volume directory {}: {e}",
-            path.display()
-        ))),
+    };
+    if created {
+        tracing::info!(path = %path.display(), "created hostpath volume directory");
+    } else {
+        tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
     }
+    let shown = path.display().to_string();
+    quota::limit_and_own(&dir, name, quota, bytes, attrs, &shown).map_err(|refusal| {
+        undo(created);
+        refusal.into()
+    })
 }
 
 #[cfg(test)]
@@ -288,6 +231,7 @@ pub(crate) mod tests {
     use k8s_openapi::api::storage::v1::StorageClass;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap;
 
     pub(crate) fn backend(base: &Path, node: Option<&str>) -> HostPath {
         HostPath {
@@ -378,7 +322,7 @@ pub(crate) mod tests {
                 read_only: None,
             })
         })
-        .contains("nfs volume source"));
+        .contains("volume sources besides hostPath: nfs"));
         assert!(with(&|pv| pv.spec = None).contains("no spec"));
         // The name must be one path component, and the path follows the name.
         let err = with(&|pv| {

@@ -14,13 +14,6 @@ pub const PARAM_DIRECTORY_MODE: &str = "directoryMode";
 pub const PARAM_DIRECTORY_UID: &str = "directoryUID";
 /// StorageClass parameter: numeric group of a new volume directory (default: the service's).
 pub const PARAM_DIRECTORY_GID: &str = "directoryGID";
-/// The StorageClass parameters [`DirAttrs::from_class`] reads.
-pub const CLASS_PARAMETERS: [&str; 3] = [
-    PARAM_DIRECTORY_MODE,
-    PARAM_DIRECTORY_UID,
-    PARAM_DIRECTORY_GID,
-];
-
 /// Owner and permissions of a new volume directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DirAttrs {
@@ -47,7 +40,12 @@ impl DirAttrs {
     /// The class's `directoryMode`/`directoryUID`/`directoryGID` over the defaults.
     /// Errors: as [`DirAttrs::overridden`].
     pub fn from_class(parameters: Option<&BTreeMap<String, String>>) -> Result<Self, Refusal> {
-        Self::default().overridden(parameters, CLASS_PARAMETERS, "StorageClass parameter")
+        let keys = [
+            PARAM_DIRECTORY_MODE,
+            PARAM_DIRECTORY_UID,
+            PARAM_DIRECTORY_GID,
+        ];
+        Self::default().overridden(parameters, keys, "StorageClass parameter")
     }
 
     /// `self` with the values `values` holds under `keys` (mode, uid, gid); `source` names
@@ -64,23 +62,24 @@ impl DirAttrs {
             None => self.mode,
             Some(v) => {
                 let digits = v.strip_prefix("0o").unwrap_or(v);
-                match u32::from_str_radix(digits, 8) {
-                    Ok(m) if !digits.is_empty() && !digits.starts_with('+') && m <= 0o7777 => m,
-                    _ => {
-                        return Err(Refusal(format!(
+                let mode = u32::from_str_radix(digits, 8).ok();
+                mode.filter(|m| !digits.starts_with('+') && *m <= 0o7777)
+                    .ok_or_else(|| {
+                        Refusal(format!(
                             "{source} {mode_key}={v:?} is not an octal permission mode (0-7777)"
-                        )))
-                    }
-                }
+                        ))
+                    })?
             }
         };
+        // Decimal digits only (`u32`'s parser also takes a leading `+`).
         let id = |k: &str, current: Option<u32>| match get(k) {
             None => Ok(current),
-            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => v
+            Some(v) => v
                 .parse::<u32>()
+                .ok()
+                .filter(|_| v.bytes().all(|b| b.is_ascii_digit()))
                 .map(Some)
-                .map_err(|_| Refusal(format!("{source} {k}={v:?} is not a numeric id"))),
-            Some(v) => Err(Refusal(format!("{source} {k}={v:?} is not a numeric id"))),
+                .ok_or_else(|| Refusal(format!("{source} {k}={v:?} is not a numeric id"))),
         };
         Ok(DirAttrs {
             mode,
@@ -94,7 +93,7 @@ impl DirAttrs {
     pub fn apply(&self, dir: &Dir) -> io::Result<()> {
         safe_fs::set_mode(dir, self.mode)?;
         if self.uid.is_some() || self.gid.is_some() {
-            safe_fs::set_owner(dir, self.uid, self.gid)?;
+            std::os::unix::fs::fchown(safe_fs::as_file(dir)?, self.uid, self.gid)?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::io;
 use std::sync::Mutex;
 
 use crate::safe_fs::{self, Dir};
-use crate::{is_single_component, Refusal};
+use crate::{single_component, Refusal};
 
 /// The bookkeeping directory of a base directory (shared with nfs-subdir's registry).
 pub const BOOKKEEPING_DIR: &str = ".split-provisioner";
@@ -134,19 +134,11 @@ fn unusable(e: io::Error) -> Refusal {
 /// The size-records directory below `root` (made if missing), for a record of `pv_name`.
 /// Errors: `pv_name` is not one path component, or the directory is unusable.
 fn records(root: &Dir, pv_name: &str) -> Result<Dir, Refusal> {
-    if !is_single_component(pv_name) {
-        return Err(Refusal(format!(
-            "PV name {pv_name:?} is not a single path component"
-        )));
-    }
-    sizes_dir(root).map_err(unusable)
-}
-
-fn sizes_dir(root: &Dir) -> io::Result<Dir> {
+    single_component(pv_name)?;
     let comps = [BOOKKEEPING_DIR.to_string(), SIZES_DIR.to_string()];
-    safe_fs::create_path(root, &comps, 0o700)
-        .map(|(dir, _)| dir)
-        .map_err(|e| io::Error::other(e.to_string()))
+    let made = safe_fs::create_path(root, &comps, 0o700);
+    made.map(|(dir, _)| dir)
+        .map_err(|e| unusable(io::Error::other(e.to_string())))
 }
 
 /// The sum of the records in `sizes`; a record that is not a number counts as 0.

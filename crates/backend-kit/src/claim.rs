@@ -3,21 +3,20 @@
 use crate::Refusal;
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaimSpec, PersistentVolumeSpec,
-};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
-/// The claim's `(spec, storage request, access modes)`, checked for a filesystem
-/// backend named `backend`. Errors (final): `Block` mode, no storage request, no
-/// access modes, or a `volumeAttributesClassName` (only CSI drivers apply one).
-pub fn filesystem_claim(
+/// The PV named `options.pv_name` for the claim, checked for a filesystem backend named
+/// `backend`: its request as capacity, access modes and volume mode, the class's reclaim
+/// policy and mount options; the backend adds its volume source. Errors (final): `Block`
+/// mode, no storage request, no access modes, or a `volumeAttributesClassName` (only CSI
+/// drivers apply one).
+pub fn filesystem_pv(
     options: &ProvisionOptions,
     backend: &str,
-) -> Result<(PersistentVolumeClaimSpec, Quantity, Vec<String>), ProvisionError> {
+) -> Result<PersistentVolume, ProvisionError> {
     let claim_spec = options.pvc.spec.clone().unwrap_or_default();
     if claim_spec.volume_mode.as_deref() == Some("Block") {
         return Err(ProvisionError::finished(format!(
@@ -42,21 +41,10 @@ pub fn filesystem_claim(
         .ok_or_else(|| {
             ProvisionError::finished("claim has no storage request (resources.requests.storage)")
         })?;
-    let access_modes = claim_spec.access_modes.clone().unwrap_or_default();
+    let access_modes = claim_spec.access_modes.unwrap_or_default();
     if access_modes.is_empty() {
         return Err(ProvisionError::finished("claim has no access modes"));
     }
-    Ok((claim_spec, request, access_modes))
-}
-
-/// The PV named `options.pv_name` for the checked claim: its request as
-/// capacity, access modes and volume mode, the class's reclaim policy and mount
-/// options; the backend adds its volume source. Errors: as [`filesystem_claim`].
-pub fn filesystem_pv(
-    options: &ProvisionOptions,
-    backend: &str,
-) -> Result<PersistentVolume, ProvisionError> {
-    let (claim_spec, request, access_modes) = filesystem_claim(options, backend)?;
     Ok(PersistentVolume {
         metadata: ObjectMeta {
             name: Some(options.pv_name.clone()),
@@ -85,8 +73,9 @@ pub const FILESYSTEM_PARAMETERS: &[&str] = &[
     crate::attrs::PARAM_DIRECTORY_GID,
 ];
 
-/// `class`'s name and parameters, once [`check_parameters`] accepts the backend's `own`
-/// parameters, then [`FILESYSTEM_PARAMETERS`]. Errors: as [`check_parameters`].
+/// `class`'s name and parameters, once every parameter is one of the backend's `own` or
+/// [`FILESYSTEM_PARAMETERS`]. Errors: a message naming the class, the unknown keys (sorted)
+/// and what is accepted.
 pub fn checked_class<'a>(
     backend: &str,
     class: &'a StorageClass,
@@ -95,34 +84,17 @@ pub fn checked_class<'a>(
     let name = class.metadata.name.as_deref().unwrap_or_default();
     let parameters = class.parameters.as_ref();
     let accepted = [own, FILESYSTEM_PARAMETERS].concat();
-    check_parameters(backend, name, parameters, &accepted)?;
-    Ok((name, parameters))
-}
-
-/// Refuse every StorageClass parameter not in `accepted`.
-/// Errors: a message naming the class, the unknown keys (sorted) and `accepted`.
-pub fn check_parameters(
-    backend: &str,
-    class_name: &str,
-    parameters: Option<&BTreeMap<String, String>>,
-    accepted: &[&str],
-) -> Result<(), Refusal> {
-    let keys = parameters.into_iter().flat_map(|p| p.keys());
-    let unknown: Vec<&str> = keys
-        .map(String::as_str)
-        .filter(|k| !accepted.contains(k))
-        .collect();
+    let keys = parameters
+        .into_iter()
+        .flat_map(|p| p.keys().map(String::as_str));
+    let unknown: Vec<&str> = keys.filter(|k| !accepted.contains(k)).collect();
     if unknown.is_empty() {
-        return Ok(());
+        return Ok((name, parameters));
     }
-    let accepts = if accepted.is_empty() {
-        "none".to_string()
-    } else {
-        accepted.join(", ")
-    };
     Err(Refusal(format!(
-        "StorageClass {class_name:?} has parameters the {backend} backend does not know: {} (it accepts {accepts})",
-        unknown.join(", ")
+        "StorageClass {name:?} has parameters the {backend} backend does not know: {} (it accepts {})",
+        unknown.join(", "),
+        accepted.join(", ")
     )))
 }
 
@@ -138,6 +110,27 @@ const NON_SOURCE_KEYS: &[&str] = &[
     "volumeAttributesClassName",
     "volumeMode",
 ];
+
+/// `pv`'s spec, when `source` (a JSON name such as `hostPath`) is the only volume source it
+/// may have. Errors: no spec, or other volume sources (named).
+pub fn only_source<'a>(
+    pv: &'a PersistentVolume,
+    source: &str,
+) -> Result<&'a PersistentVolumeSpec, Refusal> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let spec = pv
+        .spec
+        .as_ref()
+        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
+    let others = other_sources(spec, source);
+    if !others.is_empty() {
+        return Err(Refusal(format!(
+            "PV {name} has volume sources besides {source}: {}",
+            others.join(", ")
+        )));
+    }
+    Ok(spec)
+}
 
 /// The volume sources of `spec` (JSON names, sorted) other than `source`.
 pub fn other_sources(spec: &PersistentVolumeSpec, source: &str) -> Vec<String> {
@@ -155,21 +148,23 @@ mod tests {
 
     #[test]
     fn unknown_parameters_are_named_with_what_is_accepted() {
-        let params = BTreeMap::from([
+        let mut class = StorageClass {
+            metadata: ObjectMeta {
+                name: Some("c".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(checked_class("x", &class, &[]), Ok(("c", None)));
+        class.parameters = Some(BTreeMap::from([
             ("b".to_string(), String::new()),
             ("a".to_string(), String::new()),
-        ]);
+            ("quota".to_string(), String::new()),
+        ]));
         assert_eq!(
-            check_parameters("hostpath", "c", Some(&params), &[]).unwrap_err().0,
-            "StorageClass \"c\" has parameters the hostpath backend does not know: a, b (it accepts none)"
+            checked_class("x", &class, &["b"]).unwrap_err().0,
+            "StorageClass \"c\" has parameters the x backend does not know: a (it accepts b, quota, directoryMode, directoryUID, directoryGID)"
         );
-        assert_eq!(
-            check_parameters("x", "c", Some(&params), &["b"])
-                .unwrap_err()
-                .0,
-            "StorageClass \"c\" has parameters the x backend does not know: a (it accepts b)"
-        );
-        assert!(check_parameters("x", "c", None, &[]).is_ok());
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod capacity;
 pub mod claim;
 pub mod quota;
 pub mod safe_fs;
+pub mod volume_dir;
 
 use std::collections::HashSet;
 
@@ -79,9 +80,7 @@ pub struct TaskFailed {
 
 impl From<TaskFailed> for DeleteError {
     fn from(e: TaskFailed) -> Self {
-        DeleteError::Failed {
-            reason: e.to_string(),
-        }
+        failed(e.to_string())
     }
 }
 
@@ -137,6 +136,11 @@ pub fn refused(reason: String) -> DeleteError {
     DeleteError::Refused { reason }
 }
 
+/// A [`DeleteError::Failed`] with `reason`.
+pub fn failed(reason: String) -> DeleteError {
+    DeleteError::Failed { reason }
+}
+
 /// The start of `volumes_in_use`: the PVs' own names, and the paths `paths`
 /// picks from each PV's spec (the caller maps those to volumes).
 pub fn names_and_paths<P>(
@@ -148,13 +152,16 @@ pub fn names_and_paths<P>(
     (names.collect(), picked.collect())
 }
 
-/// Whether `name` is one plain path component (not empty, no `/`, not `.` or `..`).
-pub fn is_single_component(name: &str) -> bool {
+/// `name` when it is one plain path component (not empty, no `/`, not `.` or `..`).
+/// Errors: a refusal naming the PV name.
+pub fn single_component(name: &str) -> Result<&str, Refusal> {
     let mut components = std::path::Path::new(name).components();
-    matches!(
-        (components.next(), components.next()),
-        (Some(std::path::Component::Normal(c)), None) if c == name
-    )
+    match (components.next(), components.next()) {
+        (Some(std::path::Component::Normal(c)), None) if c == name => Ok(name),
+        _ => Err(Refusal(format!(
+            "PV name {name:?} is not a single path component"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -164,10 +171,10 @@ mod tests {
     #[test]
     fn single_components_and_on_delete_values() {
         for ok in ["pvc-1", "a.b"] {
-            assert!(is_single_component(ok), "{ok}");
+            assert!(single_component(ok).is_ok(), "{ok}");
         }
         for bad in ["", ".", "..", "a/b", "a/", "/a", "./a"] {
-            assert!(!is_single_component(bad), "{bad}");
+            assert!(single_component(bad).is_err(), "{bad}");
         }
         for p in [OnDelete::Delete, OnDelete::Retain, OnDelete::Archive] {
             assert_eq!(OnDelete::from_annotation(p.as_str()), Some(p));

@@ -15,7 +15,7 @@ use crate::Refusal;
 pub const QUOTA_PARAMETER: &str = "quota";
 
 /// What a class asks for a claim's size (`quota` parameter; default `off`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QuotaMode {
     /// No limit (the directory may grow until the filesystem is full).
     Off,
@@ -29,14 +29,13 @@ impl QuotaMode {
     /// The mode `parameters` ask for. Errors: a `quota` value other than
     /// `off`, `best-effort`, `required`.
     pub fn from_parameters(parameters: Option<&BTreeMap<String, String>>) -> Result<Self, Refusal> {
-        match parameters.and_then(|p| p.get(QUOTA_PARAMETER)).map(String::as_str) {
-            None | Some("off") => Ok(QuotaMode::Off),
-            Some("best-effort") => Ok(QuotaMode::BestEffort),
-            Some("required") => Ok(QuotaMode::Required),
-            Some(other) => Err(Refusal(format!(
-                "StorageClass parameter {QUOTA_PARAMETER}={other:?} is not one of off, best-effort, required"
-            ))),
-        }
+        let value = parameters.and_then(|p| p.get(QUOTA_PARAMETER));
+        let value = value.map_or("off", String::as_str);
+        <Self as clap::ValueEnum>::from_str(value, false).map_err(|_| {
+            Refusal(format!(
+                "StorageClass parameter {QUOTA_PARAMETER}={value:?} is not one of off, best-effort, required"
+            ))
+        })
     }
 }
 
@@ -186,20 +185,23 @@ fn own_project(dir: &impl AsFd, pv_name: &str) -> Option<u32> {
 
 /// The project id of the directory open at `fd`.
 fn project_of(fd: libc::c_int) -> Option<u32> {
+    fsxattr(fd).ok().map(|attr| attr.projid)
+}
+
+/// The `struct fsxattr` of the directory open at `fd`. Errors: the ioctl failed.
+fn fsxattr(fd: libc::c_int) -> io::Result<FsXattr> {
     let mut attr = FsXattr::default();
     // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to fill.
-    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) }).ok()?;
-    Some(attr.projid)
+    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) })?;
+    Ok(attr)
 }
 
 /// Before `parent`'s entry `name` (the directory of `pv_name`) is removed: drop the limit of
 /// its own project, so the id is free again. Nothing for a directory without its own limited
 /// project (or that cannot be opened); a failed lift is logged (a later volume probes past it).
 pub fn lift_before_removal(parent: &Dir, name: &str, pv_name: &str) {
-    let Ok(dir) = safe_fs::open_path(parent, &[name.to_string()]) else {
-        return;
-    };
-    let Ok(readable) = safe_fs::as_file(&dir) else {
+    let dir = safe_fs::open_path(parent, &[name.to_string()]).ok();
+    let Some(readable) = dir.and_then(|dir| safe_fs::as_file(&dir).ok()) else {
         return;
     };
     if let Err(e) = raise(&readable, pv_name, 0) {
@@ -212,9 +214,7 @@ pub fn lift_before_removal(parent: &Dir, name: &str, pv_name: &str) {
 /// `quotactl_fd` failed (`ENOSYS`: kernel < 5.14; `ESRCH`/`ENOTSUP`: no project quotas).
 pub fn limit(dir: &impl AsFd, project: u32, bytes: u64) -> io::Result<()> {
     let fd = dir.as_fd().as_raw_fd();
-    let mut attr = FsXattr::default();
-    // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to fill.
-    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) })?;
+    let mut attr = fsxattr(fd)?;
     attr.projid = project;
     attr.xflags |= FS_XFLAG_PROJINHERIT;
     // SAFETY: `attr` is a valid `struct fsxattr` for the ioctl to read.
@@ -276,12 +276,10 @@ pub async fn expand(
 /// Space used and hard limit (bytes, 0: none) of `dir`'s project. Errors: as [`limit`].
 pub fn usage(dir: &impl AsFd) -> io::Result<(u64, u64)> {
     let fd = dir.as_fd().as_raw_fd();
-    let mut attr = FsXattr::default();
-    // SAFETY: as in `limit`.
-    check(unsafe { libc::ioctl(fd, FS_IOC_FSGETXATTR, &mut attr) })?;
+    let project = fsxattr(fd)?.projid;
     // SAFETY: an all-zero `dqblk` is valid for the kernel to fill.
     let mut dq: libc::dqblk = unsafe { std::mem::zeroed() };
-    quotactl(fd, libc::Q_GETQUOTA, attr.projid, &mut dq)?;
+    quotactl(fd, libc::Q_GETQUOTA, project, &mut dq)?;
     Ok((dq.dqb_curspace, dq.dqb_bhardlimit.saturating_mul(1024)))
 }
 

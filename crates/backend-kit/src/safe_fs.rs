@@ -13,27 +13,20 @@ use cap_std::ambient_authority;
 pub use cap_std::fs::Dir;
 
 /// Why a walk below the mount failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WalkError {
     /// The component at this prefix of the path is a symlink (never crossed).
+    #[error("{0:?} is a symlink; refusing to cross it")]
     Symlink(String),
     /// The component at this prefix exists and is not a directory.
+    #[error("{0:?} exists and is not a directory")]
     NotADirectory(String),
     /// The component at this prefix does not exist (only when not creating).
+    #[error("{0:?} does not exist")]
     Missing(String),
     /// Any other I/O error, with the prefix it happened at.
+    #[error("{0:?}: {1}")]
     Io(String, io::Error),
-}
-
-impl std::fmt::Display for WalkError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WalkError::Symlink(p) => write!(f, "{p:?} is a symlink; refusing to cross it"),
-            WalkError::NotADirectory(p) => write!(f, "{p:?} exists and is not a directory"),
-            WalkError::Missing(p) => write!(f, "{p:?} does not exist"),
-            WalkError::Io(p, e) => write!(f, "{p:?}: {e}"),
-        }
-    }
 }
 
 /// Open the root itself (`--base-dir`, `--nfs-mount`), the only ambient-authority
@@ -123,13 +116,6 @@ pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
     Ok(std::time::Duration::from_secs(
         now.saturating_sub(changed).max(0) as u64,
     ))
-}
-
-/// Change the owner and/or group of the directory behind `dir` (`fchown`);
-/// `None` keeps the current value.
-/// Errors: the underlying `fchown` failed (e.g. not permitted).
-pub fn set_owner(dir: &Dir, uid: Option<u32>, gid: Option<u32>) -> io::Result<()> {
-    std::os::unix::fs::fchown(as_file(dir)?, uid, gid)
 }
 
 /// What is at `name` inside `dir`, without following a symlink.

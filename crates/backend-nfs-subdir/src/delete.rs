@@ -20,8 +20,9 @@ use VolumeError::Unreadable as unreadable;
 use super::pattern::RelPath;
 use super::provision::{class_policy, parameters_policy, PARAM_ARCHIVE_ON_DELETE};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
-use backend_kit::safe_fs::{self, Entry, WalkError};
-use backend_kit::{blocking, refused, ARCHIVE_PREFIX};
+use backend_kit::safe_fs::{self, WalkError};
+use backend_kit::volume_dir;
+use backend_kit::{blocking, failed, refused, ARCHIVE_PREFIX};
 use provisioner_api::OrphanOutcome;
 
 /// The sub-directory (below the mount) that `pv` names, after the module
@@ -30,22 +31,12 @@ use provisioner_api::OrphanOutcome;
 pub fn volume_directory(backend: &NfsSubdir, pv: &PersistentVolume) -> Result<RelPath, Refusal> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
     registry::check_pv_name(name)?;
-    let spec = pv
-        .spec
-        .as_ref()
-        .ok_or_else(|| Refusal(format!("PV {name} has no spec")))?;
+    let spec = backend_kit::claim::only_source(pv, "nfs")?;
     let nfs = spec.nfs.as_ref().ok_or_else(|| {
         Refusal(format!(
             "PV {name} has no spec.nfs; it is not an nfs-subdir volume"
         ))
     })?;
-    let extra = backend_kit::claim::other_sources(spec, "nfs");
-    if !extra.is_empty() {
-        return Err(Refusal(format!(
-            "PV {name} has volume sources besides nfs: {}",
-            extra.join(", ")
-        )));
-    }
     if nfs.server != backend.server {
         return Err(Refusal(format!(
             "PV {name} is on NFS server {:?}, not this provisioner's {:?}",
@@ -71,14 +62,9 @@ fn below_export(backend: &NfsSubdir, path: &str) -> Option<String> {
     (!rest.is_empty()).then(|| rest.to_string())
 }
 
-/// Whether deleting `volume` needs its StorageClass: it carries no
-/// [`ANN_ON_DELETE`] (provisioned by upstream before a migration).
-pub fn reads_class_at_delete(volume: &PersistentVolume) -> bool {
-    recorded_policy(volume).is_none()
-}
-
-/// The value of `volume`'s [`ANN_ON_DELETE`] annotation.
-fn recorded_policy(volume: &PersistentVolume) -> Option<&String> {
+/// The value of `volume`'s [`ANN_ON_DELETE`] annotation; without it (provisioned by upstream
+/// before a migration) deleting `volume` needs its StorageClass.
+pub fn recorded_policy(volume: &PersistentVolume) -> Option<&String> {
     volume.metadata.annotations.as_ref()?.get(ANN_ON_DELETE)
 }
 
@@ -90,18 +76,15 @@ pub fn upstream_policy(
     class: Option<&StorageClass>,
 ) -> Result<OnDelete, DeleteError> {
     let Some(class) = class else {
-        return Err(DeleteError::Failed {
-            reason: format!(
-                "PV {pv_name} has no {ANN_ON_DELETE} annotation (provisioned before a migration), so its delete policy comes from its StorageClass, which does not exist (or the PV names none); nothing touched (recreate the class, or set the PV's reclaim policy to Retain)"
-            ),
-        });
+        return Err(failed(format!(
+            "PV {pv_name} has no {ANN_ON_DELETE} annotation (provisioned before a migration), so its delete policy comes from its StorageClass, which does not exist (or the PV names none); nothing touched (recreate the class, or set the PV's reclaim policy to Retain)"
+        )));
     };
-    let params = class.parameters.clone().unwrap_or_default();
-    parameters_policy(&params).map_err(|v| DeleteError::Failed {
-        reason: format!(
+    parameters_policy(class.parameters.as_ref()).map_err(|v| {
+        failed(format!(
             "StorageClass {:?} of PV {pv_name} has {PARAM_ARCHIVE_ON_DELETE}={v:?}, not a boolean; nothing touched",
             class.metadata.name.as_deref().unwrap_or_default()
-        ),
+        ))
     })
 }
 
@@ -124,8 +107,8 @@ pub fn delete(
             ))
         })?),
     };
-    let root = open_root(&backend.mount)?;
-    match registry::get(&root, name).map_err(io_failed("read the record of PV"))? {
+    let (root, record) = recorded(backend, name)?;
+    match record {
         Some(r) if r != rel => {
             return Err(refused(format!(
                 "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
@@ -163,11 +146,9 @@ pub async fn volumes_in_use(
     }
     let mount = backend.mount.clone();
     let (_, records) = blocking("nfs-subdir listing", move || records_at(&mount)).await?;
-    for (name, rel) in records {
-        if paths.iter().any(|p| p.overlaps(&rel)) {
-            used.insert(name);
-        }
-    }
+    let overlapped =
+        |(name, rel): (String, RelPath)| paths.iter().any(|p| p.overlaps(&rel)).then_some(name);
+    used.extend(records.into_iter().filter_map(overlapped));
     Ok(used)
 }
 
@@ -184,8 +165,7 @@ pub fn delete_unprovisioned(
     if !registry::valid_pv_name(name) {
         return Ok(());
     }
-    let root = open_root(&backend.mount)?;
-    let Some(rel) = registry::get(&root, name).map_err(io_failed("read the record of PV"))? else {
+    let (root, Some(rel)) = recorded(backend, name)? else {
         return Ok(());
     };
     apply_policy(&root, name, &rel, Ok(policy)).map(|_| ())
@@ -206,12 +186,9 @@ pub fn list_volumes(backend: &NfsSubdir) -> Result<Vec<String>, VolumeError> {
 /// A handle on the export at `mount` and every (PV name, directory) its registry records.
 fn records_at(mount: &std::path::Path) -> Result<(Dir, Vec<(String, RelPath)>), VolumeError> {
     let root = safe_fs::open_root(mount).map_err(|e| unreadable(mount_error(mount, e)))?;
-    let records = registry::all(&root).map_err(records_error)?;
+    let records = registry::all(&root)
+        .map_err(|e| unreadable(format!("cannot read the volume records: {e}")))?;
     Ok((root, records))
-}
-
-fn records_error(e: io::Error) -> VolumeError {
-    unreadable(format!("cannot read the volume records: {e}"))
 }
 
 /// Why the NFS mount at `mount` could not be opened.
@@ -219,16 +196,17 @@ pub(crate) fn mount_error(mount: &std::path::Path, e: io::Error) -> String {
     format!("cannot open the NFS mount {}: {e}", mount.display())
 }
 
-fn open_root(mount: &std::path::Path) -> Result<Dir, DeleteError> {
-    safe_fs::open_root(mount).map_err(|e| DeleteError::Failed {
-        reason: mount_error(mount, e),
-    })
+/// A handle on the mount and the directory recorded for `pv_name`.
+/// Errors: the mount or the record cannot be read.
+fn recorded(backend: &NfsSubdir, pv_name: &str) -> Result<(Dir, Option<RelPath>), DeleteError> {
+    let mount = &backend.mount;
+    let root = safe_fs::open_root(mount).map_err(|e| failed(mount_error(mount, e)))?;
+    let rel = registry::get(&root, pv_name).map_err(io_failed("read the record of PV"))?;
+    Ok((root, rel))
 }
 
 fn io_failed(what: &'static str) -> impl Fn(io::Error) -> DeleteError {
-    move |e| DeleteError::Failed {
-        reason: format!("cannot {what}: {e}"),
-    }
+    move |e| failed(format!("cannot {what}: {e}"))
 }
 
 /// Apply `policy` to `rel` (an unresolved one fails only when the directory
@@ -256,39 +234,35 @@ fn apply_policy(
         return forget();
     };
     let policy = policy?;
-    let inside: Vec<(String, RelPath)> = registry::nested_with(root, pv_name, rel)
-        .map_err(io_failed("read the volume records"))?
-        .into_iter()
-        .filter(|(_, other)| rel.contains(other))
-        .collect();
-    if let Some((other_pv, other)) = inside.first() {
+    let nested =
+        registry::nested_with(root, pv_name, rel).map_err(io_failed("read the volume records"))?;
+    if let Some((other_pv, other)) = nested.iter().find(|(_, other)| rel.contains(other)) {
         return Err(refused(format!(
             "directory \"{rel}\" of PV {pv_name} contains the directory \"{other}\" of PV {other_pv}; refusing to {} it with the other volume's data",
             if policy == OnDelete::Delete { "delete" } else { "archive" }
         )));
     }
-    match policy {
-        OnDelete::Delete => {
-            backend_kit::quota::lift_before_removal(&parent, last, pv_name);
-            parent
-                .remove_dir_all(last)
-                .map_err(io_failed("remove the volume directory"))?;
-            tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
-            forget()
-        }
-        OnDelete::Archive => {
-            let target = archive_name(&parent, pv_name, last)?;
-            parent
-                .rename(last, &parent, &target)
-                .map_err(io_failed("archive the volume directory"))?;
-            tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
-            forget()?;
-            let mut archived = parent_comps.to_vec();
-            archived.push(target);
-            Ok(Some(archived.join("/")))
-        }
-        OnDelete::Retain => unreachable!("handled above"),
-    }
+    let shown = shown(pv_name, rel);
+    let archived = if policy == OnDelete::Delete {
+        volume_dir::remove(&parent, last, pv_name, &shown)?;
+        tracing::info!(pv = pv_name, directory = %rel, "deleted nfs-subdir directory");
+        None
+    } else {
+        let targets = [
+            format!("{ARCHIVE_PREFIX}{last}"),
+            format!("{ARCHIVE_PREFIX}{last}-{pv_name}"),
+        ];
+        let target = volume_dir::archive(&parent, last, &targets, &shown)?;
+        tracing::info!(pv = pv_name, directory = %rel, archived_as = %target, "archived nfs-subdir directory");
+        Some([parent_comps, &[target]].concat().join("/"))
+    };
+    forget()?;
+    Ok(archived)
+}
+
+/// How errors name the directory `rel` of `pv_name`.
+fn shown(pv_name: &str, rel: &RelPath) -> String {
+    format!("directory \"{rel}\" of PV {pv_name}")
 }
 
 /// The parent of `rel` when `rel` is a real directory reached without crossing
@@ -299,22 +273,14 @@ fn existing_parent(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<Option<Di
         Ok(p) => p,
         Err(WalkError::Missing(_)) => return Ok(None),
         Err(WalkError::Io(p, e)) => {
-            return Err(DeleteError::Failed {
-                reason: format!("cannot open \"{p}\" below the NFS mount: {e}"),
-            })
+            return Err(failed(format!(
+                "cannot open \"{p}\" below the NFS mount: {e}"
+            )))
         }
-        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+        Err(e) => return Err(refused(format!("{}: {e}", shown(pv_name, rel)))),
     };
-    match safe_fs::entry(&parent, last).map_err(io_failed("inspect the volume directory"))? {
-        Entry::Absent => Ok(None),
-        Entry::Directory => Ok(Some(parent)),
-        Entry::Symlink => Err(refused(format!(
-            "\"{rel}\" of PV {pv_name} is a symlink; refusing to follow it"
-        ))),
-        Entry::Other => Err(refused(format!(
-            "\"{rel}\" of PV {pv_name} is not a directory; refusing"
-        ))),
-    }
+    let existing = volume_dir::existing(&parent, last, &shown(pv_name, rel))?;
+    Ok(existing.then_some(parent))
 }
 
 /// The orphan sweep's archive of the directory recorded for `pv_name`, with
@@ -325,43 +291,16 @@ pub fn archive_orphan(
     min_age: std::time::Duration,
 ) -> Result<OrphanOutcome, DeleteError> {
     registry::check_pv_name(pv_name)?;
-    let root = open_root(&backend.mount)?;
-    let Some(rel) = registry::get(&root, pv_name).map_err(io_failed("read the record of PV"))?
-    else {
+    let (root, Some(rel)) = recorded(backend, pv_name)? else {
         return Ok(OrphanOutcome::Absent);
     };
-    let dir = match safe_fs::open_path(&root, rel.components()) {
-        Ok(d) => d,
-        Err(WalkError::Missing(_)) => return Ok(OrphanOutcome::Absent),
-        Err(e) => return Err(refused(format!("directory \"{rel}\" of PV {pv_name}: {e}"))),
+    let Some(age) = volume_dir::age(&root, rel.components(), &shown(pv_name, &rel))? else {
+        return Ok(OrphanOutcome::Absent);
     };
-    let age = safe_fs::age(&dir).map_err(io_failed("inspect the volume directory"))?;
     if age < min_age {
         return Ok(OrphanOutcome::TooYoung(age));
     }
-    Ok(
-        match apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))? {
-            Some(archived) => OrphanOutcome::Archived(backend.mount.join(archived)),
-            None => OrphanOutcome::Absent,
-        },
-    )
-}
-
-/// `archived-<last>`, else `archived-<last>-<pv name>`, whichever is free in
-/// `parent` (module docs).
-/// Errors: [`DeleteError::Refused`] when both exist.
-fn archive_name(parent: &Dir, pv_name: &str, last: &str) -> Result<String, DeleteError> {
-    let first = format!("{ARCHIVE_PREFIX}{last}");
-    let second = format!("{ARCHIVE_PREFIX}{last}-{pv_name}");
-    for candidate in [&first, &second] {
-        if candidate.len() <= 255
-            && safe_fs::entry(parent, candidate).map_err(io_failed("inspect the archive name"))?
-                == Entry::Absent
-        {
-            return Ok(candidate.clone());
-        }
-    }
-    Err(refused(format!(
-        "cannot archive \"{last}\" of PV {pv_name}: {first:?} and {second:?} both exist (or are too long) in its parent directory"
-    )))
+    let archived = apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))?;
+    let in_mount = |a| OrphanOutcome::Archived(backend.mount.join(a));
+    Ok(archived.map_or(OrphanOutcome::Absent, in_mount))
 }

@@ -111,13 +111,12 @@ pub fn normalize_export(path: &str) -> Result<String, String> {
     if !path.starts_with('/') {
         return Err(format!("--nfs-path {path:?} must be an absolute path"));
     }
-    let mut comps = Vec::new();
-    for c in path.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => return Err(format!("--nfs-path {path:?} must not contain \"..\"")),
-            c => comps.push(c),
-        }
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !matches!(*c, "" | "."))
+        .collect();
+    if comps.contains(&"..") {
+        return Err(format!("--nfs-path {path:?} must not contain \"..\""));
     }
     Ok(format!("/{}", comps.join("/")))
 }
@@ -136,7 +135,7 @@ impl Provisioner for NfsSubdir {
     }
 
     fn reads_class_at_delete(&self, volume: &PersistentVolume) -> bool {
-        delete::reads_class_at_delete(volume)
+        delete::recorded_policy(volume).is_none()
     }
 
     async fn delete_with_class(
@@ -196,15 +195,8 @@ impl Provisioner for NfsSubdir {
         let rel = delete::volume_directory(self, volume)?;
         let pv = volume.metadata.name.clone().unwrap_or_default();
         let (components, shown) = (rel.components().to_vec(), format!("directory \"{rel}\""));
-        backend_kit::quota::expand(
-            self.mount.clone(),
-            components,
-            pv,
-            bytes,
-            self.capacity,
-            shown,
-        )
-        .await
+        let mount = self.mount.clone();
+        backend_kit::quota::expand(mount, components, pv, bytes, self.capacity, shown).await
     }
 }
 

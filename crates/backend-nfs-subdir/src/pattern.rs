@@ -8,6 +8,7 @@
 //! the mount.
 
 use backend_kit::Refusal;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
 
 /// A checked relative path below the mount: at least one component, each a
@@ -63,11 +64,6 @@ impl RelPath {
         (parent, last.as_str())
     }
 
-    /// The path joined with `/` (no leading or trailing slash).
-    pub fn as_string(&self) -> String {
-        self.0.join("/")
-    }
-
     /// Whether `other` lies strictly below this path (component-wise).
     pub fn contains(&self, other: &RelPath) -> bool {
         other.0.len() > self.0.len() && other.0[..self.0.len()] == self.0[..]
@@ -81,39 +77,26 @@ impl RelPath {
 
 impl std::fmt::Display for RelPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.as_string())
+        f.write_str(&self.0.join("/"))
     }
 }
 
-/// What a pattern is rendered from.
-#[derive(Debug, Clone, Copy)]
-pub struct PatternInput<'a> {
-    /// The claim's namespace.
-    pub namespace: &'a str,
-    /// The claim's name.
-    pub name: &'a str,
-    /// The claim's labels.
-    pub labels: Option<&'a BTreeMap<String, String>>,
-    /// The claim's annotations.
-    pub annotations: Option<&'a BTreeMap<String, String>>,
-    /// The PV name.
-    pub pv_name: &'a str,
-}
-
-/// nfs-subdir's default directory name `<namespace>-<claim name>-<pv name>`.
-pub fn default_name(input: &PatternInput<'_>) -> String {
-    format!("{}-{}-{}", input.namespace, input.name, input.pv_name)
-}
-
-/// The volume directory for `input`: `pattern` rendered, else [`default_name`].
+/// The volume directory of the claim `claim` (its metadata) for `pv_name`: `pattern`
+/// rendered, else upstream's default `<namespace>-<claim name>-<pv name>`.
 /// Errors: an unknown placeholder, a missing key, `${` unterminated, or a bad path.
-pub fn volume_path(pattern: Option<&str>, input: &PatternInput<'_>) -> Result<RelPath, Refusal> {
+pub fn volume_path(
+    pattern: Option<&str>,
+    claim: &ObjectMeta,
+    pv_name: &str,
+) -> Result<RelPath, Refusal> {
     let rendered = match pattern {
-        Some(p) => render(p, input)?,
+        Some(p) => render(p, claim, pv_name)?,
         None => String::new(),
     };
     if rendered.split('/').all(|c| c.is_empty() || c == ".") {
-        return RelPath::parse(&default_name(input))
+        let namespace = claim.namespace.as_deref().unwrap_or_default();
+        let name = claim.name.as_deref().unwrap_or_default();
+        return RelPath::parse(&format!("{namespace}-{name}-{pv_name}"))
             .map_err(|e| Refusal(format!("default directory name {e}")));
     }
     RelPath::parse(&rendered).map_err(|e| Refusal(format!("pathPattern renders to {e}")))
@@ -122,7 +105,7 @@ pub fn volume_path(pattern: Option<&str>, input: &PatternInput<'_>) -> Result<Re
 /// Substitute every placeholder of `pattern`.
 ///
 /// Errors: see [`volume_path`].
-pub fn render(pattern: &str, input: &PatternInput<'_>) -> Result<String, Refusal> {
+pub fn render(pattern: &str, claim: &ObjectMeta, pv_name: &str) -> Result<String, Refusal> {
     let mut out = String::with_capacity(pattern.len());
     let mut rest = pattern;
     while let Some(start) = rest.find("${") {
@@ -134,14 +117,14 @@ pub fn render(pattern: &str, input: &PatternInput<'_>) -> Result<String, Refusal
             ))
         })?;
         let key = &after[..end];
-        out.push_str(&lookup(key, input)?);
+        out.push_str(&lookup(key, claim, pv_name)?);
         rest = &after[end + 1..];
     }
     out.push_str(rest);
     Ok(out)
 }
 
-fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, Refusal> {
+fn lookup(key: &str, claim: &ObjectMeta, pv_name: &str) -> Result<String, Refusal> {
     let from_map = |what: &str, map: Option<&BTreeMap<String, String>>, k: &str| {
         let value = map.and_then(|m| m.get(k)).ok_or_else(|| {
             Refusal(format!(
@@ -160,21 +143,17 @@ fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, Refusal> {
         }
         Ok(value.clone())
     };
-    match key {
-        ".PVC.namespace" => Ok(input.namespace.to_string()),
-        ".PVC.name" => Ok(input.name.to_string()),
-        ".PV.name" => Ok(input.pv_name.to_string()),
-        k => {
-            if let Some(label) = k.strip_prefix(".PVC.labels.") {
-                from_map("label", input.labels, label)
-            } else if let Some(ann) = k.strip_prefix(".PVC.annotations.") {
-                from_map("annotation", input.annotations, ann)
-            } else {
-                Err(Refusal(format!(
-                    "pathPattern placeholder \"${{{k}}}\" is unknown (known: ${{.PVC.namespace}}, ${{.PVC.name}}, ${{.PVC.labels.KEY}}, ${{.PVC.annotations.KEY}}, ${{.PV.name}})"
-                )))
-            }
-        }
+    let label = key.strip_prefix(".PVC.labels.");
+    let annotation = key.strip_prefix(".PVC.annotations.");
+    match (key, label, annotation) {
+        (".PVC.namespace", ..) => Ok(claim.namespace.clone().unwrap_or_default()),
+        (".PVC.name", ..) => Ok(claim.name.clone().unwrap_or_default()),
+        (".PV.name", ..) => Ok(pv_name.to_string()),
+        (_, Some(label), _) => from_map("label", claim.labels.as_ref(), label),
+        (_, _, Some(ann)) => from_map("annotation", claim.annotations.as_ref(), ann),
+        (k, ..) => Err(Refusal(format!(
+            "pathPattern placeholder \"${{{k}}}\" is unknown (known: ${{.PVC.namespace}}, ${{.PVC.name}}, ${{.PVC.labels.KEY}}, ${{.PVC.annotations.KEY}}, ${{.PV.name}})"
+        ))),
     }
 }
 
@@ -182,17 +161,21 @@ fn lookup(key: &str, input: &PatternInput<'_>) -> Result<String, Refusal> {
 mod tests {
     use super::*;
 
-    fn input<'a>(
-        labels: &'a BTreeMap<String, String>,
-        annotations: &'a BTreeMap<String, String>,
-    ) -> PatternInput<'a> {
-        PatternInput {
-            namespace: "team-a",
-            name: "data",
-            labels: Some(labels),
-            annotations: Some(annotations),
-            pv_name: "pvc-1",
+    fn input(
+        labels: &BTreeMap<String, String>,
+        annotations: &BTreeMap<String, String>,
+    ) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("team-a".into()),
+            name: Some("data".into()),
+            labels: Some(labels.clone()),
+            annotations: Some(annotations.clone()),
+            ..Default::default()
         }
+    }
+
+    fn path(pattern: Option<&str>, claim: &ObjectMeta) -> Result<RelPath, Refusal> {
+        volume_path(pattern, claim, "pvc-1")
     }
 
     fn maps() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
@@ -212,15 +195,13 @@ mod tests {
     fn default_is_namespace_claim_pv() {
         let (l, a) = maps();
         assert_eq!(
-            volume_path(None, &input(&l, &a)).unwrap().as_string(),
+            path(None, &input(&l, &a)).unwrap().to_string(),
             "team-a-data-pvc-1"
         );
         // A pattern that renders to nothing falls back to the default, as upstream.
         for empty in ["", "/", "./", "//."] {
             assert_eq!(
-                volume_path(Some(empty), &input(&l, &a))
-                    .unwrap()
-                    .as_string(),
+                path(Some(empty), &input(&l, &a)).unwrap().to_string(),
                 "team-a-data-pvc-1",
                 "{empty:?}"
             );
@@ -232,21 +213,21 @@ mod tests {
         let (l, a) = maps();
         let p = "${.PVC.namespace}/${.PVC.labels.app}/${.PVC.annotations.owner}-${.PVC.name}/${.PV.name}";
         assert_eq!(
-            volume_path(Some(p), &input(&l, &a)).unwrap().components(),
+            path(Some(p), &input(&l, &a)).unwrap().components(),
             ["team-a", "web", "alice-data", "pvc-1"]
         );
         // Interior slashes of an annotation nest; doubled slashes and `.` collapse.
         assert_eq!(
-            volume_path(Some("./${.PVC.annotations.nested}//z/"), &input(&l, &a))
+            path(Some("./${.PVC.annotations.nested}//z/"), &input(&l, &a))
                 .unwrap()
-                .as_string(),
+                .to_string(),
             "x/y/z"
         );
         // Text without placeholders is used verbatim.
         assert_eq!(
-            volume_path(Some("static/dir"), &input(&l, &a))
+            path(Some("static/dir"), &input(&l, &a))
                 .unwrap()
-                .as_string(),
+                .to_string(),
             "static/dir"
         );
     }
@@ -271,20 +252,20 @@ mod tests {
             (".split-provisioner/x", "bookkeeping directory"),
         ];
         for (pattern, expected) in cases {
-            let err = volume_path(Some(pattern), &input(&l, &a)).unwrap_err().0;
+            let err = path(Some(pattern), &input(&l, &a)).unwrap_err().0;
             assert!(err.contains(expected), "{pattern:?}: {err}");
         }
         let long = "a".repeat(256);
-        assert!(volume_path(Some(&long), &input(&l, &a))
+        assert!(path(Some(&long), &input(&l, &a))
             .unwrap_err()
             .0
             .contains("longer than 255"));
         assert!(RelPath::parse("a\0b").unwrap_err().0.contains("NUL"));
         // No labels at all is the same as a missing label.
-        let none = PatternInput {
+        let none = ObjectMeta {
             labels: None,
             ..input(&l, &a)
         };
-        assert!(volume_path(Some("${.PVC.labels.app}"), &none).is_err());
+        assert!(path(Some("${.PVC.labels.app}"), &none).is_err());
     }
 }

@@ -19,7 +19,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
 use super::delete::mount_error;
-use super::pattern::{volume_path, PatternInput, RelPath};
+use super::pattern::{volume_path, RelPath};
 use super::{registry, NfsSubdir, OnDelete, ANN_ON_DELETE};
 use backend_kit::attrs::DirAttrs;
 use backend_kit::capacity;
@@ -46,42 +46,19 @@ pub const ANN_CREATE_GID: &str = "nfs.io/createGID";
 /// Permissions of intermediate directories of a nested `pathPattern`.
 pub const PARENT_MODE: u32 = 0o755;
 
-/// The new directory's owner and permissions: the class's `directory*` parameters, then
-/// the claim's `nfs.io/create*` annotations (upstream's) over them.
-/// Errors: a bad value in either ([`DirAttrs::overridden`]).
-pub fn create_attrs(options: &ProvisionOptions) -> Result<DirAttrs, Refusal> {
-    let class = DirAttrs::from_class(options.storage_class.parameters.as_ref())?;
-    let annotations = options.pvc.metadata.annotations.as_ref();
-    let keys = [ANN_CREATE_MODE, ANN_CREATE_UID, ANN_CREATE_GID];
-    class.overridden(annotations, keys, "claim annotation")
-}
-
-/// Go's `strconv.ParseBool`, which upstream applies to `archiveOnDelete`.
-pub fn parse_go_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
-
 /// Check the class's parameters and resolve its delete policy (as
 /// [`upstream_policy`](super::delete::upstream_policy)). Errors: an unknown
 /// parameter, a bad `onDelete` or a non-boolean `archiveOnDelete`.
 pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
     let (class_name, parameters) =
         backend_kit::claim::checked_class("nfs-subdir", class, OWN_PARAMETERS)?;
-    let empty = BTreeMap::new();
-    let params = parameters.unwrap_or(&empty);
-    if let Some(other) = params
-        .get(PARAM_ON_DELETE)
-        .filter(|v| !matches!(v.as_str(), "delete" | "retain"))
-    {
+    let on_delete = parameters.and_then(|p| p.get(PARAM_ON_DELETE));
+    if let Some(other) = on_delete.filter(|v| !matches!(v.as_str(), "delete" | "retain")) {
         return Err(Refusal(format!(
             "StorageClass {class_name:?} parameter onDelete={other:?} is neither \"delete\" nor \"retain\""
         )));
     }
-    parameters_policy(params).map_err(|v| {
+    parameters_policy(parameters).map_err(|v| {
         Refusal(format!(
             "StorageClass {class_name:?} parameter archiveOnDelete={v:?} is not a boolean"
         ))
@@ -91,46 +68,16 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
 /// Upstream's delete policy from class `params`: `onDelete` `delete`/`retain` wins (another
 /// value is ignored), else `archiveOnDelete` (`false` deletes), else archive.
 /// Errors: the value of a non-boolean `archiveOnDelete`.
-pub fn parameters_policy(params: &BTreeMap<String, String>) -> Result<OnDelete, &String> {
-    match params.get(PARAM_ON_DELETE).map(String::as_str) {
-        Some("delete") => return Ok(OnDelete::Delete),
-        Some("retain") => return Ok(OnDelete::Retain),
-        _ => {}
+pub fn parameters_policy(params: Option<&BTreeMap<String, String>>) -> Result<OnDelete, String> {
+    let get = |key| params.and_then(|p| p.get(key)).map(String::as_str);
+    // `archiveOnDelete` is read as Go's `strconv.ParseBool` reads it, as upstream does.
+    match (get(PARAM_ON_DELETE), get(PARAM_ARCHIVE_ON_DELETE)) {
+        (Some("delete"), _) => Ok(OnDelete::Delete),
+        (Some("retain"), _) => Ok(OnDelete::Retain),
+        (_, None | Some("1" | "t" | "T" | "TRUE" | "true" | "True")) => Ok(OnDelete::Archive),
+        (_, Some("0" | "f" | "F" | "FALSE" | "false" | "False")) => Ok(OnDelete::Delete),
+        (_, Some(v)) => Err(v.to_string()),
     }
-    match params.get(PARAM_ARCHIVE_ON_DELETE) {
-        None => Ok(OnDelete::Archive),
-        Some(v) => match parse_go_bool(v) {
-            Some(true) => Ok(OnDelete::Archive),
-            Some(false) => Ok(OnDelete::Delete),
-            None => Err(v),
-        },
-    }
-}
-
-/// The sub-directory `options` resolves to (see [`super::pattern`]).
-///
-/// Errors: as [`volume_path`].
-pub fn directory_for(options: &ProvisionOptions) -> Result<RelPath, Refusal> {
-    let meta = &options.pvc.metadata;
-    let input = PatternInput {
-        namespace: meta.namespace.as_deref().unwrap_or_default(),
-        name: meta.name.as_deref().unwrap_or_default(),
-        labels: meta.labels.as_ref(),
-        annotations: meta.annotations.as_ref(),
-        pv_name: &options.pv_name,
-    };
-    let pattern = options
-        .storage_class
-        .parameters
-        .as_ref()
-        .and_then(|p| p.get(PARAM_PATH_PATTERN))
-        .map(String::as_str);
-    volume_path(pattern, &input)
-}
-
-/// `nfs.path` of the directory `rel` below the export.
-pub fn server_path(backend: &NfsSubdir, rel: &RelPath) -> String {
-    format!("{}/{rel}", backend.export_prefix())
 }
 
 /// Create the claim's sub-directory and return its PV (module docs).
@@ -141,36 +88,36 @@ pub fn provision(
     options: &ProvisionOptions,
 ) -> Result<PersistentVolume, ProvisionError> {
     let policy = class_policy(&options.storage_class)?;
-    let quota = QuotaMode::from_parameters(options.storage_class.parameters.as_ref())?;
-    if options
-        .pvc
-        .spec
-        .as_ref()
-        .is_some_and(|spec| spec.selector.is_some())
-    {
+    let params = options.storage_class.parameters.as_ref();
+    let quota = QuotaMode::from_parameters(params)?;
+    let claim_spec = options.pvc.spec.as_ref();
+    if claim_spec.is_some_and(|spec| spec.selector.is_some()) {
         return Err(ProvisionError::finished(
             "claim Selector is not supported by the nfs-subdir backend",
         ));
     }
     let mut pv = backend_kit::claim::filesystem_pv(options, "nfs-subdir")?;
     registry::check_pv_name(&options.pv_name)?;
-    let attrs = create_attrs(options)?;
-    let rel = directory_for(options)?;
-    let storage = &pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .expect("filesystem_pv sets capacity")["storage"];
+    // The class's `directory*` parameters, then the claim's `nfs.io/create*` annotations.
+    let annotations = options.pvc.metadata.annotations.as_ref();
+    let keys = [ANN_CREATE_MODE, ANN_CREATE_UID, ANN_CREATE_GID];
+    let attrs = DirAttrs::from_class(params)?.overridden(annotations, keys, "claim annotation")?;
+    let pattern = params
+        .and_then(|p| p.get(PARAM_PATH_PATTERN))
+        .map(String::as_str);
+    let rel = volume_path(pattern, &options.pvc.metadata, &options.pv_name)?;
+    let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
+    pv.metadata.annotations = Some(BTreeMap::from([annotation]));
+    let spec = pv.spec.get_or_insert_with(Default::default);
+    let storage = &spec.capacity.as_ref().expect("filesystem_pv sets capacity")["storage"];
     let bytes = provisioner_api::quantity::bytes(storage).unwrap_or(u64::MAX);
 
     let room = (quota, bytes, backend.capacity);
     create_dir(&backend.mount, &options.pv_name, &rel, attrs, room)?;
 
-    let annotation = (ANN_ON_DELETE.to_string(), policy.as_str().to_string());
-    pv.metadata.annotations = Some(BTreeMap::from([annotation]));
-    pv.spec.get_or_insert_with(Default::default).nfs = Some(NFSVolumeSource {
+    spec.nfs = Some(NFSVolumeSource {
         server: backend.server.clone(),
-        path: server_path(backend, &rel),
+        path: format!("{}/{rel}", backend.export_prefix()),
         read_only: None,
     });
     Ok(pv)
@@ -223,15 +170,10 @@ fn create_dir(
     };
     // Checked after recording ours, so of two claims whose directories nest
     // (provisioned at once, by any replica) at least one sees the other.
-    match registry::nested_with(&root, pv_name, rel) {
-        Ok(nested) if nested.is_empty() => {}
-        Ok(nested) => return Err(forget(nesting(rel, &nested))),
-        Err(e) => {
-            return Err(forget(Refusal(format!(
-                "cannot read the volume records: {e}"
-            ))))
-        }
-    }
+    registry::nested_with(&root, pv_name, rel)
+        .map_err(|e| Refusal(format!("cannot read the volume records: {e}")))
+        .and_then(|nested| nesting(rel, &nested))
+        .map_err(forget)?;
     drop(guard);
     let (parent, _) =
         safe_fs::create_path(&root, parent_comps, PARENT_MODE).map_err(|e| forget(refusing(e)))?;
@@ -240,27 +182,24 @@ fn create_dir(
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(e) => return Err(forget(Refusal(format!("cannot create \"{rel}\": {e}")))),
     };
-    if !created {
-        let others = registry::other_owners(&root, pv_name, rel).unwrap_or_default();
-        if !retry || !others.is_empty() {
-            let _ = registry::remove(&root, pv_name);
-            return Err(taken(&root, pv_name, rel));
-        }
+    let others = || registry::other_owners(&root, pv_name, rel).unwrap_or_default();
+    if !created && (!retry || !others().is_empty()) {
+        let _ = registry::remove(&root, pv_name);
+        return Err(taken(&root, pv_name, rel));
     }
     let dir = safe_fs::open_path(&parent, &[last.to_string()]).map_err(|e| forget(refusing(e)))?;
-    let mut reserved = false;
-    let reservation = match room {
-        Some(room) => capacity::reserve(&root, pv_name, bytes, room).map(|new| reserved = new),
-        None => Ok(()),
-    };
+    let reserved = room.map_or(Ok(false), |room| {
+        capacity::reserve(&root, pv_name, bytes, room)
+    });
     let shown = format!("\"{rel}\"");
-    let finished = reservation
-        .and_then(|()| quota::limit_and_own(&dir, pv_name, quota, bytes, &attrs, &shown));
+    let finished = reserved
+        .clone()
+        .and_then(|_| quota::limit_and_own(&dir, pv_name, quota, bytes, &attrs, &shown));
     if let Err(refusal) = finished {
         if created {
             let _ = parent.remove_dir(last);
         }
-        if reserved {
+        if reserved == Ok(true) {
             let _ = capacity::release(&root, pv_name);
         }
         return Err(forget(refusal));
@@ -272,17 +211,19 @@ fn create_dir(
 /// Held while a provisioning records its directory and checks for nesting.
 static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The refusal of `rel`, which is inside or contains the `nested` volumes.
-fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> Refusal {
-    let (pv, other) = &nested[0];
+/// Refuses `rel` when it is inside or contains any of the `nested` volumes.
+fn nesting(rel: &RelPath, nested: &[(String, RelPath)]) -> Result<(), Refusal> {
+    let Some((pv, other)) = nested.first() else {
+        return Ok(());
+    };
     let relation = if other.contains(rel) {
         "is inside"
     } else {
         "contains"
     };
-    Refusal(format!(
+    Err(Refusal(format!(
         "directory \"{rel}\" {relation} the directory \"{other}\" of PV {pv}; a volume's directory must neither be inside nor contain another's (check the class's pathPattern and the claim's annotations), refusing"
-    ))
+    )))
 }
 
 fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> Refusal {

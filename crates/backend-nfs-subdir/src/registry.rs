@@ -6,7 +6,7 @@
 
 use std::io::{self, Read, Write};
 
-use cap_std::fs::{Dir, OpenOptions};
+use cap_std::fs::Dir;
 
 use super::pattern::RelPath;
 use backend_kit::{safe_fs, Refusal};
@@ -63,9 +63,7 @@ pub fn get(root: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
 }
 
 fn read_record(dir: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
-    let mut opts = OpenOptions::new();
-    opts.read(true);
-    let file = match dir.open_with(pv_name, &opts) {
+    let file = match dir.open(pv_name) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -89,10 +87,8 @@ pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
     check_name(pv_name)?;
     let dir = open_volumes(root, true)?.expect("created above");
     let tmp = format!(".{pv_name}.tmp");
-    let mut opts = OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    let mut file = dir.open_with(&tmp, &opts)?;
-    file.write_all(format!("{}\n", path.as_string()).as_bytes())?;
+    let mut file = dir.create(&tmp)?;
+    file.write_all(format!("{path}\n").as_bytes())?;
     file.sync_all()?;
     dir.rename(&tmp, &dir, pv_name)
 }

@@ -1,5 +1,5 @@
 //! Per-operation deadlines, the seed's `context.WithTimeout` around one sync
-//! (`--provision-timeout`, `--deletion-timeout`): [`scope`] sets the task's
+//! (`--provision-timeout`, `--deletion-timeout`): [`within`] sets the task's
 //! [`Deadline`], backends read it with [`current`]/[`cancelled`], and [`bound`]
 //! abandons a call [`ABANDON_GRACE`] after it. Why a task-local:
 //! docs/decisions/0007-operation-deadline-is-task-local.md.
@@ -17,12 +17,14 @@ tokio::task_local! {
 /// its own (cancellation) error before it is abandoned.
 pub const ABANDON_GRACE: Duration = Duration::from_secs(1);
 
-/// The deadline of one operation: when it started being bounded and how long
-/// it may take.
+/// The deadline of one operation: the instant it must be finished by and the
+/// configured timeout it was made from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
-    at: Instant,
-    timeout: Duration,
+    /// The instant the operation must be finished by.
+    pub at: Instant,
+    /// The configured timeout this deadline was made from.
+    pub timeout: Duration,
 }
 
 impl Deadline {
@@ -32,26 +34,6 @@ impl Deadline {
             at: Instant::now() + timeout,
             timeout,
         }
-    }
-
-    /// The instant the operation must be finished by.
-    pub fn at(&self) -> Instant {
-        self.at
-    }
-
-    /// The configured timeout this deadline was made from.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// Time left until the deadline (zero once it passed).
-    pub fn remaining(&self) -> Duration {
-        self.at.saturating_duration_since(Instant::now())
-    }
-
-    /// Completes when the deadline passes (seed: `<-ctx.Done()`).
-    pub async fn exceeded(&self) {
-        tokio::time::sleep_until(self.at).await
     }
 }
 
@@ -64,15 +46,6 @@ pub struct Exceeded {
     pub timeout: Duration,
 }
 
-/// Run `fut` with `deadline` as the current task's deadline (no deadline when
-/// `None`). Does not itself stop `fut`: see [`bound`].
-pub async fn scope<F: Future>(deadline: Option<Deadline>, fut: F) -> F::Output {
-    match deadline {
-        Some(d) => CURRENT.scope(d, fut).await,
-        None => fut.await,
-    }
-}
-
 /// The deadline of the operation this task is running, if any.
 pub fn current() -> Option<Deadline> {
     CURRENT.try_with(|d| *d).ok()
@@ -82,7 +55,7 @@ pub fn current() -> Option<Deadline> {
 /// For backends: `select!` on it to stop cleanly and return an error.
 pub async fn cancelled() {
     match current() {
-        Some(d) => d.exceeded().await,
+        Some(d) => tokio::time::sleep_until(d.at).await,
         None => std::future::pending().await,
     }
 }
@@ -93,11 +66,9 @@ pub async fn cancelled() {
 pub async fn bound<F: Future>(fut: F) -> Result<F::Output, Exceeded> {
     match current() {
         None => Ok(fut.await),
-        Some(d) => tokio::time::timeout_at(d.at() + ABANDON_GRACE, fut)
+        Some(d) => tokio::time::timeout_at(d.at + ABANDON_GRACE, fut)
             .await
-            .map_err(|_| Exceeded {
-                timeout: d.timeout(),
-            }),
+            .map_err(|_| Exceeded { timeout: d.timeout }),
     }
 }
 
@@ -108,9 +79,8 @@ pub async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::O
     let Some(deadline) = timeout.filter(|t| !t.is_zero()).map(Deadline::after) else {
         return Ok(fut.await);
     };
-    let hard_stop = deadline.at() + 2 * ABANDON_GRACE;
-    let timeout = deadline.timeout();
-    tokio::time::timeout_at(hard_stop, scope(Some(deadline), fut))
+    let Deadline { at, timeout } = deadline;
+    tokio::time::timeout_at(at + 2 * ABANDON_GRACE, CURRENT.scope(deadline, fut))
         .await
         .map_err(|_| Exceeded { timeout })
 }
@@ -123,11 +93,9 @@ mod tests {
     async fn bound_abandons_a_slow_call_after_the_grace() {
         let d = Deadline::after(Duration::from_secs(10));
         let start = Instant::now();
-        let r = scope(
-            Some(d),
-            bound(tokio::time::sleep(Duration::from_secs(3600))),
-        )
-        .await;
+        let r = CURRENT
+            .scope(d, bound(tokio::time::sleep(Duration::from_secs(3600))))
+            .await;
         assert_eq!(
             r,
             Err(Exceeded {
@@ -143,9 +111,14 @@ mod tests {
         let call = async {
             let seen = current().expect("deadline visible inside the scope");
             cancelled().await;
-            Err::<(), _>(format!("stopped, {:?} left", seen.remaining()))
+            Err::<(), _>(format!(
+                "stopped, {:?} left",
+                seen.at.saturating_duration_since(Instant::now())
+            ))
         };
-        let r = scope(Some(Deadline::after(Duration::from_secs(5))), bound(call)).await;
+        let r = CURRENT
+            .scope(Deadline::after(Duration::from_secs(5)), bound(call))
+            .await;
         assert_eq!(r, Ok(Err("stopped, 0ns left".to_string())));
         assert_eq!(start.elapsed(), Duration::from_secs(5));
     }

@@ -32,14 +32,6 @@ impl ProvisionError {
             reason: reason.into(),
         }
     }
-
-    /// A failure that leaves provisioning state as it was ([`ProvisioningState::NoChange`]).
-    pub fn no_change(reason: impl Into<String>) -> Self {
-        ProvisionError::Failed {
-            state: ProvisioningState::NoChange,
-            reason: reason.into(),
-        }
-    }
 }
 
 /// Failure of [`Provisioner::delete`](crate::Provisioner::delete).

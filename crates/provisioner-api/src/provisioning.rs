@@ -24,18 +24,6 @@ pub enum ProvisioningState {
     Reschedule,
 }
 
-impl ProvisioningState {
-    /// Stable lower-case name for logs and metrics labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProvisioningState::Finished => "finished",
-            ProvisioningState::InBackground => "in_background",
-            ProvisioningState::NoChange => "no_change",
-            ProvisioningState::Reschedule => "reschedule",
-        }
-    }
-}
-
 /// Everything a backend needs to provision one volume (seed `ProvisionOptions`).
 #[derive(Debug, Clone)]
 pub struct ProvisionOptions {

@@ -105,7 +105,7 @@ impl FakeProvisioner {
     }
 
     fn record_deadline(&self) {
-        *self.saw_deadline.lock().unwrap() = deadline::current().map(|d| d.timeout());
+        *self.saw_deadline.lock().unwrap() = deadline::current().map(|d| d.timeout);
     }
 }
 

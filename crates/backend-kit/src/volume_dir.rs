@@ -1,0 +1,82 @@
+//! What both backends do to an existing volume directory, relative to its parent's handle:
+//! check it is a real directory, read its age, remove or archive it. `shown` names the
+//! directory in the errors.
+
+use std::io;
+use std::time::Duration;
+
+use provisioner_api::DeleteError;
+
+use crate::safe_fs::{self, Dir, Entry, WalkError};
+use crate::{failed, quota, refused};
+
+/// Whether `name` in `parent` is a real directory (`true`) or absent (`false`).
+/// Errors: [`DeleteError::Refused`] for a symlink or anything else there,
+/// [`DeleteError::Failed`] when the lookup failed.
+pub fn existing(parent: &Dir, name: &str, shown: &str) -> Result<bool, DeleteError> {
+    let entry = safe_fs::entry(parent, name);
+    match entry.map_err(|e| failed(format!("cannot inspect {shown}: {e}")))? {
+        Entry::Absent => Ok(false),
+        Entry::Directory => Ok(true),
+        Entry::Symlink => {
+            let target = parent.read_link_contents(name);
+            let target = target.map_or_else(|_| "?".into(), |t| t.display().to_string());
+            Err(refused(format!(
+                "{shown} is a symlink (to {target}); refusing to follow it"
+            )))
+        }
+        Entry::Other => Err(refused(format!("{shown} is not a directory; refusing"))),
+    }
+}
+
+/// The age of the directory at `components` below `root` ([`safe_fs::age`]); `None` when
+/// it is absent. Errors: [`DeleteError::Refused`] when the walk there fails otherwise,
+/// [`DeleteError::Failed`] when `fstat` does.
+pub fn age(
+    root: &Dir,
+    components: &[String],
+    shown: &str,
+) -> Result<Option<Duration>, DeleteError> {
+    let dir = match safe_fs::open_path(root, components) {
+        Ok(dir) => dir,
+        Err(WalkError::Missing(_)) => return Ok(None),
+        Err(e) => return Err(refused(format!("{shown}: {e}"))),
+    };
+    let age = safe_fs::age(&dir).map_err(|e| failed(format!("cannot inspect {shown}: {e}")))?;
+    Ok(Some(age))
+}
+
+/// Remove `name` of `parent` (the directory of `pv_name`) with all it holds, its own size
+/// limit lifted first ([`quota::lift_before_removal`]); already gone counts as removed.
+/// Errors: [`DeleteError::Failed`].
+pub fn remove(parent: &Dir, name: &str, pv_name: &str, shown: &str) -> Result<(), DeleteError> {
+    quota::lift_before_removal(parent, name, pv_name);
+    match parent.remove_dir_all(name) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(failed(format!("cannot remove {shown}: {e}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Rename `name` of `parent` to the first of `targets` that is free (and at most 255 bytes
+/// long); returns it. Errors: [`DeleteError::Refused`] when none is (nothing is
+/// overwritten), [`DeleteError::Failed`] on I/O.
+pub fn archive(
+    parent: &Dir,
+    name: &str,
+    targets: &[String],
+    shown: &str,
+) -> Result<String, DeleteError> {
+    let cannot = |e: io::Error| failed(format!("cannot archive {shown}: {e}"));
+    for target in targets.iter().filter(|t| t.len() <= 255) {
+        if safe_fs::entry(parent, target).map_err(cannot)? == Entry::Absent {
+            parent.rename(name, parent, target).map_err(cannot)?;
+            return Ok(target.clone());
+        }
+    }
+    Err(refused(format!(
+        "cannot archive {shown}: {} already exists (or is too long); not overwriting it",
+        targets.join(" and ")
+    )))
+}
