@@ -16,7 +16,6 @@ use common::handoff::queue::{PvQueue, QueueError};
 use common::handoff::queue_auth::QueueKey;
 use common::kube::cache::{strip_for_cache, watch_backoff, NameSet};
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
-use common::runtime::config::CommonArgs;
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
 use futures::{Stream, StreamExt};
@@ -56,26 +55,6 @@ pub enum Gone {
     Claim(String),
     /// The claims were (re)listed: walk the intents for claims gone meanwhile.
     Walk,
-}
-
-impl Context {
-    /// Forget a deleted claim's retry state and report it gone; report every
-    /// (re)list, so claims deleted while the watch was down are found too.
-    pub fn observe(&self, event: &watcher::Event<CachedClaim>, gone: &mpsc::UnboundedSender<Gone>) {
-        match event {
-            watcher::Event::Delete(claim) => {
-                if let Some(uid) = claim.meta().uid.clone() {
-                    self.retry.forget(&uid);
-                    self.op.forget_first_attempt(&uid);
-                    let _ = gone.send(Gone::Claim(uid));
-                }
-            }
-            watcher::Event::InitDone => {
-                let _ = gone.send(Gone::Walk);
-            }
-            _ => {}
-        }
-    }
 }
 
 /// Seed `syncClaimHandler` for one claim, holding its lock: sync it if still
@@ -189,19 +168,6 @@ pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the intent gauges are read from Redis.
 pub const INTENT_GAUGES_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Settings of the claim logic from the flags.
-pub fn settings(common: &CommonArgs, args: &ProvisionArgs) -> Settings {
-    Settings {
-        names: ProvisionerNames {
-            name: common.provisioner_name.clone(),
-            additional: args.additional_provisioners.names.clone(),
-        },
-        add_finalizer: args.add_finalizer,
-        failure_threshold: FailureThreshold(args.failed_provision_threshold),
-        provision_timeout: args.provision_timeout,
-    }
-}
-
 /// Retry a Redis call every `--redis-reconnect-period` until it succeeds or
 /// `shutdown` fires (`None`).
 async fn connect_with_retry<T, E: std::fmt::Display, F, Fut>(
@@ -253,12 +219,7 @@ pub struct TermDeps {
 /// controller each term. Returns after `ctx.shutdown` fires and in-flight
 /// syncs finished. Errors: a cache's reflector stopped before its first list.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let TermDeps {
-        args,
-        backend,
-        metrics,
-        queue_key,
-    } = deps;
+    let (args, metrics) = (deps.args, deps.metrics);
     let shutdown = ctx.shutdown.clone();
     let (name, redis) = (ctx.args.provisioner_name.clone(), ctx.args.redis());
     let period = ctx.args.redis_reconnect();
@@ -318,13 +279,22 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     }
 
     let (cluster, event_publisher) = KubeCluster::new(client.clone(), ctx.spec.name, &ctx.identity);
+    let settings = Settings {
+        names: ProvisionerNames {
+            name: name.clone(),
+            additional: args.additional_provisioners.names.clone(),
+        },
+        add_finalizer: args.add_finalizer,
+        failure_threshold: FailureThreshold(args.failed_provision_threshold),
+        provision_timeout: args.provision_timeout,
+    };
     let op = Arc::new(Operation::new(
-        settings(&ctx.args, &args),
+        settings,
         caches.clone(),
         Ports {
-            backend,
+            backend: deps.backend,
             cluster: Arc::new(cluster),
-            handoff: Arc::new(SignedQueue::new(pv_queue, queue_key, &name)),
+            handoff: Arc::new(SignedQueue::new(pv_queue, deps.queue_key, &name)),
             intents: Arc::new(intents.clone()),
         },
         metrics.clone(),
@@ -337,18 +307,26 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let walk = gone_tx.clone();
     let listed = Arc::new(tokio::sync::Notify::new());
     let (observer, first_list) = (loop_ctx.clone(), listed.clone());
-    let trigger = control::trigger(
-        Api::<CachedClaim>::all(client),
-        claim_writer,
-        metrics.queue.clone(),
-        move |event, store| {
-            observer.observe(event, &gone_tx);
-            if matches!(event, watcher::Event::InitDone) {
+    // A deleted claim's retry state is forgotten and it is reported gone; so is every
+    // (re)list, so claims deleted while the watch was down are found too.
+    let observe =
+        move |event: &watcher::Event<CachedClaim>, store: &reflector::Store<_>| match event {
+            watcher::Event::Delete(claim) => {
+                if let Some(uid) = claim.meta().uid.clone() {
+                    observer.retry.forget(&uid);
+                    observer.op.forget_first_attempt(&uid);
+                    let _ = gone_tx.send(Gone::Claim(uid));
+                }
+            }
+            watcher::Event::InitDone => {
+                let _ = gone_tx.send(Gone::Walk);
                 tracing::info!(claims = store.state().len(), "claims listed");
                 first_list.notify_one();
             }
-        },
-    );
+            _ => {}
+        };
+    let claims = Api::<CachedClaim>::all(client);
+    let trigger = control::trigger(claims, claim_writer, metrics.queue.clone(), observe);
     let (rescan, reconcile_all) = futures::channel::mpsc::unbounded();
     let settings = LoopSettings {
         reconcile_all: Some(reconcile_all),
@@ -359,18 +337,17 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
     };
-    tasks.spawn(probe_redis(
+    let readiness = ctx.readiness.clone();
+    let probe = probe_redis(
         op.clone(),
-        RedisProbe {
-            marker: DataMarker::new(intents.connection(), &name),
-            intents,
-            listed,
-            rescan,
-            walk,
-            readiness: ctx.readiness.clone(),
-        },
+        intents,
+        listed,
+        rescan,
+        walk,
+        readiness,
         shutdown.clone(),
-    ));
+    );
+    tasks.spawn(probe);
     tracing::info!(workers = settings.workers, "started provisioning claims");
     let backoff = ctx.args.retry_backoff(crate::SPEC);
     tokio::join!(
@@ -392,34 +369,20 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
-/// What [`probe_redis`] reads and whom it tells.
-struct RedisProbe {
-    /// Answers the readiness probe (`HLEN` of the intents).
+/// From the claims' first list (`listed`) until `shutdown`: `readiness` from Redis
+/// (`HLEN` of the `intents`) every [`REDIS_PROBE_INTERVAL`], the intent gauges every
+/// [`INTENT_GAUGES_INTERVAL`], every claim reconciled again (`rescan`) when Redis lost its
+/// data (its data marker), an intent `walk` when it answers again.
+async fn probe_redis(
+    op: Arc<Operation>,
     intents: IntentStore,
-    /// Notified once the claims are first listed; probing starts then.
     listed: Arc<tokio::sync::Notify>,
-    /// Tells whether Redis lost its data since the last look.
-    marker: DataMarker,
-    /// One item reconciles every claim again.
     rescan: futures::channel::mpsc::UnboundedSender<()>,
-    /// Asks for a walk of the intents (claims gone while Redis did not answer).
     walk: mpsc::UnboundedSender<Gone>,
-    /// The service's `/readyz`.
     readiness: common::runtime::http::Readiness,
-}
-
-/// From the claims' first list until `shutdown`: readiness from Redis every
-/// [`REDIS_PROBE_INTERVAL`], the intent gauges every [`INTENT_GAUGES_INTERVAL`], every claim
-/// reconciled again (`rescan`) when Redis lost its data, an intent walk when it answers again.
-async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: CancellationToken) {
-    let RedisProbe {
-        intents,
-        listed,
-        mut marker,
-        rescan,
-        walk,
-        readiness,
-    } = probe;
+    shutdown: CancellationToken,
+) {
+    let mut marker = DataMarker::new(intents.connection(), &op.settings.names.name);
     tokio::select! {
         _ = shutdown.cancelled() => return,
         _ = listed.notified() => {}
