@@ -18,9 +18,11 @@ use common::handoff::queue_auth::{AuthError, QueueKey};
 use common::kube::events::{event, reason, EventSink};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::serde::de::DeserializeOwned;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::ClusterResourceScope;
 use kube::runtime::events::Event;
-use kube::Client;
+use kube::{Client, Resource};
 use tokio::sync::mpsc;
 
 /// Why a side effect of the provision operation failed; its text goes into
@@ -73,7 +75,9 @@ pub trait ClusterApi: Send + Sync + 'static {
 
     /// Whether the PV `name` exists, by a live GET on the API server (never a
     /// cache, which may lag): `Ok(false)` only on 404, `Err` for any other failure.
-    async fn pv_exists(&self, name: &str) -> Effect<bool>;
+    async fn pv_exists(&self, name: &str) -> Effect<bool> {
+        Ok(self.get_pv(name).await?.is_some())
+    }
 
     /// Whether the claim `namespace/name` exists with `uid`, by a live list
     /// limited to that name (never a cache); `Err` when the API call failed.
@@ -176,9 +180,7 @@ impl SignedQueue {
             provisioner_name: provisioner_name.to_string(),
         }
     }
-}
 
-impl SignedQueue {
     /// `payload` decoded, its MAC verified (unless unsigned on purpose) and
     /// checked to be the PV `pv_name` of the claim `claim_uid`.
     fn verified(
@@ -333,36 +335,32 @@ impl KubeCluster {
         }));
         (Self { client, events: tx }, publisher)
     }
+
+    /// GET the cluster-scoped object `name`: `Ok(None)` on 404.
+    async fn get<K>(&self, name: &str) -> Effect<Option<K>>
+    where
+        K: Resource<Scope = ClusterResourceScope, DynamicType = ()>,
+        K: Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        if name.is_empty() {
+            return Err(EffectError::EmptyName);
+        }
+        let call = format!("get {} {name:?}", K::kind(&()));
+        Api::<K>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(kube_failed(call))
+    }
 }
 
 #[async_trait]
 impl ClusterApi for KubeCluster {
     async fn get_node(&self, name: &str) -> Effect<Option<Node>> {
-        if name.is_empty() {
-            return Err(EffectError::EmptyName);
-        }
-        Api::<Node>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(kube_failed(format!("get Node {name:?}")))
-    }
-
-    async fn pv_exists(&self, name: &str) -> Effect<bool> {
-        if name.is_empty() {
-            return Err(EffectError::EmptyName);
-        }
-        Api::<PersistentVolume>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map(|pv| pv.is_some())
-            .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
+        self.get(name).await
     }
 
     async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>> {
-        Api::<PersistentVolume>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
+        self.get(name).await
     }
 
     async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()> {
