@@ -76,14 +76,7 @@ impl ProvisionerNames {
 /// The claim's StorageClass name: the beta annotation, else
 /// `spec.storageClassName`, else `""`.
 pub fn claim_class(claim: &PersistentVolumeClaim) -> String {
-    if let Some(class) = annotation(claim, ANN_BETA_STORAGE_CLASS) {
-        return class.to_string();
-    }
-    claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.clone())
-        .unwrap_or_default()
+    annotation(claim, ANN_BETA_STORAGE_CLASS).map_or_else(|| metrics_class(claim), str::to_string)
 }
 
 /// The class name used as the metrics `class` label: `spec.storageClassName`

@@ -9,26 +9,14 @@
 use common::runtime::metrics::{counter, counter_vec, gauge, gauge_vec, SeedMetrics};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-/// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
-/// `""` when unset): `total` = volumes made whose PV was queued, `failed_total` = failed
-/// attempts (each retry counts), `duration_seconds` = start of a successful attempt to PV queued.
-pub type ProvisionStageMetrics = SeedMetrics;
-
-/// The families of [`ProvisionStageMetrics`], registered into `registry`.
-fn provision_stage(registry: &Registry) -> ProvisionStageMetrics {
-    SeedMetrics::with_names(registry, [
-        ("provision_svc_volumes_provisioned_total", "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name."),
-        ("provision_svc_provision_failed_total", "Failed provision attempts in provision-svc (each retry counts), by storage class name."),
-        ("provision_svc_provision_duration_seconds", "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name."),
-    ])
-}
-
 /// All metrics of provision-svc.
 #[derive(Clone)]
 pub struct ServiceMetrics {
-    /// `provision_svc_volumes_provisioned_total`, `provision_svc_provision_failed_total`,
-    /// `provision_svc_provision_duration_seconds`, label `class`.
-    pub provision: ProvisionStageMetrics,
+    /// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
+    /// `""` when unset): `provision_svc_volumes_provisioned_total` (PV queued),
+    /// `provision_svc_provision_failed_total` (each retry counts),
+    /// `provision_svc_provision_duration_seconds` (successful attempt's start to PV queued).
+    pub provision: SeedMetrics,
     /// client-go's `workqueue_*` families of the claim queue (`name="claims"`).
     pub queue: common::kube::workqueue_metrics::WorkQueueMetrics,
     /// `provision_svc_operations_in_flight`: provision operations running now.
@@ -60,7 +48,11 @@ impl ServiceMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
         Self {
-            provision: provision_stage(registry),
+            provision: SeedMetrics::with_names(registry, [
+                ("provision_svc_volumes_provisioned_total", "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name."),
+                ("provision_svc_provision_failed_total", "Failed provision attempts in provision-svc (each retry counts), by storage class name."),
+                ("provision_svc_provision_duration_seconds", "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name."),
+            ]),
             queue: common::kube::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
             in_flight: gauge(
                 registry,
