@@ -21,14 +21,11 @@ use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
-use provisioner_api::deadline;
-use provisioner_api::Provisioner;
-use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
+use provisioner_api::{deadline, ProvisionError, ProvisionOptions, Provisioner, ProvisioningState};
 
 use crate::decision::{self, ClassNotFound, ProvisionerNames};
 use crate::locks::ClaimLocks;
-use crate::metrics::InFlight;
-use crate::metrics::ServiceMetrics;
+use crate::metrics::{InFlight, ServiceMetrics};
 use crate::ports::{ClusterApi, Effect, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.

@@ -64,6 +64,11 @@ pub async fn resize(
     claim: &PersistentVolumeClaim,
     want: Wanted,
 ) -> Result<(), OpError> {
+    let resized = grow(op, claim, &want).await;
+    resized.map_err(|e| OpError::Failed(format!("resizing volume {}: {e}", want.pv)))
+}
+
+async fn grow(op: &Operation, claim: &PersistentVolumeClaim, want: &Wanted) -> anyhow::Result<()> {
     let cluster = &op.ports.cluster;
     let refuse = |note: String| {
         tracing::warn!(pv = %want.pv, %note, "volume not resized");
@@ -78,12 +83,7 @@ pub async fn resize(
             "StorageClass {class_name:?} does not allow volume expansion"
         ));
     }
-    let failed = |e: String| OpError::Failed(format!("resizing volume {}: {e}", want.pv));
-    let Some(pv) = cluster
-        .get_pv(&want.pv)
-        .await
-        .map_err(|e| failed(e.to_string()))?
-    else {
+    let Some(pv) = cluster.get_pv(&want.pv).await? else {
         return Ok(());
     };
     if let Some(why) = not_this_claims(&pv, claim, &op.settings.names) {
@@ -119,10 +119,7 @@ pub async fn resize(
             "lastTransitionTime": now.unwrap_or_default()});
         let conditions: Vec<_> = others.iter().cloned().chain([resizing]).collect();
         let status = json!({"status": {"conditions": conditions}});
-        cluster
-            .patch_claim_status(claim, &status)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        cluster.patch_claim_status(claim, &status).await?;
         let note = format!("External resizer is resizing volume {}", want.pv);
         cluster.claim_event(claim, false, RESIZING, note);
         if let Err(e) = op.ports.backend.expand(&pv, want.bytes).await {
@@ -132,19 +129,13 @@ pub async fn resize(
                 VOLUME_RESIZE_FAILED,
                 format!("resize volume {} failed: {e}", want.pv),
             );
-            return Err(failed(e.to_string()));
+            return Err(e.into());
         }
         let patch = json!({"spec": {"capacity": {"storage": want.request}}});
-        cluster
-            .patch_pv(&want.pv, &patch)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        cluster.patch_pv(&want.pv, &patch).await?;
     }
     let status = json!({"status": {"capacity": {"storage": want.request}, "conditions": others}});
-    cluster
-        .patch_claim_status(claim, &status)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+    cluster.patch_claim_status(claim, &status).await?;
     tracing::info!(pv = %want.pv, bytes = want.bytes, grown, "volume resized");
     if grown {
         let note = "Resize volume succeeded".to_string();
