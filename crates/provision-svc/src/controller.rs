@@ -12,13 +12,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use common::handoff::data_marker::DataMarker;
 use common::handoff::intents::IntentStore;
-use common::handoff::queue::{PvQueue, QueueError};
+use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
 use common::kube::cache::{strip_for_cache, watch_backoff, NameSet};
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
@@ -168,38 +168,14 @@ pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the intent gauges are read from Redis.
 pub const INTENT_GAUGES_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Retry a Redis call every `--redis-reconnect-period` until it succeeds or
-/// `shutdown` fires (`None`).
-async fn connect_with_retry<T, E: std::fmt::Display, F, Fut>(
-    what: &str,
-    shutdown: &CancellationToken,
-    policy: Backoff,
-    connect: F,
-) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    policy
-        .retry(shutdown, connect, |e, _, _| {
-            tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying")
-        })
-        .await
-}
-
-/// Drive a cache's reflector stream; `on_event` sees every applied event,
-/// watch errors are logged ([`control::log_watch_error`]).
-async fn drive<K, S>(kind: &'static str, stream: S, mut on_event: impl FnMut(&watcher::Event<K>))
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(ev) => on_event(&ev),
-            Err(e) => control::log_watch_error(kind, &e),
+/// Drive a cache's watch stream, logging its errors ([`control::log_watch_error`]).
+async fn drive<T>(kind: &'static str, stream: impl Stream<Item = Result<T, watcher::Error>>) {
+    let log = |item: Result<T, _>| async move {
+        if let Err(e) = item {
+            control::log_watch_error(kind, &e);
         }
-    }
+    };
+    stream.for_each(log).await
 }
 
 /// What a leader term needs besides the [`ServiceContext`]; cloned per term.
@@ -224,21 +200,20 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let (name, redis) = (ctx.args.provisioner_name.clone(), ctx.args.redis());
     let period = ctx.args.redis_reconnect();
     let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
-    let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || async {
-        Ok::<_, QueueError>(
-            PvQueue::connect(&redis, &name)
-                .await?
-                .with_replica_acks(acks.0, acks.1),
-        )
-    })
-    .await
-    else {
+    // Each retried every `--redis-reconnect-period` until it succeeds or `shutdown` fires.
+    let log = |what: &'static str| move |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying");
+    let queue = || async {
+        Ok(PvQueue::connect(&redis, &name)
+            .await?
+            .with_replica_acks(acks.0, acks.1))
+    };
+    let Some(pv_queue) = period.retry(&shutdown, queue, log("PV-write queue")).await else {
         return Ok(());
     };
-    let Some(intents) = connect_with_retry("provisioning intents", &shutdown, period, || {
-        IntentStore::connect(&redis, &name)
-    })
-    .await
+    let intents = || async { Ok(IntentStore::connect(&redis, &name).await?) };
+    let Some(intents) = period
+        .retry(&shutdown, intents, log("provisioning intents"))
+        .await
     else {
         return Ok(());
     };
@@ -255,19 +230,13 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let mut tasks = tokio::task::JoinSet::new();
     let classes = watcher(Api::<StorageClass>::all(client.clone()), Default::default());
     let classes = reflector::reflector(class_writer, classes.modify(strip_for_cache));
-    tasks.spawn(drive(
-        "StorageClass",
-        classes.backoff(watch_backoff()),
-        |_| {},
-    ));
+    tasks.spawn(drive("StorageClass", classes.backoff(watch_backoff())));
     // Metadata only, and of that only the names: is `pvc-<uid>` there?
     let pvs = Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone());
     let volume_names = caches.volumes.clone();
-    tasks.spawn(drive(
-        "PersistentVolume",
-        watcher(pvs, Default::default()).backoff(watch_backoff()),
-        move |ev| volume_names.apply_watcher_event(ev),
-    ));
+    let pvs = watcher(pvs, Default::default()).backoff(watch_backoff());
+    let pvs = pvs.inspect_ok(move |ev| volume_names.apply_watcher_event(ev));
+    tasks.spawn(drive("PersistentVolume", pvs));
     let synced = async {
         caches.classes.wait_until_ready().await?;
         caches.volumes.wait_until_ready().await;
