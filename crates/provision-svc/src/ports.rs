@@ -9,12 +9,12 @@
 //! Errors are [`EffectError`]s: every caller turns them into an event or a
 //! log line and a retry.
 
-use api_types::queue::{DecodeError, ProvisionIntent, QueuedPvWrite};
+use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
 use common::handoff::intents::{IntentEntry, IntentError, IntentStore};
 use common::handoff::queue::{PvQueue, QueueError};
-use common::handoff::queue_auth::{AuthError, QueueKey};
+use common::handoff::queue_auth::QueueKey;
 use common::kube::events::{event, reason, EventSink};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
@@ -188,33 +188,17 @@ impl SignedQueue {
         payload: &[u8],
         pv_name: &str,
         claim_uid: &str,
-    ) -> Result<QueuedPvWrite, Unverifiable> {
+    ) -> anyhow::Result<QueuedPvWrite> {
         let entry = QueuedPvWrite::decode(payload)?;
         if let Some(key) = &self.key {
             key.verify(&self.provisioner_name, &entry)?;
         }
-        if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
-            return Err(Unverifiable::OtherClaim {
-                pv_name: entry.pv_name().to_string(),
-                claim_uid: entry.claim.uid,
-            });
+        let (pv, uid) = (entry.pv_name(), &entry.claim.uid);
+        if pv != pv_name || uid != claim_uid {
+            anyhow::bail!("it is for PV {pv:?} of claim uid {uid}");
         }
         Ok(entry)
     }
-}
-
-/// Why a queued payload is not this claim's entry ([`QueuedState::Stalled`]).
-#[derive(Debug, thiserror::Error)]
-enum Unverifiable {
-    /// Not a readable entry.
-    #[error(transparent)]
-    Decode(#[from] DecodeError),
-    /// Not signed with the queue key.
-    #[error(transparent)]
-    Signature(#[from] AuthError),
-    /// Another PV's or claim's entry.
-    #[error("it is for PV {pv_name:?} of claim uid {claim_uid}")]
-    OtherClaim { pv_name: String, claim_uid: String },
 }
 
 #[async_trait]
