@@ -274,8 +274,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     });
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let walk = gone_tx.clone();
-    let listed = Arc::new(tokio::sync::Notify::new());
-    let (observer, first_list) = (loop_ctx.clone(), listed.clone());
+    let observer = loop_ctx.clone();
     // A deleted claim's retry state is forgotten and it is reported gone; so is every
     // (re)list, so claims deleted while the watch was down are found too.
     let observe =
@@ -290,7 +289,6 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             watcher::Event::InitDone => {
                 let _ = gone_tx.send(Gone::Walk);
                 tracing::info!(claims = store.state().len(), "claims listed");
-                first_list.notify_one();
             }
             _ => {}
         };
@@ -310,7 +308,6 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let probe = probe_redis(
         op.clone(),
         intents,
-        listed,
         rescan,
         walk,
         readiness,
@@ -338,14 +335,13 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
-/// From the claims' first list (`listed`) until `shutdown`: `readiness` from Redis
+/// From the claims' first list until `shutdown`: `readiness` from Redis
 /// (`HLEN` of the `intents`) every [`REDIS_PROBE_INTERVAL`], the intent gauges every
 /// [`INTENT_GAUGES_INTERVAL`], every claim reconciled again (`rescan`) when Redis lost its
 /// data (its data marker), an intent `walk` when it answers again.
 async fn probe_redis(
     op: Arc<Operation>,
     intents: IntentStore,
-    listed: Arc<tokio::sync::Notify>,
     rescan: futures::channel::mpsc::UnboundedSender<()>,
     walk: mpsc::UnboundedSender<Gone>,
     readiness: common::runtime::http::Readiness,
@@ -354,7 +350,7 @@ async fn probe_redis(
     let mut marker = DataMarker::new(intents.connection(), &op.settings.names.name);
     tokio::select! {
         _ = shutdown.cancelled() => return,
-        _ = listed.notified() => {}
+        _ = op.caches.claims.wait_until_ready() => {}
     }
     let mut up = true;
     let mut gauges_read = tokio::time::Instant::now() - INTENT_GAUGES_INTERVAL;

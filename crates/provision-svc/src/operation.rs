@@ -191,6 +191,7 @@ impl Operation {
     /// support, the class and its provisioner, the selected node), then the intent, the
     /// backend and the hand-off to pv-writer. `Err` is the attempt's end.
     async fn provision(&self, claim: &PersistentVolumeClaim) -> Result<(), Attempt> {
+        let cluster = &self.ports.cluster;
         let key = ClaimKey::of(claim).ok_or_else(|| {
             let msg = "claim lacks a namespace, name or uid".to_string();
             failed(ProvisioningState::NoChange, msg)
@@ -203,9 +204,7 @@ impl Operation {
                 self.settings.names.name
             );
             tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
-            self.ports
-                .cluster
-                .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
+            cluster.claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
             return Err(STOP);
         }
         // A missing class is retried: it can be (re)created independently of the claim.
@@ -233,9 +232,7 @@ impl Operation {
             "External provisioner is provisioning volume for claim {:?}",
             decision::claim_key(claim)
         );
-        self.ports
-            .cluster
-            .claim_event(claim, false, reason::PROVISIONING, note);
+        cluster.claim_event(claim, false, reason::PROVISIONING, note);
 
         // A backend overrunning the deadline is abandoned: the attempt fails as
         // `InBackground`, as a cancelled context does for the seed's provisioners.
@@ -277,13 +274,10 @@ impl Operation {
             enqueued_at_ms: now_ms(),
             mac: None,
         };
-        match self.ports.handoff.enqueue(&entry).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let msg = format!("queueing PV {pv_name:?} for pv-writer: {e}");
-                Err((ProvisioningState::Finished, Err(OpError::NotQueued(msg))))
-            }
-        }
+        self.ports.handoff.enqueue(&entry).await.map_err(|e| {
+            let msg = format!("queueing PV {pv_name:?} for pv-writer: {e}");
+            (ProvisioningState::Finished, Err(OpError::NotQueued(msg)))
+        })
     }
 
     /// Stop when the PV `pv_name` exists or is queued ("queued?" is always asked

@@ -136,9 +136,8 @@ pub trait PvHandoff: Send + Sync + 'static {
     /// `claim_uid` (pending or dead-lettered); `None` otherwise.
     async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>>;
     /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
-    /// step, clear the PV's provisioning intent. Returns true when an intent
-    /// was cleared by it.
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool>;
+    /// step, clear the PV's provisioning intent.
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<()>;
 }
 
 /// Durable provisioning intents, as provision-svc uses them; the intent's
@@ -238,13 +237,14 @@ impl PvHandoff for SignedQueue {
         })
     }
 
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool> {
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<()> {
         let mut entry = entry.clone();
         match &self.key {
             Some(key) => key.sign(&self.provisioner_name, &mut entry),
             None => entry.mac = None,
         }
-        Ok(self.queue.enqueue(&entry).await?.intent_cleared)
+        self.queue.enqueue(&entry).await?;
+        Ok(())
     }
 }
 

@@ -123,12 +123,8 @@ async fn grow(op: &Operation, claim: &PersistentVolumeClaim, want: &Wanted) -> a
         let note = format!("External resizer is resizing volume {}", want.pv);
         cluster.claim_event(claim, false, RESIZING, note);
         if let Err(e) = op.ports.backend.expand(&pv, want.bytes).await {
-            cluster.claim_event(
-                claim,
-                true,
-                VOLUME_RESIZE_FAILED,
-                format!("resize volume {} failed: {e}", want.pv),
-            );
+            let note = format!("resize volume {} failed: {e}", want.pv);
+            cluster.claim_event(claim, true, VOLUME_RESIZE_FAILED, note);
             return Err(e.into());
         }
         let patch = json!({"spec": {"capacity": {"storage": want.request}}});
