@@ -21,7 +21,8 @@ use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
-use provisioner_api::{deadline, ProvisionError, ProvisionOptions, Provisioner, ProvisioningState};
+use provisioner_api::ProvisioningState::{self, Finished, InBackground, NoChange, Reschedule};
+use provisioner_api::{deadline, ProvisionError, ProvisionOptions, Provisioner};
 
 use crate::decision::{self, ClassNotFound, ProvisionerNames};
 use crate::locks::ClaimLocks;
@@ -49,7 +50,7 @@ pub type Attempt = (ProvisioningState, Result<(), OpError>);
 
 /// The attempt's end when provisioning is impossible or already done (seed
 /// `errStopProvision`).
-const STOP: Attempt = (ProvisioningState::Finished, Err(OpError::Stop));
+const STOP: Attempt = (Finished, Err(OpError::Stop));
 
 /// A failed attempt in `state`, to be retried.
 fn failed(state: ProvisioningState, msg: String) -> Attempt {
@@ -182,7 +183,7 @@ impl Operation {
     pub async fn provision_claim_operation(&self, claim: &PersistentVolumeClaim) -> Attempt {
         tracing::info!("provision operation started");
         match self.provision(claim).await {
-            Ok(()) => (ProvisioningState::Finished, Ok(())),
+            Ok(()) => (Finished, Ok(())),
             Err(attempt) => attempt,
         }
     }
@@ -194,7 +195,7 @@ impl Operation {
         let cluster = &self.ports.cluster;
         let key = ClaimKey::of(claim).ok_or_else(|| {
             let msg = "claim lacks a namespace, name or uid".to_string();
-            failed(ProvisioningState::NoChange, msg)
+            failed(NoChange, msg)
         })?;
         let pv_name = pv_name_for_claim_uid(&key.uid);
         self.not_yet_made(claim, &pv_name, &key.uid).await?;
@@ -210,7 +211,7 @@ impl Operation {
         // A missing class is retried: it can be (re)created independently of the claim.
         let class = self.class(&decision::claim_class(claim)).map_err(|e| {
             tracing::error!(error = %e, "error getting claim's StorageClass's fields");
-            failed(ProvisioningState::Finished, e.to_string())
+            failed(Finished, e.to_string())
         })?;
         if !self.settings.names.is_known(&class.provisioner) {
             tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in claim's StorageClass");
@@ -220,7 +221,7 @@ impl Operation {
         let intent = intent_of(claim, key.clone(), Some(&class));
         if let Err(e) = self.ports.intents.record(&intent, claim, None).await {
             let msg = format!("recording the provisioning intent of {pv_name:?}: {e}");
-            return Err(failed(ProvisioningState::NoChange, msg));
+            return Err(failed(NoChange, msg));
         }
         let options = ProvisionOptions {
             storage_class: class.as_ref().clone(),
@@ -240,7 +241,7 @@ impl Operation {
             .await
             .unwrap_or_else(|e| {
                 Err(ProvisionError::Failed {
-                    state: ProvisioningState::InBackground,
+                    state: InBackground,
                     reason: e.to_string(),
                 })
             });
@@ -276,7 +277,7 @@ impl Operation {
         };
         self.ports.handoff.enqueue(&entry).await.map_err(|e| {
             let msg = format!("queueing PV {pv_name:?} for pv-writer: {e}");
-            (ProvisioningState::Finished, Err(OpError::NotQueued(msg)))
+            (Finished, Err(OpError::NotQueued(msg)))
         })
     }
 
@@ -304,16 +305,13 @@ impl Operation {
                     "{reason}; the claim stays Pending until an operator acts: inspect it with `provisioner-ctl queue dead` / `provisioner-ctl queue list`; requeue it (`provisioner-ctl queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
                 );
                 tracing::warn!(pv = %pv_name, kind, error = %msg, "the claim's queued PV write will never be written");
-                self.metrics
-                    .stalled_queue_entries
-                    .with_label_values(&[kind])
-                    .inc();
-                let state = ProvisioningState::Finished;
-                Err(self.error_handling(state, msg, claim).await)
+                let stalled = &self.metrics.stalled_queue_entries;
+                stalled.with_label_values(&[kind]).inc();
+                Err(self.error_handling(Finished, msg, claim).await)
             }
             Err(e) => {
                 let msg = format!("checking pv-writer's queue for {pv_name:?}: {e}");
-                Err(failed(ProvisioningState::NoChange, msg))
+                Err(failed(NoChange, msg))
             }
         }
     }
@@ -326,14 +324,8 @@ impl Operation {
         };
         let (state, err) = match self.ports.cluster.get_node(node_name).await {
             Ok(Some(node)) => return Ok(Some(node)),
-            Ok(None) => (
-                ProvisioningState::Reschedule,
-                format!("nodes {node_name:?} not found"),
-            ),
-            Err(e) => (
-                ProvisioningState::NoChange,
-                format!("failed to get target node: {e}"),
-            ),
+            Ok(None) => (Reschedule, format!("nodes {node_name:?} not found")),
+            Err(e) => (NoChange, format!("failed to get target node: {e}")),
         };
         Err(self.error_handling(state, err, claim).await)
     }
@@ -350,11 +342,11 @@ impl Operation {
     ) -> Attempt {
         let cluster = &self.ports.cluster;
         cluster.claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
-        if state != ProvisioningState::Reschedule {
+        if state != Reschedule {
             return failed(state, err);
         }
         if decision::annotation(claim, ANN_SELECTED_NODE).is_none() {
-            return failed(ProvisioningState::Finished, err);
+            return failed(Finished, err);
         }
         match cluster.remove_selected_node(claim).await {
             Ok(()) => {
@@ -363,7 +355,7 @@ impl Operation {
             }
             Err(e) => {
                 tracing::info!(operation = "provision", error = %e, "volume rescheduling failed");
-                failed(ProvisioningState::Finished, err)
+                failed(Finished, err)
             }
         }
     }
@@ -402,8 +394,8 @@ impl Operation {
         match (&e, state) {
             // The volume exists but its PV write is not queued: intent kept.
             (OpError::NotQueued(_), _) => self.flag_in_background(claim, false).await,
-            (_, ProvisioningState::Finished) => self.clear_intent(&pv_name).await,
-            (_, ProvisioningState::InBackground) => {
+            (_, Finished) => self.clear_intent(&pv_name).await,
+            (_, InBackground) => {
                 tracing::info!("temporary error; claim is provisioning in background");
                 self.flag_in_background(claim, true).await;
             }

@@ -40,13 +40,8 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
             "provisioning intents in Redis cannot be read; kept for an operator"
         );
     }
-    let cached: HashSet<String> = op
-        .caches
-        .claims
-        .state()
-        .iter()
-        .filter_map(|c| c.meta().uid.clone())
-        .collect();
+    let state = op.caches.claims.state();
+    let cached: HashSet<_> = state.iter().filter_map(|c| c.meta().uid.clone()).collect();
     let gone: Vec<String> = entries
         .into_iter()
         .map(|e| e.intent.claim.uid)
