@@ -12,6 +12,7 @@ use api_types::{
 use common::kube::events::claim_ref_of;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
 
 /// Seed `shouldProvision`: not when bound, declined by the backend, expecting
 /// no or another provisioner; with `WaitForFirstConsumer` only once a node is
@@ -109,12 +110,7 @@ pub fn is_block(claim: &PersistentVolumeClaim) -> bool {
 
 /// The value of annotation `key` on `claim`.
 pub fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
-    claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
+    claim.annotations().get(key).map(String::as_str)
 }
 
 /// The PV to queue for a volume the backend made for `claim`: `claimRef` to

@@ -5,12 +5,15 @@
 //! `VolumeResizeSuccessful` or `VolumeResizeFailed`.
 //! No node-side step: a directory needs no filesystem resize. Why here: docs/ARCHITECTURE.md.
 
+use std::collections::BTreeMap;
+
 use api_types::ANN_DYNAMICALLY_PROVISIONED;
 use common::kube::events::reason::{RESIZING, VOLUME_RESIZE_FAILED, VOLUME_RESIZE_SUCCESSFUL};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
 use provisioner_api::quantity;
 use serde_json::json;
 
@@ -40,19 +43,9 @@ pub fn wanted(claim: &PersistentVolumeClaim, names: &ProvisionerNames) -> Option
     }
     let spec = claim.spec.as_ref()?;
     let pv = spec.volume_name.clone().filter(|v| !v.is_empty())?;
-    let request = spec
-        .resources
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .get("storage")?
-        .clone();
+    let request = storage(spec.resources.as_ref()?.requests.as_ref())?.clone();
     let bytes = quantity::bytes(&request)?;
-    let capacity = status
-        .capacity
-        .as_ref()
-        .and_then(|c| c.get("storage"))
-        .and_then(quantity::bytes);
+    let capacity = storage(status.capacity.as_ref()).and_then(quantity::bytes);
     (capacity.is_none_or(|c| bytes > c)).then_some(Wanted { pv, request, bytes })
 }
 
@@ -89,11 +82,7 @@ async fn grow(op: &Operation, claim: &PersistentVolumeClaim, want: &Wanted) -> a
     if let Some(why) = not_this_claims(&pv, claim, &op.settings.names) {
         return refuse(why);
     }
-    let pv_capacity = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("storage"));
+    let pv_capacity = storage(pv.spec.as_ref().and_then(|s| s.capacity.as_ref()));
     let pv_bytes = pv_capacity.and_then(quantity::bytes).unwrap_or(0);
     if want.bytes < pv_bytes {
         let note = format!(
@@ -148,21 +137,19 @@ fn not_this_claims(
     names: &ProvisionerNames,
 ) -> Option<String> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    let by = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
+    let by = pv.annotations().get(ANN_DYNAMICALLY_PROVISIONED);
     if !by.is_some_and(|p| names.is_known(p)) {
         return Some(format!(
             "PV {name} was not provisioned by this provisioner; not resizing it"
         ));
     }
-    let bound_uid = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.claim_ref.as_ref())
-        .and_then(|r| r.uid.as_deref());
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let bound_uid = claim_ref.and_then(|r| r.uid.as_deref());
     (bound_uid != claim.metadata.uid.as_deref())
         .then(|| format!("PV {name} is not bound to this claim; not resizing it"))
+}
+
+/// The `storage` entry of a resource list (a request or a capacity).
+fn storage(list: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+    list?.get("storage")
 }
