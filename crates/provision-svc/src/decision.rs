@@ -126,20 +126,15 @@ pub fn complete_pv(
     let spec = volume.spec.get_or_insert_with(Default::default);
     spec.claim_ref = Some(claim_ref_of(claim));
     spec.storage_class_name = Some(class.to_string());
+    let meta = &mut volume.metadata;
     if add_finalizer {
-        let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
+        let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
         if !finalizers.iter().any(|f| f == FINALIZER_PV) {
             finalizers.push(FINALIZER_PV.to_string());
         }
     }
-    let annotations = volume
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
-    annotations.insert(
-        ANN_DYNAMICALLY_PROVISIONED.to_string(),
-        provisioner.to_string(),
-    );
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
+    annotations.insert(ANN_DYNAMICALLY_PROVISIONED.into(), provisioner.into());
     volume
 }
 

@@ -154,10 +154,8 @@ impl Operation {
     /// When the claim `uid`'s first provision attempt began (recorded now if
     /// this is the first), in milliseconds since the Unix epoch.
     pub fn first_attempt_ms(&self, uid: &str) -> u64 {
-        *self
-            .first_attempts()
-            .entry(uid.into())
-            .or_insert_with(now_ms)
+        let mut attempts = self.first_attempts();
+        *attempts.entry(uid.into()).or_insert_with(now_ms)
     }
 
     /// The claim `uid` is done (provisioned, stopped, gone or given up on).
@@ -429,11 +427,8 @@ impl Operation {
         };
         let class = self.class(&decision::claim_class(claim)).ok();
         let intent = intent_of(claim, key, class.as_deref());
-        let recorded = self
-            .ports
-            .intents
-            .record(&intent, claim, Some(in_background));
-        if let Err(e) = recorded.await {
+        let intents = &self.ports.intents;
+        if let Err(e) = intents.record(&intent, claim, Some(in_background)).await {
             tracing::warn!(pv = %intent.pv_name, in_background, error = %e, "cannot record the in-background flag of the provisioning intent");
         }
     }

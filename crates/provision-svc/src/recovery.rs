@@ -42,11 +42,8 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
     }
     let state = op.caches.claims.state();
     let cached: HashSet<_> = state.iter().filter_map(|c| c.meta().uid.clone()).collect();
-    let gone: Vec<String> = entries
-        .into_iter()
-        .map(|e| e.intent.claim.uid)
-        .filter(|uid| !cached.contains(uid))
-        .collect();
+    let mut gone: Vec<_> = entries.into_iter().map(|e| e.intent.claim.uid).collect();
+    gone.retain(|uid| !cached.contains(uid));
     tracing::info!(
         intents = stored,
         gone = gone.len(),
