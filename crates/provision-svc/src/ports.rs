@@ -16,6 +16,7 @@ use common::handoff::intents::{IntentEntry, IntentError, IntentStore};
 use common::handoff::queue::{PvQueue, QueueError};
 use common::handoff::queue_auth::QueueKey;
 use common::kube::events::{event, reason, EventSink};
+use futures::channel::mpsc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::serde::de::DeserializeOwned;
@@ -23,7 +24,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
 use kube::runtime::events::Event;
 use kube::{Client, Resource};
-use tokio::sync::mpsc;
 
 /// Why a side effect of the provision operation failed; its text goes into
 /// the claim's events and logs, and the claim is retried.
@@ -310,10 +310,8 @@ impl KubeCluster {
         instance: &str,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let sink = EventSink::new(client.clone(), component, instance);
-        let (tx, rx) = mpsc::unbounded_channel::<PendingEvent>();
-        let stream =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
-        let publisher = tokio::spawn(stream.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
+        let (tx, rx) = mpsc::unbounded::<PendingEvent>();
+        let publisher = tokio::spawn(rx.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
             let sink = sink.clone();
             async move { sink.publish(&e.0, e.1).await }
         }));
@@ -424,9 +422,8 @@ impl ClusterApi for KubeCluster {
             _ => "ProvisionFailed",
         };
         let claim = common::kube::events::reference(claim);
-        let _ = self
-            .events
-            .send((claim, event(warning, reason, action, note)));
+        let event = event(warning, reason, action, note);
+        let _ = self.events.unbounded_send((claim, event));
     }
 }
 
