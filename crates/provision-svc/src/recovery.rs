@@ -53,8 +53,10 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
 }
 
 /// Clean up after the claim `uid`, holding its lock: nothing if it is cached
-/// again; with an intent, [`cleanup_gone_claim`] retried under `policy`
-/// (attempts limited by `limit`); without, [`cleanup_unwritten_volume`].
+/// again; without an intent, [`cleanup_unwritten_volume`]; with one,
+/// [`cleanup_gone_claim`] under `policy` until done or poisoned (reported once, see
+/// module docs), or `shutdown`: each attempt holds a permit of `limit`, released while
+/// it waits out its backoff, so failing claims never hold up the others.
 pub async fn claim_gone(
     op: &Operation,
     uid: &str,
@@ -72,12 +74,35 @@ pub async fn claim_gone(
         return;
     }
     let pv_name = pv_name_for_claim_uid(uid);
-    match op.ports.intents.entry(&pv_name).await {
-        Ok(Some(entry)) => cleanup_with_backoff(op, &entry, limit, policy, shutdown).await,
-        Ok(None) => cleanup_unwritten_volume(op, uid).await,
+    let entry = match op.ports.intents.entry(&pv_name).await {
+        Ok(Some(entry)) => entry,
+        Ok(None) => return cleanup_unwritten_volume(op, uid).await,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent")
+            return tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent")
         }
+    };
+    // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
+    // poisoned, not retried; Err: retried under `policy`.
+    let attempt = || async {
+        let _permit = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            p = limit.acquire() => p.expect("semaphore never closed"),
+        };
+        match cleanup_gone_claim(op, &entry).await {
+            CleanupOutcome::Done => Ok(None),
+            CleanupOutcome::Poisoned(e) => Ok(Some(e)),
+            CleanupOutcome::Retry(e) => Err(e),
+        }
+    };
+    let claim = &entry.intent.claim;
+    let outcome = policy
+        .retry(shutdown, attempt, |e, _, delay| {
+            tracing::warn!(pv = %pv_name, %claim, claim_uid = %claim.uid, error = %e, ?delay, "cleaning up a deleted claim's volume failed");
+        })
+        .await;
+    if let Some(Some(reason)) = outcome {
+        op.metrics.poisoned_intents.inc();
+        tracing::error!(pv = %pv_name, %claim, %reason, kept_for = "an operator, until the next walk", "cannot clean up a deleted claim's volume");
     }
 }
 
@@ -228,39 +253,4 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
     }
     op.clear_intent(pv_name).await;
     CleanupOutcome::Done
-}
-
-/// [`cleanup_gone_claim`] until done or poisoned (reported once, see module docs),
-/// or `shutdown`: each attempt holds a permit of `limit`, released while the
-/// entry waits out its backoff, so failing entries never hold up the others.
-async fn cleanup_with_backoff(
-    op: &Operation,
-    entry: &IntentEntry,
-    limit: &Semaphore,
-    policy: Backoff,
-    shutdown: &CancellationToken,
-) {
-    // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
-    // poisoned, not retried; Err: retried under `policy`.
-    let attempt = || async {
-        let _permit = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            p = limit.acquire() => p.expect("semaphore never closed"),
-        };
-        match cleanup_gone_claim(op, entry).await {
-            CleanupOutcome::Done => Ok(None),
-            CleanupOutcome::Poisoned(e) => Ok(Some(e)),
-            CleanupOutcome::Retry(e) => Err(e),
-        }
-    };
-    let (pv, claim) = (&entry.intent.pv_name, &entry.intent.claim);
-    let outcome = policy
-        .retry(shutdown, attempt, |e, _, delay| {
-            tracing::warn!(pv = %pv, %claim, claim_uid = %claim.uid, error = %e, ?delay, "cleaning up a deleted claim's volume failed");
-        })
-        .await;
-    if let Some(Some(reason)) = outcome {
-        op.metrics.poisoned_intents.inc();
-        tracing::error!(pv = %pv, %claim, %reason, kept_for = "an operator, until the next walk", "cannot clean up a deleted claim's volume");
-    }
 }
