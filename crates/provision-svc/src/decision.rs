@@ -24,27 +24,17 @@ pub fn should_provision(
     class: impl FnOnce(&str) -> Option<Arc<StorageClass>>,
 ) -> Result<bool, ClassNotFound> {
     let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
-    if volume_name.is_some_and(|v| !v.is_empty()) {
-        return Ok(false);
-    }
-    if !backend_accepts(claim) {
-        return Ok(false);
-    }
-    let Some(provisioner) = expected_provisioner(claim) else {
-        return Ok(false);
-    };
-    if !names.is_known(provisioner) {
+    let bound = volume_name.is_some_and(|v| !v.is_empty());
+    if bound || !backend_accepts(claim) || !names.expected_by(claim) {
         return Ok(false);
     }
     let class_name = claim_class(claim);
     let class = class(&class_name).ok_or(ClassNotFound(class_name))?;
-    if class.volume_binding_mode.as_deref() == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER) {
-        // Delayed binding: only once the scheduler selected a node (the
-        // provisioner itself may have removed it to ask for rescheduling).
-        let selected = annotation(claim, ANN_SELECTED_NODE);
-        return Ok(selected.is_some_and(|n| !n.is_empty()));
-    }
-    Ok(true)
+    let mode = class.volume_binding_mode.as_deref();
+    // Delayed binding: only once the scheduler selected a node (the
+    // provisioner itself may have removed it to ask for rescheduling).
+    let delayed = mode == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER);
+    Ok(!delayed || annotation(claim, ANN_SELECTED_NODE).is_some_and(|n| !n.is_empty()))
 }
 
 /// The claim's StorageClass is not in the cache (retried: it can be created
@@ -71,6 +61,11 @@ impl ProvisionerNames {
     /// Whether `provisioner` is the provisioner name or an additional one.
     pub fn is_known(&self, provisioner: &str) -> bool {
         self.name == provisioner || self.additional.iter().any(|p| p == provisioner)
+    }
+
+    /// Whether `claim` expects one of these names ([`expected_provisioner`]).
+    pub fn expected_by(&self, claim: &PersistentVolumeClaim) -> bool {
+        expected_provisioner(claim).is_some_and(|p| self.is_known(p))
     }
 }
 

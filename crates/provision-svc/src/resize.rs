@@ -35,10 +35,7 @@ pub struct Wanted {
 /// larger than its status capacity. `None` otherwise (nothing to do).
 pub fn wanted(claim: &PersistentVolumeClaim, names: &ProvisionerNames) -> Option<Wanted> {
     let status = claim.status.as_ref()?;
-    if status.phase.as_deref() != Some("Bound") {
-        return None;
-    }
-    if !decision::expected_provisioner(claim).is_some_and(|p| names.is_known(p)) {
+    if status.phase.as_deref() != Some("Bound") || !names.expected_by(claim) {
         return None;
     }
     let spec = claim.spec.as_ref()?;
