@@ -23,7 +23,7 @@ use k8s_openapi::serde::de::DeserializeOwned;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::core::ClusterResourceScope;
 use kube::runtime::events::Event;
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 
 /// Why a side effect of the provision operation failed; its text goes into
 /// the claim's events and logs, and the claim is retried.
@@ -371,17 +371,13 @@ impl ClusterApi for KubeCluster {
 
     async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Effect<bool> {
         let params = ListParams::default().fields(&format!("metadata.name={name}"));
-        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+        let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
+        let call = format!("list PersistentVolumeClaim {namespace}/{name}");
+        let list = claims
             .list_metadata(&params)
             .await
-            .map(|list| {
-                list.items
-                    .iter()
-                    .any(|c| c.metadata.uid.as_deref() == Some(uid))
-            })
-            .map_err(kube_failed(format!(
-                "list PersistentVolumeClaim {namespace}/{name}"
-            )))
+            .map_err(kube_failed(call))?;
+        Ok(list.items.iter().any(|c| c.uid().as_deref() == Some(uid)))
     }
 
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
