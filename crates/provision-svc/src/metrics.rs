@@ -47,6 +47,22 @@ pub struct ServiceMetrics {
 impl ServiceMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
+        let [in_flight, intents, claims_in_background] = [
+            ("provision_svc_operations_in_flight", "Provision operations currently running."),
+            ("provision_svc_intents", "Provisioning intents recorded in Redis (volumes being made whose PV is not yet queued)."),
+            ("provision_svc_claims_in_background", "Claims whose backend reported provisioning in background; retried even after their PVC is deleted."),
+        ]
+        .map(|(name, help)| gauge(registry, name, help));
+        let [poisoned_intents, redis_data_losses] = [
+            ("provision_svc_poisoned_intents_total", "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator."),
+            ("provision_svc_redis_data_losses_total", "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again."),
+        ]
+        .map(|(name, help)| counter(registry, name, help));
+        let [capacity, capacity_free] = [
+            ("provision_svc_capacity_bytes", "Capacity of each storage pool the backend limits (hostpath: each base directory with --capacity), in bytes."),
+            ("provision_svc_capacity_free_bytes", "Bytes of each storage pool not taken by its volumes' requests; a claim larger than this fails (is rescheduled with a selected node)."),
+        ]
+        .map(|(name, help)| gauge_vec(registry, name, help, &["pool"]));
         Self {
             provision: SeedMetrics::with_names(registry, [
                 ("provision_svc_volumes_provisioned_total", "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name."),
@@ -54,49 +70,19 @@ impl ServiceMetrics {
                 ("provision_svc_provision_duration_seconds", "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name."),
             ]),
             queue: common::kube::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
-            in_flight: gauge(
-                registry,
-                "provision_svc_operations_in_flight",
-                "Provision operations currently running.",
-            ),
-            intents: gauge(
-                registry,
-                "provision_svc_intents",
-                "Provisioning intents recorded in Redis (volumes being made whose PV is not yet queued).",
-            ),
-            claims_in_background: gauge(
-                registry,
-                "provision_svc_claims_in_background",
-                "Claims whose backend reported provisioning in background; retried even after their PVC is deleted.",
-            ),
-            poisoned_intents: counter(
-                registry,
-                "provision_svc_poisoned_intents_total",
-                "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator.",
-            ),
+            in_flight,
+            intents,
+            claims_in_background,
+            poisoned_intents,
             stalled_queue_entries: counter_vec(
                 registry,
                 "provision_svc_stalled_queue_entries_total",
                 "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
                 &["reason"],
             ),
-            capacity: gauge_vec(
-                registry,
-                "provision_svc_capacity_bytes",
-                "Capacity of each storage pool the backend limits (hostpath: each base directory with --capacity), in bytes.",
-                &["pool"],
-            ),
-            capacity_free: gauge_vec(
-                registry,
-                "provision_svc_capacity_free_bytes",
-                "Bytes of each storage pool not taken by its volumes' requests; a claim larger than this fails (is rescheduled with a selected node).",
-                &["pool"],
-            ),
-            redis_data_losses: counter(
-                registry,
-                "provision_svc_redis_data_losses_total",
-                "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again.",
-            ),
+            capacity,
+            capacity_free,
+            redis_data_losses,
         }
     }
 }

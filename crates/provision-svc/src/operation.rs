@@ -458,11 +458,9 @@ impl Operation {
                 g.with_label_values(&[&p.pool])
                     .set(v.min(i64::MAX as u64) as i64)
             };
+            let free = p.capacity.saturating_sub(p.allocated);
             gauge(&self.metrics.capacity, p.capacity);
-            gauge(
-                &self.metrics.capacity_free,
-                p.capacity.saturating_sub(p.allocated),
-            );
+            gauge(&self.metrics.capacity_free, free);
         }
     }
 
