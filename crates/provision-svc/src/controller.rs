@@ -304,16 +304,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
     };
-    let readiness = ctx.readiness.clone();
-    let probe = probe_redis(
-        op.clone(),
-        intents,
-        rescan,
-        walk,
-        readiness,
-        shutdown.clone(),
-    );
-    tasks.spawn(probe);
+    tasks.spawn(probe_redis(op.clone(), intents, rescan, walk, ctx.clone()));
     tracing::info!(workers = settings.workers, "started provisioning claims");
     let backoff = ctx.args.retry_backoff(crate::SPEC);
     tokio::join!(
@@ -335,7 +326,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
-/// From the claims' first list until `shutdown`: `readiness` from Redis
+/// From the claims' first list until `ctx.shutdown`: `ctx.readiness` from Redis
 /// (`HLEN` of the `intents`) every [`REDIS_PROBE_INTERVAL`], the intent gauges every
 /// [`INTENT_GAUGES_INTERVAL`], every claim reconciled again (`rescan`) when Redis lost its
 /// data (its data marker), an intent `walk` when it answers again.
@@ -344,9 +335,9 @@ async fn probe_redis(
     intents: IntentStore,
     rescan: futures::channel::mpsc::UnboundedSender<()>,
     walk: mpsc::UnboundedSender<Gone>,
-    readiness: common::runtime::http::Readiness,
-    shutdown: CancellationToken,
+    ctx: ServiceContext,
 ) {
+    let (readiness, shutdown) = (ctx.readiness, ctx.shutdown);
     let mut marker = DataMarker::new(intents.connection(), &op.settings.names.name);
     tokio::select! {
         _ = shutdown.cancelled() => return,
