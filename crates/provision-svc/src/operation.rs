@@ -27,7 +27,7 @@ use provisioner_api::{deadline, ProvisionError, ProvisionOptions, Provisioner};
 use crate::decision::{self, ClassNotFound, ProvisionerNames};
 use crate::locks::ClaimLocks;
 use crate::metrics::{InFlight, ServiceMetrics};
-use crate::ports::{ClusterApi, Effect, IntentLog, PvHandoff, QueuedState};
+use crate::ports::{self, ClusterApi, Effect, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -412,10 +412,8 @@ impl Operation {
         let uid = claim.metadata.uid.as_deref().unwrap_or_default();
         self.forget_first_attempt(uid);
         let recorded = self.ports.intents.entry(&pv_name_for_claim_uid(uid)).await;
-        if let Ok(Some(e)) = recorded {
-            if e.claim.is_some_and(|c| c.in_background) {
-                self.flag_in_background(claim, false).await;
-            }
+        if matches!(&recorded, Ok(Some(e)) if ports::is_in_background(e)) {
+            self.flag_in_background(claim, false).await;
         }
     }
 
@@ -439,7 +437,7 @@ impl Operation {
         let (entries, stored) = self.ports.intents.list().await?;
         let in_background = entries
             .iter()
-            .filter(|e| e.claim.as_ref().is_some_and(|c| c.in_background))
+            .filter(|e| ports::is_in_background(e))
             .count();
         self.metrics.intents.set(stored as i64);
         self.metrics.claims_in_background.set(in_background as i64);

@@ -140,6 +140,11 @@ pub trait PvHandoff: Send + Sync + 'static {
     async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<()>;
 }
 
+/// Whether the intent `entry` is flagged as provisioning in background.
+pub fn is_in_background(entry: &IntentEntry) -> bool {
+    entry.claim.as_ref().is_some_and(|c| c.in_background)
+}
+
 /// Durable provisioning intents, as provision-svc uses them; the intent's
 /// in-background flag is the only record of a claim provisioning in background.
 #[async_trait]
@@ -261,10 +266,7 @@ impl IntentLog for IntentStore {
             // Unreadable: overwritten (not in background).
             None => IntentLog::entry(self, &intent.pv_name)
                 .await
-                .ok()
-                .flatten()
-                .and_then(|e| e.claim)
-                .is_some_and(|c| c.in_background),
+                .is_ok_and(|e| e.is_some_and(|e| is_in_background(&e))),
         };
         self.record_with_claim(intent, claim, in_background).await?;
         Ok(())
