@@ -198,10 +198,8 @@ impl Operation {
         let pv_name = pv_name_for_claim_uid(&key.uid);
         self.not_yet_made(claim, &pv_name, &key.uid).await?;
         if decision::is_block(claim) && !self.ports.backend.supports_block() {
-            let msg = format!(
-                "{} does not support block volume provisioning",
-                self.settings.names.name
-            );
+            let name = &self.settings.names.name;
+            let msg = format!("{name} does not support block volume provisioning");
             tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
             cluster.claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
             return Err(STOP);
@@ -227,10 +225,8 @@ impl Operation {
             pvc: claim.clone(),
             selected_node,
         };
-        let note = format!(
-            "External provisioner is provisioning volume for claim {:?}",
-            decision::claim_key(claim)
-        );
+        let claim_key = decision::claim_key(claim);
+        let note = format!("External provisioner is provisioning volume for claim {claim_key:?}");
         cluster.claim_event(claim, false, reason::PROVISIONING, note);
 
         // A backend overrunning the deadline is abandoned: the attempt fails as
@@ -257,16 +253,12 @@ impl Operation {
             }
         };
         tracing::info!(pv = %pv_name, "volume provisioned; queueing the PV for pv-writer");
+        let finalizer = self.settings.add_finalizer;
+        let pv = decision::complete_pv(volume, claim, &intent.class, &class.provisioner, finalizer);
         // The enqueue script also clears the intent.
         let entry = QueuedPvWrite {
             version: QUEUE_ENTRY_VERSION,
-            pv: decision::complete_pv(
-                volume,
-                claim,
-                &intent.class,
-                &class.provisioner,
-                self.settings.add_finalizer,
-            ),
+            pv,
             first_attempt_at_ms: Some(self.first_attempt_ms(&key.uid)),
             claim: key,
             class: intent.class,
