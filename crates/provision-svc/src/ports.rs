@@ -212,10 +212,8 @@ impl PvHandoff for SignedQueue {
     }
 
     async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>> {
-        let Some(payload) = self.queue.payload(pv_name).await? else {
-            return Ok(None);
-        };
-        Ok(self.verified(&payload, pv_name, claim_uid).ok())
+        let payload = self.queue.payload(pv_name).await?;
+        Ok(payload.and_then(|p| self.verified(&p, pv_name, claim_uid).ok()))
     }
 
     async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Effect<QueuedState> {
