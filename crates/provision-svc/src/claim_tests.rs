@@ -207,7 +207,7 @@ impl PvHandoff for FakeHandoff {
             QueuedState::No
         })
     }
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool> {
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<()> {
         if self.fail {
             return Err(redis_failed("enqueue", "redis down"));
         }
@@ -223,12 +223,8 @@ impl PvHandoff for FakeHandoff {
             .lock()
             .unwrap()
             .push(format!("enqueue clears {}", entry.pv_name()));
-        Ok(intents
-            .map
-            .lock()
-            .unwrap()
-            .remove(entry.pv_name())
-            .is_some())
+        intents.map.lock().unwrap().remove(entry.pv_name());
+        Ok(())
     }
 }
 

@@ -12,14 +12,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use common::handoff::data_marker::DataMarker;
 use common::handoff::intents::IntentStore;
-use common::handoff::queue::{PvQueue, QueueError};
+use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
 use common::kube::cache::{strip_for_cache, watch_backoff, NameSet};
 use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
-use common::runtime::config::CommonArgs;
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
@@ -56,26 +55,6 @@ pub enum Gone {
     Claim(String),
     /// The claims were (re)listed: walk the intents for claims gone meanwhile.
     Walk,
-}
-
-impl Context {
-    /// Forget a deleted claim's retry state and report it gone; report every
-    /// (re)list, so claims deleted while the watch was down are found too.
-    pub fn observe(&self, event: &watcher::Event<CachedClaim>, gone: &mpsc::UnboundedSender<Gone>) {
-        match event {
-            watcher::Event::Delete(claim) => {
-                if let Some(uid) = claim.meta().uid.clone() {
-                    self.retry.forget(&uid);
-                    self.op.forget_first_attempt(&uid);
-                    let _ = gone.send(Gone::Claim(uid));
-                }
-            }
-            watcher::Event::InitDone => {
-                let _ = gone.send(Gone::Walk);
-            }
-            _ => {}
-        }
-    }
 }
 
 /// Seed `syncClaimHandler` for one claim, holding its lock: sync it if still
@@ -189,51 +168,14 @@ pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the intent gauges are read from Redis.
 pub const INTENT_GAUGES_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Settings of the claim logic from the flags.
-pub fn settings(common: &CommonArgs, args: &ProvisionArgs) -> Settings {
-    Settings {
-        names: ProvisionerNames {
-            name: common.provisioner_name.clone(),
-            additional: args.additional_provisioners.names.clone(),
-        },
-        add_finalizer: args.add_finalizer,
-        failure_threshold: FailureThreshold(args.failed_provision_threshold),
-        provision_timeout: args.provision_timeout,
-    }
-}
-
-/// Retry a Redis call every `--redis-reconnect-period` until it succeeds or
-/// `shutdown` fires (`None`).
-async fn connect_with_retry<T, E: std::fmt::Display, F, Fut>(
-    what: &str,
-    shutdown: &CancellationToken,
-    policy: Backoff,
-    connect: F,
-) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    policy
-        .retry(shutdown, connect, |e, _, _| {
-            tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying")
-        })
-        .await
-}
-
-/// Drive a cache's reflector stream; `on_event` sees every applied event,
-/// watch errors are logged ([`control::log_watch_error`]).
-async fn drive<K, S>(kind: &'static str, stream: S, mut on_event: impl FnMut(&watcher::Event<K>))
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(ev) => on_event(&ev),
-            Err(e) => control::log_watch_error(kind, &e),
+/// Drive a cache's watch stream, logging its errors ([`control::log_watch_error`]).
+async fn drive<T>(kind: &'static str, stream: impl Stream<Item = Result<T, watcher::Error>>) {
+    let log = |item: Result<T, _>| async move {
+        if let Err(e) = item {
+            control::log_watch_error(kind, &e);
         }
-    }
+    };
+    stream.for_each(log).await
 }
 
 /// What a leader term needs besides the [`ServiceContext`]; cloned per term.
@@ -253,31 +195,25 @@ pub struct TermDeps {
 /// controller each term. Returns after `ctx.shutdown` fires and in-flight
 /// syncs finished. Errors: a cache's reflector stopped before its first list.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let TermDeps {
-        args,
-        backend,
-        metrics,
-        queue_key,
-    } = deps;
+    let (args, metrics) = (deps.args, deps.metrics);
     let shutdown = ctx.shutdown.clone();
     let (name, redis) = (ctx.args.provisioner_name.clone(), ctx.args.redis());
     let period = ctx.args.redis_reconnect();
     let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
-    let Some(pv_queue) = connect_with_retry("PV-write queue", &shutdown, period, || async {
-        Ok::<_, QueueError>(
-            PvQueue::connect(&redis, &name)
-                .await?
-                .with_replica_acks(acks.0, acks.1),
-        )
-    })
-    .await
-    else {
+    // Each retried every `--redis-reconnect-period` until it succeeds or `shutdown` fires.
+    let log = |what: &'static str| move |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying");
+    let queue = || async {
+        Ok(PvQueue::connect(&redis, &name)
+            .await?
+            .with_replica_acks(acks.0, acks.1))
+    };
+    let Some(pv_queue) = period.retry(&shutdown, queue, log("PV-write queue")).await else {
         return Ok(());
     };
-    let Some(intents) = connect_with_retry("provisioning intents", &shutdown, period, || {
-        IntentStore::connect(&redis, &name)
-    })
-    .await
+    let intents = || async { Ok(IntentStore::connect(&redis, &name).await?) };
+    let Some(intents) = period
+        .retry(&shutdown, intents, log("provisioning intents"))
+        .await
     else {
         return Ok(());
     };
@@ -294,19 +230,13 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let mut tasks = tokio::task::JoinSet::new();
     let classes = watcher(Api::<StorageClass>::all(client.clone()), Default::default());
     let classes = reflector::reflector(class_writer, classes.modify(strip_for_cache));
-    tasks.spawn(drive(
-        "StorageClass",
-        classes.backoff(watch_backoff()),
-        |_| {},
-    ));
+    tasks.spawn(drive("StorageClass", classes.backoff(watch_backoff())));
     // Metadata only, and of that only the names: is `pvc-<uid>` there?
     let pvs = Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone());
     let volume_names = caches.volumes.clone();
-    tasks.spawn(drive(
-        "PersistentVolume",
-        watcher(pvs, Default::default()).backoff(watch_backoff()),
-        move |ev| volume_names.apply_watcher_event(ev),
-    ));
+    let pvs = watcher(pvs, Default::default()).backoff(watch_backoff());
+    let pvs = pvs.inspect_ok(move |ev| volume_names.apply_watcher_event(ev));
+    tasks.spawn(drive("PersistentVolume", pvs));
     let synced = async {
         caches.classes.wait_until_ready().await?;
         caches.volumes.wait_until_ready().await;
@@ -318,13 +248,22 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     }
 
     let (cluster, event_publisher) = KubeCluster::new(client.clone(), ctx.spec.name, &ctx.identity);
+    let settings = Settings {
+        names: ProvisionerNames {
+            name: name.clone(),
+            additional: args.additional_provisioners.names.clone(),
+        },
+        add_finalizer: args.add_finalizer,
+        failure_threshold: FailureThreshold(args.failed_provision_threshold),
+        provision_timeout: args.provision_timeout,
+    };
     let op = Arc::new(Operation::new(
-        settings(&ctx.args, &args),
+        settings,
         caches.clone(),
         Ports {
-            backend,
+            backend: deps.backend,
             cluster: Arc::new(cluster),
-            handoff: Arc::new(SignedQueue::new(pv_queue, queue_key, &name)),
+            handoff: Arc::new(SignedQueue::new(pv_queue, deps.queue_key, &name)),
             intents: Arc::new(intents.clone()),
         },
         metrics.clone(),
@@ -335,20 +274,26 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     });
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let walk = gone_tx.clone();
-    let listed = Arc::new(tokio::sync::Notify::new());
-    let (observer, first_list) = (loop_ctx.clone(), listed.clone());
-    let trigger = control::trigger(
-        Api::<CachedClaim>::all(client),
-        claim_writer,
-        metrics.queue.clone(),
-        move |event, store| {
-            observer.observe(event, &gone_tx);
-            if matches!(event, watcher::Event::InitDone) {
-                tracing::info!(claims = store.state().len(), "claims listed");
-                first_list.notify_one();
+    let observer = loop_ctx.clone();
+    // A deleted claim's retry state is forgotten and it is reported gone; so is every
+    // (re)list, so claims deleted while the watch was down are found too.
+    let observe =
+        move |event: &watcher::Event<CachedClaim>, store: &reflector::Store<_>| match event {
+            watcher::Event::Delete(claim) => {
+                if let Some(uid) = claim.meta().uid.clone() {
+                    observer.retry.forget(&uid);
+                    observer.op.forget_first_attempt(&uid);
+                    let _ = gone_tx.send(Gone::Claim(uid));
+                }
             }
-        },
-    );
+            watcher::Event::InitDone => {
+                let _ = gone_tx.send(Gone::Walk);
+                tracing::info!(claims = store.state().len(), "claims listed");
+            }
+            _ => {}
+        };
+    let claims = Api::<CachedClaim>::all(client);
+    let trigger = control::trigger(claims, claim_writer, metrics.queue.clone(), observe);
     let (rescan, reconcile_all) = futures::channel::mpsc::unbounded();
     let settings = LoopSettings {
         reconcile_all: Some(reconcile_all),
@@ -359,18 +304,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
     };
-    tasks.spawn(probe_redis(
-        op.clone(),
-        RedisProbe {
-            marker: DataMarker::new(intents.connection(), &name),
-            intents,
-            listed,
-            rescan,
-            walk,
-            readiness: ctx.readiness.clone(),
-        },
-        shutdown.clone(),
-    ));
+    tasks.spawn(probe_redis(op.clone(), intents, rescan, walk, ctx.clone()));
     tracing::info!(workers = settings.workers, "started provisioning claims");
     let backoff = ctx.args.retry_backoff(crate::SPEC);
     tokio::join!(
@@ -392,37 +326,22 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
-/// What [`probe_redis`] reads and whom it tells.
-struct RedisProbe {
-    /// Answers the readiness probe (`HLEN` of the intents).
+/// From the claims' first list until `ctx.shutdown`: `ctx.readiness` from Redis
+/// (`HLEN` of the `intents`) every [`REDIS_PROBE_INTERVAL`], the intent gauges every
+/// [`INTENT_GAUGES_INTERVAL`], every claim reconciled again (`rescan`) when Redis lost its
+/// data (its data marker), an intent `walk` when it answers again.
+async fn probe_redis(
+    op: Arc<Operation>,
     intents: IntentStore,
-    /// Notified once the claims are first listed; probing starts then.
-    listed: Arc<tokio::sync::Notify>,
-    /// Tells whether Redis lost its data since the last look.
-    marker: DataMarker,
-    /// One item reconciles every claim again.
     rescan: futures::channel::mpsc::UnboundedSender<()>,
-    /// Asks for a walk of the intents (claims gone while Redis did not answer).
     walk: mpsc::UnboundedSender<Gone>,
-    /// The service's `/readyz`.
-    readiness: common::runtime::http::Readiness,
-}
-
-/// From the claims' first list until `shutdown`: readiness from Redis every
-/// [`REDIS_PROBE_INTERVAL`], the intent gauges every [`INTENT_GAUGES_INTERVAL`], every claim
-/// reconciled again (`rescan`) when Redis lost its data, an intent walk when it answers again.
-async fn probe_redis(op: Arc<Operation>, probe: RedisProbe, shutdown: CancellationToken) {
-    let RedisProbe {
-        intents,
-        listed,
-        mut marker,
-        rescan,
-        walk,
-        readiness,
-    } = probe;
+    ctx: ServiceContext,
+) {
+    let (readiness, shutdown) = (ctx.readiness, ctx.shutdown);
+    let mut marker = DataMarker::new(intents.connection(), &op.settings.names.name);
     tokio::select! {
         _ = shutdown.cancelled() => return,
-        _ = listed.notified() => {}
+        _ = op.caches.claims.wait_until_ready() => {}
     }
     let mut up = true;
     let mut gauges_read = tokio::time::Instant::now() - INTENT_GAUGES_INTERVAL;

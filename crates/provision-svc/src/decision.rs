@@ -12,6 +12,7 @@ use api_types::{
 use common::kube::events::claim_ref_of;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
 
 /// Seed `shouldProvision`: not when bound, declined by the backend, expecting
 /// no or another provisioner; with `WaitForFirstConsumer` only once a node is
@@ -23,27 +24,17 @@ pub fn should_provision(
     class: impl FnOnce(&str) -> Option<Arc<StorageClass>>,
 ) -> Result<bool, ClassNotFound> {
     let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
-    if volume_name.is_some_and(|v| !v.is_empty()) {
-        return Ok(false);
-    }
-    if !backend_accepts(claim) {
-        return Ok(false);
-    }
-    let Some(provisioner) = expected_provisioner(claim) else {
-        return Ok(false);
-    };
-    if !names.is_known(provisioner) {
+    let bound = volume_name.is_some_and(|v| !v.is_empty());
+    if bound || !backend_accepts(claim) || !names.expected_by(claim) {
         return Ok(false);
     }
     let class_name = claim_class(claim);
     let class = class(&class_name).ok_or(ClassNotFound(class_name))?;
-    if class.volume_binding_mode.as_deref() == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER) {
-        // Delayed binding: only once the scheduler selected a node (the
-        // provisioner itself may have removed it to ask for rescheduling).
-        let selected = annotation(claim, ANN_SELECTED_NODE);
-        return Ok(selected.is_some_and(|n| !n.is_empty()));
-    }
-    Ok(true)
+    let mode = class.volume_binding_mode.as_deref();
+    // Delayed binding: only once the scheduler selected a node (the
+    // provisioner itself may have removed it to ask for rescheduling).
+    let delayed = mode == Some(BINDING_MODE_WAIT_FOR_FIRST_CONSUMER);
+    Ok(!delayed || annotation(claim, ANN_SELECTED_NODE).is_some_and(|n| !n.is_empty()))
 }
 
 /// The claim's StorageClass is not in the cache (retried: it can be created
@@ -71,19 +62,17 @@ impl ProvisionerNames {
     pub fn is_known(&self, provisioner: &str) -> bool {
         self.name == provisioner || self.additional.iter().any(|p| p == provisioner)
     }
+
+    /// Whether `claim` expects one of these names ([`expected_provisioner`]).
+    pub fn expected_by(&self, claim: &PersistentVolumeClaim) -> bool {
+        expected_provisioner(claim).is_some_and(|p| self.is_known(p))
+    }
 }
 
 /// The claim's StorageClass name: the beta annotation, else
 /// `spec.storageClassName`, else `""`.
 pub fn claim_class(claim: &PersistentVolumeClaim) -> String {
-    if let Some(class) = annotation(claim, ANN_BETA_STORAGE_CLASS) {
-        return class.to_string();
-    }
-    claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.clone())
-        .unwrap_or_default()
+    annotation(claim, ANN_BETA_STORAGE_CLASS).map_or_else(|| metrics_class(claim), str::to_string)
 }
 
 /// The class name used as the metrics `class` label: `spec.storageClassName`
@@ -116,12 +105,7 @@ pub fn is_block(claim: &PersistentVolumeClaim) -> bool {
 
 /// The value of annotation `key` on `claim`.
 pub fn annotation<'a>(claim: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
-    claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
+    claim.annotations().get(key).map(String::as_str)
 }
 
 /// The PV to queue for a volume the backend made for `claim`: `claimRef` to
@@ -137,20 +121,15 @@ pub fn complete_pv(
     let spec = volume.spec.get_or_insert_with(Default::default);
     spec.claim_ref = Some(claim_ref_of(claim));
     spec.storage_class_name = Some(class.to_string());
+    let meta = &mut volume.metadata;
     if add_finalizer {
-        let finalizers = volume.metadata.finalizers.get_or_insert_with(Vec::new);
+        let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
         if !finalizers.iter().any(|f| f == FINALIZER_PV) {
             finalizers.push(FINALIZER_PV.to_string());
         }
     }
-    let annotations = volume
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
-    annotations.insert(
-        ANN_DYNAMICALLY_PROVISIONED.to_string(),
-        provisioner.to_string(),
-    );
+    let annotations = meta.annotations.get_or_insert_with(Default::default);
+    annotations.insert(ANN_DYNAMICALLY_PROVISIONED.into(), provisioner.into());
     volume
 }
 

@@ -31,16 +31,6 @@ impl ClaimLocks {
             guard: Some(lock.lock_owned().await),
         }
     }
-
-    /// How many claims have a lock entry (held or awaited).
-    pub fn len(&self) -> usize {
-        self.map().len()
-    }
-
-    /// Whether no claim is locked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 impl Drop for ClaimGuard<'_> {
@@ -77,8 +67,8 @@ mod tests {
         assert!(!waiter.is_finished(), "the second holder of \"a\" waits");
         drop(held);
         waiter.await.unwrap();
-        assert_eq!(locks.len(), 1, "only \"b\" is still held");
+        assert_eq!(locks.map().len(), 1, "only \"b\" is still held");
         drop(_other);
-        assert!(locks.is_empty());
+        assert!(locks.map().is_empty());
     }
 }

@@ -9,26 +9,14 @@
 use common::runtime::metrics::{counter, counter_vec, gauge, gauge_vec, SeedMetrics};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-/// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
-/// `""` when unset): `total` = volumes made whose PV was queued, `failed_total` = failed
-/// attempts (each retry counts), `duration_seconds` = start of a successful attempt to PV queued.
-pub type ProvisionStageMetrics = SeedMetrics;
-
-/// The families of [`ProvisionStageMetrics`], registered into `registry`.
-fn provision_stage(registry: &Registry) -> ProvisionStageMetrics {
-    SeedMetrics::with_names(registry, [
-        ("provision_svc_volumes_provisioned_total", "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name."),
-        ("provision_svc_provision_failed_total", "Failed provision attempts in provision-svc (each retry counts), by storage class name."),
-        ("provision_svc_provision_duration_seconds", "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name."),
-    ])
-}
-
 /// All metrics of provision-svc.
 #[derive(Clone)]
 pub struct ServiceMetrics {
-    /// `provision_svc_volumes_provisioned_total`, `provision_svc_provision_failed_total`,
-    /// `provision_svc_provision_duration_seconds`, label `class`.
-    pub provision: ProvisionStageMetrics,
+    /// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
+    /// `""` when unset): `provision_svc_volumes_provisioned_total` (PV queued),
+    /// `provision_svc_provision_failed_total` (each retry counts),
+    /// `provision_svc_provision_duration_seconds` (successful attempt's start to PV queued).
+    pub provision: SeedMetrics,
     /// client-go's `workqueue_*` families of the claim queue (`name="claims"`).
     pub queue: common::kube::workqueue_metrics::WorkQueueMetrics,
     /// `provision_svc_operations_in_flight`: provision operations running now.
@@ -59,52 +47,42 @@ pub struct ServiceMetrics {
 impl ServiceMetrics {
     /// Create and register every family into `registry`.
     pub fn register(registry: &Registry) -> Self {
+        let [in_flight, intents, claims_in_background] = [
+            ("provision_svc_operations_in_flight", "Provision operations currently running."),
+            ("provision_svc_intents", "Provisioning intents recorded in Redis (volumes being made whose PV is not yet queued)."),
+            ("provision_svc_claims_in_background", "Claims whose backend reported provisioning in background; retried even after their PVC is deleted."),
+        ]
+        .map(|(name, help)| gauge(registry, name, help));
+        let [poisoned_intents, redis_data_losses] = [
+            ("provision_svc_poisoned_intents_total", "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator."),
+            ("provision_svc_redis_data_losses_total", "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again."),
+        ]
+        .map(|(name, help)| counter(registry, name, help));
+        let [capacity, capacity_free] = [
+            ("provision_svc_capacity_bytes", "Capacity of each storage pool the backend limits (hostpath: each base directory with --capacity), in bytes."),
+            ("provision_svc_capacity_free_bytes", "Bytes of each storage pool not taken by its volumes' requests; a claim larger than this fails (is rescheduled with a selected node)."),
+        ]
+        .map(|(name, help)| gauge_vec(registry, name, help, &["pool"]));
         Self {
-            provision: provision_stage(registry),
+            provision: SeedMetrics::with_names(registry, [
+                ("provision_svc_volumes_provisioned_total", "Volumes the backend provisioned whose PV was queued for pv-writer, by storage class name."),
+                ("provision_svc_provision_failed_total", "Failed provision attempts in provision-svc (each retry counts), by storage class name."),
+                ("provision_svc_provision_duration_seconds", "Seconds from the start of a provision attempt to its PV queued for pv-writer; failed attempts are ignored. By storage class name."),
+            ]),
             queue: common::kube::workqueue_metrics::WorkQueueMetrics::register(registry, "claims"),
-            in_flight: gauge(
-                registry,
-                "provision_svc_operations_in_flight",
-                "Provision operations currently running.",
-            ),
-            intents: gauge(
-                registry,
-                "provision_svc_intents",
-                "Provisioning intents recorded in Redis (volumes being made whose PV is not yet queued).",
-            ),
-            claims_in_background: gauge(
-                registry,
-                "provision_svc_claims_in_background",
-                "Claims whose backend reported provisioning in background; retried even after their PVC is deleted.",
-            ),
-            poisoned_intents: counter(
-                registry,
-                "provision_svc_poisoned_intents_total",
-                "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator.",
-            ),
+            in_flight,
+            intents,
+            claims_in_background,
+            poisoned_intents,
             stalled_queue_entries: counter_vec(
                 registry,
                 "provision_svc_stalled_queue_entries_total",
                 "Syncs of a claim that wants a volume while the PV write queued under its PV name will never be written (dead-lettered, or not signed by this provisioner for the claim); each emits a Warning event naming the operator action.",
                 &["reason"],
             ),
-            capacity: gauge_vec(
-                registry,
-                "provision_svc_capacity_bytes",
-                "Capacity of each storage pool the backend limits (hostpath: each base directory with --capacity), in bytes.",
-                &["pool"],
-            ),
-            capacity_free: gauge_vec(
-                registry,
-                "provision_svc_capacity_free_bytes",
-                "Bytes of each storage pool not taken by its volumes' requests; a claim larger than this fails (is rescheduled with a selected node).",
-                &["pool"],
-            ),
-            redis_data_losses: counter(
-                registry,
-                "provision_svc_redis_data_losses_total",
-                "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again.",
-            ),
+            capacity,
+            capacity_free,
+            redis_data_losses,
         }
     }
 }

@@ -7,7 +7,7 @@
 //! entries): docs/ARCHITECTURE.md, "provision-svc beyond the seed".
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use api_types::queue::{
@@ -18,18 +18,16 @@ use common::kube::cache::{Compact, NameSet};
 use common::kube::events::reason;
 use common::kube::retry::FailureThreshold;
 use common::kube::time::now_ms;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
-use provisioner_api::deadline;
-use provisioner_api::Provisioner;
-use provisioner_api::{ProvisionError, ProvisionOptions, ProvisioningState};
+use provisioner_api::ProvisioningState::{self, Finished, InBackground, NoChange, Reschedule};
+use provisioner_api::{deadline, ProvisionError, ProvisionOptions, Provisioner};
 
 use crate::decision::{self, ClassNotFound, ProvisionerNames};
 use crate::locks::ClaimLocks;
-use crate::metrics::InFlight;
-use crate::metrics::ServiceMetrics;
-use crate::ports::{ClusterApi, Effect, IntentLog, PvHandoff, QueuedState};
+use crate::metrics::{InFlight, ServiceMetrics};
+use crate::ports::{self, ClusterApi, Effect, IntentLog, PvHandoff, QueuedState};
 
 /// Why a provision operation did not produce a queued PV.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,6 +47,10 @@ pub enum OpError {
 
 /// How one provision attempt ended: the seed's `ProvisioningState` and error.
 pub type Attempt = (ProvisioningState, Result<(), OpError>);
+
+/// The attempt's end when provisioning is impossible or already done (seed
+/// `errStopProvision`).
+const STOP: Attempt = (Finished, Err(OpError::Stop));
 
 /// A failed attempt in `state`, to be retried.
 fn failed(state: ProvisioningState, msg: String) -> Attempt {
@@ -71,15 +73,6 @@ fn intent_of(
         storage_class: class.cloned(),
         selected_node: decision::selected_node(claim).map(str::to_string),
     }
-}
-
-/// What the gates of an attempt found: the claim's identity, its PV name, its
-/// StorageClass and the selected node's object.
-struct Ready {
-    key: ClaimKey,
-    pv_name: String,
-    class: Arc<StorageClass>,
-    selected_node: Option<Node>,
 }
 
 /// Settings of the claim logic (from the flags).
@@ -154,23 +147,20 @@ impl Operation {
         }
     }
 
+    fn first_attempts(&self) -> MutexGuard<'_, HashMap<String, u64>> {
+        self.first_attempts.lock().expect("first attempts poisoned")
+    }
+
     /// When the claim `uid`'s first provision attempt began (recorded now if
     /// this is the first), in milliseconds since the Unix epoch.
     pub fn first_attempt_ms(&self, uid: &str) -> u64 {
-        *self
-            .first_attempts
-            .lock()
-            .expect("first attempts poisoned")
-            .entry(uid.to_string())
-            .or_insert_with(now_ms)
+        let mut attempts = self.first_attempts();
+        *attempts.entry(uid.into()).or_insert_with(now_ms)
     }
 
     /// The claim `uid` is done (provisioned, stopped, gone or given up on).
     pub fn forget_first_attempt(&self, uid: &str) {
-        self.first_attempts
-            .lock()
-            .expect("first attempts poisoned")
-            .remove(uid);
+        self.first_attempts().remove(uid);
     }
 
     fn class(&self, name: &str) -> Result<Arc<StorageClass>, ClassNotFound> {
@@ -181,33 +171,53 @@ impl Operation {
     /// Seed `shouldProvision` ([`decision::should_provision`]) over the backend's
     /// qualifier and the class cache. Errors: our claim's class is not cached.
     pub fn should_provision(&self, claim: &PersistentVolumeClaim) -> Result<bool, ClassNotFound> {
-        decision::should_provision(
-            claim,
-            &self.settings.names,
-            |c| self.ports.backend.should_provision(c),
-            |name| self.caches.classes.get(&ObjectRef::new(name)),
-        )
+        let backend_accepts = |c: &_| self.ports.backend.should_provision(c);
+        let class = |name: &str| self.class(name).ok();
+        decision::should_provision(claim, &self.settings.names, backend_accepts, class)
     }
 
     /// Seed `provisionClaimOperation`: provision a volume for `claim` and queue
     /// its PV. `Ok` only when the PV was queued (state `Finished`).
     pub async fn provision_claim_operation(&self, claim: &PersistentVolumeClaim) -> Attempt {
         tracing::info!("provision operation started");
-        let ready = match self.gates(claim).await {
-            Ok(ready) => ready,
-            Err(attempt) => return attempt,
-        };
-        let Ready {
-            key,
-            pv_name,
-            class,
-            selected_node,
-        } = ready;
+        match self.provision(claim).await {
+            Ok(()) => (Finished, Ok(())),
+            Err(attempt) => attempt,
+        }
+    }
+
+    /// The seed's checks in its order (identity, PV already there or queued, Block
+    /// support, the class and its provisioner, the selected node), then the intent, the
+    /// backend and the hand-off to pv-writer. `Err` is the attempt's end.
+    async fn provision(&self, claim: &PersistentVolumeClaim) -> Result<(), Attempt> {
+        let cluster = &self.ports.cluster;
+        let key = ClaimKey::of(claim).ok_or_else(|| {
+            let msg = "claim lacks a namespace, name or uid".to_string();
+            failed(NoChange, msg)
+        })?;
+        let pv_name = pv_name_for_claim_uid(&key.uid);
+        self.not_yet_made(claim, &pv_name, &key.uid).await?;
+        if decision::is_block(claim) && !self.ports.backend.supports_block() {
+            let name = &self.settings.names.name;
+            let msg = format!("{name} does not support block volume provisioning");
+            tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
+            cluster.claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
+            return Err(STOP);
+        }
+        // A missing class is retried: it can be (re)created independently of the claim.
+        let class = self.class(&decision::claim_class(claim)).map_err(|e| {
+            tracing::error!(error = %e, "error getting claim's StorageClass's fields");
+            failed(Finished, e.to_string())
+        })?;
+        if !self.settings.names.is_known(&class.provisioner) {
+            tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in claim's StorageClass");
+            return Err(STOP);
+        }
+        let selected_node = self.selected_node(claim).await?;
         let intent = intent_of(claim, key.clone(), Some(&class));
-        let class_name = intent.class.clone();
         if let Err(e) = self.ports.intents.record(&intent, claim, None).await {
             let msg = format!("recording the provisioning intent of {pv_name:?}: {e}");
-            return failed(ProvisioningState::NoChange, msg);
+            return Err(failed(NoChange, msg));
         }
         let options = ProvisionOptions {
             storage_class: class.as_ref().clone(),
@@ -215,13 +225,9 @@ impl Operation {
             pvc: claim.clone(),
             selected_node,
         };
-        let note = format!(
-            "External provisioner is provisioning volume for claim {:?}",
-            decision::claim_key(claim)
-        );
-        self.ports
-            .cluster
-            .claim_event(claim, false, reason::PROVISIONING, note);
+        let claim_key = decision::claim_key(claim);
+        let note = format!("External provisioner is provisioning volume for claim {claim_key:?}");
+        cluster.claim_event(claim, false, reason::PROVISIONING, note);
 
         // A backend overrunning the deadline is abandoned: the attempt fails as
         // `InBackground`, as a cancelled context does for the seed's provisioners.
@@ -229,7 +235,7 @@ impl Operation {
             .await
             .unwrap_or_else(|e| {
                 Err(ProvisionError::Failed {
-                    state: ProvisioningState::InBackground,
+                    state: InBackground,
                     reason: e.to_string(),
                 })
             });
@@ -237,94 +243,31 @@ impl Operation {
             Ok(v) => v,
             Err(ProvisionError::Ignored { reason }) => {
                 tracing::info!(pv = %pv_name, %reason, "volume provision ignored");
-                return (ProvisioningState::Finished, Err(OpError::Stop));
+                return Err(STOP);
             }
             Err(ProvisionError::Failed { state, reason }) => {
-                let err = format!(
-                    "failed to provision volume with StorageClass {class_name:?}: {reason}"
-                );
-                return self.error_handling(state, err, claim, "provision").await;
+                let class = &intent.class;
+                let err =
+                    format!("failed to provision volume with StorageClass {class:?}: {reason}");
+                return Err(self.error_handling(state, err, claim).await);
             }
         };
         tracing::info!(pv = %pv_name, "volume provisioned; queueing the PV for pv-writer");
-        self.hand_off(volume, claim, key, class_name, &class.provisioner)
-            .await
-    }
-
-    /// Complete the backend's `volume` for `claim` and queue its PV for pv-writer (the
-    /// enqueue script also clears the intent).
-    async fn hand_off(
-        &self,
-        volume: PersistentVolume,
-        claim: &PersistentVolumeClaim,
-        key: ClaimKey,
-        class_name: String,
-        provisioner: &str,
-    ) -> Attempt {
-        let pv = decision::complete_pv(
-            volume,
-            claim,
-            &class_name,
-            provisioner,
-            self.settings.add_finalizer,
-        );
-        let pv_name = pv_name_for_claim_uid(&key.uid);
+        let finalizer = self.settings.add_finalizer;
+        let pv = decision::complete_pv(volume, claim, &intent.class, &class.provisioner, finalizer);
+        // The enqueue script also clears the intent.
         let entry = QueuedPvWrite {
             version: QUEUE_ENTRY_VERSION,
             pv,
             first_attempt_at_ms: Some(self.first_attempt_ms(&key.uid)),
             claim: key,
-            class: class_name,
+            class: intent.class,
             enqueued_at_ms: now_ms(),
             mac: None,
         };
-        match self.ports.handoff.enqueue(&entry).await {
-            Ok(_) => (ProvisioningState::Finished, Ok(())),
-            Err(e) => (
-                ProvisioningState::Finished,
-                Err(OpError::NotQueued(format!(
-                    "queueing PV {pv_name:?} for pv-writer: {e}"
-                ))),
-            ),
-        }
-    }
-
-    /// The seed's checks before a volume is made, in its order: identity, PV
-    /// already there or queued, Block support, the class and its provisioner,
-    /// the selected node. `Err` is the attempt's end.
-    async fn gates(&self, claim: &PersistentVolumeClaim) -> Result<Ready, Attempt> {
-        let Some(key) = ClaimKey::of(claim) else {
-            let msg = "claim lacks a namespace, name or uid".to_string();
-            return Err(failed(ProvisioningState::NoChange, msg));
-        };
-        let pv_name = pv_name_for_claim_uid(&key.uid);
-        self.not_yet_made(claim, &pv_name, &key.uid).await?;
-        if decision::is_block(claim) && !self.ports.backend.supports_block() {
-            let msg = format!(
-                "{} does not support block volume provisioning",
-                self.settings.names.name
-            );
-            tracing::error!(pv = %pv_name, error = %msg, "failed to provision volume");
-            self.ports
-                .cluster
-                .claim_event(claim, true, reason::PROVISIONING_FAILED, msg);
-            return Err((ProvisioningState::Finished, Err(OpError::Stop)));
-        }
-        // A missing class is retried: it can be (re)created independently of the claim.
-        let class = self.class(&decision::claim_class(claim)).map_err(|e| {
-            tracing::error!(error = %e, "error getting claim's StorageClass's fields");
-            failed(ProvisioningState::Finished, e.to_string())
-        })?;
-        if !self.settings.names.is_known(&class.provisioner) {
-            tracing::error!(provisioner = %class.provisioner, "unknown provisioner requested in claim's StorageClass");
-            return Err((ProvisioningState::Finished, Err(OpError::Stop)));
-        }
-        let selected_node = self.selected_node(claim).await?;
-        Ok(Ready {
-            key,
-            pv_name,
-            class,
-            selected_node,
+        self.ports.handoff.enqueue(&entry).await.map_err(|e| {
+            let msg = format!("queueing PV {pv_name:?} for pv-writer: {e}");
+            (Finished, Err(OpError::NotQueued(msg)))
         })
     }
 
@@ -339,28 +282,26 @@ impl Operation {
     ) -> Result<(), Attempt> {
         if self.caches.volumes.contains(pv_name) {
             tracing::info!(pv = %pv_name, "PV already exists, skipping");
-            return Err((ProvisioningState::Finished, Err(OpError::Stop)));
+            return Err(STOP);
         }
         match self.ports.handoff.queued_state(pv_name, uid).await {
             Ok(QueuedState::No) => Ok(()),
             Ok(QueuedState::Yes) => {
                 tracing::info!(pv = %pv_name, "PV already queued for pv-writer, skipping");
-                Err((ProvisioningState::Finished, Err(OpError::Stop)))
+                Err(STOP)
             }
             Ok(QueuedState::Stalled { kind, reason }) => {
                 let msg = format!(
                     "{reason}; the claim stays Pending until an operator acts: inspect it with `provisioner-ctl queue dead` / `provisioner-ctl queue list`; requeue it (`provisioner-ctl queue requeue {pv_name}`) if it is this claim's own entry, otherwise remove field {pv_name} from the queue's payloads and dead-letter hashes in Redis, and the claim is provisioned again"
                 );
                 tracing::warn!(pv = %pv_name, kind, error = %msg, "the claim's queued PV write will never be written");
-                self.metrics
-                    .stalled_queue_entries
-                    .with_label_values(&[kind])
-                    .inc();
-                Err(self.warned(claim, ProvisioningState::Finished, msg))
+                let stalled = &self.metrics.stalled_queue_entries;
+                stalled.with_label_values(&[kind]).inc();
+                Err(self.error_handling(Finished, msg, claim).await)
             }
             Err(e) => {
                 let msg = format!("checking pv-writer's queue for {pv_name:?}: {e}");
-                Err(failed(ProvisioningState::NoChange, msg))
+                Err(failed(NoChange, msg))
             }
         }
     }
@@ -371,89 +312,57 @@ impl Operation {
         let Some(node_name) = decision::selected_node(claim) else {
             return Ok(None);
         };
-        match self.ports.cluster.get_node(node_name).await {
-            Ok(Some(node)) => Ok(Some(node)),
-            Ok(None) => {
-                let err = format!("nodes {node_name:?} not found");
-                let state = ProvisioningState::Reschedule;
-                Err(self.error_handling(state, err, claim, "provision").await)
-            }
-            Err(e) => {
-                let err = format!("failed to get target node: {e}");
-                Err(self.warned(claim, ProvisioningState::NoChange, err))
-            }
-        }
+        let (state, err) = match self.ports.cluster.get_node(node_name).await {
+            Ok(Some(node)) => return Ok(Some(node)),
+            Ok(None) => (Reschedule, format!("nodes {node_name:?} not found")),
+            Err(e) => (NoChange, format!("failed to get target node: {e}")),
+        };
+        Err(self.error_handling(state, err, claim).await)
     }
 
-    /// A `ProvisioningFailed` Warning on `claim` saying `msg`, and the failed attempt in `state`.
-    fn warned(
-        &self,
-        claim: &PersistentVolumeClaim,
-        state: ProvisioningState,
-        msg: String,
-    ) -> Attempt {
-        let note = msg.clone();
-        self.ports
-            .cluster
-            .claim_event(claim, true, reason::PROVISIONING_FAILED, note);
-        failed(state, msg)
-    }
-
-    /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` event, then
-    /// reschedule (state `Reschedule` on a claim with a selected node), or pass
-    /// the state on (`Reschedule` without a selected node becomes `Finished`).
-    pub async fn error_handling(
+    /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` Warning saying `err`,
+    /// then seed `rescheduleProvisioning` (state `Reschedule` on a claim with a selected
+    /// node: the annotation is removed), or the failed attempt in `state` (`Reschedule`
+    /// without a selected node becomes `Finished`).
+    async fn error_handling(
         &self,
         state: ProvisioningState,
         err: String,
         claim: &PersistentVolumeClaim,
-        op: &str,
     ) -> Attempt {
-        self.ports
-            .cluster
-            .claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
-        let has_selected = decision::annotation(claim, ANN_SELECTED_NODE).is_some();
-        if has_selected && state == ProvisioningState::Reschedule {
-            if let Err(e) = self.reschedule(claim).await {
-                tracing::info!(operation = op, error = %e, "volume rescheduling failed");
-                return (ProvisioningState::Finished, Err(OpError::Failed(err)));
-            }
-            tracing::info!(operation = op, reason = %err, "volume rescheduled");
-            return (ProvisioningState::Finished, Err(OpError::Stop));
+        let cluster = &self.ports.cluster;
+        cluster.claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+        if state != Reschedule {
+            return failed(state, err);
         }
-        let state = if state == ProvisioningState::Reschedule {
-            ProvisioningState::Finished
-        } else {
-            state
-        };
-        (state, Err(OpError::Failed(err)))
-    }
-
-    /// Seed `rescheduleProvisioning`: remove the selected-node annotation (only
-    /// when present) so the scheduler picks a node again.
-    pub async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
         if decision::annotation(claim, ANN_SELECTED_NODE).is_none() {
-            return Ok(());
+            return failed(Finished, err);
         }
-        self.ports.cluster.remove_selected_node(claim).await
+        match cluster.remove_selected_node(claim).await {
+            Ok(()) => {
+                tracing::info!(operation = "provision", reason = %err, "volume rescheduled");
+                STOP
+            }
+            Err(e) => {
+                tracing::info!(operation = "provision", error = %e, "volume rescheduling failed");
+                failed(Finished, err)
+            }
+        }
     }
 
     /// Seed `syncClaim`: decide, provision, count, and keep the in-background
     /// state. `Err` means the claim is to be retried (never [`OpError::Stop`]).
     pub async fn sync_claim(&self, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
         let class = decision::metrics_class(claim);
-        let should = match self.should_provision(claim) {
-            Ok(s) => s,
-            Err(e) => {
-                self.metrics.provision.failed(&class);
-                return Err(OpError::Failed(e.to_string()));
-            }
-        };
+        let should = self.should_provision(claim).map_err(|e| {
+            self.metrics.provision.failed(&class);
+            OpError::Failed(e.to_string())
+        })?;
         let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pv_name = pv_name_for_claim_uid(&uid);
         if !should {
             // Bound to the PV made for it: the PV is the record now, an intent left by a
             // Redis crash between an enqueue and a retry would never be cleared otherwise.
-            let pv_name = pv_name_for_claim_uid(&uid);
             let volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref());
             if !uid.is_empty() && volume == Some(pv_name.as_str()) {
                 self.clear_intent(&pv_name).await;
@@ -465,33 +374,27 @@ impl Operation {
         let in_flight = InFlight::start(&self.metrics.in_flight);
         let (state, result) = self.provision_claim_operation(claim).await;
         drop(in_flight);
-        match &result {
-            Ok(()) => {
-                self.metrics
-                    .provision
-                    .succeeded(&class, start.elapsed().as_secs_f64());
-            }
-            Err(_) => self.metrics.provision.failed(&class),
-        }
-
-        match (&result, state) {
+        let Err(e) = result else {
             // The enqueue script cleared the intent.
-            (Ok(()), _) => {}
+            let seconds = start.elapsed().as_secs_f64();
+            self.metrics.provision.succeeded(&class, seconds);
+            return Ok(());
+        };
+        self.metrics.provision.failed(&class);
+        match (&e, state) {
             // The volume exists but its PV write is not queued: intent kept.
-            (Err(OpError::NotQueued(_)), _) => self.flag_in_background(claim, false).await,
-            (Err(_), ProvisioningState::Finished) => {
-                self.clear_intent(&pv_name_for_claim_uid(&uid)).await
-            }
-            (Err(_), ProvisioningState::InBackground) => {
+            (OpError::NotQueued(_), _) => self.flag_in_background(claim, false).await,
+            (_, Finished) => self.clear_intent(&pv_name).await,
+            (_, InBackground) => {
                 tracing::info!("temporary error; claim is provisioning in background");
                 self.flag_in_background(claim, true).await;
             }
             // NoChange: the recorded flag stays.
-            (Err(_), _) => {}
+            _ => {}
         }
-        match result {
-            Ok(()) | Err(OpError::Stop) => Ok(()),
-            Err(e) => Err(e),
+        match e {
+            OpError::Stop => Ok(()),
+            e => Err(e),
         }
     }
 
@@ -501,10 +404,8 @@ impl Operation {
         let uid = claim.metadata.uid.as_deref().unwrap_or_default();
         self.forget_first_attempt(uid);
         let recorded = self.ports.intents.entry(&pv_name_for_claim_uid(uid)).await;
-        if let Ok(Some(e)) = recorded {
-            if e.claim.is_some_and(|c| c.in_background) {
-                self.flag_in_background(claim, false).await;
-            }
+        if matches!(&recorded, Ok(Some(e)) if ports::is_in_background(e)) {
+            self.flag_in_background(claim, false).await;
         }
     }
 
@@ -516,11 +417,8 @@ impl Operation {
         };
         let class = self.class(&decision::claim_class(claim)).ok();
         let intent = intent_of(claim, key, class.as_deref());
-        let recorded = self
-            .ports
-            .intents
-            .record(&intent, claim, Some(in_background));
-        if let Err(e) = recorded.await {
+        let intents = &self.ports.intents;
+        if let Err(e) = intents.record(&intent, claim, Some(in_background)).await {
             tracing::warn!(pv = %intent.pv_name, in_background, error = %e, "cannot record the in-background flag of the provisioning intent");
         }
     }
@@ -531,7 +429,7 @@ impl Operation {
         let (entries, stored) = self.ports.intents.list().await?;
         let in_background = entries
             .iter()
-            .filter(|e| e.claim.as_ref().is_some_and(|c| c.in_background))
+            .filter(|e| ports::is_in_background(e))
             .count();
         self.metrics.intents.set(stored as i64);
         self.metrics.claims_in_background.set(in_background as i64);
@@ -540,20 +438,19 @@ impl Operation {
 
     /// Set the capacity gauges from the backend's pools (none when it limits none).
     pub async fn refresh_capacity_gauges(&self) {
-        match self.ports.backend.capacity().await {
-            None => {}
-            Some(Ok(pools)) => {
-                for p in pools {
-                    let free = p.capacity.saturating_sub(p.allocated);
-                    let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
-                        g.with_label_values(&[&p.pool])
-                            .set(v.min(i64::MAX as u64) as i64)
-                    };
-                    gauge(&self.metrics.capacity, p.capacity);
-                    gauge(&self.metrics.capacity_free, free);
-                }
-            }
-            Some(Err(e)) => tracing::warn!(error = %e, "cannot read the backend's capacity"),
+        let pools = match self.ports.backend.capacity().await {
+            None => return,
+            Some(Ok(pools)) => pools,
+            Some(Err(e)) => return tracing::warn!(error = %e, "cannot read the backend's capacity"),
+        };
+        for p in pools {
+            let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
+                g.with_label_values(&[&p.pool])
+                    .set(v.min(i64::MAX as u64) as i64)
+            };
+            let free = p.capacity.saturating_sub(p.allocated);
+            gauge(&self.metrics.capacity, p.capacity);
+            gauge(&self.metrics.capacity_free, free);
         }
     }
 
@@ -567,22 +464,16 @@ impl Operation {
     /// [`sync_claim`](Self::sync_claim) under `--provision-timeout` ([`deadline::within`]); a
     /// sync stopped at the deadline is failed and kept in background.
     pub async fn sync(&self, claim: &PersistentVolumeClaim) -> Result<(), OpError> {
-        match deadline::within(self.settings.provision_timeout, self.sync_claim(claim)).await {
-            Ok(result) => result,
-            Err(exceeded) => {
-                let err = exceeded.to_string();
-                self.ports.cluster.claim_event(
-                    claim,
-                    true,
-                    reason::PROVISIONING_FAILED,
-                    err.clone(),
-                );
-                self.metrics
-                    .provision
-                    .failed(&decision::metrics_class(claim));
-                self.flag_in_background(claim, true).await;
-                Err(OpError::Failed(err))
-            }
-        }
+        let err =
+            match deadline::within(self.settings.provision_timeout, self.sync_claim(claim)).await {
+                Ok(result) => return result,
+                Err(exceeded) => exceeded.to_string(),
+            };
+        let cluster = &self.ports.cluster;
+        cluster.claim_event(claim, true, reason::PROVISIONING_FAILED, err.clone());
+        let class = decision::metrics_class(claim);
+        self.metrics.provision.failed(&class);
+        self.flag_in_background(claim, true).await;
+        Err(OpError::Failed(err))
     }
 }

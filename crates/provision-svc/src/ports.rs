@@ -9,19 +9,21 @@
 //! Errors are [`EffectError`]s: every caller turns them into an event or a
 //! log line and a retry.
 
-use api_types::queue::{DecodeError, ProvisionIntent, QueuedPvWrite};
+use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
 use common::handoff::intents::{IntentEntry, IntentError, IntentStore};
 use common::handoff::queue::{PvQueue, QueueError};
-use common::handoff::queue_auth::{AuthError, QueueKey};
+use common::handoff::queue_auth::QueueKey;
 use common::kube::events::{event, reason, EventSink};
+use futures::channel::mpsc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::serde::de::DeserializeOwned;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::core::ClusterResourceScope;
 use kube::runtime::events::Event;
-use kube::Client;
-use tokio::sync::mpsc;
+use kube::{Client, Resource, ResourceExt};
 
 /// Why a side effect of the provision operation failed; its text goes into
 /// the claim's events and logs, and the claim is retried.
@@ -73,7 +75,9 @@ pub trait ClusterApi: Send + Sync + 'static {
 
     /// Whether the PV `name` exists, by a live GET on the API server (never a
     /// cache, which may lag): `Ok(false)` only on 404, `Err` for any other failure.
-    async fn pv_exists(&self, name: &str) -> Effect<bool>;
+    async fn pv_exists(&self, name: &str) -> Effect<bool> {
+        Ok(self.get_pv(name).await?.is_some())
+    }
 
     /// Whether the claim `namespace/name` exists with `uid`, by a live list
     /// limited to that name (never a cache); `Err` when the API call failed.
@@ -132,9 +136,13 @@ pub trait PvHandoff: Send + Sync + 'static {
     /// `claim_uid` (pending or dead-lettered); `None` otherwise.
     async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>>;
     /// Queue `entry` (atomic, idempotent per PV name) and, in the same atomic
-    /// step, clear the PV's provisioning intent. Returns true when an intent
-    /// was cleared by it.
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool>;
+    /// step, clear the PV's provisioning intent.
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<()>;
+}
+
+/// Whether the intent `entry` is flagged as provisioning in background.
+pub fn is_in_background(entry: &IntentEntry) -> bool {
+    entry.claim.as_ref().is_some_and(|c| c.in_background)
 }
 
 /// Durable provisioning intents, as provision-svc uses them; the intent's
@@ -176,9 +184,7 @@ impl SignedQueue {
             provisioner_name: provisioner_name.to_string(),
         }
     }
-}
 
-impl SignedQueue {
     /// `payload` decoded, its MAC verified (unless unsigned on purpose) and
     /// checked to be the PV `pv_name` of the claim `claim_uid`.
     fn verified(
@@ -186,33 +192,17 @@ impl SignedQueue {
         payload: &[u8],
         pv_name: &str,
         claim_uid: &str,
-    ) -> Result<QueuedPvWrite, Unverifiable> {
+    ) -> anyhow::Result<QueuedPvWrite> {
         let entry = QueuedPvWrite::decode(payload)?;
         if let Some(key) = &self.key {
             key.verify(&self.provisioner_name, &entry)?;
         }
-        if entry.pv_name() != pv_name || entry.claim.uid != claim_uid {
-            return Err(Unverifiable::OtherClaim {
-                pv_name: entry.pv_name().to_string(),
-                claim_uid: entry.claim.uid,
-            });
+        let (pv, uid) = (entry.pv_name(), &entry.claim.uid);
+        if pv != pv_name || uid != claim_uid {
+            anyhow::bail!("it is for PV {pv:?} of claim uid {uid}");
         }
         Ok(entry)
     }
-}
-
-/// Why a queued payload is not this claim's entry ([`QueuedState::Stalled`]).
-#[derive(Debug, thiserror::Error)]
-enum Unverifiable {
-    /// Not a readable entry.
-    #[error(transparent)]
-    Decode(#[from] DecodeError),
-    /// Not signed with the queue key.
-    #[error(transparent)]
-    Signature(#[from] AuthError),
-    /// Another PV's or claim's entry.
-    #[error("it is for PV {pv_name:?} of claim uid {claim_uid}")]
-    OtherClaim { pv_name: String, claim_uid: String },
 }
 
 #[async_trait]
@@ -222,10 +212,8 @@ impl PvHandoff for SignedQueue {
     }
 
     async fn queued_entry(&self, pv_name: &str, claim_uid: &str) -> Effect<Option<QueuedPvWrite>> {
-        let Some(payload) = self.queue.payload(pv_name).await? else {
-            return Ok(None);
-        };
-        Ok(self.verified(&payload, pv_name, claim_uid).ok())
+        let payload = self.queue.payload(pv_name).await?;
+        Ok(payload.and_then(|p| self.verified(&p, pv_name, claim_uid).ok()))
     }
 
     async fn queued_state(&self, pv_name: &str, claim_uid: &str) -> Effect<QueuedState> {
@@ -252,13 +240,14 @@ impl PvHandoff for SignedQueue {
         })
     }
 
-    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<bool> {
+    async fn enqueue(&self, entry: &QueuedPvWrite) -> Effect<()> {
         let mut entry = entry.clone();
         match &self.key {
             Some(key) => key.sign(&self.provisioner_name, &mut entry),
             None => entry.mac = None,
         }
-        Ok(self.queue.enqueue(&entry).await?.intent_cleared)
+        self.queue.enqueue(&entry).await?;
+        Ok(())
     }
 }
 
@@ -275,10 +264,7 @@ impl IntentLog for IntentStore {
             // Unreadable: overwritten (not in background).
             None => IntentLog::entry(self, &intent.pv_name)
                 .await
-                .ok()
-                .flatten()
-                .and_then(|e| e.claim)
-                .is_some_and(|c| c.in_background),
+                .is_ok_and(|e| e.is_some_and(|e| is_in_background(&e))),
         };
         self.record_with_claim(intent, claim, in_background).await?;
         Ok(())
@@ -324,45 +310,39 @@ impl KubeCluster {
         instance: &str,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let sink = EventSink::new(client.clone(), component, instance);
-        let (tx, rx) = mpsc::unbounded_channel::<PendingEvent>();
-        let stream =
-            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) });
-        let publisher = tokio::spawn(stream.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
+        let (tx, rx) = mpsc::unbounded::<PendingEvent>();
+        let publisher = tokio::spawn(rx.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
             let sink = sink.clone();
             async move { sink.publish(&e.0, e.1).await }
         }));
         (Self { client, events: tx }, publisher)
+    }
+
+    /// GET the cluster-scoped object `name`: `Ok(None)` on 404.
+    async fn get<K>(&self, name: &str) -> Effect<Option<K>>
+    where
+        K: Resource<Scope = ClusterResourceScope, DynamicType = ()>,
+        K: Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        if name.is_empty() {
+            return Err(EffectError::EmptyName);
+        }
+        let call = format!("get {} {name:?}", K::kind(&()));
+        Api::<K>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(kube_failed(call))
     }
 }
 
 #[async_trait]
 impl ClusterApi for KubeCluster {
     async fn get_node(&self, name: &str) -> Effect<Option<Node>> {
-        if name.is_empty() {
-            return Err(EffectError::EmptyName);
-        }
-        Api::<Node>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(kube_failed(format!("get Node {name:?}")))
-    }
-
-    async fn pv_exists(&self, name: &str) -> Effect<bool> {
-        if name.is_empty() {
-            return Err(EffectError::EmptyName);
-        }
-        Api::<PersistentVolume>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map(|pv| pv.is_some())
-            .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
+        self.get(name).await
     }
 
     async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>> {
-        Api::<PersistentVolume>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(kube_failed(format!("get PersistentVolume {name:?}")))
+        self.get(name).await
     }
 
     async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()> {
@@ -391,17 +371,13 @@ impl ClusterApi for KubeCluster {
 
     async fn claim_exists(&self, namespace: &str, name: &str, uid: &str) -> Effect<bool> {
         let params = ListParams::default().fields(&format!("metadata.name={name}"));
-        Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+        let claims = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
+        let call = format!("list PersistentVolumeClaim {namespace}/{name}");
+        let list = claims
             .list_metadata(&params)
             .await
-            .map(|list| {
-                list.items
-                    .iter()
-                    .any(|c| c.metadata.uid.as_deref() == Some(uid))
-            })
-            .map_err(kube_failed(format!(
-                "list PersistentVolumeClaim {namespace}/{name}"
-            )))
+            .map_err(kube_failed(call))?;
+        Ok(list.items.iter().any(|c| c.uid().as_deref() == Some(uid)))
     }
 
     async fn remove_selected_node(&self, claim: &PersistentVolumeClaim) -> Effect<()> {
@@ -442,9 +418,8 @@ impl ClusterApi for KubeCluster {
             _ => "ProvisionFailed",
         };
         let claim = common::kube::events::reference(claim);
-        let _ = self
-            .events
-            .send((claim, event(warning, reason, action, note)));
+        let event = event(warning, reason, action, note);
+        let _ = self.events.unbounded_send((claim, event));
     }
 }
 

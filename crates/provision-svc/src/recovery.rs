@@ -13,7 +13,6 @@ use api_types::{pv_name_for_claim_uid, ANN_SELECTED_NODE};
 use common::handoff::intents::IntentEntry;
 use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::Resource;
@@ -41,18 +40,10 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
             "provisioning intents in Redis cannot be read; kept for an operator"
         );
     }
-    let cached: HashSet<String> = op
-        .caches
-        .claims
-        .state()
-        .iter()
-        .filter_map(|c| c.meta().uid.clone())
-        .collect();
-    let gone: Vec<String> = entries
-        .into_iter()
-        .map(|e| e.intent.claim.uid)
-        .filter(|uid| !cached.contains(uid))
-        .collect();
+    let state = op.caches.claims.state();
+    let cached: HashSet<_> = state.iter().filter_map(|c| c.meta().uid.clone()).collect();
+    let mut gone: Vec<_> = entries.into_iter().map(|e| e.intent.claim.uid).collect();
+    gone.retain(|uid| !cached.contains(uid));
     tracing::info!(
         intents = stored,
         gone = gone.len(),
@@ -62,8 +53,10 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
 }
 
 /// Clean up after the claim `uid`, holding its lock: nothing if it is cached
-/// again; with an intent, [`cleanup_gone_claim`] retried under `policy`
-/// (attempts limited by `limit`); without, [`cleanup_unwritten_volume`].
+/// again; without an intent, [`cleanup_unwritten_volume`]; with one,
+/// [`cleanup_gone_claim`] under `policy` until done or poisoned (reported once, see
+/// module docs), or `shutdown`: each attempt holds a permit of `limit`, released while
+/// it waits out its backoff, so failing claims never hold up the others.
 pub async fn claim_gone(
     op: &Operation,
     uid: &str,
@@ -81,18 +74,41 @@ pub async fn claim_gone(
         return;
     }
     let pv_name = pv_name_for_claim_uid(uid);
-    match op.ports.intents.entry(&pv_name).await {
-        Ok(Some(entry)) => cleanup_with_backoff(op, &entry, limit, policy, shutdown).await,
-        Ok(None) => cleanup_unwritten_volume(op, uid).await,
+    let entry = match op.ports.intents.entry(&pv_name).await {
+        Ok(Some(entry)) => entry,
+        Ok(None) => return cleanup_unwritten_volume(op, uid).await,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent")
+            return tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent")
         }
+    };
+    // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
+    // poisoned, not retried; Err: retried under `policy`.
+    let attempt = || async {
+        let _permit = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            p = limit.acquire() => p.expect("semaphore never closed"),
+        };
+        match cleanup_gone_claim(op, &entry).await {
+            CleanupOutcome::Done => Ok(None),
+            CleanupOutcome::Poisoned(e) => Ok(Some(e)),
+            CleanupOutcome::Retry(e) => Err(e),
+        }
+    };
+    let claim = &entry.intent.claim;
+    let outcome = policy
+        .retry(shutdown, attempt, |e, _, delay| {
+            tracing::warn!(pv = %pv_name, %claim, claim_uid = %claim.uid, error = %e, ?delay, "cleaning up a deleted claim's volume failed");
+        })
+        .await;
+    if let Some(Some(reason)) = outcome {
+        op.metrics.poisoned_intents.inc();
+        tracing::error!(pv = %pv_name, %claim, %reason, kept_for = "an operator, until the next walk", "cannot clean up a deleted claim's volume");
     }
 }
 
 /// Whether a queued PV write or a PV (live GET) carries `pv_name`'s volume,
 /// checked in that order. Errors: a lookup failed (keep the intent).
-pub async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Effect<bool> {
+async fn pv_accounted_for(op: &Operation, pv_name: &str) -> Effect<bool> {
     Ok(op.ports.handoff.is_pending(pv_name).await? || op.ports.cluster.pv_exists(pv_name).await?)
 }
 
@@ -109,35 +125,18 @@ pub enum CleanupOutcome {
     Poisoned(String),
 }
 
-/// A gone claim's intent names no StorageClass the volume can be deleted with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the intent (version {version}) records no StorageClass and StorageClass {class:?} no longer exists; cannot tell the backend how the volume was made")]
-pub struct NoClassRecorded {
-    /// The intent record's version.
-    pub version: u32,
-    /// The class name it recorded.
-    pub class: String,
-}
-
 /// The options `provision` was called with, from the intent: its StorageClass
 /// (v1 records: the cached one of that name), claim snapshot (or identity) and
-/// selected node. Errors: [`NoClassRecorded`].
-pub fn options_from_intent(
-    op: &Operation,
-    entry: &IntentEntry,
-) -> Result<ProvisionOptions, NoClassRecorded> {
+/// selected node. Errors: no StorageClass is recorded nor cached.
+fn options_from_intent(op: &Operation, entry: &IntentEntry) -> Result<ProvisionOptions, String> {
     let intent = &entry.intent;
-    let storage_class: StorageClass = match &intent.storage_class {
+    let (version, class) = (intent.version, &intent.class);
+    let storage_class = match &intent.storage_class {
         Some(c) => c.clone(),
-        None => op
-            .caches
-            .classes
-            .get(&ObjectRef::new(&intent.class))
-            .map(|c| c.as_ref().clone())
-            .ok_or_else(|| NoClassRecorded {
-                version: intent.version,
-                class: intent.class.clone(),
-            })?,
+        None => match op.caches.classes.get(&ObjectRef::new(class)) {
+            Some(c) => c.as_ref().clone(),
+            None => return Err(format!("the intent (version {version}) records no StorageClass and StorageClass {class:?} no longer exists; cannot tell the backend how the volume was made")),
+        },
     };
     let pvc = match &entry.claim {
         Some(snap) => snap.claim.clone(),
@@ -182,41 +181,30 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
         Ok(Some(entry)) => entry,
         Ok(None) => return,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write");
-            return;
+            return tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write")
         }
     };
     let key = &entry.claim;
-    match op
-        .ports
-        .cluster
-        .claim_exists(&key.namespace, &key.name, uid)
-        .await
-    {
+    let cluster = &op.ports.cluster;
+    match cluster.claim_exists(&key.namespace, &key.name, uid).await {
         Ok(false) => {}
         Ok(true) => return,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot confirm a deleted claim is gone");
-            return;
+            return tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot confirm a deleted claim is gone")
         }
     }
-    match op.ports.cluster.pv_exists(&pv_name).await {
+    match cluster.pv_exists(&pv_name).await {
         Ok(false) => {}
         Ok(true) => return,
         Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a deleted claim's PV exists");
-            return;
+            return tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a deleted claim's PV exists")
         }
     }
-    let class = match op.caches.classes.get(&ObjectRef::new(&entry.class)) {
-        Some(c) => c.as_ref().clone(),
-        None => {
-            tracing::warn!(pv = %pv_name, class = %entry.class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
-            return;
-        }
+    let Some(class) = op.caches.classes.get(&ObjectRef::new(&entry.class)) else {
+        return tracing::warn!(pv = %pv_name, class = %entry.class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
     };
     let options = ProvisionOptions {
-        storage_class: class,
+        storage_class: class.as_ref().clone(),
         pv_name: pv_name.clone(),
         pvc: claim_from_key(key),
         selected_node: None,
@@ -235,80 +223,34 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
 /// after re-checking the queue and the live PV; a lookup error is a `Retry`
 /// (intent and volume kept).
 pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupOutcome {
-    let pv_name = &entry.intent.pv_name;
+    let (pv_name, claim) = (&entry.intent.pv_name, &entry.intent.claim);
     // Re-check right before deleting: the PV may have been written meanwhile.
     match pv_accounted_for(op, pv_name).await {
         Ok(true) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, left_to = "reclaim", "a PV or a queued PV write carries a deleted claim's volume");
-            op.clear_intent(pv_name).await;
-            return CleanupOutcome::Done;
+            tracing::info!(pv = %pv_name, %claim, claim_uid = %claim.uid, left_to = "reclaim", "a PV or a queued PV write carries a deleted claim's volume");
         }
-        Ok(false) => {}
+        Ok(false) => {
+            let options = match options_from_intent(op, entry) {
+                Ok(o) => o,
+                Err(e) => return CleanupOutcome::Poisoned(e),
+            };
+            match op.ports.backend.delete_unprovisioned(&options).await {
+                Ok(()) => {
+                    tracing::info!(pv = %pv_name, %claim, claim_uid = %claim.uid, "deleted the volume of a claim deleted while it was being provisioned");
+                }
+                Err(DeleteError::Ignored { reason }) => {
+                    tracing::info!(pv = %pv_name, %claim, claim_uid = %claim.uid, %reason, "the backend ignores a deleted claim's volume");
+                }
+                Err(e @ DeleteError::Failed { .. }) => {
+                    return CleanupOutcome::Retry(format!("backend delete: {e}"));
+                }
+                Err(e @ DeleteError::Refused { .. }) => {
+                    return CleanupOutcome::Poisoned(format!("backend delete: {e}"));
+                }
+            }
+        }
         Err(e) => return CleanupOutcome::Retry(e.to_string()),
     }
-    let options = match options_from_intent(op, entry) {
-        Ok(o) => o,
-        Err(e) => return CleanupOutcome::Poisoned(e.to_string()),
-    };
-    let outcome = match op.ports.backend.delete_unprovisioned(&options).await {
-        Ok(()) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, "deleted the volume of a claim deleted while it was being provisioned");
-            CleanupOutcome::Done
-        }
-        Err(DeleteError::Ignored { reason }) => {
-            tracing::info!(pv = %pv_name, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, %reason, "the backend ignores a deleted claim's volume");
-            CleanupOutcome::Done
-        }
-        Err(e @ DeleteError::Failed { .. }) => {
-            CleanupOutcome::Retry(format!("backend delete: {e}"))
-        }
-        Err(e @ DeleteError::Refused { .. }) => {
-            CleanupOutcome::Poisoned(format!("backend delete: {e}"))
-        }
-    };
-    if outcome == CleanupOutcome::Done {
-        op.clear_intent(pv_name).await;
-    }
-    outcome
-}
-
-/// Report an intent the walk cannot act on (see module docs).
-pub fn report_poisoned(op: &Operation, pv_name: &str, claim: &str, reason: &str) {
-    op.metrics.poisoned_intents.inc();
-    tracing::error!(pv = %pv_name, claim, %reason, kept_for = "an operator, until the next walk", "cannot clean up a deleted claim's volume");
-}
-
-/// [`cleanup_gone_claim`] until done or poisoned (reported once), or
-/// `shutdown`: each attempt holds a permit of `limit`, released while the
-/// entry waits out its backoff, so failing entries never hold up the others.
-async fn cleanup_with_backoff(
-    op: &Operation,
-    entry: &IntentEntry,
-    limit: &Semaphore,
-    policy: Backoff,
-    shutdown: &CancellationToken,
-) {
-    // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
-    // poisoned, not retried; Err: retried under `policy`.
-    let attempt = || async {
-        let _permit = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            p = limit.acquire() => p.expect("semaphore never closed"),
-        };
-        match cleanup_gone_claim(op, entry).await {
-            CleanupOutcome::Done => Ok(None),
-            CleanupOutcome::Poisoned(e) => Ok(Some(e)),
-            CleanupOutcome::Retry(e) => Err(e),
-        }
-    };
-    let pv = &entry.intent.pv_name;
-    let outcome = policy
-        .retry(shutdown, attempt, |e, _, delay| {
-            tracing::warn!(pv = %pv, claim = %entry.intent.claim, claim_uid = %entry.intent.claim.uid, error = %e, ?delay, "cleaning up a deleted claim's volume failed");
-        })
-        .await;
-    if let Some(Some(e)) = outcome {
-        let claim = entry.intent.claim.to_string();
-        report_poisoned(op, pv, &claim, &e);
-    }
+    op.clear_intent(pv_name).await;
+    CleanupOutcome::Done
 }

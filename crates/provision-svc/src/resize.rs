@@ -5,12 +5,15 @@
 //! `VolumeResizeSuccessful` or `VolumeResizeFailed`.
 //! No node-side step: a directory needs no filesystem resize. Why here: docs/ARCHITECTURE.md.
 
+use std::collections::BTreeMap;
+
 use api_types::ANN_DYNAMICALLY_PROVISIONED;
 use common::kube::events::reason::{RESIZING, VOLUME_RESIZE_FAILED, VOLUME_RESIZE_SUCCESSFUL};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
 use provisioner_api::quantity;
 use serde_json::json;
 
@@ -32,27 +35,14 @@ pub struct Wanted {
 /// larger than its status capacity. `None` otherwise (nothing to do).
 pub fn wanted(claim: &PersistentVolumeClaim, names: &ProvisionerNames) -> Option<Wanted> {
     let status = claim.status.as_ref()?;
-    if status.phase.as_deref() != Some("Bound") {
-        return None;
-    }
-    if !decision::expected_provisioner(claim).is_some_and(|p| names.is_known(p)) {
+    if status.phase.as_deref() != Some("Bound") || !names.expected_by(claim) {
         return None;
     }
     let spec = claim.spec.as_ref()?;
     let pv = spec.volume_name.clone().filter(|v| !v.is_empty())?;
-    let request = spec
-        .resources
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .get("storage")?
-        .clone();
+    let request = storage(spec.resources.as_ref()?.requests.as_ref())?.clone();
     let bytes = quantity::bytes(&request)?;
-    let capacity = status
-        .capacity
-        .as_ref()
-        .and_then(|c| c.get("storage"))
-        .and_then(quantity::bytes);
+    let capacity = storage(status.capacity.as_ref()).and_then(quantity::bytes);
     (capacity.is_none_or(|c| bytes > c)).then_some(Wanted { pv, request, bytes })
 }
 
@@ -64,6 +54,11 @@ pub async fn resize(
     claim: &PersistentVolumeClaim,
     want: Wanted,
 ) -> Result<(), OpError> {
+    let resized = grow(op, claim, &want).await;
+    resized.map_err(|e| OpError::Failed(format!("resizing volume {}: {e}", want.pv)))
+}
+
+async fn grow(op: &Operation, claim: &PersistentVolumeClaim, want: &Wanted) -> anyhow::Result<()> {
     let cluster = &op.ports.cluster;
     let refuse = |note: String| {
         tracing::warn!(pv = %want.pv, %note, "volume not resized");
@@ -78,22 +73,13 @@ pub async fn resize(
             "StorageClass {class_name:?} does not allow volume expansion"
         ));
     }
-    let failed = |e: String| OpError::Failed(format!("resizing volume {}: {e}", want.pv));
-    let Some(pv) = cluster
-        .get_pv(&want.pv)
-        .await
-        .map_err(|e| failed(e.to_string()))?
-    else {
+    let Some(pv) = cluster.get_pv(&want.pv).await? else {
         return Ok(());
     };
     if let Some(why) = not_this_claims(&pv, claim, &op.settings.names) {
         return refuse(why);
     }
-    let pv_capacity = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("storage"));
+    let pv_capacity = storage(pv.spec.as_ref().and_then(|s| s.capacity.as_ref()));
     let pv_bytes = pv_capacity.and_then(quantity::bytes).unwrap_or(0);
     if want.bytes < pv_bytes {
         let note = format!(
@@ -119,32 +105,19 @@ pub async fn resize(
             "lastTransitionTime": now.unwrap_or_default()});
         let conditions: Vec<_> = others.iter().cloned().chain([resizing]).collect();
         let status = json!({"status": {"conditions": conditions}});
-        cluster
-            .patch_claim_status(claim, &status)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        cluster.patch_claim_status(claim, &status).await?;
         let note = format!("External resizer is resizing volume {}", want.pv);
         cluster.claim_event(claim, false, RESIZING, note);
         if let Err(e) = op.ports.backend.expand(&pv, want.bytes).await {
-            cluster.claim_event(
-                claim,
-                true,
-                VOLUME_RESIZE_FAILED,
-                format!("resize volume {} failed: {e}", want.pv),
-            );
-            return Err(failed(e.to_string()));
+            let note = format!("resize volume {} failed: {e}", want.pv);
+            cluster.claim_event(claim, true, VOLUME_RESIZE_FAILED, note);
+            return Err(e.into());
         }
         let patch = json!({"spec": {"capacity": {"storage": want.request}}});
-        cluster
-            .patch_pv(&want.pv, &patch)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        cluster.patch_pv(&want.pv, &patch).await?;
     }
     let status = json!({"status": {"capacity": {"storage": want.request}, "conditions": others}});
-    cluster
-        .patch_claim_status(claim, &status)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+    cluster.patch_claim_status(claim, &status).await?;
     tracing::info!(pv = %want.pv, bytes = want.bytes, grown, "volume resized");
     if grown {
         let note = "Resize volume succeeded".to_string();
@@ -161,21 +134,19 @@ fn not_this_claims(
     names: &ProvisionerNames,
 ) -> Option<String> {
     let name = pv.metadata.name.as_deref().unwrap_or_default();
-    let by = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANN_DYNAMICALLY_PROVISIONED));
+    let by = pv.annotations().get(ANN_DYNAMICALLY_PROVISIONED);
     if !by.is_some_and(|p| names.is_known(p)) {
         return Some(format!(
             "PV {name} was not provisioned by this provisioner; not resizing it"
         ));
     }
-    let bound_uid = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.claim_ref.as_ref())
-        .and_then(|r| r.uid.as_deref());
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let bound_uid = claim_ref.and_then(|r| r.uid.as_deref());
     (bound_uid != claim.metadata.uid.as_deref())
         .then(|| format!("PV {name} is not bound to this claim; not resizing it"))
+}
+
+/// The `storage` entry of a resource list (a request or a capacity).
+fn storage(list: Option<&BTreeMap<String, Quantity>>) -> Option<&Quantity> {
+    list?.get("storage")
 }
