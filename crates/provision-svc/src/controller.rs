@@ -274,7 +274,8 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     });
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
     let walk = gone_tx.clone();
-    let observer = loop_ctx.clone();
+    let (observer, listed) = (loop_ctx.clone(), Arc::new(tokio::sync::Notify::new()));
+    let first_list = listed.clone();
     // A deleted claim's retry state is forgotten and it is reported gone; so is every
     // (re)list, so claims deleted while the watch was down are found too.
     let observe =
@@ -288,6 +289,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
             }
             watcher::Event::InitDone => {
                 let _ = gone_tx.send(Gone::Walk);
+                first_list.notify_one();
                 tracing::info!(claims = store.state().len(), "claims listed");
             }
             _ => {}
@@ -304,7 +306,8 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
     };
-    tasks.spawn(probe_redis(op.clone(), intents, rescan, walk, ctx.clone()));
+    let probe = probe_redis(op.clone(), intents, listed, rescan, walk, ctx.clone());
+    tasks.spawn(probe);
     tracing::info!(workers = settings.workers, "started provisioning claims");
     let backoff = ctx.args.retry_backoff(crate::SPEC);
     tokio::join!(
@@ -333,6 +336,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
 async fn probe_redis(
     op: Arc<Operation>,
     intents: IntentStore,
+    listed: Arc<tokio::sync::Notify>,
     rescan: futures::channel::mpsc::UnboundedSender<()>,
     walk: mpsc::UnboundedSender<Gone>,
     ctx: ServiceContext,
@@ -341,7 +345,8 @@ async fn probe_redis(
     let mut marker = DataMarker::new(intents.connection(), &op.settings.names.name);
     tokio::select! {
         _ = shutdown.cancelled() => return,
-        _ = op.caches.claims.wait_until_ready() => {}
+        // Not `Store::wait_until_ready`: kube-runtime wakes only its last waiter (the Controller).
+        _ = listed.notified() => {}
     }
     let mut up = true;
     let mut gauges_read = tokio::time::Instant::now() - INTENT_GAUGES_INTERVAL;
