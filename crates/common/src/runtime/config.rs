@@ -409,20 +409,12 @@ impl CommonArgs {
         crate::handoff::redis_store::RedisConfig::from_args(&self.redis_url, &self.redis_auth)
     }
 
-    /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
-    /// service's default.
-    pub fn http_port_for(&self, spec: ServiceSpec) -> u16 {
-        match self.http_endpoint {
-            Some(endpoint) => endpoint.port(),
-            None => self.http_port.unwrap_or(spec.http_port),
-        }
-    }
-
-    /// The HTTP server's address: `--http-endpoint`, else
-    /// `--http-address`:[`http_port_for`](Self::http_port_for).
+    /// The HTTP server's address: `--http-endpoint`, else `--http-address`:`--http-port`
+    /// (default: the service's port).
     pub fn http_socket_addr(&self, spec: ServiceSpec) -> SocketAddr {
+        let port = self.http_port.unwrap_or(spec.http_port);
         self.http_endpoint
-            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(spec)))
+            .unwrap_or_else(|| SocketAddr::new(self.http_address, port))
     }
 
     /// `--worker-threads`, else the service's default; at least 1.
@@ -499,7 +491,7 @@ mod tests {
         assert_eq!(cli.common.worker_threads_for(RECLAIM), 4);
         assert_eq!(cli.retry.retry_qps, 10.0);
         assert_eq!(cli.retry.retry_burst, 100);
-        assert_eq!(cli.common.http_port_for(PV_WRITER), 9102);
+        assert_eq!(cli.common.http_socket_addr(PV_WRITER).port(), 9102);
         assert_eq!(
             cli.common.http_socket_addr(RECLAIM),
             "0.0.0.0:9103".parse().unwrap()
@@ -519,7 +511,7 @@ mod tests {
         .unwrap();
         assert!(!cli.common.leader_election);
         assert_eq!(cli.common.lease_duration, Duration::from_secs(90));
-        assert_eq!(cli.common.http_port_for(PROVISION), 0);
+        assert_eq!(cli.common.http_socket_addr(PROVISION).port(), 0);
         assert!(Cli::try_parse_from(["x", "--leader-election-lease-duration", "soon"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "1025"]).is_err());
@@ -572,7 +564,7 @@ mod tests {
             cli.common.http_socket_addr(PROVISION),
             "0.0.0.0:8080".parse().unwrap()
         );
-        assert_eq!(cli.common.http_port_for(PROVISION), 8080);
+        assert_eq!(cli.common.http_socket_addr(PROVISION).port(), 8080);
         let cli = Cli::try_parse_from(["x", "--http-endpoint=127.0.0.1:0"]).unwrap();
         assert_eq!(
             cli.common.http_socket_addr(RECLAIM),

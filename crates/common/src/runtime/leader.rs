@@ -104,26 +104,17 @@ impl LeaseTiming {
 }
 
 /// Why [`LeaderElector::hold`] returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeadLost {
     /// Another replica holds the Lease now.
+    #[error("lease taken over by {0}")]
     OtherHolder(String),
     /// Our renewals did not land within the renew deadline.
+    #[error("lease not renewed within the renew deadline")]
     RenewDeadlineExceeded,
     /// The Lease object disappeared.
+    #[error("lease deleted")]
     LeaseDeleted,
-}
-
-impl std::fmt::Display for LeadLost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LeadLost::OtherHolder(h) => write!(f, "lease taken over by {h}"),
-            LeadLost::RenewDeadlineExceeded => {
-                write!(f, "lease not renewed within the renew deadline")
-            }
-            LeadLost::LeaseDeleted => write!(f, "lease deleted"),
-        }
-    }
 }
 
 /// Called each time the watchdog sees this leader's own `renewTime` advance.
@@ -175,25 +166,26 @@ impl LeaderElector {
         self
     }
 
-    /// This candidate's identity (`holderIdentity` when leading).
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     /// Wait until this candidate holds the Lease (`true`), or `cancel` fires (`false`).
     /// API errors are logged and retried every retry period.
     pub async fn acquire(&self, cancel: &CancellationToken) -> bool {
+        let acquired = async { while !self.changed("lease acquisition attempt failed").await {} };
+        tokio::select! {
+            _ = cancel.cancelled() => false,
+            _ = acquired => true,
+        }
+    }
+
+    /// The lease manager's next view of the lead (`true`: ours); an API error is logged as
+    /// `failed` and retried after a retry period.
+    async fn changed(&self, failed: &str) -> bool {
         loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                res = self.manager.changed() => match res {
-                    Ok(true) => return true,
-                    Ok(false) => {}
-                    Err(err) => {
-                        log_failure(&self.lease_name, "lease acquisition attempt failed", &err);
-                        tokio::time::sleep(self.timing.retry_period).await;
-                    }
-                },
+            match self.manager.changed().await {
+                Ok(leading) => return leading,
+                Err(err) => {
+                    log_failure(&self.lease_name, failed, &err);
+                    tokio::time::sleep(self.timing.retry_period).await;
+                }
             }
         }
     }
@@ -202,16 +194,8 @@ impl LeaderElector {
     /// Never returns while the lead is intact.
     pub async fn hold(&self) -> LeadLost {
         let renew = async {
-            loop {
-                match self.manager.changed().await {
-                    Ok(false) => return self.why_lost().await,
-                    Ok(true) => {}
-                    Err(err) => {
-                        log_failure(&self.lease_name, "lease renewal failed", &err);
-                        tokio::time::sleep(self.timing.retry_period).await;
-                    }
-                }
-            }
+            while self.changed("lease renewal failed").await {}
+            self.why_lost().await
         };
         tokio::select! {
             lost = renew => lost,
@@ -234,7 +218,7 @@ impl LeaderElector {
     }
 
     async fn watchdog(&self) -> LeadLost {
-        let mut last_renew_time: Option<String> = None;
+        let mut last_renew_time = None;
         let mut confirmed_at = Instant::now();
         loop {
             tokio::time::sleep(self.timing.retry_period).await;
@@ -249,19 +233,13 @@ impl LeaderElector {
                 Ok(Some(lease)) => {
                     let spec = lease.spec.unwrap_or_default();
                     let holder = spec.holder_identity.unwrap_or_default();
-                    if holder != self.identity {
-                        if !holder.is_empty() {
-                            return LeadLost::OtherHolder(holder);
-                        }
-                    } else {
-                        let renew = spec.renew_time.map(|t| format!("{:?}", t.0));
-                        if renew != last_renew_time {
-                            last_renew_time = renew;
-                            confirmed_at = Instant::now();
-                            if let Some(f) = &self.on_renewed {
-                                f();
-                            }
-                        }
+                    if holder != self.identity && !holder.is_empty() {
+                        return LeadLost::OtherHolder(holder);
+                    }
+                    if holder == self.identity && spec.renew_time != last_renew_time {
+                        last_renew_time = spec.renew_time;
+                        confirmed_at = Instant::now();
+                        self.on_renewed.iter().for_each(|f| f());
                     }
                 }
                 Err(err) => {
