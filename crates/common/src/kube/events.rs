@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +67,9 @@ struct SeriesEntry {
 #[derive(Clone)]
 pub struct EventSink {
     client: Client,
-    reporter: Reporter,
+    /// `reportingController` (the component) and `reportingInstance` (the replica).
+    controller: String,
+    instance: String,
     hasher: std::collections::hash_map::RandomState,
     /// Events published in the last [`SERIES_TTL`], by series identity.
     series: Arc<Mutex<HashMap<SeriesKey, SeriesEntry>>>,
@@ -79,10 +81,8 @@ impl EventSink {
     pub fn new(client: Client, component: &str, instance: &str) -> Self {
         Self {
             client,
-            reporter: Reporter {
-                controller: component.to_string(),
-                instance: Some(instance.to_string()),
-            },
+            controller: component.to_string(),
+            instance: instance.to_string(),
             hasher: Default::default(),
             series: Arc::default(),
         }
@@ -96,8 +96,7 @@ impl EventSink {
 
     /// [`EventSink::publish`] returning the API error: created the first time, its
     /// `series` patched on repeats within [`SERIES_TTL`] (as the Recorder does).
-    /// Errors: the create or patch failed.
-    pub async fn try_publish(
+    async fn try_publish(
         &self,
         object: &ObjectReference,
         event: &Event,
@@ -141,10 +140,7 @@ impl EventSink {
                 ..previous
             }
         } else {
-            let object_name = regarding
-                .name
-                .as_deref()
-                .unwrap_or(&self.reporter.controller);
+            let object_name = regarding.name.as_deref().unwrap_or(&self.controller);
             let name = format!("{object_name}.{:x}", now.as_nanosecond());
             let created = self.new_event(&namespace, name.clone(), &regarding, event, now);
             Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
@@ -165,30 +161,17 @@ impl EventSink {
     /// restarts, named [`once_event_name`] (`AlreadyExists`: announced already); without a
     /// uid, [`EventSink::publish`]. Failures are logged.
     pub async fn publish_once(&self, object: &ObjectReference, event: Event) {
-        let result = self.try_publish_once(object, &event).await;
-        log_failure(object, &event, result.map(|_| ()));
-    }
-
-    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call created the
-    /// Event, `Ok(false)` when it already existed. Errors: the API server rejected (other than `409
-    /// AlreadyExists`) or did not answer the create.
-    pub async fn try_publish_once(
-        &self,
-        object: &ObjectReference,
-        event: &Event,
-    ) -> Result<bool, kube::Error> {
         let Some(name) = once_event_name(object, &event.reason) else {
-            self.try_publish(object, event).await?;
-            return Ok(true);
+            return self.publish(object, event).await;
         };
         let (namespace, regarding) = event_place(object);
-        let created = self.new_event(&namespace, name, &regarding, event, Timestamp::now());
+        let created = self.new_event(&namespace, name, &regarding, &event, Timestamp::now());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &created).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            Err(err) => Err(err),
-        }
+        let result = match api.create(&PostParams::default(), &created).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+            other => other.map(drop),
+        };
+        log_failure(object, &event, result);
     }
 
     /// The events.k8s.io/v1 form of `event`, in `namespace` named `name` about `regarding`,
@@ -218,13 +201,8 @@ impl EventSink {
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
             related: event.secondary.clone(),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         }
     }

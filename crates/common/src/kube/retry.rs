@@ -67,10 +67,16 @@ impl Backoff {
         Self::exponential(period, period)
     }
 
-    /// The delay after the `failures`-th consecutive failure (counted from 1;
-    /// 0 is treated as 1).
+    /// The delay after the `failures`-th consecutive failure, `initial · 2^(failures-1)` capped
+    /// at `max` (counted from 1; 0 is treated as 1).
     pub fn delay(&self, failures: u32) -> Duration {
-        backoff(self.initial, self.max, failures.max(1))
+        let factor = 2f64.powi(failures.saturating_sub(1).min(63) as i32);
+        let secs = self.initial.as_secs_f64() * factor;
+        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
+            self.max
+        } else {
+            Duration::from_secs_f64(secs)
+        }
     }
 
     /// Run `op` until `Ok`, waiting [`delay`](Self::delay)`(n)` after the `n`-th
@@ -219,32 +225,20 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
     }
 }
 
-/// `initial · 2^(failures-1)` capped at `max`; `failures` counts from 1.
-pub fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(63);
-    let factor = 2f64.powi(exp as i32);
-    let secs = initial.as_secs_f64() * factor;
-    if !secs.is_finite() || secs >= max.as_secs_f64() {
-        max
-    } else {
-        Duration::from_secs_f64(secs)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn backoff_doubles_and_caps() {
-        let i = Duration::from_secs(15);
         let m = Duration::from_secs(1000);
-        assert_eq!(backoff(i, m, 1), Duration::from_secs(15));
-        assert_eq!(backoff(i, m, 2), Duration::from_secs(30));
-        assert_eq!(backoff(i, m, 3), Duration::from_secs(60));
-        assert_eq!(backoff(i, m, 7), Duration::from_secs(960));
-        assert_eq!(backoff(i, m, 8), m);
-        assert_eq!(backoff(i, m, 500), m);
+        let b = Backoff::exponential(Duration::from_secs(15), m);
+        assert_eq!(b.delay(1), Duration::from_secs(15));
+        assert_eq!(b.delay(2), Duration::from_secs(30));
+        assert_eq!(b.delay(3), Duration::from_secs(60));
+        assert_eq!(b.delay(7), Duration::from_secs(960));
+        assert_eq!(b.delay(8), m);
+        assert_eq!(b.delay(500), m);
     }
 
     #[test]
