@@ -124,14 +124,8 @@ pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str
 /// Leader-election status of one service: `leader_election_master_status{name="<lease>"}`
 /// is 1 while this replica holds the Lease, 0 otherwise (client-go's metric name).
 pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
-    let opts = Opts::new(
-        "leader_election_master_status",
-        "1 while this replica holds the named Lease, 0 otherwise.",
-    );
-    register(
-        registry,
-        IntGaugeVec::new(opts, &["name"]).expect("valid metric"),
-    )
+    let help = "1 while this replica holds the named Lease, 0 otherwise.";
+    gauge_vec(registry, "leader_election_master_status", help, &["name"])
 }
 
 /// Register the `process_*` families (CPU, memory, fds, start time, threads)
