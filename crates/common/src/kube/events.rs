@@ -96,7 +96,8 @@ impl EventSink {
 
     /// [`EventSink::publish`] returning the API error: created the first time, its
     /// `series` patched on repeats within [`SERIES_TTL`] (as the Recorder does).
-    async fn try_publish(
+    /// Errors: the create or patch failed.
+    pub async fn try_publish(
         &self,
         object: &ObjectReference,
         event: &Event,
@@ -161,17 +162,29 @@ impl EventSink {
     /// restarts, named [`once_event_name`] (`AlreadyExists`: announced already); without a
     /// uid, [`EventSink::publish`]. Failures are logged.
     pub async fn publish_once(&self, object: &ObjectReference, event: Event) {
+        let result = self.try_publish_once(object, &event).await;
+        log_failure(object, &event, result.map(drop));
+    }
+
+    /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call created the
+    /// Event, `Ok(false)` when it already existed. Errors: the API server rejected (other than `409
+    /// AlreadyExists`) or did not answer the create.
+    pub async fn try_publish_once(
+        &self,
+        object: &ObjectReference,
+        event: &Event,
+    ) -> Result<bool, kube::Error> {
         let Some(name) = once_event_name(object, &event.reason) else {
-            return self.publish(object, event).await;
+            return self.try_publish(object, event).await.map(|()| true);
         };
         let (namespace, regarding) = event_place(object);
-        let created = self.new_event(&namespace, name, &regarding, &event, Timestamp::now());
+        let created = self.new_event(&namespace, name, &regarding, event, Timestamp::now());
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        let result = match api.create(&PostParams::default(), &created).await {
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
-            other => other.map(drop),
-        };
-        log_failure(object, &event, result);
+        match api.create(&PostParams::default(), &created).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(err) => Err(err),
+        }
     }
 
     /// The events.k8s.io/v1 form of `event`, in `namespace` named `name` about `regarding`,
