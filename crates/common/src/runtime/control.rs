@@ -111,18 +111,14 @@ pub async fn run<K, Ctx, R, F, P>(
     let workers = u16::try_from(workers.max(1)).unwrap_or(u16::MAX);
     // Held by this future: the heartbeat task is aborted with the loop.
     let mut beater = tokio::task::JoinSet::new();
-    {
-        let metrics = metrics.clone();
-        let stalled = move || metrics.stalled_when_busy(usize::from(workers));
-        let beat = beat_while_progressing(
-            heartbeat,
-            beat_period(stall),
-            stall,
-            stalled,
-            shutdown.clone(),
-        );
-        beater.spawn(beat);
-    }
+    let busy = metrics.clone();
+    beater.spawn(beat_while_progressing(
+        heartbeat,
+        beat_period(stall),
+        stall,
+        move || busy.stalled_when_busy(usize::from(workers)),
+        shutdown.clone(),
+    ));
     let mut controller = Controller::for_stream(trigger, store)
         .with_config(controller::Config::default().concurrency(workers))
         .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });

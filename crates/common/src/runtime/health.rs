@@ -80,6 +80,12 @@ struct LivenessState {
     renewed: Mutex<Instant>,
 }
 
+impl LivenessState {
+    fn renewed_age(&self) -> Duration {
+        self.renewed.lock().expect("liveness poisoned").elapsed()
+    }
+}
+
 /// The state `/healthz` answers from; cheap to clone (clones share it).
 #[derive(Clone, Debug)]
 pub struct Liveness {
@@ -136,26 +142,23 @@ impl Liveness {
 
     /// `Ok` when healthy, else why not (the `/healthz` body).
     pub fn check(&self) -> Result<(), Unhealthy> {
-        if self.state.working.load(Ordering::SeqCst) {
-            let age = self.heartbeat.age();
-            if age > self.stall_timeout {
-                let limit = self.stall_timeout;
-                return Err(Unhealthy::Stalled { age, limit });
-            }
+        let (age, limit) = (self.heartbeat.age(), self.stall_timeout);
+        if self.state.working.load(Ordering::SeqCst) && age > limit {
+            return Err(Unhealthy::Stalled { age, limit });
         }
-        if self.state.leading.load(Ordering::SeqCst) {
-            let age = self
-                .state
-                .renewed
-                .lock()
-                .expect("liveness poisoned")
-                .elapsed();
-            if age > self.renew_tolerance {
-                let limit = self.renew_tolerance;
-                return Err(Unhealthy::NotRenewing { age, limit });
-            }
+        let (age, limit) = (self.state.renewed_age(), self.renew_tolerance);
+        if self.state.leading.load(Ordering::SeqCst) && age > limit {
+            return Err(Unhealthy::NotRenewing { age, limit });
         }
         Ok(())
+    }
+
+    /// The current leader term as [`LeaderTerm::check`] sees it: current
+    /// while leading with the own renewal confirmed within `renew_deadline`.
+    pub fn term(&self, renew_deadline: Duration) -> LeaderTerm {
+        LeaderTerm {
+            state: Some((self.state.clone(), renew_deadline)),
+        }
     }
 }
 
@@ -183,16 +186,6 @@ pub enum NotCurrent {
     Stale { age: Duration, deadline: Duration },
 }
 
-impl Liveness {
-    /// The current leader term as [`LeaderTerm::check`] sees it: current
-    /// while leading with the own renewal confirmed within `renew_deadline`.
-    pub fn term(&self, renew_deadline: Duration) -> LeaderTerm {
-        LeaderTerm {
-            state: Some((self.state.clone(), renew_deadline)),
-        }
-    }
-}
-
 /// This replica's leader term, checked by the work loop right before an
 /// irreversible action (a leader paused past its Lease must not act on what
 /// it decided before). Cheap to clone.
@@ -216,7 +209,7 @@ impl LeaderTerm {
         if !state.leading.load(Ordering::SeqCst) {
             return Err(NotCurrent::NotLeading);
         }
-        let age = state.renewed.lock().expect("liveness poisoned").elapsed();
+        let age = state.renewed_age();
         if age > *deadline {
             let deadline = *deadline;
             return Err(NotCurrent::Stale { age, deadline });
