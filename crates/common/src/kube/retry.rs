@@ -21,27 +21,20 @@ use tokio_util::sync::CancellationToken;
 
 use clap::Args;
 
+/// The `--help` section of the worker and retry flags.
+pub(crate) const WORK: &str = "Workers and retries";
+
 /// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
 /// burst 100 across all items); the per-item backoff is
 /// `--retry-interval-start`/`--retry-interval-max` of the runtime's common flags.
 #[derive(Debug, Clone, Args)]
 pub struct RetryArgs {
     /// Overall retries per second across all items (token bucket refill). 0 disables.
-    #[arg(
-        long,
-        env = "RETRY_QPS",
-        default_value_t = 10.0,
-        help_heading = "Workers and retries"
-    )]
+    #[arg(long, env = "RETRY_QPS", default_value_t = 10.0, help_heading = WORK)]
     pub retry_qps: f64,
 
     /// Overall retry burst (token bucket size).
-    #[arg(
-        long,
-        env = "RETRY_BURST",
-        default_value_t = 100,
-        help_heading = "Workers and retries"
-    )]
+    #[arg(long, env = "RETRY_BURST", default_value_t = 100, help_heading = WORK)]
     pub retry_burst: u32,
 }
 
