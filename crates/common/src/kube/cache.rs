@@ -144,7 +144,7 @@ impl<'de, K: Resource + Serialize + DeserializeOwned> Deserialize<'de> for Compa
 /// The names of every object of one cluster-scoped kind, kept from a watcher's
 /// events with a reflector store's semantics (a re-list replaces the set at
 /// `InitDone`), one string per object. Clones share the set.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct NameSet {
     state: Arc<Mutex<NameSetState>>,
     ready: tokio::sync::watch::Sender<bool>,
@@ -155,15 +155,6 @@ struct NameSetState {
     names: HashSet<Box<str>>,
     /// Names of a (re-)list in progress (`Init` .. `InitDone`).
     relist: Option<HashSet<Box<str>>>,
-}
-
-impl Default for NameSet {
-    fn default() -> Self {
-        Self {
-            state: Arc::default(),
-            ready: tokio::sync::watch::Sender::new(false),
-        }
-    }
 }
 
 impl NameSet {
