@@ -93,10 +93,9 @@ impl Backoff {
                     failures = failures.saturating_add(1);
                     let delay = self.delay(failures);
                     on_error(&e, failures, delay);
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return None,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
+                    shutdown
+                        .run_until_cancelled(tokio::time::sleep(delay))
+                        .await?;
                 }
             }
         }

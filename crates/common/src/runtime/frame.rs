@@ -248,10 +248,9 @@ async fn elector(
             Err(err) => {
                 let what = "cannot prepare leader election, retrying";
                 log_failure(&format!("{namespace}/{lease}"), what, err.as_ref());
-                tokio::select! {
-                    _ = shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(timing.retry_period) => {}
-                }
+                shutdown
+                    .run_until_cancelled(tokio::time::sleep(timing.retry_period))
+                    .await?;
             }
         }
     }
@@ -330,9 +329,8 @@ async fn finish_work(
     shutdown: &CancellationToken,
     grace: std::time::Duration,
 ) -> anyhow::Result<()> {
-    tokio::select! {
-        r = &mut *handle => return joined(r),
-        _ = shutdown.cancelled() => {}
+    if let Some(r) = shutdown.run_until_cancelled(&mut *handle).await {
+        return joined(r);
     }
     match tokio::time::timeout(grace, &mut *handle).await {
         Ok(r) => joined(r),

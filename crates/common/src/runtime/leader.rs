@@ -170,10 +170,7 @@ impl LeaderElector {
     /// API errors are logged and retried every retry period.
     pub async fn acquire(&self, cancel: &CancellationToken) -> bool {
         let acquired = async { while !self.changed("lease acquisition attempt failed").await {} };
-        tokio::select! {
-            _ = cancel.cancelled() => false,
-            _ = acquired => true,
-        }
+        cancel.run_until_cancelled(acquired).await.is_some()
     }
 
     /// The lease manager's next view of the lead (`true`: ours); an API error is logged as
