@@ -86,10 +86,7 @@ pub fn unreachable_cause(err: &(dyn StdError + 'static)) -> Option<Cause> {
     if any(&["connection closed", "connection reset"]) {
         return Some(Cause::Closed);
     }
-    if any(&["client error (connect)", "tcp connect error"]) {
-        return Some(Cause::Other);
-    }
-    None
+    any(&["client error (connect)", "tcp connect error"]).then_some(Cause::Other)
 }
 
 /// Log the failed call `what` (e.g. "lease renewal failed") about `object`: at debug level

@@ -47,15 +47,12 @@ pub fn init(format: LogFormat, filter: &str) {
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut last = text.clone();
-    let mut source = err.source();
-    while let Some(e) = source {
+    for e in std::iter::successors(err.source(), |&e| e.source()) {
         let msg = e.to_string();
         if !msg.is_empty() && !last.contains(&msg) {
-            text.push_str(": ");
-            text.push_str(&msg);
+            text = format!("{text}: {msg}");
         }
         last = msg;
-        source = e.source();
     }
     text
 }
