@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::api_reachability::log_failure;
 use crate::runtime::config::{CommonArgs, ServiceSpec};
-use crate::runtime::health::{self, Heartbeat, LeaderTerm, Liveness};
+use crate::runtime::health::{Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
 use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
@@ -105,9 +105,9 @@ where
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
     let liveness = Liveness::new(
-        Heartbeat::default(),
         args.healthz_stall_timeout,
-        health::renew_tolerance(args.renew_deadline, args.retry_period),
+        args.renew_deadline,
+        args.retry_period,
     );
     let leader_gauge = crate::runtime::metrics::leader_gauge(&registry);
     crate::runtime::metrics::register_process_collector(&registry);
@@ -193,7 +193,6 @@ where
             tracing::info!(lease = %lease, identity, "became leader");
             leader_gauge.with_label_values(&[&lease]).set(1);
             readiness.set_leading(true);
-            readiness.set_lost(false);
             liveness.set_leading(true);
             liveness.set_working(true);
             let term = lead(&elector, ctx.clone(), &work).await;

@@ -65,13 +65,6 @@ pub fn beat_period(stall_timeout: Duration) -> Duration {
     (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
-/// When a leader counts as unable to renew: its renewal not confirmed for `renew_deadline + 3 ×
-/// retry_period` (the watchdog reads the Lease every retry period, each read bounded by one retry
-/// period, so it ends the term within `renew_deadline + 2 × retry_period` while the runtime works).
-pub fn renew_tolerance(renew_deadline: Duration, retry_period: Duration) -> Duration {
-    renew_deadline + 3 * retry_period
-}
-
 #[derive(Debug)]
 struct LivenessState {
     working: AtomicBool,
@@ -96,14 +89,16 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// Liveness for a work loop that must beat `heartbeat` within
-    /// `stall_timeout`, and a leader that must renew within `renew_tolerance`
-    /// (see [`renew_tolerance`]).
-    pub fn new(heartbeat: Heartbeat, stall_timeout: Duration, renew_tolerance: Duration) -> Self {
+    /// Liveness for a work loop that must beat its [`heartbeat`](Self::heartbeat) within
+    /// `stall_timeout`, and a leader unable to renew once its renewal is not confirmed for
+    /// `renew_deadline + 3 × retry_period` (the watchdog reads the Lease every retry period, each
+    /// read bounded by one retry period, so it ends the term within `renew_deadline + 2 ×
+    /// retry_period` while the runtime works).
+    pub fn new(stall_timeout: Duration, renew_deadline: Duration, retry_period: Duration) -> Self {
         Self {
-            heartbeat,
+            heartbeat: Heartbeat::default(),
             stall_timeout,
-            renew_tolerance,
+            renew_tolerance: renew_deadline + 3 * retry_period,
             state: Arc::new(LivenessState {
                 working: AtomicBool::new(false),
                 leading: AtomicBool::new(false),
@@ -222,11 +217,8 @@ impl Default for Liveness {
     /// Never unhealthy until the runtime starts a work loop; five-minute stall
     /// timeout, 16 s renew tolerance (client-go's default 10 s deadline, 2 s period).
     fn default() -> Self {
-        Self::new(
-            Heartbeat::default(),
-            Duration::from_secs(300),
-            renew_tolerance(Duration::from_secs(10), Duration::from_secs(2)),
-        )
+        let secs = Duration::from_secs;
+        Self::new(secs(300), secs(10), secs(2))
     }
 }
 
@@ -237,7 +229,7 @@ mod tests {
     /// Liveness with a stall timeout of `stall` s and a renew tolerance of `renew` s.
     fn liveness(stall: u64, renew: u64) -> Liveness {
         let (stall, renew) = (Duration::from_secs(stall), Duration::from_secs(renew));
-        Liveness::new(Heartbeat::default(), stall, renew)
+        Liveness::new(stall, renew, Duration::ZERO)
     }
 
     #[tokio::test(start_paused = true)]

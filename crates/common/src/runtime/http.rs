@@ -177,12 +177,11 @@ mod tests {
 
     #[tokio::test]
     async fn healthz_turns_503_when_the_work_loop_stops_beating() {
-        use crate::runtime::health::Heartbeat;
         use std::time::Duration;
         let liveness = Liveness::new(
-            Heartbeat::default(),
             Duration::from_millis(200),
             Duration::from_secs(60),
+            Duration::ZERO,
         );
         let (addr, stop, task) = serving(router(
             Registry::new(),
