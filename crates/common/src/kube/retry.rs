@@ -184,36 +184,29 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
     /// retrying it: max(per-item backoff, overall bucket delay).
     pub fn next_delay(&self, key: &K) -> Duration {
         let failures = {
-            let mut map = self.failures.lock().expect("retry map poisoned");
+            let mut map = self.failures();
             let n = map.entry(key.clone()).or_insert(0);
             *n = n.saturating_add(1);
             *n
         };
-        let per_item = self.per_item.delay(failures);
-        let overall = self
-            .bucket
-            .lock()
-            .expect("retry bucket poisoned")
-            .reserve(Instant::now());
-        per_item.max(overall)
+        let mut bucket = self.bucket.lock().expect("retry bucket poisoned");
+        self.per_item
+            .delay(failures)
+            .max(bucket.reserve(Instant::now()))
     }
 
     /// Failures recorded for `key` since it last succeeded (seed `NumRequeues`).
     pub fn requeues(&self, key: &K) -> u32 {
-        self.failures
-            .lock()
-            .expect("retry map poisoned")
-            .get(key)
-            .copied()
-            .unwrap_or(0)
+        self.failures().get(key).copied().unwrap_or(0)
     }
 
     /// Forget `key`'s failures (on success, or when the object is gone).
     pub fn forget(&self, key: &K) {
-        self.failures
-            .lock()
-            .expect("retry map poisoned")
-            .remove(key);
+        self.failures().remove(key);
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<K, u32>> {
+        self.failures.lock().expect("retry map poisoned")
     }
 }
 
