@@ -96,14 +96,9 @@ where
                 }
             };
             let seconds = start.elapsed().as_secs_f64();
-            metrics
-                .requests_total
-                .with_label_values(&[&code, &method])
-                .inc();
-            metrics
-                .duration_seconds
-                .with_label_values(&[&method])
-                .observe(seconds);
+            let (requests, duration) = (&metrics.requests_total, &metrics.duration_seconds);
+            requests.with_label_values(&[&code, &method]).inc();
+            duration.with_label_values(&[&method]).observe(seconds);
             result
         })
     }

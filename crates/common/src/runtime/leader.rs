@@ -28,19 +28,11 @@ pub fn discover_namespace(
     pod_namespace: Option<&str>,
     sa_file: &Path,
 ) -> String {
-    let non_empty = |s: &str| {
-        let t = s.trim();
-        (!t.is_empty()).then(|| t.to_string())
-    };
-    flag.and_then(non_empty)
-        .or_else(|| pod_namespace.and_then(non_empty))
-        .or_else(|| {
-            std::fs::read_to_string(sa_file)
-                .ok()
-                .as_deref()
-                .and_then(non_empty)
-        })
-        .unwrap_or_else(|| "default".to_string())
+    let from_file = std::fs::read_to_string(sa_file).ok();
+    let found = [flag, pod_namespace, from_file.as_deref()]
+        .into_iter()
+        .find_map(non_empty);
+    found.unwrap_or_else(|| "default".to_string())
 }
 
 /// This replica's identity: `flag`, else `POD_NAME`, else the host name; with a
@@ -49,17 +41,17 @@ pub fn identity(flag: Option<&str>) -> String {
     if let Some(id) = flag.filter(|s| !s.is_empty()) {
         return id.to_string();
     }
-    let base = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "provisioner".to_string());
+    let pod = std::env::var("POD_NAME").ok();
+    let host = std::fs::read_to_string("/etc/hostname").ok();
+    let base = non_empty(pod.as_deref()).or(non_empty(host.as_deref()));
+    let base = base.unwrap_or_else(|| "provisioner".to_string());
     format!("{base}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// `s` trimmed, unless that is empty.
+fn non_empty(s: Option<&str>) -> Option<String> {
+    let t = s?.trim();
+    (!t.is_empty()).then(|| t.to_string())
 }
 
 /// Timing of the election, client-go's names and defaults (15s / 10s / 2s).
