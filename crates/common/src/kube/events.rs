@@ -127,13 +127,9 @@ impl EventSink {
                 count: previous.count + 1,
                 last_observed_time: MicroTime(now),
             };
-            let patch = serde_json::json!({ "series": series });
+            let patch = Patch::Merge(serde_json::json!({ "series": series }));
             Api::<K8sEvent>::namespaced(self.client.clone(), &previous.namespace)
-                .patch(
-                    &previous.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+                .patch(&previous.name, &PatchParams::default(), &patch)
                 .await?;
             SeriesEntry {
                 count: series.count,
