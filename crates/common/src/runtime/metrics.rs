@@ -63,12 +63,9 @@ impl SeedMetrics {
 
     /// The provisioning families, registered into `registry`.
     pub fn provision(registry: &Registry) -> Self {
+        let prefix = "controller_persistentvolumeclaim_provision";
         let words = ["provision", "provisioned", "provisioning"];
-        Self::seed(
-            registry,
-            "controller_persistentvolumeclaim_provision",
-            words,
-        )
+        Self::seed(registry, prefix, words)
     }
 
     /// The deletion families, registered into `registry`.
@@ -93,10 +90,8 @@ impl SeedMetrics {
 
 /// A gauge family with `labels`, registered into `registry`.
 pub fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    register(
-        registry,
-        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
+    let family = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 /// A counter registered into `registry`.
@@ -106,19 +101,14 @@ pub fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
 
 /// A counter family with `labels`, registered into `registry`.
 pub fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register(
-        registry,
-        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
+    let family = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 /// A histogram family (default buckets, seconds) with `labels`, registered into `registry`.
 pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-    let opts = HistogramOpts::new(name, help);
-    register(
-        registry,
-        HistogramVec::new(opts, labels).expect("valid metric"),
-    )
+    let family = HistogramVec::new(HistogramOpts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 /// Leader-election status of one service: `leader_election_master_status{name="<lease>"}`
@@ -149,10 +139,8 @@ pub fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 
 /// A plain histogram (default buckets, seconds) registered into `registry`.
 pub fn seconds_histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
-    register(
-        registry,
-        Histogram::with_opts(HistogramOpts::new(name, help)).expect("valid metric"),
-    )
+    let histogram = Histogram::with_opts(HistogramOpts::new(name, help)).expect("valid metric");
+    register(registry, histogram)
 }
 
 /// Render `registry` in the Prometheus text exposition format (version 0.0.4).
