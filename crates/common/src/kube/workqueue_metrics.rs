@@ -37,24 +37,17 @@ pub struct WorkQueueMetrics {
     inner: Arc<Inner>,
 }
 
-/// client-go's histogram buckets for the queue and work durations:
-/// 10 ns · 10^i for i in 0..12 (10 ns to about 17 minutes).
-fn duration_buckets() -> Vec<f64> {
-    prometheus::exponential_buckets(1e-8, 10.0, 12).expect("valid buckets")
-}
-
 impl WorkQueueMetrics {
     /// Series for the queue `name`, not registered anywhere (tests; a queue
     /// nobody scrapes). See [`register`](Self::register).
     pub fn new(name: &str) -> Self {
         let opts = |n: &str, help: &str| Opts::new(n, help).const_label("name", name);
+        // client-go's buckets for the queue and work durations: 10 ns · 10^i for i in 0..12
+        // (10 ns to about 17 minutes).
+        let buckets = prometheus::exponential_buckets(1e-8, 10.0, 12).expect("valid buckets");
         let hist = |n: &str, help: &str| {
-            Histogram::with_opts(
-                HistogramOpts::new(n, help)
-                    .const_label("name", name)
-                    .buckets(duration_buckets()),
-            )
-            .expect("valid metric")
+            let opts = HistogramOpts::new(n, help).const_label("name", name);
+            Histogram::with_opts(opts.buckets(buckets.clone())).expect("valid metric")
         };
         Self {
             inner: Arc::new(Inner {
