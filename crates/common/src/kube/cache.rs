@@ -168,22 +168,14 @@ impl NameSet {
         let name = |obj: &K| obj.meta().name.as_deref().map(Box::<str>::from);
         let mut state = self.state();
         match event {
-            Event::Apply(obj) => {
-                if let Some(n) = name(obj) {
-                    state.names.insert(n);
-                }
-            }
+            Event::Apply(obj) => state.names.extend(name(obj)),
             Event::Delete(obj) => {
                 if let Some(n) = obj.meta().name.as_deref() {
                     state.names.remove(n);
                 }
             }
             Event::Init => state.relist = Some(HashSet::new()),
-            Event::InitApply(obj) => {
-                if let (Some(list), Some(n)) = (state.relist.as_mut(), name(obj)) {
-                    list.insert(n);
-                }
-            }
+            Event::InitApply(obj) => state.relist.iter_mut().for_each(|l| l.extend(name(obj))),
             Event::InitDone => {
                 if let Some(list) = state.relist.take() {
                     state.names = list;

@@ -258,11 +258,7 @@ fn log_failure(object: &ObjectReference, event: &Event, result: Result<(), kube:
 /// a DNS subdomain (≤ 253 chars of `[a-z0-9.-]`, alphanumeric ends).
 pub fn once_event_name(object: &ObjectReference, reason: &str) -> Option<String> {
     let uid = object.uid.as_deref().filter(|u| !u.is_empty())?;
-    let name = format!(
-        "{}.{}",
-        uid.to_ascii_lowercase(),
-        reason.to_ascii_lowercase()
-    );
+    let name = format!("{uid}.{reason}").to_ascii_lowercase();
     let valid = name.len() <= 253
         && name
             .bytes()
