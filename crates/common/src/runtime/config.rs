@@ -81,11 +81,8 @@ impl clap::builder::TypedValueParser for RedisUrlParser {
     ) -> Result<String, clap::Error> {
         let flag = arg.map_or_else(|| "--redis-url".to_string(), ToString::to_string);
         let bad = |msg: String| {
-            clap::Error::raw(
-                clap::error::ErrorKind::ValueValidation,
-                format!("invalid value for '{flag}': {msg}\n"),
-            )
-            .with_cmd(cmd)
+            let msg = format!("invalid value for '{flag}': {msg}\n");
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, msg).with_cmd(cmd)
         };
         let url = value.to_str().ok_or_else(|| bad("not UTF-8".to_string()))?;
         check_redis_url(url).map_err(bad)?;
@@ -410,7 +407,7 @@ impl CommonArgs {
     pub fn http_socket_addr(&self, spec: ServiceSpec) -> SocketAddr {
         let port = self.http_port.unwrap_or(spec.http_port);
         self.http_endpoint
-            .unwrap_or_else(|| SocketAddr::new(self.http_address, port))
+            .unwrap_or(SocketAddr::new(self.http_address, port))
     }
 
     /// `--worker-threads`, else the service's default; at least 1.

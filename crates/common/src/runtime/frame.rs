@@ -297,9 +297,8 @@ where
         return Err(lost);
     }
     tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
-    Ok(Err(anyhow::anyhow!(
-        "leader lease lost during shutdown: {lost}"
-    )))
+    let err = anyhow::anyhow!("leader lease lost during shutdown: {lost}");
+    Ok(Err(err))
 }
 
 type Work = tokio::task::JoinHandle<anyhow::Result<()>>;
