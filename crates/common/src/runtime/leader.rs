@@ -244,14 +244,12 @@ impl LeaderElector {
     /// Give the Lease up so a standby takes over at once, waiting at most the
     /// renew deadline (then the Lease expires). Best effort: errors are logged.
     pub async fn release(&self) {
-        let limit = self.timing.renew_deadline;
+        let (lease, limit) = (&self.lease_name, self.timing.renew_deadline);
         match tokio::time::timeout(limit, self.manager.release()).await {
-            Ok(Ok(())) => tracing::info!(lease = %self.lease_name, "lease released"),
-            Ok(Err(err)) => {
-                tracing::warn!(lease = %self.lease_name, error = %err, "releasing lease failed")
-            }
+            Ok(Ok(())) => tracing::info!(lease = %lease, "lease released"),
+            Ok(Err(err)) => tracing::warn!(lease = %lease, error = %err, "releasing lease failed"),
             Err(_) => {
-                tracing::warn!(lease = %self.lease_name, ?limit, "releasing lease timed out; it expires instead")
+                tracing::warn!(lease = %lease, ?limit, "releasing lease timed out; it expires instead")
             }
         }
     }

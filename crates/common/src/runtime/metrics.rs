@@ -77,9 +77,8 @@ impl SeedMetrics {
     /// Count a success of `class` that took `seconds`.
     pub fn succeeded(&self, class: &str, seconds: f64) {
         self.total.with_label_values(&[class]).inc();
-        self.duration_seconds
-            .with_label_values(&[class])
-            .observe(seconds);
+        let duration = self.duration_seconds.with_label_values(&[class]);
+        duration.observe(seconds);
     }
 
     /// Count a failed attempt of `class`.
