@@ -121,14 +121,12 @@ pub async fn run<K, Ctx, R, F, P>(
     if let Some(rx) = settings.reconcile_all {
         controller = controller.reconcile_all_on(rx);
     }
-    let timed = {
-        let metrics = metrics.clone();
-        move |object: Arc<K>, ctx| {
-            let processing = metrics.start_processing(&ObjectRef::from_obj(&*object).to_string());
-            reconcile(object, ctx)
-                .into_future()
-                .inspect(move |_| drop(processing))
-        }
+    let work = metrics.clone();
+    let timed = move |object: Arc<K>, ctx| {
+        let processing = work.start_processing(&ObjectRef::from_obj(&*object).to_string());
+        reconcile(object, ctx)
+            .into_future()
+            .inspect(move |_| drop(processing))
     };
     let gone = metrics.clone();
     let counted = move |object, error: &F::Error, ctx| {
