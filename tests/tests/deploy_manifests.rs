@@ -800,7 +800,7 @@ fn check_deployment(r: &Rendered, spec: &ServiceSpec) -> (Vec<String>, Option<Pa
     let Some(parsed) = parse_container(r, &ns, spec, c, &mut problems) else {
         return (problems, None);
     };
-    let port = i32::from(parsed.common.http_port_for(spec.kind));
+    let port = i32::from(parsed.common.http_socket_addr(spec.kind).port());
 
     // Downward API variables: all three present with their field paths.
     for (name, path) in DOWNWARD_ENV {

@@ -45,22 +45,10 @@ pub fn strip_for_cache<K: ResourceExt>(obj: &mut K) {
     }
 }
 
-/// Keep only the identity of `meta` (`name`, `namespace`, `uid`,
-/// `resourceVersion`); labels, annotations, finalizers, owners, timestamps and
-/// `managedFields` are dropped.
-pub fn identity_only(meta: &mut ObjectMeta) {
-    *meta = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        uid: meta.uid.take(),
-        resource_version: meta.resource_version.take(),
-        ..ObjectMeta::default()
-    };
-}
-
 /// An object of kind `K` as a reflector cache keeps it: typed identity metadata
 /// (all a store and `Controller` read) plus the object as compact JSON, decoded by
 /// [`Compact::object`]; use it as a watcher's resource type (`Api::<Compact<K>>`).
+#[derive(Clone)]
 pub struct Compact<K> {
     metadata: ObjectMeta,
     json: Box<[u8]>,
@@ -68,12 +56,18 @@ pub struct Compact<K> {
 }
 
 impl<K: Resource + Serialize> Compact<K> {
-    /// Compact `object`: [`strip_for_cache`], then keep its identity and its
-    /// JSON encoding.
+    /// Compact `object`: [`strip_for_cache`], then keep its identity (`name`, `namespace`,
+    /// `uid`, `resourceVersion`) and its JSON encoding.
     pub fn new(mut object: K) -> Self {
         strip_for_cache(&mut object);
-        let mut metadata = object.meta().clone();
-        identity_only(&mut metadata);
+        let meta = object.meta();
+        let metadata = ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            resource_version: meta.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
         // A k8s-openapi object always serializes (string-keyed maps only).
         let json = serde_json::to_vec(&object)
             .expect("a Kubernetes object serializes to JSON")
@@ -92,23 +86,6 @@ impl<K: DeserializeOwned> Compact<K> {
     pub fn object(&self) -> K {
         serde_json::from_slice(&self.json)
             .expect("a cached object decodes from the JSON it was encoded to")
-    }
-}
-
-impl<K> Compact<K> {
-    /// Bytes of the cached JSON (for tests and size reports).
-    pub fn encoded_len(&self) -> usize {
-        self.json.len()
-    }
-}
-
-impl<K> Clone for Compact<K> {
-    fn clone(&self) -> Self {
-        Self {
-            metadata: self.metadata.clone(),
-            json: self.json.clone(),
-            kind: PhantomData,
-        }
     }
 }
 
@@ -167,7 +144,7 @@ impl<'de, K: Resource + Serialize + DeserializeOwned> Deserialize<'de> for Compa
 /// The names of every object of one cluster-scoped kind, kept from a watcher's
 /// events with a reflector store's semantics (a re-list replaces the set at
 /// `InitDone`), one string per object. Clones share the set.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct NameSet {
     state: Arc<Mutex<NameSetState>>,
     ready: tokio::sync::watch::Sender<bool>,
@@ -178,15 +155,6 @@ struct NameSetState {
     names: HashSet<Box<str>>,
     /// Names of a (re-)list in progress (`Init` .. `InitDone`).
     relist: Option<HashSet<Box<str>>>,
-}
-
-impl Default for NameSet {
-    fn default() -> Self {
-        Self {
-            state: Arc::default(),
-            ready: tokio::sync::watch::Sender::new(false),
-        }
-    }
 }
 
 impl NameSet {
@@ -200,22 +168,14 @@ impl NameSet {
         let name = |obj: &K| obj.meta().name.as_deref().map(Box::<str>::from);
         let mut state = self.state();
         match event {
-            Event::Apply(obj) => {
-                if let Some(n) = name(obj) {
-                    state.names.insert(n);
-                }
-            }
+            Event::Apply(obj) => state.names.extend(name(obj)),
             Event::Delete(obj) => {
                 if let Some(n) = obj.meta().name.as_deref() {
                     state.names.remove(n);
                 }
             }
             Event::Init => state.relist = Some(HashSet::new()),
-            Event::InitApply(obj) => {
-                if let (Some(list), Some(n)) = (state.relist.as_mut(), name(obj)) {
-                    list.insert(n);
-                }
-            }
+            Event::InitApply(obj) => state.relist.iter_mut().for_each(|l| l.extend(name(obj))),
             Event::InitDone => {
                 if let Some(list) = state.relist.take() {
                     state.names = list;
@@ -229,16 +189,6 @@ impl NameSet {
     /// Whether an object named `name` exists (as of the last event applied).
     pub fn contains(&self, name: &str) -> bool {
         self.state().names.contains(name)
-    }
-
-    /// Names in the set.
-    pub fn len(&self) -> usize {
-        self.state().names.len()
-    }
-
-    /// Whether the set is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Resolves once the first list is complete (the first `InitDone`).
@@ -304,7 +254,7 @@ mod tests {
 mod compact_tests {
     use super::*;
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-    use kube::core::{ObjectList, PartialObjectMeta};
+    use kube::core::ObjectList;
     use serde_json::json;
 
     /// A claim with every field the services and the built-in backends read,
@@ -403,7 +353,7 @@ mod compact_tests {
                 ..Default::default()
             }
         );
-        assert!(cached.encoded_len() < 1500, "{}", cached.encoded_len());
+        assert!(cached.json.len() < 1500, "{}", cached.json.len());
     }
 
     #[test]
@@ -467,15 +417,10 @@ mod compact_tests {
     }
 
     #[test]
-    fn identity_only_keeps_name_namespace_uid_and_version() {
-        let mut pv: PartialObjectMeta<PersistentVolume> = serde_json::from_value(json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": full_pv()["metadata"].clone()
-        }))
-        .unwrap();
-        identity_only(&mut pv.metadata);
+    fn compact_keeps_name_namespace_uid_and_version() {
+        let pv: PersistentVolume = serde_json::from_value(full_pv()).unwrap();
         assert_eq!(
-            pv.metadata,
+            Compact::new(pv).metadata,
             ObjectMeta {
                 name: Some("pvc-u-1".into()),
                 uid: Some("v-1".into()),
@@ -521,8 +466,7 @@ mod name_set_tests {
         assert!(set.contains("a") && set.contains("b"));
         set.apply_watcher_event(&Event::Apply(pv("c")));
         set.apply_watcher_event(&Event::Delete(pv("a")));
-        assert!(!set.contains("a"));
-        assert_eq!(set.len(), 2);
+        assert!(!set.contains("a") && set.contains("b") && set.contains("c"));
         // A re-list replaces the set: "b", deleted while the watch was down, goes.
         set.apply_watcher_event(&Ev::Init);
         set.apply_watcher_event(&Event::InitApply(pv("c")));

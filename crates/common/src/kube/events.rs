@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Reporter};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +67,9 @@ struct SeriesEntry {
 #[derive(Clone)]
 pub struct EventSink {
     client: Client,
-    reporter: Reporter,
+    /// `reportingController` (the component) and `reportingInstance` (the replica).
+    controller: String,
+    instance: String,
     hasher: std::collections::hash_map::RandomState,
     /// Events published in the last [`SERIES_TTL`], by series identity.
     series: Arc<Mutex<HashMap<SeriesKey, SeriesEntry>>>,
@@ -79,10 +81,8 @@ impl EventSink {
     pub fn new(client: Client, component: &str, instance: &str) -> Self {
         Self {
             client,
-            reporter: Reporter {
-                controller: component.to_string(),
-                instance: Some(instance.to_string()),
-            },
+            controller: component.to_string(),
+            instance: instance.to_string(),
             hasher: Default::default(),
             series: Arc::default(),
         }
@@ -127,13 +127,9 @@ impl EventSink {
                 count: previous.count + 1,
                 last_observed_time: MicroTime(now),
             };
-            let patch = serde_json::json!({ "series": series });
+            let patch = Patch::Merge(serde_json::json!({ "series": series }));
             Api::<K8sEvent>::namespaced(self.client.clone(), &previous.namespace)
-                .patch(
-                    &previous.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+                .patch(&previous.name, &PatchParams::default(), &patch)
                 .await?;
             SeriesEntry {
                 count: series.count,
@@ -141,10 +137,7 @@ impl EventSink {
                 ..previous
             }
         } else {
-            let object_name = regarding
-                .name
-                .as_deref()
-                .unwrap_or(&self.reporter.controller);
+            let object_name = regarding.name.as_deref().unwrap_or(&self.controller);
             let name = format!("{object_name}.{:x}", now.as_nanosecond());
             let created = self.new_event(&namespace, name.clone(), &regarding, event, now);
             Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
@@ -166,7 +159,7 @@ impl EventSink {
     /// uid, [`EventSink::publish`]. Failures are logged.
     pub async fn publish_once(&self, object: &ObjectReference, event: Event) {
         let result = self.try_publish_once(object, &event).await;
-        log_failure(object, &event, result.map(|_| ()));
+        log_failure(object, &event, result.map(drop));
     }
 
     /// [`EventSink::publish_once`] returning the API error; `Ok(true)` when this call created the
@@ -178,8 +171,7 @@ impl EventSink {
         event: &Event,
     ) -> Result<bool, kube::Error> {
         let Some(name) = once_event_name(object, &event.reason) else {
-            self.try_publish(object, event).await?;
-            return Ok(true);
+            return self.try_publish(object, event).await.map(|()| true);
         };
         let (namespace, regarding) = event_place(object);
         let created = self.new_event(&namespace, name, &regarding, event, Timestamp::now());
@@ -218,13 +210,8 @@ impl EventSink {
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
             related: event.secondary.clone(),
-            reporting_controller: Some(self.reporter.controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| self.reporter.controller.clone()),
-            ),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
             ..Default::default()
         }
     }
@@ -271,11 +258,7 @@ fn log_failure(object: &ObjectReference, event: &Event, result: Result<(), kube:
 /// a DNS subdomain (≤ 253 chars of `[a-z0-9.-]`, alphanumeric ends).
 pub fn once_event_name(object: &ObjectReference, reason: &str) -> Option<String> {
     let uid = object.uid.as_deref().filter(|u| !u.is_empty())?;
-    let name = format!(
-        "{}.{}",
-        uid.to_ascii_lowercase(),
-        reason.to_ascii_lowercase()
-    );
+    let name = format!("{uid}.{reason}").to_ascii_lowercase();
     let valid = name.len() <= 253
         && name
             .bytes()

@@ -21,27 +21,20 @@ use tokio_util::sync::CancellationToken;
 
 use clap::Args;
 
+/// The `--help` section of the worker and retry flags.
+pub(crate) const WORK: &str = "Workers and retries";
+
 /// The overall retry limit of the claim/PV work queues (seed: 10 retries/s with
 /// burst 100 across all items); the per-item backoff is
 /// `--retry-interval-start`/`--retry-interval-max` of the runtime's common flags.
 #[derive(Debug, Clone, Args)]
 pub struct RetryArgs {
     /// Overall retries per second across all items (token bucket refill). 0 disables.
-    #[arg(
-        long,
-        env = "RETRY_QPS",
-        default_value_t = 10.0,
-        help_heading = "Workers and retries"
-    )]
+    #[arg(long, env = "RETRY_QPS", default_value_t = 10.0, help_heading = WORK)]
     pub retry_qps: f64,
 
     /// Overall retry burst (token bucket size).
-    #[arg(
-        long,
-        env = "RETRY_BURST",
-        default_value_t = 100,
-        help_heading = "Workers and retries"
-    )]
+    #[arg(long, env = "RETRY_BURST", default_value_t = 100, help_heading = WORK)]
     pub retry_burst: u32,
 }
 
@@ -67,10 +60,16 @@ impl Backoff {
         Self::exponential(period, period)
     }
 
-    /// The delay after the `failures`-th consecutive failure (counted from 1;
-    /// 0 is treated as 1).
+    /// The delay after the `failures`-th consecutive failure, `initial · 2^(failures-1)` capped
+    /// at `max` (counted from 1; 0 is treated as 1).
     pub fn delay(&self, failures: u32) -> Duration {
-        backoff(self.initial, self.max, failures.max(1))
+        let factor = 2f64.powi(failures.saturating_sub(1).min(63) as i32);
+        let secs = self.initial.as_secs_f64() * factor;
+        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
+            self.max
+        } else {
+            Duration::from_secs_f64(secs)
+        }
     }
 
     /// Run `op` until `Ok`, waiting [`delay`](Self::delay)`(n)` after the `n`-th
@@ -94,10 +93,9 @@ impl Backoff {
                     failures = failures.saturating_add(1);
                     let delay = self.delay(failures);
                     on_error(&e, failures, delay);
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return None,
-                        _ = tokio::time::sleep(delay) => {}
-                    }
+                    shutdown
+                        .run_until_cancelled(tokio::time::sleep(delay))
+                        .await?;
                 }
             }
         }
@@ -186,48 +184,29 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
     /// retrying it: max(per-item backoff, overall bucket delay).
     pub fn next_delay(&self, key: &K) -> Duration {
         let failures = {
-            let mut map = self.failures.lock().expect("retry map poisoned");
+            let mut map = self.failures();
             let n = map.entry(key.clone()).or_insert(0);
             *n = n.saturating_add(1);
             *n
         };
-        let per_item = self.per_item.delay(failures);
-        let overall = self
-            .bucket
-            .lock()
-            .expect("retry bucket poisoned")
-            .reserve(Instant::now());
-        per_item.max(overall)
+        let mut bucket = self.bucket.lock().expect("retry bucket poisoned");
+        self.per_item
+            .delay(failures)
+            .max(bucket.reserve(Instant::now()))
     }
 
     /// Failures recorded for `key` since it last succeeded (seed `NumRequeues`).
     pub fn requeues(&self, key: &K) -> u32 {
-        self.failures
-            .lock()
-            .expect("retry map poisoned")
-            .get(key)
-            .copied()
-            .unwrap_or(0)
+        self.failures().get(key).copied().unwrap_or(0)
     }
 
     /// Forget `key`'s failures (on success, or when the object is gone).
     pub fn forget(&self, key: &K) {
-        self.failures
-            .lock()
-            .expect("retry map poisoned")
-            .remove(key);
+        self.failures().remove(key);
     }
-}
 
-/// `initial · 2^(failures-1)` capped at `max`; `failures` counts from 1.
-pub fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(63);
-    let factor = 2f64.powi(exp as i32);
-    let secs = initial.as_secs_f64() * factor;
-    if !secs.is_finite() || secs >= max.as_secs_f64() {
-        max
-    } else {
-        Duration::from_secs_f64(secs)
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<K, u32>> {
+        self.failures.lock().expect("retry map poisoned")
     }
 }
 
@@ -237,14 +216,14 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        let i = Duration::from_secs(15);
         let m = Duration::from_secs(1000);
-        assert_eq!(backoff(i, m, 1), Duration::from_secs(15));
-        assert_eq!(backoff(i, m, 2), Duration::from_secs(30));
-        assert_eq!(backoff(i, m, 3), Duration::from_secs(60));
-        assert_eq!(backoff(i, m, 7), Duration::from_secs(960));
-        assert_eq!(backoff(i, m, 8), m);
-        assert_eq!(backoff(i, m, 500), m);
+        let b = Backoff::exponential(Duration::from_secs(15), m);
+        assert_eq!(b.delay(1), Duration::from_secs(15));
+        assert_eq!(b.delay(2), Duration::from_secs(30));
+        assert_eq!(b.delay(3), Duration::from_secs(60));
+        assert_eq!(b.delay(7), Duration::from_secs(960));
+        assert_eq!(b.delay(8), m);
+        assert_eq!(b.delay(500), m);
     }
 
     #[test]

@@ -37,24 +37,17 @@ pub struct WorkQueueMetrics {
     inner: Arc<Inner>,
 }
 
-/// client-go's histogram buckets for the queue and work durations:
-/// 10 ns · 10^i for i in 0..12 (10 ns to about 17 minutes).
-fn duration_buckets() -> Vec<f64> {
-    prometheus::exponential_buckets(1e-8, 10.0, 12).expect("valid buckets")
-}
-
 impl WorkQueueMetrics {
     /// Series for the queue `name`, not registered anywhere (tests; a queue
     /// nobody scrapes). See [`register`](Self::register).
     pub fn new(name: &str) -> Self {
         let opts = |n: &str, help: &str| Opts::new(n, help).const_label("name", name);
+        // client-go's buckets for the queue and work durations: 10 ns · 10^i for i in 0..12
+        // (10 ns to about 17 minutes).
+        let buckets = prometheus::exponential_buckets(1e-8, 10.0, 12).expect("valid buckets");
         let hist = |n: &str, help: &str| {
-            Histogram::with_opts(
-                HistogramOpts::new(n, help)
-                    .const_label("name", name)
-                    .buckets(duration_buckets()),
-            )
-            .expect("valid metric")
+            let opts = HistogramOpts::new(n, help).const_label("name", name);
+            Histogram::with_opts(opts.buckets(buckets.clone())).expect("valid metric")
         };
         Self {
             inner: Arc::new(Inner {
@@ -97,9 +90,15 @@ impl WorkQueueMetrics {
 
     /// `key` left the queue without being worked on (its object is gone).
     pub fn forget(&self, key: &str) {
+        self.take(key);
+    }
+
+    /// Remove `key` from the waiting keys; when it was added.
+    fn take(&self, key: &str) -> Option<Instant> {
         let mut waiting = self.inner.waiting.lock().expect("not poisoned");
-        waiting.remove(key);
+        let added = waiting.remove(key);
         self.inner.depth.set(waiting.len() as i64);
+        added
     }
 
     /// A failed key was re-added with backoff (client-go `AddRateLimited`).
@@ -111,14 +110,9 @@ impl WorkQueueMetrics {
     /// the returned guard counts it as work in progress until dropped, then
     /// observes `workqueue_work_duration_seconds`.
     pub fn start_processing(&self, key: &str) -> Processing {
-        {
-            let mut waiting = self.inner.waiting.lock().expect("not poisoned");
-            if let Some(added) = waiting.remove(key) {
-                self.inner
-                    .queue_duration
-                    .observe(added.elapsed().as_secs_f64());
-                self.inner.depth.set(waiting.len() as i64);
-            }
+        if let Some(added) = self.take(key) {
+            let waited = added.elapsed().as_secs_f64();
+            self.inner.queue_duration.observe(waited);
         }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
@@ -147,10 +141,7 @@ impl WorkQueueMetrics {
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
-        self.inner
-            .running
-            .lock()
-            .expect("work-queue metrics poisoned")
+        self.inner.running.lock().expect("not poisoned")
     }
 
     /// Refresh the unfinished-work gauges from the work in progress.
@@ -164,26 +155,7 @@ impl WorkQueueMetrics {
         self.inner.unfinished.set(sum);
         self.inner.longest.set(longest);
     }
-}
 
-/// One key being processed; see [`WorkQueueMetrics::start_processing`].
-pub struct Processing {
-    metrics: WorkQueueMetrics,
-    id: u64,
-    started: Instant,
-}
-
-impl Drop for Processing {
-    fn drop(&mut self) {
-        self.metrics.running().remove(&self.id);
-        self.metrics
-            .inner
-            .work_duration
-            .observe(self.started.elapsed().as_secs_f64());
-    }
-}
-
-impl WorkQueueMetrics {
     /// The seven client-go series, as collectors.
     fn parts(&self) -> [&dyn Collector; 7] {
         let i = &*self.inner;
@@ -196,6 +168,21 @@ impl WorkQueueMetrics {
             &i.unfinished,
             &i.longest,
         ]
+    }
+}
+
+/// One key being processed; see [`WorkQueueMetrics::start_processing`].
+pub struct Processing {
+    metrics: WorkQueueMetrics,
+    id: u64,
+    started: Instant,
+}
+
+impl Drop for Processing {
+    fn drop(&mut self) {
+        self.metrics.running().remove(&self.id);
+        let worked = self.started.elapsed().as_secs_f64();
+        self.metrics.inner.work_duration.observe(worked);
     }
 }
 

@@ -44,13 +44,6 @@ impl ApiMetrics {
             reach: ApiReachability::new(server),
         }
     }
-
-    fn observe(&self, method: &str, code: &str, seconds: f64) {
-        self.requests_total.with_label_values(&[code, method]).inc();
-        self.duration_seconds
-            .with_label_values(&[method])
-            .observe(seconds);
-    }
 }
 
 impl<S> tower::Layer<S> for ApiMetrics {
@@ -102,7 +95,10 @@ where
                     "<error>".to_owned()
                 }
             };
-            metrics.observe(&method, &code, start.elapsed().as_secs_f64());
+            let seconds = start.elapsed().as_secs_f64();
+            let (requests, duration) = (&metrics.requests_total, &metrics.duration_seconds);
+            requests.with_label_values(&[&code, &method]).inc();
+            duration.with_label_values(&[&method]).observe(seconds);
             result
         })
     }

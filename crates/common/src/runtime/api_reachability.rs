@@ -8,33 +8,26 @@ use std::error::Error as StdError;
 use std::sync::{Arc, Mutex};
 
 /// Why the API server could not be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Cause {
     /// Nothing listens at the address (`ECONNREFUSED`).
+    #[error("connection refused")]
     Refused,
     /// Connecting or answering took too long.
+    #[error("timed out")]
     TimedOut,
     /// The host name does not resolve.
+    #[error("DNS lookup failed")]
     Dns,
     /// The TLS handshake failed (certificate not trusted, not a TLS port, ...).
+    #[error("TLS handshake failed")]
     Tls,
     /// The connection was reset or closed before an answer.
+    #[error("connection closed")]
     Closed,
     /// Another connection-level failure.
+    #[error("cannot connect")]
     Other,
-}
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Cause::Refused => "connection refused",
-            Cause::TimedOut => "timed out",
-            Cause::Dns => "DNS lookup failed",
-            Cause::Tls => "TLS handshake failed",
-            Cause::Closed => "connection closed",
-            Cause::Other => "cannot connect",
-        })
-    }
 }
 
 /// The cause when `err` (walked through its `source()` chain) is a failure to
@@ -93,10 +86,7 @@ pub fn unreachable_cause(err: &(dyn StdError + 'static)) -> Option<Cause> {
     if any(&["connection closed", "connection reset"]) {
         return Some(Cause::Closed);
     }
-    if any(&["client error (connect)", "tcp connect error"]) {
-        return Some(Cause::Other);
-    }
-    None
+    any(&["client error (connect)", "tcp connect error"]).then_some(Cause::Other)
 }
 
 /// Log the failed call `what` (e.g. "lease renewal failed") about `object`: at debug level
@@ -110,30 +100,12 @@ pub fn log_failure(object: &str, what: &str, error: &(dyn StdError + 'static)) {
     }
 }
 
-/// A change [`ApiReachability`] logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
-    /// Reachable (or not known yet) → unreachable with this cause.
-    Unreachable(Cause),
-    /// Still unreachable, now for another cause.
-    CauseChanged(Cause),
-    /// Unreachable → answering again.
-    Reachable,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
-    Unknown,
-    Reachable,
-    Unreachable(Cause),
-}
-
-/// The API server's reachability as the client last saw it; cheap to clone
-/// (clones share it).
+/// The API server's reachability as the client last saw it (`Some`: unreachable, with
+/// its cause); cheap to clone (clones share it).
 #[derive(Clone, Debug)]
 pub struct ApiReachability {
     server: Arc<str>,
-    state: Arc<Mutex<State>>,
+    down: Arc<Mutex<Option<Cause>>>,
 }
 
 impl ApiReachability {
@@ -141,51 +113,39 @@ impl ApiReachability {
     pub fn new(server: impl Into<String>) -> Self {
         Self {
             server: server.into().into(),
-            state: Arc::new(Mutex::new(State::Unknown)),
+            down: Arc::default(),
         }
     }
 
-    /// The server answered a request (any HTTP status). Logs and returns
-    /// [`Change::Reachable`] when it was unreachable.
-    pub fn answered(&self) -> Option<Change> {
-        let change = self.set(State::Reachable);
-        if change.is_some() {
+    fn down(&self) -> std::sync::MutexGuard<'_, Option<Cause>> {
+        self.down.lock().expect("reachability poisoned")
+    }
+
+    /// The server answered a request (any HTTP status). Logs its return when it was
+    /// unreachable; `true` then.
+    pub fn answered(&self) -> bool {
+        let returned = self.down().take().is_some();
+        if returned {
             tracing::info!(api_server = %self.server, "API server reachable again");
         }
-        change
+        returned
     }
 
     /// A request failed with `err`. When that is a failure to reach the
     /// server ([`unreachable_cause`]), logs the first one and each change of
-    /// cause (with the address and the error), and returns the change.
-    pub fn failed(&self, err: &(dyn StdError + 'static)) -> Option<Change> {
+    /// cause (with the address and the error), and returns the cause it logged.
+    pub fn failed(&self, err: &(dyn StdError + 'static)) -> Option<Cause> {
         let cause = unreachable_cause(err)?;
-        let change = self.set(State::Unreachable(cause));
-        if change.is_some() {
-            tracing::warn!(
-                api_server = %self.server,
-                cause = %cause,
-                error = %crate::runtime::telemetry::error_chain(err),
-                "API server unreachable; retrying (logged again when the cause changes or it answers)"
-            );
+        if self.down().replace(cause) == Some(cause) {
+            return None;
         }
-        change
-    }
-
-    fn set(&self, new: State) -> Option<Change> {
-        let mut state = self.state.lock().expect("reachability poisoned");
-        let change = match (*state, new) {
-            (State::Unreachable(_), State::Reachable) => Some(Change::Reachable),
-            (State::Unreachable(old), State::Unreachable(c)) if old != c => {
-                Some(Change::CauseChanged(c))
-            }
-            (State::Unknown | State::Reachable, State::Unreachable(c)) => {
-                Some(Change::Unreachable(c))
-            }
-            _ => None,
-        };
-        *state = new;
-        change
+        tracing::warn!(
+            api_server = %self.server,
+            cause = %cause,
+            error = %crate::runtime::telemetry::error_chain(err),
+            "API server unreachable; retrying (logged again when the cause changes or it answers)"
+        );
+        Some(cause)
     }
 }
 
@@ -248,25 +208,16 @@ mod tests {
         let reach = ApiReachability::new("https://10.0.0.1:6443");
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         let timeout = std::io::Error::from(std::io::ErrorKind::TimedOut);
-        assert_eq!(reach.answered(), None, "first answer: nothing to report");
-        assert_eq!(
-            reach.failed(&refused),
-            Some(Change::Unreachable(Cause::Refused))
-        );
+        assert!(!reach.answered(), "first answer: nothing to report");
+        assert_eq!(reach.failed(&refused), Some(Cause::Refused));
         assert_eq!(reach.failed(&refused), None, "same cause: quiet");
-        assert_eq!(
-            reach.failed(&timeout),
-            Some(Change::CauseChanged(Cause::TimedOut))
-        );
+        assert_eq!(reach.failed(&timeout), Some(Cause::TimedOut));
         assert_eq!(reach.failed(&timeout), None);
-        assert_eq!(reach.answered(), Some(Change::Reachable));
-        assert_eq!(reach.answered(), None);
+        assert!(reach.answered());
+        assert!(!reach.answered());
         let other = std::io::Error::other("not a connection problem");
         let not_io = kube::Error::Service("boom".into());
         assert_eq!(reach.failed(&not_io), None, "not an outage");
-        assert_eq!(
-            reach.failed(&other),
-            Some(Change::Unreachable(Cause::Other))
-        );
+        assert_eq!(reach.failed(&other), Some(Cause::Other));
     }
 }

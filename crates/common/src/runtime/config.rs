@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::kube::retry::WORK;
+
 /// Parse a human duration such as `15s`, `2m`, `1h30m` or `500ms`.
 /// Errors: a message naming the bad input, for clap to print.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -79,11 +81,8 @@ impl clap::builder::TypedValueParser for RedisUrlParser {
     ) -> Result<String, clap::Error> {
         let flag = arg.map_or_else(|| "--redis-url".to_string(), ToString::to_string);
         let bad = |msg: String| {
-            clap::Error::raw(
-                clap::error::ErrorKind::ValueValidation,
-                format!("invalid value for '{flag}': {msg}\n"),
-            )
-            .with_cmd(cmd)
+            let msg = format!("invalid value for '{flag}': {msg}\n");
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, msg).with_cmd(cmd)
         };
         let url = value.to_str().ok_or_else(|| bad("not UTF-8".to_string()))?;
         check_redis_url(url).map_err(bad)?;
@@ -176,6 +175,13 @@ pub struct ServiceCli<S: Args> {
     pub service: S,
 }
 
+/// `--help` sections of the shared flags.
+const KUBE: &str = "Kubernetes";
+const REDIS: &str = "Redis";
+const LEADER: &str = "Leader election";
+const HTTP: &str = "HTTP";
+const LOGS: &str = "Logging";
+
 /// Flags every service takes.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
@@ -185,13 +191,13 @@ pub struct CommonArgs {
         long,
         env = "PROVISIONER_NAME",
         default_value = "example.com/hostpath",
-        help_heading = "Kubernetes"
+        help_heading = KUBE
     )]
     pub provisioner_name: String,
 
     /// Path to a kubeconfig. Without it: `KUBECONFIG`/`~/.kube/config`, then the
     /// in-cluster service account.
-    #[arg(long, env = "KUBECONFIG", help_heading = "Kubernetes")]
+    #[arg(long, env = "KUBECONFIG", help_heading = KUBE)]
     pub kubeconfig: Option<PathBuf>,
 
     /// Client-side limit on API requests per second (token bucket refill);
@@ -201,7 +207,7 @@ pub struct CommonArgs {
         long,
         env = "KUBE_API_QPS",
         default_value_t = 1000.0,
-        help_heading = "Kubernetes"
+        help_heading = KUBE
     )]
     pub kube_api_qps: f64,
 
@@ -211,7 +217,7 @@ pub struct CommonArgs {
         long,
         env = "KUBE_API_BURST",
         default_value_t = 2000,
-        help_heading = "Kubernetes"
+        help_heading = KUBE
     )]
     pub kube_api_burst: u32,
 
@@ -223,36 +229,28 @@ pub struct CommonArgs {
         env = "REDIS_URL",
         default_value = "redis://127.0.0.1:6379/0",
         value_parser = RedisUrlParser,
-        help_heading = "Redis"
+        help_heading = REDIS
     )]
     pub redis_url: String,
 
     /// Redis ACL user, password file and TLS files (`--redis-username`, ...;
     /// [`crate::handoff::redis_store`]), combined with `redis_url` by [`CommonArgs::redis`].
-    #[command(flatten, next_help_heading = "Redis")]
+    #[command(flatten, next_help_heading = REDIS)]
     pub redis_auth: crate::handoff::redis_store::RedisAuthArgs,
 
     /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
     /// works. Disable only when exactly one replica runs.
-    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, help_heading = "Leader election")]
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, help_heading = LEADER)]
     pub leader_election: bool,
 
     /// Namespace of the Lease. Default: `POD_NAMESPACE`, else the service
     /// account's namespace file, else `default`.
-    #[arg(
-        long,
-        env = "LEADER_ELECTION_NAMESPACE",
-        help_heading = "Leader election"
-    )]
+    #[arg(long, env = "LEADER_ELECTION_NAMESPACE", help_heading = LEADER)]
     pub leader_election_namespace: Option<String>,
 
     /// This replica's identity in the Lease (`holderIdentity`). Default:
     /// `POD_NAME`, else the host name, plus a random suffix.
-    #[arg(
-        long,
-        env = "LEADER_ELECTION_IDENTITY",
-        help_heading = "Leader election"
-    )]
+    #[arg(long, env = "LEADER_ELECTION_IDENTITY", help_heading = LEADER)]
     pub leader_election_identity: Option<String>,
 
     /// How long a Lease is valid without renewal; a standby takes over after it.
@@ -261,7 +259,7 @@ pub struct CommonArgs {
         env = "LEADER_ELECTION_LEASE_DURATION",
         default_value = "15s",
         value_parser = parse_duration,
-        help_heading = "Leader election"
+        help_heading = LEADER
     )]
     pub lease_duration: Duration,
 
@@ -271,7 +269,7 @@ pub struct CommonArgs {
         env = "LEADER_ELECTION_RENEW_DEADLINE",
         default_value = "10s",
         value_parser = parse_duration,
-        help_heading = "Leader election"
+        help_heading = LEADER
     )]
     pub renew_deadline: Duration,
 
@@ -282,13 +280,13 @@ pub struct CommonArgs {
         env = "LEADER_ELECTION_RETRY_PERIOD",
         default_value = "2s",
         value_parser = parse_duration,
-        help_heading = "Leader election"
+        help_heading = LEADER
     )]
     pub retry_period: Duration,
 
     /// Wait between attempts to (re)connect to Redis, or to repeat a Redis call
     /// that failed for want of a connection.
-    #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration, help_heading = "Redis")]
+    #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration, help_heading = REDIS)]
     pub redis_reconnect_period: Duration,
 
     /// `HOST:PORT` (or `:PORT`) of the HTTP server (metrics, health), as
@@ -299,7 +297,7 @@ pub struct CommonArgs {
         env = "HTTP_ENDPOINT",
         value_parser = parse_http_endpoint,
         conflicts_with_all = ["http_address", "http_port"],
-        help_heading = "HTTP"
+        help_heading = HTTP
     )]
     pub http_endpoint: Option<SocketAddr>,
 
@@ -308,14 +306,14 @@ pub struct CommonArgs {
         long,
         env = "HTTP_ADDRESS",
         default_value = "0.0.0.0",
-        help_heading = "HTTP"
+        help_heading = HTTP
     )]
     pub http_address: IpAddr,
 
     /// Port of the HTTP server when `--http-endpoint` is not given. Default:
     /// 9101 provision-svc, 9102 pv-writer, 9103 reclaim-svc. 0 picks a free
     /// port (logged).
-    #[arg(long, env = "HTTP_PORT", help_heading = "HTTP")]
+    #[arg(long, env = "HTTP_PORT", help_heading = HTTP)]
     pub http_port: Option<u16>,
 
     /// First retry delay of a failed item (claim, queue entry, PV), doubling up to
@@ -325,7 +323,7 @@ pub struct CommonArgs {
         long = "retry-interval-start",
         env = "RETRY_INTERVAL_START",
         value_parser = parse_duration,
-        help_heading = "Workers and retries"
+        help_heading = WORK
     )]
     pub retry_interval_start: Option<Duration>,
 
@@ -335,7 +333,7 @@ pub struct CommonArgs {
         long = "retry-interval-max",
         env = "RETRY_INTERVAL_MAX",
         value_parser = parse_duration,
-        help_heading = "Workers and retries"
+        help_heading = WORK
     )]
     pub retry_interval_max: Option<Duration>,
 
@@ -345,7 +343,7 @@ pub struct CommonArgs {
         long = "worker-threads",
         env = "WORKER_THREADS",
         value_parser = clap::value_parser!(u32).range(1..=1024),
-        help_heading = "Workers and retries"
+        help_heading = WORK
     )]
     pub worker_threads: Option<u32>,
 
@@ -354,33 +352,28 @@ pub struct CommonArgs {
         long,
         env = "METRICS_PATH",
         default_value = "/metrics",
-        help_heading = "HTTP"
+        help_heading = HTTP
     )]
     pub metrics_path: String,
 
     /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = "Logging")]
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = LOGS)]
     pub log_format: LogFormat,
 
     /// Log filter in `tracing` EnvFilter syntax (e.g. `info`, `debug,kube=info`).
-    #[arg(
-        long,
-        env = "LOG_LEVEL",
-        default_value = "info",
-        help_heading = "Logging"
-    )]
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", help_heading = LOGS)]
     pub log_level: String,
 
     /// On SIGTERM/SIGINT, how long in-flight work may take to finish before it is
     /// abandoned and the Lease released. Keep below the pod's
     /// `terminationGracePeriodSeconds`.
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration, help_heading = "Workers and retries")]
+    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration, help_heading = WORK)]
     pub shutdown_grace_period: Duration,
 
     /// `/healthz` fails once the work loop made no progress for this long (keys
     /// waiting, no worker free; idle is healthy). Keep above the longest
     /// legitimate backend call (`--provision-timeout`).
-    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration, help_heading = "HTTP")]
+    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration, help_heading = HTTP)]
     pub healthz_stall_timeout: Duration,
 }
 
@@ -409,20 +402,12 @@ impl CommonArgs {
         crate::handoff::redis_store::RedisConfig::from_args(&self.redis_url, &self.redis_auth)
     }
 
-    /// The HTTP port to bind: `--http-endpoint`'s, else `--http-port`, else the
-    /// service's default.
-    pub fn http_port_for(&self, spec: ServiceSpec) -> u16 {
-        match self.http_endpoint {
-            Some(endpoint) => endpoint.port(),
-            None => self.http_port.unwrap_or(spec.http_port),
-        }
-    }
-
-    /// The HTTP server's address: `--http-endpoint`, else
-    /// `--http-address`:[`http_port_for`](Self::http_port_for).
+    /// The HTTP server's address: `--http-endpoint`, else `--http-address`:`--http-port`
+    /// (default: the service's port).
     pub fn http_socket_addr(&self, spec: ServiceSpec) -> SocketAddr {
+        let port = self.http_port.unwrap_or(spec.http_port);
         self.http_endpoint
-            .unwrap_or_else(|| SocketAddr::new(self.http_address, self.http_port_for(spec)))
+            .unwrap_or(SocketAddr::new(self.http_address, port))
     }
 
     /// `--worker-threads`, else the service's default; at least 1.
@@ -499,7 +484,7 @@ mod tests {
         assert_eq!(cli.common.worker_threads_for(RECLAIM), 4);
         assert_eq!(cli.retry.retry_qps, 10.0);
         assert_eq!(cli.retry.retry_burst, 100);
-        assert_eq!(cli.common.http_port_for(PV_WRITER), 9102);
+        assert_eq!(cli.common.http_socket_addr(PV_WRITER).port(), 9102);
         assert_eq!(
             cli.common.http_socket_addr(RECLAIM),
             "0.0.0.0:9103".parse().unwrap()
@@ -519,7 +504,7 @@ mod tests {
         .unwrap();
         assert!(!cli.common.leader_election);
         assert_eq!(cli.common.lease_duration, Duration::from_secs(90));
-        assert_eq!(cli.common.http_port_for(PROVISION), 0);
+        assert_eq!(cli.common.http_socket_addr(PROVISION).port(), 0);
         assert!(Cli::try_parse_from(["x", "--leader-election-lease-duration", "soon"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "0"]).is_err());
         assert!(Cli::try_parse_from(["x", "--worker-threads", "1025"]).is_err());
@@ -572,7 +557,7 @@ mod tests {
             cli.common.http_socket_addr(PROVISION),
             "0.0.0.0:8080".parse().unwrap()
         );
-        assert_eq!(cli.common.http_port_for(PROVISION), 8080);
+        assert_eq!(cli.common.http_socket_addr(PROVISION).port(), 8080);
         let cli = Cli::try_parse_from(["x", "--http-endpoint=127.0.0.1:0"]).unwrap();
         assert_eq!(
             cli.common.http_socket_addr(RECLAIM),

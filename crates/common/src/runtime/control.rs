@@ -99,51 +99,34 @@ pub async fn run<K, Ctx, R, F, P>(
     F::Error: std::error::Error + Send + 'static,
     P: Fn(Arc<K>, &F::Error, Arc<Ctx>) -> Action,
 {
-    let LoopSettings {
-        workers,
-        resync_period,
-        stall,
-        heartbeat,
-        metrics,
-        shutdown,
-        reconcile_all,
-    } = settings;
-    let workers = u16::try_from(workers.max(1)).unwrap_or(u16::MAX);
+    let workers = u16::try_from(settings.workers.max(1)).unwrap_or(u16::MAX);
+    let (metrics, shutdown, stall) = (settings.metrics, settings.shutdown, settings.stall);
     // Held by this future: the heartbeat task is aborted with the loop.
     let mut beater = tokio::task::JoinSet::new();
-    {
-        let metrics = metrics.clone();
-        let stalled = move || metrics.stalled_when_busy(usize::from(workers));
-        let beat = beat_while_progressing(
-            heartbeat,
-            beat_period(stall),
-            stall,
-            stalled,
-            shutdown.clone(),
-        );
-        beater.spawn(beat);
-    }
+    let busy = metrics.clone();
+    beater.spawn(beat_while_progressing(
+        settings.heartbeat,
+        beat_period(stall),
+        stall,
+        move || busy.stalled_when_busy(usize::from(workers)),
+        shutdown.clone(),
+    ));
     let mut controller = Controller::for_stream(trigger, store)
         .with_config(controller::Config::default().concurrency(workers))
-        .graceful_shutdown_on(async move { shutdown.cancelled_owned().await });
-    if let Some(tick) = resync_interval(resync_period) {
-        let ticks = futures::stream::unfold(tick, |mut tick| async move {
-            tick.tick().await;
-            Some(((), tick))
-        });
+        .graceful_shutdown_on(shutdown.cancelled_owned());
+    if let Some(mut tick) = resync_interval(settings.resync_period) {
+        let ticks = futures::stream::poll_fn(move |cx| tick.poll_tick(cx).map(|_| Some(())));
         controller = controller.reconcile_all_on(ticks);
     }
-    if let Some(rx) = reconcile_all {
+    if let Some(rx) = settings.reconcile_all {
         controller = controller.reconcile_all_on(rx);
     }
-    let timed = {
-        let metrics = metrics.clone();
-        move |object: Arc<K>, ctx| {
-            let processing = metrics.start_processing(&ObjectRef::from_obj(&*object).to_string());
-            reconcile(object, ctx)
-                .into_future()
-                .inspect(move |_| drop(processing))
-        }
+    let work = metrics.clone();
+    let timed = move |object: Arc<K>, ctx| {
+        let processing = work.start_processing(&ObjectRef::from_obj(&*object).to_string());
+        reconcile(object, ctx)
+            .into_future()
+            .inspect(move |_| drop(processing))
     };
     let gone = metrics.clone();
     let counted = move |object, error: &F::Error, ctx| {

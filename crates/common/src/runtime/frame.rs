@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::api_reachability::log_failure;
 use crate::runtime::config::{CommonArgs, ServiceSpec};
-use crate::runtime::health::{self, Heartbeat, LeaderTerm, Liveness};
+use crate::runtime::health::{Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
 use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 
@@ -105,9 +105,9 @@ where
     let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
     let liveness = Liveness::new(
-        Heartbeat::default(),
         args.healthz_stall_timeout,
-        health::renew_tolerance(args.renew_deadline, args.retry_period),
+        args.renew_deadline,
+        args.retry_period,
     );
     let leader_gauge = crate::runtime::metrics::leader_gauge(&registry);
     crate::runtime::metrics::register_process_collector(&registry);
@@ -172,20 +172,16 @@ where
             &["name"],
         );
         lost_total.with_label_values(&[&lease]);
-        let campaign = Campaign {
-            client: &client,
-            namespace: &namespace,
-            lease: &lease,
-            identity: &identity,
-            timing,
-            shutdown: &shutdown,
-        };
         loop {
             // A fresh elector per term: kube-lease-manager's state is not
             // trusted after we declared the lead lost.
-            let Some(elector) = campaign.elector(&readiness).await else {
+            let Some(elector) =
+                elector(&client, &namespace, &lease, &identity, timing, &shutdown).await
+            else {
                 break Ok(());
             };
+            // The Lease could be read: a healthy standby again, not the not-ready lost term.
+            readiness.set_lost(false);
             let elector = elector.on_renewed({
                 let liveness = liveness.clone();
                 move || liveness.renewed()
@@ -197,7 +193,6 @@ where
             tracing::info!(lease = %lease, identity, "became leader");
             leader_gauge.with_label_values(&[&lease]).set(1);
             readiness.set_leading(true);
-            readiness.set_lost(false);
             liveness.set_leading(true);
             liveness.set_working(true);
             let term = lead(&elector, ctx.clone(), &work).await;
@@ -206,8 +201,8 @@ where
             leader_gauge.with_label_values(&[&lease]).set(0);
             readiness.set_leading(false);
             match term {
-                Term::Ended(result) => break result,
-                Term::Lost(reason) => {
+                Ok(result) => break result,
+                Err(reason) => {
                     lost_total.with_label_values(&[&lease]).inc();
                     readiness.set_lost(true);
                     tracing::error!(lease = %lease, %reason, "leader lease lost; all work stopped; not ready, campaigning again");
@@ -236,56 +231,25 @@ where
     result
 }
 
-/// How one leader term ended.
-enum Term {
-    /// The work returned, or SIGTERM drained it; the Lease was released.
-    /// The run is over with this result.
-    Ended(anyhow::Result<()>),
-    /// The Lease was lost; the work was aborted and awaited.
-    Lost(LeadLost),
-}
-
-/// What a replica needs to campaign for its Lease.
-struct Campaign<'a> {
-    client: &'a Client,
-    namespace: &'a str,
-    lease: &'a str,
-    identity: &'a str,
+/// Prepare an elector for `namespace/lease`, retrying every retry period while the API server
+/// cannot be reached (`None` on shutdown).
+async fn elector(
+    client: &Client,
+    namespace: &str,
+    lease: &str,
+    identity: &str,
     timing: LeaseTiming,
-    shutdown: &'a CancellationToken,
-}
-
-impl Campaign<'_> {
-    /// Prepare an elector, retrying every retry period while the API server cannot be reached
-    /// (`None` on shutdown). Once the Lease could be read the replica is a healthy standby again:
-    /// the not-ready state left by a lost term is cleared.
-    async fn elector(&self, readiness: &Readiness) -> Option<LeaderElector> {
-        loop {
-            match LeaderElector::new(
-                self.client.clone(),
-                self.namespace,
-                self.lease,
-                self.identity,
-                self.timing,
-            )
-            .await
-            {
-                Ok(e) => {
-                    readiness.set_lost(false);
-                    return Some(e);
-                }
-                Err(err) => {
-                    let lease = format!("{}/{}", self.namespace, self.lease);
-                    log_failure(
-                        &lease,
-                        "cannot prepare leader election, retrying",
-                        err.as_ref(),
-                    );
-                    tokio::select! {
-                        _ = self.shutdown.cancelled() => return None,
-                        _ = tokio::time::sleep(self.timing.retry_period) => {}
-                    }
-                }
+    shutdown: &CancellationToken,
+) -> Option<LeaderElector> {
+    loop {
+        match LeaderElector::new(client.clone(), namespace, lease, identity, timing).await {
+            Ok(e) => return Some(e),
+            Err(err) => {
+                let what = "cannot prepare leader election, retrying";
+                log_failure(&format!("{namespace}/{lease}"), what, err.as_ref());
+                shutdown
+                    .run_until_cancelled(tokio::time::sleep(timing.retry_period))
+                    .await?;
             }
         }
     }
@@ -293,8 +257,13 @@ impl Campaign<'_> {
 
 /// Run `work` while holding the Lease; release it only after the work and the
 /// renewal loop are gone (the loop may hold the lease manager's lock). A lost
-/// Lease is not released.
-async fn lead<F, Fut>(elector: &LeaderElector, ctx: ServiceContext, work: &F) -> Term
+/// Lease is not released. `Ok`: the work returned or SIGTERM drained it, the run is over
+/// with this result; `Err`: the Lease was lost, the work aborted and awaited.
+async fn lead<F, Fut>(
+    elector: &LeaderElector,
+    ctx: ServiceContext,
+    work: &F,
+) -> Result<anyhow::Result<()>, LeadLost>
 where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -305,97 +274,71 @@ where
     // One watchdog for the whole term: polled while working and while draining,
     // so SIGTERM does not restart the renew deadline.
     let mut hold = Box::pin(elector.hold());
+    // `Err((lost, draining))`: the Lease was lost, while working or while draining after SIGTERM.
     let end = tokio::select! {
-        lost = &mut hold => TermEnd::Lost(lost),
-        res = &mut handle => TermEnd::Returned(joined(res)),
-        _ = shutdown.cancelled() => {
-            // Keep renewing while in-flight work drains; a lost lease still wins.
-            tokio::select! {
-                lost = &mut hold => TermEnd::LostDraining(lost),
-                r = finish_work(&mut handle, &shutdown, grace) => TermEnd::Returned(r),
-            }
-        }
+        lost = &mut hold => Err((lost, false)),
+        res = &mut handle => Ok(joined(res)),
+        // Keep renewing while in-flight work drains; a lost lease still wins.
+        _ = shutdown.cancelled() => tokio::select! {
+            lost = &mut hold => Err((lost, true)),
+            r = finish_work(&mut handle, &shutdown, grace) => Ok(r),
+        },
     };
     drop(hold);
-    match end {
-        TermEnd::Returned(result) => {
+    let (lost, draining) = match end {
+        Ok(result) => {
             elector.release().await;
-            Term::Ended(result)
+            return Ok(result);
         }
-        TermEnd::Lost(lost) => {
-            stop_work(handle).await;
-            Term::Lost(lost)
-        }
-        TermEnd::LostDraining(lost) => {
-            stop_work(handle).await;
-            tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
-            Term::Ended(Err(anyhow::anyhow!(
-                "leader lease lost during shutdown: {lost}"
-            )))
-        }
+        Err(lost) => lost,
+    };
+    stop_work(&mut handle).await;
+    if !draining {
+        return Err(lost);
     }
+    tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
+    let err = anyhow::anyhow!("leader lease lost during shutdown: {lost}");
+    Ok(Err(err))
 }
 
-/// How a term's work and Lease watch ended, before the Lease is released.
-enum TermEnd {
-    /// The work returned (by itself or drained after SIGTERM).
-    Returned(anyhow::Result<()>),
-    /// The Lease was lost while working.
-    Lost(LeadLost),
-    /// The Lease was lost while draining after SIGTERM.
-    LostDraining(LeadLost),
-}
+type Work = tokio::task::JoinHandle<anyhow::Result<()>>;
 
 /// Abort the work task and wait until it is gone (its future dropped, so its
 /// JoinSets are aborted too). A task that had already finished is just reaped.
-async fn stop_work(handle: tokio::task::JoinHandle<anyhow::Result<()>>) {
+async fn stop_work(handle: &mut Work) {
     handle.abort();
-    match handle.await {
-        Err(join) if join.is_panic() => {
-            tracing::error!(error = %join, "work loop panicked while being stopped")
+    if let Err(join) = handle.await {
+        if join.is_panic() {
+            tracing::error!(error = %join, "work loop panicked while being stopped");
         }
-        _ => {}
     }
 }
 
 /// The work loop's result from its join result (a panic becomes an error).
 fn joined(res: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
-    match res {
-        Ok(r) => r,
-        Err(join) => Err(anyhow::anyhow!("work loop panicked: {join}")),
-    }
+    res.unwrap_or_else(|join| Err(anyhow::anyhow!("work loop panicked: {join}")))
 }
 
 /// Wait for the work task; after `shutdown` fires, give it `grace` to return,
 /// then abort it and wait until it is gone. Returns the work's result, or `Ok`
 /// when it was aborted.
 async fn finish_work(
-    handle: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
+    handle: &mut Work,
     shutdown: &CancellationToken,
     grace: std::time::Duration,
 ) -> anyhow::Result<()> {
-    let res = tokio::select! {
-        r = &mut *handle => Some(r),
-        _ = shutdown.cancelled() => None,
-    };
-    let res = match res {
-        Some(r) => r,
-        None => match tokio::time::timeout(grace, &mut *handle).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!(
-                    ?grace,
-                    "in-flight work did not finish within the grace period; aborting it"
-                );
-                handle.abort();
-                if let Err(join) = handle.await {
-                    if join.is_panic() {
-                        tracing::error!(error = %join, "work loop panicked while being aborted");
-                    }
-                }
-                return Ok(());
-            }
-        },
-    };
-    joined(res)
+    if let Some(r) = shutdown.run_until_cancelled(&mut *handle).await {
+        return joined(r);
+    }
+    match tokio::time::timeout(grace, &mut *handle).await {
+        Ok(r) => joined(r),
+        Err(_) => {
+            tracing::warn!(
+                ?grace,
+                "in-flight work did not finish within the grace period; aborting it"
+            );
+            stop_work(handle).await;
+            Ok(())
+        }
+    }
 }

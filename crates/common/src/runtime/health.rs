@@ -65,19 +65,18 @@ pub fn beat_period(stall_timeout: Duration) -> Duration {
     (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
-/// When a leader counts as unable to renew: its renewal not confirmed for `renew_deadline + 3 ×
-/// retry_period` (the watchdog reads the Lease every retry period, each read bounded by one retry
-/// period, so it ends the term within `renew_deadline + 2 × retry_period` while the runtime works).
-pub fn renew_tolerance(renew_deadline: Duration, retry_period: Duration) -> Duration {
-    renew_deadline + 3 * retry_period
-}
-
 #[derive(Debug)]
 struct LivenessState {
     working: AtomicBool,
     leading: AtomicBool,
     /// Last time the leader's own renewal was confirmed on the Lease.
     renewed: Mutex<Instant>,
+}
+
+impl LivenessState {
+    fn renewed_age(&self) -> Duration {
+        self.renewed.lock().expect("liveness poisoned").elapsed()
+    }
 }
 
 /// The state `/healthz` answers from; cheap to clone (clones share it).
@@ -90,14 +89,16 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// Liveness for a work loop that must beat `heartbeat` within
-    /// `stall_timeout`, and a leader that must renew within `renew_tolerance`
-    /// (see [`renew_tolerance`]).
-    pub fn new(heartbeat: Heartbeat, stall_timeout: Duration, renew_tolerance: Duration) -> Self {
+    /// Liveness for a work loop that must beat its [`heartbeat`](Self::heartbeat) within
+    /// `stall_timeout`, and a leader unable to renew once its renewal is not confirmed for
+    /// `renew_deadline + 3 × retry_period` (the watchdog reads the Lease every retry period, each
+    /// read bounded by one retry period, so it ends the term within `renew_deadline + 2 ×
+    /// retry_period` while the runtime works).
+    pub fn new(stall_timeout: Duration, renew_deadline: Duration, retry_period: Duration) -> Self {
         Self {
-            heartbeat,
+            heartbeat: Heartbeat::default(),
             stall_timeout,
-            renew_tolerance,
+            renew_tolerance: renew_deadline + 3 * retry_period,
             state: Arc::new(LivenessState {
                 working: AtomicBool::new(false),
                 leading: AtomicBool::new(false),
@@ -136,26 +137,23 @@ impl Liveness {
 
     /// `Ok` when healthy, else why not (the `/healthz` body).
     pub fn check(&self) -> Result<(), Unhealthy> {
-        if self.state.working.load(Ordering::SeqCst) {
-            let age = self.heartbeat.age();
-            if age > self.stall_timeout {
-                let limit = self.stall_timeout;
-                return Err(Unhealthy::Stalled { age, limit });
-            }
+        let (age, limit) = (self.heartbeat.age(), self.stall_timeout);
+        if self.state.working.load(Ordering::SeqCst) && age > limit {
+            return Err(Unhealthy::Stalled { age, limit });
         }
-        if self.state.leading.load(Ordering::SeqCst) {
-            let age = self
-                .state
-                .renewed
-                .lock()
-                .expect("liveness poisoned")
-                .elapsed();
-            if age > self.renew_tolerance {
-                let limit = self.renew_tolerance;
-                return Err(Unhealthy::NotRenewing { age, limit });
-            }
+        let (age, limit) = (self.state.renewed_age(), self.renew_tolerance);
+        if self.state.leading.load(Ordering::SeqCst) && age > limit {
+            return Err(Unhealthy::NotRenewing { age, limit });
         }
         Ok(())
+    }
+
+    /// The current leader term as [`LeaderTerm::check`] sees it: current
+    /// while leading with the own renewal confirmed within `renew_deadline`.
+    pub fn term(&self, renew_deadline: Duration) -> LeaderTerm {
+        LeaderTerm {
+            state: Some((self.state.clone(), renew_deadline)),
+        }
     }
 }
 
@@ -183,16 +181,6 @@ pub enum NotCurrent {
     Stale { age: Duration, deadline: Duration },
 }
 
-impl Liveness {
-    /// The current leader term as [`LeaderTerm::check`] sees it: current
-    /// while leading with the own renewal confirmed within `renew_deadline`.
-    pub fn term(&self, renew_deadline: Duration) -> LeaderTerm {
-        LeaderTerm {
-            state: Some((self.state.clone(), renew_deadline)),
-        }
-    }
-}
-
 /// This replica's leader term, checked by the work loop right before an
 /// irreversible action (a leader paused past its Lease must not act on what
 /// it decided before). Cheap to clone.
@@ -216,7 +204,7 @@ impl LeaderTerm {
         if !state.leading.load(Ordering::SeqCst) {
             return Err(NotCurrent::NotLeading);
         }
-        let age = state.renewed.lock().expect("liveness poisoned").elapsed();
+        let age = state.renewed_age();
         if age > *deadline {
             let deadline = *deadline;
             return Err(NotCurrent::Stale { age, deadline });
@@ -229,11 +217,8 @@ impl Default for Liveness {
     /// Never unhealthy until the runtime starts a work loop; five-minute stall
     /// timeout, 16 s renew tolerance (client-go's default 10 s deadline, 2 s period).
     fn default() -> Self {
-        Self::new(
-            Heartbeat::default(),
-            Duration::from_secs(300),
-            renew_tolerance(Duration::from_secs(10), Duration::from_secs(2)),
-        )
+        let secs = Duration::from_secs;
+        Self::new(secs(300), secs(10), secs(2))
     }
 }
 
@@ -244,7 +229,7 @@ mod tests {
     /// Liveness with a stall timeout of `stall` s and a renew tolerance of `renew` s.
     fn liveness(stall: u64, renew: u64) -> Liveness {
         let (stall, renew) = (Duration::from_secs(stall), Duration::from_secs(renew));
-        Liveness::new(Heartbeat::default(), stall, renew)
+        Liveness::new(stall, renew, Duration::ZERO)
     }
 
     #[tokio::test(start_paused = true)]

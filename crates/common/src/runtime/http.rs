@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use std::future::ready;
+
+use axum::http::{header::CONTENT_TYPE, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use prometheus::Registry;
@@ -57,13 +57,6 @@ impl Readiness {
     }
 }
 
-#[derive(Clone)]
-struct AppState {
-    registry: Registry,
-    readiness: Readiness,
-    liveness: Liveness,
-}
-
 /// The router: `metrics_path` → text exposition, `/healthz` → 200 `ok` or 503
 /// with the reason ([`Liveness::check`]), `/readyz` → 200 `ok` or 503 `not ready`.
 pub fn router(
@@ -72,40 +65,21 @@ pub fn router(
     liveness: Liveness,
     metrics_path: &str,
 ) -> Router {
+    let text = [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")];
+    let metrics = move || ready((text, crate::runtime::metrics::render(&registry)));
+    let answer = |check: Result<(), String>| {
+        ready(
+            check
+                .map(|()| "ok")
+                .map_err(|why| (StatusCode::SERVICE_UNAVAILABLE, why)),
+        )
+    };
+    let healthz = move || answer(liveness.check().map_err(|why| why.to_string()));
+    let readyz = move || answer(readiness.is_ready().then_some(()).ok_or("not ready".into()));
     Router::new()
         .route(metrics_path, get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(AppState {
-            registry,
-            readiness,
-            liveness,
-        })
-}
-
-async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
-    match state.liveness.check() {
-        Ok(()) => (StatusCode::OK, "ok".to_string()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.to_string()),
-    }
-}
-
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        crate::runtime::metrics::render(&state.registry),
-    )
-}
-
-async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
-    if state.readiness.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
-    }
 }
 
 /// Bind `addr` and serve `router` until `shutdown` is cancelled. Returns the bound address (useful
@@ -203,12 +177,11 @@ mod tests {
 
     #[tokio::test]
     async fn healthz_turns_503_when_the_work_loop_stops_beating() {
-        use crate::runtime::health::Heartbeat;
         use std::time::Duration;
         let liveness = Liveness::new(
-            Heartbeat::default(),
             Duration::from_millis(200),
             Duration::from_secs(60),
+            Duration::ZERO,
         );
         let (addr, stop, task) = serving(router(
             Registry::new(),

@@ -84,9 +84,7 @@ where
     fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), S::Error>> {
         while !self.permitted {
             if let Some(sleep) = self.wait.as_mut() {
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
+                std::task::ready!(sleep.as_mut().poll(cx));
                 self.wait = None;
             }
             match self.limiter.check() {

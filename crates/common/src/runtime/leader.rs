@@ -28,19 +28,11 @@ pub fn discover_namespace(
     pod_namespace: Option<&str>,
     sa_file: &Path,
 ) -> String {
-    let non_empty = |s: &str| {
-        let t = s.trim();
-        (!t.is_empty()).then(|| t.to_string())
-    };
-    flag.and_then(non_empty)
-        .or_else(|| pod_namespace.and_then(non_empty))
-        .or_else(|| {
-            std::fs::read_to_string(sa_file)
-                .ok()
-                .as_deref()
-                .and_then(non_empty)
-        })
-        .unwrap_or_else(|| "default".to_string())
+    let from_file = std::fs::read_to_string(sa_file).ok();
+    let found = [flag, pod_namespace, from_file.as_deref()]
+        .into_iter()
+        .find_map(non_empty);
+    found.unwrap_or_else(|| "default".to_string())
 }
 
 /// This replica's identity: `flag`, else `POD_NAME`, else the host name; with a
@@ -49,17 +41,17 @@ pub fn identity(flag: Option<&str>) -> String {
     if let Some(id) = flag.filter(|s| !s.is_empty()) {
         return id.to_string();
     }
-    let base = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "provisioner".to_string());
+    let pod = std::env::var("POD_NAME").ok();
+    let host = std::fs::read_to_string("/etc/hostname").ok();
+    let base = non_empty(pod.as_deref()).or(non_empty(host.as_deref()));
+    let base = base.unwrap_or_else(|| "provisioner".to_string());
     format!("{base}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// `s` trimmed, unless that is empty.
+fn non_empty(s: Option<&str>) -> Option<String> {
+    let t = s?.trim();
+    (!t.is_empty()).then(|| t.to_string())
 }
 
 /// Timing of the election, client-go's names and defaults (15s / 10s / 2s).
@@ -104,26 +96,17 @@ impl LeaseTiming {
 }
 
 /// Why [`LeaderElector::hold`] returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LeadLost {
     /// Another replica holds the Lease now.
+    #[error("lease taken over by {0}")]
     OtherHolder(String),
     /// Our renewals did not land within the renew deadline.
+    #[error("lease not renewed within the renew deadline")]
     RenewDeadlineExceeded,
     /// The Lease object disappeared.
+    #[error("lease deleted")]
     LeaseDeleted,
-}
-
-impl std::fmt::Display for LeadLost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LeadLost::OtherHolder(h) => write!(f, "lease taken over by {h}"),
-            LeadLost::RenewDeadlineExceeded => {
-                write!(f, "lease not renewed within the renew deadline")
-            }
-            LeadLost::LeaseDeleted => write!(f, "lease deleted"),
-        }
-    }
 }
 
 /// Called each time the watchdog sees this leader's own `renewTime` advance.
@@ -175,25 +158,23 @@ impl LeaderElector {
         self
     }
 
-    /// This candidate's identity (`holderIdentity` when leading).
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     /// Wait until this candidate holds the Lease (`true`), or `cancel` fires (`false`).
     /// API errors are logged and retried every retry period.
     pub async fn acquire(&self, cancel: &CancellationToken) -> bool {
+        let acquired = async { while !self.changed("lease acquisition attempt failed").await {} };
+        cancel.run_until_cancelled(acquired).await.is_some()
+    }
+
+    /// The lease manager's next view of the lead (`true`: ours); an API error is logged as
+    /// `failed` and retried after a retry period.
+    async fn changed(&self, failed: &str) -> bool {
         loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return false,
-                res = self.manager.changed() => match res {
-                    Ok(true) => return true,
-                    Ok(false) => {}
-                    Err(err) => {
-                        log_failure(&self.lease_name, "lease acquisition attempt failed", &err);
-                        tokio::time::sleep(self.timing.retry_period).await;
-                    }
-                },
+            match self.manager.changed().await {
+                Ok(leading) => return leading,
+                Err(err) => {
+                    log_failure(&self.lease_name, failed, &err);
+                    tokio::time::sleep(self.timing.retry_period).await;
+                }
             }
         }
     }
@@ -202,16 +183,8 @@ impl LeaderElector {
     /// Never returns while the lead is intact.
     pub async fn hold(&self) -> LeadLost {
         let renew = async {
-            loop {
-                match self.manager.changed().await {
-                    Ok(false) => return self.why_lost().await,
-                    Ok(true) => {}
-                    Err(err) => {
-                        log_failure(&self.lease_name, "lease renewal failed", &err);
-                        tokio::time::sleep(self.timing.retry_period).await;
-                    }
-                }
-            }
+            while self.changed("lease renewal failed").await {}
+            self.why_lost().await
         };
         tokio::select! {
             lost = renew => lost,
@@ -234,7 +207,7 @@ impl LeaderElector {
     }
 
     async fn watchdog(&self) -> LeadLost {
-        let mut last_renew_time: Option<String> = None;
+        let mut last_renew_time = None;
         let mut confirmed_at = Instant::now();
         loop {
             tokio::time::sleep(self.timing.retry_period).await;
@@ -249,19 +222,13 @@ impl LeaderElector {
                 Ok(Some(lease)) => {
                     let spec = lease.spec.unwrap_or_default();
                     let holder = spec.holder_identity.unwrap_or_default();
-                    if holder != self.identity {
-                        if !holder.is_empty() {
-                            return LeadLost::OtherHolder(holder);
-                        }
-                    } else {
-                        let renew = spec.renew_time.map(|t| format!("{:?}", t.0));
-                        if renew != last_renew_time {
-                            last_renew_time = renew;
-                            confirmed_at = Instant::now();
-                            if let Some(f) = &self.on_renewed {
-                                f();
-                            }
-                        }
+                    if holder != self.identity && !holder.is_empty() {
+                        return LeadLost::OtherHolder(holder);
+                    }
+                    if holder == self.identity && spec.renew_time != last_renew_time {
+                        last_renew_time = spec.renew_time;
+                        confirmed_at = Instant::now();
+                        self.on_renewed.iter().for_each(|f| f());
                     }
                 }
                 Err(err) => {
@@ -277,14 +244,12 @@ impl LeaderElector {
     /// Give the Lease up so a standby takes over at once, waiting at most the
     /// renew deadline (then the Lease expires). Best effort: errors are logged.
     pub async fn release(&self) {
-        let limit = self.timing.renew_deadline;
+        let (lease, limit) = (&self.lease_name, self.timing.renew_deadline);
         match tokio::time::timeout(limit, self.manager.release()).await {
-            Ok(Ok(())) => tracing::info!(lease = %self.lease_name, "lease released"),
-            Ok(Err(err)) => {
-                tracing::warn!(lease = %self.lease_name, error = %err, "releasing lease failed")
-            }
+            Ok(Ok(())) => tracing::info!(lease = %lease, "lease released"),
+            Ok(Err(err)) => tracing::warn!(lease = %lease, error = %err, "releasing lease failed"),
             Err(_) => {
-                tracing::warn!(lease = %self.lease_name, ?limit, "releasing lease timed out; it expires instead")
+                tracing::warn!(lease = %lease, ?limit, "releasing lease timed out; it expires instead")
             }
         }
     }

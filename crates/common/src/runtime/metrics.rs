@@ -63,12 +63,9 @@ impl SeedMetrics {
 
     /// The provisioning families, registered into `registry`.
     pub fn provision(registry: &Registry) -> Self {
+        let prefix = "controller_persistentvolumeclaim_provision";
         let words = ["provision", "provisioned", "provisioning"];
-        Self::seed(
-            registry,
-            "controller_persistentvolumeclaim_provision",
-            words,
-        )
+        Self::seed(registry, prefix, words)
     }
 
     /// The deletion families, registered into `registry`.
@@ -80,9 +77,8 @@ impl SeedMetrics {
     /// Count a success of `class` that took `seconds`.
     pub fn succeeded(&self, class: &str, seconds: f64) {
         self.total.with_label_values(&[class]).inc();
-        self.duration_seconds
-            .with_label_values(&[class])
-            .observe(seconds);
+        let duration = self.duration_seconds.with_label_values(&[class]);
+        duration.observe(seconds);
     }
 
     /// Count a failed attempt of `class`.
@@ -93,10 +89,8 @@ impl SeedMetrics {
 
 /// A gauge family with `labels`, registered into `registry`.
 pub fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    register(
-        registry,
-        IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
+    let family = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 /// A counter registered into `registry`.
@@ -106,32 +100,21 @@ pub fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
 
 /// A counter family with `labels`, registered into `registry`.
 pub fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    register(
-        registry,
-        IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
-    )
+    let family = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 /// A histogram family (default buckets, seconds) with `labels`, registered into `registry`.
 pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-    let opts = HistogramOpts::new(name, help);
-    register(
-        registry,
-        HistogramVec::new(opts, labels).expect("valid metric"),
-    )
+    let family = HistogramVec::new(HistogramOpts::new(name, help), labels).expect("valid metric");
+    register(registry, family)
 }
 
 /// Leader-election status of one service: `leader_election_master_status{name="<lease>"}`
 /// is 1 while this replica holds the Lease, 0 otherwise (client-go's metric name).
 pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
-    let opts = Opts::new(
-        "leader_election_master_status",
-        "1 while this replica holds the named Lease, 0 otherwise.",
-    );
-    register(
-        registry,
-        IntGaugeVec::new(opts, &["name"]).expect("valid metric"),
-    )
+    let help = "1 while this replica holds the named Lease, 0 otherwise.";
+    gauge_vec(registry, "leader_election_master_status", help, &["name"])
 }
 
 /// Register the `process_*` families (CPU, memory, fds, start time, threads)
@@ -155,10 +138,8 @@ pub fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 
 /// A plain histogram (default buckets, seconds) registered into `registry`.
 pub fn seconds_histogram(registry: &Registry, name: &str, help: &str) -> Histogram {
-    register(
-        registry,
-        Histogram::with_opts(HistogramOpts::new(name, help)).expect("valid metric"),
-    )
+    let histogram = Histogram::with_opts(HistogramOpts::new(name, help)).expect("valid metric");
+    register(registry, histogram)
 }
 
 /// Render `registry` in the Prometheus text exposition format (version 0.0.4).

@@ -26,25 +26,18 @@ pub fn effective_filter(filter: &str) -> String {
 /// [`effective_filter`]); an invalid filter falls back to `info` with a warning. Calling it twice
 /// is harmless (the second call is ignored).
 pub fn init(format: LogFormat, filter: &str) {
-    let (env_filter, bad) = match EnvFilter::try_new(effective_filter(filter)) {
-        Ok(f) => (f, None),
-        Err(e) => (
-            EnvFilter::new(effective_filter("info")),
-            Some(e.to_string()),
-        ),
-    };
+    let parsed = EnvFilter::try_new(effective_filter(filter));
+    let bad = parsed.as_ref().err().map(ToString::to_string);
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(env_filter)
+        .with_env_filter(parsed.unwrap_or_else(|_| EnvFilter::new(effective_filter("info"))))
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    if result.is_ok() {
-        if let Some(err) = bad {
-            tracing::warn!(filter, error = %err, "invalid --log-level, using info");
-        }
+    if let (Ok(()), Some(err)) = (result, bad) {
+        tracing::warn!(filter, error = %err, "invalid --log-level, using info");
     }
 }
 
@@ -54,15 +47,12 @@ pub fn init(format: LogFormat, filter: &str) {
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut last = text.clone();
-    let mut source = err.source();
-    while let Some(e) = source {
+    for e in std::iter::successors(err.source(), |&e| e.source()) {
         let msg = e.to_string();
         if !msg.is_empty() && !last.contains(&msg) {
-            text.push_str(": ");
-            text.push_str(&msg);
+            text = format!("{text}: {msg}");
         }
         last = msg;
-        source = e.source();
     }
     text
 }
