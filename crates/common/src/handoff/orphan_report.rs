@@ -1,17 +1,6 @@
-//! The last orphan sweep's report, kept in Redis for operators.
-//!
-//! reclaim-svc's leader-start orphan sweep (`reclaim_svc::sweep`) sets the
-//! gauges `reclaim_orphan_volumes`/`reclaim_orphan_volumes_archived`, but a
-//! gauge carries a count, not the volume names, and lives in one pod. So
-//! after every completed sweep reclaim-svc also stores an [`OrphanReport`]
-//! under `<prefix>orphan-report` (a string holding versioned JSON, replaced by
-//! each sweep; prefix: [`crate::handoff::redis_store::key_prefix`]), where
-//! `provisioner-ctl status` reads it. Redis is chosen over a ConfigMap because every
-//! service and the status command already use it, and a ConfigMap would give
-//! reclaim-svc write access to ConfigMaps it does not otherwise need.
-//!
-//! A sweep that was abandoned (a lookup failed) or skipped leaves the previous
-//! report in place; its `swept_at_ms` tells how old it is.
+//! The last orphan sweep's report, kept in Redis for operators: reclaim-svc stores an
+//! [`OrphanReport`] under `<prefix>orphan-report` after every completed sweep (an abandoned
+//! or skipped sweep leaves the previous one), and `provisioner-ctl status` reads it.
 
 use crate::handoff::redis_conn::RedisConn;
 use redis::AsyncCommands;

@@ -1,15 +1,6 @@
 //! Process start-up of every service binary: the allocator setting, then the
-//! tokio runtime ([`block_on_service`] replaces `#[tokio::main]`).
-//!
-//! glibc's malloc gives each thread that meets contention its own arena, up
-//! to 8 per core, and memory freed in one arena is reused only by the
-//! threads of that arena. A service's threads (tokio's workers, its blocking
-//! pool for the backends' file operations) allocate and free watch-event
-//! buffers in turn, so with many arenas the peak resident set grows by the
-//! slack of each. One arena measured 1.3 MiB (provision-svc) and 0.8 MiB
-//! (reclaim-svc) lower peak RSS in `bench --claims 5000` on the simulator, at
-//! unchanged throughput (one run each, `BENCHMARKS.md`); the services spend their time
-//! waiting on the API server and Redis, not in malloc.
+//! tokio runtime ([`block_on_service`] replaces `#[tokio::main]`). Why one malloc
+//! arena: docs/ARCHITECTURE.md, "One shape for the three services".
 
 /// Arenas glibc's malloc may create ([`limit_malloc_arenas`]).
 pub const MALLOC_ARENAS: i32 = 1;

@@ -255,10 +255,9 @@ async fn elector(
     }
 }
 
-/// Run `work` while holding the Lease; release it only after the work and the
-/// renewal loop are gone (the loop may hold the lease manager's lock). A lost
-/// Lease is not released. `Ok`: the work returned or SIGTERM drained it, the run is over
-/// with this result; `Err`: the Lease was lost, the work aborted and awaited.
+/// Run `work` while holding the Lease, released (unless lost) only after the work and the
+/// renewal loop are gone. `Ok`: the work returned or SIGTERM drained it (the run is over);
+/// `Err`: the Lease was lost, the work aborted and awaited.
 async fn lead<F, Fut>(
     elector: &LeaderElector,
     ctx: ServiceContext,

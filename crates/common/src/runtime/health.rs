@@ -90,10 +90,8 @@ pub struct Liveness {
 
 impl Liveness {
     /// Liveness for a work loop that must beat its [`heartbeat`](Self::heartbeat) within
-    /// `stall_timeout`, and a leader unable to renew once its renewal is not confirmed for
-    /// `renew_deadline + 3 × retry_period` (the watchdog reads the Lease every retry period, each
-    /// read bounded by one retry period, so it ends the term within `renew_deadline + 2 ×
-    /// retry_period` while the runtime works).
+    /// `stall_timeout`, and a leader whose renewal is unconfirmed for `renew_deadline + 3 ×
+    /// retry_period` (one period above the watchdog's worst case; docs/decisions/0003).
     pub fn new(stall_timeout: Duration, renew_deadline: Duration, retry_period: Duration) -> Self {
         Self {
             heartbeat: Heartbeat::default(),
