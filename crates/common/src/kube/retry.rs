@@ -1,16 +1,8 @@
-//! Retrying, in one place: the one delay policy ([`Backoff`]: exponential and
-//! capped, or constant), the one loop that retries an
-//! operation under it until it succeeds or the service shuts down
-//! ([`Backoff::retry`]: Redis connections, Redis calls while settling a PV
-//! write, cleanups of the start-up walk), and the work queues' retry policy
-//! ([`RetryPolicy`]: client-go's default controller rate limiter as the seed
-//! uses it — the larger of a per-item [`Backoff`] and an overall token bucket
-//! shared by all items — plus the failed-attempt threshold after which an item
-//! is given up).
-//!
-//! Hand-written rather than `backon`/`backoff`: the per-item failure counts and
-//! the shared bucket of client-go's limiter have no equivalent there, and the
-//! single-operation loop is a dozen lines that also needs the shutdown token.
+//! Retrying, in one place: the delay policy ([`Backoff`]: exponential and capped, or
+//! constant), the loop that retries an operation until it succeeds or the service shuts
+//! down ([`Backoff::retry`]), and the work queues' [`RetryPolicy`] (client-go's default
+//! controller rate limiter: the larger of a per-item [`Backoff`] and a token bucket shared
+//! by all items, plus the failed-attempt threshold). Why not a crate: docs/ARCHITECTURE.md.
 
 use std::collections::HashMap;
 use std::hash::Hash;
