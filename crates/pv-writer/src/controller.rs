@@ -8,12 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::handoff::queue::{PvQueue, QueueError};
+use common::handoff::queue::{PvQueue, QueueError, TakenEntry};
 use common::runtime::frame::ServiceContext;
-use common::runtime::health::{self, Heartbeat};
+use common::runtime::health;
 use common::runtime::http::Readiness;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::task::{Id, JoinSet};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -53,10 +52,25 @@ pub async fn run_term(
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
     let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
+    // Beats while the dispatcher progresses, idles or waits for Redis; aborted
+    // with this future. Errors: a stall with Redis up for --healthz-stall-timeout.
+    let (dispatched, ready) = (writer.dispatched.clone(), ctx.readiness.clone());
     let stall_timeout = ctx.args.healthz_stall_timeout;
-    Ok(Arc::new(writer)
-        .run_term(ctx.shutdown, ctx.readiness, ctx.heartbeat, stall_timeout)
-        .await?)
+    let mut watchdog = JoinSet::new();
+    watchdog.spawn(health::beat_while_progressing(
+        ctx.heartbeat,
+        health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+        stall_timeout,
+        move || {
+            if ready.is_ready() {
+                dispatched.age()
+            } else {
+                Duration::ZERO
+            }
+        },
+        ctx.shutdown.clone(),
+    ));
+    Ok(Arc::new(writer).run(ctx.shutdown, ctx.readiness).await?)
 }
 
 impl Writer {
@@ -101,41 +115,7 @@ impl Writer {
         shutdown: CancellationToken,
         readiness: Readiness,
     ) -> Result<(), WriterError> {
-        self.run_term(shutdown, readiness, Heartbeat::default(), Duration::MAX)
-            .await
-    }
-
-    /// One leader term: [`run`](Self::run), beating `heartbeat` while the
-    /// dispatcher progresses, idles or waits for Redis, until stuck with Redis
-    /// up for `stall_timeout`. Errors: as [`run`](Self::run).
-    pub async fn run_term(
-        self: Arc<Self>,
-        shutdown: CancellationToken,
-        readiness: Readiness,
-        heartbeat: Heartbeat,
-        stall_timeout: Duration,
-    ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
-        // Every task below is owned by a JoinSet held by this future: when the
-        // runtime aborts the work loop (lost Lease, grace period over), dropping
-        // the sets aborts them, so nothing writes after the Lease is released.
-        let mut background = JoinSet::new();
-        // Beaten by the dispatcher at each turn of its loop.
-        let dispatched = Heartbeat::default();
-        let (beaten, ready) = (dispatched.clone(), readiness.clone());
-        background.spawn(health::beat_while_progressing(
-            heartbeat,
-            health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
-            stall_timeout,
-            move || {
-                if ready.is_ready() {
-                    beaten.age()
-                } else {
-                    Duration::ZERO
-                }
-            },
-            shutdown.clone(),
-        ));
         // A new term; anything in flight under an earlier one belongs to a
         // previous leader that is gone or fenced.
         let started = || async {
@@ -163,10 +143,13 @@ impl Writer {
             "began a pv-writer term; took over PV writes left in flight by earlier terms"
         );
         readiness.set_ready(true);
+        // Every task below is owned by a JoinSet held by this future: when the
+        // runtime aborts the work loop (lost Lease, grace period over), dropping
+        // the sets aborts them, so nothing writes after the Lease is released.
+        let mut background = JoinSet::new();
         background.spawn(self.clone().refresh_stats(shutdown.clone()));
         background.spawn(self.clone().probe_loop(shutdown.clone()));
 
-        let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
         // The PV name each worker task holds, from the take to the settle.
         let mut held = HashMap::new();
@@ -175,7 +158,7 @@ impl Writer {
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
         let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
-        while !shutdown.is_cancelled() {
+        'drain: while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
                 tracing::error!(
                     term = self.term(),
@@ -183,46 +166,25 @@ impl Writer {
                 );
                 break;
             }
-            dispatched.beat();
-            // Wait for a free worker, then take up to as many entries as workers are free.
-            let limit = tokio::select! {
-                free = permits.acquire() => {
-                    let _free = free.expect("semaphore never closed");
-                    permits.available_permits() + 1
-                }
-                _ = shutdown.cancelled() => break,
-            };
-            while let Some(done) = tasks.try_join_next_with_id() {
+            self.dispatched.beat();
+            // Reap finished workers; with none free, wait for one.
+            loop {
+                let done = if tasks.len() < self.config.workers {
+                    tasks.try_join_next_with_id()
+                } else {
+                    tokio::select! {
+                        done = tasks.join_next_with_id() => done,
+                        _ = shutdown.cancelled() => break 'drain,
+                    }
+                };
+                let Some(done) = done else { break };
                 held.remove(&done.map_or_else(|err| err.id(), |(id, ())| id));
             }
-            let epoch = self.term();
-            // Ok(Err(operation)): this term is stale, refused at `operation`.
-            let taken = async {
-                if Instant::now() >= orphan_check_at {
-                    let held: Vec<String> = held.values().cloned().collect();
-                    match self.queue.requeue_unheld(epoch, &held).await? {
-                        None => return Ok(Err("requeue_unheld")),
-                        Some(0) => {}
-                        Some(n) => tracing::warn!(
-                            entries = n,
-                            "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
-                        ),
-                    }
-                    orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
-                }
-                let taken = self
-                    .queue
-                    .take_due(epoch, limit, self.config.visibility_timeout)
-                    .await?;
-                Ok::<_, QueueError>(taken.ok_or("take_due"))
-            }
-            .await;
+            let limit = self.config.workers - tasks.len();
+            let taken = self.take(limit, &held, &mut orphan_check_at).await;
             let batch = match taken {
-                Ok(Err(fenced_at)) => {
-                    self.fenced(fenced_at);
-                    continue;
-                }
-                Ok(Ok(batch)) => {
+                Ok(None) => continue,
+                Ok(Some(batch)) => {
                     if std::mem::take(&mut redis_down) {
                         tracing::info!("Redis reachable again; draining");
                     }
@@ -249,16 +211,9 @@ impl Writer {
                 continue;
             }
             for taken in batch {
-                let permit = permits
-                    .clone()
-                    .try_acquire_owned()
-                    .expect("only the dispatcher acquires permits");
                 let (writer, shutdown) = (self.clone(), shutdown.clone());
                 let pv_name = taken.pv_name.clone();
-                let task = tasks.spawn(async move {
-                    writer.process(taken, &shutdown).await;
-                    drop(permit);
-                });
+                let task = tasks.spawn(async move { writer.process(taken, &shutdown).await });
                 held.insert(task.id(), pv_name);
             }
         }
@@ -273,6 +228,39 @@ impl Writer {
             return Err(WriterError::Superseded(self.term()));
         }
         Ok(())
+    }
+
+    /// Up to `limit` due entries of this term, first requeueing entries no
+    /// worker `held` when `orphan_check_at` is due; `None` when Redis refused
+    /// this term (counted in [`fenced`](Self::fenced)).
+    async fn take(
+        &self,
+        limit: usize,
+        held: &HashMap<Id, String>,
+        orphan_check_at: &mut Instant,
+    ) -> Result<Option<Vec<TakenEntry>>, QueueError> {
+        let epoch = self.term();
+        if Instant::now() >= *orphan_check_at {
+            let held: Vec<String> = held.values().cloned().collect();
+            match self.queue.requeue_unheld(epoch, &held).await? {
+                None => {
+                    self.fenced("requeue_unheld");
+                    return Ok(None);
+                }
+                Some(0) => {}
+                Some(n) => tracing::warn!(
+                    entries = n,
+                    "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
+                ),
+            }
+            *orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
+        }
+        let visibility = self.config.visibility_timeout;
+        let taken = self.queue.take_due(epoch, limit, visibility).await?;
+        if taken.is_none() {
+            self.fenced("take_due");
+        }
+        Ok(taken)
     }
 
     /// After a refusal, whether to go on: the epoch in Redis is this term (an entry

@@ -14,6 +14,7 @@ use common::kube::events::reason::{PROVISIONING_FAILED, PROVISIONING_SUCCEEDED};
 use common::kube::events::{claim_reference, event, EventSink};
 use common::kube::retry::Backoff;
 use common::kube::time::now_ms;
+use common::runtime::health::Heartbeat;
 use common::runtime::http::Readiness;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
@@ -150,6 +151,8 @@ pub struct Writer {
     pub(crate) probe_name: std::sync::Mutex<String>,
     /// `/readyz` of the running drain, which a worker stuck on Redis clears too.
     pub(crate) readiness: std::sync::OnceLock<Readiness>,
+    /// Beaten by the dispatcher at each turn of its loop.
+    pub(crate) dispatched: Heartbeat,
 }
 
 impl Writer {
@@ -178,6 +181,7 @@ impl Writer {
             recovered_at_ms: AtomicU64::new(0),
             probe_name: std::sync::Mutex::new(String::new()),
             readiness: std::sync::OnceLock::new(),
+            dispatched: Heartbeat::default(),
         }
     }
 
