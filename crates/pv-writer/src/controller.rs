@@ -116,33 +116,9 @@ impl Writer {
         readiness: Readiness,
     ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
-        // A new term; anything in flight under an earlier one belongs to a
-        // previous leader that is gone or fenced.
-        let started = || async {
-            let epoch = match self.term() {
-                0 => self.queue.begin_term().await?,
-                epoch => epoch,
-            };
-            self.set_term(epoch);
-            let recovered = self.queue.recover_inflight(epoch).await?;
-            Ok::<_, QueueError>((epoch, recovered))
-        };
-        let Some((epoch, n)) = self
-            .redis_retry()
-            .retry(&shutdown, started, |err, _, _| {
-                readiness.set_ready(false);
-                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-            })
-            .await
-        else {
+        if !self.begin(&shutdown).await {
             return Ok(());
-        };
-        tracing::info!(
-            term = epoch,
-            recovered = n,
-            "began a pv-writer term; took over PV writes left in flight by earlier terms"
-        );
-        readiness.set_ready(true);
+        }
         // Every task below is owned by a JoinSet held by this future: when the
         // runtime aborts the work loop (lost Lease, grace period over), dropping
         // the sets aborts them, so nothing writes after the Lease is released.
@@ -181,36 +157,14 @@ impl Writer {
                 held.remove(&done.map_or_else(|err| err.id(), |(id, ())| id));
             }
             let limit = self.config.workers - tasks.len();
-            let taken = self.take(limit, &held, &mut orphan_check_at).await;
-            let batch = match taken {
-                Ok(None) => continue,
-                Ok(Some(batch)) => {
-                    if std::mem::take(&mut redis_down) {
-                        tracing::info!("Redis reachable again; draining");
-                    }
-                    readiness.set_ready(true);
-                    batch
-                }
-                Err(err) => {
-                    if !std::mem::replace(&mut redis_down, true) {
-                        tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                    }
-                    readiness.set_ready(false);
-                    orphan_check_at = Instant::now();
-                    let reconnect = sleep(self.config.redis_reconnect);
-                    shutdown.run_until_cancelled(reconnect).await;
-                    continue;
-                }
-            };
-            if batch.is_empty() {
-                let woken = self.queue.wait_for_work(POLL_INTERVAL);
-                if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
-                    orphan_check_at = Instant::now();
-                    shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
-                }
-                continue;
-            }
-            for taken in batch {
+            let batch = self.take(
+                limit,
+                &held,
+                &mut redis_down,
+                &mut orphan_check_at,
+                &shutdown,
+            );
+            for taken in batch.await {
                 let (writer, shutdown) = (self.clone(), shutdown.clone());
                 let pv_name = taken.pv_name.clone();
                 let task = tasks.spawn(async move { writer.process(taken, &shutdown).await });
@@ -230,37 +184,98 @@ impl Writer {
         Ok(())
     }
 
+    /// Begin a term, or go on with the one set by [`set_term`](Self::set_term),
+    /// and take over what earlier terms left in flight (they belong to a
+    /// previous leader that is gone or fenced); retried while Redis is
+    /// unreachable (not ready until done). False if shutdown came first.
+    async fn begin(&self, shutdown: &CancellationToken) -> bool {
+        let readiness = self.readiness.get().expect("run sets readiness");
+        let started = || async {
+            let epoch = match self.term() {
+                0 => self.queue.begin_term().await?,
+                epoch => epoch,
+            };
+            self.set_term(epoch);
+            let recovered = self.queue.recover_inflight(epoch).await?;
+            Ok::<_, QueueError>((epoch, recovered))
+        };
+        let Some((epoch, n)) = self
+            .redis_retry()
+            .retry(shutdown, started, |err, _, _| {
+                readiness.set_ready(false);
+                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+            })
+            .await
+        else {
+            return false;
+        };
+        tracing::info!(
+            term = epoch,
+            recovered = n,
+            "began a pv-writer term; took over PV writes left in flight by earlier terms"
+        );
+        readiness.set_ready(true);
+        true
+    }
+
     /// Up to `limit` due entries of this term, first requeueing entries no
-    /// worker `held` when `orphan_check_at` is due; `None` when Redis refused
-    /// this term (counted in [`fenced`](Self::fenced)).
+    /// worker `held` when `orphan_check_at` is due. Empty when Redis refused
+    /// this term ([`fenced`](Self::fenced)), after a pause while Redis is
+    /// unreachable (`redis_down`, not ready), or after waiting for work.
     async fn take(
         &self,
         limit: usize,
         held: &HashMap<Id, String>,
+        redis_down: &mut bool,
         orphan_check_at: &mut Instant,
-    ) -> Result<Option<Vec<TakenEntry>>, QueueError> {
+        shutdown: &CancellationToken,
+    ) -> Vec<TakenEntry> {
         let epoch = self.term();
-        if Instant::now() >= *orphan_check_at {
-            let held: Vec<String> = held.values().cloned().collect();
-            match self.queue.requeue_unheld(epoch, &held).await? {
-                None => {
-                    self.fenced("requeue_unheld");
-                    return Ok(None);
+        let readiness = self.readiness.get().expect("run sets readiness");
+        let taken = async {
+            if Instant::now() >= *orphan_check_at {
+                let held: Vec<String> = held.values().cloned().collect();
+                match self.queue.requeue_unheld(epoch, &held).await? {
+                    None => return Ok(Err("requeue_unheld")),
+                    Some(0) => {}
+                    Some(n) => tracing::warn!(
+                        entries = n,
+                        "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
+                    ),
                 }
-                Some(0) => {}
-                Some(n) => tracing::warn!(
-                    entries = n,
-                    "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
-                ),
+                *orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
             }
-            *orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
+            let visibility = self.config.visibility_timeout;
+            let taken = self.queue.take_due(epoch, limit, visibility).await?;
+            Ok::<_, QueueError>(taken.ok_or("take_due"))
+        };
+        match taken.await {
+            Ok(Err(fenced_at)) => self.fenced(fenced_at),
+            Ok(Ok(batch)) => {
+                if std::mem::take(redis_down) {
+                    tracing::info!("Redis reachable again; draining");
+                }
+                readiness.set_ready(true);
+                if !batch.is_empty() {
+                    return batch;
+                }
+                let woken = self.queue.wait_for_work(POLL_INTERVAL);
+                if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
+                    *orphan_check_at = Instant::now();
+                    shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
+                }
+            }
+            Err(err) => {
+                if !std::mem::replace(redis_down, true) {
+                    tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                }
+                readiness.set_ready(false);
+                *orphan_check_at = Instant::now();
+                let reconnect = sleep(self.config.redis_reconnect);
+                shutdown.run_until_cancelled(reconnect).await;
+            }
         }
-        let visibility = self.config.visibility_timeout;
-        let taken = self.queue.take_due(epoch, limit, visibility).await?;
-        if taken.is_none() {
-            self.fenced("take_due");
-        }
-        Ok(taken)
+        Vec::new()
     }
 
     /// After a refusal, whether to go on: the epoch in Redis is this term (an entry
