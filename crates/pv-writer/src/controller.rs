@@ -52,8 +52,8 @@ pub async fn run_term(
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
     let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
-    // Beats while the dispatcher progresses, idles or waits for Redis; aborted
-    // with this future. Errors: a stall with Redis up for --healthz-stall-timeout.
+    // Beats /healthz while the dispatcher progresses, idles or waits for Redis,
+    // until stuck with Redis up for --healthz-stall-timeout; aborted with this future.
     let (dispatched, ready) = (writer.dispatched.clone(), ctx.readiness.clone());
     let stall_timeout = ctx.args.healthz_stall_timeout;
     let mut watchdog = JoinSet::new();
