@@ -8,12 +8,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::handoff::queue::{PvQueue, QueueError};
+use common::handoff::queue::{PvQueue, QueueError, TakenEntry};
 use common::runtime::frame::ServiceContext;
-use common::runtime::health::{self, Heartbeat};
+use common::runtime::health;
 use common::runtime::http::Readiness;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::task::{Id, JoinSet};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -53,10 +52,25 @@ pub async fn run_term(
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
     let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
+    // Beats /healthz while the dispatcher progresses, idles or waits for Redis,
+    // until stuck with Redis up for --healthz-stall-timeout; aborted with this future.
+    let (dispatched, ready) = (writer.dispatched.clone(), ctx.readiness.clone());
     let stall_timeout = ctx.args.healthz_stall_timeout;
-    Ok(Arc::new(writer)
-        .run_term(ctx.shutdown, ctx.readiness, ctx.heartbeat, stall_timeout)
-        .await?)
+    let mut watchdog = JoinSet::new();
+    watchdog.spawn(health::beat_while_progressing(
+        ctx.heartbeat,
+        health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+        stall_timeout,
+        move || {
+            if ready.is_ready() {
+                dispatched.age()
+            } else {
+                Duration::ZERO
+            }
+        },
+        ctx.shutdown.clone(),
+    ));
+    Ok(Arc::new(writer).run(ctx.shutdown, ctx.readiness).await?)
 }
 
 impl Writer {
@@ -101,72 +115,17 @@ impl Writer {
         shutdown: CancellationToken,
         readiness: Readiness,
     ) -> Result<(), WriterError> {
-        self.run_term(shutdown, readiness, Heartbeat::default(), Duration::MAX)
-            .await
-    }
-
-    /// One leader term: [`run`](Self::run), beating `heartbeat` while the
-    /// dispatcher progresses, idles or waits for Redis, until stuck with Redis
-    /// up for `stall_timeout`. Errors: as [`run`](Self::run).
-    pub async fn run_term(
-        self: Arc<Self>,
-        shutdown: CancellationToken,
-        readiness: Readiness,
-        heartbeat: Heartbeat,
-        stall_timeout: Duration,
-    ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
+        if !self.begin(&shutdown).await {
+            return Ok(());
+        }
         // Every task below is owned by a JoinSet held by this future: when the
         // runtime aborts the work loop (lost Lease, grace period over), dropping
         // the sets aborts them, so nothing writes after the Lease is released.
         let mut background = JoinSet::new();
-        // Beaten by the dispatcher at each turn of its loop.
-        let dispatched = Heartbeat::default();
-        let (beaten, ready) = (dispatched.clone(), readiness.clone());
-        background.spawn(health::beat_while_progressing(
-            heartbeat,
-            health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
-            stall_timeout,
-            move || {
-                if ready.is_ready() {
-                    beaten.age()
-                } else {
-                    Duration::ZERO
-                }
-            },
-            shutdown.clone(),
-        ));
-        // A new term; anything in flight under an earlier one belongs to a
-        // previous leader that is gone or fenced.
-        let started = || async {
-            let epoch = match self.term() {
-                0 => self.queue.begin_term().await?,
-                epoch => epoch,
-            };
-            self.set_term(epoch);
-            let recovered = self.queue.recover_inflight(epoch).await?;
-            Ok::<_, QueueError>((epoch, recovered))
-        };
-        let Some((epoch, n)) = self
-            .redis_retry()
-            .retry(&shutdown, started, |err, _, _| {
-                readiness.set_ready(false);
-                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-            })
-            .await
-        else {
-            return Ok(());
-        };
-        tracing::info!(
-            term = epoch,
-            recovered = n,
-            "began a pv-writer term; took over PV writes left in flight by earlier terms"
-        );
-        readiness.set_ready(true);
         background.spawn(self.clone().refresh_stats(shutdown.clone()));
         background.spawn(self.clone().probe_loop(shutdown.clone()));
 
-        let permits = Arc::new(Semaphore::new(self.config.workers));
         let mut tasks = JoinSet::new();
         // The PV name each worker task holds, from the take to the settle.
         let mut held = HashMap::new();
@@ -175,7 +134,7 @@ impl Writer {
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
         let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
-        while !shutdown.is_cancelled() {
+        'drain: while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
                 tracing::error!(
                     term = self.term(),
@@ -183,82 +142,32 @@ impl Writer {
                 );
                 break;
             }
-            dispatched.beat();
-            // Wait for a free worker, then take up to as many entries as workers are free.
-            let limit = tokio::select! {
-                free = permits.acquire() => {
-                    let _free = free.expect("semaphore never closed");
-                    permits.available_permits() + 1
-                }
-                _ = shutdown.cancelled() => break,
-            };
-            while let Some(done) = tasks.try_join_next_with_id() {
+            self.dispatched.beat();
+            // Reap finished workers; with none free, wait for one.
+            loop {
+                let done = if tasks.len() < self.config.workers {
+                    tasks.try_join_next_with_id()
+                } else {
+                    tokio::select! {
+                        done = tasks.join_next_with_id() => done,
+                        _ = shutdown.cancelled() => break 'drain,
+                    }
+                };
+                let Some(done) = done else { break };
                 held.remove(&done.map_or_else(|err| err.id(), |(id, ())| id));
             }
-            let epoch = self.term();
-            // Ok(Err(operation)): this term is stale, refused at `operation`.
-            let taken = async {
-                if Instant::now() >= orphan_check_at {
-                    let held: Vec<String> = held.values().cloned().collect();
-                    match self.queue.requeue_unheld(epoch, &held).await? {
-                        None => return Ok(Err("requeue_unheld")),
-                        Some(0) => {}
-                        Some(n) => tracing::warn!(
-                            entries = n,
-                            "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
-                        ),
-                    }
-                    orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
-                }
-                let taken = self
-                    .queue
-                    .take_due(epoch, limit, self.config.visibility_timeout)
-                    .await?;
-                Ok::<_, QueueError>(taken.ok_or("take_due"))
-            }
-            .await;
-            let batch = match taken {
-                Ok(Err(fenced_at)) => {
-                    self.fenced(fenced_at);
-                    continue;
-                }
-                Ok(Ok(batch)) => {
-                    if std::mem::take(&mut redis_down) {
-                        tracing::info!("Redis reachable again; draining");
-                    }
-                    readiness.set_ready(true);
-                    batch
-                }
-                Err(err) => {
-                    if !std::mem::replace(&mut redis_down, true) {
-                        tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
-                    }
-                    readiness.set_ready(false);
-                    orphan_check_at = Instant::now();
-                    let reconnect = sleep(self.config.redis_reconnect);
-                    shutdown.run_until_cancelled(reconnect).await;
-                    continue;
-                }
-            };
-            if batch.is_empty() {
-                let woken = self.queue.wait_for_work(POLL_INTERVAL);
-                if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
-                    orphan_check_at = Instant::now();
-                    shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
-                }
-                continue;
-            }
-            for taken in batch {
-                let permit = permits
-                    .clone()
-                    .try_acquire_owned()
-                    .expect("only the dispatcher acquires permits");
+            let limit = self.config.workers - tasks.len();
+            let batch = self.take(
+                limit,
+                &held,
+                &mut redis_down,
+                &mut orphan_check_at,
+                &shutdown,
+            );
+            for taken in batch.await {
                 let (writer, shutdown) = (self.clone(), shutdown.clone());
                 let pv_name = taken.pv_name.clone();
-                let task = tasks.spawn(async move {
-                    writer.process(taken, &shutdown).await;
-                    drop(permit);
-                });
+                let task = tasks.spawn(async move { writer.process(taken, &shutdown).await });
                 held.insert(task.id(), pv_name);
             }
         }
@@ -273,6 +182,100 @@ impl Writer {
             return Err(WriterError::Superseded(self.term()));
         }
         Ok(())
+    }
+
+    /// Begin a term, or go on with the one set by [`set_term`](Self::set_term),
+    /// and take over what earlier terms left in flight (they belong to a
+    /// previous leader that is gone or fenced); retried while Redis is
+    /// unreachable (not ready until done). False if shutdown came first.
+    async fn begin(&self, shutdown: &CancellationToken) -> bool {
+        let readiness = self.readiness.get().expect("run sets readiness");
+        let started = || async {
+            let epoch = match self.term() {
+                0 => self.queue.begin_term().await?,
+                epoch => epoch,
+            };
+            self.set_term(epoch);
+            let recovered = self.queue.recover_inflight(epoch).await?;
+            Ok::<_, QueueError>((epoch, recovered))
+        };
+        let Some((epoch, n)) = self
+            .redis_retry()
+            .retry(shutdown, started, |err, _, _| {
+                readiness.set_ready(false);
+                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+            })
+            .await
+        else {
+            return false;
+        };
+        tracing::info!(
+            term = epoch,
+            recovered = n,
+            "began a pv-writer term; took over PV writes left in flight by earlier terms"
+        );
+        readiness.set_ready(true);
+        true
+    }
+
+    /// Up to `limit` due entries of this term, first requeueing entries no
+    /// worker `held` when `orphan_check_at` is due. Empty when Redis refused
+    /// this term ([`fenced`](Self::fenced)), after a pause while Redis is
+    /// unreachable (`redis_down`, not ready), or after waiting for work.
+    async fn take(
+        &self,
+        limit: usize,
+        held: &HashMap<Id, String>,
+        redis_down: &mut bool,
+        orphan_check_at: &mut Instant,
+        shutdown: &CancellationToken,
+    ) -> Vec<TakenEntry> {
+        let epoch = self.term();
+        let readiness = self.readiness.get().expect("run sets readiness");
+        let taken = async {
+            if Instant::now() >= *orphan_check_at {
+                let held: Vec<String> = held.values().cloned().collect();
+                match self.queue.requeue_unheld(epoch, &held).await? {
+                    None => return Ok(Err("requeue_unheld")),
+                    Some(0) => {}
+                    Some(n) => tracing::warn!(
+                        entries = n,
+                        "requeued PV writes taken under this term whose take never reached a worker (reply lost with the Redis connection)"
+                    ),
+                }
+                *orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
+            }
+            let visibility = self.config.visibility_timeout;
+            let taken = self.queue.take_due(epoch, limit, visibility).await?;
+            Ok::<_, QueueError>(taken.ok_or("take_due"))
+        };
+        match taken.await {
+            Ok(Err(fenced_at)) => self.fenced(fenced_at),
+            Ok(Ok(batch)) => {
+                if std::mem::take(redis_down) {
+                    tracing::info!("Redis reachable again; draining");
+                }
+                readiness.set_ready(true);
+                if !batch.is_empty() {
+                    return batch;
+                }
+                let woken = self.queue.wait_for_work(POLL_INTERVAL);
+                if let Some(Err(_)) = shutdown.run_until_cancelled(woken).await {
+                    *orphan_check_at = Instant::now();
+                    shutdown.run_until_cancelled(sleep(POLL_INTERVAL)).await;
+                }
+            }
+            Err(err) => {
+                if !std::mem::replace(redis_down, true) {
+                    tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                }
+                readiness.set_ready(false);
+                *orphan_check_at = Instant::now();
+                let reconnect = sleep(self.config.redis_reconnect);
+                shutdown.run_until_cancelled(reconnect).await;
+            }
+        }
+        Vec::new()
     }
 
     /// After a refusal, whether to go on: the epoch in Redis is this term (an entry

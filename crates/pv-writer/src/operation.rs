@@ -14,6 +14,7 @@ use common::kube::events::reason::{PROVISIONING_FAILED, PROVISIONING_SUCCEEDED};
 use common::kube::events::{claim_reference, event, EventSink};
 use common::kube::retry::Backoff;
 use common::kube::time::now_ms;
+use common::runtime::health::Heartbeat;
 use common::runtime::http::Readiness;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
@@ -77,30 +78,6 @@ async fn within<T>(
     }
 }
 
-/// GET `entry`'s claim within `timeout` (never a cache) and compare its uid: `Ok(None)` it
-/// lives, `Ok(Some(reason))` it is gone (404) or was re-created (another uid).
-pub async fn claim_gone(
-    client: &Client,
-    entry: &QueuedPvWrite,
-    timeout: Duration,
-) -> Result<Option<String>, Unanswered> {
-    let (claim, pv) = (&entry.claim, entry.pv_name());
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &claim.namespace);
-    let what = format!("reading claim {claim}");
-    Ok(match within(timeout, &what, api.get_opt(&claim.name)).await? {
-        None => Some(format!(
-            "claim {claim} (uid {}) no longer exists; PV {pv} not created",
-            claim.uid
-        )),
-        Some(live) if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) => Some(format!(
-            "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {pv} not created",
-            live.metadata.uid.as_deref().unwrap_or("<none>"),
-            claim.uid
-        )),
-        Some(_) => None,
-    })
-}
-
 /// Create `entry`'s PV through `api` within `timeout` and classify the answer.
 pub async fn write_pv(
     api: &Api<PersistentVolume>,
@@ -150,6 +127,8 @@ pub struct Writer {
     pub(crate) probe_name: std::sync::Mutex<String>,
     /// `/readyz` of the running drain, which a worker stuck on Redis clears too.
     pub(crate) readiness: std::sync::OnceLock<Readiness>,
+    /// Beaten by the dispatcher at each turn of its loop.
+    pub(crate) dispatched: Heartbeat,
 }
 
 impl Writer {
@@ -178,6 +157,7 @@ impl Writer {
             recovered_at_ms: AtomicU64::new(0),
             probe_name: std::sync::Mutex::new(String::new()),
             readiness: std::sync::OnceLock::new(),
+            dispatched: Heartbeat::default(),
         }
     }
 
@@ -257,7 +237,7 @@ impl Writer {
     }
 
     /// The create of a checked entry, made only while this term holds it and
-    /// its claim exists with the entry's uid.
+    /// its claim exists with the entry's uid (read live, never from a cache).
     async fn write(
         &self,
         pv_name: &str,
@@ -267,12 +247,28 @@ impl Writer {
         if !self.still_holds(pv_name, "before create", shutdown).await {
             return Verdict::Leave;
         }
-        let live = claim_gone(&self.client, entry, self.config.write_timeout).await;
+        let (claim, timeout) = (&entry.claim, self.config.write_timeout);
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace);
+        let what = format!("reading claim {claim}");
+        let live = within(timeout, &what, claims.get_opt(&claim.name)).await;
         let (started_ms, started) = (now_ms(), Instant::now());
         let result = match live {
-            Ok(Some(reason)) => return Verdict::ClaimGone(reason),
+            Ok(None) => {
+                return Verdict::ClaimGone(format!(
+                    "claim {claim} (uid {}) no longer exists; PV {pv_name} not created",
+                    claim.uid
+                ))
+            }
+            Ok(Some(live)) if live.metadata.uid.as_deref() != Some(claim.uid.as_str()) => {
+                return Verdict::ClaimGone(format!(
+                    "claim {claim} has uid {}, not the entry's {}: the entry's claim was deleted; PV {pv_name} not created",
+                    live.metadata.uid.as_deref().unwrap_or("<none>"),
+                    claim.uid
+                ))
+            }
             Err(Unanswered(reason)) => WriteResult::Transient(reason),
-            Ok(None) => write_pv(&self.api, entry, self.config.write_timeout).await,
+            Ok(Some(_)) => write_pv(&self.api, entry, timeout).await,
         };
         self.metrics
             .write_duration_seconds
