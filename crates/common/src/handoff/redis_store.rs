@@ -215,18 +215,18 @@ impl RedisConfig {
         }
     }
 
-    /// The user this configuration authenticates as (`default` without one).
-    pub fn effective_username(&self) -> String {
-        self.username
-            .clone()
-            .or_else(|| {
-                self.url
-                    .as_str()
-                    .into_connection_info()
-                    .ok()
-                    .and_then(|i| i.redis_settings().username().map(str::to_string))
-            })
-            .unwrap_or_else(|| "default".to_string())
+    /// The first line of the password file `path`, without its line ending.
+    fn read_password_file(&self, path: &Path) -> Result<String, ConnectError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            self.config_error(format!(
+                "reading --redis-password-file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let first = text.lines().next().filter(|line| !line.is_empty());
+        let empty =
+            || self.config_error(format!("--redis-password-file {} is empty", path.display()));
+        first.map(str::to_string).ok_or_else(empty)
     }
 
     /// The password from `--redis-password-file` or `REDIS_PASSWORD` (read now).
@@ -236,9 +236,7 @@ impl RedisConfig {
                 Err(self
                     .config_error("both --redis-password-file and REDIS_PASSWORD are set; use one"))
             }
-            (Some(file), None) => Ok(Some(
-                read_password_file(file).map_err(|e| self.config_error(e))?,
-            )),
+            (Some(file), None) => self.read_password_file(file).map(Some),
             (None, Some(p)) => Ok(Some(p.0.clone())),
             (None, None) => Ok(None),
         }
@@ -314,8 +312,7 @@ impl RedisConfig {
             builder = builder.set_client_to_redis_password(password);
         }
         if let Some(file) = &self.sentinel_password_file {
-            let password = read_password_file(file).map_err(|e| self.config_error(e))?;
-            builder = builder.set_client_to_sentinel_password(password);
+            builder = builder.set_client_to_sentinel_password(self.read_password_file(file)?);
         }
         if let Some(mode) = tls_mode {
             builder = builder
@@ -382,9 +379,20 @@ impl RedisConfig {
         });
         if let Some(code) = code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM"))
         {
+            // The user this configuration authenticates as (`default` without one).
+            let url_user = self
+                .url
+                .as_str()
+                .into_connection_info()
+                .ok()
+                .and_then(|i| i.redis_settings().username().map(str::to_string));
             return ConnectError::Auth {
                 url,
-                user: self.effective_username(),
+                user: self
+                    .username
+                    .clone()
+                    .or(url_user)
+                    .unwrap_or_else(|| "default".into()),
                 code,
                 source: err,
             };
@@ -398,17 +406,6 @@ impl RedisConfig {
         }
         ConnectError::Unreachable { url, source: err }
     }
-}
-
-/// The first line of `path`, without its line ending.
-fn read_password_file(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("reading --redis-password-file {}: {e}", path.display()))?;
-    let first = text.lines().next().unwrap_or("");
-    if first.is_empty() {
-        return Err(format!("--redis-password-file {} is empty", path.display()));
-    }
-    Ok(first.to_string())
 }
 
 /// A reconnecting connection to the primary of `config`, checked with `PING`;

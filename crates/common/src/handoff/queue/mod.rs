@@ -55,10 +55,6 @@ pub enum QueueError {
     },
 }
 
-/// Re-exported for callers that already import it from here; the one
-/// definition is [`crate::kube::time::now_ms`].
-pub use crate::kube::time::now_ms;
-
 /// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
 /// writer, which dead-letters it when garbled) and its failure count.
 #[derive(Debug, Clone, PartialEq, Eq)]
