@@ -44,7 +44,7 @@ pub fn redact_url(url: &str) -> String {
 
 /// Authentication and TLS flags of the Redis connection, flattened into
 /// the runtime's common flags next to `--redis-url` (see the module docs).
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct RedisAuthArgs {
     /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
     /// the URL's user, else Redis' `default` user.
@@ -110,20 +110,10 @@ pub struct RedisConfig {
     /// `redis://[user[:password]@]host:port[/db]`, `rediss://…` for TLS, or
     /// `redis+sentinel://HOST[:PORT],…/PRIMARY_NAME[/DB]`.
     pub url: String,
-    /// ACL user (overrides none: conflicts with a different URL user).
-    pub username: Option<String>,
-    /// File holding the password (first line), read at each connection.
-    pub password_file: Option<PathBuf>,
+    /// ACL user (conflicts with a different URL user), password, TLS and Sentinel files.
+    pub auth: RedisAuthArgs,
     /// The password itself (env `REDIS_PASSWORD`).
     pub password: Option<Password>,
-    /// PEM CA bundle for `rediss://`.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (mutual TLS).
-    pub client_cert_file: Option<PathBuf>,
-    /// PEM client key (mutual TLS).
-    pub client_key_file: Option<PathBuf>,
-    /// File holding the Sentinels' password (first line).
-    pub sentinel_password_file: Option<PathBuf>,
 }
 
 impl<S: AsRef<str>> From<S> for RedisConfig {
@@ -193,18 +183,15 @@ impl RedisConfig {
     /// The connection the flags describe: `url` plus `auth`, and the password
     /// from env `REDIS_PASSWORD` when set (read here, once).
     pub fn from_args(url: &str, auth: &RedisAuthArgs) -> Self {
+        let mut auth = auth.clone();
+        auth.redis_username = auth.redis_username.filter(|u| !u.is_empty());
         RedisConfig {
             url: url.to_string(),
-            username: auth.redis_username.clone().filter(|u| !u.is_empty()),
-            password_file: auth.redis_password_file.clone(),
+            auth,
             password: std::env::var("REDIS_PASSWORD")
                 .ok()
                 .filter(|p| !p.is_empty())
                 .map(Password::new),
-            ca_file: auth.redis_ca_file.clone(),
-            client_cert_file: auth.redis_client_cert_file.clone(),
-            client_key_file: auth.redis_client_key_file.clone(),
-            sentinel_password_file: auth.redis_sentinel_password_file.clone(),
         }
     }
 
@@ -231,7 +218,7 @@ impl RedisConfig {
 
     /// The password from `--redis-password-file` or `REDIS_PASSWORD` (read now).
     fn password(&self) -> Result<Option<String>, ConnectError> {
-        match (&self.password_file, &self.password) {
+        match (&self.auth.redis_password_file, &self.password) {
             (Some(_), Some(_)) => {
                 Err(self
                     .config_error("both --redis-password-file and REDIS_PASSWORD are set; use one"))
@@ -245,7 +232,7 @@ impl RedisConfig {
     /// The CA and client certificate files read, `None` without any; `tls_url`
     /// says whether the URL asks for TLS (the files need it).
     fn tls_files(&self, tls_url: bool) -> Result<Option<redis::TlsCertificates>, ConnectError> {
-        if self.ca_file.is_none() && self.client_cert_file.is_none() {
+        if self.auth.redis_ca_file.is_none() && self.auth.redis_client_cert_file.is_none() {
             return Ok(None);
         }
         if !tls_url {
@@ -258,11 +245,15 @@ impl RedisConfig {
                 .map_err(|e| self.config_error(format!("reading {what} {}: {e}", path.display())))
         };
         let root_cert = self
-            .ca_file
+            .auth
+            .redis_ca_file
             .as_deref()
             .map(|p| read("CA file", p))
             .transpose()?;
-        let client_tls = match (&self.client_cert_file, &self.client_key_file) {
+        let client_tls = match (
+            &self.auth.redis_client_cert_file,
+            &self.auth.redis_client_key_file,
+        ) {
             (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
                 client_cert: read("client certificate", cert)?,
                 client_key: read("client key", key)?,
@@ -305,13 +296,13 @@ impl RedisConfig {
         )
         .map_err(|e| self.config_error(e.to_string()))?
         .set_client_to_redis_db(url.db);
-        if let Some(user) = &self.username {
+        if let Some(user) = &self.auth.redis_username {
             builder = builder.set_client_to_redis_username(user);
         }
         if let Some(password) = self.password()? {
             builder = builder.set_client_to_redis_password(password);
         }
-        if let Some(file) = &self.sentinel_password_file {
+        if let Some(file) = &self.auth.redis_sentinel_password_file {
             builder = builder.set_client_to_sentinel_password(self.read_password_file(file)?);
         }
         if let Some(mode) = tls_mode {
@@ -342,7 +333,7 @@ impl RedisConfig {
             .into_connection_info()
             .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
         let mut settings = info.redis_settings().clone();
-        if let Some(user) = &self.username {
+        if let Some(user) = &self.auth.redis_username {
             match settings.username() {
                 Some(url_user) if url_user != user => {
                     return Err(self.config_error(format!(
@@ -389,7 +380,8 @@ impl RedisConfig {
             return ConnectError::Auth {
                 url,
                 user: self
-                    .username
+                    .auth
+                    .redis_username
                     .clone()
                     .or(url_user)
                     .unwrap_or_else(|| "default".into()),
@@ -490,8 +482,8 @@ mod tests {
         let file = dir.path().join("pw");
         std::fs::write(&file, "p4ss\n").unwrap();
         let config = config("redis://127.0.0.1:1/0", |c| {
-            c.username = Some("pv-writer".into());
-            c.password_file = Some(file.clone());
+            c.auth.redis_username = Some("pv-writer".into());
+            c.auth.redis_password_file = Some(file.clone());
         });
         let client = config.client().unwrap();
         let settings = client.get_connection_info().redis_settings();
@@ -502,7 +494,9 @@ mod tests {
         let err = config.client().unwrap_err().to_string();
         assert!(err.contains("is empty"), "{err}");
         let absent = dir.path().join("absent");
-        let err = refusal("redis://127.0.0.1:1/0", |c| c.password_file = Some(absent));
+        let err = refusal("redis://127.0.0.1:1/0", |c| {
+            c.auth.redis_password_file = Some(absent)
+        });
         assert!(err.contains("reading --redis-password-file"), "{err}");
     }
 
@@ -512,14 +506,16 @@ mod tests {
         let file = dir.path().join("pw");
         std::fs::write(&file, "a").unwrap();
         refusal("redis://127.0.0.1:1/0", |c| {
-            c.password_file = Some(file.clone());
+            c.auth.redis_password_file = Some(file.clone());
             c.password = Some(Password::new("b"));
         });
         let err = refusal("redis://u:c@127.0.0.1:1/0", |c| {
-            c.password_file = Some(file)
+            c.auth.redis_password_file = Some(file)
         });
         assert!(err.contains("use one") && !err.contains(":c@"), "{err}");
-        refusal("redis://y@127.0.0.1:1/0", |c| c.username = Some("x".into()));
+        refusal("redis://y@127.0.0.1:1/0", |c| {
+            c.auth.redis_username = Some("x".into())
+        });
     }
 
     #[test]
@@ -527,11 +523,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, "not a certificate").unwrap();
-        let err = refusal("redis://127.0.0.1:1/0", |c| c.ca_file = Some(ca.clone()));
+        let err = refusal("redis://127.0.0.1:1/0", |c| {
+            c.auth.redis_ca_file = Some(ca.clone())
+        });
         assert!(err.contains("rediss://"), "{err}");
         let absent = dir.path().join("absent.pem");
-        let err = refusal("rediss://127.0.0.1:1/0", |c| c.ca_file = Some(absent));
+        let err = refusal("rediss://127.0.0.1:1/0", |c| {
+            c.auth.redis_ca_file = Some(absent)
+        });
         assert!(err.contains("CA file"), "{err}");
-        refusal("rediss://127.0.0.1:1/0", |c| c.client_cert_file = Some(ca));
+        refusal("rediss://127.0.0.1:1/0", |c| {
+            c.auth.redis_client_cert_file = Some(ca)
+        });
     }
 }
