@@ -25,20 +25,15 @@ pub fn key_prefix(provisioner_name: &str) -> String {
 /// `url` with any password replaced by `***`, for errors and logs, e.g.
 /// `redis://user:***@host:6379/0`. A URL without a password is returned as is.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
+    // The password sits between the userinfo's first ':' and the last '@'.
+    let password = url.find("://").and_then(|scheme| {
+        let at = url.rfind('@').filter(|&at| at > scheme)?;
+        let colon = url[scheme + 3..at].find(':')?;
+        Some((scheme + 3 + colon, at))
+    });
+    match password {
+        Some((colon, at)) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => url.to_string(),
     }
 }
 
