@@ -127,10 +127,8 @@ impl PvQueue {
                 .await
                 .map_err(cmd("list_pending"))?;
             for ((name, state), payload) in chunk.iter().zip(payloads) {
-                let entry = match payload {
-                    Some(bytes) => QueuedPvWrite::decode(&bytes).map_err(Unreadable::from),
-                    None => Err(Unreadable::Missing),
-                };
+                let entry = payload.ok_or(Unreadable::Missing);
+                let entry = entry.and_then(|bytes| Ok(QueuedPvWrite::decode(&bytes)?));
                 out.push(PendingEntry {
                     pv_name: name.clone(),
                     state: *state,
