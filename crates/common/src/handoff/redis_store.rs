@@ -199,15 +199,11 @@ impl RedisConfig {
 
     /// The first line of the password file `path`, without its line ending.
     fn read_password_file(&self, path: &Path) -> Result<String, ConnectError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            self.config_error(format!(
-                "reading --redis-password-file {}: {e}",
-                path.display()
-            ))
-        })?;
+        let file = path.display();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| self.config_error(format!("reading --redis-password-file {file}: {e}")))?;
         let first = text.lines().next().filter(|line| !line.is_empty());
-        let empty =
-            || self.config_error(format!("--redis-password-file {} is empty", path.display()));
+        let empty = || self.config_error(format!("--redis-password-file {file} is empty"));
         first.map(str::to_string).ok_or_else(empty)
     }
 
@@ -227,7 +223,8 @@ impl RedisConfig {
     /// The CA and client certificate files read, `None` without any; `tls_url`
     /// says whether the URL asks for TLS (the files need it).
     fn tls_files(&self, tls_url: bool) -> Result<Option<redis::TlsCertificates>, ConnectError> {
-        if self.auth.redis_ca_file.is_none() && self.auth.redis_client_cert_file.is_none() {
+        let auth = &self.auth;
+        if auth.redis_ca_file.is_none() && auth.redis_client_cert_file.is_none() {
             return Ok(None);
         }
         if !tls_url {
@@ -239,16 +236,9 @@ impl RedisConfig {
             std::fs::read(path)
                 .map_err(|e| self.config_error(format!("reading {what} {}: {e}", path.display())))
         };
-        let root_cert = self
-            .auth
-            .redis_ca_file
-            .as_deref()
-            .map(|p| read("CA file", p))
-            .transpose()?;
-        let client_tls = match (
-            &self.auth.redis_client_cert_file,
-            &self.auth.redis_client_key_file,
-        ) {
+        let root_cert = auth.redis_ca_file.as_deref().map(|p| read("CA file", p));
+        let root_cert = root_cert.transpose()?;
+        let client_tls = match (&auth.redis_client_cert_file, &auth.redis_client_key_file) {
             (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
                 client_cert: read("client certificate", cert)?,
                 client_key: read("client key", key)?,
