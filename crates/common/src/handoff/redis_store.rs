@@ -190,10 +190,10 @@ impl RedisConfig {
         }
     }
 
-    fn config_error(&self, detail: impl Into<String>) -> ConnectError {
+    fn config_error(&self, detail: impl std::fmt::Display) -> ConnectError {
         ConnectError::Config {
             url: redact_url(&self.url),
-            detail: detail.into(),
+            detail: detail.to_string(),
         }
     }
 
@@ -279,7 +279,7 @@ impl RedisConfig {
             &url.primary_name,
             redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(|e| self.config_error(e.to_string()))?
+        .map_err(|e| self.config_error(e))?
         .set_client_to_redis_db(url.db);
         if let Some(user) = &self.auth.redis_username {
             builder = builder.set_client_to_redis_username(user);
@@ -300,9 +300,7 @@ impl RedisConfig {
                 .set_client_to_redis_certificates(certs.clone())
                 .set_client_to_sentinel_certificates(certs);
         }
-        let client = builder
-            .build()
-            .map_err(|e| self.config_error(e.to_string()))?;
+        let client = builder.build().map_err(|e| self.config_error(e))?;
         Ok(Endpoint::Sentinel(std::sync::Arc::new(
             tokio::sync::Mutex::new(client),
         )))
@@ -339,7 +337,7 @@ impl RedisConfig {
         let tls_url = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         let info = info.set_redis_settings(settings);
         match self.tls_files(tls_url)? {
-            None => redis::Client::open(info).map_err(|e| self.config_error(e.to_string())),
+            None => redis::Client::open(info).map_err(|e| self.config_error(e)),
             Some(certs) => redis::Client::build_with_tls(info, certs)
                 .map_err(|e| self.config_error(format!("TLS files: {e}"))),
         }
