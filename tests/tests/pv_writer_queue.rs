@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
 use backend_hostpath::{HostPath, OnDelete};
-use common::handoff::queue::{now_ms, PvQueue};
+use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
+use common::kube::time::now_ms;
 use common::runtime::http::Readiness;
 use e2e::harness::redis::RedisServer;
 use e2e::harness::wait::wait_until;

@@ -385,10 +385,8 @@ async fn wrong_or_missing_credentials_fail_at_connect_naming_the_cause() {
     // A wrong password: WRONGPASS, the user named, the password never shown.
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, "not-the-password-4711\n").unwrap();
-    let config = RedisConfig {
-        password_file: Some(wrong.clone()),
-        ..redis.config_as(Some("pv-writer"))
-    };
+    let mut config = redis.config_as(Some("pv-writer"));
+    config.auth.redis_password_file = Some(wrong.clone());
     let err = redis_store::connect(&config).await.expect_err("refused");
     assert!(
         matches!(err, ConnectError::Auth { ref code, .. } if code == "WRONGPASS"),

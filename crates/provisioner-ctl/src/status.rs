@@ -215,23 +215,19 @@ async fn queue_status(queue: &PvQueue) -> Result<QueueStatus, common::handoff::q
     let stats = queue.stats().await?;
     let now = stats.redis_now_ms;
     let current_term = queue.current_term().await?;
-    let owners = queue.inflight_owners().await?;
     let in_flight = queue
         .list_pending()
         .await?
         .into_iter()
         .filter_map(|e| match e.state {
-            PendingState::InFlight(until) => {
-                let owner_term = owners.get(&e.pv_name).copied();
-                Some(InFlightStatus {
-                    claim: e.entry.as_ref().ok().map(|w| w.claim.to_string()),
-                    stale_owner: owner_term.is_some_and(|t| t < current_term),
-                    owner_term,
-                    visible_again_in_seconds: age_seconds(until, now),
-                    attempts: e.attempts,
-                    pv_name: e.pv_name,
-                })
-            }
+            PendingState::InFlight(until) => Some(InFlightStatus {
+                claim: e.entry.as_ref().ok().map(|w| w.claim.to_string()),
+                stale_owner: e.owner_term.is_some_and(|t| t < current_term),
+                owner_term: e.owner_term,
+                visible_again_in_seconds: age_seconds(until, now),
+                attempts: e.attempts,
+                pv_name: e.pv_name,
+            }),
             PendingState::Due(_) => None,
         })
         .collect();

@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
-use common::handoff::queue::{now_ms, PvQueue};
+use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
+use common::kube::time::now_ms;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::json;
 

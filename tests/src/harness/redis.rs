@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use common::handoff::redis_store::RedisConfig;
+use common::handoff::redis_store::{RedisAuthArgs, RedisConfig};
 
 use super::process::{free_port, ManagedProcess};
 use super::wait::wait_until;
@@ -255,9 +255,12 @@ impl RedisServer {
     pub fn config_as(&self, user: Option<&str>) -> RedisConfig {
         RedisConfig {
             url: self.url(),
-            username: user.filter(|_| self.acl.is_some()).map(str::to_string),
-            password_file: user.and_then(|u| self.password_file(u)),
-            ca_file: self.tls.as_ref().map(|t| t.ca_file.clone()),
+            auth: RedisAuthArgs {
+                redis_username: user.filter(|_| self.acl.is_some()).map(str::to_string),
+                redis_password_file: user.and_then(|u| self.password_file(u)),
+                redis_ca_file: self.tls.as_ref().map(|t| t.ca_file.clone()),
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

@@ -25,26 +25,21 @@ pub fn key_prefix(provisioner_name: &str) -> String {
 /// `url` with any password replaced by `***`, for errors and logs, e.g.
 /// `redis://user:***@host:6379/0`. A URL without a password is returned as is.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &userinfo[..colon],
-                    &url[at..]
-                ),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
+    // The password sits between the userinfo's first ':' and the last '@'.
+    let password = url.find("://").and_then(|scheme| {
+        let at = url.rfind('@').filter(|&at| at > scheme)?;
+        let colon = url[scheme + 3..at].find(':')?;
+        Some((scheme + 3 + colon, at))
+    });
+    match password {
+        Some((colon, at)) => format!("{}:***{}", &url[..colon], &url[at..]),
+        None => url.to_string(),
     }
 }
 
 /// Authentication and TLS flags of the Redis connection, flattened into
 /// the runtime's common flags next to `--redis-url` (see the module docs).
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct RedisAuthArgs {
     /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
     /// the URL's user, else Redis' `default` user.
@@ -110,20 +105,10 @@ pub struct RedisConfig {
     /// `redis://[user[:password]@]host:port[/db]`, `rediss://…` for TLS, or
     /// `redis+sentinel://HOST[:PORT],…/PRIMARY_NAME[/DB]`.
     pub url: String,
-    /// ACL user (overrides none: conflicts with a different URL user).
-    pub username: Option<String>,
-    /// File holding the password (first line), read at each connection.
-    pub password_file: Option<PathBuf>,
+    /// ACL user (conflicts with a different URL user), password, TLS and Sentinel files.
+    pub auth: RedisAuthArgs,
     /// The password itself (env `REDIS_PASSWORD`).
     pub password: Option<Password>,
-    /// PEM CA bundle for `rediss://`.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate (mutual TLS).
-    pub client_cert_file: Option<PathBuf>,
-    /// PEM client key (mutual TLS).
-    pub client_key_file: Option<PathBuf>,
-    /// File holding the Sentinels' password (first line).
-    pub sentinel_password_file: Option<PathBuf>,
 }
 
 impl<S: AsRef<str>> From<S> for RedisConfig {
@@ -193,52 +178,43 @@ impl RedisConfig {
     /// The connection the flags describe: `url` plus `auth`, and the password
     /// from env `REDIS_PASSWORD` when set (read here, once).
     pub fn from_args(url: &str, auth: &RedisAuthArgs) -> Self {
+        let mut auth = auth.clone();
+        auth.redis_username = auth.redis_username.filter(|u| !u.is_empty());
         RedisConfig {
             url: url.to_string(),
-            username: auth.redis_username.clone().filter(|u| !u.is_empty()),
-            password_file: auth.redis_password_file.clone(),
+            auth,
             password: std::env::var("REDIS_PASSWORD")
                 .ok()
                 .filter(|p| !p.is_empty())
                 .map(Password::new),
-            ca_file: auth.redis_ca_file.clone(),
-            client_cert_file: auth.redis_client_cert_file.clone(),
-            client_key_file: auth.redis_client_key_file.clone(),
-            sentinel_password_file: auth.redis_sentinel_password_file.clone(),
         }
     }
 
-    fn config_error(&self, detail: impl Into<String>) -> ConnectError {
+    fn config_error(&self, detail: impl std::fmt::Display) -> ConnectError {
         ConnectError::Config {
             url: redact_url(&self.url),
-            detail: detail.into(),
+            detail: detail.to_string(),
         }
     }
 
-    /// The user this configuration authenticates as (`default` without one).
-    pub fn effective_username(&self) -> String {
-        self.username
-            .clone()
-            .or_else(|| {
-                self.url
-                    .as_str()
-                    .into_connection_info()
-                    .ok()
-                    .and_then(|i| i.redis_settings().username().map(str::to_string))
-            })
-            .unwrap_or_else(|| "default".to_string())
+    /// The first line of the password file `path`, without its line ending.
+    fn read_password_file(&self, path: &Path) -> Result<String, ConnectError> {
+        let file = path.display();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| self.config_error(format!("reading --redis-password-file {file}: {e}")))?;
+        let first = text.lines().next().filter(|line| !line.is_empty());
+        let empty = || self.config_error(format!("--redis-password-file {file} is empty"));
+        first.map(str::to_string).ok_or_else(empty)
     }
 
     /// The password from `--redis-password-file` or `REDIS_PASSWORD` (read now).
     fn password(&self) -> Result<Option<String>, ConnectError> {
-        match (&self.password_file, &self.password) {
+        match (&self.auth.redis_password_file, &self.password) {
             (Some(_), Some(_)) => {
                 Err(self
                     .config_error("both --redis-password-file and REDIS_PASSWORD are set; use one"))
             }
-            (Some(file), None) => Ok(Some(
-                read_password_file(file).map_err(|e| self.config_error(e))?,
-            )),
+            (Some(file), None) => self.read_password_file(file).map(Some),
             (None, Some(p)) => Ok(Some(p.0.clone())),
             (None, None) => Ok(None),
         }
@@ -247,7 +223,8 @@ impl RedisConfig {
     /// The CA and client certificate files read, `None` without any; `tls_url`
     /// says whether the URL asks for TLS (the files need it).
     fn tls_files(&self, tls_url: bool) -> Result<Option<redis::TlsCertificates>, ConnectError> {
-        if self.ca_file.is_none() && self.client_cert_file.is_none() {
+        let auth = &self.auth;
+        if auth.redis_ca_file.is_none() && auth.redis_client_cert_file.is_none() {
             return Ok(None);
         }
         if !tls_url {
@@ -259,12 +236,9 @@ impl RedisConfig {
             std::fs::read(path)
                 .map_err(|e| self.config_error(format!("reading {what} {}: {e}", path.display())))
         };
-        let root_cert = self
-            .ca_file
-            .as_deref()
-            .map(|p| read("CA file", p))
-            .transpose()?;
-        let client_tls = match (&self.client_cert_file, &self.client_key_file) {
+        let root_cert = auth.redis_ca_file.as_deref().map(|p| read("CA file", p));
+        let root_cert = root_cert.transpose()?;
+        let client_tls = match (&auth.redis_client_cert_file, &auth.redis_client_key_file) {
             (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
                 client_cert: read("client certificate", cert)?,
                 client_key: read("client key", key)?,
@@ -305,17 +279,16 @@ impl RedisConfig {
             &url.primary_name,
             redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(|e| self.config_error(e.to_string()))?
+        .map_err(|e| self.config_error(e))?
         .set_client_to_redis_db(url.db);
-        if let Some(user) = &self.username {
+        if let Some(user) = &self.auth.redis_username {
             builder = builder.set_client_to_redis_username(user);
         }
         if let Some(password) = self.password()? {
             builder = builder.set_client_to_redis_password(password);
         }
-        if let Some(file) = &self.sentinel_password_file {
-            let password = read_password_file(file).map_err(|e| self.config_error(e))?;
-            builder = builder.set_client_to_sentinel_password(password);
+        if let Some(file) = &self.auth.redis_sentinel_password_file {
+            builder = builder.set_client_to_sentinel_password(self.read_password_file(file)?);
         }
         if let Some(mode) = tls_mode {
             builder = builder
@@ -327,9 +300,7 @@ impl RedisConfig {
                 .set_client_to_redis_certificates(certs.clone())
                 .set_client_to_sentinel_certificates(certs);
         }
-        let client = builder
-            .build()
-            .map_err(|e| self.config_error(e.to_string()))?;
+        let client = builder.build().map_err(|e| self.config_error(e))?;
         Ok(Endpoint::Sentinel(std::sync::Arc::new(
             tokio::sync::Mutex::new(client),
         )))
@@ -345,7 +316,7 @@ impl RedisConfig {
             .into_connection_info()
             .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
         let mut settings = info.redis_settings().clone();
-        if let Some(user) = &self.username {
+        if let Some(user) = &self.auth.redis_username {
             match settings.username() {
                 Some(url_user) if url_user != user => {
                     return Err(self.config_error(format!(
@@ -366,7 +337,7 @@ impl RedisConfig {
         let tls_url = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         let info = info.set_redis_settings(settings);
         match self.tls_files(tls_url)? {
-            None => redis::Client::open(info).map_err(|e| self.config_error(e.to_string())),
+            None => redis::Client::open(info).map_err(|e| self.config_error(e)),
             Some(certs) => redis::Client::build_with_tls(info, certs)
                 .map_err(|e| self.config_error(format!("TLS files: {e}"))),
         }
@@ -382,9 +353,21 @@ impl RedisConfig {
         });
         if let Some(code) = code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM"))
         {
+            // The user this configuration authenticates as (`default` without one).
+            let url_user = self
+                .url
+                .as_str()
+                .into_connection_info()
+                .ok()
+                .and_then(|i| i.redis_settings().username().map(str::to_string));
             return ConnectError::Auth {
                 url,
-                user: self.effective_username(),
+                user: self
+                    .auth
+                    .redis_username
+                    .clone()
+                    .or(url_user)
+                    .unwrap_or_else(|| "default".into()),
                 code,
                 source: err,
             };
@@ -398,17 +381,6 @@ impl RedisConfig {
         }
         ConnectError::Unreachable { url, source: err }
     }
-}
-
-/// The first line of `path`, without its line ending.
-fn read_password_file(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("reading --redis-password-file {}: {e}", path.display()))?;
-    let first = text.lines().next().unwrap_or("");
-    if first.is_empty() {
-        return Err(format!("--redis-password-file {} is empty", path.display()));
-    }
-    Ok(first.to_string())
 }
 
 /// A reconnecting connection to the primary of `config`, checked with `PING`;
@@ -493,8 +465,8 @@ mod tests {
         let file = dir.path().join("pw");
         std::fs::write(&file, "p4ss\n").unwrap();
         let config = config("redis://127.0.0.1:1/0", |c| {
-            c.username = Some("pv-writer".into());
-            c.password_file = Some(file.clone());
+            c.auth.redis_username = Some("pv-writer".into());
+            c.auth.redis_password_file = Some(file.clone());
         });
         let client = config.client().unwrap();
         let settings = client.get_connection_info().redis_settings();
@@ -505,7 +477,9 @@ mod tests {
         let err = config.client().unwrap_err().to_string();
         assert!(err.contains("is empty"), "{err}");
         let absent = dir.path().join("absent");
-        let err = refusal("redis://127.0.0.1:1/0", |c| c.password_file = Some(absent));
+        let err = refusal("redis://127.0.0.1:1/0", |c| {
+            c.auth.redis_password_file = Some(absent)
+        });
         assert!(err.contains("reading --redis-password-file"), "{err}");
     }
 
@@ -515,14 +489,16 @@ mod tests {
         let file = dir.path().join("pw");
         std::fs::write(&file, "a").unwrap();
         refusal("redis://127.0.0.1:1/0", |c| {
-            c.password_file = Some(file.clone());
+            c.auth.redis_password_file = Some(file.clone());
             c.password = Some(Password::new("b"));
         });
         let err = refusal("redis://u:c@127.0.0.1:1/0", |c| {
-            c.password_file = Some(file)
+            c.auth.redis_password_file = Some(file)
         });
         assert!(err.contains("use one") && !err.contains(":c@"), "{err}");
-        refusal("redis://y@127.0.0.1:1/0", |c| c.username = Some("x".into()));
+        refusal("redis://y@127.0.0.1:1/0", |c| {
+            c.auth.redis_username = Some("x".into())
+        });
     }
 
     #[test]
@@ -530,11 +506,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, "not a certificate").unwrap();
-        let err = refusal("redis://127.0.0.1:1/0", |c| c.ca_file = Some(ca.clone()));
+        let err = refusal("redis://127.0.0.1:1/0", |c| {
+            c.auth.redis_ca_file = Some(ca.clone())
+        });
         assert!(err.contains("rediss://"), "{err}");
         let absent = dir.path().join("absent.pem");
-        let err = refusal("rediss://127.0.0.1:1/0", |c| c.ca_file = Some(absent));
+        let err = refusal("rediss://127.0.0.1:1/0", |c| {
+            c.auth.redis_ca_file = Some(absent)
+        });
         assert!(err.contains("CA file"), "{err}");
-        refusal("rediss://127.0.0.1:1/0", |c| c.client_cert_file = Some(ca));
+        refusal("rediss://127.0.0.1:1/0", |c| {
+            c.auth.redis_client_cert_file = Some(ca)
+        });
     }
 }

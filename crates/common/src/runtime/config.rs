@@ -657,13 +657,13 @@ mod tests {
         .unwrap();
         let redis = cli.common.redis();
         assert_eq!(redis.url, "rediss://redis:6380/0");
-        assert_eq!(redis.username.as_deref(), Some("pv-writer"));
+        assert_eq!(redis.auth.redis_username.as_deref(), Some("pv-writer"));
         assert_eq!(
-            redis.password_file.as_deref(),
+            redis.auth.redis_password_file.as_deref(),
             Some(std::path::Path::new("/etc/redis-password/pv-writer"))
         );
         assert_eq!(
-            redis.ca_file.as_deref(),
+            redis.auth.redis_ca_file.as_deref(),
             Some(std::path::Path::new("/etc/redis-tls/ca.crt"))
         );
         // A client certificate without its key is refused by the parser.

@@ -25,6 +25,8 @@ pub struct PendingEntry {
     pub state: PendingState,
     /// Failed write attempts so far.
     pub attempts: u32,
+    /// Epoch of the pv-writer term that took it (`pv-queue:owners`), if in flight.
+    pub owner_term: Option<u64>,
     /// The decoded payload, or why there is none.
     pub entry: Result<QueuedPvWrite, Unreadable>,
 }
@@ -88,12 +90,13 @@ impl PvQueue {
     /// Every pending (not dead) entry, sorted by PV name.
     pub async fn list_pending(&self) -> Result<Vec<PendingEntry>, QueueError> {
         let mut conn = self.conn.clone();
-        let (incoming, due, inflight, attempts, enqueued): PendingScan = redis::pipe()
+        let (incoming, due, inflight, attempts, enqueued, owners): PendingScan = redis::pipe()
             .lrange(self.keys.get(Key::Incoming), 0, -1)
             .zrange_withscores(self.keys.get(Key::Due), 0, -1)
             .zrange_withscores(self.keys.get(Key::InFlight), 0, -1)
             .hgetall(self.keys.get(Key::Attempts))
             .zrange_withscores(self.keys.get(Key::Enqueued), 0, -1)
+            .hgetall(self.keys.get(Key::Owners))
             .query_async(&mut conn)
             .await
             .map_err(cmd("list_pending"))?;
@@ -124,14 +127,13 @@ impl PvQueue {
                 .await
                 .map_err(cmd("list_pending"))?;
             for ((name, state), payload) in chunk.iter().zip(payloads) {
-                let entry = match payload {
-                    Some(bytes) => QueuedPvWrite::decode(&bytes).map_err(Unreadable::from),
-                    None => Err(Unreadable::Missing),
-                };
+                let entry = payload.ok_or(Unreadable::Missing);
+                let entry = entry.and_then(|bytes| Ok(QueuedPvWrite::decode(&bytes)?));
                 out.push(PendingEntry {
                     pv_name: name.clone(),
                     state: *state,
                     attempts: attempts.get(name).copied().unwrap_or(0),
+                    owner_term: owners.get(name).copied(),
                     entry,
                 });
             }
@@ -155,16 +157,6 @@ impl PvQueue {
             .collect::<Result<Vec<_>, _>>()?;
         out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
         Ok(out)
-    }
-
-    /// Owner of every in-flight entry: PV name → epoch of the pv-writer term
-    /// that took it (`pv-queue:owners`), for operators (`provisioner-ctl status`).
-    pub async fn inflight_owners(&self) -> Result<HashMap<String, u64>, QueueError> {
-        self.conn
-            .clone()
-            .hgetall(self.keys.get(Key::Owners))
-            .await
-            .map_err(cmd("inflight_owners"))
     }
 
     /// The dead letter of `pv_name`, if it is dead-lettered.
@@ -203,11 +195,12 @@ fn decode_dead(pv_name: &str, bytes: &[u8]) -> Result<DeadLetter, QueueError> {
 type StatsScan = (u64, u64, u64, u64, Vec<(String, f64)>, (u64, u64));
 
 /// `LRANGE incoming`, `ZRANGE due`, `ZRANGE inflight` (with scores),
-/// `HGETALL attempts` and `ZRANGE enqueued` (with scores).
+/// `HGETALL attempts`, `ZRANGE enqueued` (with scores) and `HGETALL owners`.
 type PendingScan = (
     Vec<String>,
     Vec<(String, f64)>,
     Vec<(String, f64)>,
     HashMap<String, u32>,
     HashMap<String, f64>,
+    HashMap<String, u64>,
 );

@@ -55,10 +55,6 @@ pub enum QueueError {
     },
 }
 
-/// Re-exported for callers that already import it from here; the one
-/// definition is [`crate::kube::time::now_ms`].
-pub use crate::kube::time::now_ms;
-
 /// An entry taken by [`PvQueue::take_due`]: the raw payload (decoded by the
 /// writer, which dead-letters it when garbled) and its failure count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,22 +264,14 @@ impl PvQueue {
 
     /// The primary's connected replicas (`ROLE`), read at most every 5 s; 0 when unknown.
     async fn connected_replicas(&self) -> u32 {
-        let fresh = |seen: &Option<(Instant, u32)>| {
-            seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5))
-                .map(|(_, n)| n)
-        };
-        if let Some(n) = fresh(&self.replicas_seen.lock().expect("not poisoned")) {
+        let seen = *self.replicas_seen.lock().expect("not poisoned");
+        if let Some((_, n)) = seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5)) {
             return n;
         }
-        let role: Result<redis::Value, _> =
+        // A primary answers `[role, offset, [replica...]]`; any other shape is 0.
+        let role: Result<(redis::Value, redis::Value, Vec<redis::Value>), _> =
             redis::cmd("ROLE").query_async(&mut self.conn.clone()).await;
-        let n = match role {
-            Ok(redis::Value::Array(parts)) => match parts.get(2) {
-                Some(redis::Value::Array(replicas)) => replicas.len() as u32,
-                _ => 0,
-            },
-            _ => 0,
-        };
+        let n = role.map_or(0, |(_, _, replicas)| replicas.len() as u32);
         *self.replicas_seen.lock().expect("not poisoned") = Some((Instant::now(), n));
         n
     }

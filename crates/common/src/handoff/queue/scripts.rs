@@ -65,11 +65,9 @@ pub(super) struct QueueScript {
 
 impl QueueScript {
     fn new(keys: &'static [Key], preludes: &[&str], body: &str) -> Self {
-        let mut code = preludes.concat();
-        code.push_str(body);
         QueueScript {
             keys,
-            script: Script::new(&code),
+            script: Script::new(&(preludes.concat() + body)),
         }
     }
 
