@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
-use backend_hostpath::{HostPath, OnDelete};
+use backend_hostpath::{base_dirs::BaseDirs, HostPath, OnDelete};
 use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
 use common::kube::time::now_ms;
@@ -136,12 +136,12 @@ impl Fixture {
         EntryChecks::new(
             vec![PROVISIONER.into()],
             Some(self.key.clone()),
-            Arc::new(HostPath {
+            Arc::new(BaseDirs(vec![HostPath {
                 base_dir: BASE_DIR.into(),
                 node_name: None,
                 on_delete: OnDelete::Retain,
                 capacity: None,
-            }),
+            }])),
         )
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api_types::queue::QueuedPvWrite;
-use backend_hostpath::{HostPath, OnDelete};
+use backend_hostpath::{base_dirs::BaseDirs, HostPath, OnDelete};
 use common::handoff::queue::{PvQueue, TakenEntry};
 use common::handoff::queue_auth::QueueKey;
 use e2e::harness::pv_writer::{create_claim, entry_for_claim, queue_key, BASE_DIR, PROVISIONER};
@@ -66,12 +66,12 @@ impl Fixture {
         let checks = EntryChecks::new(
             vec![PROVISIONER.into()],
             Some(self.key.clone()),
-            Arc::new(HostPath {
+            Arc::new(BaseDirs(vec![HostPath {
                 base_dir: BASE_DIR.into(),
                 node_name: None,
                 on_delete: OnDelete::Retain,
                 capacity: None,
-            }),
+            }])),
         );
         Writer::new(
             self.queue.clone(),

@@ -553,12 +553,14 @@ async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
         .unwrap();
     let base = dir.path().join("volumes");
     std::fs::create_dir_all(base.join("pvc-orphan")).unwrap();
-    let backend = std::sync::Arc::new(backend_hostpath::HostPath {
-        base_dir: base,
-        node_name: None,
-        on_delete: backend_hostpath::OnDelete::Retain,
-        capacity: None,
-    });
+    let backend = std::sync::Arc::new(backend_hostpath::base_dirs::BaseDirs(vec![
+        backend_hostpath::HostPath {
+            base_dir: base,
+            node_name: None,
+            on_delete: backend_hostpath::OnDelete::Retain,
+            capacity: None,
+        },
+    ]));
     let registry = prometheus::Registry::new();
     let job = reclaim_svc::sweep::SweepJob {
         redis: redis.config_as(Some("reclaim-svc")),

@@ -4,7 +4,6 @@
 //! deletion needs nothing but the PV.
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -16,7 +15,8 @@ use provisioner_api::{
     VolumeError,
 };
 
-use crate::HostPath;
+use crate::{delete, provision, HostPath};
+use backend_kit::{blocking, blocking_with, capacity};
 
 /// StorageClass parameter: which `--base-dir` new volumes of the class go to (exactly as given
 /// to the flag; default: the first).
@@ -51,25 +51,6 @@ impl BaseDirs {
             .find(|b| Some(b.base_dir.as_path()) == parent)
             .unwrap_or(&self.0[0])
     }
-
-    /// Every base directory's answer to `ask`, joined: the first error, or `None`
-    /// when a directory has no answer.
-    async fn all_of<'a, T, F>(
-        &'a self,
-        ask: impl Fn(&'a HostPath) -> F,
-    ) -> Option<Result<Vec<T>, VolumeError>>
-    where
-        F: Future<Output = Option<Result<Vec<T>, VolumeError>>>,
-    {
-        let mut all = Vec::new();
-        for dir in &self.0 {
-            match ask(dir).await? {
-                Ok(items) => all.extend(items),
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        Some(Ok(all))
-    }
 }
 
 #[async_trait]
@@ -78,27 +59,34 @@ impl Provisioner for BaseDirs {
         &self,
         options: &ProvisionOptions,
     ) -> Result<PersistentVolume, ProvisionError> {
-        self.for_class(&options.storage_class)
-            .provision(options)
-            .await
+        let dir = self.for_class(&options.storage_class);
+        blocking_with("hostpath provision", dir, options, provision::provision).await
     }
 
     async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        self.for_volume(volume).delete(volume).await
+        let dir = self.for_volume(volume);
+        blocking_with("hostpath delete", dir, volume, delete::delete).await
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        self.for_class(&options.storage_class)
-            .delete_unprovisioned(options)
-            .await
+        let (dir, task) = (
+            self.for_class(&options.storage_class),
+            delete::delete_unprovisioned,
+        );
+        blocking_with("hostpath delete", dir, options, task).await
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        self.for_volume(pv).validate_volume(pv)
+        Ok(provision::validate_volume(self.for_volume(pv), pv)?)
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
-        self.all_of(|dir| dir.list_volumes()).await
+        let dirs = self.0.clone();
+        let list = move || -> Result<Vec<String>, VolumeError> {
+            let lists = dirs.iter().map(delete::list_volumes);
+            Ok(lists.collect::<Result<Vec<_>, _>>()?.concat())
+        };
+        Some(blocking("hostpath listing", list).await)
     }
 
     async fn volumes_in_use(
@@ -107,17 +95,26 @@ impl Provisioner for BaseDirs {
     ) -> Result<HashSet<String>, VolumeError> {
         let mut used = HashSet::new();
         for dir in &self.0 {
-            used.extend(dir.volumes_in_use(pvs).await?);
+            used.extend(delete::volumes_in_use(dir, pvs).await?);
         }
         Ok(used)
     }
 
     async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
-        self.for_volume(volume).expand(volume, bytes).await
+        provision::expand(self.for_volume(volume), volume, bytes).await
     }
 
+    /// Each base directory's pool; `None` when a directory has no `--capacity`.
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
-        self.all_of(|dir| dir.capacity()).await
+        let mut pools = Vec::new();
+        for dir in &self.0 {
+            let name = dir.base_dir.display().to_string();
+            match capacity::pool(dir.base_dir.clone(), name, dir.capacity?).await {
+                Ok(pool) => pools.extend(pool),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        Some(Ok(pools))
     }
 
     async fn archive_orphan(
@@ -125,8 +122,11 @@ impl Provisioner for BaseDirs {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
+        let archive =
+            move |dir: &HostPath, name: &String| delete::archive_orphan(dir, name, min_age);
         for dir in &self.0 {
-            match dir.archive_orphan(pv_name, min_age).await? {
+            let name = pv_name.to_string();
+            match blocking_with("hostpath orphan archive", dir, &name, archive).await {
                 Ok(OrphanOutcome::Absent) => continue,
                 other => return Some(other),
             }

@@ -9,16 +9,9 @@ pub mod delete;
 pub mod provision;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use backend_kit::{blocking, blocking_with};
 use clap::Args;
-use k8s_openapi::api::core::v1::PersistentVolume;
-use provisioner_api::{
-    DeleteError, OrphanOutcome, PoolCapacity, ProvisionError, ProvisionOptions, Provisioner,
-    VolumeError,
-};
+use provisioner_api::Provisioner;
 
 pub use backend_kit::OnDelete;
 
@@ -70,7 +63,7 @@ pub struct HostPath {
 
 impl HostPath {
     /// The backend from its flags: one [`HostPath`] per `--base-dir`, routed by
-    /// [`base_dirs::BaseDirs`] when there are several.
+    /// [`base_dirs::BaseDirs`].
     pub fn from_args(args: &HostPathArgs) -> std::sync::Arc<dyn Provisioner> {
         let dirs: Vec<HostPath> = args
             .base_dirs
@@ -82,72 +75,15 @@ impl HostPath {
                 capacity: args.capacity,
             })
             .collect();
-        match <[HostPath; 1]>::try_from(dirs) {
-            Ok([one]) => std::sync::Arc::new(one),
-            Err(dirs) => std::sync::Arc::new(base_dirs::BaseDirs(dirs)),
-        }
-    }
-}
-
-#[async_trait]
-impl Provisioner for HostPath {
-    async fn provision(
-        &self,
-        options: &ProvisionOptions,
-    ) -> Result<PersistentVolume, ProvisionError> {
-        blocking_with("hostpath provision", self, options, provision::provision).await
-    }
-
-    async fn delete(&self, volume: &PersistentVolume) -> Result<(), DeleteError> {
-        blocking_with("hostpath delete", self, volume, delete::delete).await
-    }
-
-    async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        let task = delete::delete_unprovisioned;
-        blocking_with("hostpath delete", self, options, task).await
-    }
-
-    async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
-        let backend = self.clone();
-        Some(blocking("hostpath listing", move || delete::list_volumes(&backend)).await)
-    }
-
-    async fn volumes_in_use(
-        &self,
-        pvs: &[PersistentVolume],
-    ) -> Result<std::collections::HashSet<String>, VolumeError> {
-        delete::volumes_in_use(self, pvs).await
-    }
-
-    async fn archive_orphan(
-        &self,
-        pv_name: &str,
-        min_age: Duration,
-    ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        let archive =
-            move |backend: &Self, name: &String| delete::archive_orphan(backend, name, min_age);
-        let name = pv_name.to_string();
-        Some(blocking_with("hostpath orphan archive", self, &name, archive).await)
-    }
-
-    fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        Ok(provision::validate_volume(self, pv)?)
-    }
-
-    async fn expand(&self, volume: &PersistentVolume, bytes: u64) -> Result<(), VolumeError> {
-        provision::expand(self, volume, bytes).await
-    }
-
-    async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {
-        let capacity = self.capacity?;
-        let pool = self.base_dir.display().to_string();
-        Some(backend_kit::capacity::pool(self.base_dir.clone(), pool, capacity).await)
+        std::sync::Arc::new(base_dirs::BaseDirs(dirs))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use provisioner_api::OrphanOutcome;
+    use std::time::Duration;
 
     /// The trait's archive capability addresses `<base-dir>/<pv name>` and
     /// honours the minimum age (reclaim-svc's orphan sweep relies on both).
@@ -157,12 +93,12 @@ mod tests {
         let base = tmp.path().canonicalize().unwrap();
         std::fs::create_dir(base.join("pvc-a")).unwrap();
         std::fs::write(base.join("pvc-a/f"), b"data").unwrap();
-        let hp: &dyn Provisioner = &HostPath {
+        let hp: &dyn Provisioner = &base_dirs::BaseDirs(vec![HostPath {
             base_dir: base.clone(),
             node_name: None,
             on_delete: OnDelete::Delete,
             capacity: None,
-        };
+        }]);
         match hp.archive_orphan("pvc-a", Duration::from_secs(3600)).await {
             Some(Ok(OrphanOutcome::TooYoung(_))) => {}
             other => panic!("expected TooYoung, got {other:?}"),

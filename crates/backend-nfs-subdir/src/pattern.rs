@@ -89,10 +89,8 @@ pub fn volume_path(
     claim: &ObjectMeta,
     pv_name: &str,
 ) -> Result<RelPath, Refusal> {
-    let rendered = match pattern {
-        Some(p) => render(p, claim, pv_name)?,
-        None => String::new(),
-    };
+    let rendered = pattern.map(|p| render(p, claim, pv_name)).transpose()?;
+    let rendered = rendered.unwrap_or_default();
     if rendered.split('/').all(|c| c.is_empty() || c == ".") {
         let namespace = claim.namespace.as_deref().unwrap_or_default();
         let name = claim.name.as_deref().unwrap_or_default();

@@ -126,18 +126,18 @@ pub(crate) fn describe(r: &ObjectReference) -> String {
 mod tests {
     use super::*;
     use api_types::queue::{ClaimKey, SCHEMA_VERSION};
-    use backend_hostpath::{HostPath, OnDelete};
+    use backend_hostpath::{base_dirs::BaseDirs, HostPath, OnDelete};
     use serde_json::json;
 
     const P: &str = "example.com/hostpath";
 
     fn backend() -> Arc<dyn Provisioner> {
-        Arc::new(HostPath {
+        Arc::new(BaseDirs(vec![HostPath {
             base_dir: "/var/lib/hp".into(),
             node_name: None,
             on_delete: OnDelete::Retain,
             capacity: None,
-        })
+        }]))
     }
 
     fn key() -> QueueKey {
