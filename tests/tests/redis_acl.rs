@@ -565,7 +565,7 @@ async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
             min_age: Duration::from_secs(3600),
             shutdown: tokio_util::sync::CancellationToken::new(),
         },
-        metrics: reclaim_svc::sweep::SweepMetrics::register(&registry),
+        metrics: reclaim_svc::metrics::SweepMetrics::register(&registry),
         reporter: "reclaim-svc-test".into(),
     };
     reclaim_svc::sweep::run_once(job, |_| false).await;

@@ -52,9 +52,8 @@ fn delete_dir(backend: &HostPath, name: &str) -> Result<(), DeleteError> {
     act(&root, &dir, name, backend.on_delete == OnDelete::Archive)
 }
 
-/// `delete_unprovisioned`: `--on-delete` applied to `<base-dir>/<options.pv_name>` with the
-/// checks of [`delete`]; never creates.
-/// Errors: [`DeleteError::Refused`] when the claim's selected node is not
+/// `--on-delete` applied to `<base-dir>/<options.pv_name>` with the checks of [`delete`];
+/// never creates. Errors: [`DeleteError::Refused`] when the claim's selected node is not
 /// `--node-name`, else as [`delete`].
 pub fn delete_unprovisioned(
     backend: &HostPath,

@@ -157,10 +157,9 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
     Ok(())
 }
 
-/// Create `<base-dir>/<name>` (reused when a real directory) relative to a handle on the base
-/// directory, which is created by path if missing: its room in `--capacity` reserved first
-/// (else a failure in state `full`), then its size limit (`quota`, `bytes`) and `attrs`.
-/// What this call made (directory, room) is undone when a later step fails.
+/// Create `<base-dir>/<name>` (reused when a real directory) under a handle on the base dir:
+/// room in `--capacity` first (else a failure in state `full`), then the size limit and
+/// `attrs`; what this call made is undone when a later step fails.
 fn create_volume_dir(
     backend: &HostPath,
     name: &str,

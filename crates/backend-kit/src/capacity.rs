@@ -17,10 +17,9 @@ pub const SIZES_DIR: &str = "sizes";
 /// Held while a reservation checks and records, so two claims never both take the last space.
 static RESERVING: Mutex<()> = Mutex::new(());
 
-/// Record `bytes` for `pv_name` below `root` unless that would take the recorded total over
-/// `capacity` (bytes); `true` when this call wrote the record. Idempotent: a PV already
-/// recorded keeps its record (`false`). Errors: the capacity would be exceeded (the message
-/// gives the figures), or the records are unusable.
+/// Record `bytes` for `pv_name` below `root` unless the total would exceed `capacity` (bytes);
+/// `true` when this call wrote it (an existing record is kept: `false`). Errors: the capacity
+/// would be exceeded (with the figures), or the records are unusable.
 pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<bool, Refusal> {
     let _guard = RESERVING.lock().unwrap_or_else(|e| e.into_inner());
     let sizes = records(root, pv_name)?;

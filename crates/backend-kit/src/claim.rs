@@ -8,11 +8,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provisioner_api::{ProvisionError, ProvisionOptions};
 
-/// The PV named `options.pv_name` for the claim, checked for a filesystem backend named
-/// `backend`: its request as capacity, access modes and volume mode, the class's reclaim
-/// policy and mount options; the backend adds its volume source. Errors (final): `Block`
-/// mode, no storage request, no access modes, or a `volumeAttributesClassName` (only CSI
-/// drivers apply one).
+/// The claim's PV (`options.pv_name`; capacity, access modes, reclaim policy, mount options)
+/// for filesystem backend `backend`, which adds its volume source. Errors (final): `Block`,
+/// no storage request or access modes, a `volumeAttributesClassName` (CSI drivers only).
 pub fn filesystem_pv(
     options: &ProvisionOptions,
     backend: &str,

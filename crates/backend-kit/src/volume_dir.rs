@@ -76,7 +76,7 @@ pub fn archive(
         }
     }
     Err(refused(format!(
-        "cannot archive {shown}: {} already exists (or is too long); not overwriting it",
-        targets.join(" and ")
+        "cannot archive {shown}: {} (each already exists or is too long); not overwriting it",
+        targets.join(", ")
     )))
 }

@@ -68,7 +68,7 @@ pub fn class_policy(class: &StorageClass) -> Result<OnDelete, Refusal> {
 /// Upstream's delete policy from class `params`: `onDelete` `delete`/`retain` wins (another
 /// value is ignored), else `archiveOnDelete` (`false` deletes), else archive.
 /// Errors: the value of a non-boolean `archiveOnDelete`.
-pub fn parameters_policy(params: Option<&BTreeMap<String, String>>) -> Result<OnDelete, String> {
+pub fn parameters_policy(params: Option<&BTreeMap<String, String>>) -> Result<OnDelete, &str> {
     let get = |key| params.and_then(|p| p.get(key)).map(String::as_str);
     // `archiveOnDelete` is read as Go's `strconv.ParseBool` reads it, as upstream does.
     match (get(PARAM_ON_DELETE), get(PARAM_ARCHIVE_ON_DELETE)) {
@@ -76,7 +76,7 @@ pub fn parameters_policy(params: Option<&BTreeMap<String, String>>) -> Result<On
         (Some("retain"), _) => Ok(OnDelete::Retain),
         (_, None | Some("1" | "t" | "T" | "TRUE" | "true" | "True")) => Ok(OnDelete::Archive),
         (_, Some("0" | "f" | "F" | "FALSE" | "false" | "False")) => Ok(OnDelete::Delete),
-        (_, Some(v)) => Err(v.to_string()),
+        (_, Some(v)) => Err(v),
     }
 }
 

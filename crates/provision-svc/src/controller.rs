@@ -329,10 +329,9 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
-/// From the claims' first list until `ctx.shutdown`: `ctx.readiness` from Redis
-/// (`HLEN` of the `intents`) every [`REDIS_PROBE_INTERVAL`], the intent gauges every
-/// [`INTENT_GAUGES_INTERVAL`], every claim reconciled again (`rescan`) when Redis lost its
-/// data (its data marker), an intent `walk` when it answers again.
+/// From the claims' first list (`listed`) until shutdown: readiness from Redis (`HLEN`) each
+/// [`REDIS_PROBE_INTERVAL`], intent gauges each [`INTENT_GAUGES_INTERVAL`], a `rescan` of
+/// every claim when Redis lost its data (data marker), an intent `walk` when it answers again.
 async fn probe_redis(
     op: Arc<Operation>,
     intents: IntentStore,

@@ -12,9 +12,8 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 /// All metrics of provision-svc.
 #[derive(Clone)]
 pub struct ServiceMetrics {
-    /// provision-svc's stage of provisioning, label `class` (the claim's `spec.storageClassName`,
-    /// `""` when unset): `provision_svc_volumes_provisioned_total` (PV queued),
-    /// `provision_svc_provision_failed_total` (each retry counts),
+    /// Label `class` (`""` when unset): `provision_svc_volumes_provisioned_total` (PV queued),
+    /// `provision_svc_provision_failed_total` (each retry counts) and
     /// `provision_svc_provision_duration_seconds` (successful attempt's start to PV queued).
     pub provision: SeedMetrics,
     /// client-go's `workqueue_*` families of the claim queue (`name="claims"`).

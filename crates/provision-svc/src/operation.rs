@@ -320,10 +320,9 @@ impl Operation {
         Err(self.error_handling(state, err, claim).await)
     }
 
-    /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` Warning saying `err`,
-    /// then seed `rescheduleProvisioning` (state `Reschedule` on a claim with a selected
-    /// node: the annotation is removed), or the failed attempt in `state` (`Reschedule`
-    /// without a selected node becomes `Finished`).
+    /// Seed `provisionVolumeErrorHandling`: a `ProvisioningFailed` Warning saying `err`, then
+    /// `rescheduleProvisioning` (`Reschedule` with a selected node: the annotation is removed),
+    /// or the failed attempt in `state` (`Reschedule` without one becomes `Finished`).
     async fn error_handling(
         &self,
         state: ProvisioningState,
@@ -441,7 +440,10 @@ impl Operation {
         let pools = match self.ports.backend.capacity().await {
             None => return,
             Some(Ok(pools)) => pools,
-            Some(Err(e)) => return tracing::warn!(error = %e, "cannot read the backend's capacity"),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the backend's capacity");
+                return;
+            }
         };
         for p in pools {
             let gauge = |g: &prometheus::IntGaugeVec, v: u64| {

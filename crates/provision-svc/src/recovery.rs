@@ -52,11 +52,9 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
     Ok(gone)
 }
 
-/// Clean up after the claim `uid`, holding its lock: nothing if it is cached
-/// again; without an intent, [`cleanup_unwritten_volume`]; with one,
-/// [`cleanup_gone_claim`] under `policy` until done or poisoned (reported once, see
-/// module docs), or `shutdown`: each attempt holds a permit of `limit`, released while
-/// it waits out its backoff, so failing claims never hold up the others.
+/// Clean up after the claim `uid` under its lock (nothing if cached again): without an intent
+/// [`cleanup_unwritten_volume`], else [`cleanup_gone_claim`] retried under `policy` until done,
+/// poisoned or `shutdown`, each attempt holding a permit of `limit` (not while backing off).
 pub async fn claim_gone(
     op: &Operation,
     uid: &str,
@@ -78,7 +76,8 @@ pub async fn claim_gone(
         Ok(Some(entry)) => entry,
         Ok(None) => return cleanup_unwritten_volume(op, uid).await,
         Err(e) => {
-            return tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent")
+            tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent");
+            return;
         }
     };
     // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
@@ -125,17 +124,33 @@ pub enum CleanupOutcome {
     Poisoned(String),
 }
 
+/// An intent without a StorageClass whose class of that name is gone too.
+#[derive(Debug, thiserror::Error)]
+#[error("the intent (version {version}) records no StorageClass and StorageClass {class:?} no longer exists; cannot tell the backend how the volume was made")]
+struct NoClassRecorded {
+    version: u32,
+    class: String,
+}
+
 /// The options `provision` was called with, from the intent: its StorageClass
 /// (v1 records: the cached one of that name), claim snapshot (or identity) and
 /// selected node. Errors: no StorageClass is recorded nor cached.
-fn options_from_intent(op: &Operation, entry: &IntentEntry) -> Result<ProvisionOptions, String> {
+fn options_from_intent(
+    op: &Operation,
+    entry: &IntentEntry,
+) -> Result<ProvisionOptions, NoClassRecorded> {
     let intent = &entry.intent;
     let (version, class) = (intent.version, &intent.class);
     let storage_class = match &intent.storage_class {
         Some(c) => c.clone(),
         None => match op.caches.classes.get(&ObjectRef::new(class)) {
             Some(c) => c.as_ref().clone(),
-            None => return Err(format!("the intent (version {version}) records no StorageClass and StorageClass {class:?} no longer exists; cannot tell the backend how the volume was made")),
+            None => {
+                return Err(NoClassRecorded {
+                    version,
+                    class: class.clone(),
+                })
+            }
         },
     };
     let pvc = match &entry.claim {
@@ -181,7 +196,8 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
         Ok(Some(entry)) => entry,
         Ok(None) => return,
         Err(e) => {
-            return tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write")
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write");
+            return;
         }
     };
     let key = &entry.claim;
@@ -190,18 +206,21 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
         Ok(false) => {}
         Ok(true) => return,
         Err(e) => {
-            return tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot confirm a deleted claim is gone")
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot confirm a deleted claim is gone");
+            return;
         }
     }
     match cluster.pv_exists(&pv_name).await {
         Ok(false) => {}
         Ok(true) => return,
         Err(e) => {
-            return tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a deleted claim's PV exists")
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a deleted claim's PV exists");
+            return;
         }
     }
     let Some(class) = op.caches.classes.get(&ObjectRef::new(&entry.class)) else {
-        return tracing::warn!(pv = %pv_name, class = %entry.class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
+        tracing::warn!(pv = %pv_name, class = %entry.class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
+        return;
     };
     let options = ProvisionOptions {
         storage_class: class.as_ref().clone(),
@@ -232,7 +251,7 @@ pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupO
         Ok(false) => {
             let options = match options_from_intent(op, entry) {
                 Ok(o) => o,
-                Err(e) => return CleanupOutcome::Poisoned(e),
+                Err(e) => return CleanupOutcome::Poisoned(e.to_string()),
             };
             match op.ports.backend.delete_unprovisioned(&options).await {
                 Ok(()) => {

@@ -97,13 +97,16 @@ impl Writer {
                     self.api_is_up().await
                 }
                 // Down: logged when it goes down.
-                Ok(Err(err)) if !self.api_down.swap(true, Ordering::SeqCst) => {
-                    tracing::warn!(error = %err, "API server unavailable; PV writes wait for it")
+                Ok(Err(err)) => {
+                    if !self.api_down.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(error = %err, "API server unavailable; PV writes wait for it");
+                    }
                 }
-                Err(_) if !self.api_down.swap(true, Ordering::SeqCst) => {
-                    tracing::warn!(?timeout, "API server not answering; PV writes wait for it")
+                Err(_) => {
+                    if !self.api_down.swap(true, Ordering::SeqCst) {
+                        tracing::warn!(?timeout, "API server not answering; PV writes wait for it");
+                    }
                 }
-                _ => {}
             }
         }
     }
@@ -184,10 +187,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Begin a term, or go on with the one set by [`set_term`](Self::set_term),
-    /// and take over what earlier terms left in flight (they belong to a
-    /// previous leader that is gone or fenced); retried while Redis is
-    /// unreachable (not ready until done). False if shutdown came first.
+    /// Begin a term (or go on with [`set_term`](Self::set_term)'s) and take over what earlier,
+    /// gone or fenced terms left in flight; retried while Redis is unreachable (not ready
+    /// until done). False if shutdown came first.
     async fn begin(&self, shutdown: &CancellationToken) -> bool {
         let readiness = self.readiness.get().expect("run sets readiness");
         let started = || async {
@@ -218,10 +220,9 @@ impl Writer {
         true
     }
 
-    /// Up to `limit` due entries of this term, first requeueing entries no
-    /// worker `held` when `orphan_check_at` is due. Empty when Redis refused
-    /// this term ([`fenced`](Self::fenced)), after a pause while Redis is
-    /// unreachable (`redis_down`, not ready), or after waiting for work.
+    /// Up to `limit` due entries, first requeueing those no worker `held` when `orphan_check_at`
+    /// is due. Empty when Redis refused this term ([`fenced`](Self::fenced)), after a pause
+    /// while it is unreachable (`redis_down`, not ready), or after waiting for work.
     async fn take(
         &self,
         limit: usize,

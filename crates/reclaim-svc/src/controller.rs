@@ -26,8 +26,9 @@ use kube::{Resource, ResourceExt};
 use provisioner_api::Provisioner;
 
 use crate::config::ReclaimArgs;
+use crate::metrics::SweepMetrics;
 use crate::operation::{Reclaimer, SyncError};
-use crate::sweep::{self, SweepMetrics};
+use crate::sweep;
 
 /// A PV as the PV cache holds it: identity typed, the rest as compact JSON
 /// decoded by [`reconcile`] for each sync ([`Compact`]).

@@ -38,8 +38,6 @@ where
         let Some(desired) = compute(&current) else {
             return Ok(Some(current));
         };
-        // Without a resourceVersion the patch could not detect concurrent
-        // changes: read a proper copy first.
         if let Some(rv) = current.metadata.resource_version.as_deref() {
             let patch = Patch::Merge(finalizers_patch(&desired, rv));
             match api.patch(&name, &PatchParams::default(), &patch).await {
@@ -57,6 +55,8 @@ where
                 Err(err) => return Err(err),
             }
         }
+        // After a conflict, or without a resourceVersion (the patch could not detect
+        // concurrent changes): read a fresh copy.
         let Some(fresh) = api.get_opt(&name).await? else {
             return Ok(None);
         };

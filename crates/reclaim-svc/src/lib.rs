@@ -6,6 +6,7 @@ pub mod config;
 pub mod controller;
 pub mod decision;
 pub mod finalizer;
+pub mod metrics;
 pub mod operation;
 pub mod sweep;
 
@@ -19,7 +20,7 @@ use provisioner_api::Provisioner;
 
 pub use crate::config::Cli;
 use crate::controller::TermDeps;
-use crate::sweep::SweepMetrics;
+use crate::metrics::SweepMetrics;
 
 /// reclaim-svc as the runtime knows it: name, Lease suffix, HTTP port.
 pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103).with_about(

@@ -15,39 +15,12 @@ use anyhow::Context as _;
 use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
-use common::runtime::metrics;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams};
-use prometheus::{IntGauge, Registry};
 use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
 
-/// Gauges of the last sweep.
-#[derive(Clone)]
-pub struct SweepMetrics {
-    /// `reclaim_orphan_volumes`: orphans the last sweep found.
-    pub found: IntGauge,
-    /// `reclaim_orphan_volumes_archived`: orphans the last sweep archived.
-    pub archived: IntGauge,
-}
-
-impl SweepMetrics {
-    /// Create and register both gauges.
-    pub fn register(registry: &Registry) -> Self {
-        Self {
-            found: metrics::gauge(
-                registry,
-                "reclaim_orphan_volumes",
-                "Backend volumes found by the last orphan sweep with no PV, no pending PV write and no provisioning intent.",
-            ),
-            archived: metrics::gauge(
-                registry,
-                "reclaim_orphan_volumes_archived",
-                "Orphaned backend volumes older than --sweep-min-age archived (renamed archived-<name>, never removed) by the last orphan sweep (only with --sweep-orphans).",
-            ),
-        }
-    }
-}
+use crate::metrics::SweepMetrics;
 
 /// Where a volume may be accounted for.
 #[async_trait::async_trait]
@@ -231,7 +204,7 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
             .context("report")
     };
     if let Err(error) = result.await {
-        tracing::warn!(error = format!("{error:#}"), "orphan sweep abandoned");
+        tracing::warn!(error = %format_args!("{error:#}"), "orphan sweep abandoned");
     }
 }
 
@@ -312,7 +285,7 @@ mod tests {
         archive: bool,
         shutdown: &CancellationToken,
     ) -> (anyhow::Result<Vec<String>>, SweepMetrics) {
-        let m = SweepMetrics::register(&Registry::new());
+        let m = SweepMetrics::register(&prometheus::Registry::new());
         let min_age = Duration::from_secs(3600);
         let action = SweepAction {
             archive,

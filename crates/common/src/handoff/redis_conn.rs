@@ -202,9 +202,13 @@ impl Failover {
         let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.sentinels.primary()).await {
             Ok(Ok(client)) => client,
             Ok(Err(err)) => {
-                return tracing::warn!(error = %err, "no Sentinel names a primary that answers")
+                tracing::warn!(error = %err, "no Sentinel names a primary that answers");
+                return;
             }
-            Err(_) => return tracing::warn!("Sentinels did not name a primary within 2 s"),
+            Err(_) => {
+                tracing::warn!("Sentinels did not name a primary within 2 s");
+                return;
+            }
         };
         let addr = client.get_connection_info().addr().to_string();
         let old = self.primary.lock().expect("not poisoned").0.clone();
