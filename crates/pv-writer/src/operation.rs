@@ -61,20 +61,17 @@ pub enum WriterError {
     Superseded(u64),
 }
 
-/// An API call that timed out or failed (transient): "`what` timed out …" or "`what`: …".
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Unanswered(pub String);
-
-/// `call` within `timeout`.
+/// `call` within `timeout`; Err: [`WriteResult::Transient`], "`what` timed out …" or "`what`: …".
 async fn within<T>(
     timeout: Duration,
     what: &str,
     call: impl Future<Output = kube::Result<T>>,
-) -> Result<T, Unanswered> {
+) -> Result<T, WriteResult> {
     match tokio::time::timeout(timeout, call).await {
-        Err(_) => Err(Unanswered(format!("{what} timed out after {timeout:?}"))),
-        Ok(answer) => answer.map_err(|err| Unanswered(format!("{what}: {err}"))),
+        Err(_) => Err(WriteResult::Transient(format!(
+            "{what} timed out after {timeout:?}"
+        ))),
+        Ok(answer) => answer.map_err(|err| WriteResult::Transient(format!("{what}: {err}"))),
     }
 }
 
@@ -98,7 +95,7 @@ pub async fn write_pv(
     }
     match within(timeout, "reading existing PV", api.get(name)).await {
         Ok(existing) => already_exists(entry, &existing),
-        Err(Unanswered(reason)) => WriteResult::Transient(reason),
+        Err(transient) => transient,
     }
 }
 
@@ -267,7 +264,7 @@ impl Writer {
                     claim.uid
                 ))
             }
-            Err(Unanswered(reason)) => WriteResult::Transient(reason),
+            Err(transient) => transient,
             Ok(Some(_)) => write_pv(&self.api, entry, timeout).await,
         };
         self.metrics
