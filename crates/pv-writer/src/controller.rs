@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::handoff::queue::{PvQueue, QueueError, TakenEntry};
+use common::kube::retry::Backoff;
 use common::runtime::frame::ServiceContext;
 use common::runtime::health;
 use common::runtime::http::Readiness;
@@ -59,7 +60,7 @@ pub async fn run_term(
     let mut watchdog = JoinSet::new();
     watchdog.spawn(health::beat_while_progressing(
         ctx.heartbeat,
-        health::beat_period(stall_timeout.min(Duration::from_secs(3600))),
+        health::beat_period(stall_timeout),
         stall_timeout,
         move || {
             if ready.is_ready() {
@@ -119,7 +120,7 @@ impl Writer {
         readiness: Readiness,
     ) -> Result<(), WriterError> {
         let _ = self.readiness.set(readiness.clone());
-        if !self.begin(&shutdown).await {
+        if !self.begin(&shutdown, &readiness).await {
             return Ok(());
         }
         // Every task below is owned by a JoinSet held by this future: when the
@@ -166,6 +167,7 @@ impl Writer {
                 &mut redis_down,
                 &mut orphan_check_at,
                 &shutdown,
+                &readiness,
             );
             for taken in batch.await {
                 let (writer, shutdown) = (self.clone(), shutdown.clone());
@@ -190,8 +192,7 @@ impl Writer {
     /// Begin a term (or go on with [`set_term`](Self::set_term)'s) and take over what earlier,
     /// gone or fenced terms left in flight; retried while Redis is unreachable (not ready
     /// until done). False if shutdown came first.
-    async fn begin(&self, shutdown: &CancellationToken) -> bool {
-        let readiness = self.readiness.get().expect("run sets readiness");
+    async fn begin(&self, shutdown: &CancellationToken, readiness: &Readiness) -> bool {
         let started = || async {
             let epoch = match self.term() {
                 0 => self.queue.begin_term().await?,
@@ -201,8 +202,7 @@ impl Writer {
             let recovered = self.queue.recover_inflight(epoch).await?;
             Ok::<_, QueueError>((epoch, recovered))
         };
-        let Some((epoch, n)) = self
-            .redis_retry()
+        let Some((epoch, n)) = Backoff::constant(self.config.redis_reconnect)
             .retry(shutdown, started, |err, _, _| {
                 readiness.set_ready(false);
                 tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
@@ -230,9 +230,9 @@ impl Writer {
         redis_down: &mut bool,
         orphan_check_at: &mut Instant,
         shutdown: &CancellationToken,
+        readiness: &Readiness,
     ) -> Vec<TakenEntry> {
         let epoch = self.term();
-        let readiness = self.readiness.get().expect("run sets readiness");
         let taken = async {
             if Instant::now() >= *orphan_check_at {
                 let held: Vec<String> = held.values().cloned().collect();

@@ -67,12 +67,11 @@ async fn within<T>(
     what: &str,
     call: impl Future<Output = kube::Result<T>>,
 ) -> Result<T, WriteResult> {
-    match tokio::time::timeout(timeout, call).await {
-        Err(_) => Err(WriteResult::Transient(format!(
-            "{what} timed out after {timeout:?}"
-        ))),
-        Ok(answer) => answer.map_err(|err| WriteResult::Transient(format!("{what}: {err}"))),
-    }
+    let answer = tokio::time::timeout(timeout, call).await;
+    let timed_out = |_| WriteResult::Transient(format!("{what} timed out after {timeout:?}"));
+    answer
+        .map_err(timed_out)?
+        .map_err(|err| WriteResult::Transient(format!("{what}: {err}")))
 }
 
 /// Create `entry`'s PV through `api` within `timeout` and classify the answer.
@@ -81,21 +80,16 @@ pub async fn write_pv(
     entry: &QueuedPvWrite,
     timeout: Duration,
 ) -> WriteResult {
-    let (name, params) = (entry.pv_name(), PostParams::default());
-    let status = match tokio::time::timeout(timeout, api.create(&params, &entry.pv)).await {
-        Err(_) => {
-            return WriteResult::Transient(format!("creating PV timed out after {timeout:?}"))
+    let name = entry.pv_name();
+    match tokio::time::timeout(timeout, api.create(&PostParams::default(), &entry.pv)).await {
+        Err(_) => WriteResult::Transient(format!("creating PV timed out after {timeout:?}")),
+        Ok(Ok(_)) => WriteResult::Stored(outcome::CREATED),
+        Ok(Err(kube::Error::Api(s))) if s.is_already_exists() => {
+            let existing = within(timeout, "reading existing PV", api.get(name)).await;
+            existing.map_or_else(|transient| transient, |pv| already_exists(entry, &pv))
         }
-        Ok(Ok(_)) => return WriteResult::Stored(outcome::CREATED),
-        Ok(Err(kube::Error::Api(status))) => status,
-        Ok(Err(other)) => return WriteResult::Transient(format!("creating PV: {other}")),
-    };
-    if !(status.is_already_exists() || (status.code == 409 && status.reason == "AlreadyExists")) {
-        return refused_create(name, status.code, &status.reason, &status.message);
-    }
-    match within(timeout, "reading existing PV", api.get(name)).await {
-        Ok(existing) => already_exists(entry, &existing),
-        Err(transient) => transient,
+        Ok(Err(kube::Error::Api(s))) => refused_create(name, s.code, &s.reason, &s.message),
+        Ok(Err(other)) => WriteResult::Transient(format!("creating PV: {other}")),
     }
 }
 
@@ -109,8 +103,6 @@ pub struct Writer {
     /// Set once Redis refused an operation of this term: a newer leader runs.
     pub(crate) superseded: AtomicBool,
     pub(crate) api: Api<PersistentVolume>,
-    /// For the live claim lookup before each create.
-    client: Client,
     events: EventSink,
     pub(crate) metrics: WriterMetrics,
     pub(crate) config: WriterConfig,
@@ -145,7 +137,6 @@ impl Writer {
             epoch: AtomicU64::new(0),
             superseded: AtomicBool::new(false),
             api: Api::all(client.clone()),
-            client: client.clone(),
             events: EventSink::new(client, "pv-writer", identity),
             metrics,
             config,
@@ -245,8 +236,8 @@ impl Writer {
             return Verdict::Leave;
         }
         let (claim, timeout) = (&entry.claim, self.config.write_timeout);
-        let claims: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &claim.namespace);
+        let claims =
+            Api::<PersistentVolumeClaim>::namespaced(self.api.clone().into(), &claim.namespace);
         let what = format!("reading claim {claim}");
         let live = within(timeout, &what, claims.get_opt(&claim.name)).await;
         let (started_ms, started) = (now_ms(), Instant::now());
@@ -321,8 +312,8 @@ impl Writer {
         completed.await == Some(Settled::Done)
     }
 
-    /// A stored PV: announce it (only while this term holds the entry; the
-    /// event is idempotent), then complete the entry and count the provisioning.
+    /// A stored PV: announce it (`ProvisioningSucceeded` once per claim and PV; only while
+    /// this term holds the entry), then complete the entry and count the provisioning.
     async fn complete_written(
         &self,
         taken: &TakenEntry,
@@ -332,15 +323,16 @@ impl Writer {
     ) {
         let pv_name = taken.pv_name.as_str();
         self.api_is_up().await;
-        if !self.still_holds(pv_name, "after create", shutdown).await {
-            // Redis lost the entry (no take left to announce the PV): announce it here.
-            if matches!(self.queue.is_pending(pv_name).await, Ok(false)) {
-                self.announce(entry, pv_name).await;
-            }
-            return;
+        let holds = self.still_holds(pv_name, "after create", shutdown).await;
+        // Not held: announce only if Redis lost the entry (no take left to announce the PV).
+        if holds || matches!(self.queue.is_pending(pv_name).await, Ok(false)) {
+            let note = format!("Successfully provisioned volume {pv_name}");
+            let succeeded = event(false, PROVISIONING_SUCCEEDED, "Provision", note);
+            let claim = claim_reference(&entry.claim);
+            let publish = self.events.publish_once(&claim, succeeded);
+            publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, publish).await;
         }
-        self.announce(entry, pv_name).await;
-        if !self.complete(pv_name, shutdown).await {
+        if !holds || !self.complete(pv_name, shutdown).await {
             return;
         }
         inc(&self.metrics.writes_total, label);
@@ -351,15 +343,6 @@ impl Writer {
             provisioning_seconds = seconds,
             "PV written"
         );
-    }
-
-    /// `ProvisioningSucceeded` on the entry's claim, once per claim and PV.
-    async fn announce(&self, entry: &QueuedPvWrite, pv_name: &str) {
-        let note = format!("Successfully provisioned volume {pv_name}");
-        let succeeded = event(false, PROVISIONING_SUCCEEDED, "Provision", note);
-        let claim = claim_reference(&entry.claim);
-        let publish = self.events.publish_once(&claim, succeeded);
-        publish_bounded(EVENT_PUBLISH_TIMEOUT, pv_name, publish).await;
     }
 
     /// A transient failure: schedule the retry (at once when the write started
@@ -440,8 +423,9 @@ impl Writer {
         shutdown: &CancellationToken,
     ) -> bool {
         let epoch = self.term();
-        let held = self.redis("holds", shutdown, || self.queue.holds(epoch, pv_name));
-        let held = held.await;
+        let held = self
+            .redis("holds", shutdown, || self.queue.holds(epoch, pv_name))
+            .await;
         if held == Some(Settled::NotInFlight) {
             tracing::warn!(
                 stage,
@@ -464,8 +448,7 @@ impl Writer {
         Fut: Future<Output = Result<Settled, QueueError>>,
     {
         let mut failed = false;
-        let settled = self
-            .redis_retry()
+        let settled = Backoff::constant(self.config.redis_reconnect)
             .retry(shutdown, op, |err, _, _| {
                 failed = true;
                 if let Some(r) = self.readiness.get() {
@@ -482,11 +465,6 @@ impl Writer {
         }
         settled
     }
-
-    /// How Redis calls are repeated while Redis is unreachable.
-    pub(crate) fn redis_retry(&self) -> Backoff {
-        Backoff::constant(self.config.redis_reconnect)
-    }
 }
 
 /// Await `publish` for at most `limit`; returns whether it finished. A timeout
@@ -494,15 +472,13 @@ impl Writer {
 pub async fn publish_bounded(
     limit: Duration,
     pv_name: &str,
-    publish: impl std::future::Future<Output = ()>,
+    publish: impl Future<Output = ()>,
 ) -> bool {
-    match tokio::time::timeout(limit, publish).await {
-        Ok(()) => true,
-        Err(_) => {
-            tracing::warn!(pv = %pv_name, ?limit, "API server did not take the claim event in time; dropping it");
-            false
-        }
+    let finished = tokio::time::timeout(limit, publish).await.is_ok();
+    if !finished {
+        tracing::warn!(pv = %pv_name, ?limit, "API server did not take the claim event in time; dropping it");
     }
+    finished
 }
 
 #[cfg(test)]
