@@ -82,16 +82,17 @@ impl Writer {
             .retry_initial
             .clamp(Duration::from_millis(100), Duration::from_secs(5));
         let timeout = self.config.write_timeout.min(Duration::from_secs(5));
+        let mut failed_write = self.failed_write.subscribe();
         while shutdown
             .run_until_cancelled(sleep(interval))
             .await
             .is_some()
         {
-            if !self.degraded.swap(false, Ordering::SeqCst) && !self.api_down.load(Ordering::SeqCst)
+            if !failed_write.has_changed().unwrap_or(false) && !self.api_down.load(Ordering::SeqCst)
             {
                 continue;
             }
-            let name = self.probe_name.lock().expect("probe name poisoned").clone();
+            let name = failed_write.borrow_and_update().clone();
             match tokio::time::timeout(timeout, self.api.get_opt(&name)).await {
                 Ok(Ok(_)) => self.api_is_up().await,
                 Ok(Err(kube::Error::Api(s))) if !is_transient_code(s.code) => {

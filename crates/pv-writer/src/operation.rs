@@ -19,6 +19,7 @@ use common::runtime::http::Readiness;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
 use kube::Client;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -106,14 +107,12 @@ pub struct Writer {
     events: EventSink,
     pub(crate) metrics: WriterMetrics,
     pub(crate) config: WriterConfig,
-    /// A transient failure happened since the last probe.
-    pub(crate) degraded: AtomicBool,
+    /// PV name of the last transient failure, probed with `get`; changed = failed since the probe.
+    pub(crate) failed_write: watch::Sender<String>,
     /// A probe failed and nothing succeeded since: the API server is down.
     pub(crate) api_down: AtomicBool,
     /// When (ms) the API server was last seen coming back.
     pub(crate) recovered_at_ms: AtomicU64,
-    /// PV name of the last transient failure, probed with `get`.
-    pub(crate) probe_name: std::sync::Mutex<String>,
     /// `/readyz` of the running drain, which a worker stuck on Redis clears too.
     pub(crate) readiness: std::sync::OnceLock<Readiness>,
     /// Beaten by the dispatcher at each turn of its loop.
@@ -140,10 +139,9 @@ impl Writer {
             events: EventSink::new(client, "pv-writer", identity),
             metrics,
             config,
-            degraded: AtomicBool::new(false),
+            failed_write: watch::Sender::default(),
             api_down: AtomicBool::new(false),
             recovered_at_ms: AtomicU64::new(0),
-            probe_name: std::sync::Mutex::new(String::new()),
             readiness: std::sync::OnceLock::new(),
             dispatched: Heartbeat::default(),
         }
@@ -355,8 +353,7 @@ impl Writer {
         shutdown: &CancellationToken,
     ) {
         let pv_name = taken.pv_name.as_str();
-        *self.probe_name.lock().expect("probe name poisoned") = pv_name.to_string();
-        self.degraded.store(true, Ordering::SeqCst);
+        self.failed_write.send_replace(pv_name.to_string());
         let attempts = taken.attempts.saturating_add(1);
         let delay = if started_ms < self.recovered_at_ms.load(Ordering::SeqCst) {
             Duration::ZERO
