@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
+use common::handoff::redis_store::{self, RedisConfig};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams};
 use provisioner_api::{OrphanOutcome, Provisioner};
@@ -161,7 +162,7 @@ pub async fn sweep(
 pub struct SweepJob {
     /// Redis connection of the queue and intents (`--redis-url` and the
     /// `--redis-*` credential/TLS flags).
-    pub redis: common::handoff::redis_store::RedisConfig,
+    pub redis: RedisConfig,
     /// Our provisioner name (Redis key prefix).
     pub provisioner_name: String,
     /// PV API, for the live existence check.
@@ -179,11 +180,12 @@ pub struct SweepJob {
 /// Connect to Redis, run [`sweep`] once and store its report; failures are only
 /// logged. Run inside the leader's work future, so a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
-    let (redis, name) = (&job.redis, job.provisioner_name.as_str());
+    let name = job.provisioner_name.as_str();
     let result = async {
+        let mut conn = redis_store::connect(&job.redis).await.context("redis")?;
         let accounting = LiveAccounting {
-            intents: IntentStore::connect(redis, name).await.context("intents")?,
-            queue: PvQueue::connect(redis, name).await.context("queue")?,
+            intents: IntentStore::with_connection(conn.clone(), name),
+            queue: PvQueue::with_connection(conn.clone(), name),
             pvs: job.pvs.clone(),
         };
         let backend = job.backend.as_ref();
@@ -196,12 +198,8 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
             orphans,
             archived: job.metrics.archived.get().max(0) as u64,
         };
-        let mut conn = common::handoff::redis_store::connect(redis)
-            .await
-            .context("report")?;
-        orphan_report::write(&mut conn, name, &report)
-            .await
-            .context("report")
+        let written = orphan_report::write(&mut conn, name, &report).await;
+        written.context("report")
     };
     if let Err(error) = result.await {
         tracing::warn!(error = %format_args!("{error:#}"), "orphan sweep abandoned");
