@@ -46,15 +46,14 @@ pub struct LiveAccounting {
 #[async_trait::async_trait]
 impl Accounting for LiveAccounting {
     async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool> {
-        let intent = self.intents.contains(pv_name).await;
-        if intent.context("intents")? {
+        if self.intents.contains(pv_name).await.context("intents")? {
             return Ok(true);
         }
         self.queue.is_pending(pv_name).await.context("queue")
     }
     async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
         let list = self.pvs.list(&ListParams::default()).await;
-        list.map(|l| l.items).context("PVs")
+        Ok(list.context("PVs")?.items)
     }
 }
 
@@ -76,8 +75,10 @@ pub async fn find_orphans(
         return Ok(candidates);
     }
     let pvs = accounting.list_pvs().await?;
-    let in_use = backend.volumes_in_use(&pvs).await;
-    let in_use = in_use.context("backend volumes")?;
+    let in_use = backend
+        .volumes_in_use(&pvs)
+        .await
+        .context("backend volumes")?;
     candidates.retain(|name| !in_use.contains(name));
     Ok(candidates)
 }
@@ -121,10 +122,8 @@ pub async fn sweep(
             break;
         }
         // Re-check right before acting: the volume may have moved on meanwhile.
-        if find_orphans(std::slice::from_ref(name), &cached_pv, accounting, backend)
-            .await?
-            .is_empty()
-        {
+        let again = find_orphans(std::slice::from_ref(name), &cached_pv, accounting, backend);
+        if again.await?.is_empty() {
             tracing::info!(pv = %name, "volume accounted for on re-check");
             continue;
         }
