@@ -149,12 +149,8 @@ fn section(
     let widths: [usize; 5] =
         std::array::from_fn(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0));
     for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        let line = format!("    {}", cells.join("  "));
+        let cells = row.iter().zip(widths).map(|(c, w)| format!("{c:<w$}"));
+        let line = format!("    {}", cells.collect::<Vec<_>>().join("  "));
         let _ = writeln!(out, "{}", line.trim_end());
     }
 }

@@ -85,8 +85,7 @@ pub async fn reconcile(cached: Arc<CachedPv>, ctx: Arc<Context>) -> Result<Actio
 /// do not Forget") until the PV is deleted.
 pub fn error_policy(pv: Arc<CachedPv>, err: &SyncError, ctx: Arc<Context>) -> Action {
     let key = pv.name_any();
-    let requeues = ctx.retry.requeues(&key);
-    let threshold = ctx.threshold;
+    let (requeues, threshold) = (ctx.retry.requeues(&key), ctx.threshold);
     if threshold.allows_retry(requeues) {
         let delay = ctx.retry.next_delay(&key);
         tracing::warn!(pv = %key, failures = requeues, threshold = threshold.0, ?delay, error = %err, "retrying syncing PV");
@@ -116,35 +115,33 @@ pub struct TermDeps {
 /// (readiness), one orphan sweep; a new reflector and reclaimer each term.
 /// Errors: none once running.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let (backend, reclaim) = (deps.backend, deps.args);
+    let (args, reclaim) = (&ctx.args, deps.args);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
-    let (provisioner, add) = (ctx.args.provisioner_name.clone(), reclaim.add_finalizer);
+    let provisioner = args.provisioner_name.clone();
     let reclaimer = Reclaimer::new(
         api.clone(),
-        backend.clone(),
+        deps.backend.clone(),
         Arc::new(events),
         deps.delete,
-        provisioner,
-        add,
+        provisioner.clone(),
+        reclaim.add_finalizer,
     )
     .with_term(ctx.term.clone());
-    let workers = ctx.args.worker_threads_for(crate::SPEC);
-    tracing::info!(provisioner = %ctx.args.provisioner_name, add_finalizer = add, failed_delete_threshold = reclaim.failed_delete_threshold, workers, "starting PV reclaim loop");
+    let workers = args.worker_threads_for(crate::SPEC);
+    tracing::info!(%provisioner, add_finalizer = reclaim.add_finalizer, failed_delete_threshold = reclaim.failed_delete_threshold, workers, "starting PV reclaim loop");
+    let retry = RetryPolicy::from_args(args.retry_backoff(crate::SPEC), &reclaim.retry);
     let loop_ctx = Arc::new(Context {
         reclaimer: Arc::new(reclaimer),
-        retry: Arc::new(RetryPolicy::from_args(
-            ctx.args.retry_backoff(crate::SPEC),
-            &reclaim.retry,
-        )),
+        retry: Arc::new(retry),
         threshold: FailureThreshold(reclaim.failed_delete_threshold),
         deletion_timeout: reclaim.deletion_timeout,
     });
     let job = sweep::SweepJob {
-        redis: ctx.args.redis(),
-        provisioner_name: ctx.args.provisioner_name.clone(),
-        pvs: api.clone(),
-        backend,
+        redis: args.redis(),
+        provisioner_name: provisioner,
+        pvs: api,
+        backend: deps.backend,
         action: sweep::SweepAction {
             archive: reclaim.sweep_orphans,
             min_age: reclaim.sweep_min_age,
@@ -159,32 +156,27 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let sweep_task = async move {
         let Ok(store) = synced_rx.await else { return };
         let cached = move |name: &str| store.get(&ObjectRef::new(name)).is_some();
-        tokio::select! {
-            _ = sweep_shutdown.cancelled() => {}
-            _ = sweep::run_once(job, cached) => {}
-        }
+        sweep_shutdown
+            .run_until_cancelled(sweep::run_once(job, cached))
+            .await;
     };
     let (store, writer) = reflector::store::<CachedPv>();
     let (observer, readiness, mut synced_tx) =
         (loop_ctx.clone(), ctx.readiness.clone(), Some(synced_tx));
-    let trigger = control::trigger(
-        Api::<CachedPv>::all(ctx.client.clone()),
-        writer,
-        deps.queue.clone(),
-        move |event, store| {
-            observer.observe(event, store);
-            let first_list = matches!(event, watcher::Event::InitDone);
-            if let Some(synced_tx) = synced_tx.take_if(|_| first_list) {
-                tracing::info!(pvs = store.state().len(), "PV reflector synced");
-                readiness.set_ready(true);
-                let _ = synced_tx.send(store.clone());
-            }
-        },
-    );
+    let pvs = Api::<CachedPv>::all(ctx.client.clone());
+    let trigger = control::trigger(pvs, writer, deps.queue.clone(), move |event, store| {
+        observer.observe(event, store);
+        let first_list = matches!(event, watcher::Event::InitDone);
+        if let Some(synced_tx) = synced_tx.take_if(|_| first_list) {
+            tracing::info!(pvs = store.state().len(), "PV reflector synced");
+            readiness.set_ready(true);
+            let _ = synced_tx.send(store.clone());
+        }
+    });
     let settings = LoopSettings {
         workers,
         resync_period: reclaim.resync_period,
-        stall: ctx.args.healthz_stall_timeout,
+        stall: args.healthz_stall_timeout,
         heartbeat: ctx.heartbeat.clone(),
         metrics: deps.queue,
         shutdown: ctx.shutdown.clone(),

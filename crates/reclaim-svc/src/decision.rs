@@ -5,6 +5,7 @@
 
 use api_types::{ANN_DYNAMICALLY_PROVISIONED, ANN_MIGRATED_TO, FINALIZER_PV};
 use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::ResourceExt;
 
 /// Reclaim policy value `Delete`.
 pub const POLICY_DELETE: &str = "Delete";
@@ -18,9 +19,7 @@ pub const PHASE_RELEASED: &str = "Released";
 /// Whether `volume` is ours: `pv.kubernetes.io/provisioned-by` is set and it or
 /// `pv.kubernetes.io/migrated-to` names the provisioner (seed `shouldDelete`).
 pub fn is_ours(volume: &PersistentVolume, provisioner_name: &str) -> bool {
-    let Some(annotations) = volume.metadata.annotations.as_ref() else {
-        return false;
-    };
+    let annotations = volume.annotations();
     let names_us = |key: &str| annotations.get(key).is_some_and(|p| p == provisioner_name);
     annotations.contains_key(ANN_DYNAMICALLY_PROVISIONED)
         && (names_us(ANN_DYNAMICALLY_PROVISIONED) || names_us(ANN_MIGRATED_TO))
@@ -142,30 +141,26 @@ pub fn has_finalizer(volume: &PersistentVolume, finalizer: &str) -> bool {
 pub fn reclaim_policy(volume: &PersistentVolume) -> Option<&str> {
     volume
         .spec
-        .as_ref()
-        .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
+        .as_ref()?
+        .persistent_volume_reclaim_policy
+        .as_deref()
 }
 
 /// The PV's StorageClass name (`spec.storageClassName`), `""` when unset: the
 /// `class` label of the delete metrics, as in the seed.
 pub fn storage_class(volume: &PersistentVolume) -> &str {
-    volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.storage_class_name.as_deref())
+    let spec = volume.spec.as_ref();
+    spec.and_then(|s| s.storage_class_name.as_deref())
         .unwrap_or("")
 }
 
 /// The PV's class as Kubernetes reads it (`GetPersistentVolumeClass`): the beta
 /// annotation, else `spec.storageClassName`; `""` for none.
 pub fn class_name(volume: &PersistentVolume) -> &str {
-    volume
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("volume.beta.kubernetes.io/storage-class"))
-        .map(String::as_str)
-        .unwrap_or_else(|| storage_class(volume))
+    let beta = volume
+        .annotations()
+        .get("volume.beta.kubernetes.io/storage-class");
+    beta.map_or_else(|| storage_class(volume), String::as_str)
 }
 
 /// The PV's `metadata.finalizers` (empty when unset).

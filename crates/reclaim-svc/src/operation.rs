@@ -61,11 +61,6 @@ impl EventPublisher for EventSink {
     }
 }
 
-/// The `VolumeFailedDelete` Warning with `note`.
-fn failed_delete(note: String) -> Event {
-    events::event(true, reason::VOLUME_FAILED_DELETE, "Delete", note)
-}
-
 /// Reconciles PVs of one provisioner: keeps the finalizer in line and deletes
 /// released volumes. Shared (`Arc`) by the workers; one PV is never synced twice at once.
 pub struct Reclaimer {
@@ -149,9 +144,7 @@ impl Reclaimer {
         let Ok(result) = sync.await else {
             let err = SyncError::Timeout(volume.name_any(), timeout);
             tracing::error!(pv = %volume.name_any(), error = %err, "delete timed out");
-            self.events
-                .publish(volume, failed_delete(err.to_string()))
-                .await;
+            self.failed_delete(volume, err.to_string()).await;
             self.metrics.failed(decision::storage_class(volume));
             return Err(err);
         };
@@ -218,9 +211,7 @@ impl Reclaimer {
             }
             Err(err) => {
                 tracing::error!(pv = %name, error = %err, "volume deletion failed");
-                self.events
-                    .publish(volume, failed_delete(err.to_string()))
-                    .await;
+                self.failed_delete(volume, err.to_string()).await;
                 Err(SyncError::Backend(name.into(), err))
             }
         }
@@ -262,6 +253,12 @@ impl Reclaimer {
             return Err(SyncError::RemoveFinalizer(name.into(), source));
         }
         Ok(())
+    }
+
+    /// Publish the `VolumeFailedDelete` Warning about `volume` with `note`.
+    async fn failed_delete(&self, volume: &PersistentVolume, note: String) {
+        let event = events::event(true, reason::VOLUME_FAILED_DELETE, "Delete", note);
+        self.events.publish(volume, event).await;
     }
 
     /// [`decision::should_delete`] with this reclaimer's settings and the backend's guard.

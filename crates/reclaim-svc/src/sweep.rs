@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use common::handoff::intents::IntentStore;
 use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
+use common::handoff::redis_store::{self, RedisConfig};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams};
 use provisioner_api::{OrphanOutcome, Provisioner};
@@ -45,15 +46,14 @@ pub struct LiveAccounting {
 #[async_trait::async_trait]
 impl Accounting for LiveAccounting {
     async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool> {
-        let intent = self.intents.contains(pv_name).await;
-        if intent.context("intents")? {
+        if self.intents.contains(pv_name).await.context("intents")? {
             return Ok(true);
         }
         self.queue.is_pending(pv_name).await.context("queue")
     }
     async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
         let list = self.pvs.list(&ListParams::default()).await;
-        list.map(|l| l.items).context("PVs")
+        Ok(list.context("PVs")?.items)
     }
 }
 
@@ -75,8 +75,10 @@ pub async fn find_orphans(
         return Ok(candidates);
     }
     let pvs = accounting.list_pvs().await?;
-    let in_use = backend.volumes_in_use(&pvs).await;
-    let in_use = in_use.context("backend volumes")?;
+    let in_use = backend
+        .volumes_in_use(&pvs)
+        .await
+        .context("backend volumes")?;
     candidates.retain(|name| !in_use.contains(name));
     Ok(candidates)
 }
@@ -120,10 +122,8 @@ pub async fn sweep(
             break;
         }
         // Re-check right before acting: the volume may have moved on meanwhile.
-        if find_orphans(std::slice::from_ref(name), &cached_pv, accounting, backend)
-            .await?
-            .is_empty()
-        {
+        let again = find_orphans(std::slice::from_ref(name), &cached_pv, accounting, backend);
+        if again.await?.is_empty() {
             tracing::info!(pv = %name, "volume accounted for on re-check");
             continue;
         }
@@ -161,7 +161,7 @@ pub async fn sweep(
 pub struct SweepJob {
     /// Redis connection of the queue and intents (`--redis-url` and the
     /// `--redis-*` credential/TLS flags).
-    pub redis: common::handoff::redis_store::RedisConfig,
+    pub redis: RedisConfig,
     /// Our provisioner name (Redis key prefix).
     pub provisioner_name: String,
     /// PV API, for the live existence check.
@@ -179,11 +179,12 @@ pub struct SweepJob {
 /// Connect to Redis, run [`sweep`] once and store its report; failures are only
 /// logged. Run inside the leader's work future, so a lost Lease stops it.
 pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
-    let (redis, name) = (&job.redis, job.provisioner_name.as_str());
+    let name = job.provisioner_name.as_str();
     let result = async {
+        let mut conn = redis_store::connect(&job.redis).await.context("redis")?;
         let accounting = LiveAccounting {
-            intents: IntentStore::connect(redis, name).await.context("intents")?,
-            queue: PvQueue::connect(redis, name).await.context("queue")?,
+            intents: IntentStore::with_connection(conn.clone(), name),
+            queue: PvQueue::with_connection(conn.clone(), name),
             pvs: job.pvs.clone(),
         };
         let backend = job.backend.as_ref();
@@ -196,12 +197,8 @@ pub async fn run_once(job: SweepJob, cached_pv: impl Fn(&str) -> bool) {
             orphans,
             archived: job.metrics.archived.get().max(0) as u64,
         };
-        let mut conn = common::handoff::redis_store::connect(redis)
-            .await
-            .context("report")?;
-        orphan_report::write(&mut conn, name, &report)
-            .await
-            .context("report")
+        let written = orphan_report::write(&mut conn, name, &report).await;
+        written.context("report")
     };
     if let Err(error) = result.await {
         tracing::warn!(error = %format_args!("{error:#}"), "orphan sweep abandoned");
