@@ -70,12 +70,10 @@ pub async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::O
         return Ok(fut.await);
     };
     let at = Instant::now() + timeout;
-    tokio::time::timeout_at(
-        at + 2 * ABANDON_GRACE,
-        CURRENT.scope(Deadline { at, timeout }, fut),
-    )
-    .await
-    .map_err(|_| Exceeded { timeout })
+    let scoped = CURRENT.scope(Deadline { at, timeout }, fut);
+    tokio::time::timeout_at(at + 2 * ABANDON_GRACE, scoped)
+        .await
+        .map_err(|_| Exceeded { timeout })
 }
 
 #[cfg(test)]

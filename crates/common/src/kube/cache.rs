@@ -25,7 +25,6 @@ pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let builder = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(800))
         .with_max_delay(WATCH_BACKOFF_MAX)
-        .with_factor(2.0)
         .with_jitter()
         .without_max_times();
     ResetTimerBackoff::new(builder.into(), Duration::from_secs(120))

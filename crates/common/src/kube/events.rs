@@ -1,11 +1,8 @@
-//! Kubernetes events (events.k8s.io/v1), de-duplicated into series as
-//! kube-runtime's `Recorder` does. Events about claims go into the claim's
-//! namespace; events about PersistentVolumes into [`CLUSTER_SCOPED_NAMESPACE`]
-//! (`kube-system`, the only namespace Kubernetes 1.19–1.22 accept), with
-//! `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
-//! [`EventSink::publish_once`] names an event `<uid>.<reason>` ([`once_event_name`])
-//! so it exists once per object whoever publishes it.
-//! Why not the Recorder: docs/decisions/0005-events-and-client-go-metrics.md.
+//! Kubernetes events (events.k8s.io/v1) through [`EventSink`], de-duplicated into series as
+//! kube-runtime's `Recorder` does. Events about PersistentVolumes go to
+//! [`CLUSTER_SCOPED_NAMESPACE`]; [`EventSink::publish_once`] names an event `<uid>.<reason>`
+//! so it exists once per object whoever publishes it. Why not the Recorder:
+//! docs/decisions/0005-events-and-client-go-metrics.md.
 
 use api_types::queue::ClaimKey;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};

@@ -1,10 +1,6 @@
-//! client-go's work-queue metrics (`workqueue_depth`, `_adds_total`,
-//! `_retries_total`, `_queue_duration_seconds`, `_work_duration_seconds`,
-//! `_unfinished_work_seconds`, `_longest_running_processor_seconds`; const label
-//! `name`) for any queue of keys: call [`WorkQueueMetrics::add`] when a key is
-//! scheduled, hold [`WorkQueueMetrics::start_processing`] while working on it and
-//! call [`WorkQueueMetrics::retry`] on a requeue. Depth and queue duration follow
-//! the added keys; the "unfinished" gauges are computed at scrape time. Family
+//! client-go's `workqueue_*` metrics (const label `name`) for any queue of keys: call
+//! [`WorkQueueMetrics::add`] when a key is scheduled, hold [`WorkQueueMetrics::start_processing`]
+//! while working on it and call [`WorkQueueMetrics::retry`] on a requeue. Families and their
 //! meanings: docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::collections::HashMap;
