@@ -142,20 +142,30 @@ pub struct RetryPolicy<K> {
 }
 
 impl<K: Eq + Hash + Clone> RetryPolicy<K> {
-    /// Policy from the per-item `per_item` backoff (`--retry-interval-start`/`-max`)
-    /// and the `--retry-qps`/`--retry-burst` flags (qps ≤ 0 disables the overall limit).
-    pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
-        let burst = f64::from(args.retry_burst.max(1));
+    /// Policy with per-item delays from `initial` doubling up to `max`, and an
+    /// overall limit of `qps` retries per second with `burst` (qps ≤ 0 disables it).
+    pub fn new(initial: Duration, max: Duration, qps: f64, burst: u32) -> Self {
         RetryPolicy {
-            per_item,
-            failures: Mutex::default(),
+            per_item: Backoff::exponential(initial, max),
+            failures: Mutex::new(HashMap::new()),
             bucket: Mutex::new(Bucket {
-                qps: args.retry_qps,
-                burst,
-                tokens: burst,
+                qps,
+                burst: f64::from(burst.max(1)),
+                tokens: f64::from(burst.max(1)),
                 last: Instant::now(),
             }),
         }
+    }
+
+    /// Policy from the per-item `per_item` backoff (`--retry-interval-start`/`-max`)
+    /// and the `--retry-qps`/`--retry-burst` flags.
+    pub fn from_args(per_item: Backoff, args: &RetryArgs) -> Self {
+        Self::new(
+            per_item.initial,
+            per_item.max,
+            args.retry_qps,
+            args.retry_burst,
+        )
     }
 
     /// Record one more failure of `key` and return how long to wait before
@@ -192,19 +202,6 @@ impl<K: Eq + Hash + Clone> RetryPolicy<K> {
 mod tests {
     use super::*;
 
-    fn policy(
-        initial: Duration,
-        max: Duration,
-        retry_qps: f64,
-        retry_burst: u32,
-    ) -> RetryPolicy<i32> {
-        let args = RetryArgs {
-            retry_qps,
-            retry_burst,
-        };
-        RetryPolicy::from_args(Backoff::exponential(initial, max), &args)
-    }
-
     #[test]
     fn backoff_doubles_and_caps() {
         let m = Duration::from_secs(1000);
@@ -219,20 +216,20 @@ mod tests {
 
     #[test]
     fn per_item_counts_are_independent_and_forgotten() {
-        let p = policy(Duration::from_millis(5), Duration::from_secs(1), 0.0, 1);
-        assert_eq!(p.next_delay(&1), Duration::from_millis(5));
-        assert_eq!(p.next_delay(&1), Duration::from_millis(10));
-        assert_eq!(p.next_delay(&2), Duration::from_millis(5));
-        assert_eq!(p.requeues(&1), 2);
-        p.forget(&1);
-        assert_eq!(p.requeues(&1), 0);
-        assert_eq!(p.next_delay(&1), Duration::from_millis(5));
+        let p = RetryPolicy::new(Duration::from_millis(5), Duration::from_secs(1), 0.0, 1);
+        assert_eq!(p.next_delay(&"a"), Duration::from_millis(5));
+        assert_eq!(p.next_delay(&"a"), Duration::from_millis(10));
+        assert_eq!(p.next_delay(&"b"), Duration::from_millis(5));
+        assert_eq!(p.requeues(&"a"), 2);
+        p.forget(&"a");
+        assert_eq!(p.requeues(&"a"), 0);
+        assert_eq!(p.next_delay(&"a"), Duration::from_millis(5));
     }
 
     #[test]
     fn bucket_limits_overall_rate_after_burst() {
         // 10 qps, burst 3: three retries pass at once, the fourth waits ~100ms.
-        let p = policy(Duration::ZERO, Duration::from_secs(1), 10.0, 3);
+        let p = RetryPolicy::new(Duration::ZERO, Duration::from_secs(1), 10.0, 3);
         for k in 0..3 {
             assert_eq!(p.next_delay(&k), Duration::ZERO);
         }
