@@ -19,21 +19,12 @@ pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// Kubernetes 1.11 name of [`ANN_SELECTED_NODE`]; read when the current one is absent.
 pub const ANN_ALPHA_SELECTED_NODE: &str = "volume.alpha.kubernetes.io/selected-node";
 
-/// Set by the PV controller on a claim and PV once binding completed.
-pub const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
-
-/// Set by the PV controller on a claim/PV it bound itself.
-pub const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
-
 /// The provisioner's own PV finalizer: while present, the PV object outlives
 /// the storage asset's deletion (seed `finalizerPV`).
 pub const FINALIZER_PV: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 
 /// The PV protection finalizer kube-controller-manager adds to every PV.
 pub const FINALIZER_PV_PROTECTION: &str = "kubernetes.io/pv-protection";
-
-/// The claim protection finalizer kube-controller-manager adds to every claim.
-pub const FINALIZER_PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
 
 /// `volumeBindingMode` value that delays provisioning until a pod is scheduled.
 pub const BINDING_MODE_WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";

@@ -40,7 +40,6 @@ pub const LEASE_CALLS: ApiCall = ApiCall {
     namespaced: true,
 };
 
-/// Event creation through kube-runtime's events Recorder (events.k8s.io/v1): in the claim's
-/// namespace, and in `kube-system` for PersistentVolumes (cluster-wide grant, hence not
-/// `namespaced`).
+/// Event creation and series patches (events.k8s.io/v1, `common::kube::events`): in the
+/// claim's namespace, and in `kube-system` for PersistentVolumes (cluster-wide grant).
 pub const EVENT_CALLS: ApiCall = ApiCall::cluster("events.k8s.io", "events", &["create", "patch"]);

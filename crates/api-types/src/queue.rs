@@ -133,15 +133,15 @@ pub fn decode_versions<T: for<'de> Deserialize<'de>>(
     bytes: &[u8],
     known: std::ops::RangeInclusive<u32>,
 ) -> Result<T, DecodeError> {
-    let value: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|e| DecodeError::Garbled(e.to_string()))?;
+    let garbled = |e: serde_json::Error| DecodeError::Garbled(e.to_string());
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(garbled)?;
     match value.get("version").and_then(serde_json::Value::as_u64) {
         Some(v) if u32::try_from(v).is_ok_and(|v| known.contains(&v)) => {
-            serde_json::from_value(value).map_err(|e| DecodeError::Garbled(e.to_string()))
+            serde_json::from_value(value).map_err(garbled)
         }
         Some(found) => Err(DecodeError::UnknownVersion { found }),
         None => Err(DecodeError::Garbled(
-            "missing numeric `version` field".to_string(),
+            "missing numeric `version` field".into(),
         )),
     }
 }
@@ -167,11 +167,11 @@ impl QueuedPvWrite {
 
     /// The bytes an HMAC covers: the stored JSON form with `mac` left out.
     pub fn canonical_bytes(&self) -> Vec<u8> {
-        let unsigned = QueuedPvWrite {
+        QueuedPvWrite {
             mac: None,
             ..self.clone()
-        };
-        unsigned.encode()
+        }
+        .encode()
     }
 
     /// The PV name, or `""` if the PV has none (never the case for valid entries).

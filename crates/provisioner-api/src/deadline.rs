@@ -27,16 +27,6 @@ pub struct Deadline {
     pub timeout: Duration,
 }
 
-impl Deadline {
-    /// A deadline `timeout` from now.
-    pub fn after(timeout: Duration) -> Self {
-        Self {
-            at: Instant::now() + timeout,
-            timeout,
-        }
-    }
-}
-
 /// A call abandoned [`ABANDON_GRACE`] after its deadline; the message follows
 /// Go's `context.DeadlineExceeded` so operators recognise it in events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,11 +66,12 @@ pub async fn bound<F: Future>(fut: F) -> Result<F::Output, Exceeded> {
 /// `context.WithTimeout`): its task sees the [`Deadline`], and it is stopped 2 ×
 /// [`ABANDON_GRACE`] after it. Errors: [`Exceeded`] when `fut` was stopped.
 pub async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::Output, Exceeded> {
-    let Some(deadline) = timeout.filter(|t| !t.is_zero()).map(Deadline::after) else {
+    let Some(timeout) = timeout.filter(|t| !t.is_zero()) else {
         return Ok(fut.await);
     };
-    let Deadline { at, timeout } = deadline;
-    tokio::time::timeout_at(at + 2 * ABANDON_GRACE, CURRENT.scope(deadline, fut))
+    let at = Instant::now() + timeout;
+    let scoped = CURRENT.scope(Deadline { at, timeout }, fut);
+    tokio::time::timeout_at(at + 2 * ABANDON_GRACE, scoped)
         .await
         .map_err(|_| Exceeded { timeout })
 }
@@ -89,9 +80,14 @@ pub async fn within<F: Future>(timeout: Option<Duration>, fut: F) -> Result<F::O
 mod tests {
     use super::*;
 
+    fn after(timeout: Duration) -> Deadline {
+        let at = Instant::now() + timeout;
+        Deadline { at, timeout }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn bound_abandons_a_slow_call_after_the_grace() {
-        let d = Deadline::after(Duration::from_secs(10));
+        let d = after(Duration::from_secs(10));
         let start = Instant::now();
         let r = CURRENT
             .scope(d, bound(tokio::time::sleep(Duration::from_secs(3600))))
@@ -117,7 +113,7 @@ mod tests {
             ))
         };
         let r = CURRENT
-            .scope(Deadline::after(Duration::from_secs(5)), bound(call))
+            .scope(after(Duration::from_secs(5)), bound(call))
             .await;
         assert_eq!(r, Ok(Err("stopped, 0ns left".to_string())));
         assert_eq!(start.elapsed(), Duration::from_secs(5));

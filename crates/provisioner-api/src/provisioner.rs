@@ -1,11 +1,8 @@
-//! The backend contract: what a storage backend implements so the services can
-//! provision and delete its volumes. Mirrors the seed's `Provisioner` interface
-//! and its optional `Qualifier`, `DeletionGuard` and `BlockProvisioner`
-//! capabilities; the optional methods' defaults are the seed's behaviour when a
-//! provisioner does not implement the capability. Beyond the seed: listing and
-//! archiving a backend's volumes (reclaim-svc's orphan sweep), deleting the
-//! volume of a claim deleted mid-provisioning by PV name (provision-svc's
-//! recovery), and validating a queued PV (pv-writer).
+//! The backend contract: what a storage backend implements so the services can provision
+//! and delete its volumes. Mirrors the seed's `Provisioner` interface and its optional
+//! `Qualifier`, `DeletionGuard` and `BlockProvisioner` capabilities (the defaults are the
+//! seed's behaviour without them), plus the orphan sweep's listing and archiving,
+//! provision-svc's delete-by-PV-name recovery and pv-writer's check of a queued PV.
 
 use std::collections::HashSet;
 use std::path::PathBuf;

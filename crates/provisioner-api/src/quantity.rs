@@ -19,20 +19,18 @@ pub fn parse(s: &str) -> Option<ParsedQuantity> {
     if !number.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
         return None;
     }
-    let exa = |mantissa: &str, lower: &str, factor: i64| {
-        // Only a plain decimal before the suffix ("1e3E" is not a quantity).
-        mantissa
-            .chars()
-            .all(|c| c.is_ascii_digit() || matches!(c, '.' | '+' | '-'))
-            .then(|| ParsedQuantity::try_from(format!("{mantissa}{lower}").as_str()).ok())
-            .flatten()
-            .map(|q| q * Decimal::from(factor))
-    };
-    if let Some(mantissa) = s.strip_suffix("Ei") {
-        return exa(mantissa, "Pi", 1024);
-    }
-    if let Some(mantissa) = s.strip_suffix('E') {
-        return exa(mantissa, "P", 1000);
+    for (suffix, lower, factor) in [("Ei", "Pi", 1024), ("E", "P", 1000)] {
+        if let Some(mantissa) = s.strip_suffix(suffix) {
+            // Only a plain decimal before the suffix ("1e3E" is not a quantity).
+            let plain = mantissa
+                .chars()
+                .all(|c| c.is_ascii_digit() || ".+-".contains(c));
+            let lowered = ParsedQuantity::try_from(format!("{mantissa}{lower}").as_str());
+            return lowered
+                .ok()
+                .filter(|_| plain)
+                .map(|q| q * Decimal::from(factor));
+        }
     }
     ParsedQuantity::try_from(s).ok()
 }

@@ -25,7 +25,6 @@ pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let builder = backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(800))
         .with_max_delay(WATCH_BACKOFF_MAX)
-        .with_factor(2.0)
         .with_jitter()
         .without_max_times();
     ResetTimerBackoff::new(builder.into(), Duration::from_secs(120))
@@ -98,8 +97,9 @@ impl<K> std::fmt::Debug for Compact<K> {
     }
 }
 
-/// Same API resource as `K`; `meta` is the identity only (see [`Compact`]).
-/// Changing it through `meta_mut` does not change the cached object.
+/// Same API resource as `K` (kind, group, version, plural; the derived `apiVersion` and
+/// URL follow); `meta` is the identity only (see [`Compact`]), and changing it through
+/// `meta_mut` does not change the cached object.
 impl<K: Resource> Resource for Compact<K> {
     type DynamicType = K::DynamicType;
     type Scope = K::Scope;
@@ -113,17 +113,8 @@ impl<K: Resource> Resource for Compact<K> {
     fn version(dt: &Self::DynamicType) -> Cow<'_, str> {
         K::version(dt)
     }
-    fn api_version(dt: &Self::DynamicType) -> Cow<'_, str> {
-        K::api_version(dt)
-    }
     fn plural(dt: &Self::DynamicType) -> Cow<'_, str> {
         K::plural(dt)
-    }
-    fn metadata_api() -> bool {
-        K::metadata_api()
-    }
-    fn url_path(dt: &Self::DynamicType, namespace: Option<&str>) -> String {
-        K::url_path(dt, namespace)
     }
     fn meta(&self) -> &ObjectMeta {
         &self.metadata

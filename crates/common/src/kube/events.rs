@@ -1,23 +1,19 @@
-//! Kubernetes events (events.k8s.io/v1), de-duplicated into series as
-//! kube-runtime's `Recorder` does. Events about claims go into the claim's
-//! namespace; events about PersistentVolumes into [`CLUSTER_SCOPED_NAMESPACE`]
-//! (`kube-system`, the only namespace Kubernetes 1.19–1.22 accept), with
-//! `regarding` keeping an empty namespace so `kubectl describe pv` finds them.
-//! [`EventSink::publish_once`] names an event `<uid>.<reason>` ([`once_event_name`])
-//! so it exists once per object whoever publishes it.
-//! Why not the Recorder: docs/decisions/0005-events-and-client-go-metrics.md.
+//! Kubernetes events (events.k8s.io/v1) through [`EventSink`], de-duplicated into series as
+//! kube-runtime's `Recorder` does. Events about PersistentVolumes go to
+//! [`CLUSTER_SCOPED_NAMESPACE`]; [`EventSink::publish_once`] names an event `<uid>.<reason>`
+//! so it exists once per object whoever publishes it. Why not the Recorder:
+//! docs/decisions/0005-events-and-client-go-metrics.md.
 
 use api_types::queue::ClaimKey;
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// Namespace of the Events about cluster-scoped objects (PersistentVolumes): the one
@@ -27,7 +23,7 @@ pub const CLUSTER_SCOPED_NAMESPACE: &str = "kube-system";
 
 /// How long a published cluster-scoped Event is remembered for series de-duplication (the
 /// Recorder's 6 minutes).
-const SERIES_TTL: Duration = Duration::from_secs(6 * 60);
+const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
 
 /// Event reasons used by the services (the seed's strings).
 pub mod reason {
@@ -46,10 +42,6 @@ pub mod reason {
     /// Warning, on the claim: its volume cannot take the new size.
     pub const VOLUME_RESIZE_FAILED: &str = "VolumeResizeFailed";
 }
-
-/// Identity of an event series (type, reason, action, note, object), hashed:
-/// the cache keeps 8 bytes per series instead of its strings.
-type SeriesKey = u64;
 
 /// What the series cache remembers of a published Event: enough to patch its
 /// `series` on a repeat, nothing else.
@@ -71,8 +63,9 @@ pub struct EventSink {
     controller: String,
     instance: String,
     hasher: std::collections::hash_map::RandomState,
-    /// Events published in the last [`SERIES_TTL`], by series identity.
-    series: Arc<Mutex<HashMap<SeriesKey, SeriesEntry>>>,
+    /// Events published in the last [`SERIES_TTL`], by the hash of their series identity
+    /// (type, reason, action, note, object): 8 bytes per series instead of its strings.
+    series: Arc<Mutex<HashMap<u64, SeriesEntry>>>,
 }
 
 impl EventSink {
@@ -104,22 +97,14 @@ impl EventSink {
     ) -> Result<(), kube::Error> {
         use std::hash::BuildHasher;
         let now = Timestamp::now();
-        let (namespace, regarding) = event_place(object);
-        let key: SeriesKey = self.hasher.hash_one((
-            event.type_ == EventType::Warning,
-            &event.reason,
-            &event.action,
-            &event.note,
-            regarding.kind.as_deref(),
-            regarding.namespace.as_deref(),
-            regarding.name.as_deref(),
-            regarding.uid.as_deref(),
+        let key = self.hasher.hash_one((
+            (event.type_, &event.reason, &event.action, &event.note),
+            (&object.kind, &object.namespace, &object.name, &object.uid),
         ));
-        let ttl = k8s_openapi::jiff::SignedDuration::try_from(SERIES_TTL).unwrap_or_default();
         // The lock is never held across an API call: publishes run concurrently.
         let previous = {
             let mut cache = self.series.lock().await;
-            cache.retain(|_, e| e.last + ttl > now);
+            cache.retain(|_, e| e.last + SERIES_TTL > now);
             cache.get(&key).cloned()
         };
         let entry = if let Some(previous) = previous {
@@ -137,14 +122,10 @@ impl EventSink {
                 ..previous
             }
         } else {
-            let object_name = regarding.name.as_deref().unwrap_or(&self.controller);
+            let object_name = object.name.as_deref().unwrap_or(&self.controller);
             let name = format!("{object_name}.{:x}", now.as_nanosecond());
-            let created = self.new_event(&namespace, name.clone(), &regarding, event, now);
-            Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
-                .create(&PostParams::default(), &created)
-                .await?;
             SeriesEntry {
-                namespace,
+                namespace: self.create(object, name.clone(), event, now).await?,
                 name,
                 count: 1,
                 last: now,
@@ -173,33 +154,37 @@ impl EventSink {
         let Some(name) = once_event_name(object, &event.reason) else {
             return self.try_publish(object, event).await.map(|()| true);
         };
-        let (namespace, regarding) = event_place(object);
-        let created = self.new_event(&namespace, name, &regarding, event, Timestamp::now());
-        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &created).await {
+        match self.create(object, name, event, Timestamp::now()).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
             Err(err) => Err(err),
         }
     }
 
-    /// The events.k8s.io/v1 form of `event`, in `namespace` named `name` about `regarding`,
-    /// observed at `now`, reported by this sink.
-    fn new_event(
+    /// Create the events.k8s.io/v1 form of `event` about `object`, named `name`, observed at
+    /// `now`, reported by this sink: in the object's namespace, or [`CLUSTER_SCOPED_NAMESPACE`]
+    /// with an empty `regarding.namespace` when cluster-scoped. Returns the namespace used.
+    /// Errors: the create failed.
+    async fn create(
         &self,
-        namespace: &str,
+        object: &ObjectReference,
         name: String,
-        regarding: &ObjectReference,
         event: &Event,
         now: Timestamp,
-    ) -> K8sEvent {
+    ) -> Result<String, kube::Error> {
+        let own_namespace = object.namespace.clone().filter(|ns| !ns.is_empty());
+        let regarding = ObjectReference {
+            namespace: own_namespace.clone(),
+            ..object.clone()
+        };
+        let namespace = own_namespace.unwrap_or_else(|| CLUSTER_SCOPED_NAMESPACE.to_string());
         let type_ = match event.type_ {
             EventType::Warning => "Warning",
             EventType::Normal => "Normal",
         };
-        K8sEvent {
+        let created = K8sEvent {
             metadata: ObjectMeta {
-                namespace: Some(namespace.to_string()),
+                namespace: Some(namespace.clone()),
                 name: Some(name),
                 ..Default::default()
             },
@@ -208,12 +193,16 @@ impl EventSink {
             note: event.note.clone(),
             type_: Some(type_.to_string()),
             event_time: Some(MicroTime(now)),
-            regarding: Some(regarding.clone()),
+            regarding: Some(regarding),
             related: event.secondary.clone(),
             reporting_controller: Some(self.controller.clone()),
             reporting_instance: Some(self.instance.clone()),
             ..Default::default()
-        }
+        };
+        Api::<K8sEvent>::namespaced(self.client.clone(), &namespace)
+            .create(&PostParams::default(), &created)
+            .await?;
+        Ok(namespace)
     }
 }
 
@@ -230,20 +219,6 @@ pub fn event(warning: bool, reason: &str, action: &str, note: String) -> Event {
         action: action.into(),
         secondary: None,
     }
-}
-
-/// Where an Event about `object` goes and what it regards: the object's namespace, or
-/// [`CLUSTER_SCOPED_NAMESPACE`] with an empty `regarding.namespace` when cluster-scoped.
-fn event_place(object: &ObjectReference) -> (String, ObjectReference) {
-    let namespace = object.namespace.clone().filter(|ns| !ns.is_empty());
-    let regarding = ObjectReference {
-        namespace: namespace.clone(),
-        ..object.clone()
-    };
-    (
-        namespace.unwrap_or_else(|| CLUSTER_SCOPED_NAMESPACE.to_string()),
-        regarding,
-    )
 }
 
 /// Logs a failed publish of `event` about `object`.

@@ -55,13 +55,10 @@ impl Backoff {
     /// The delay after the `failures`-th consecutive failure, `initial · 2^(failures-1)` capped
     /// at `max` (counted from 1; 0 is treated as 1).
     pub fn delay(&self, failures: u32) -> Duration {
-        let factor = 2f64.powi(failures.saturating_sub(1).min(63) as i32);
-        let secs = self.initial.as_secs_f64() * factor;
-        if !secs.is_finite() || secs >= self.max.as_secs_f64() {
-            self.max
-        } else {
-            Duration::from_secs_f64(secs)
-        }
+        let factor = 1u32
+            .checked_shl(failures.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
     }
 
     /// Run `op` until `Ok`, waiting [`delay`](Self::delay)`(n)` after the `n`-th
@@ -79,17 +76,16 @@ impl Backoff {
     {
         let mut failures = 0u32;
         loop {
-            match op().await {
+            let error = match op().await {
                 Ok(v) => return Some(v),
-                Err(e) => {
-                    failures = failures.saturating_add(1);
-                    let delay = self.delay(failures);
-                    on_error(&e, failures, delay);
-                    shutdown
-                        .run_until_cancelled(tokio::time::sleep(delay))
-                        .await?;
-                }
-            }
+                Err(e) => e,
+            };
+            failures = failures.saturating_add(1);
+            let delay = self.delay(failures);
+            on_error(&error, failures, delay);
+            shutdown
+                .run_until_cancelled(tokio::time::sleep(delay))
+                .await?;
         }
     }
 }

@@ -1,14 +1,9 @@
-//! client-go's work-queue metrics (`workqueue_depth`, `_adds_total`,
-//! `_retries_total`, `_queue_duration_seconds`, `_work_duration_seconds`,
-//! `_unfinished_work_seconds`, `_longest_running_processor_seconds`; const label
-//! `name`) for any queue of keys: call [`WorkQueueMetrics::add`] when a key is
-//! scheduled, hold [`WorkQueueMetrics::start_processing`] while working on it and
-//! call [`WorkQueueMetrics::retry`] on a requeue. Depth and queue duration follow
-//! the added keys; the "unfinished" gauges are computed at scrape time. Family
+//! client-go's `workqueue_*` metrics (const label `name`) for any queue of keys: call
+//! [`WorkQueueMetrics::add`] when a key is scheduled, hold [`WorkQueueMetrics::start_processing`]
+//! while working on it and call [`WorkQueueMetrics::retry`] on a requeue. Families and their
 //! meanings: docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,10 +20,10 @@ struct Inner {
     work_duration: Histogram,
     unfinished: Gauge,
     longest: Gauge,
-    running: Mutex<HashMap<u64, Instant>>,
+    /// When each piece of work in progress started.
+    running: Mutex<Vec<Instant>>,
     /// Keys added and not yet picked up, with when they were added.
     waiting: Mutex<HashMap<String, Instant>>,
-    next_id: AtomicU64,
 }
 
 /// The metrics of one named queue; cheap to clone (clones share the series).
@@ -60,7 +55,6 @@ impl WorkQueueMetrics {
                 longest: Gauge::with_opts(opts("workqueue_longest_running_processor_seconds", "How many seconds has the longest running processor for workqueue been running.")).expect("valid metric"),
                 running: Mutex::default(),
                 waiting: Mutex::default(),
-                next_id: AtomicU64::new(0),
             }),
         }
     }
@@ -88,13 +82,9 @@ impl WorkQueueMetrics {
         self.inner.adds.inc();
     }
 
-    /// `key` left the queue without being worked on (its object is gone).
-    pub fn forget(&self, key: &str) {
-        self.take(key);
-    }
-
-    /// Remove `key` from the waiting keys; when it was added.
-    fn take(&self, key: &str) -> Option<Instant> {
+    /// `key` left the queue without being worked on (its object is gone), or a
+    /// worker took it; returns when it was added.
+    pub fn forget(&self, key: &str) -> Option<Instant> {
         let mut waiting = self.inner.waiting.lock().expect("not poisoned");
         let added = waiting.remove(key);
         self.inner.depth.set(waiting.len() as i64);
@@ -110,16 +100,15 @@ impl WorkQueueMetrics {
     /// the returned guard counts it as work in progress until dropped, then
     /// observes `workqueue_work_duration_seconds`.
     pub fn start_processing(&self, key: &str) -> Processing {
-        if let Some(added) = self.take(key) {
-            let waited = added.elapsed().as_secs_f64();
-            self.inner.queue_duration.observe(waited);
+        if let Some(added) = self.forget(key) {
+            self.inner
+                .queue_duration
+                .observe(added.elapsed().as_secs_f64());
         }
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        self.running().insert(id, started);
+        self.running().push(started);
         Processing {
             metrics: self.clone(),
-            id,
             started,
         }
     }
@@ -132,15 +121,10 @@ impl WorkQueueMetrics {
         if slots == 0 || running.len() < slots {
             return Duration::ZERO;
         }
-        let now = Instant::now();
-        running
-            .values()
-            .map(|s| now.saturating_duration_since(*s))
-            .min()
-            .unwrap_or_default()
+        running.iter().max().map_or(Duration::ZERO, |s| s.elapsed())
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instant>> {
+    fn running(&self) -> std::sync::MutexGuard<'_, Vec<Instant>> {
         self.inner.running.lock().expect("not poisoned")
     }
 
@@ -149,7 +133,7 @@ impl WorkQueueMetrics {
         let now = Instant::now();
         let (sum, longest) = self
             .running()
-            .values()
+            .iter()
             .map(|s| now.saturating_duration_since(*s).as_secs_f64())
             .fold((0.0, 0.0_f64), |(sum, max), age| (sum + age, max.max(age)));
         self.inner.unfinished.set(sum);
@@ -174,13 +158,16 @@ impl WorkQueueMetrics {
 /// One key being processed; see [`WorkQueueMetrics::start_processing`].
 pub struct Processing {
     metrics: WorkQueueMetrics,
-    id: u64,
     started: Instant,
 }
 
 impl Drop for Processing {
     fn drop(&mut self) {
-        self.metrics.running().remove(&self.id);
+        let mut running = self.metrics.running();
+        // Equal start times are interchangeable: removing any one of them is exact.
+        if let Some(i) = running.iter().position(|s| *s == self.started) {
+            running.swap_remove(i);
+        }
         let worked = self.started.elapsed().as_secs_f64();
         self.metrics.inner.work_duration.observe(worked);
     }
