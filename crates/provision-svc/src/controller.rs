@@ -80,14 +80,13 @@ pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Ac
         class = %decision::claim_class(&claim),
         attempt = requeues + 1,
     );
-    let result = match resize::wanted(&claim, &op.settings.names) {
-        Some(want) => {
-            resize::resize(op, &claim, want)
-                .instrument(span.clone())
-                .await
+    let work = async {
+        match resize::wanted(&claim, &op.settings.names) {
+            Some(want) => resize::resize(op, &claim, want).await,
+            None => op.sync(&claim).await,
         }
-        None => op.sync(&claim).instrument(span.clone()).await,
     };
+    let result = work.instrument(span.clone()).await;
     let threshold = op.settings.failure_threshold;
     match result {
         Ok(()) => {
