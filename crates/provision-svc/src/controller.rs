@@ -80,14 +80,13 @@ pub async fn reconcile(cached: Arc<CachedClaim>, ctx: Arc<Context>) -> Result<Ac
         class = %decision::claim_class(&claim),
         attempt = requeues + 1,
     );
-    let result = match resize::wanted(&claim, &op.settings.names) {
-        Some(want) => {
-            resize::resize(op, &claim, want)
-                .instrument(span.clone())
-                .await
+    let work = async {
+        match resize::wanted(&claim, &op.settings.names) {
+            Some(want) => resize::resize(op, &claim, want).await,
+            None => op.sync(&claim).await,
         }
-        None => op.sync(&claim).instrument(span.clone()).await,
     };
+    let result = work.instrument(span.clone()).await;
     let threshold = op.settings.failure_threshold;
     match result {
         Ok(()) => {
@@ -200,21 +199,15 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let (name, redis) = (ctx.args.provisioner_name.clone(), ctx.args.redis());
     let period = ctx.args.redis_reconnect();
     let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
-    // Each retried every `--redis-reconnect-period` until it succeeds or `shutdown` fires.
-    let log = |what: &'static str| move |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis for the {what}; retrying");
-    let queue = || async {
-        Ok(PvQueue::connect(&redis, &name)
-            .await?
-            .with_replica_acks(acks.0, acks.1))
+    // Retried every `--redis-reconnect-period` until it succeeds or `shutdown` fires.
+    let connect = || async {
+        let queue = PvQueue::connect(&redis, &name).await?;
+        let intents = IntentStore::connect(&redis, &name).await?;
+        Ok((queue.with_replica_acks(acks.0, acks.1), intents))
     };
-    let Some(pv_queue) = period.retry(&shutdown, queue, log("PV-write queue")).await else {
-        return Ok(());
-    };
-    let intents = || async { Ok(IntentStore::connect(&redis, &name).await?) };
-    let Some(intents) = period
-        .retry(&shutdown, intents, log("provisioning intents"))
-        .await
-    else {
+    let log =
+        |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis; retrying");
+    let Some((pv_queue, intents)) = period.retry(&shutdown, connect, log).await else {
         return Ok(());
     };
 

@@ -140,23 +140,19 @@ fn options_from_intent(
     entry: &IntentEntry,
 ) -> Result<ProvisionOptions, NoClassRecorded> {
     let intent = &entry.intent;
-    let (version, class) = (intent.version, &intent.class);
-    let storage_class = match &intent.storage_class {
-        Some(c) => c.clone(),
-        None => match op.caches.classes.get(&ObjectRef::new(class)) {
-            Some(c) => c.as_ref().clone(),
-            None => {
-                return Err(NoClassRecorded {
-                    version,
-                    class: class.clone(),
-                })
-            }
-        },
-    };
-    let pvc = match &entry.claim {
-        Some(snap) => snap.claim.clone(),
-        None => claim_from_key(&intent.claim),
-    };
+    let cached = || op.caches.classes.get(&ObjectRef::new(&intent.class));
+    let storage_class = intent
+        .storage_class
+        .clone()
+        .or_else(|| cached().map(|c| c.as_ref().clone()))
+        .ok_or_else(|| NoClassRecorded {
+            version: intent.version,
+            class: intent.class.clone(),
+        })?;
+    let pvc = entry
+        .claim
+        .as_ref()
+        .map_or_else(|| claim_from_key(&intent.claim), |snap| snap.claim.clone());
     let node = intent
         .selected_node
         .clone()
