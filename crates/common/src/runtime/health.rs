@@ -48,13 +48,10 @@ pub async fn beat_while_progressing(
     stalled_for: impl Fn() -> Duration,
     shutdown: CancellationToken,
 ) {
-    loop {
+    let mut tick = tokio::time::interval(period);
+    while shutdown.run_until_cancelled(tick.tick()).await.is_some() {
         if stalled_for() < stall_timeout {
             heartbeat.beat();
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
         }
     }
 }
@@ -70,13 +67,7 @@ struct LivenessState {
     working: AtomicBool,
     leading: AtomicBool,
     /// Last time the leader's own renewal was confirmed on the Lease.
-    renewed: Mutex<Instant>,
-}
-
-impl LivenessState {
-    fn renewed_age(&self) -> Duration {
-        self.renewed.lock().expect("liveness poisoned").elapsed()
-    }
+    renewed: Heartbeat,
 }
 
 /// The state `/healthz` answers from; cheap to clone (clones share it).
@@ -100,7 +91,7 @@ impl Liveness {
             state: Arc::new(LivenessState {
                 working: AtomicBool::new(false),
                 leading: AtomicBool::new(false),
-                renewed: Mutex::new(Instant::now()),
+                renewed: Heartbeat::default(),
             }),
         }
     }
@@ -130,7 +121,7 @@ impl Liveness {
 
     /// The leader's own renewal was just confirmed on the Lease.
     pub fn renewed(&self) {
-        *self.state.renewed.lock().expect("liveness poisoned") = Instant::now();
+        self.state.renewed.beat();
     }
 
     /// `Ok` when healthy, else why not (the `/healthz` body).
@@ -139,7 +130,7 @@ impl Liveness {
         if self.state.working.load(Ordering::SeqCst) && age > limit {
             return Err(Unhealthy::Stalled { age, limit });
         }
-        let (age, limit) = (self.state.renewed_age(), self.renew_tolerance);
+        let (age, limit) = (self.state.renewed.age(), self.renew_tolerance);
         if self.state.leading.load(Ordering::SeqCst) && age > limit {
             return Err(Unhealthy::NotRenewing { age, limit });
         }
@@ -202,9 +193,8 @@ impl LeaderTerm {
         if !state.leading.load(Ordering::SeqCst) {
             return Err(NotCurrent::NotLeading);
         }
-        let age = state.renewed_age();
-        if age > *deadline {
-            let deadline = *deadline;
+        let (age, deadline) = (state.renewed.age(), *deadline);
+        if age > deadline {
             return Err(NotCurrent::Stale { age, deadline });
         }
         Ok(())
