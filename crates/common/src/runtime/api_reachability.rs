@@ -1,8 +1,6 @@
-//! Whether the API server answers, logged once per change: the first failure
-//! to reach it (with its address and the cause: connection refused, timed
-//! out, DNS, TLS, connection closed), a change of cause, and its return.
-//! The client's request layer (`ApiMetrics`) tells it every outcome, so the retry loops (Lease, reflectors) need not log each attempt
-//! that fails for the same reason ([`unreachable_cause`] tells them apart).
+//! Whether the API server answers, logged once per change (first failure with its
+//! cause, a change of cause, the return) from every outcome the client's request
+//! layer sees, so retry loops need not log each attempt that fails the same way.
 
 use std::error::Error as StdError;
 use std::sync::{Arc, Mutex};

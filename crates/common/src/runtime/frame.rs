@@ -1,12 +1,8 @@
 //! The frame every service runs in ([`run_service`]): kube client, `/metrics`
 //! `/healthz` `/readyz`, standby until the service's Lease is held, the work loop
-//! once per leader term with a [`ServiceContext`], and graceful shutdown.
-//!
-//! A lost Lease aborts the work loop and awaits it; the process stays up, not
-//! ready, and campaigns again. SIGTERM lets the loop finish for
-//! `--shutdown-grace-period`, then aborts it and releases the Lease. A service
-//! owns every task it spawns (a `JoinSet` held by the work future), so the abort
-//! stops them all. Details: docs/decisions/0003-leader-election-and-the-frame.md.
+//! once per leader term with a [`ServiceContext`], and graceful shutdown. A lost
+//! Lease aborts the work loop (and so every task it owns) and campaigns again:
+//! docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,8 +39,7 @@ pub struct ServiceContext {
     pub spec: ServiceSpec,
     /// Address the HTTP server is bound to.
     pub http_addr: SocketAddr,
-    /// Beat it while the work loop makes progress or is idle; `/healthz` fails
-    /// once it has not beaten for `--healthz-stall-timeout` ([`crate::runtime::health`]).
+    /// Beat it while the work loop makes progress or is idle ([`crate::runtime::health`]).
     pub heartbeat: Heartbeat,
     /// This replica's leader term: check it right before an irreversible
     /// action (always current with `--leader-election=false`).
@@ -242,9 +237,8 @@ where
     result
 }
 
-/// Run `work` while holding the Lease, released (unless lost) only after the work and the
-/// renewal loop are gone. `Ok`: the work returned or SIGTERM drained it (the run is over);
-/// `Err`: the Lease was lost, the work aborted and awaited.
+/// Run `work` while holding the Lease, released (unless lost) once the work is gone.
+/// `Ok`: the run is over; `Err`: the Lease was lost, the work aborted and awaited.
 async fn lead<F, Fut>(
     elector: &LeaderElector,
     ctx: ServiceContext,
@@ -279,8 +273,7 @@ where
 
 type Work = tokio::task::JoinHandle<anyhow::Result<()>>;
 
-/// Abort the work task and wait until it is gone (its future dropped, so its
-/// JoinSets are aborted too). A task that had already finished is just reaped.
+/// Abort the work task and wait until it is gone (its JoinSets dropped with it).
 async fn stop_work(handle: &mut Work) {
     handle.abort();
     if let Err(join) = handle.await {
@@ -290,9 +283,8 @@ async fn stop_work(handle: &mut Work) {
     }
 }
 
-/// Wait for the work task; after `shutdown` fires, give it `grace` to return,
-/// then abort it and wait until it is gone. Returns the work's result (a panic
-/// is an error), or `Ok` when it was aborted.
+/// Wait for the work task; after `shutdown` fires, give it `grace` to return, then
+/// abort it. Returns the work's result (a panic is an error), or `Ok` when aborted.
 async fn finish_work(
     handle: &mut Work,
     shutdown: &CancellationToken,

@@ -1,9 +1,7 @@
 //! What `/healthz` checks: a work-loop heartbeat ([`Heartbeat::beat`] at least
 //! once per `--healthz-stall-timeout` while the loop leads; an idle loop beats too)
 //! and, for a leader, a Lease renewal confirmed within the renew deadline plus
-//! three retry periods. Standbys, campaigning replicas and leaders whose Redis is
-//! down are healthy (`/readyz` reports them). Rationale:
-//! docs/decisions/0003-leader-election-and-the-frame.md.
+//! three retry periods: docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

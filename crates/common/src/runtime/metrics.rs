@@ -110,9 +110,8 @@ pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str
     register(registry, family)
 }
 
-/// Register the `process_*` families (CPU, memory, fds, start time, threads)
-/// into `registry`, read from `/proc` at each scrape (Linux only; elsewhere
-/// nothing). Called once per registry by the runtime.
+/// Register the `process_*` families (CPU, memory, fds, start time, threads), read
+/// from `/proc` at each scrape (Linux only), into `registry`.
 pub fn register_process_collector(registry: &Registry) {
     #[cfg(target_os = "linux")]
     registry
