@@ -161,12 +161,8 @@ where
             renew_deadline: args.renew_deadline,
             retry_period: args.retry_period,
         };
-        let lost_total = counter_vec(
-            &ctx.registry,
-            "leader_election_lost_total",
-            "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.",
-            &["name"],
-        );
+        let help = "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.";
+        let lost_total = counter_vec(&ctx.registry, "leader_election_lost_total", help, &["name"]);
         lost_total.with_label_values(&[&lease]);
         loop {
             // A fresh elector per term: kube-lease-manager's state is not

@@ -60,7 +60,7 @@ pub fn beat_period(stall_timeout: Duration) -> Duration {
     (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct LivenessState {
     working: AtomicBool,
     leading: AtomicBool,
@@ -86,11 +86,7 @@ impl Liveness {
             heartbeat: Heartbeat::default(),
             stall_timeout,
             renew_tolerance: renew_deadline + 3 * retry_period,
-            state: Arc::new(LivenessState {
-                working: AtomicBool::new(false),
-                leading: AtomicBool::new(false),
-                renewed: Heartbeat::default(),
-            }),
+            state: Arc::default(),
         }
     }
 
