@@ -36,9 +36,9 @@ impl Heartbeat {
     }
 }
 
-/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop has been stuck, zero
-/// when idle or progressing) stays below `stall_timeout`, until `shutdown` fires. Spawn it in the
-/// work loop's own `JoinSet`, so it stops with the loop.
+/// Beat `heartbeat` every `period` (non-zero: [`beat_period`]) while `stalled_for()` (how long the
+/// loop has been stuck, zero when idle or progressing) stays below `stall_timeout`, until
+/// `shutdown` fires. Spawn it in the work loop's own `JoinSet`, so it stops with the loop.
 pub async fn beat_while_progressing(
     heartbeat: Heartbeat,
     period: Duration,
