@@ -23,9 +23,7 @@ pub fn limit_malloc_arenas() {
     }
 }
 
-/// Whether the operator chose the arena count: `MALLOC_ARENA_MAX` set, or
-/// `GLIBC_TUNABLES` (colon-separated `name=value` pairs) naming
-/// `glibc.malloc.arena_max`.
+/// Whether `MALLOC_ARENA_MAX` is set or `GLIBC_TUNABLES` names `glibc.malloc.arena_max`.
 #[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
 fn operator_set_arenas(malloc_arena_max_set: bool, glibc_tunables: Option<&str>) -> bool {
     malloc_arena_max_set
@@ -36,8 +34,7 @@ fn operator_set_arenas(malloc_arena_max_set: bool, glibc_tunables: Option<&str>)
 }
 
 /// A service's `main`: [`limit_malloc_arenas`], then `main` on a multi-thread
-/// tokio runtime (as `#[tokio::main]`), returning its output. Panics: the
-/// runtime cannot be built.
+/// tokio runtime (as `#[tokio::main]`). Panics: the runtime cannot be built.
 pub fn block_on_service<T>(main: impl std::future::Future<Output = T>) -> T {
     limit_malloc_arenas();
     tokio::runtime::Builder::new_multi_thread()

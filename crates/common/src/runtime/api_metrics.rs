@@ -1,9 +1,8 @@
 //! Kubernetes API request metrics under client-go's names, as a tower layer on
 //! the kube client's stack: `rest_client_requests_total{code, method}` (`"<error>"`
 //! when no response arrived) and `rest_client_request_duration_seconds{verb}` (to
-//! the response head), and each outcome told to the [`ApiReachability`] log. No `host`
-//! label (one API server per service). The layer sits inside the client-side rate limit,
-//! so limiter waits are not in the latency. See docs/decisions/0005-events-and-client-go-metrics.md.
+//! the response head), each outcome told to the [`ApiReachability`] log. Inside the rate
+//! limit, so limiter waits are not in the latency: docs/decisions/0005-events-and-client-go-metrics.md.
 
 use std::future::Future;
 use std::pin::Pin;

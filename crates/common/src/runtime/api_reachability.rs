@@ -1,8 +1,6 @@
-//! Whether the API server answers, logged once per change: the first failure
-//! to reach it (with its address and the cause: connection refused, timed
-//! out, DNS, TLS, connection closed), a change of cause, and its return.
-//! The client's request layer (`ApiMetrics`) tells it every outcome, so the retry loops (Lease, reflectors) need not log each attempt
-//! that fails for the same reason ([`unreachable_cause`] tells them apart).
+//! Whether the API server answers, logged once per change (first failure with its
+//! cause, a change of cause, the return) from every outcome the client's request
+//! layer sees, so retry loops need not log each attempt that fails the same way.
 
 use std::error::Error as StdError;
 use std::sync::{Arc, Mutex};
@@ -34,14 +32,12 @@ pub enum Cause {
 /// reach the API server; `None` when the server answered (an API status such
 /// as 403 or 409) or the error is of another kind.
 pub fn unreachable_cause(err: &(dyn StdError + 'static)) -> Option<Cause> {
-    let mut chain = Vec::new();
-    let mut next = Some(err);
-    while let Some(e) = next {
-        if let Some(kube::Error::Api(_)) = e.downcast_ref::<kube::Error>() {
-            return None;
-        }
-        chain.push(e);
-        next = e.source();
+    let chain: Vec<_> = std::iter::successors(Some(err), |&e| e.source()).collect();
+    if chain
+        .iter()
+        .any(|e| matches!(e.downcast_ref(), Some(kube::Error::Api(_))))
+    {
+        return None;
     }
     let texts: Vec<String> = chain.iter().map(|e| e.to_string().to_lowercase()).collect();
     let any = |words: &[&str]| texts.iter().any(|t| words.iter().any(|w| t.contains(w)));
@@ -67,21 +63,20 @@ pub fn unreachable_cause(err: &(dyn StdError + 'static)) -> Option<Cause> {
         }
         Some(io.kind())
     });
-    use std::io::ErrorKind as K;
-    match io_kind {
-        Some(K::ConnectionRefused) => return Some(Cause::Refused),
-        Some(K::TimedOut) => return Some(Cause::TimedOut),
-        // rustls' alerts and garbled records reach us as InvalidData.
-        Some(K::InvalidData) => return Some(Cause::Tls),
-        Some(
+    if let Some(kind) = io_kind {
+        use std::io::ErrorKind as K;
+        return Some(match kind {
+            K::ConnectionRefused => Cause::Refused,
+            K::TimedOut => Cause::TimedOut,
+            // rustls' alerts and garbled records reach us as InvalidData.
+            K::InvalidData => Cause::Tls,
             K::ConnectionReset
             | K::ConnectionAborted
             | K::BrokenPipe
             | K::UnexpectedEof
-            | K::NotConnected,
-        ) => return Some(Cause::Closed),
-        Some(_) => return Some(Cause::Other),
-        None => {}
+            | K::NotConnected => Cause::Closed,
+            _ => Cause::Other,
+        });
     }
     if any(&["connection closed", "connection reset"]) {
         return Some(Cause::Closed);

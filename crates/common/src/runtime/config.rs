@@ -1,7 +1,6 @@
 //! Command-line flags shared by every service, each with an environment twin
 //! (`--kube-api-qps` ⇔ `KUBE_API_QPS`), flattened into each service's parser.
-//! Names follow kubernetes-csi/external-provisioner where it has the flag; the
-//! earlier names stay as aliases (listed in the README).
+//! Names follow kubernetes-csi/external-provisioner where it has the flag.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -44,16 +43,8 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
         return Ok(());
     }
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    let known = [
-        "redis",
-        "rediss",
-        "redis+unix",
-        "unix",
-        "valkey",
-        "valkeys",
-        "valkey+unix",
-    ];
-    if !scheme.is_some_and(|s| known.contains(&s)) {
+    let known = "redis rediss redis+unix unix valkey valkeys valkey+unix";
+    if !scheme.is_some_and(|s| known.split(' ').any(|k| k == s)) {
         return Err(format!(
             "{shown:?} is not a Redis URL: want redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS), redis+sentinel://HOST:PORT,…/PRIMARY_NAME[/DB] or redis+unix:///PATH"
         ));

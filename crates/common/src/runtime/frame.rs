@@ -1,12 +1,8 @@
 //! The frame every service runs in ([`run_service`]): kube client, `/metrics`
 //! `/healthz` `/readyz`, standby until the service's Lease is held, the work loop
-//! once per leader term with a [`ServiceContext`], and graceful shutdown.
-//!
-//! A lost Lease aborts the work loop and awaits it; the process stays up, not
-//! ready, and campaigns again. SIGTERM lets the loop finish for
-//! `--shutdown-grace-period`, then aborts it and releases the Lease. A service
-//! owns every task it spawns (a `JoinSet` held by the work future), so the abort
-//! stops them all. Details: docs/decisions/0003-leader-election-and-the-frame.md.
+//! once per leader term with a [`ServiceContext`], and graceful shutdown. A lost
+//! Lease aborts the work loop (and so every task it owns) and campaigns again:
+//! docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,6 +18,7 @@ use crate::runtime::config::{CommonArgs, ServiceSpec};
 use crate::runtime::health::{Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
 use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
+use crate::runtime::metrics::{counter_vec, gauge_vec};
 
 /// What a work loop gets from the runtime.
 #[derive(Clone)]
@@ -42,8 +39,7 @@ pub struct ServiceContext {
     pub spec: ServiceSpec,
     /// Address the HTTP server is bound to.
     pub http_addr: SocketAddr,
-    /// Beat it while the work loop makes progress or is idle; `/healthz` fails
-    /// once it has not beaten for `--healthz-stall-timeout` ([`crate::runtime::health`]).
+    /// Beat it while the work loop makes progress or is idle ([`crate::runtime::health`]).
     pub heartbeat: Heartbeat,
     /// This replica's leader term: check it right before an irreversible
     /// action (always current with `--leader-election=false`).
@@ -109,7 +105,9 @@ where
         args.renew_deadline,
         args.retry_period,
     );
-    let leader_gauge = crate::runtime::metrics::leader_gauge(&registry);
+    // client-go's name; 0 from the start, so replicas without a leader show as 0, not as no series.
+    let help = "1 while this replica holds the named Lease, 0 otherwise.";
+    let leader_gauge = gauge_vec(&registry, "leader_election_master_status", help, &["name"]);
     crate::runtime::metrics::register_process_collector(&registry);
     let addr = args.http_socket_addr(spec);
     let (http_addr, server) = http::serve(
@@ -134,8 +132,6 @@ where
 
     let identity = leader::identity(args.leader_election_identity.as_deref());
     let lease = lease_name(&args.provisioner_name, spec.lease_suffix);
-    // Exported from the start (0 = standing by), so a service with replicas
-    // up but no leader shows as 0 rather than as no series at all.
     leader_gauge.with_label_values(&[&lease]).set(0);
     let ctx = ServiceContext {
         client: client.clone(),
@@ -165,21 +161,27 @@ where
             renew_deadline: args.renew_deadline,
             retry_period: args.retry_period,
         };
-        let lost_total = crate::runtime::metrics::counter_vec(
-            &ctx.registry,
-            "leader_election_lost_total",
-            "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.",
-            &["name"],
-        );
+        let help = "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.";
+        let lost_total = counter_vec(&ctx.registry, "leader_election_lost_total", help, &["name"]);
         lost_total.with_label_values(&[&lease]);
         loop {
             // A fresh elector per term: kube-lease-manager's state is not
             // trusted after we declared the lead lost.
-            let Some(elector) =
-                elector(&client, &namespace, &lease, &identity, timing, &shutdown).await
-            else {
-                break Ok(());
-            };
+            let elector =
+                match LeaderElector::new(client.clone(), &namespace, &lease, &identity, timing)
+                    .await
+                {
+                    Ok(elector) => elector,
+                    Err(err) => {
+                        let what = "cannot prepare leader election, retrying";
+                        log_failure(&format!("{namespace}/{lease}"), what, err.as_ref());
+                        let pause = tokio::time::sleep(timing.retry_period);
+                        match shutdown.run_until_cancelled(pause).await {
+                            Some(()) => continue,
+                            None => break Ok(()),
+                        }
+                    }
+                };
             // The Lease could be read: a healthy standby again, not the not-ready lost term.
             readiness.set_lost(false);
             let elector = elector.on_renewed({
@@ -231,33 +233,8 @@ where
     result
 }
 
-/// Prepare an elector for `namespace/lease`, retrying every retry period while the API server
-/// cannot be reached (`None` on shutdown).
-async fn elector(
-    client: &Client,
-    namespace: &str,
-    lease: &str,
-    identity: &str,
-    timing: LeaseTiming,
-    shutdown: &CancellationToken,
-) -> Option<LeaderElector> {
-    loop {
-        match LeaderElector::new(client.clone(), namespace, lease, identity, timing).await {
-            Ok(e) => return Some(e),
-            Err(err) => {
-                let what = "cannot prepare leader election, retrying";
-                log_failure(&format!("{namespace}/{lease}"), what, err.as_ref());
-                shutdown
-                    .run_until_cancelled(tokio::time::sleep(timing.retry_period))
-                    .await?;
-            }
-        }
-    }
-}
-
-/// Run `work` while holding the Lease, released (unless lost) only after the work and the
-/// renewal loop are gone. `Ok`: the work returned or SIGTERM drained it (the run is over);
-/// `Err`: the Lease was lost, the work aborted and awaited.
+/// Run `work` while holding the Lease, released (unless lost) once the work is gone.
+/// `Ok`: the run is over; `Err`: the Lease was lost, the work aborted and awaited.
 async fn lead<F, Fut>(
     elector: &LeaderElector,
     ctx: ServiceContext,
@@ -270,40 +247,29 @@ where
     let shutdown = ctx.shutdown.clone();
     let grace = ctx.args.shutdown_grace_period;
     let mut handle = tokio::spawn(work(ctx));
-    // One watchdog for the whole term: polled while working and while draining,
-    // so SIGTERM does not restart the renew deadline.
-    let mut hold = Box::pin(elector.hold());
-    // `Err((lost, draining))`: the Lease was lost, while working or while draining after SIGTERM.
-    let end = tokio::select! {
-        lost = &mut hold => Err((lost, false)),
-        res = &mut handle => Ok(joined(res)),
-        // Keep renewing while in-flight work drains; a lost lease still wins.
-        _ = shutdown.cancelled() => tokio::select! {
-            lost = &mut hold => Err((lost, true)),
-            r = finish_work(&mut handle, &shutdown, grace) => Ok(r),
-        },
-    };
-    drop(hold);
-    let (lost, draining) = match end {
-        Ok(result) => {
+    // One watchdog for the whole term, polled while working and while draining
+    // after SIGTERM (a lost Lease still wins), so SIGTERM does not restart the renew deadline.
+    let lost = tokio::select! {
+        lost = elector.hold() => lost,
+        result = finish_work(&mut handle, &shutdown, grace) => {
             elector.release().await;
             return Ok(result);
         }
-        Err(lost) => lost,
     };
+    let draining = shutdown.is_cancelled();
     stop_work(&mut handle).await;
     if !draining {
         return Err(lost);
     }
     tracing::error!(reason = %lost, "leader lease lost while shutting down; all work stopped");
-    let err = anyhow::anyhow!("leader lease lost during shutdown: {lost}");
-    Ok(Err(err))
+    Ok(Err(anyhow::anyhow!(
+        "leader lease lost during shutdown: {lost}"
+    )))
 }
 
 type Work = tokio::task::JoinHandle<anyhow::Result<()>>;
 
-/// Abort the work task and wait until it is gone (its future dropped, so its
-/// JoinSets are aborted too). A task that had already finished is just reaped.
+/// Abort the work task and wait until it is gone (its JoinSets dropped with it).
 async fn stop_work(handle: &mut Work) {
     handle.abort();
     if let Err(join) = handle.await {
@@ -313,31 +279,24 @@ async fn stop_work(handle: &mut Work) {
     }
 }
 
-/// The work loop's result from its join result (a panic becomes an error).
-fn joined(res: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
-    res.unwrap_or_else(|join| Err(anyhow::anyhow!("work loop panicked: {join}")))
-}
-
-/// Wait for the work task; after `shutdown` fires, give it `grace` to return,
-/// then abort it and wait until it is gone. Returns the work's result, or `Ok`
-/// when it was aborted.
+/// Wait for the work task; after `shutdown` fires, give it `grace` to return, then
+/// abort it. Returns the work's result (a panic is an error), or `Ok` when aborted.
 async fn finish_work(
     handle: &mut Work,
     shutdown: &CancellationToken,
     grace: std::time::Duration,
 ) -> anyhow::Result<()> {
-    if let Some(r) = shutdown.run_until_cancelled(&mut *handle).await {
-        return joined(r);
-    }
-    match tokio::time::timeout(grace, &mut *handle).await {
-        Ok(r) => joined(r),
-        Err(_) => {
-            tracing::warn!(
-                ?grace,
-                "in-flight work did not finish within the grace period; aborting it"
-            );
-            stop_work(handle).await;
-            Ok(())
-        }
-    }
+    let finished = match shutdown.run_until_cancelled(&mut *handle).await {
+        Some(joined) => Ok(joined),
+        None => tokio::time::timeout(grace, &mut *handle).await,
+    };
+    let Ok(joined) = finished else {
+        tracing::warn!(
+            ?grace,
+            "in-flight work did not finish within the grace period; aborting it"
+        );
+        stop_work(handle).await;
+        return Ok(());
+    };
+    joined.unwrap_or_else(|join| Err(anyhow::anyhow!("work loop panicked: {join}")))
 }

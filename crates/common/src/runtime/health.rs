@@ -1,9 +1,7 @@
 //! What `/healthz` checks: a work-loop heartbeat ([`Heartbeat::beat`] at least
 //! once per `--healthz-stall-timeout` while the loop leads; an idle loop beats too)
 //! and, for a leader, a Lease renewal confirmed within the renew deadline plus
-//! three retry periods. Standbys, campaigning replicas and leaders whose Redis is
-//! down are healthy (`/readyz` reports them). Rationale:
-//! docs/decisions/0003-leader-election-and-the-frame.md.
+//! three retry periods: docs/decisions/0003-leader-election-and-the-frame.md.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,9 +36,9 @@ impl Heartbeat {
     }
 }
 
-/// Beat `heartbeat` every `period` while `stalled_for()` (how long the loop has been stuck, zero
-/// when idle or progressing) stays below `stall_timeout`, until `shutdown` fires. Spawn it in the
-/// work loop's own `JoinSet`, so it stops with the loop.
+/// Beat `heartbeat` every `period` (non-zero: [`beat_period`]) while `stalled_for()` (how long the
+/// loop has been stuck, zero when idle or progressing) stays below `stall_timeout`, until
+/// `shutdown` fires. Spawn it in the work loop's own `JoinSet`, so it stops with the loop.
 pub async fn beat_while_progressing(
     heartbeat: Heartbeat,
     period: Duration,
@@ -48,13 +46,10 @@ pub async fn beat_while_progressing(
     stalled_for: impl Fn() -> Duration,
     shutdown: CancellationToken,
 ) {
-    loop {
+    let mut tick = tokio::time::interval(period);
+    while shutdown.run_until_cancelled(tick.tick()).await.is_some() {
         if stalled_for() < stall_timeout {
             heartbeat.beat();
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(period) => {}
         }
     }
 }
@@ -65,18 +60,12 @@ pub fn beat_period(stall_timeout: Duration) -> Duration {
     (stall_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct LivenessState {
     working: AtomicBool,
     leading: AtomicBool,
     /// Last time the leader's own renewal was confirmed on the Lease.
-    renewed: Mutex<Instant>,
-}
-
-impl LivenessState {
-    fn renewed_age(&self) -> Duration {
-        self.renewed.lock().expect("liveness poisoned").elapsed()
-    }
+    renewed: Heartbeat,
 }
 
 /// The state `/healthz` answers from; cheap to clone (clones share it).
@@ -97,11 +86,7 @@ impl Liveness {
             heartbeat: Heartbeat::default(),
             stall_timeout,
             renew_tolerance: renew_deadline + 3 * retry_period,
-            state: Arc::new(LivenessState {
-                working: AtomicBool::new(false),
-                leading: AtomicBool::new(false),
-                renewed: Mutex::new(Instant::now()),
-            }),
+            state: Arc::default(),
         }
     }
 
@@ -130,7 +115,7 @@ impl Liveness {
 
     /// The leader's own renewal was just confirmed on the Lease.
     pub fn renewed(&self) {
-        *self.state.renewed.lock().expect("liveness poisoned") = Instant::now();
+        self.state.renewed.beat();
     }
 
     /// `Ok` when healthy, else why not (the `/healthz` body).
@@ -139,7 +124,7 @@ impl Liveness {
         if self.state.working.load(Ordering::SeqCst) && age > limit {
             return Err(Unhealthy::Stalled { age, limit });
         }
-        let (age, limit) = (self.state.renewed_age(), self.renew_tolerance);
+        let (age, limit) = (self.state.renewed.age(), self.renew_tolerance);
         if self.state.leading.load(Ordering::SeqCst) && age > limit {
             return Err(Unhealthy::NotRenewing { age, limit });
         }
@@ -202,9 +187,8 @@ impl LeaderTerm {
         if !state.leading.load(Ordering::SeqCst) {
             return Err(NotCurrent::NotLeading);
         }
-        let age = state.renewed_age();
-        if age > *deadline {
-            let deadline = *deadline;
+        let (age, deadline) = (state.renewed.age(), *deadline);
+        if age > deadline {
             return Err(NotCurrent::Stale { age, deadline });
         }
         Ok(())

@@ -1,12 +1,11 @@
 //! Kubernetes client construction: kubeconfig or in-cluster config, with a
 //! client-side token bucket (client-go's `flowcontrol` semantics, `governor`'s GCRA
 //! limiter; tower's `RateLimit` is a fixed window that lets `2 × burst` through at
-//! an edge) put in front of the client by [`TokenBucketLayer`].
+//! an edge) put in front of the client by [`TokenBucket`].
 
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -16,8 +15,9 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use tower::layer::layer_fn;
 use tower::util::option_layer;
-use tower::{Layer, Service};
+use tower::Service;
 
 use crate::runtime::api_metrics::ApiMetrics;
 use crate::runtime::config::CommonArgs;
@@ -33,44 +33,27 @@ pub fn token_bucket_quota(qps: f64, burst: u32) -> Option<Quota> {
     Some(Quota::with_period(Duration::from_secs_f64(1.0 / qps))?.allow_burst(burst))
 }
 
-/// Tower layer putting a [`TokenBucket`] (governor's direct rate limiter, shared by
-/// every service the layer wraps) in front of a service.
-#[derive(Clone)]
-pub struct TokenBucketLayer {
-    limiter: Arc<DefaultDirectRateLimiter>,
-}
-
-impl TokenBucketLayer {
-    /// A layer enforcing `quota` (see [`token_bucket_quota`]).
-    pub fn new(quota: Quota) -> Self {
-        Self {
-            limiter: Arc::new(RateLimiter::direct(quota)),
-        }
-    }
-}
-
-impl<S> Layer<S> for TokenBucketLayer {
-    type Service = TokenBucket<S>;
-
-    fn layer(&self, inner: S) -> TokenBucket<S> {
-        TokenBucket {
-            inner,
-            limiter: self.limiter.clone(),
-            wait: None,
-            permitted: false,
-        }
-    }
-}
-
 /// A service that is ready only once the token bucket granted a token (one per request)
 /// and the inner service is ready. Waiting is a tokio timer until governor's earliest
 /// conforming instant, so no task spins.
 pub struct TokenBucket<S> {
     inner: S,
-    limiter: Arc<DefaultDirectRateLimiter>,
+    limiter: DefaultDirectRateLimiter,
     wait: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A token was taken for the next `call`.
     permitted: bool,
+}
+
+impl<S> TokenBucket<S> {
+    /// `inner` behind a token bucket enforcing `quota` (see [`token_bucket_quota`]).
+    pub fn new(inner: S, quota: Quota) -> Self {
+        Self {
+            inner,
+            limiter: RateLimiter::direct(quota),
+            wait: None,
+            permitted: false,
+        }
+    }
 }
 
 impl<S, R> Service<R> for TokenBucket<S>
@@ -105,23 +88,6 @@ where
     }
 }
 
-/// Load `--kubeconfig`, else `KUBECONFIG`, `~/.kube/config`, then in-cluster.
-/// Errors: unreadable or invalid kubeconfig, or none found.
-pub async fn load_config(args: &CommonArgs) -> anyhow::Result<Config> {
-    match &args.kubeconfig {
-        Some(path) => {
-            // kube's error names the path already.
-            let kubeconfig = Kubeconfig::read_from(path).context("reading kubeconfig")?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))
-        }
-        None => Config::infer()
-            .await
-            .context("no kubeconfig found and not running in a cluster"),
-    }
-}
-
 /// Build a client from `config` with the [`token_bucket_quota`] limit, kube's retry layer
 /// off (every caller retries itself) and, when given, `metrics` on every request inside the
 /// limit, as client-go does. Errors: TLS or connector setup.
@@ -133,20 +99,33 @@ pub fn build_client(
 ) -> anyhow::Result<Client> {
     config.default_retry = false;
     let builder = ClientBuilder::try_from(config).context("building Kubernetes client")?;
-    let rate_limit = token_bucket_quota(qps, burst).map(TokenBucketLayer::new);
+    let rate_limit = token_bucket_quota(qps, burst)
+        .map(|quota| layer_fn(move |inner| TokenBucket::new(inner, quota)));
     Ok(builder
         .with_layer(&option_layer(metrics))
         .with_layer(&option_layer(rate_limit))
         .build())
 }
 
-/// [`load_config`] then [`build_client`] with the flags' limits and, with a `registry`, the
-/// request metrics in it. Errors: as both.
+/// A client from `--kubeconfig`, else `KUBECONFIG`, `~/.kube/config`, then in-cluster, built
+/// by [`build_client`] with the flags' limits and, with a `registry`, the request metrics in it.
+/// Errors: unreadable or invalid kubeconfig, none found, or as [`build_client`].
 pub async fn client_from_args(
     args: &CommonArgs,
     registry: Option<&prometheus::Registry>,
 ) -> anyhow::Result<Client> {
-    let config = load_config(args).await?;
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            // kube's error names the path already.
+            let kubeconfig = Kubeconfig::read_from(path).context("reading kubeconfig")?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        }
+        None => Config::infer()
+            .await
+            .context("no kubeconfig found and not running in a cluster")?,
+    };
     let metrics = registry.map(|r| ApiMetrics::register(r, &config.cluster_url.to_string()));
     build_client(config, args.kube_api_qps, args.kube_api_burst, metrics)
 }
@@ -162,9 +141,8 @@ mod tests {
         burst: u32,
     ) -> impl Service<(), Response = (), Error = std::convert::Infallible> {
         let quota = token_bucket_quota(qps, burst).expect("limit on");
-        TokenBucketLayer::new(quota).layer(tower::service_fn(|_: ()| async {
-            Ok::<_, std::convert::Infallible>(())
-        }))
+        let svc = tower::service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) });
+        TokenBucket::new(svc, quota)
     }
 
     /// Time for `n` requests through `svc`, one after the other.

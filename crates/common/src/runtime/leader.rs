@@ -109,9 +109,6 @@ pub enum LeadLost {
     LeaseDeleted,
 }
 
-/// Called each time the watchdog sees this leader's own `renewTime` advance.
-type OnRenewed = Box<dyn Fn() + Send + Sync>;
-
 /// One candidate in one Lease's election.
 pub struct LeaderElector {
     manager: LeaseManager,
@@ -119,7 +116,8 @@ pub struct LeaderElector {
     lease_name: String,
     identity: String,
     timing: LeaseTiming,
-    on_renewed: Option<OnRenewed>,
+    /// Called each time the watchdog sees our own `renewTime` advance.
+    on_renewed: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl LeaderElector {
@@ -192,23 +190,25 @@ impl LeaderElector {
         }
     }
 
+    /// Why `lease` (as read) ends our lead: gone, or held by another; `None` otherwise.
+    fn lost(&self, lease: Option<&Lease>) -> Option<LeadLost> {
+        let Some(lease) = lease else {
+            return Some(LeadLost::LeaseDeleted);
+        };
+        let holder = lease.spec.as_ref()?.holder_identity.as_ref()?;
+        (!holder.is_empty() && *holder != self.identity)
+            .then(|| LeadLost::OtherHolder(holder.clone()))
+    }
+
     /// Classify a loss the lease manager reported: a new holder, or none at all.
     async fn why_lost(&self) -> LeadLost {
-        match self.leases.get_opt(&self.lease_name).await {
-            Ok(None) => LeadLost::LeaseDeleted,
-            Ok(Some(lease)) => match lease.spec.and_then(|s| s.holder_identity) {
-                Some(holder) if !holder.is_empty() && holder != self.identity => {
-                    LeadLost::OtherHolder(holder)
-                }
-                _ => LeadLost::RenewDeadlineExceeded,
-            },
-            Err(_) => LeadLost::RenewDeadlineExceeded,
-        }
+        let read = self.leases.get_opt(&self.lease_name).await.ok();
+        let lost = read.and_then(|lease| self.lost(lease.as_ref()));
+        lost.unwrap_or(LeadLost::RenewDeadlineExceeded)
     }
 
     async fn watchdog(&self) -> LeadLost {
-        let mut last_renew_time = None;
-        let mut confirmed_at = Instant::now();
+        let (mut last_renew_time, mut confirmed_at) = (None, Instant::now());
         loop {
             tokio::time::sleep(self.timing.retry_period).await;
             let read = tokio::time::timeout(
@@ -218,22 +218,19 @@ impl LeaderElector {
             .await;
             match read.unwrap_or_else(|_| Err(kube::Error::Service("lease read timed out".into())))
             {
-                Ok(None) => return LeadLost::LeaseDeleted,
-                Ok(Some(lease)) => {
-                    let spec = lease.spec.unwrap_or_default();
-                    let holder = spec.holder_identity.unwrap_or_default();
-                    if holder != self.identity && !holder.is_empty() {
-                        return LeadLost::OtherHolder(holder);
+                Ok(lease) => {
+                    if let Some(lost) = self.lost(lease.as_ref()) {
+                        return lost;
                     }
-                    if holder == self.identity && spec.renew_time != last_renew_time {
+                    let spec = lease.and_then(|l| l.spec).unwrap_or_default();
+                    let ours = spec.holder_identity.as_ref() == Some(&self.identity);
+                    if ours && spec.renew_time != last_renew_time {
                         last_renew_time = spec.renew_time;
                         confirmed_at = Instant::now();
                         self.on_renewed.iter().for_each(|f| f());
                     }
                 }
-                Err(err) => {
-                    log_failure(&self.lease_name, "reading lease failed", &err);
-                }
+                Err(err) => log_failure(&self.lease_name, "reading lease failed", &err),
             }
             if confirmed_at.elapsed() > self.timing.renew_deadline {
                 return LeadLost::RenewDeadlineExceeded;

@@ -110,16 +110,8 @@ pub fn histogram_vec(registry: &Registry, name: &str, help: &str, labels: &[&str
     register(registry, family)
 }
 
-/// Leader-election status of one service: `leader_election_master_status{name="<lease>"}`
-/// is 1 while this replica holds the Lease, 0 otherwise (client-go's metric name).
-pub fn leader_gauge(registry: &Registry) -> IntGaugeVec {
-    let help = "1 while this replica holds the named Lease, 0 otherwise.";
-    gauge_vec(registry, "leader_election_master_status", help, &["name"])
-}
-
-/// Register the `process_*` families (CPU, memory, fds, start time, threads)
-/// into `registry`, read from `/proc` at each scrape (Linux only; elsewhere
-/// nothing). Called once per registry by the runtime.
+/// Register the `process_*` families (CPU, memory, fds, start time, threads), read
+/// from `/proc` at each scrape (Linux only), into `registry`.
 pub fn register_process_collector(registry: &Registry) {
     #[cfg(target_os = "linux")]
     registry
