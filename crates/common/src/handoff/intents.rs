@@ -96,12 +96,11 @@ impl IntentStore {
             in_background,
             claim: claim.clone(),
         };
-        let mut conn = self.conn.clone();
         let (added, _): (usize, usize) = redis::pipe()
             .atomic()
             .hset(&self.intents_key, &intent.pv_name, intent.encode())
             .hset(&self.claims_key, &intent.pv_name, snapshot.encode())
-            .query_async(&mut conn)
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(added == 1)
     }
@@ -109,12 +108,11 @@ impl IntentStore {
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
-        let mut conn = self.conn.clone();
         let (removed, _): (usize, usize) = redis::pipe()
             .atomic()
             .hdel(&self.intents_key, pv_name)
             .hdel(&self.claims_key, pv_name)
-            .query_async(&mut conn)
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(removed == 1)
     }
@@ -159,11 +157,10 @@ impl IntentStore {
     /// logged and `None`); `None` without an intent. Errors: Redis, or
     /// [`IntentError::Decode`] for an unreadable intent.
     pub async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, IntentError> {
-        let mut conn = self.conn.clone();
         let (intent, claim): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::pipe()
             .hget(&self.intents_key, pv_name)
             .hget(&self.claims_key, pv_name)
-            .query_async(&mut conn)
+            .query_async(&mut self.conn.clone())
             .await?;
         let Some(bytes) = intent else {
             return Ok(None);

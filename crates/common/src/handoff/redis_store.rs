@@ -209,11 +209,9 @@ impl RedisConfig {
 
     /// The password from `--redis-password-file` or `REDIS_PASSWORD` (read now).
     fn password(&self) -> Result<Option<String>, ConnectError> {
+        let both = "both --redis-password-file and REDIS_PASSWORD are set; use one";
         match (&self.auth.redis_password_file, &self.password) {
-            (Some(_), Some(_)) => {
-                Err(self
-                    .config_error("both --redis-password-file and REDIS_PASSWORD are set; use one"))
-            }
+            (Some(_), Some(_)) => Err(self.config_error(both)),
             (Some(file), None) => self.read_password_file(file).map(Some),
             (None, Some(p)) => Ok(Some(p.0.clone())),
             (None, None) => Ok(None),
@@ -259,10 +257,8 @@ impl RedisConfig {
     /// Where the primary is: one server, or the Sentinels of a `redis+sentinel://`
     /// URL (same user, password and TLS files for the primary). Errors: as [`Self::client`].
     pub fn endpoint(&self) -> Result<Endpoint, ConnectError> {
-        let url = match parse_sentinel_url(&self.url) {
-            Ok(Some(url)) => url,
-            Ok(None) => return Ok(Endpoint::Fixed(Box::new(self.client()?))),
-            Err(e) => return Err(self.config_error(e)),
+        let Some(url) = parse_sentinel_url(&self.url).map_err(|e| self.config_error(e))? else {
+            return Ok(Endpoint::Fixed(Box::new(self.client()?)));
         };
         let tls_mode = url.tls.then_some(redis::TlsMode::Secure);
         let addrs = url.sentinels.iter().map(|(host, port)| match tls_mode {
@@ -354,20 +350,13 @@ impl RedisConfig {
         if let Some(code) = code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM"))
         {
             // The user this configuration authenticates as (`default` without one).
-            let url_user = self
-                .url
-                .as_str()
-                .into_connection_info()
-                .ok()
-                .and_then(|i| i.redis_settings().username().map(str::to_string));
+            let info = self.url.as_str().into_connection_info().ok();
+            let url_user = info.and_then(|i| i.redis_settings().username().map(str::to_string));
+            let user = self.auth.redis_username.clone().or(url_user);
+            let user = user.unwrap_or_else(|| "default".into());
             return ConnectError::Auth {
                 url,
-                user: self
-                    .auth
-                    .redis_username
-                    .clone()
-                    .or(url_user)
-                    .unwrap_or_else(|| "default".into()),
+                user,
                 code,
                 source: err,
             };

@@ -1,6 +1,6 @@
 //! Reads for metrics and operators: counts, pending entries, dead letters, owners.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use api_types::queue::{DecodeError, QueuedPvWrite};
 use redis::AsyncCommands;
@@ -145,18 +145,16 @@ impl PvQueue {
     ///
     /// Errors: [`QueueError::Command`], [`QueueError::Corrupt`] for an unreadable record.
     pub async fn list_dead(&self) -> Result<Vec<DeadLetter>, QueueError> {
-        let raw: Vec<(String, Vec<u8>)> = self
+        let raw: BTreeMap<String, Vec<u8>> = self
             .conn
             .clone()
             .hgetall(self.keys.get(Key::Dead))
             .await
             .map_err(cmd("list_dead"))?;
-        let mut out = raw
+        let dead = raw
             .iter()
-            .map(|(pv_name, bytes)| decode_dead(pv_name, bytes))
-            .collect::<Result<Vec<_>, _>>()?;
-        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-        Ok(out)
+            .map(|(pv_name, bytes)| decode_dead(pv_name, bytes));
+        dead.collect()
     }
 
     /// The dead letter of `pv_name`, if it is dead-lettered.

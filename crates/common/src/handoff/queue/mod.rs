@@ -215,13 +215,11 @@ impl PvQueue {
         payload: &[u8],
     ) -> Result<EnqueueOutcome, QueueError> {
         let (added, cleared): (i64, i64) = self.run(&ENQUEUE, (pv_name, payload)).await?;
-        let fsynced = self.wait_aof().await;
-        let replicas = self.wait_replicas(pv_name).await;
         Ok(EnqueueOutcome {
             added: added == 1,
             intent_cleared: cleared == 1,
-            fsynced,
-            replicas,
+            fsynced: self.wait_aof().await,
+            replicas: self.wait_replicas(pv_name).await,
         })
     }
 
@@ -382,18 +380,14 @@ impl PvQueue {
         let args = (epoch, visibility.as_millis() as u64, limit);
         let (current, raw): (i64, Vec<(String, Vec<u8>, String)>) =
             self.run(&TAKE_DUE, args).await?;
-        if current != 1 {
-            return Ok(None);
-        }
-        Ok(Some(
-            raw.into_iter()
-                .map(|(pv_name, payload, attempts)| TakenEntry {
-                    attempts: attempts.parse().unwrap_or(0),
-                    pv_name,
-                    payload,
-                })
-                .collect(),
-        ))
+        let taken = raw
+            .into_iter()
+            .map(|(pv_name, payload, attempts)| TakenEntry {
+                attempts: attempts.parse().unwrap_or(0),
+                pv_name,
+                payload,
+            });
+        Ok((current == 1).then(|| taken.collect()))
     }
 
     /// Make every in-flight entry owned by a term before `epoch` (or by none) due now;
