@@ -1,11 +1,7 @@
 //! Durable provisioning intents in Redis: before a backend's `provision`,
 //! provision-svc records a [`ProvisionIntent`] and a claim snapshot
-//! ([`IntentClaim`], also the seed's "claims in progress"); both go when the PV is
-//! queued (in the enqueue script) or the outcome is final. A starting leader walks
-//! them; reclaim-svc's orphan sweep asks [`IntentStore::contains`].
-//! Keys `<prefix>provision-intents` and `<prefix>provision-intent-claims` (hash by
-//! PV name), written and removed together in one MULTI/EXEC.
-//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
+//! ([`IntentClaim`]); both go when the PV is queued (in the enqueue script) or the
+//! outcome is final. Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::collections::HashMap;
 

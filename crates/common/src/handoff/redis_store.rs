@@ -1,11 +1,7 @@
-//! The Redis connection shared by the queue and the intents: the one place that
-//! turns the `--redis-*` flags into a client, with ACL user, password (file, env or
-//! URL; at most one) and TLS (`rediss://`, optional CA and client certificate).
-//! Every key of one provisioner lives under [`key_prefix`] (`provisioner:{<name>}:`,
-//! a Redis Cluster hash tag). [`connect`] checks the connection with `PING`, so
-//! refused credentials or an untrusted certificate fail there ([`ConnectError`]
-//! names the cause and the flag). Passwords never reach logs ([`redact_url`]).
-//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
+//! The Redis connection shared by the queue and the intents: the `--redis-*` flags
+//! (ACL user, password, TLS) turned into a client that [`connect`] checks with
+//! `PING`, and the per-provisioner [`key_prefix`]. Passwords never reach logs
+//! ([`redact_url`]). Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::path::{Path, PathBuf};
 
