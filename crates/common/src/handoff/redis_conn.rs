@@ -190,12 +190,10 @@ impl Failover {
     /// Ask the Sentinels for the primary; switch when they name another address.
     /// At most one lookup runs and at most one per [`LOOKUP_INTERVAL`].
     async fn look_up(&self) {
-        let Ok(mut last) = self.resolving.try_lock() else {
+        let idle = self.resolving.try_lock().ok();
+        let Some(mut last) = idle.filter(|last| last.elapsed() >= LOOKUP_INTERVAL) else {
             return;
         };
-        if last.elapsed() < LOOKUP_INTERVAL {
-            return;
-        }
         *last = Instant::now();
         let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.sentinels.primary()).await {
             Ok(Ok(client)) => client,
