@@ -105,18 +105,15 @@ impl PvQueue {
             let t = enqueued.get(&n).copied().unwrap_or(0.0);
             (n, t)
         });
-        let mut states: Vec<(String, PendingState)> = due
-            .into_iter()
-            .chain(incoming)
-            .map(|(n, t)| (n, PendingState::Due(t as u64)))
-            .chain(
-                inflight
-                    .into_iter()
-                    .map(|(n, t)| (n, PendingState::InFlight(t as u64))),
-            )
-            .collect();
-        states.sort_by(|a, b| a.0.cmp(&b.0));
-        states.dedup_by(|a, b| a.0 == b.0);
+        // A name in several states shows the first: due, incoming, in flight.
+        let mut states = BTreeMap::new();
+        for (n, t) in due.into_iter().chain(incoming) {
+            states.entry(n).or_insert(PendingState::Due(t as u64));
+        }
+        for (n, t) in inflight {
+            states.entry(n).or_insert(PendingState::InFlight(t as u64));
+        }
+        let states: Vec<_> = states.into_iter().collect();
         let mut out = Vec::with_capacity(states.len());
         for chunk in states.chunks(500) {
             let names: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
