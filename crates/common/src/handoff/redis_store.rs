@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use redis::aio::ConnectionManager;
 use redis::sentinel::SentinelClientBuilder;
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use redis::IntoConnectionInfo;
 
 use super::redis_conn::{manager_config, parse_sentinel_url, Endpoint, RedisConn};
 
@@ -302,11 +302,8 @@ impl RedisConfig {
     /// [`ConnectError::Config`]: bad URL, two password sources, conflicting users,
     /// unreadable or empty files, TLS files without `rediss://`, bad PEM.
     pub fn client(&self) -> Result<redis::Client, ConnectError> {
-        let info: ConnectionInfo = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
+        let info = self.url.as_str().into_connection_info();
+        let info = info.map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
         let mut settings = info.redis_settings().clone();
         if let Some(user) = &self.auth.redis_username {
             match settings.username() {
