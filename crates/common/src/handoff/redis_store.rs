@@ -134,8 +134,7 @@ pub enum ConnectError {
         /// What is wrong.
         detail: String,
     },
-    /// Redis refused the credentials (`WRONGPASS`, `NOAUTH`) or the user may
-    /// not run `PING` (`NOPERM`).
+    /// Redis refused the credentials or the `PING` (`code`).
     #[error("Redis at {url} refused authentication as user {user:?} ({code}): check --redis-username and --redis-password-file (and the server's ACL): {source}")]
     Auth {
         /// The URL, redacted.
@@ -149,8 +148,7 @@ pub enum ConnectError {
         #[source]
         source: redis::RedisError,
     },
-    /// The TLS handshake failed, typically an untrusted or mismatched server
-    /// certificate.
+    /// The TLS handshake failed (typically an untrusted server certificate).
     #[error("TLS with Redis at {url} failed (server certificate not trusted by --redis-ca-file, wrong host name, or a non-TLS port): {source}")]
     Tls {
         /// The URL, redacted.

@@ -31,9 +31,7 @@ pub use inspect::{PendingEntry, PendingState, QueueStats};
 /// point of view: retry later (and report not-ready while it lasts).
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
-    /// No connection: bad configuration, refused credentials, failed TLS, or
-    /// Redis unreachable at the first connection ([`redis_store::ConnectError`]
-    /// names which).
+    /// No connection ([`redis_store::ConnectError`] names the cause).
     #[error(transparent)]
     Connect(#[from] redis_store::ConnectError),
     /// A command or script failed (Redis down, timeout, wrong key type, ...).
@@ -88,8 +86,7 @@ pub struct DeadLetter {
 pub struct PvQueue {
     conn: RedisConn,
     keys: Keys,
-    /// Client for the dedicated connection that blocks on the wake-up list
-    /// (a blocking command would stall every other command on `conn`).
+    /// The dedicated connection blocking on the wake-up list (it would stall `conn`).
     waker: Option<Waker>,
     /// Set once the server turned out not to answer `WAITAOF`.
     no_waitaof: Arc<AtomicBool>,
@@ -161,9 +158,8 @@ struct Waker {
 }
 
 impl PvQueue {
-    /// Connect as `redis` describes ([`redis_store::connect`]) and use the keys of
-    /// `provisioner_name`; the wake-up connection uses the same credentials and TLS.
-    /// Errors: [`QueueError::Connect`] naming the cause.
+    /// Connect as `redis` describes (the wake-up connection too) and use the keys of
+    /// `provisioner_name`. Errors: [`QueueError::Connect`] naming the cause.
     pub async fn connect(
         redis: impl Into<RedisConfig>,
         provisioner_name: &str,
@@ -206,9 +202,8 @@ impl PvQueue {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
 
-    /// Store a raw payload under `pv_name` (operators' repair tools and tests of
-    /// garbled entries); same atomicity, idempotence and fsync wait as
-    /// [`enqueue`](Self::enqueue).
+    /// [`enqueue`](Self::enqueue) a raw payload under `pv_name` (operators' repair
+    /// tools and tests of garbled entries).
     pub async fn enqueue_raw(
         &self,
         pv_name: &str,
