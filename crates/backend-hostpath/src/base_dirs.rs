@@ -69,11 +69,14 @@ impl Provisioner for BaseDirs {
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        let (dir, task) = (
-            self.for_class(&options.storage_class),
+        let dir = self.for_class(&options.storage_class);
+        blocking_with(
+            "hostpath delete",
+            dir,
+            options,
             delete::delete_unprovisioned,
-        );
-        blocking_with("hostpath delete", dir, options, task).await
+        )
+        .await
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {

@@ -141,11 +141,8 @@ pub fn archive_orphan(
     let root = open_base(base)?;
     let dir = base.join(name);
     // A symlink or a file there is refused by the walk.
-    let Some(age) = volume_dir::age(&root, &[name.to_string()], &shown(&dir))? else {
-        return Ok(OrphanOutcome::Absent);
-    };
-    if age < min_age {
-        return Ok(OrphanOutcome::TooYoung(age));
+    if let Some(kept) = volume_dir::orphan_kept(&root, &[name.into()], &shown(&dir), min_age)? {
+        return Ok(kept);
     }
     act(&root, &dir, name, true)?;
     let real_base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
@@ -217,16 +214,13 @@ pub(crate) fn checked_name<'a>(
 ) -> Result<&'a str, DeleteError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     let name = backend_kit::single_component(name)?;
-    let Some(path) = volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_path.as_ref())
-        .map(|h| PathBuf::from(&h.path))
-    else {
-        return Err(refused(format!(
+    let spec = volume.spec.as_ref();
+    let path = spec.and_then(|s| s.host_path.as_ref()).ok_or_else(|| {
+        refused(format!(
             "PV {name} has no spec.hostPath; it is not a hostpath volume"
-        )));
-    };
+        ))
+    })?;
+    let path = PathBuf::from(&path.path);
     let expected = base.join(name);
     let resolved_expected = std::fs::canonicalize(base).ok().map(|b| b.join(name));
     if path != expected && Some(&path) != resolved_expected.as_ref() {
@@ -240,13 +234,8 @@ pub(crate) fn checked_name<'a>(
 }
 
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {
-    let cannot = |e| {
-        failed(format!(
-            "cannot open base directory {}: {e}",
-            base.display()
-        ))
-    };
-    safe_fs::open_root(base).map_err(cannot)
+    let shown = base.display();
+    safe_fs::open_root(base).map_err(|e| failed(format!("cannot open base directory {shown}: {e}")))
 }
 
 /// How errors name the volume directory `dir`.

@@ -294,11 +294,9 @@ pub fn archive_orphan(
     let (root, Some(rel)) = recorded(backend, pv_name)? else {
         return Ok(OrphanOutcome::Absent);
     };
-    let Some(age) = volume_dir::age(&root, rel.components(), &shown(pv_name, &rel))? else {
-        return Ok(OrphanOutcome::Absent);
-    };
-    if age < min_age {
-        return Ok(OrphanOutcome::TooYoung(age));
+    let shown = shown(pv_name, &rel);
+    if let Some(kept) = volume_dir::orphan_kept(&root, rel.components(), &shown, min_age)? {
+        return Ok(kept);
     }
     let archived = apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))?;
     let in_mount = |a| OrphanOutcome::Archived(backend.mount.join(a));

@@ -178,9 +178,7 @@ impl Provisioner for NfsSubdir {
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        delete::volume_directory(self, pv)
-            .map(|_| ())
-            .map_err(VolumeError::from)
+        Ok(delete::volume_directory(self, pv).map(drop)?)
     }
 
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {

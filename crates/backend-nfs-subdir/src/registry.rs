@@ -9,7 +9,7 @@ use std::io::{self, Read, Write};
 use cap_std::fs::Dir;
 
 use super::pattern::RelPath;
-use backend_kit::{safe_fs, Refusal};
+use backend_kit::Refusal;
 
 /// Top-level bookkeeping directory in the mount (never a volume directory).
 pub const REGISTRY_DIR: &str = backend_kit::capacity::BOOKKEEPING_DIR;
@@ -38,17 +38,8 @@ fn check_name(pv_name: &str) -> io::Result<()> {
 }
 
 fn open_volumes(root: &Dir, create: bool) -> io::Result<Option<Dir>> {
-    let comps = [REGISTRY_DIR.to_string(), VOLUMES_DIR.to_string()];
-    let walked = if create {
-        safe_fs::create_path(root, &comps, 0o700).map(|(d, _)| d)
-    } else {
-        safe_fs::open_path(root, &comps)
-    };
-    match walked {
-        Ok(d) => Ok(Some(d)),
-        Err(safe_fs::WalkError::Missing(_)) => Ok(None),
-        Err(e) => Err(io::Error::other(format!("bookkeeping directory: {e}"))),
-    }
+    backend_kit::capacity::bookkeeping(root, VOLUMES_DIR, create)
+        .map_err(|e| io::Error::other(format!("bookkeeping directory: {e}")))
 }
 
 /// The directory recorded for `pv_name`, if any.
@@ -158,6 +149,7 @@ pub fn nested_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use backend_kit::safe_fs;
 
     /// A temporary directory and a handle on it, as the export's root.
     fn temp_root() -> (tempfile::TempDir, Dir) {
