@@ -38,39 +38,37 @@ pub fn open_root(root: &Path) -> io::Result<Dir> {
 /// Open the sub-directory `name` of `dir` without following a symlink,
 /// classifying failures.
 fn step(dir: &Dir, name: &str, shown: &str) -> Result<Dir, WalkError> {
-    match dir.open_dir_nofollow(name) {
-        Ok(d) => Ok(d),
-        Err(e) => match dir.symlink_metadata(name) {
-            Ok(m) if m.file_type().is_symlink() => Err(WalkError::Symlink(shown.to_string())),
-            Ok(m) if !m.is_dir() => Err(WalkError::NotADirectory(shown.to_string())),
-            Err(m) if m.kind() == io::ErrorKind::NotFound => {
-                Err(WalkError::Missing(shown.to_string()))
-            }
-            _ => Err(WalkError::Io(shown.to_string(), e)),
-        },
-    }
+    let shown = shown.to_string();
+    dir.open_dir_nofollow(name)
+        .map_err(|e| match entry(dir, name) {
+            Ok(Entry::Symlink) => WalkError::Symlink(shown),
+            Ok(Entry::Other) => WalkError::NotADirectory(shown),
+            Ok(Entry::Absent) => WalkError::Missing(shown),
+            _ => WalkError::Io(shown, e),
+        })
 }
 
 /// Open the directory at `components` below `root` (every component a real
 /// directory, none a symlink). An empty slice opens `root` again.
 /// Errors: [`WalkError`] naming the first offending prefix.
 pub fn open_path(root: &Dir, components: &[String]) -> Result<Dir, WalkError> {
-    let mut dir = root
-        .try_clone()
-        .map_err(|e| WalkError::Io(String::new(), e))?;
+    let mut dir = reopen(root)?;
     for (i, name) in components.iter().enumerate() {
         dir = step(&dir, name, &components[..=i].join("/"))?;
     }
     Ok(dir)
 }
 
+fn reopen(root: &Dir) -> Result<Dir, WalkError> {
+    root.try_clone()
+        .map_err(|e| WalkError::Io(String::new(), e))
+}
+
 /// Open (creating missing ones with `mode`, despite the umask) the directory at
 /// `components` below `root`; returns it and whether the last was created.
 /// Errors: [`WalkError`] at the first offending prefix (nothing is replaced).
 pub fn create_path(root: &Dir, components: &[String], mode: u32) -> Result<(Dir, bool), WalkError> {
-    let mut dir = root
-        .try_clone()
-        .map_err(|e| WalkError::Io(String::new(), e))?;
+    let mut dir = reopen(root)?;
     let mut created_last = false;
     for (i, name) in components.iter().enumerate() {
         let shown = components[..=i].join("/");

@@ -136,10 +136,13 @@ pub async fn volumes_in_use(
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
-        let below = |nfs: &k8s_openapi::api::core::v1::NFSVolumeSource| {
-            RelPath::parse(&below_export(backend, &nfs.path)?).ok()
-        };
-        spec.nfs.as_ref().and_then(below).into_iter().collect()
+        let rest = spec
+            .nfs
+            .as_ref()
+            .and_then(|n| below_export(backend, &n.path));
+        rest.and_then(|r| RelPath::parse(&r).ok())
+            .into_iter()
+            .collect()
     });
     if paths.is_empty() {
         return Ok(used);
