@@ -10,6 +10,7 @@ pub mod quota;
 pub mod safe_fs;
 pub mod volume_dir;
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
@@ -112,7 +113,7 @@ where
         .map_err(|source| TaskFailed { what, source })?
 }
 
-/// [`blocking`] of `f(&backend, &input)` on clones of both (the pool takes owned values).
+/// [`blocking`] of `f(&backend, &input)` on owned copies of both (the pool takes owned values).
 ///
 /// Errors: as [`blocking`].
 pub async fn blocking_with<B, I, T, E>(
@@ -123,12 +124,13 @@ pub async fn blocking_with<B, I, T, E>(
 ) -> Result<T, E>
 where
     B: Clone + Send + 'static,
-    I: Clone + Send + 'static,
+    I: ToOwned + ?Sized,
+    I::Owned: Send + 'static,
     T: Send + 'static,
     E: From<TaskFailed> + Send + 'static,
 {
-    let (backend, input) = (backend.clone(), input.clone());
-    blocking(what, move || f(&backend, &input)).await
+    let (backend, input) = (backend.clone(), input.to_owned());
+    blocking(what, move || f(&backend, input.borrow())).await
 }
 
 /// A [`DeleteError::Refused`] with `reason`.

@@ -167,9 +167,8 @@ impl Provisioner for NfsSubdir {
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
         let archive =
-            move |backend: &Self, name: &String| delete::archive_orphan(backend, name, min_age);
-        let name = pv_name.to_string();
-        Some(blocking_with("nfs-subdir orphan archive", self, &name, archive).await)
+            move |backend: &Self, name: &str| delete::archive_orphan(backend, name, min_age);
+        Some(blocking_with("nfs-subdir orphan archive", self, pv_name, archive).await)
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
