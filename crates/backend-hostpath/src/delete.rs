@@ -78,10 +78,9 @@ pub async fn volumes_in_use(
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
+        let local = spec.local.as_ref().map(|l| l.path.clone());
         let host = spec.host_path.as_ref().map(|h| h.path.clone());
-        host.into_iter()
-            .chain(spec.local.as_ref().map(|l| l.path.clone()))
-            .collect()
+        host.into_iter().chain(local)
     });
     if paths.is_empty() {
         return Ok(used);

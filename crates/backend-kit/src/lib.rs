@@ -145,10 +145,10 @@ pub fn failed(reason: String) -> DeleteError {
 
 /// The start of `volumes_in_use`: the PVs' own names, and the paths `paths`
 /// picks from each PV's spec (the caller maps those to volumes).
-pub fn names_and_paths<P>(
+pub fn names_and_paths<I: IntoIterator>(
     pvs: &[PersistentVolume],
-    paths: impl Fn(&PersistentVolumeSpec) -> Vec<P>,
-) -> (HashSet<String>, Vec<P>) {
+    paths: impl Fn(&PersistentVolumeSpec) -> I,
+) -> (HashSet<String>, Vec<I::Item>) {
     let names = pvs.iter().filter_map(|pv| pv.metadata.name.clone());
     let picked = pvs.iter().filter_map(|pv| pv.spec.as_ref()).flat_map(paths);
     (names.collect(), picked.collect())

@@ -136,13 +136,8 @@ pub async fn volumes_in_use(
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
-        let rest = spec
-            .nfs
-            .as_ref()
-            .and_then(|n| below_export(backend, &n.path));
-        rest.and_then(|r| RelPath::parse(&r).ok())
-            .into_iter()
-            .collect()
+        let rest = below_export(backend, &spec.nfs.as_ref()?.path)?;
+        RelPath::parse(&rest).ok()
     });
     if paths.is_empty() {
         return Ok(used);
