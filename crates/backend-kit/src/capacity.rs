@@ -47,16 +47,8 @@ pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<b
             capacity.saturating_sub(allocated)
         )));
     }
-    write_record(&sizes, pv_name, bytes).map_err(unusable)?;
+    safe_fs::replace(&sizes, pv_name, bytes.to_string().as_bytes()).map_err(unusable)?;
     Ok(true)
-}
-
-/// Write `pv_name`'s record whole (a temporary `.`-file renamed over it: a crash never leaves
-/// a half-written record).
-fn write_record(sizes: &Dir, pv_name: &str, bytes: u64) -> io::Result<()> {
-    let tmp = format!(".{pv_name}.tmp");
-    sizes.write(&tmp, bytes.to_string())?;
-    sizes.rename(&tmp, sizes, pv_name)
 }
 
 /// Change `pv_name`'s record to `bytes` unless the recorded total would then exceed
@@ -75,7 +67,7 @@ pub fn grow(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), 
             "the volume cannot grow to {bytes} bytes: its neighbours take {others} of the base directory's capacity of {capacity} bytes"
         )));
     }
-    write_record(&sizes, pv_name, bytes).map_err(unusable)
+    safe_fs::replace(&sizes, pv_name, bytes.to_string().as_bytes()).map_err(unusable)
 }
 
 /// Forget `pv_name`'s record (its volume is deleted or archived); absent is fine.
@@ -84,10 +76,7 @@ pub fn release(root: &Dir, pv_name: &str) -> io::Result<()> {
     let Ok(Some(sizes)) = bookkeeping(root, SIZES_DIR, false) else {
         return Ok(());
     };
-    match sizes.remove_file(pv_name) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    safe_fs::absent_ok(sizes.remove_file(pv_name))
 }
 
 /// [`release`] after a deletion or archive: a failure is only logged (it over-counts the

@@ -4,7 +4,7 @@
 //! component at a time without following a symlink ([`WalkError::Symlink`]),
 //! relative to its parent's handle. Callers pass plain components (no `/`, `.`, `..`).
 
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -114,6 +114,24 @@ pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
     Ok(std::time::Duration::from_secs(
         now.saturating_sub(changed).max(0) as u64,
     ))
+}
+
+/// Write `name` in `dir` whole: a temporary `.<name>.tmp`, synced, renamed over it (a crash
+/// never leaves a half-written file).
+pub fn replace(dir: &Dir, name: &str, contents: &[u8]) -> io::Result<()> {
+    let tmp = format!(".{name}.tmp");
+    let mut file = dir.create(&tmp)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    dir.rename(&tmp, dir, name)
+}
+
+/// `removal` with "not found" counted as done.
+pub fn absent_ok(removal: io::Result<()>) -> io::Result<()> {
+    removal.or_else(|e| match e.kind() {
+        io::ErrorKind::NotFound => Ok(()),
+        _ => Err(e),
+    })
 }
 
 /// What is at `name` inside `dir`, without following a symlink.

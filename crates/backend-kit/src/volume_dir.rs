@@ -53,12 +53,8 @@ pub fn orphan_kept(
 /// Errors: [`DeleteError::Failed`].
 pub fn remove(parent: &Dir, name: &str, pv_name: &str, shown: &str) -> Result<(), DeleteError> {
     quota::lift_before_removal(parent, name, pv_name);
-    match parent.remove_dir_all(name) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            Err(failed(format!("cannot remove {shown}: {e}")))
-        }
-        _ => Ok(()),
-    }
+    let removed = safe_fs::absent_ok(parent.remove_dir_all(name));
+    removed.map_err(|e| failed(format!("cannot remove {shown}: {e}")))
 }
 
 /// Rename `name` of `parent` to the first of `targets` that is free (and at most 255 bytes

@@ -4,12 +4,12 @@
 //! to the mount, written atomically before the directory is created. PV names
 //! are checked as Kubernetes object names before they become file names.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 
 use cap_std::fs::Dir;
 
 use super::pattern::RelPath;
-use backend_kit::Refusal;
+use backend_kit::{safe_fs, Refusal};
 
 /// Top-level bookkeeping directory in the mount (never a volume directory).
 pub const REGISTRY_DIR: &str = backend_kit::capacity::BOOKKEEPING_DIR;
@@ -77,11 +77,7 @@ fn read_record(dir: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
 pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
     check_name(pv_name)?;
     let dir = open_volumes(root, true)?.expect("created above");
-    let tmp = format!(".{pv_name}.tmp");
-    let mut file = dir.create(&tmp)?;
-    file.write_all(format!("{path}\n").as_bytes())?;
-    file.sync_all()?;
-    dir.rename(&tmp, &dir, pv_name)
+    safe_fs::replace(&dir, pv_name, format!("{path}\n").as_bytes())
 }
 
 /// Forget `pv_name` (absent is fine).
@@ -92,10 +88,7 @@ pub fn remove(root: &Dir, pv_name: &str) -> io::Result<()> {
     let Some(dir) = open_volumes(root, false)? else {
         return Ok(());
     };
-    match dir.remove_file(pv_name) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    safe_fs::absent_ok(dir.remove_file(pv_name))
 }
 
 /// Every record as (PV name, directory), sorted; non-PV file names (temporaries)
@@ -149,7 +142,6 @@ pub fn nested_with(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use backend_kit::safe_fs;
 
     /// A temporary directory and a handle on it, as the export's root.
     fn temp_root() -> (tempfile::TempDir, Dir) {
