@@ -151,7 +151,6 @@ pub fn archive_orphan(
 }
 
 /// Names of the real directories (not symlinks) starting with `pvc-` in the base directory, sorted.
-///
 /// Errors: the base directory cannot be opened or read.
 pub fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
     let base = &backend.base_dir;

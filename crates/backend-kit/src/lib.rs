@@ -98,7 +98,6 @@ impl From<TaskFailed> for ProvisionError {
 }
 
 /// Run the filesystem work `f` on the blocking pool; `what` names it if the task fails.
-///
 /// Errors: `f`'s error, or [`TaskFailed`] converted into it.
 pub async fn blocking<T, E>(
     what: &'static str,
@@ -114,7 +113,6 @@ where
 }
 
 /// [`blocking`] of `f(&backend, &input)` on owned copies of both (the pool takes owned values).
-///
 /// Errors: as [`blocking`].
 pub async fn blocking_with<B, I, T, E>(
     what: &'static str,

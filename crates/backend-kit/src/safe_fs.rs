@@ -87,7 +87,6 @@ pub fn create_path(root: &Dir, components: &[String], mode: u32) -> Result<(Dir,
 }
 
 /// Set the permission bits of the directory behind `dir` (`fchmod`).
-///
 /// Errors: the underlying `fchmod` failed.
 pub fn set_mode(dir: &Dir, mode: u32) -> io::Result<()> {
     as_file(dir)?.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -148,7 +147,6 @@ pub enum Entry {
 }
 
 /// Classify `name` inside `dir` (`lstat`-style).
-///
 /// Errors: the lookup failed for another reason than "not found".
 pub fn entry(dir: &Dir, name: &str) -> io::Result<Entry> {
     match dir.symlink_metadata(name) {

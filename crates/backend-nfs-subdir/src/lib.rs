@@ -105,7 +105,6 @@ impl NfsSubdir {
 }
 
 /// Normalize an export path: absolute, `.`/empty components dropped, no `..`.
-///
 /// Errors: relative or containing `..`.
 pub fn normalize_export(path: &str) -> Result<String, String> {
     if !path.starts_with('/') {

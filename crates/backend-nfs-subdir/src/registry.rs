@@ -72,7 +72,6 @@ fn read_record(dir: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
 }
 
 /// Record `path` for `pv_name` (replacing any previous record atomically).
-///
 /// Errors: I/O or an invalid PV name.
 pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
     check_name(pv_name)?;
@@ -80,9 +79,7 @@ pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
     safe_fs::replace(&dir, pv_name, format!("{path}\n").as_bytes())
 }
 
-/// Forget `pv_name` (absent is fine).
-///
-/// Errors: I/O or an invalid PV name.
+/// Forget `pv_name` (absent is fine). Errors: I/O or an invalid PV name.
 pub fn remove(root: &Dir, pv_name: &str) -> io::Result<()> {
     check_name(pv_name)?;
     let Some(dir) = open_volumes(root, false)? else {
@@ -114,9 +111,7 @@ pub fn all(root: &Dir) -> io::Result<Vec<(String, RelPath)>> {
     Ok(out)
 }
 
-/// The PVs other than `pv_name` whose record names `path`.
-///
-/// Errors: as [`all`].
+/// The PVs other than `pv_name` whose record names `path`. Errors: as [`all`].
 pub fn other_owners(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<Vec<String>> {
     Ok(all(root)?
         .into_iter()
