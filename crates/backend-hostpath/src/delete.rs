@@ -10,7 +10,7 @@
 //! handle on `--base-dir`. An absent directory counts as deleted; a missing
 //! base directory is a [`DeleteError::Failed`].
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
@@ -183,7 +183,7 @@ pub(crate) fn check_node(
     let Some(own) = node_name else {
         return Ok(());
     };
-    let mut nodes: Vec<String> = volume
+    let nodes: BTreeSet<&String> = volume
         .spec
         .as_ref()
         .and_then(|s| s.node_affinity.as_ref())
@@ -192,11 +192,9 @@ pub(crate) fn check_node(
         .flat_map(|r| r.node_selector_terms.iter())
         .flat_map(|t| t.match_expressions.iter().flatten())
         .filter(|e| e.key == super::provision::HOSTNAME_LABEL && e.operator == "In")
-        .flat_map(|e| e.values.iter().flatten().cloned())
+        .flat_map(|e| e.values.iter().flatten())
         .collect();
-    nodes.sort();
-    nodes.dedup();
-    if nodes.is_empty() || nodes.iter().any(|n| n == own) {
+    if nodes.is_empty() || nodes.iter().any(|n| n.as_str() == own) {
         return Ok(());
     }
     Err(refused(format!(
