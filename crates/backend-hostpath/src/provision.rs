@@ -188,21 +188,15 @@ fn create_volume_dir(
         }
     };
     let path = base.join(name);
-    let (dir, created) = match safe_fs::create_path(&root, &[name.to_string()], attrs.mode) {
-        Ok(made) => made,
-        Err(e) => {
-            undo(false);
-            return Err(ProvisionError::finished(match e {
-                WalkError::NotADirectory(_) => {
-                    format!("{} exists and is not a directory", path.display())
-                }
-                WalkError::Symlink(_) => {
-                    format!("{} is a symlink; refusing to follow it", path.display())
-                }
-                e => format!("cannot create volume directory {}: {e}", path.display()),
-            }));
-        }
-    };
+    let made = safe_fs::create_path(&root, &[name.to_string()], attrs.mode);
+    let (dir, created) = made.inspect_err(|_| undo(false)).map_err(|e| {
+        let shown = path.display();
+        ProvisionError::finished(match e {
+            WalkError::NotADirectory(_) => format!("{shown} exists and is not a directory"),
+            WalkError::Symlink(_) => format!("{shown} is a symlink; refusing to follow it"),
+            e => format!("cannot create volume directory {shown}: {e}"),
+        })
+    })?;
     if created {
         tracing::info!(path = %path.display(), "created hostpath volume directory");
     } else {
