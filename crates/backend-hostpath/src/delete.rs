@@ -154,11 +154,9 @@ pub fn archive_orphan(
 /// Errors: the base directory cannot be opened or read.
 pub fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
     let base = &backend.base_dir;
+    let base_shown = base.display();
     let shown = |e: io::Error| {
-        VolumeError::Unreadable(format!(
-            "cannot list base directory {}: {e}",
-            base.display()
-        ))
+        VolumeError::Unreadable(format!("cannot list base directory {base_shown}: {e}"))
     };
     let root = safe_fs::open_root(base).map_err(shown)?;
     let mut names = Vec::new();
