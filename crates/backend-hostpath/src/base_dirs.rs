@@ -69,11 +69,14 @@ impl Provisioner for BaseDirs {
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
-        let (dir, task) = (
-            self.for_class(&options.storage_class),
+        let dir = self.for_class(&options.storage_class);
+        blocking_with(
+            "hostpath delete",
+            dir,
+            options,
             delete::delete_unprovisioned,
-        );
-        blocking_with("hostpath delete", dir, options, task).await
+        )
+        .await
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
@@ -122,11 +125,9 @@ impl Provisioner for BaseDirs {
         pv_name: &str,
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
-        let archive =
-            move |dir: &HostPath, name: &String| delete::archive_orphan(dir, name, min_age);
+        let archive = move |dir: &HostPath, name: &str| delete::archive_orphan(dir, name, min_age);
         for dir in &self.0 {
-            let name = pv_name.to_string();
-            match blocking_with("hostpath orphan archive", dir, &name, archive).await {
+            match blocking_with("hostpath orphan archive", dir, pv_name, archive).await {
                 Ok(OrphanOutcome::Absent) => continue,
                 other => return Some(other),
             }

@@ -10,7 +10,7 @@
 //! handle on `--base-dir`. An absent directory counts as deleted; a missing
 //! base directory is a [`DeleteError::Failed`].
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
@@ -78,10 +78,9 @@ pub async fn volumes_in_use(
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
+        let local = spec.local.as_ref().map(|l| l.path.clone());
         let host = spec.host_path.as_ref().map(|h| h.path.clone());
-        host.into_iter()
-            .chain(spec.local.as_ref().map(|l| l.path.clone()))
-            .collect()
+        host.into_iter().chain(local)
     });
     if paths.is_empty() {
         return Ok(used);
@@ -141,11 +140,8 @@ pub fn archive_orphan(
     let root = open_base(base)?;
     let dir = base.join(name);
     // A symlink or a file there is refused by the walk.
-    let Some(age) = volume_dir::age(&root, &[name.to_string()], &shown(&dir))? else {
-        return Ok(OrphanOutcome::Absent);
-    };
-    if age < min_age {
-        return Ok(OrphanOutcome::TooYoung(age));
+    if let Some(kept) = volume_dir::orphan_kept(&root, &[name.into()], &shown(&dir), min_age)? {
+        return Ok(kept);
     }
     act(&root, &dir, name, true)?;
     let real_base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
@@ -155,15 +151,12 @@ pub fn archive_orphan(
 }
 
 /// Names of the real directories (not symlinks) starting with `pvc-` in the base directory, sorted.
-///
 /// Errors: the base directory cannot be opened or read.
 pub fn list_volumes(backend: &HostPath) -> Result<Vec<String>, VolumeError> {
     let base = &backend.base_dir;
+    let base_shown = base.display();
     let shown = |e: io::Error| {
-        VolumeError::Unreadable(format!(
-            "cannot list base directory {}: {e}",
-            base.display()
-        ))
+        VolumeError::Unreadable(format!("cannot list base directory {base_shown}: {e}"))
     };
     let root = safe_fs::open_root(base).map_err(shown)?;
     let mut names = Vec::new();
@@ -188,7 +181,7 @@ pub(crate) fn check_node(
     let Some(own) = node_name else {
         return Ok(());
     };
-    let mut nodes: Vec<String> = volume
+    let nodes: BTreeSet<&String> = volume
         .spec
         .as_ref()
         .and_then(|s| s.node_affinity.as_ref())
@@ -197,11 +190,9 @@ pub(crate) fn check_node(
         .flat_map(|r| r.node_selector_terms.iter())
         .flat_map(|t| t.match_expressions.iter().flatten())
         .filter(|e| e.key == super::provision::HOSTNAME_LABEL && e.operator == "In")
-        .flat_map(|e| e.values.iter().flatten().cloned())
+        .flat_map(|e| e.values.iter().flatten())
         .collect();
-    nodes.sort();
-    nodes.dedup();
-    if nodes.is_empty() || nodes.iter().any(|n| n == own) {
+    if nodes.is_empty() || nodes.iter().any(|n| n.as_str() == own) {
         return Ok(());
     }
     Err(refused(format!(
@@ -217,16 +208,13 @@ pub(crate) fn checked_name<'a>(
 ) -> Result<&'a str, DeleteError> {
     let name = volume.metadata.name.as_deref().unwrap_or_default();
     let name = backend_kit::single_component(name)?;
-    let Some(path) = volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_path.as_ref())
-        .map(|h| PathBuf::from(&h.path))
-    else {
-        return Err(refused(format!(
+    let spec = volume.spec.as_ref();
+    let path = spec.and_then(|s| s.host_path.as_ref()).ok_or_else(|| {
+        refused(format!(
             "PV {name} has no spec.hostPath; it is not a hostpath volume"
-        )));
-    };
+        ))
+    })?;
+    let path = PathBuf::from(&path.path);
     let expected = base.join(name);
     let resolved_expected = std::fs::canonicalize(base).ok().map(|b| b.join(name));
     if path != expected && Some(&path) != resolved_expected.as_ref() {
@@ -240,13 +228,8 @@ pub(crate) fn checked_name<'a>(
 }
 
 fn open_base(base: &Path) -> Result<Dir, DeleteError> {
-    let cannot = |e| {
-        failed(format!(
-            "cannot open base directory {}: {e}",
-            base.display()
-        ))
-    };
-    safe_fs::open_root(base).map_err(cannot)
+    let shown = base.display();
+    safe_fs::open_root(base).map_err(|e| failed(format!("cannot open base directory {shown}: {e}")))
 }
 
 /// How errors name the volume directory `dir`.

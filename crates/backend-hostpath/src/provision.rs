@@ -75,13 +75,11 @@ pub fn provision(
         )),
     };
     let bytes = provisioner_api::quantity::bytes(request).unwrap_or(u64::MAX);
-    let full = if selected.is_some() {
-        ProvisioningState::Reschedule
-    } else {
-        ProvisioningState::Finished
+    let full = match selected {
+        Some(_) => ProvisioningState::Reschedule,
+        None => ProvisioningState::Finished,
     };
-    create_volume_dir(backend, &options.pv_name, &attrs, quota, bytes, full)?;
-    let path = backend.base_dir.join(&options.pv_name);
+    let path = create_volume_dir(backend, &options.pv_name, &attrs, quota, bytes, full)?;
     spec.host_path = Some(HostPathVolumeSource {
         path: path.to_string_lossy().into_owned(),
         type_: Some(HOST_PATH_TYPE.to_string()),
@@ -159,7 +157,7 @@ pub fn validate_volume(backend: &HostPath, pv: &PersistentVolume) -> Result<(), 
 
 /// Create `<base-dir>/<name>` (reused when a real directory) under a handle on the base dir:
 /// room in `--capacity` first (else a failure in state `full`), then the size limit and
-/// `attrs`; what this call made is undone when a later step fails.
+/// `attrs`; what this call made is undone when a later step fails. Returns its path.
 fn create_volume_dir(
     backend: &HostPath,
     name: &str,
@@ -167,22 +165,20 @@ fn create_volume_dir(
     quota: QuotaMode,
     bytes: u64,
     full: ProvisioningState,
-) -> Result<(), ProvisionError> {
+) -> Result<std::path::PathBuf, ProvisionError> {
     let base = &backend.base_dir;
     let io = |what: &str, e: std::io::Error| {
         ProvisionError::finished(format!("{what} {}: {e}", base.display()))
     };
     std::fs::create_dir_all(base).map_err(|e| io("cannot create base directory", e))?;
     let root = safe_fs::open_root(base).map_err(|e| io("cannot open base directory", e))?;
-    let reserved = match backend.capacity {
-        Some(room) => {
-            capacity::reserve(&root, name, bytes, room).map_err(|r| ProvisionError::Failed {
-                state: full,
-                reason: format!("base directory {}: {}", base.display(), r.0),
-            })?
-        }
-        None => false,
+    let no_room = |r: Refusal| ProvisionError::Failed {
+        state: full,
+        reason: format!("base directory {}: {}", base.display(), r.0),
     };
+    let reserve = |room| capacity::reserve(&root, name, bytes, room);
+    let reserved = backend.capacity.map_or(Ok(false), reserve);
+    let reserved = reserved.map_err(no_room)?;
     let undo = |created: bool| {
         if created {
             let _ = root.remove_dir(name);
@@ -192,31 +188,23 @@ fn create_volume_dir(
         }
     };
     let path = base.join(name);
-    let (dir, created) = match safe_fs::create_path(&root, &[name.to_string()], attrs.mode) {
-        Ok(made) => made,
-        Err(e) => {
-            undo(false);
-            return Err(ProvisionError::finished(match e {
-                WalkError::NotADirectory(_) => {
-                    format!("{} exists and is not a directory", path.display())
-                }
-                WalkError::Symlink(_) => {
-                    format!("{} is a symlink; refusing to follow it", path.display())
-                }
-                e => format!("cannot create volume directory {}: {e}", path.display()),
-            }));
-        }
-    };
+    let made = safe_fs::create_path(&root, &[name.to_string()], attrs.mode);
+    let (dir, created) = made.inspect_err(|_| undo(false)).map_err(|e| {
+        let shown = path.display();
+        ProvisionError::finished(match e {
+            WalkError::NotADirectory(_) => format!("{shown} exists and is not a directory"),
+            WalkError::Symlink(_) => format!("{shown} is a symlink; refusing to follow it"),
+            e => format!("cannot create volume directory {shown}: {e}"),
+        })
+    })?;
     if created {
         tracing::info!(path = %path.display(), "created hostpath volume directory");
     } else {
         tracing::info!(path = %path.display(), "reusing existing hostpath volume directory");
     }
     let shown = path.display().to_string();
-    quota::limit_and_own(&dir, name, quota, bytes, attrs, &shown).map_err(|refusal| {
-        undo(created);
-        refusal.into()
-    })
+    quota::limit_and_own(&dir, name, quota, bytes, attrs, &shown).inspect_err(|_| undo(created))?;
+    Ok(path)
 }
 
 #[cfg(test)]

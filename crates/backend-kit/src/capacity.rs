@@ -14,6 +14,20 @@ pub const BOOKKEEPING_DIR: &str = ".split-provisioner";
 /// Its sub-directory of size records, one file per PV holding the request in bytes.
 pub const SIZES_DIR: &str = "sizes";
 
+/// The directory `<root>/.split-provisioner/<sub>`, made (mode `0700`) when `create`, else
+/// `None` when absent. Errors: the walk there failed.
+pub fn bookkeeping(root: &Dir, sub: &str, create: bool) -> Result<Option<Dir>, safe_fs::WalkError> {
+    let comps = [BOOKKEEPING_DIR.to_string(), sub.to_string()];
+    let walked = match create {
+        true => safe_fs::create_path(root, &comps, 0o700).map(|(d, _)| d),
+        false => safe_fs::open_path(root, &comps),
+    };
+    match walked {
+        Err(safe_fs::WalkError::Missing(_)) if !create => Ok(None),
+        walked => walked.map(Some),
+    }
+}
+
 /// Held while a reservation checks and records, so two claims never both take the last space.
 static RESERVING: Mutex<()> = Mutex::new(());
 
@@ -33,16 +47,8 @@ pub fn reserve(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<b
             capacity.saturating_sub(allocated)
         )));
     }
-    write_record(&sizes, pv_name, bytes).map_err(unusable)?;
+    safe_fs::replace(&sizes, pv_name, bytes.to_string().as_bytes()).map_err(unusable)?;
     Ok(true)
-}
-
-/// Write `pv_name`'s record whole (a temporary `.`-file renamed over it: a crash never leaves
-/// a half-written record).
-fn write_record(sizes: &Dir, pv_name: &str, bytes: u64) -> io::Result<()> {
-    let tmp = format!(".{pv_name}.tmp");
-    sizes.write(&tmp, bytes.to_string())?;
-    sizes.rename(&tmp, sizes, pv_name)
 }
 
 /// Change `pv_name`'s record to `bytes` unless the recorded total would then exceed
@@ -61,19 +67,16 @@ pub fn grow(root: &Dir, pv_name: &str, bytes: u64, capacity: u64) -> Result<(), 
             "the volume cannot grow to {bytes} bytes: its neighbours take {others} of the base directory's capacity of {capacity} bytes"
         )));
     }
-    write_record(&sizes, pv_name, bytes).map_err(unusable)
+    safe_fs::replace(&sizes, pv_name, bytes.to_string().as_bytes()).map_err(unusable)
 }
 
 /// Forget `pv_name`'s record (its volume is deleted or archived); absent is fine.
 /// Errors: the record exists and cannot be removed.
 pub fn release(root: &Dir, pv_name: &str) -> io::Result<()> {
-    let Ok(sizes) = safe_fs::open_path(root, &[BOOKKEEPING_DIR.into(), SIZES_DIR.into()]) else {
+    let Ok(Some(sizes)) = bookkeeping(root, SIZES_DIR, false) else {
         return Ok(());
     };
-    match sizes.remove_file(pv_name) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    safe_fs::absent_ok(sizes.remove_file(pv_name))
 }
 
 /// [`release`] after a deletion or archive: a failure is only logged (it over-counts the
@@ -86,9 +89,8 @@ pub fn release_logged(root: &Dir, pv_name: &str) {
 
 /// The recorded total below `root` (bytes; 0 without records). Errors: unreadable records.
 pub fn allocated(root: &Dir) -> io::Result<u64> {
-    match safe_fs::open_path(root, &[BOOKKEEPING_DIR.into(), SIZES_DIR.into()]) {
-        Ok(sizes) => allocated_in(&sizes),
-        Err(safe_fs::WalkError::Missing(_)) => Ok(0),
+    match bookkeeping(root, SIZES_DIR, false) {
+        Ok(sizes) => sizes.map_or(Ok(0), |sizes| allocated_in(&sizes)),
         Err(e) => Err(io::Error::other(e.to_string())),
     }
 }
@@ -134,10 +136,9 @@ fn unusable(e: io::Error) -> Refusal {
 /// Errors: `pv_name` is not one path component, or the directory is unusable.
 fn records(root: &Dir, pv_name: &str) -> Result<Dir, Refusal> {
     single_component(pv_name)?;
-    let comps = [BOOKKEEPING_DIR.to_string(), SIZES_DIR.to_string()];
-    let made = safe_fs::create_path(root, &comps, 0o700);
-    made.map(|(dir, _)| dir)
-        .map_err(|e| unusable(io::Error::other(e.to_string())))
+    let made = bookkeeping(root, SIZES_DIR, true)
+        .map_err(|e| unusable(io::Error::other(e.to_string())))?;
+    Ok(made.expect("created"))
 }
 
 /// The sum of the records in `sizes`; a record that is not a number counts as 0.

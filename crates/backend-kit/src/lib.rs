@@ -10,6 +10,7 @@ pub mod quota;
 pub mod safe_fs;
 pub mod volume_dir;
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
@@ -97,7 +98,6 @@ impl From<TaskFailed> for ProvisionError {
 }
 
 /// Run the filesystem work `f` on the blocking pool; `what` names it if the task fails.
-///
 /// Errors: `f`'s error, or [`TaskFailed`] converted into it.
 pub async fn blocking<T, E>(
     what: &'static str,
@@ -112,8 +112,7 @@ where
         .map_err(|source| TaskFailed { what, source })?
 }
 
-/// [`blocking`] of `f(&backend, &input)` on clones of both (the pool takes owned values).
-///
+/// [`blocking`] of `f(&backend, &input)` on owned copies of both (the pool takes owned values).
 /// Errors: as [`blocking`].
 pub async fn blocking_with<B, I, T, E>(
     what: &'static str,
@@ -123,12 +122,13 @@ pub async fn blocking_with<B, I, T, E>(
 ) -> Result<T, E>
 where
     B: Clone + Send + 'static,
-    I: Clone + Send + 'static,
+    I: ToOwned + ?Sized,
+    I::Owned: Send + 'static,
     T: Send + 'static,
     E: From<TaskFailed> + Send + 'static,
 {
-    let (backend, input) = (backend.clone(), input.clone());
-    blocking(what, move || f(&backend, &input)).await
+    let (backend, input) = (backend.clone(), input.to_owned());
+    blocking(what, move || f(&backend, input.borrow())).await
 }
 
 /// A [`DeleteError::Refused`] with `reason`.
@@ -143,10 +143,10 @@ pub fn failed(reason: String) -> DeleteError {
 
 /// The start of `volumes_in_use`: the PVs' own names, and the paths `paths`
 /// picks from each PV's spec (the caller maps those to volumes).
-pub fn names_and_paths<P>(
+pub fn names_and_paths<I: IntoIterator>(
     pvs: &[PersistentVolume],
-    paths: impl Fn(&PersistentVolumeSpec) -> Vec<P>,
-) -> (HashSet<String>, Vec<P>) {
+    paths: impl Fn(&PersistentVolumeSpec) -> I,
+) -> (HashSet<String>, Vec<I::Item>) {
     let names = pvs.iter().filter_map(|pv| pv.metadata.name.clone());
     let picked = pvs.iter().filter_map(|pv| pv.spec.as_ref()).flat_map(paths);
     (names.collect(), picked.collect())

@@ -4,7 +4,7 @@
 //! component at a time without following a symlink ([`WalkError::Symlink`]),
 //! relative to its parent's handle. Callers pass plain components (no `/`, `.`, `..`).
 
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -38,39 +38,37 @@ pub fn open_root(root: &Path) -> io::Result<Dir> {
 /// Open the sub-directory `name` of `dir` without following a symlink,
 /// classifying failures.
 fn step(dir: &Dir, name: &str, shown: &str) -> Result<Dir, WalkError> {
-    match dir.open_dir_nofollow(name) {
-        Ok(d) => Ok(d),
-        Err(e) => match dir.symlink_metadata(name) {
-            Ok(m) if m.file_type().is_symlink() => Err(WalkError::Symlink(shown.to_string())),
-            Ok(m) if !m.is_dir() => Err(WalkError::NotADirectory(shown.to_string())),
-            Err(m) if m.kind() == io::ErrorKind::NotFound => {
-                Err(WalkError::Missing(shown.to_string()))
-            }
-            _ => Err(WalkError::Io(shown.to_string(), e)),
-        },
-    }
+    let shown = shown.to_string();
+    dir.open_dir_nofollow(name)
+        .map_err(|e| match entry(dir, name) {
+            Ok(Entry::Symlink) => WalkError::Symlink(shown),
+            Ok(Entry::Other) => WalkError::NotADirectory(shown),
+            Ok(Entry::Absent) => WalkError::Missing(shown),
+            _ => WalkError::Io(shown, e),
+        })
 }
 
 /// Open the directory at `components` below `root` (every component a real
 /// directory, none a symlink). An empty slice opens `root` again.
 /// Errors: [`WalkError`] naming the first offending prefix.
 pub fn open_path(root: &Dir, components: &[String]) -> Result<Dir, WalkError> {
-    let mut dir = root
-        .try_clone()
-        .map_err(|e| WalkError::Io(String::new(), e))?;
+    let mut dir = reopen(root)?;
     for (i, name) in components.iter().enumerate() {
         dir = step(&dir, name, &components[..=i].join("/"))?;
     }
     Ok(dir)
 }
 
+fn reopen(root: &Dir) -> Result<Dir, WalkError> {
+    root.try_clone()
+        .map_err(|e| WalkError::Io(String::new(), e))
+}
+
 /// Open (creating missing ones with `mode`, despite the umask) the directory at
 /// `components` below `root`; returns it and whether the last was created.
 /// Errors: [`WalkError`] at the first offending prefix (nothing is replaced).
 pub fn create_path(root: &Dir, components: &[String], mode: u32) -> Result<(Dir, bool), WalkError> {
-    let mut dir = root
-        .try_clone()
-        .map_err(|e| WalkError::Io(String::new(), e))?;
+    let mut dir = reopen(root)?;
     let mut created_last = false;
     for (i, name) in components.iter().enumerate() {
         let shown = components[..=i].join("/");
@@ -89,7 +87,6 @@ pub fn create_path(root: &Dir, components: &[String], mode: u32) -> Result<(Dir,
 }
 
 /// Set the permission bits of the directory behind `dir` (`fchmod`).
-///
 /// Errors: the underlying `fchmod` failed.
 pub fn set_mode(dir: &Dir, mode: u32) -> io::Result<()> {
     as_file(dir)?.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -118,6 +115,24 @@ pub fn age(dir: &Dir) -> io::Result<std::time::Duration> {
     ))
 }
 
+/// Write `name` in `dir` whole: a temporary `.<name>.tmp`, synced, renamed over it (a crash
+/// never leaves a half-written file).
+pub fn replace(dir: &Dir, name: &str, contents: &[u8]) -> io::Result<()> {
+    let tmp = format!(".{name}.tmp");
+    let mut file = dir.create(&tmp)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    dir.rename(&tmp, dir, name)
+}
+
+/// `removal` with "not found" counted as done.
+pub fn absent_ok(removal: io::Result<()>) -> io::Result<()> {
+    removal.or_else(|e| match e.kind() {
+        io::ErrorKind::NotFound => Ok(()),
+        _ => Err(e),
+    })
+}
+
 /// What is at `name` inside `dir`, without following a symlink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -132,7 +147,6 @@ pub enum Entry {
 }
 
 /// Classify `name` inside `dir` (`lstat`-style).
-///
 /// Errors: the lookup failed for another reason than "not found".
 pub fn entry(dir: &Dir, name: &str) -> io::Result<Entry> {
     match dir.symlink_metadata(name) {

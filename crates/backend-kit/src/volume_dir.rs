@@ -5,7 +5,7 @@
 use std::io;
 use std::time::Duration;
 
-use provisioner_api::DeleteError;
+use provisioner_api::{DeleteError, OrphanOutcome};
 
 use crate::safe_fs::{self, Dir, Entry, WalkError};
 use crate::{failed, quota, refused};
@@ -29,21 +29,23 @@ pub fn existing(parent: &Dir, name: &str, shown: &str) -> Result<bool, DeleteErr
     }
 }
 
-/// The age of the directory at `components` below `root` ([`safe_fs::age`]); `None` when
-/// it is absent. Errors: [`DeleteError::Refused`] when the walk there fails otherwise,
+/// The orphan sweep's answer for the directory at `components` below `root` when it must not
+/// be archived: `Absent`, or `TooYoung` when its [`safe_fs::age`] is below `min_age`; `None`
+/// to archive it. Errors: [`DeleteError::Refused`] when the walk there fails otherwise,
 /// [`DeleteError::Failed`] when `fstat` does.
-pub fn age(
+pub fn orphan_kept(
     root: &Dir,
     components: &[String],
     shown: &str,
-) -> Result<Option<Duration>, DeleteError> {
+    min_age: Duration,
+) -> Result<Option<OrphanOutcome>, DeleteError> {
     let dir = match safe_fs::open_path(root, components) {
         Ok(dir) => dir,
-        Err(WalkError::Missing(_)) => return Ok(None),
+        Err(WalkError::Missing(_)) => return Ok(Some(OrphanOutcome::Absent)),
         Err(e) => return Err(refused(format!("{shown}: {e}"))),
     };
     let age = safe_fs::age(&dir).map_err(|e| failed(format!("cannot inspect {shown}: {e}")))?;
-    Ok(Some(age))
+    Ok((age < min_age).then_some(OrphanOutcome::TooYoung(age)))
 }
 
 /// Remove `name` of `parent` (the directory of `pv_name`) with all it holds, its own size
@@ -51,12 +53,8 @@ pub fn age(
 /// Errors: [`DeleteError::Failed`].
 pub fn remove(parent: &Dir, name: &str, pv_name: &str, shown: &str) -> Result<(), DeleteError> {
     quota::lift_before_removal(parent, name, pv_name);
-    match parent.remove_dir_all(name) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            Err(failed(format!("cannot remove {shown}: {e}")))
-        }
-        _ => Ok(()),
-    }
+    let removed = safe_fs::absent_ok(parent.remove_dir_all(name));
+    removed.map_err(|e| failed(format!("cannot remove {shown}: {e}")))
 }
 
 /// Rename `name` of `parent` to the first of `targets` that is free (and at most 255 bytes

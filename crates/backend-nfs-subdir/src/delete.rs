@@ -136,10 +136,8 @@ pub async fn volumes_in_use(
     pvs: &[PersistentVolume],
 ) -> Result<HashSet<String>, VolumeError> {
     let (mut used, paths) = backend_kit::names_and_paths(pvs, |spec| {
-        let below = |nfs: &k8s_openapi::api::core::v1::NFSVolumeSource| {
-            RelPath::parse(&below_export(backend, &nfs.path)?).ok()
-        };
-        spec.nfs.as_ref().and_then(below).into_iter().collect()
+        let rest = below_export(backend, &spec.nfs.as_ref()?.path)?;
+        RelPath::parse(&rest).ok()
     });
     if paths.is_empty() {
         return Ok(used);
@@ -294,11 +292,9 @@ pub fn archive_orphan(
     let (root, Some(rel)) = recorded(backend, pv_name)? else {
         return Ok(OrphanOutcome::Absent);
     };
-    let Some(age) = volume_dir::age(&root, rel.components(), &shown(pv_name, &rel))? else {
-        return Ok(OrphanOutcome::Absent);
-    };
-    if age < min_age {
-        return Ok(OrphanOutcome::TooYoung(age));
+    let shown = shown(pv_name, &rel);
+    if let Some(kept) = volume_dir::orphan_kept(&root, rel.components(), &shown, min_age)? {
+        return Ok(kept);
     }
     let archived = apply_policy(&root, pv_name, &rel, Ok(OnDelete::Archive))?;
     let in_mount = |a| OrphanOutcome::Archived(backend.mount.join(a));

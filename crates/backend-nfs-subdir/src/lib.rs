@@ -105,7 +105,6 @@ impl NfsSubdir {
 }
 
 /// Normalize an export path: absolute, `.`/empty components dropped, no `..`.
-///
 /// Errors: relative or containing `..`.
 pub fn normalize_export(path: &str) -> Result<String, String> {
     if !path.starts_with('/') {
@@ -167,9 +166,8 @@ impl Provisioner for NfsSubdir {
         min_age: Duration,
     ) -> Option<Result<OrphanOutcome, DeleteError>> {
         let archive =
-            move |backend: &Self, name: &String| delete::archive_orphan(backend, name, min_age);
-        let name = pv_name.to_string();
-        Some(blocking_with("nfs-subdir orphan archive", self, &name, archive).await)
+            move |backend: &Self, name: &str| delete::archive_orphan(backend, name, min_age);
+        Some(blocking_with("nfs-subdir orphan archive", self, pv_name, archive).await)
     }
 
     async fn delete_unprovisioned(&self, options: &ProvisionOptions) -> Result<(), DeleteError> {
@@ -178,9 +176,7 @@ impl Provisioner for NfsSubdir {
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        delete::volume_directory(self, pv)
-            .map(|_| ())
-            .map_err(VolumeError::from)
+        Ok(delete::volume_directory(self, pv).map(drop)?)
     }
 
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {

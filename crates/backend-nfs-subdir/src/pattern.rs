@@ -100,9 +100,7 @@ pub fn volume_path(
     RelPath::parse(&rendered).map_err(|e| Refusal(format!("pathPattern renders to {e}")))
 }
 
-/// Substitute every placeholder of `pattern`.
-///
-/// Errors: see [`volume_path`].
+/// Substitute every placeholder of `pattern`. Errors: see [`volume_path`].
 pub fn render(pattern: &str, claim: &ObjectMeta, pv_name: &str) -> Result<String, Refusal> {
     let mut out = String::with_capacity(pattern.len());
     let mut rest = pattern;

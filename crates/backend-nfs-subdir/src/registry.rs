@@ -4,7 +4,7 @@
 //! to the mount, written atomically before the directory is created. PV names
 //! are checked as Kubernetes object names before they become file names.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 
 use cap_std::fs::Dir;
 
@@ -38,17 +38,8 @@ fn check_name(pv_name: &str) -> io::Result<()> {
 }
 
 fn open_volumes(root: &Dir, create: bool) -> io::Result<Option<Dir>> {
-    let comps = [REGISTRY_DIR.to_string(), VOLUMES_DIR.to_string()];
-    let walked = if create {
-        safe_fs::create_path(root, &comps, 0o700).map(|(d, _)| d)
-    } else {
-        safe_fs::open_path(root, &comps)
-    };
-    match walked {
-        Ok(d) => Ok(Some(d)),
-        Err(safe_fs::WalkError::Missing(_)) => Ok(None),
-        Err(e) => Err(io::Error::other(format!("bookkeeping directory: {e}"))),
-    }
+    backend_kit::capacity::bookkeeping(root, VOLUMES_DIR, create)
+        .map_err(|e| io::Error::other(format!("bookkeeping directory: {e}")))
 }
 
 /// The directory recorded for `pv_name`, if any.
@@ -81,30 +72,20 @@ fn read_record(dir: &Dir, pv_name: &str) -> io::Result<Option<RelPath>> {
 }
 
 /// Record `path` for `pv_name` (replacing any previous record atomically).
-///
 /// Errors: I/O or an invalid PV name.
 pub fn put(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<()> {
     check_name(pv_name)?;
     let dir = open_volumes(root, true)?.expect("created above");
-    let tmp = format!(".{pv_name}.tmp");
-    let mut file = dir.create(&tmp)?;
-    file.write_all(format!("{path}\n").as_bytes())?;
-    file.sync_all()?;
-    dir.rename(&tmp, &dir, pv_name)
+    safe_fs::replace(&dir, pv_name, format!("{path}\n").as_bytes())
 }
 
-/// Forget `pv_name` (absent is fine).
-///
-/// Errors: I/O or an invalid PV name.
+/// Forget `pv_name` (absent is fine). Errors: I/O or an invalid PV name.
 pub fn remove(root: &Dir, pv_name: &str) -> io::Result<()> {
     check_name(pv_name)?;
     let Some(dir) = open_volumes(root, false)? else {
         return Ok(());
     };
-    match dir.remove_file(pv_name) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
+    safe_fs::absent_ok(dir.remove_file(pv_name))
 }
 
 /// Every record as (PV name, directory), sorted; non-PV file names (temporaries)
@@ -130,9 +111,7 @@ pub fn all(root: &Dir) -> io::Result<Vec<(String, RelPath)>> {
     Ok(out)
 }
 
-/// The PVs other than `pv_name` whose record names `path`.
-///
-/// Errors: as [`all`].
+/// The PVs other than `pv_name` whose record names `path`. Errors: as [`all`].
 pub fn other_owners(root: &Dir, pv_name: &str, path: &RelPath) -> io::Result<Vec<String>> {
     Ok(all(root)?
         .into_iter()

@@ -1,11 +1,7 @@
 //! Durable provisioning intents in Redis: before a backend's `provision`,
 //! provision-svc records a [`ProvisionIntent`] and a claim snapshot
-//! ([`IntentClaim`], also the seed's "claims in progress"); both go when the PV is
-//! queued (in the enqueue script) or the outcome is final. A starting leader walks
-//! them; reclaim-svc's orphan sweep asks [`IntentStore::contains`].
-//! Keys `<prefix>provision-intents` and `<prefix>provision-intent-claims` (hash by
-//! PV name), written and removed together in one MULTI/EXEC.
-//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
+//! ([`IntentClaim`]); both go when the PV is queued (in the enqueue script) or the
+//! outcome is final. Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::collections::HashMap;
 
@@ -96,12 +92,11 @@ impl IntentStore {
             in_background,
             claim: claim.clone(),
         };
-        let mut conn = self.conn.clone();
         let (added, _): (usize, usize) = redis::pipe()
             .atomic()
             .hset(&self.intents_key, &intent.pv_name, intent.encode())
             .hset(&self.claims_key, &intent.pv_name, snapshot.encode())
-            .query_async(&mut conn)
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(added == 1)
     }
@@ -109,12 +104,11 @@ impl IntentStore {
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
-        let mut conn = self.conn.clone();
         let (removed, _): (usize, usize) = redis::pipe()
             .atomic()
             .hdel(&self.intents_key, pv_name)
             .hdel(&self.claims_key, pv_name)
-            .query_async(&mut conn)
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(removed == 1)
     }
@@ -159,11 +153,10 @@ impl IntentStore {
     /// logged and `None`); `None` without an intent. Errors: Redis, or
     /// [`IntentError::Decode`] for an unreadable intent.
     pub async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, IntentError> {
-        let mut conn = self.conn.clone();
         let (intent, claim): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::pipe()
             .hget(&self.intents_key, pv_name)
             .hget(&self.claims_key, pv_name)
-            .query_async(&mut conn)
+            .query_async(&mut self.conn.clone())
             .await?;
         let Some(bytes) = intent else {
             return Ok(None);

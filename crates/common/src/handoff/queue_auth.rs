@@ -1,11 +1,6 @@
-//! Authenticity of PV-write queue entries: an HMAC-SHA256 keyed with a secret
-//! only provision-svc and pv-writer hold. provision-svc signs every entry
-//! ([`QueueKey::sign`]); pv-writer refuses one whose MAC is missing or wrong
-//! ([`QueueKey::verify`]) before any other use of it. The MAC covers a domain tag,
-//! the provisioner name and the entry without its `mac` field
-//! ([`QueuedPvWrite::canonical_bytes`]). Keys: `--queue-hmac-key-file` (≥ 32
-//! bytes) and, during a rotation, `--queue-hmac-previous-key-file`; without a key a
-//! service refuses to start unless `--insecure-unsigned-queue`.
+//! Authenticity of PV-write queue entries: an HMAC-SHA256 keyed with a secret only
+//! provision-svc ([`QueueKey::sign`]) and pv-writer ([`QueueKey::verify`]) hold, over
+//! a domain tag, the provisioner name and [`QueuedPvWrite::canonical_bytes`].
 //! Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::path::{Path, PathBuf};

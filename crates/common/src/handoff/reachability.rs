@@ -46,14 +46,13 @@ pub async fn watch_reachability(
                 None => false,
             }
         };
-        let up = tokio::select! {
-            _ = stop.cancelled() => return,
-            up = probe => up,
+        let Some(up) = stop.run_until_cancelled(probe).await else {
+            return;
         };
         gauge.set(i64::from(up));
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+        let pause = tokio::time::sleep(interval);
+        if stop.run_until_cancelled(pause).await.is_none() {
+            return;
         }
     }
 }

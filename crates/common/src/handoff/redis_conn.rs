@@ -30,12 +30,10 @@ pub struct SentinelUrl {
 /// `Ok(None)` for a URL of another scheme; errors say what is wrong with a
 /// Sentinel URL (credentials belong in the password-file flags, not the URL).
 pub fn parse_sentinel_url(url: &str) -> Result<Option<SentinelUrl>, String> {
-    let (tls, rest) = if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        (false, rest)
-    } else if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
-        (true, rest)
-    } else {
-        return Ok(None);
+    let (tls, rest) = match url.split_once("://") {
+        Some(("redis+sentinel", rest)) => (false, rest),
+        Some(("rediss+sentinel", rest)) => (true, rest),
+        _ => return Ok(None),
     };
     let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
     if hosts.contains('@') {
@@ -192,12 +190,10 @@ impl Failover {
     /// Ask the Sentinels for the primary; switch when they name another address.
     /// At most one lookup runs and at most one per [`LOOKUP_INTERVAL`].
     async fn look_up(&self) {
-        let Ok(mut last) = self.resolving.try_lock() else {
+        let idle = self.resolving.try_lock().ok();
+        let Some(mut last) = idle.filter(|last| last.elapsed() >= LOOKUP_INTERVAL) else {
             return;
         };
-        if last.elapsed() < LOOKUP_INTERVAL {
-            return;
-        }
         *last = Instant::now();
         let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.sentinels.primary()).await {
             Ok(Ok(client)) => client,

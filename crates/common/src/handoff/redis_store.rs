@@ -1,18 +1,14 @@
-//! The Redis connection shared by the queue and the intents: the one place that
-//! turns the `--redis-*` flags into a client, with ACL user, password (file, env or
-//! URL; at most one) and TLS (`rediss://`, optional CA and client certificate).
-//! Every key of one provisioner lives under [`key_prefix`] (`provisioner:{<name>}:`,
-//! a Redis Cluster hash tag). [`connect`] checks the connection with `PING`, so
-//! refused credentials or an untrusted certificate fail there ([`ConnectError`]
-//! names the cause and the flag). Passwords never reach logs ([`redact_url`]).
-//! Details: docs/decisions/0004-redis-connection-signing-intents.md.
+//! The Redis connection shared by the queue and the intents: the `--redis-*` flags
+//! (ACL user, password, TLS) turned into a client that [`connect`] checks with
+//! `PING`, and the per-provisioner [`key_prefix`]. Passwords never reach logs
+//! ([`redact_url`]). Details: docs/decisions/0004-redis-connection-signing-intents.md.
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use redis::aio::ConnectionManager;
 use redis::sentinel::SentinelClientBuilder;
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use redis::IntoConnectionInfo;
 
 use super::redis_conn::{manager_config, parse_sentinel_url, Endpoint, RedisConn};
 
@@ -138,8 +134,7 @@ pub enum ConnectError {
         /// What is wrong.
         detail: String,
     },
-    /// Redis refused the credentials (`WRONGPASS`, `NOAUTH`) or the user may
-    /// not run `PING` (`NOPERM`).
+    /// Redis refused the credentials or the `PING` (`code`).
     #[error("Redis at {url} refused authentication as user {user:?} ({code}): check --redis-username and --redis-password-file (and the server's ACL): {source}")]
     Auth {
         /// The URL, redacted.
@@ -153,8 +148,7 @@ pub enum ConnectError {
         #[source]
         source: redis::RedisError,
     },
-    /// The TLS handshake failed, typically an untrusted or mismatched server
-    /// certificate.
+    /// The TLS handshake failed (typically an untrusted server certificate).
     #[error("TLS with Redis at {url} failed (server certificate not trusted by --redis-ca-file, wrong host name, or a non-TLS port): {source}")]
     Tls {
         /// The URL, redacted.
@@ -209,11 +203,9 @@ impl RedisConfig {
 
     /// The password from `--redis-password-file` or `REDIS_PASSWORD` (read now).
     fn password(&self) -> Result<Option<String>, ConnectError> {
+        let both = "both --redis-password-file and REDIS_PASSWORD are set; use one";
         match (&self.auth.redis_password_file, &self.password) {
-            (Some(_), Some(_)) => {
-                Err(self
-                    .config_error("both --redis-password-file and REDIS_PASSWORD are set; use one"))
-            }
+            (Some(_), Some(_)) => Err(self.config_error(both)),
             (Some(file), None) => self.read_password_file(file).map(Some),
             (None, Some(p)) => Ok(Some(p.0.clone())),
             (None, None) => Ok(None),
@@ -259,10 +251,8 @@ impl RedisConfig {
     /// Where the primary is: one server, or the Sentinels of a `redis+sentinel://`
     /// URL (same user, password and TLS files for the primary). Errors: as [`Self::client`].
     pub fn endpoint(&self) -> Result<Endpoint, ConnectError> {
-        let url = match parse_sentinel_url(&self.url) {
-            Ok(Some(url)) => url,
-            Ok(None) => return Ok(Endpoint::Fixed(Box::new(self.client()?))),
-            Err(e) => return Err(self.config_error(e)),
+        let Some(url) = parse_sentinel_url(&self.url).map_err(|e| self.config_error(e))? else {
+            return Ok(Endpoint::Fixed(Box::new(self.client()?)));
         };
         let tls_mode = url.tls.then_some(redis::TlsMode::Secure);
         let addrs = url.sentinels.iter().map(|(host, port)| match tls_mode {
@@ -310,11 +300,8 @@ impl RedisConfig {
     /// [`ConnectError::Config`]: bad URL, two password sources, conflicting users,
     /// unreadable or empty files, TLS files without `rediss://`, bad PEM.
     pub fn client(&self) -> Result<redis::Client, ConnectError> {
-        let info: ConnectionInfo = self
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
+        let info = self.url.as_str().into_connection_info();
+        let info = info.map_err(|e| self.config_error(format!("invalid Redis URL: {e}")))?;
         let mut settings = info.redis_settings().clone();
         if let Some(user) = &self.auth.redis_username {
             match settings.username() {
@@ -354,20 +341,13 @@ impl RedisConfig {
         if let Some(code) = code.filter(|c| matches!(c.as_str(), "WRONGPASS" | "NOAUTH" | "NOPERM"))
         {
             // The user this configuration authenticates as (`default` without one).
-            let url_user = self
-                .url
-                .as_str()
-                .into_connection_info()
-                .ok()
-                .and_then(|i| i.redis_settings().username().map(str::to_string));
+            let info = self.url.as_str().into_connection_info().ok();
+            let url_user = info.and_then(|i| i.redis_settings().username().map(str::to_string));
+            let user = self.auth.redis_username.clone().or(url_user);
+            let user = user.unwrap_or_else(|| "default".into());
             return ConnectError::Auth {
                 url,
-                user: self
-                    .auth
-                    .redis_username
-                    .clone()
-                    .or(url_user)
-                    .unwrap_or_else(|| "default".into()),
+                user,
                 code,
                 source: err,
             };

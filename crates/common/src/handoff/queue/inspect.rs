@@ -1,6 +1,6 @@
 //! Reads for metrics and operators: counts, pending entries, dead letters, owners.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use api_types::queue::{DecodeError, QueuedPvWrite};
 use redis::AsyncCommands;
@@ -105,18 +105,15 @@ impl PvQueue {
             let t = enqueued.get(&n).copied().unwrap_or(0.0);
             (n, t)
         });
-        let mut states: Vec<(String, PendingState)> = due
-            .into_iter()
-            .chain(incoming)
-            .map(|(n, t)| (n, PendingState::Due(t as u64)))
-            .chain(
-                inflight
-                    .into_iter()
-                    .map(|(n, t)| (n, PendingState::InFlight(t as u64))),
-            )
-            .collect();
-        states.sort_by(|a, b| a.0.cmp(&b.0));
-        states.dedup_by(|a, b| a.0 == b.0);
+        // A name in several states shows the first: due, incoming, in flight.
+        let mut states = BTreeMap::new();
+        for (n, t) in due.into_iter().chain(incoming) {
+            states.entry(n).or_insert(PendingState::Due(t as u64));
+        }
+        for (n, t) in inflight {
+            states.entry(n).or_insert(PendingState::InFlight(t as u64));
+        }
+        let states: Vec<_> = states.into_iter().collect();
         let mut out = Vec::with_capacity(states.len());
         for chunk in states.chunks(500) {
             let names: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
@@ -145,18 +142,16 @@ impl PvQueue {
     ///
     /// Errors: [`QueueError::Command`], [`QueueError::Corrupt`] for an unreadable record.
     pub async fn list_dead(&self) -> Result<Vec<DeadLetter>, QueueError> {
-        let raw: Vec<(String, Vec<u8>)> = self
+        let raw: BTreeMap<String, Vec<u8>> = self
             .conn
             .clone()
             .hgetall(self.keys.get(Key::Dead))
             .await
             .map_err(cmd("list_dead"))?;
-        let mut out = raw
+        let dead = raw
             .iter()
-            .map(|(pv_name, bytes)| decode_dead(pv_name, bytes))
-            .collect::<Result<Vec<_>, _>>()?;
-        out.sort_by(|a, b| a.pv_name.cmp(&b.pv_name));
-        Ok(out)
+            .map(|(pv_name, bytes)| decode_dead(pv_name, bytes));
+        dead.collect()
     }
 
     /// The dead letter of `pv_name`, if it is dead-lettered.

@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use crate::handoff::redis_conn::{Endpoint, RedisConn};
 use api_types::queue::{ClaimKey, QueuedPvWrite};
-use redis::{AsyncCommands, ScriptInvocation};
+use redis::{AsyncCommands, ToRedisArgs};
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store::{self, RedisConfig};
 pub(crate) use scripts::{Key, Keys};
 use scripts::{
-    BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
+    QueueScript, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
     REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
 };
 
@@ -31,9 +31,7 @@ pub use inspect::{PendingEntry, PendingState, QueueStats};
 /// point of view: retry later (and report not-ready while it lasts).
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
-    /// No connection: bad configuration, refused credentials, failed TLS, or
-    /// Redis unreachable at the first connection ([`redis_store::ConnectError`]
-    /// names which).
+    /// No connection ([`redis_store::ConnectError`] names the cause).
     #[error(transparent)]
     Connect(#[from] redis_store::ConnectError),
     /// A command or script failed (Redis down, timeout, wrong key type, ...).
@@ -88,8 +86,7 @@ pub struct DeadLetter {
 pub struct PvQueue {
     conn: RedisConn,
     keys: Keys,
-    /// Client for the dedicated connection that blocks on the wake-up list
-    /// (a blocking command would stall every other command on `conn`).
+    /// The dedicated connection blocking on the wake-up list (it would stall `conn`).
     waker: Option<Waker>,
     /// Set once the server turned out not to answer `WAITAOF`.
     no_waitaof: Arc<AtomicBool>,
@@ -161,9 +158,8 @@ struct Waker {
 }
 
 impl PvQueue {
-    /// Connect as `redis` describes ([`redis_store::connect`]) and use the keys of
-    /// `provisioner_name`; the wake-up connection uses the same credentials and TLS.
-    /// Errors: [`QueueError::Connect`] naming the cause.
+    /// Connect as `redis` describes (the wake-up connection too) and use the keys of
+    /// `provisioner_name`. Errors: [`QueueError::Connect`] naming the cause.
     pub async fn connect(
         redis: impl Into<RedisConfig>,
         provisioner_name: &str,
@@ -206,27 +202,19 @@ impl PvQueue {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
 
-    /// Store a raw payload under `pv_name` (operators' repair tools and tests of
-    /// garbled entries); same atomicity, idempotence and fsync wait as
-    /// [`enqueue`](Self::enqueue).
+    /// [`enqueue`](Self::enqueue) a raw payload under `pv_name` (operators' repair
+    /// tools and tests of garbled entries).
     pub async fn enqueue_raw(
         &self,
         pv_name: &str,
         payload: &[u8],
     ) -> Result<EnqueueOutcome, QueueError> {
-        let (added, cleared): (i64, i64) = self
-            .run(
-                "enqueue",
-                ENQUEUE.bind(&self.keys).arg(pv_name).arg(payload),
-            )
-            .await?;
-        let fsynced = self.wait_aof().await;
-        let replicas = self.wait_replicas(pv_name).await;
+        let (added, cleared): (i64, i64) = self.run(&ENQUEUE, (pv_name, payload)).await?;
         Ok(EnqueueOutcome {
             added: added == 1,
             intent_cleared: cleared == 1,
-            fsynced,
-            replicas,
+            fsynced: self.wait_aof().await,
+            replicas: self.wait_replicas(pv_name).await,
         })
     }
 
@@ -359,8 +347,7 @@ impl PvQueue {
     /// [`begin_term`](Self::begin_term) with a new epoch above `floor` too: after
     /// Redis lost the counter, the caller's old term still orders the new one.
     pub async fn begin_term_above(&self, floor: u64) -> Result<u64, QueueError> {
-        self.run("begin_term", BEGIN_TERM.bind(&self.keys).arg(floor))
-            .await
+        self.run(&BEGIN_TERM, floor).await
     }
 
     /// The current term (0 before the first [`begin_term`](Self::begin_term)).
@@ -385,38 +372,23 @@ impl PvQueue {
         if limit == 0 {
             return Ok(Some(Vec::new()));
         }
-        let (current, raw): (i64, Vec<(String, Vec<u8>, String)>) = self
-            .run(
-                "take_due",
-                TAKE_DUE
-                    .bind(&self.keys)
-                    .arg(epoch)
-                    .arg(visibility.as_millis() as u64)
-                    .arg(limit),
-            )
-            .await?;
-        if current != 1 {
-            return Ok(None);
-        }
-        Ok(Some(
-            raw.into_iter()
-                .map(|(pv_name, payload, attempts)| TakenEntry {
-                    attempts: attempts.parse().unwrap_or(0),
-                    pv_name,
-                    payload,
-                })
-                .collect(),
-        ))
+        let args = (epoch, visibility.as_millis() as u64, limit);
+        let (current, raw): (i64, Vec<(String, Vec<u8>, String)>) =
+            self.run(&TAKE_DUE, args).await?;
+        let taken = raw
+            .into_iter()
+            .map(|(pv_name, payload, attempts)| TakenEntry {
+                attempts: attempts.parse().unwrap_or(0),
+                pv_name,
+                payload,
+            });
+        Ok((current == 1).then(|| taken.collect()))
     }
 
     /// Make every in-flight entry owned by a term before `epoch` (or by none) due now;
     /// returns how many. The leader calls it right after [`begin_term`](Self::begin_term).
     pub async fn recover_inflight(&self, epoch: u64) -> Result<u64, QueueError> {
-        self.run(
-            "recover_inflight",
-            RECOVER_INFLIGHT.bind(&self.keys).arg(epoch),
-        )
-        .await
+        self.run(&RECOVER_INFLIGHT, epoch).await
     }
 
     /// Make due now every entry in flight under `epoch` that no worker holds (`held`):
@@ -427,30 +399,20 @@ impl PvQueue {
         epoch: u64,
         held: &[String],
     ) -> Result<Option<u64>, QueueError> {
-        let n: i64 = self
-            .run(
-                "requeue_unheld",
-                REQUEUE_UNHELD.bind(&self.keys).arg(epoch).arg(held),
-            )
-            .await?;
+        let n: i64 = self.run(&REQUEUE_UNHELD, (epoch, held)).await?;
         Ok(u64::try_from(n).ok())
     }
 
     /// Whether `pv_name` is still in flight under the current term `epoch`
     /// ([`Settled::Done`]; [`Settled::Fenced`], counted, when stale). Changes no entry.
     pub async fn holds(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
-        self.settle("holds", HOLDS.bind(&self.keys).arg(epoch).arg(pv_name))
-            .await
+        self.settle(&HOLDS, (epoch, pv_name)).await
     }
 
     /// Remove `pv_name` everywhere (the PV exists); only for an entry in flight under
     /// `epoch`. On `Command` the entry stays queued and is written again later.
     pub async fn complete(&self, epoch: u64, pv_name: &str) -> Result<Settled, QueueError> {
-        self.settle(
-            "complete",
-            COMPLETE.bind(&self.keys).arg(epoch).arg(pv_name),
-        )
-        .await
+        self.settle(&COMPLETE, (epoch, pv_name)).await
     }
 
     /// Put an entry in flight under `epoch` back, due `delay` after Redis' now, with
@@ -462,16 +424,9 @@ impl PvQueue {
         delay: Duration,
         attempts: u32,
     ) -> Result<Settled, QueueError> {
-        self.settle(
-            "schedule_retry",
-            RETRY
-                .bind(&self.keys)
-                .arg(epoch)
-                .arg(pv_name)
-                .arg(delay.as_millis() as u64)
-                .arg(attempts),
-        )
-        .await
+        let delay_ms = delay.as_millis() as u64;
+        self.settle(&RETRY, (epoch, pv_name, delay_ms, attempts))
+            .await
     }
 
     /// Move an entry in flight under `epoch` to the dead letters with `letter`; its
@@ -482,42 +437,31 @@ impl PvQueue {
         letter: &DeadLetter,
     ) -> Result<Settled, QueueError> {
         let json = serde_json::to_vec(letter).expect("DeadLetter always serializes");
-        self.settle(
-            "dead_letter",
-            DEAD_LETTER
-                .bind(&self.keys)
-                .arg(epoch)
-                .arg(&letter.pv_name)
-                .arg(json),
-        )
-        .await
+        self.settle(&DEAD_LETTER, (epoch, &letter.pv_name, json))
+            .await
     }
 
     /// Move a dead letter back to pending, due now with its attempts reset; `false`
     /// when `pv_name` is not dead-lettered.
     pub async fn requeue_dead(&self, pv_name: &str) -> Result<bool, QueueError> {
-        let moved: i64 = self
-            .run("requeue_dead", REQUEUE_DEAD.bind(&self.keys).arg(pv_name))
-            .await?;
+        let moved: i64 = self.run(&REQUEUE_DEAD, pv_name).await?;
         Ok(moved == 1)
     }
 
     /// Make every entry waiting for a later retry due now; returns how many.
     pub async fn pull_forward_retries(&self) -> Result<u64, QueueError> {
-        self.run("pull_forward_retries", &PULL_FORWARD.bind(&self.keys))
-            .await
+        self.run(&PULL_FORWARD, None::<u64>).await
     }
 
-    /// Run `invocation` (a script bound to this queue's keys); `operation` names it in errors.
+    /// Run `script` with this queue's keys and `args` (a value or a tuple; `None`: no `ARGV`).
     async fn run<T: redis::FromRedisValue>(
         &self,
-        operation: &'static str,
-        invocation: &ScriptInvocation<'_>,
+        script: &QueueScript,
+        args: impl ToRedisArgs,
     ) -> Result<T, QueueError> {
-        invocation
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(cmd(operation))
+        let invocation = script.bind(&self.keys, args);
+        let result = invocation.invoke_async(&mut self.conn.clone()).await;
+        result.map_err(cmd(script.name))
     }
 
     /// The integer at `key` (0 when absent).
@@ -534,10 +478,10 @@ impl PvQueue {
     /// [`run`](Self::run) a script answering a settlement code (1, 0 or -1).
     async fn settle(
         &self,
-        operation: &'static str,
-        invocation: &ScriptInvocation<'_>,
+        script: &QueueScript,
+        args: impl ToRedisArgs,
     ) -> Result<Settled, QueueError> {
-        Ok(match self.run::<i64>(operation, invocation).await? {
+        Ok(match self.run::<i64>(script, args).await? {
             1 => Settled::Done,
             -1 => Settled::Fenced,
             _ => Settled::NotInFlight,

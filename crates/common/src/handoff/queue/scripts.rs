@@ -1,8 +1,8 @@
 //! The queue's Lua scripts, each bound once to the keys it reads as `KEYS[1..n]`.
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Script, ScriptInvocation, ToRedisArgs};
 
 use crate::handoff::redis_store;
 use Key::*;
@@ -57,26 +57,41 @@ impl Keys {
     }
 }
 
-/// A Lua script with the keys it takes, in `KEYS` order.
+/// A Lua script: its operation name (in errors), the keys it takes in `KEYS`
+/// order, and its preludes and body (joined and hashed once, on first use).
 pub(super) struct QueueScript {
+    pub(super) name: &'static str,
     keys: &'static [Key],
-    script: Script,
+    preludes: &'static [&'static str],
+    body: &'static str,
+    script: OnceLock<Script>,
 }
 
 impl QueueScript {
-    fn new(keys: &'static [Key], preludes: &[&str], body: &str) -> Self {
+    const fn new(
+        name: &'static str,
+        keys: &'static [Key],
+        preludes: &'static [&'static str],
+        body: &'static str,
+    ) -> Self {
+        let script = OnceLock::new();
         QueueScript {
+            name,
             keys,
-            script: Script::new(&(preludes.concat() + body)),
+            preludes,
+            body,
+            script,
         }
     }
 
-    /// An invocation with this script's keys of `keys` bound; the caller adds `ARGV`.
-    pub(super) fn bind(&self, keys: &Keys) -> ScriptInvocation<'_> {
-        let mut invocation = self.script.prepare_invoke();
+    /// An invocation with this script's keys of `keys` bound and `args` as `ARGV`.
+    pub(super) fn bind(&self, keys: &Keys, args: impl ToRedisArgs) -> ScriptInvocation<'_> {
+        let lua = || Script::new(&(self.preludes.concat() + self.body));
+        let mut invocation = self.script.get_or_init(lua).prepare_invoke();
         for key in self.keys {
             invocation.key(keys.get(*key));
         }
+        invocation.arg(args);
         invocation
     }
 }
@@ -117,11 +132,11 @@ end
 // PV is removed in the same script either way: the PV is durably queued, so the
 // intent has done its job. A new entry goes to `incoming`, never to `due`: the next
 // take makes it due.
-pub(super) static ENQUEUE: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Payloads, Incoming, Enqueued, Wakeup, Intents, IntentClaims],
-        &[NOW_LUA],
-        r#"
+pub(super) static ENQUEUE: QueueScript = QueueScript::new(
+    "enqueue",
+    &[Payloads, Incoming, Enqueued, Wakeup, Intents, IntentClaims],
+    &[NOW_LUA],
+    r#"
 local added = 0
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
   redis.call('RPUSH', KEYS[2], ARGV[1])
@@ -135,22 +150,20 @@ local cleared = redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
 return {added, cleared}
 "#,
-    )
-});
+);
 
 // ARGV: floor. Starts a new term above both the current epoch and `floor` (a term
 // this caller held before Redis lost the counter): returns the new epoch.
-pub(super) static BEGIN_TERM: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Epoch],
-        &[],
-        r#"
+pub(super) static BEGIN_TERM: QueueScript = QueueScript::new(
+    "begin_term",
+    &[Epoch],
+    &[],
+    r#"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local floor = tonumber(ARGV[1])
 return redis.call('INCRBY', KEYS[1], math.max(floor - current, 0) + 1)
 "#,
-    )
-});
+);
 
 // ARGV: epoch, visibility ms, limit. Returns {1, triples} or {0, {}} when `epoch` is
 // stale (a newer term exists). Makes up to 1000 incoming names due (at their enqueue
@@ -160,13 +173,13 @@ return redis.call('INCRBY', KEYS[1], math.max(floor - current, 0) + 1)
 // (owned by `epoch`) and returns {name, payload, attempts} triples. A due name
 // without a payload (the payload hash was edited by hand) is dropped from every
 // index, so it cannot pin the oldest-pending age.
-pub(super) static TAKE_DUE: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[
-            Payloads, Due, InFlight, Attempts, Enqueued, Epoch, Owners, Fenced, Incoming, Dead,
-        ],
-        &[NOW_LUA, REQUEUE_LUA, TERM_LUA],
-        r#"
+pub(super) static TAKE_DUE: QueueScript = QueueScript::new(
+    "take_due",
+    &[
+        Payloads, Due, InFlight, Attempts, Enqueued, Epoch, Owners, Fenced, Incoming, Dead,
+    ],
+    &[NOW_LUA, REQUEUE_LUA, TERM_LUA],
+    r#"
 if not term_ok(KEYS[6], KEYS[8], ARGV[1]) then return {0, {}} end
 local incoming = redis.call('LPOP', KEYS[9], 1000)
 if incoming then
@@ -200,17 +213,16 @@ for _, name in ipairs(names) do
 end
 return {1, out}
 "#,
-    )
-});
+);
 
 // ARGV: epoch. In-flight entries owned by an earlier term (or by none: the previous
 // layout) become due now; entries of this term or a later one are left alone. Returns
 // how many were recovered.
-pub(super) static RECOVER_INFLIGHT: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Due, InFlight, Owners],
-        &[NOW_LUA, REQUEUE_LUA],
-        r#"
+pub(super) static RECOVER_INFLIGHT: QueueScript = QueueScript::new(
+    "recover_inflight",
+    &[Due, InFlight, Owners],
+    &[NOW_LUA, REQUEUE_LUA],
+    r#"
 local names = redis.call('ZRANGE', KEYS[2], 0, -1)
 local n = 0
 for _, name in ipairs(names) do
@@ -222,17 +234,16 @@ for _, name in ipairs(names) do
 end
 return n
 "#,
-    )
-});
+);
 
 // ARGV: epoch, then the PV names this term's workers hold. Returns -1 when `epoch` is
 // stale, else how many entries in flight under `epoch` but not held were made due
 // now.
-pub(super) static REQUEUE_UNHELD: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Epoch, Fenced, Due, InFlight, Owners],
-        &[NOW_LUA, REQUEUE_LUA, TERM_LUA],
-        r#"
+pub(super) static REQUEUE_UNHELD: QueueScript = QueueScript::new(
+    "requeue_unheld",
+    &[Epoch, Fenced, Due, InFlight, Owners],
+    &[NOW_LUA, REQUEUE_LUA, TERM_LUA],
+    r#"
 if not term_ok(KEYS[1], KEYS[2], ARGV[1]) then return -1 end
 local held = {}
 for i = 2, #ARGV do held[ARGV[i]] = true end
@@ -245,8 +256,7 @@ for _, name in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
 end
 return n
 "#,
-    )
-});
+);
 
 /// Lua check shared by the settle scripts: -1 for a stale term, 0 when `name`
 /// is not in flight under `epoch`. KEYS[1..3] of the settle scripts are always
@@ -258,22 +268,21 @@ if redis.call('HGET', KEYS[3], ARGV[2]) ~= ARGV[1] then return 0 end
 
 // ARGV: epoch, pv name. Changes nothing but the fenced counter: 1 while the entry is
 // in flight under the current term `epoch`.
-pub(super) static HOLDS: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Epoch, Fenced, Owners],
-        &[TERM_LUA, SETTLE_CHECK_LUA],
-        "return 1",
-    )
-});
+pub(super) static HOLDS: QueueScript = QueueScript::new(
+    "holds",
+    &[Epoch, Fenced, Owners],
+    &[TERM_LUA, SETTLE_CHECK_LUA],
+    "return 1",
+);
 
 // ARGV: epoch, pv name. Removes the entry everywhere.
-pub(super) static COMPLETE: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[
-            Epoch, Fenced, Owners, Payloads, Due, InFlight, Attempts, Enqueued, Dead,
-        ],
-        &[TERM_LUA, SETTLE_CHECK_LUA],
-        r#"
+pub(super) static COMPLETE: QueueScript = QueueScript::new(
+    "complete",
+    &[
+        Epoch, Fenced, Owners, Payloads, Due, InFlight, Attempts, Enqueued, Dead,
+    ],
+    &[TERM_LUA, SETTLE_CHECK_LUA],
+    r#"
 redis.call('HDEL', KEYS[3], ARGV[2])
 redis.call('HDEL', KEYS[4], ARGV[2])
 redis.call('ZREM', KEYS[5], ARGV[2])
@@ -283,15 +292,14 @@ redis.call('ZREM', KEYS[8], ARGV[2])
 redis.call('HDEL', KEYS[9], ARGV[2])
 return 1
 "#,
-    )
-});
+);
 
 // ARGV: epoch, pv name, delay ms, attempts. Due at Redis' now + delay.
-pub(super) static RETRY: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Epoch, Fenced, Owners, Payloads, Due, InFlight, Attempts],
-        &[NOW_LUA, TERM_LUA, SETTLE_CHECK_LUA],
-        r#"
+pub(super) static RETRY: QueueScript = QueueScript::new(
+    "schedule_retry",
+    &[Epoch, Fenced, Owners, Payloads, Due, InFlight, Attempts],
+    &[NOW_LUA, TERM_LUA, SETTLE_CHECK_LUA],
+    r#"
 if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
 if redis.call('ZREM', KEYS[6], ARGV[2]) == 0 then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[2])
@@ -299,17 +307,16 @@ redis.call('ZADD', KEYS[5], now + tonumber(ARGV[3]), ARGV[2])
 redis.call('HSET', KEYS[7], ARGV[2], ARGV[4])
 return 1
 "#,
-    )
-});
+);
 
 // ARGV: epoch, pv name, dead-letter JSON.
-pub(super) static DEAD_LETTER: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[
-            Epoch, Fenced, Owners, Payloads, Due, InFlight, Enqueued, Dead,
-        ],
-        &[TERM_LUA, SETTLE_CHECK_LUA],
-        r#"
+pub(super) static DEAD_LETTER: QueueScript = QueueScript::new(
+    "dead_letter",
+    &[
+        Epoch, Fenced, Owners, Payloads, Due, InFlight, Enqueued, Dead,
+    ],
+    &[TERM_LUA, SETTLE_CHECK_LUA],
+    r#"
 if redis.call('HEXISTS', KEYS[4], ARGV[2]) == 0 then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[2])
 redis.call('ZREM', KEYS[5], ARGV[2])
@@ -318,15 +325,14 @@ redis.call('ZREM', KEYS[7], ARGV[2])
 redis.call('HSET', KEYS[8], ARGV[2], ARGV[3])
 return 1
 "#,
-    )
-});
+);
 
 // ARGV: pv name.
-pub(super) static REQUEUE_DEAD: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Payloads, Due, Attempts, Enqueued, Dead],
-        &[NOW_LUA],
-        r#"
+pub(super) static REQUEUE_DEAD: QueueScript = QueueScript::new(
+    "requeue_dead",
+    &[Payloads, Due, Attempts, Enqueued, Dead],
+    &[NOW_LUA],
+    r#"
 if redis.call('HDEL', KEYS[5], ARGV[1]) == 0 then return 0 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('HDEL', KEYS[3], ARGV[1])
@@ -334,20 +340,18 @@ redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('ZADD', KEYS[4], now, ARGV[1])
 return 1
 "#,
-    )
-});
+);
 
 // Entries scheduled later than Redis' now become due now.
-pub(super) static PULL_FORWARD: LazyLock<QueueScript> = LazyLock::new(|| {
-    QueueScript::new(
-        &[Due],
-        &[NOW_LUA],
-        r#"
+pub(super) static PULL_FORWARD: QueueScript = QueueScript::new(
+    "pull_forward_retries",
+    &[Due],
+    &[NOW_LUA],
+    r#"
 local names = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 for _, name in ipairs(names) do
   redis.call('ZADD', KEYS[1], now, name)
 end
 return #names
 "#,
-    )
-});
+);
