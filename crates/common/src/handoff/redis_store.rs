@@ -191,13 +191,13 @@ impl RedisConfig {
         }
     }
 
-    /// The first line of the password file `path`, without its line ending.
-    fn read_password_file(&self, path: &Path) -> Result<String, ConnectError> {
+    /// The first line of the password file `path` given by `flag`, without its line ending.
+    fn read_password_file(&self, flag: &str, path: &Path) -> Result<String, ConnectError> {
         let file = path.display();
         let text = std::fs::read_to_string(path)
-            .map_err(|e| self.config_error(format!("reading --redis-password-file {file}: {e}")))?;
+            .map_err(|e| self.config_error(format!("reading {flag} {file}: {e}")))?;
         let first = text.lines().next().filter(|line| !line.is_empty());
-        let empty = || self.config_error(format!("--redis-password-file {file} is empty"));
+        let empty = || self.config_error(format!("{flag} {file} is empty"));
         first.map(str::to_string).ok_or_else(empty)
     }
 
@@ -206,7 +206,7 @@ impl RedisConfig {
         let both = "both --redis-password-file and REDIS_PASSWORD are set; use one";
         match (&self.auth.redis_password_file, &self.password) {
             (Some(_), Some(_)) => Err(self.config_error(both)),
-            (Some(file), None) => self.read_password_file(file).map(Some),
+            (Some(file), None) => self.read_password_file("--redis-password-file", file).map(Some),
             (None, Some(p)) => Ok(Some(p.0.clone())),
             (None, None) => Ok(None),
         }
@@ -278,7 +278,8 @@ impl RedisConfig {
             builder = builder.set_client_to_redis_password(password);
         }
         if let Some(file) = &self.auth.redis_sentinel_password_file {
-            builder = builder.set_client_to_sentinel_password(self.read_password_file(file)?);
+            let flag = "--redis-sentinel-password-file";
+            builder = builder.set_client_to_sentinel_password(self.read_password_file(flag, file)?);
         }
         if let Some(mode) = tls_mode {
             builder = builder
@@ -461,6 +462,17 @@ mod tests {
             c.auth.redis_password_file = Some(absent)
         });
         assert!(err.contains("reading --redis-password-file"), "{err}");
+    }
+
+    #[test]
+    fn a_sentinel_password_file_error_names_its_own_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("absent");
+        let config = config("redis+sentinel://127.0.0.1:1/primary", |c| {
+            c.auth.redis_sentinel_password_file = Some(absent)
+        });
+        let err = config.endpoint().err().expect("refused").to_string();
+        assert!(err.contains("reading --redis-sentinel-password-file"), "{err}");
     }
 
     #[test]
