@@ -214,6 +214,29 @@ async fn without_leader_election_work_runs_and_its_error_is_returned() {
     assert_eq!(sim.count("leases"), 0, "no Lease without leader election");
 }
 
+#[tokio::test]
+async fn inconsistent_lease_timing_fails_at_start_instead_of_retrying() {
+    let sim = Simulator::start(SimConfig::bare()).await.unwrap();
+    let mut a = args("bad-timing");
+    a.renew_deadline = a.lease_duration;
+    let run = run_service(
+        pv_writer::SPEC,
+        a,
+        prometheus::Registry::new(),
+        Launch {
+            client: Some(client(&sim)),
+            shutdown: None,
+        },
+        |_ctx| async { Ok(()) },
+    );
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("run_service returned at once");
+    let err = result.unwrap_err().to_string();
+    assert!(err.contains("--lease-duration must be greater than --renew-deadline"), "{err}");
+    assert_eq!(sim.count("leases"), 0, "no Lease touched with bad timing");
+}
+
 /// Sets `done` when dropped, after a slow synchronous clean-up (`delay`), so a
 /// test can see whether the runtime waited for the work future to be gone.
 struct SlowDrop {

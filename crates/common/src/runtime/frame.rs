@@ -76,8 +76,8 @@ where
 }
 
 /// Run the service `spec` names (module docs): `work` runs once per leader term
-/// with a fresh [`ServiceContext`] until `ctx.shutdown`. Errors: setup failures
-/// or `work`'s own error; a lost Lease is not one (the replica campaigns again).
+/// with a fresh [`ServiceContext`] until `ctx.shutdown`. Errors: setup failures (such as
+/// Lease timing flags client-go would refuse) or `work`'s own error; a lost Lease is not one.
 pub async fn run_service<F, Fut>(
     spec: ServiceSpec,
     args: CommonArgs,
@@ -89,6 +89,14 @@ where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
+    let timing = LeaseTiming {
+        lease_duration: args.lease_duration,
+        renew_deadline: args.renew_deadline,
+        retry_period: args.retry_period,
+    };
+    if args.leader_election {
+        timing.validate().map_err(anyhow::Error::msg)?;
+    }
     let client = match launch.client {
         Some(client) => client,
         None => crate::runtime::kube_client::client_from_args(&args, Some(&registry)).await?,
@@ -156,11 +164,6 @@ where
             std::env::var("POD_NAMESPACE").ok().as_deref(),
             std::path::Path::new(leader::SERVICE_ACCOUNT_NAMESPACE_FILE),
         );
-        let timing = LeaseTiming {
-            lease_duration: args.lease_duration,
-            renew_deadline: args.renew_deadline,
-            retry_period: args.retry_period,
-        };
         let help = "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.";
         let lost_total = counter_vec(&ctx.registry, "leader_election_lost_total", help, &["name"]);
         lost_total.with_label_values(&[&lease]);
