@@ -233,7 +233,10 @@ async fn inconsistent_lease_timing_fails_at_start_instead_of_retrying() {
         .await
         .expect("run_service returned at once");
     let err = result.unwrap_err().to_string();
-    assert!(err.contains("--lease-duration must be greater than --renew-deadline"), "{err}");
+    assert!(
+        err.contains("--lease-duration must be greater than --renew-deadline"),
+        "{err}"
+    );
     assert_eq!(sim.count("leases"), 0, "no Lease touched with bad timing");
 }
 

@@ -206,7 +206,9 @@ impl RedisConfig {
         let both = "both --redis-password-file and REDIS_PASSWORD are set; use one";
         match (&self.auth.redis_password_file, &self.password) {
             (Some(_), Some(_)) => Err(self.config_error(both)),
-            (Some(file), None) => self.read_password_file("--redis-password-file", file).map(Some),
+            (Some(file), None) => self
+                .read_password_file("--redis-password-file", file)
+                .map(Some),
             (None, Some(p)) => Ok(Some(p.0.clone())),
             (None, None) => Ok(None),
         }
@@ -472,7 +474,10 @@ mod tests {
             c.auth.redis_sentinel_password_file = Some(absent)
         });
         let err = config.endpoint().err().expect("refused").to_string();
-        assert!(err.contains("reading --redis-sentinel-password-file"), "{err}");
+        assert!(
+            err.contains("reading --redis-sentinel-password-file"),
+            "{err}"
+        );
     }
 
     #[test]
