@@ -4,8 +4,8 @@
 //! of claims; shows them provisioned and Bound with their directories; deletes
 //! them; shows the volumes reclaimed; prints a summary and stops everything.
 //!
-//! `cargo run --release -p e2e --bin demo [-- --claims N] [-- --control-plane real]
-//! [-- --kubeconfig PATH] [-- --backend nfs-subdir]`.
+//! `cargo run --release -p e2e --bin demo -- [--claims N] [--control-plane real]
+//! [--kubeconfig PATH] [--backend nfs-subdir] [--keep-logs]`.
 //! With `--control-plane real` it starts a real kube-apiserver +
 //! kube-controller-manager (`--kube-version`, default 1.37; found by
 //! `e2e::realkube::Assets::locate`) and runs each service as its own ServiceAccount
