@@ -18,9 +18,10 @@ pub const SIZES_DIR: &str = "sizes";
 /// `None` when absent. Errors: the walk there failed.
 pub fn bookkeeping(root: &Dir, sub: &str, create: bool) -> Result<Option<Dir>, safe_fs::WalkError> {
     let comps = [BOOKKEEPING_DIR.to_string(), sub.to_string()];
-    let walked = match create {
-        true => safe_fs::create_path(root, &comps, 0o700).map(|(d, _)| d),
-        false => safe_fs::open_path(root, &comps),
+    let walked = if create {
+        safe_fs::create_path(root, &comps, 0o700).map(|(d, _)| d)
+    } else {
+        safe_fs::open_path(root, &comps)
     };
     match walked {
         Err(safe_fs::WalkError::Missing(_)) if !create => Ok(None),

@@ -176,7 +176,9 @@ impl Provisioner for NfsSubdir {
     }
 
     fn validate_volume(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        Ok(delete::volume_directory(self, pv).map(drop)?)
+        delete::volume_directory(self, pv)
+            .map(|_| ())
+            .map_err(VolumeError::from)
     }
 
     async fn capacity(&self) -> Option<Result<Vec<PoolCapacity>, VolumeError>> {

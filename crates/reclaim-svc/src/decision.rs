@@ -149,8 +149,10 @@ pub fn reclaim_policy(volume: &PersistentVolume) -> Option<&str> {
 /// The PV's StorageClass name (`spec.storageClassName`), `""` when unset: the
 /// `class` label of the delete metrics, as in the seed.
 pub fn storage_class(volume: &PersistentVolume) -> &str {
-    let spec = volume.spec.as_ref();
-    spec.and_then(|s| s.storage_class_name.as_deref())
+    volume
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
         .unwrap_or("")
 }
 

@@ -43,8 +43,16 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
         return Ok(());
     }
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    let known = "redis rediss redis+unix unix valkey valkeys valkey+unix";
-    if !scheme.is_some_and(|s| known.split(' ').any(|k| k == s)) {
+    let known = [
+        "redis",
+        "rediss",
+        "redis+unix",
+        "unix",
+        "valkey",
+        "valkeys",
+        "valkey+unix",
+    ];
+    if !scheme.is_some_and(|s| known.contains(&s)) {
         return Err(format!(
             "{shown:?} is not a Redis URL: want redis://HOST:PORT/DB, rediss://HOST:PORT/DB (TLS), redis+sentinel://HOST:PORT,…/PRIMARY_NAME[/DB] or redis+unix:///PATH"
         ));
