@@ -1181,10 +1181,13 @@ fn check_rendered(r: &Rendered, replicas: i32) -> Vec<String> {
                 r,
                 &spec,
                 &declared_calls(&spec),
-                &parsed.common.provisioner_name,
+                &parsed.common.cluster.provisioner_name,
             ));
-            urls.push((spec.namespace.to_string(), parsed.common.redis_url.clone()));
-            names.insert(parsed.common.provisioner_name.clone());
+            urls.push((
+                spec.namespace.to_string(),
+                parsed.common.cluster.redis_url.clone(),
+            ));
+            names.insert(parsed.common.cluster.provisioner_name.clone());
             backends.insert(spec.name, backend_identity(&parsed.backend));
         }
     }
@@ -2198,7 +2201,7 @@ fn nfs_overlay_is_a_drop_in_for_nfs_subdir() {
         let (problems, parsed) = check_deployment(&r, &spec);
         assert!(problems.is_empty(), "{problems:?}");
         let parsed = parsed.expect("parsed container");
-        provisioner_names.insert(parsed.common.provisioner_name.clone());
+        provisioner_names.insert(parsed.common.cluster.provisioner_name.clone());
         // pv-writer too: it checks every queued PV against the same backend.
         let backend = parsed.backend;
         assert_eq!(backend.kind, BackendKind::NfsSubdir, "{}", spec.name);

@@ -196,7 +196,10 @@ pub struct TermDeps {
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
     let (args, metrics) = (deps.args, deps.metrics);
     let shutdown = ctx.shutdown.clone();
-    let (name, redis) = (ctx.args.provisioner_name.clone(), ctx.args.redis());
+    let (name, redis) = (
+        ctx.args.cluster.provisioner_name.clone(),
+        ctx.args.cluster.redis(),
+    );
     let period = ctx.args.redis_reconnect();
     let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
     // Retried every `--redis-reconnect-period` until it succeeds or `shutdown` fires.

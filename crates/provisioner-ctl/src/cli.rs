@@ -1,9 +1,9 @@
-//! Flags and subcommands of `provisioner-ctl`. Each command takes the services'
-//! shared flags after it (`--redis-url`, `--provisioner-name`, `--kubeconfig`,
+//! Flags and subcommands of `provisioner-ctl`. Each command takes the deployment
+//! flags the services share after it (`--redis-url`, `--provisioner-name`, `--kubeconfig`,
 //! ..., each with its environment twin, so it runs as is inside a service's pod).
 
 use clap::{Args, Parser, Subcommand};
-use common::runtime::config::CommonArgs;
+use common::runtime::config::ClusterArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,7 +26,7 @@ pub enum Command {
         #[command(flatten)]
         args: StatusArgs,
         #[command(flatten)]
-        common: CommonArgs,
+        common: ClusterArgs,
     },
     /// The PV-write queue's entries, and requeueing a dead letter.
     Queue {
@@ -61,15 +61,15 @@ pub enum OutputFormat {
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
     /// Entries waiting to be written (due, retrying or in flight).
-    List(CommonArgs),
+    List(ClusterArgs),
     /// Dead-lettered entries and why they were refused.
-    Dead(CommonArgs),
+    Dead(ClusterArgs),
     /// Move a dead-lettered entry back to the queue.
     Requeue {
         /// The PV name of the entry.
         pv_name: String,
         #[command(flatten)]
-        common: CommonArgs,
+        common: ClusterArgs,
     },
 }
 
@@ -86,7 +86,7 @@ pub enum Action<'a> {
 
 impl QueueCommand {
     /// What this command does, and its shared flags.
-    pub fn parts(&self) -> (Action<'_>, &CommonArgs) {
+    pub fn parts(&self) -> (Action<'_>, &ClusterArgs) {
         match self {
             QueueCommand::List(common) => (Action::List, common),
             QueueCommand::Dead(common) => (Action::Dead, common),
@@ -132,5 +132,40 @@ mod tests {
         assert_eq!(args.output, OutputFormat::Json);
         assert_eq!(args.provisioner_names, ["b.io/y"]);
         assert_eq!(common.provisioner_name, "a.io/x");
+    }
+
+    #[test]
+    fn only_the_deployment_flags_are_offered() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let status = cli.find_subcommand_mut("status").unwrap();
+        let help = status.render_long_help().to_string();
+        for flag in [
+            "--redis-url",
+            "--redis-username",
+            "--kubeconfig",
+            "--leader-election-namespace",
+        ] {
+            assert!(
+                help.contains(flag),
+                "{flag} missing from status --help:\n{help}"
+            );
+        }
+        for flag in [
+            "--http-port",
+            "--leader-election-lease-duration",
+            "--log-format",
+            "--worker-threads",
+        ] {
+            assert!(
+                !help.contains(flag),
+                "service-only {flag} in status --help:\n{help}"
+            );
+        }
+        let err = Cli::try_parse_from(["provisioner-ctl", "queue", "list", "--http-port", "1"]);
+        assert_eq!(
+            err.unwrap_err().kind(),
+            clap::error::ErrorKind::UnknownArgument
+        );
     }
 }

@@ -15,7 +15,7 @@ use common::runtime::{kube_client::client_from_args, telemetry::error_chain};
 /// `--no-leases`), print a table or JSON. Errors: after printing, the count of
 /// parts that could not be read (exit 1).
 pub async fn run_status(
-    common_args: &common::runtime::config::CommonArgs,
+    common_args: &common::runtime::config::ClusterArgs,
     args: &StatusArgs,
 ) -> anyhow::Result<()> {
     let names = if args.provisioner_names.is_empty() {

@@ -43,7 +43,7 @@ pub async fn run_term(
             || {
                 // Waiting for Redis is not a stall (/readyz reports it).
                 ctx.heartbeat.beat();
-                PvQueue::connect(ctx.args.redis(), &ctx.args.provisioner_name)
+                PvQueue::connect(ctx.args.cluster.redis(), &ctx.args.cluster.provisioner_name)
             },
             |err, _, _| tracing::warn!(error = %err, "cannot connect to Redis; not ready, retrying"),
         )
@@ -51,7 +51,7 @@ pub async fn run_term(
     else {
         return Ok(());
     };
-    tracing::info!(workers = config.workers, provisioner = %ctx.args.provisioner_name, "draining the PV write queue");
+    tracing::info!(workers = config.workers, provisioner = %ctx.args.cluster.provisioner_name, "draining the PV write queue");
     let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
     // Beats /healthz while the dispatcher progresses, idles or waits for Redis,
     // until stuck with Redis up for --healthz-stall-timeout; aborted with this future.

@@ -41,7 +41,7 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
         visibility_timeout: args.visibility_timeout,
         redis_reconnect: common.redis_reconnect_period,
     };
-    let mut names = vec![common.provisioner_name.clone()];
+    let mut names = vec![common.cluster.provisioner_name.clone()];
     names.extend_from_slice(&args.additional_provisioners.names);
     let checks = EntryChecks::new(names, args.queue_key.load()?, backend);
     let registry = prometheus::Registry::new();

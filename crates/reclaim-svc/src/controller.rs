@@ -118,7 +118,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     let (args, reclaim) = (&ctx.args, deps.args);
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let events = EventSink::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
-    let provisioner = args.provisioner_name.clone();
+    let provisioner = args.cluster.provisioner_name.clone();
     let reclaimer = Reclaimer::new(
         api.clone(),
         deps.backend.clone(),
@@ -138,7 +138,7 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         deletion_timeout: reclaim.deletion_timeout,
     });
     let job = sweep::SweepJob {
-        redis: args.redis(),
+        redis: args.cluster.redis(),
         provisioner_name: provisioner,
         pvs: api,
         backend: deps.backend,

@@ -181,9 +181,10 @@ const LEADER: &str = "Leader election";
 const HTTP: &str = "HTTP";
 const LOGS: &str = "Logging";
 
-/// Flags every service takes.
+/// Flags naming the deployment: the provisioner, the API server, Redis, the Leases'
+/// namespace. The services and `provisioner-ctl` take them.
 #[derive(Debug, Clone, Args)]
-pub struct CommonArgs {
+pub struct ClusterArgs {
     /// Provisioner name: matched against StorageClass `provisioner` and written to
     /// `pv.kubernetes.io/provisioned-by`.
     #[arg(
@@ -237,15 +238,24 @@ pub struct CommonArgs {
     #[command(flatten, next_help_heading = REDIS)]
     pub redis_auth: crate::handoff::redis_store::RedisAuthArgs,
 
-    /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
-    /// works. Disable only when exactly one replica runs.
-    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, help_heading = LEADER)]
-    pub leader_election: bool,
-
     /// Namespace of the Lease. Default: `POD_NAMESPACE`, else the service
     /// account's namespace file, else `default`.
     #[arg(long, env = "LEADER_ELECTION_NAMESPACE", help_heading = LEADER)]
     pub leader_election_namespace: Option<String>,
+}
+
+/// Flags every service takes: [`ClusterArgs`] plus leader election timing, HTTP,
+/// logging and shutdown.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// The deployment's names and connections.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+
+    /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
+    /// works. Disable only when exactly one replica runs.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, help_heading = LEADER)]
+    pub leader_election: bool,
 
     /// This replica's identity in the Lease (`holderIdentity`). Default:
     /// `POD_NAME`, else the host name, plus a random suffix.
@@ -393,14 +403,16 @@ pub struct AdditionalProvisioners {
     pub names: Vec<String>,
 }
 
-impl CommonArgs {
+impl ClusterArgs {
     /// The Redis connection of `--redis-url` and the `--redis-*` credential and
     /// TLS flags (plus env `REDIS_PASSWORD`), for [`crate::handoff::queue::PvQueue::connect`]
     /// and [`crate::handoff::intents::IntentStore::connect`].
     pub fn redis(&self) -> crate::handoff::redis_store::RedisConfig {
         crate::handoff::redis_store::RedisConfig::from_args(&self.redis_url, &self.redis_auth)
     }
+}
 
+impl CommonArgs {
     /// The HTTP server's address: `--http-endpoint`, else `--http-address`:`--http-port`
     /// (default: the service's port).
     pub fn http_socket_addr(&self, spec: ServiceSpec) -> SocketAddr {
@@ -462,8 +474,8 @@ mod tests {
             cli.common.redis_reconnect_period,
             Duration::from_millis(500)
         );
-        assert_eq!(cli.common.kube_api_qps, 1000.0);
-        assert_eq!(cli.common.kube_api_burst, 2000);
+        assert_eq!(cli.common.cluster.kube_api_qps, 1000.0);
+        assert_eq!(cli.common.cluster.kube_api_burst, 2000);
         assert!(cli.common.leader_election);
         let seed = crate::kube::retry::Backoff::exponential(
             Duration::from_secs(15),
@@ -587,7 +599,7 @@ mod tests {
             "redis+unix:///run/redis.sock",
         ] {
             let cli = Cli::try_parse_from(["x", "--redis-url", ok]).unwrap();
-            assert_eq!(cli.common.redis_url, ok);
+            assert_eq!(cli.common.cluster.redis_url, ok);
         }
         for (bad, why) in [
             ("http://nowhere", "is not a Redis URL"),
@@ -654,7 +666,7 @@ mod tests {
             "/etc/redis-tls/ca.crt",
         ])
         .unwrap();
-        let redis = cli.common.redis();
+        let redis = cli.common.cluster.redis();
         assert_eq!(redis.url, "rediss://redis:6380/0");
         assert_eq!(redis.auth.redis_username.as_deref(), Some("pv-writer"));
         assert_eq!(

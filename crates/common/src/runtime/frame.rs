@@ -99,7 +99,9 @@ where
     }
     let client = match launch.client {
         Some(client) => client,
-        None => crate::runtime::kube_client::client_from_args(&args, Some(&registry)).await?,
+        None => {
+            crate::runtime::kube_client::client_from_args(&args.cluster, Some(&registry)).await?
+        }
     };
     let shutdown = launch.shutdown.unwrap_or_else(|| {
         let shutdown = CancellationToken::new();
@@ -130,16 +132,16 @@ where
     )
     .await
     .with_context(|| format!("binding HTTP server to {addr}"))?;
-    tracing::info!(service = spec.name, %http_addr, provisioner = %args.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
+    tracing::info!(service = spec.name, %http_addr, provisioner = %args.cluster.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
     let redis_probe = tokio::spawn(crate::handoff::reachability::watch_reachability(
-        args.redis(),
+        args.cluster.redis(),
         crate::handoff::reachability::reachable_gauge(&registry),
         std::time::Duration::from_secs(5),
         server_stop.clone(),
     ));
 
     let identity = leader::identity(args.leader_election_identity.as_deref());
-    let lease = lease_name(&args.provisioner_name, spec.lease_suffix);
+    let lease = lease_name(&args.cluster.provisioner_name, spec.lease_suffix);
     leader_gauge.with_label_values(&[&lease]).set(0);
     let ctx = ServiceContext {
         client: client.clone(),
@@ -160,7 +162,7 @@ where
 
     let result = if args.leader_election {
         let namespace = leader::discover_namespace(
-            args.leader_election_namespace.as_deref(),
+            args.cluster.leader_election_namespace.as_deref(),
             std::env::var("POD_NAMESPACE").ok().as_deref(),
             std::path::Path::new(leader::SERVICE_ACCOUNT_NAMESPACE_FILE),
         );

@@ -20,7 +20,7 @@ use tower::util::option_layer;
 use tower::Service;
 
 use crate::runtime::api_metrics::ApiMetrics;
-use crate::runtime::config::CommonArgs;
+use crate::runtime::config::ClusterArgs;
 
 /// The token bucket of `--kube-api-qps`/`--kube-api-burst` (client-go's semantics:
 /// `burst` at once, `qps` per second long-run); `None` when `qps <= 0`, not finite
@@ -111,7 +111,7 @@ pub fn build_client(
 /// by [`build_client`] with the flags' limits and, with a `registry`, the request metrics in it.
 /// Errors: unreadable or invalid kubeconfig, none found, or as [`build_client`].
 pub async fn client_from_args(
-    args: &CommonArgs,
+    args: &ClusterArgs,
     registry: Option<&prometheus::Registry>,
 ) -> anyhow::Result<Client> {
     let config = match &args.kubeconfig {
