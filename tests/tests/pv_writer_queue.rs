@@ -155,7 +155,7 @@ impl Fixture {
             self.checks(),
             self.sim.client().unwrap(),
             "pv-writer-test",
-            metrics,
+            (metrics, self.readiness.clone()),
             WriterConfig {
                 workers: 8,
                 retry_initial,
@@ -166,9 +166,7 @@ impl Fixture {
             },
         ));
         self.readiness.set_leading(true);
-        self.task = Some(tokio::spawn(
-            writer.run(self.shutdown.clone(), self.readiness.clone()),
-        ));
+        self.task = Some(tokio::spawn(writer.run(self.shutdown.clone())));
     }
 
     fn metric(&self, name: &str, label: Option<(&str, &str)>) -> f64 {

@@ -78,7 +78,7 @@ impl Fixture {
             checks,
             self.plane.service_client(Service::PvWriter).await.unwrap(),
             "pv-writer-test",
-            WriterMetrics::register(registry),
+            (WriterMetrics::register(registry), Default::default()),
             WriterConfig {
                 workers: 1,
                 retry_initial: Duration::from_millis(100),

@@ -12,7 +12,6 @@ use common::handoff::queue::{PvQueue, QueueError, TakenEntry};
 use common::kube::retry::Backoff;
 use common::runtime::frame::ServiceContext;
 use common::runtime::health;
-use common::runtime::http::Readiness;
 use tokio::task::{Id, JoinSet};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -52,7 +51,8 @@ pub async fn run_term(
         return Ok(());
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.cluster.provisioner_name, "draining the PV write queue");
-    let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, metrics, config);
+    let outputs = (metrics, ctx.readiness.clone());
+    let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, outputs, config);
     // Beats /healthz while the dispatcher progresses, idles or waits for Redis,
     // until stuck with Redis up for --healthz-stall-timeout; aborted with this future.
     let (dispatched, ready) = (writer.dispatched.clone(), ctx.readiness.clone());
@@ -71,7 +71,7 @@ pub async fn run_term(
         },
         ctx.shutdown.clone(),
     ));
-    Ok(Arc::new(writer).run(ctx.shutdown, ctx.readiness).await?)
+    Ok(Arc::new(writer).run(ctx.shutdown).await?)
 }
 
 impl Writer {
@@ -114,14 +114,9 @@ impl Writer {
     }
 
     /// Drain until `shutdown` fires, then wait for in-flight writes to settle;
-    /// `readiness` follows Redis. Errors: [`WriterError::Superseded`].
-    pub async fn run(
-        self: Arc<Self>,
-        shutdown: CancellationToken,
-        readiness: Readiness,
-    ) -> Result<(), WriterError> {
-        let _ = self.readiness.set(readiness.clone());
-        if !self.begin(&shutdown, &readiness).await {
+    /// readiness follows Redis. Errors: [`WriterError::Superseded`].
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), WriterError> {
+        if !self.begin(&shutdown).await {
             return Ok(());
         }
         // Every task below is owned by a JoinSet held by this future: when the
@@ -168,7 +163,6 @@ impl Writer {
                 &mut redis_down,
                 &mut orphan_check_at,
                 &shutdown,
-                &readiness,
             );
             for taken in batch.await {
                 let (writer, shutdown) = (self.clone(), shutdown.clone());
@@ -184,7 +178,7 @@ impl Writer {
         while tasks.join_next().await.is_some() {}
         background.shutdown().await;
         if self.superseded.load(Ordering::SeqCst) {
-            readiness.set_ready(false);
+            self.readiness.set_ready(false);
             return Err(WriterError::Superseded(self.term()));
         }
         Ok(())
@@ -193,7 +187,7 @@ impl Writer {
     /// Begin a term (or go on with [`set_term`](Self::set_term)'s) and take over what earlier,
     /// gone or fenced terms left in flight; retried while Redis is unreachable (not ready
     /// until done). False if shutdown came first.
-    async fn begin(&self, shutdown: &CancellationToken, readiness: &Readiness) -> bool {
+    async fn begin(&self, shutdown: &CancellationToken) -> bool {
         let started = || async {
             let epoch = match self.term() {
                 0 => self.queue.begin_term().await?,
@@ -205,7 +199,7 @@ impl Writer {
         };
         let Some((epoch, n)) = Backoff::constant(self.config.redis_reconnect)
             .retry(shutdown, started, |err, _, _| {
-                readiness.set_ready(false);
+                self.readiness.set_ready(false);
                 tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
             })
             .await
@@ -217,7 +211,7 @@ impl Writer {
             recovered = n,
             "began a pv-writer term; took over PV writes left in flight by earlier terms"
         );
-        readiness.set_ready(true);
+        self.readiness.set_ready(true);
         true
     }
 
@@ -231,7 +225,6 @@ impl Writer {
         redis_down: &mut bool,
         orphan_check_at: &mut Instant,
         shutdown: &CancellationToken,
-        readiness: &Readiness,
     ) -> Vec<TakenEntry> {
         let epoch = self.term();
         let taken = async {
@@ -257,7 +250,7 @@ impl Writer {
                 if std::mem::take(redis_down) {
                     tracing::info!("Redis reachable again; draining");
                 }
-                readiness.set_ready(true);
+                self.readiness.set_ready(true);
                 if !batch.is_empty() {
                     return batch;
                 }
@@ -271,7 +264,7 @@ impl Writer {
                 if !std::mem::replace(redis_down, true) {
                     tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
                 }
-                readiness.set_ready(false);
+                self.readiness.set_ready(false);
                 *orphan_check_at = Instant::now();
                 let reconnect = sleep(self.config.redis_reconnect);
                 shutdown.run_until_cancelled(reconnect).await;

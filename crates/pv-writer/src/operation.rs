@@ -113,21 +113,21 @@ pub struct Writer {
     pub(crate) api_down: AtomicBool,
     /// When (ms) the API server was last seen coming back.
     pub(crate) recovered_at_ms: AtomicU64,
-    /// `/readyz` of the running drain, which a worker stuck on Redis clears too.
-    pub(crate) readiness: std::sync::OnceLock<Readiness>,
+    /// `/readyz` of the drain, which a worker stuck on Redis clears too.
+    pub(crate) readiness: Readiness,
     /// Beaten by the dispatcher at each turn of its loop.
     pub(crate) dispatched: Heartbeat,
 }
 
 impl Writer {
     /// A writer creating PVs with `client`, publishing events as `pv-writer` from
-    /// `identity`, writing only entries that pass `checks`.
+    /// `identity`, writing only entries that pass `checks`, reporting Redis on `readiness`.
     pub fn new(
         queue: PvQueue,
         checks: EntryChecks,
         client: Client,
         identity: &str,
-        metrics: WriterMetrics,
+        (metrics, readiness): (WriterMetrics, Readiness),
         config: WriterConfig,
     ) -> Self {
         Writer {
@@ -142,7 +142,7 @@ impl Writer {
             failed_write: watch::Sender::default(),
             api_down: AtomicBool::new(false),
             recovered_at_ms: AtomicU64::new(0),
-            readiness: std::sync::OnceLock::new(),
+            readiness,
             dispatched: Heartbeat::default(),
         }
     }
@@ -448,14 +448,12 @@ impl Writer {
         let settled = Backoff::constant(self.config.redis_reconnect)
             .retry(shutdown, op, |err, _, _| {
                 failed = true;
-                if let Some(r) = self.readiness.get() {
-                    r.set_ready(false);
-                }
+                self.readiness.set_ready(false);
                 tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
             })
             .await;
-        if let Some(r) = self.readiness.get().filter(|_| failed && settled.is_some()) {
-            r.set_ready(true);
+        if failed && settled.is_some() {
+            self.readiness.set_ready(true);
         }
         if settled == Some(Settled::Fenced) {
             self.fenced(operation);
