@@ -234,7 +234,7 @@ async fn inconsistent_lease_timing_fails_at_start_instead_of_retrying() {
         .expect("run_service returned at once");
     let err = result.unwrap_err().to_string();
     assert!(
-        err.contains("--lease-duration must be greater than --renew-deadline"),
+        err.contains("--leader-election-lease-duration must be greater than --leader-election-renew-deadline"),
         "{err}"
     );
     assert_eq!(sim.count("leases"), 0, "no Lease touched with bad timing");

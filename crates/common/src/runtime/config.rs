@@ -436,6 +436,15 @@ impl CommonArgs {
         )
     }
 
+    /// The `--leader-election-*` timing flags, unchecked ([`crate::runtime::leader::LeaseTiming::validate`]).
+    pub fn lease_timing(&self) -> crate::runtime::leader::LeaseTiming {
+        crate::runtime::leader::LeaseTiming {
+            lease_duration: self.lease_duration,
+            renew_deadline: self.renew_deadline,
+            retry_period: self.retry_period,
+        }
+    }
+
     /// How Redis (re)connections are retried: every `--redis-reconnect-period`
     /// until they succeed or the service shuts down.
     pub fn redis_reconnect(&self) -> crate::kube::retry::Backoff {
@@ -462,6 +471,32 @@ mod tests {
         common: CommonArgs,
         #[command(flatten)]
         retry: RetryArgs,
+    }
+
+    #[test]
+    fn lease_timing_errors_name_the_flags_that_exist() {
+        use clap::CommandFactory;
+        let longs: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter_map(|a| Some(format!("--{}", a.get_long()?)))
+            .collect();
+        for bad in [
+            "--leader-election-retry-period=0s",
+            "--leader-election-renew-deadline=2s",
+            "--leader-election-lease-duration=10s",
+        ] {
+            let cli = Cli::try_parse_from(["x", bad]).unwrap();
+            let err = cli.common.lease_timing().validate().unwrap_err();
+            let named: Vec<&str> = err
+                .split_whitespace()
+                .filter(|w| w.starts_with("--"))
+                .collect();
+            assert!(
+                named.contains(&bad.split('=').next().unwrap()),
+                "{bad}: {err}"
+            );
+            assert!(named.iter().all(|f| longs.iter().any(|l| l == f)), "{err}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::runtime::api_reachability::log_failure;
 use crate::runtime::config::{CommonArgs, ServiceSpec};
 use crate::runtime::health::{Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
-use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
+use crate::runtime::leader::{self, LeadLost, LeaderElector};
 use crate::runtime::metrics::{counter_vec, gauge_vec};
 
 /// What a work loop gets from the runtime.
@@ -89,11 +89,7 @@ where
     F: Fn(ServiceContext) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let timing = LeaseTiming {
-        lease_duration: args.lease_duration,
-        renew_deadline: args.renew_deadline,
-        retry_period: args.retry_period,
-    };
+    let timing = args.lease_timing();
     if args.leader_election {
         timing.validate().map_err(anyhow::Error::msg)?;
     }

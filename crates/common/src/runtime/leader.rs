@@ -67,17 +67,16 @@ pub struct LeaseTiming {
 
 impl LeaseTiming {
     /// Validate client-go's constraints: duration > deadline > retry period > 0.
-    ///
-    /// Errors: a message naming the violated constraint.
+    /// Errors: a message naming the flags of the violated constraint.
     pub fn validate(&self) -> Result<(), String> {
         if self.retry_period.is_zero() {
-            return Err("--retry-period must be positive".into());
+            return Err("--leader-election-retry-period must be positive".into());
         }
         if self.renew_deadline <= self.retry_period {
-            return Err("--renew-deadline must be greater than --retry-period".into());
+            return Err("--leader-election-renew-deadline must be greater than --leader-election-retry-period".into());
         }
         if self.lease_duration <= self.renew_deadline {
-            return Err("--lease-duration must be greater than --renew-deadline".into());
+            return Err("--leader-election-lease-duration must be greater than --leader-election-renew-deadline".into());
         }
         Ok(())
     }
@@ -121,8 +120,9 @@ pub struct LeaderElector {
 }
 
 impl LeaderElector {
-    /// Prepare to compete for `namespace/lease_name` as `identity`. Creates the Lease if it does
-    /// not exist. Errors: the Lease cannot be read or created (API down, RBAC).
+    /// Prepare to compete for `namespace/lease_name` as `identity` with `timing` (checked by
+    /// [`LeaseTiming::validate`]). Creates the Lease if it does not exist.
+    /// Errors: the Lease cannot be read or created (API down, RBAC).
     pub async fn new(
         client: Client,
         namespace: &str,
@@ -130,7 +130,6 @@ impl LeaderElector {
         identity: &str,
         timing: LeaseTiming,
     ) -> anyhow::Result<Self> {
-        timing.validate().map_err(anyhow::Error::msg)?;
         let (duration, grace) = timing.manager_params();
         let manager = LeaseManagerBuilder::new(client.clone(), lease_name)
             .with_namespace(namespace)
@@ -283,7 +282,10 @@ mod tests {
             renew_deadline: Duration::from_secs(20),
             ..t
         };
-        assert!(bad.validate().unwrap_err().contains("--lease-duration"));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .contains("--leader-election-lease-duration must"));
     }
 
     #[test]
