@@ -344,11 +344,23 @@ async fn each_service_user_can_do_exactly_its_queue_and_intent_operations() {
     );
     // pv-writer cannot touch the provisioning intents.
     let pw_intents = IntentStore::connect(&pw, NAME).await.unwrap();
-    // One command each: redis-rs 1.8 panics when the ACL refuses a MULTI pipeline.
+    let (claim, pvc_x) = (PersistentVolumeClaim::default(), intent("pvc-x"));
+    let record = pw_intents.record_with_claim(&pvc_x, &claim, false);
+    denied("pv-writer: record an intent", record.await);
+    denied(
+        "pv-writer: clear an intent",
+        pw_intents.clear("pvc-a").await,
+    );
+    denied("pv-writer: read intents", pw_intents.count().await);
+    // A refusal is an error on a working connection (redis-rs 1.8 panics, breaking the
+    // connection, when an ACL refuses a MULTI pipeline: the intents are scripts).
+    let pong: String = redis::cmd("PING")
+        .query_async(&mut pw_intents.connection())
+        .await
+        .expect("connection still works after the refusals");
+    assert_eq!(pong, "PONG");
     let intents_key = "provisioner:{example.com/hostpath}:provision-intents";
     let record = ["HSET", intents_key, "pvc-x", "{}"];
-    denied("pv-writer: record an intent", raw(&pw, &record).await);
-    denied("pv-writer: read intents", pw_intents.count().await);
     // reclaim-svc and operator write nothing.
     denied(
         "reclaim-svc: enqueue",

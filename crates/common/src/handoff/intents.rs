@@ -11,7 +11,7 @@ use api_types::queue::{DecodeError, ProvisionIntent, SCHEMA_VERSION};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use redis::AsyncCommands;
 
-use crate::handoff::queue::{Key, Keys};
+use crate::handoff::queue::{Key, Keys, CLEAR_INTENT, RECORD_INTENT};
 use crate::handoff::redis_store;
 
 /// Failure of an [`IntentStore`] operation.
@@ -47,8 +47,7 @@ pub struct IntentEntry {
 #[derive(Clone)]
 pub struct IntentStore {
     conn: RedisConn,
-    intents_key: String,
-    claims_key: String,
+    keys: Keys,
 }
 
 impl IntentStore {
@@ -66,11 +65,7 @@ impl IntentStore {
     /// A store over an existing connection.
     pub fn with_connection(conn: RedisConn, provisioner_name: &str) -> Self {
         let keys = Keys::new(provisioner_name);
-        Self {
-            conn,
-            intents_key: keys.get(Key::Intents).to_string(),
-            claims_key: keys.get(Key::IntentClaims).to_string(),
-        }
+        Self { conn, keys }
     }
 
     /// The store's Redis connection (shared, e.g. with the [`DataMarker`](super::data_marker::DataMarker)).
@@ -92,24 +87,17 @@ impl IntentStore {
             in_background,
             claim: claim.clone(),
         };
-        let (added, _): (usize, usize) = redis::pipe()
-            .atomic()
-            .hset(&self.intents_key, &intent.pv_name, intent.encode())
-            .hset(&self.claims_key, &intent.pv_name, snapshot.encode())
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let args = (&intent.pv_name, intent.encode(), snapshot.encode());
+        let record = RECORD_INTENT.bind(&self.keys, args);
+        let added: i64 = record.invoke_async(&mut self.conn.clone()).await?;
         Ok(added == 1)
     }
 
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
-        let (removed, _): (usize, usize) = redis::pipe()
-            .atomic()
-            .hdel(&self.intents_key, pv_name)
-            .hdel(&self.claims_key, pv_name)
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let clear = CLEAR_INTENT.bind(&self.keys, pv_name);
+        let removed: i64 = clear.invoke_async(&mut self.conn.clone()).await?;
         Ok(removed == 1)
     }
 
@@ -117,13 +105,13 @@ impl IntentStore {
     /// record still protects its asset from the orphan sweep).
     pub async fn contains(&self, pv_name: &str) -> Result<bool, IntentError> {
         let mut conn = self.conn.clone();
-        Ok(conn.hexists(&self.intents_key, pv_name).await?)
+        Ok(conn.hexists(self.keys.get(Key::Intents), pv_name).await?)
     }
 
     /// Number of recorded intents (readable or not).
     pub async fn count(&self) -> Result<usize, IntentError> {
         let mut conn = self.conn.clone();
-        Ok(conn.hlen(&self.intents_key).await?)
+        Ok(conn.hlen(self.keys.get(Key::Intents)).await?)
     }
 
     /// All readable intents with their claim snapshots, sorted by PV name.
@@ -132,8 +120,8 @@ impl IntentStore {
     pub async fn list_with_claims(&self) -> Result<Vec<IntentEntry>, IntentError> {
         let (intents, mut claims): (HashMap<String, Vec<u8>>, HashMap<String, Vec<u8>>) =
             redis::pipe()
-                .hgetall(&self.intents_key)
-                .hgetall(&self.claims_key)
+                .hgetall(self.keys.get(Key::Intents))
+                .hgetall(self.keys.get(Key::IntentClaims))
                 .query_async(&mut self.conn.clone())
                 .await?;
         let mut out: Vec<IntentEntry> = intents
@@ -154,8 +142,8 @@ impl IntentStore {
     /// [`IntentError::Decode`] for an unreadable intent.
     pub async fn entry(&self, pv_name: &str) -> Result<Option<IntentEntry>, IntentError> {
         let (intent, claim): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::pipe()
-            .hget(&self.intents_key, pv_name)
-            .hget(&self.claims_key, pv_name)
+            .hget(self.keys.get(Key::Intents), pv_name)
+            .hget(self.keys.get(Key::IntentClaims), pv_name)
             .query_async(&mut self.conn.clone())
             .await?;
         let Some(bytes) = intent else {

@@ -16,7 +16,7 @@ use redis::{AsyncCommands, ToRedisArgs};
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store::{self, RedisConfig};
-pub(crate) use scripts::{Key, Keys};
+pub(crate) use scripts::{Key, Keys, CLEAR_INTENT, RECORD_INTENT};
 use scripts::{
     QueueScript, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
     REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,

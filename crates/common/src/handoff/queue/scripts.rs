@@ -59,8 +59,8 @@ impl Keys {
 
 /// A Lua script: its operation name (in errors), the keys it takes in `KEYS`
 /// order, and its preludes and body (joined and hashed once, on first use).
-pub(super) struct QueueScript {
-    pub(super) name: &'static str,
+pub(crate) struct QueueScript {
+    pub(crate) name: &'static str,
     keys: &'static [Key],
     preludes: &'static [&'static str],
     body: &'static str,
@@ -85,7 +85,7 @@ impl QueueScript {
     }
 
     /// An invocation with this script's keys of `keys` bound and `args` as `ARGV`.
-    pub(super) fn bind(&self, keys: &Keys, args: impl ToRedisArgs) -> ScriptInvocation<'_> {
+    pub(crate) fn bind(&self, keys: &Keys, args: impl ToRedisArgs) -> ScriptInvocation<'_> {
         let lua = || Script::new(&(self.preludes.concat() + self.body));
         let mut invocation = self.script.get_or_init(lua).prepare_invoke();
         for key in self.keys {
@@ -149,6 +149,30 @@ end
 local cleared = redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
 return {added, cleared}
+"#,
+);
+
+// ARGV: pv name, intent, claim snapshot. Records both (a script, not MULTI: redis-rs 1.8
+// panics when an ACL refuses a MULTI pipeline); returns 1 when no intent existed.
+pub(crate) static RECORD_INTENT: QueueScript = QueueScript::new(
+    "record_intent",
+    &[Intents, IntentClaims],
+    &[],
+    r#"
+local added = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return added
+"#,
+);
+
+// ARGV: pv name. Removes the intent and its claim snapshot; returns 1 when an intent went.
+pub(crate) static CLEAR_INTENT: QueueScript = QueueScript::new(
+    "clear_intent",
+    &[Intents, IntentClaims],
+    &[],
+    r#"
+redis.call('HDEL', KEYS[2], ARGV[1])
+return redis.call('HDEL', KEYS[1], ARGV[1])
 "#,
 );
 
