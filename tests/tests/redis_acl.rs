@@ -605,3 +605,51 @@ async fn reclaim_svc_sweep_runs_and_stores_its_report_under_its_own_user() {
         .await,
     );
 }
+
+/// The deploy ACL keeps the `default` user off. Redis 7.0 replays an AOF's MULTI/EXEC
+/// blocks (each multi-write script's effects) as that user and drops those it may not run
+/// (redis/redis#14541): a restart must keep what the scripts wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_what_the_scripts_wrote() {
+    let (dir, mut redis) = acl_redis().await;
+    let ps = redis.config_as(Some("provision-svc"));
+    let claim = PersistentVolumeClaim::default();
+    {
+        let intents = IntentStore::connect(&ps, NAME).await.unwrap();
+        for pv in ["pvc-a", "pvc-b"] {
+            let pv = intent(pv);
+            assert!(intents.record_with_claim(&pv, &claim, false).await.unwrap());
+        }
+        let queue = PvQueue::connect(&ps, NAME).await.unwrap();
+        assert!(queue.enqueue(&entry("pvc-a")).await.unwrap().added);
+    }
+    redis.restart(false).await.unwrap();
+    let log = std::fs::read_to_string(dir.path().join("redis.log")).unwrap_or_default();
+    assert!(
+        !log.contains("AOF-loading-client"),
+        "AOF replay refused:\n{log}"
+    );
+    let intents = IntentStore::connect(&ps, NAME).await.unwrap();
+    assert!(
+        intents.contains("pvc-b").await.unwrap(),
+        "recorded intent kept"
+    );
+    assert!(
+        !intents.contains("pvc-a").await.unwrap(),
+        "enqueue's clear kept"
+    );
+    let reader = PvQueue::connect(&redis.config_as(Some("operator")), NAME)
+        .await
+        .unwrap();
+    assert_eq!(reader.stats().await.unwrap().depth, 1, "queued entry kept");
+    // The rights do not make `default` usable: a connection without credentials writes nothing.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let hset = redis::cmd("HSET")
+        .arg("provisioner:{example.com/hostpath}:provision-intents")
+        .arg("pvc-z")
+        .arg("{}")
+        .query_async::<i64>(&mut conn)
+        .await;
+    assert!(hset.unwrap_err().to_string().contains("NOAUTH"));
+}
