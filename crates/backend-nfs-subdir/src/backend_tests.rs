@@ -784,3 +784,31 @@ async fn claims_beyond_the_export_capacity_fail_and_deletion_gives_room_back() {
     f.delete(&first).await;
     f.provision(&second).await;
 }
+
+#[tokio::test]
+async fn a_retried_delete_never_reaches_a_directory_provisioned_again() {
+    let f = fixture();
+    let params = deleting("${.PVC.namespace}/${.PVC.name}");
+    let first = f.provision(&options_for("pvc-a", &params, &[])).await;
+    // pvc-a's delete removed its directory, then stopped before forgetting its record.
+    std::fs::remove_dir(f.mount.join("team-a/data")).unwrap();
+    // The claim made again is refused while that record stands...
+    let again = options_for("pvc-b", &params, &[]);
+    let r = f.refusal(&again).await;
+    assert!(r.contains("already belongs to PV pvc-a"), "{r}");
+    // ...and provisioned once the retried delete has finished.
+    f.delete(&first).await;
+    let second = f.provision(&again).await;
+    std::fs::write(f.mount.join("team-a/data/keep"), b"k").unwrap();
+    // Both records for the path (as an older release could leave them): the stale PV's
+    // delete is refused and the live directory kept.
+    let root = backend_kit::safe_fs::open_root(&f.mount).unwrap();
+    let rel = pattern::RelPath::parse("team-a/data").unwrap();
+    registry::put(&root, "pvc-a", &rel).unwrap();
+    let r = f.delete_refusal(&first).await;
+    assert!(r.contains("belongs to PV pvc-b"), "{r}");
+    assert!(f.mount.join("team-a/data/keep").is_file());
+    registry::remove(&root, "pvc-a").unwrap();
+    f.delete(&second).await;
+    assert!(!f.mount.join("team-a/data").exists());
+}

@@ -108,23 +108,20 @@ pub fn delete(
         })?),
     };
     let (root, record) = recorded(backend, name)?;
-    match record {
-        Some(r) if r != rel => {
-            return Err(refused(format!(
-                "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
-            )))
-        }
-        Some(_) => {}
-        None => {
-            let others = registry::other_owners(&root, name, &rel)
-                .map_err(io_failed("read the volume records"))?;
-            if !others.is_empty() {
-                return Err(refused(format!(
-                    "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
-                    others.join(", ")
-                )));
-            }
-        }
+    if let Some(r) = record.filter(|r| *r != rel) {
+        return Err(refused(format!(
+            "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
+        )));
+    }
+    // Checked with a record of our own too: a retried delete must not reach a
+    // directory provisioned again for another PV.
+    let others =
+        registry::other_owners(&root, name, &rel).map_err(io_failed("read the volume records"))?;
+    if !others.is_empty() {
+        return Err(refused(format!(
+            "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
+            others.join(", ")
+        )));
     }
     apply_policy(&root, name, &rel, policy).map(|_| ())
 }

@@ -174,6 +174,12 @@ fn create_dir(
         .map_err(|e| Refusal(format!("cannot read the volume records: {e}")))
         .and_then(|nested| nesting(rel, &nested))
         .map_err(forget)?;
+    // Another PV's record for this path (say one whose delete has not finished):
+    // never share it, even while the directory is absent.
+    let others = registry::other_owners(&root, pv_name, rel).unwrap_or_default();
+    if !others.is_empty() {
+        return Err(forget(taken(&root, pv_name, rel)));
+    }
     drop(guard);
     let (parent, _) =
         safe_fs::create_path(&root, parent_comps, PARENT_MODE).map_err(|e| forget(refusing(e)))?;
@@ -182,8 +188,7 @@ fn create_dir(
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(e) => return Err(forget(Refusal(format!("cannot create \"{rel}\": {e}")))),
     };
-    let others = || registry::other_owners(&root, pv_name, rel).unwrap_or_default();
-    if !created && (!retry || !others().is_empty()) {
+    if !created && !retry {
         let _ = registry::remove(&root, pv_name);
         return Err(taken(&root, pv_name, rel));
     }
