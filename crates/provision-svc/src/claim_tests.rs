@@ -1805,3 +1805,22 @@ async fn a_bound_claims_leftover_intent_is_cleared_by_its_next_sync() {
     assert!(!w.intents.has("pvc-u1"), "the PV is the record now");
     assert!(w.enqueued().is_empty(), "nothing provisioned again");
 }
+
+/// An intent naming a PV other than its claim uid's (forged in Redis, which signs no
+/// intent) deletes nothing: counted as poisoned and kept for an operator.
+#[tokio::test]
+async fn an_intent_naming_another_pv_deletes_nothing() {
+    let w = Setup::default().build();
+    let mut forged = entry("u1", Some(false));
+    forged.intent.pv_name = "data".into();
+    // Stored under the claim uid's PV name, as provision-svc would.
+    let field = "pvc-u1".to_string();
+    w.intents.map.lock().unwrap().insert(field.clone(), forged);
+    w.clean(vec![Gone::Walk]).await;
+    assert!(w.backend.unprovisioned.lock().unwrap().is_empty());
+    assert!(w.intents.map.lock().unwrap().contains_key(&field));
+    assert_eq!(
+        w.metric("provision_svc_poisoned_intents_total"),
+        "provision_svc_poisoned_intents_total 1"
+    );
+}

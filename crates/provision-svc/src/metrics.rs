@@ -49,11 +49,11 @@ impl ServiceMetrics {
         let [in_flight, intents, claims_in_background] = [
             ("provision_svc_operations_in_flight", "Provision operations currently running."),
             ("provision_svc_intents", "Provisioning intents recorded in Redis (volumes being made whose PV is not yet queued)."),
-            ("provision_svc_claims_in_background", "Claims whose backend reported provisioning in background; retried even after their PVC is deleted."),
+            ("provision_svc_claims_in_background", "Claims whose backend reported provisioning in background (retried until final); a claim deleted meanwhile has its volume cleaned up, not provisioned."),
         ]
         .map(|(name, help)| gauge(registry, name, help));
         let [poisoned_intents, redis_data_losses] = [
-            ("provision_svc_poisoned_intents_total", "Provisioning intents the start-up walk could not act on (unreadable record, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator."),
+            ("provision_svc_poisoned_intents_total", "Provisioning intents the start-up walk could not act on (unreadable record, a PV name not its claim's, or a deleted claim's volume the backend refuses to delete); kept in Redis for an operator."),
             ("provision_svc_redis_data_losses_total", "Times Redis may have lost writes (its data marker vanished: wiped volume, FLUSHALL; or it failed over to a replica); every claim was then reconciled again."),
         ]
         .map(|(name, help)| counter(registry, name, help));
@@ -102,5 +102,22 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The help says what the service does with a claim deleted in background:
+    /// cleaned up (docs/ARCHITECTURE.md), where the seed retried its provisioning.
+    #[test]
+    fn in_background_help_states_the_cleanup() {
+        let registry = prometheus::Registry::new();
+        super::ServiceMetrics::register(&registry);
+        let text = common::runtime::metrics::render(&registry);
+        let help = text
+            .lines()
+            .find(|l| l.starts_with("# HELP provision_svc_claims_in_background "))
+            .expect("help line");
+        assert!(help.contains("cleaned up, not provisioned"), "{help}");
     }
 }

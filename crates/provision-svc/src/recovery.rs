@@ -239,6 +239,13 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
 /// (intent and volume kept).
 pub async fn cleanup_gone_claim(op: &Operation, entry: &IntentEntry) -> CleanupOutcome {
     let (pv_name, claim) = (&entry.intent.pv_name, &entry.intent.claim);
+    // Intents carry no MAC: act only on the PV name provision-svc gives that claim uid.
+    let expected = pv_name_for_claim_uid(&claim.uid);
+    if *pv_name != expected {
+        return CleanupOutcome::Poisoned(format!(
+            "the intent names PV {pv_name:?}, not {expected:?} of its claim uid; deleting nothing by it"
+        ));
+    }
     // Re-check right before deleting: the PV may have been written meanwhile.
     match pv_accounted_for(op, pv_name).await {
         Ok(true) => {
