@@ -4,6 +4,7 @@
 //! effect seam (API server, backend, events); [`SyncError`] its typed error.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -107,6 +108,39 @@ impl Reclaimer {
     /// [`decision::should_delete`] says so, with the seed's delete metrics (label `class`).
     /// Errors: [`SyncError`]; the caller retries the PV with backoff.
     pub async fn sync_volume(&self, volume: &PersistentVolume) -> Result<(), SyncError> {
+        self.sync_volume_within(volume, Duration::ZERO).await
+    }
+
+    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout` ([`deadline::within`]; zero:
+    /// unbounded), which bounds the whole sync as in the seed; only a delete that ran out of time
+    /// is a failed delete (event, metric). Errors: as `sync_volume`, plus [`SyncError::Timeout`].
+    pub async fn sync_volume_within(
+        &self,
+        volume: &PersistentVolume,
+        timeout: Duration,
+    ) -> Result<(), SyncError> {
+        let deleting = AtomicBool::new(false);
+        let sync = deadline::within(Some(timeout), self.sync(volume, &deleting));
+        let Ok(result) = sync.await else {
+            let err = SyncError::Timeout(volume.name_any(), timeout);
+            if !deleting.load(Ordering::SeqCst) {
+                tracing::warn!(pv = %volume.name_any(), error = %err, "PV sync timed out before any delete");
+                return Err(err);
+            }
+            tracing::error!(pv = %volume.name_any(), error = %err, "delete timed out");
+            self.failed_delete(volume, err.to_string()).await;
+            self.metrics.failed(decision::storage_class(volume));
+            return Err(err);
+        };
+        result
+    }
+
+    /// The sync; sets `deleting` as the delete operation starts.
+    async fn sync(
+        &self,
+        volume: &PersistentVolume,
+        deleting: &AtomicBool,
+    ) -> Result<(), SyncError> {
         let name = volume.name_any();
         let (provisioner, add) = (self.provisioner_name.as_str(), self.add_finalizer);
         let compute = |v: &PersistentVolume| decision::finalizer_update(v, provisioner, add);
@@ -123,6 +157,7 @@ impl Reclaimer {
         }
         let class = decision::storage_class(&volume);
         let start = Instant::now();
+        deleting.store(true, Ordering::SeqCst);
         let result = self.delete_volume_operation(&volume).await;
         match &result {
             Ok(()) => self.metrics.succeeded(class, start.elapsed().as_secs_f64()),
@@ -130,24 +165,6 @@ impl Reclaimer {
             Err(SyncError::NotLeader(..)) => {}
             Err(_) => self.metrics.failed(class),
         }
-        result
-    }
-
-    /// [`sync_volume`](Self::sync_volume) under `--deletion-timeout` ([`deadline::within`]; zero:
-    /// unbounded). Errors: as `sync_volume`, plus [`SyncError::Timeout`].
-    pub async fn sync_volume_within(
-        &self,
-        volume: &PersistentVolume,
-        timeout: Duration,
-    ) -> Result<(), SyncError> {
-        let sync = deadline::within(Some(timeout), self.sync_volume(volume));
-        let Ok(result) = sync.await else {
-            let err = SyncError::Timeout(volume.name_any(), timeout);
-            tracing::error!(pv = %volume.name_any(), error = %err, "delete timed out");
-            self.failed_delete(volume, err.to_string()).await;
-            self.metrics.failed(decision::storage_class(volume));
-            return Err(err);
-        };
         result
     }
 

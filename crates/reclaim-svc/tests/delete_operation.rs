@@ -39,6 +39,8 @@ struct ApiState {
     log: Vec<String>,
     /// StorageClasses by name.
     classes: HashMap<String, StorageClass>,
+    /// Requests of this method never answer.
+    hang: Option<http::Method>,
 }
 
 #[derive(Clone, Default)]
@@ -63,6 +65,9 @@ impl FakeApi {
             let state = state.clone();
             async move {
                 let (parts, body) = req.into_parts();
+                if state.lock().unwrap().hang.as_ref() == Some(&parts.method) {
+                    std::future::pending::<()>().await;
+                }
                 let bytes = body.collect_bytes().await.unwrap();
                 let resp = handle(&state, &parts.method, parts.uri.path(), &bytes);
                 Ok::<_, std::convert::Infallible>(resp)
@@ -810,4 +815,40 @@ async fn the_class_is_read_at_delete_for_a_backend_that_needs_it() {
             .contains("cannot read StorageClass \"unreadable\""),
         "{events:?}"
     );
+}
+
+/// `--deletion-timeout` bounds the whole sync (seed), but only a delete that ran out of
+/// time is a failed delete: a finalizer update that did gets no `VolumeFailedDelete`.
+#[tokio::test(start_paused = true)]
+async fn only_a_delete_that_times_out_is_a_failed_delete() {
+    let h = harness(Ok(()), true);
+    let mut bound = released("pvc-1", &[]);
+    bound.status.as_mut().unwrap().phase = Some("Bound".into());
+    h.api.put(bound);
+    h.api.0.lock().unwrap().hang = Some(http::Method::PATCH);
+    let limit = Duration::from_millis(50);
+    let err = h
+        .reclaimer
+        .sync_volume_within(&stored(&h, "pvc-1"), limit)
+        .await;
+    assert!(matches!(err, Err(SyncError::Timeout(..))), "{err:?}");
+    assert!(events(&h).is_empty(), "{:?}", events(&h));
+    let failed = |h: &Harness| {
+        let samples = delete_samples(&h.registry);
+        samples
+            .iter()
+            .any(|l| l.starts_with("controller_persistentvolume_delete_failed_total{"))
+    };
+    assert!(!failed(&h), "{:?}", delete_samples(&h.registry));
+    // The PV object's DELETE hangs in a delete operation: a failed delete.
+    h.api.put(released("pvc-2", &[]));
+    h.api.0.lock().unwrap().hang = Some(http::Method::DELETE);
+    let err = h
+        .reclaimer
+        .sync_volume_within(&stored(&h, "pvc-2"), limit)
+        .await;
+    assert!(matches!(err, Err(SyncError::Timeout(..))), "{err:?}");
+    let reasons: Vec<String> = events(&h).into_iter().map(|(r, _)| r).collect();
+    assert_eq!(reasons, ["VolumeFailedDelete"]);
+    assert!(failed(&h), "{:?}", delete_samples(&h.registry));
 }
