@@ -88,16 +88,14 @@ impl IntentStore {
             claim: claim.clone(),
         };
         let args = (&intent.pv_name, intent.encode(), snapshot.encode());
-        let record = RECORD_INTENT.bind(&self.keys, args);
-        let added: i64 = record.invoke_async(&mut self.conn.clone()).await?;
+        let added: i64 = RECORD_INTENT.invoke(&self.conn, &self.keys, args).await?;
         Ok(added == 1)
     }
 
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
-        let clear = CLEAR_INTENT.bind(&self.keys, pv_name);
-        let removed: i64 = clear.invoke_async(&mut self.conn.clone()).await?;
+        let removed: i64 = CLEAR_INTENT.invoke(&self.conn, &self.keys, pv_name).await?;
         Ok(removed == 1)
     }
 

@@ -459,8 +459,7 @@ impl PvQueue {
         script: &QueueScript,
         args: impl ToRedisArgs,
     ) -> Result<T, QueueError> {
-        let invocation = script.bind(&self.keys, args);
-        let result = invocation.invoke_async(&mut self.conn.clone()).await;
+        let result = script.invoke(&self.conn, &self.keys, args).await;
         result.map_err(cmd(script.name))
     }
 

@@ -1,9 +1,11 @@
-//! The queue's Lua scripts, each bound once to the keys it reads as `KEYS[1..n]`.
+//! The Lua scripts of the queue and the intents, each bound once to the keys it reads as
+//! `KEYS[1..n]`.
 
 use std::sync::OnceLock;
 
-use redis::{Script, ScriptInvocation, ToRedisArgs};
+use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
 
+use crate::handoff::redis_conn::RedisConn;
 use crate::handoff::redis_store;
 use Key::*;
 
@@ -84,15 +86,21 @@ impl QueueScript {
         }
     }
 
-    /// An invocation with this script's keys of `keys` bound and `args` as `ARGV`.
-    pub(crate) fn bind(&self, keys: &Keys, args: impl ToRedisArgs) -> ScriptInvocation<'_> {
+    /// Run this script on `conn` with its keys of `keys` as `KEYS` and `args` as `ARGV`.
+    /// Errors: Redis' (unreachable, refused by the ACL, a script error).
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &RedisConn,
+        keys: &Keys,
+        args: impl ToRedisArgs,
+    ) -> RedisResult<T> {
         let lua = || Script::new(&(self.preludes.concat() + self.body));
         let mut invocation = self.script.get_or_init(lua).prepare_invoke();
         for key in self.keys {
             invocation.key(keys.get(*key));
         }
         invocation.arg(args);
-        invocation
+        invocation.invoke_async(&mut conn.clone()).await
     }
 }
 
