@@ -176,7 +176,8 @@ fn create_dir(
         .map_err(forget)?;
     // Another PV's record for this path (say one whose delete has not finished):
     // never share it, even while the directory is absent.
-    let others = registry::other_owners(&root, pv_name, rel).unwrap_or_default();
+    let others = registry::other_owners(&root, pv_name, rel)
+        .map_err(|e| forget(Refusal(format!("cannot read the volume records: {e}"))))?;
     if !others.is_empty() {
         return Err(forget(taken(&root, pv_name, rel)));
     }
