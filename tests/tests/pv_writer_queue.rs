@@ -155,7 +155,8 @@ impl Fixture {
             self.checks(),
             self.sim.client().unwrap(),
             "pv-writer-test",
-            (metrics, self.readiness.clone()),
+            metrics,
+            self.readiness.clone(),
             WriterConfig {
                 workers: 8,
                 retry_initial,

@@ -78,7 +78,8 @@ impl Fixture {
             checks,
             self.plane.service_client(Service::PvWriter).await.unwrap(),
             "pv-writer-test",
-            (WriterMetrics::register(registry), Default::default()),
+            WriterMetrics::register(registry),
+            Default::default(),
             WriterConfig {
                 workers: 1,
                 retry_initial: Duration::from_millis(100),

@@ -51,8 +51,16 @@ pub async fn run_term(
         return Ok(());
     };
     tracing::info!(workers = config.workers, provisioner = %ctx.args.cluster.provisioner_name, "draining the PV write queue");
-    let outputs = (metrics, ctx.readiness.clone());
-    let writer = Writer::new(queue, checks, ctx.client, &ctx.identity, outputs, config);
+    let readiness = ctx.readiness.clone();
+    let writer = Writer::new(
+        queue,
+        checks,
+        ctx.client,
+        &ctx.identity,
+        metrics,
+        readiness,
+        config,
+    );
     // Beats /healthz while the dispatcher progresses, idles or waits for Redis,
     // until stuck with Redis up for --healthz-stall-timeout; aborted with this future.
     let (dispatched, ready) = (writer.dispatched.clone(), ctx.readiness.clone());

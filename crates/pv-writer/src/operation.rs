@@ -127,7 +127,8 @@ impl Writer {
         checks: EntryChecks,
         client: Client,
         identity: &str,
-        (metrics, readiness): (WriterMetrics, Readiness),
+        metrics: WriterMetrics,
+        readiness: Readiness,
         config: WriterConfig,
     ) -> Self {
         Writer {
