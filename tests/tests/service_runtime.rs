@@ -203,10 +203,7 @@ async fn without_leader_election_work_runs_and_its_error_is_returned() {
         pv_writer::SPEC,
         a,
         prometheus::Registry::new(),
-        Launch {
-            client: Some(client(&sim)),
-            shutdown: None,
-        },
+        on_sim(&sim, None),
         |_ctx| async { anyhow::bail!("backend unusable") },
     )
     .await;
@@ -223,10 +220,7 @@ async fn inconsistent_lease_timing_fails_at_start_instead_of_retrying() {
         pv_writer::SPEC,
         a,
         prometheus::Registry::new(),
-        Launch {
-            client: Some(client(&sim)),
-            shutdown: None,
-        },
+        on_sim(&sim, None),
         |_ctx| async { Ok(()) },
     );
     let result = tokio::time::timeout(Duration::from_secs(5), run)
@@ -291,10 +285,7 @@ async fn sigterm_past_the_grace_period_stops_all_work_before_releasing_the_lease
         reclaim_svc::SPEC,
         a,
         prometheus::Registry::new(),
-        Launch {
-            client: Some(client(&sim)),
-            shutdown: Some(shutdown.clone()),
-        },
+        on_sim(&sim, Some(&shutdown)),
         move |_ctx| {
             let (t, s, d) = (t.clone(), s.clone(), d.clone());
             async move {
@@ -370,10 +361,7 @@ async fn sigterm_does_not_restart_the_renew_deadline() {
         reclaim_svc::SPEC,
         a,
         prometheus::Registry::new(),
-        Launch {
-            client: Some(client(&sim)),
-            shutdown: Some(shutdown.clone()),
-        },
+        on_sim(&sim, Some(&shutdown)),
         move |_ctx| {
             let s = s.clone();
             async move {
@@ -419,6 +407,14 @@ fn client(sim: &e2e::sim::SimHandle) -> kube::Client {
     common::runtime::kube_client::build_client(config, 0.0, 0, None).unwrap()
 }
 
+/// A [`Launch`] on `sim` with [`client`], shut down by `shutdown` (else by SIGTERM).
+fn on_sim(sim: &e2e::sim::SimHandle, shutdown: Option<&CancellationToken>) -> Launch {
+    Launch {
+        client: Some(client(sim)),
+        shutdown: shutdown.cloned(),
+    }
+}
+
 async fn healthz(addr: std::net::SocketAddr) -> (u16, String) {
     e2e::harness::metrics::http_get(addr, "/healthz")
         .await
@@ -445,10 +441,7 @@ async fn a_paused_work_loop_turns_healthz_503_a_lost_lease_does_not() {
         provision_svc::SPEC,
         a,
         registry.clone(),
-        Launch {
-            client: Some(client(&sim)),
-            shutdown: Some(shutdown.clone()),
-        },
+        on_sim(&sim, Some(&shutdown)),
         move |ctx| {
             let (p, ad) = (p.clone(), ad.clone());
             async move {
@@ -538,10 +531,7 @@ async fn sigterm_while_a_lease_renewal_hangs_still_releases_the_lease_at_once() 
         pv_writer::SPEC,
         args("replica-a"),
         prometheus::Registry::new(),
-        Launch {
-            client: Some(client(&sim)),
-            shutdown: Some(shutdown.clone()),
-        },
+        on_sim(&sim, Some(&shutdown)),
         move |ctx| {
             let s = s.clone();
             async move {
