@@ -624,7 +624,7 @@ async fn a_restart_keeps_what_the_scripts_wrote() {
         assert!(queue.enqueue(&entry("pvc-a")).await.unwrap().added);
     }
     redis.restart(false).await.unwrap();
-    let log = std::fs::read_to_string(dir.path().join("redis.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(dir.path().join("redis.log")).expect("redis log");
     assert!(
         !log.contains("AOF-loading-client"),
         "AOF replay refused:\n{log}"
