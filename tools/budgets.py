@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Prints the product-code budgets of crates/ and whether each holds.
+"""Prints the product-code budgets of crates/ and the services' skeleton rules, and whether
+each holds (issue 28: one controller shape).
 
 Product code: `crates/*/src/**/*.rs` without test-only files (`*_tests.rs`, `tests.rs`,
 `testing.rs`, `test_*.rs`) and without `#[cfg(test)]` items. Exit status 1 when a budget
-is exceeded (`--check`), else 0.
+or a rule is missed (`--check`), else 0.
 """
 import os
 import re
@@ -13,6 +14,10 @@ from collections import defaultdict
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 MAX_CODE, MAX_COMMENT_RATIO, MAX_FILE, MAX_DUP_PAIRS = 8000, 0.25, 600, 15
+SERVICES = ("provision-svc", "pv-writer", "reclaim-svc")
+SKELETON = ("config", "controller", "operation", "decision", "metrics", "api_calls")
+MAX_MAIN, MAX_LIB, MAX_OPERATION_FN, MAX_MODULE_DOC, MAX_ITEM_DOC = 20, 40, 80, 15, 3
+FN = re.compile(r"\s*(pub(\([^)]*\))?\s+)?(const\s+)?(async\s+)?(unsafe\s+)?fn\s+(\w+)")
 TEST_FILE = re.compile(r"(_tests|^tests|^testing|^test_\w+)\.rs$")
 
 
@@ -119,6 +124,85 @@ def duplicate_pairs():
     return int(m.group(1)), int(b.group(1)) if b else 0
 
 
+def functions(lines):
+    """(name, first line index, length in lines) of each `fn` with a body in `lines`."""
+    out = []
+    for i, line in enumerate(lines):
+        m = FN.match(line)
+        if not m:
+            continue
+        depth, opened = 0, False
+        for j in range(i, len(lines)):
+            code = re.sub(r"'.'|'\\.'", "''", re.sub(r'"(\\.|[^"\\])*"', '""', lines[j].split("//")[0]))
+            depth += code.count("{") - code.count("}")
+            opened = opened or "{" in code
+            if opened and depth <= 0:
+                out.append((m.group(6), i, j - i + 1))
+                break
+            if not opened and code.rstrip().endswith(";"):
+                break
+    return out
+
+
+def doc_runs(lines):
+    """Length of the module doc (`//!` at the top) and (line index, length) of each `///` run."""
+    module = 0
+    for line in lines:
+        if line.strip().startswith("//!"):
+            module += 1
+        elif line.strip():
+            break
+    runs, start = [], None
+    for i, line in enumerate(lines + [""]):
+        if line.strip().startswith("///"):
+            start = i if start is None else start
+        elif start is not None:
+            runs.append((start, i - start))
+            start = None
+    return module, runs
+
+
+def skeleton(files):
+    """The skeleton rules of issue 28, as (rule, list of what breaks it)."""
+    rel = lambda p: os.path.relpath(p, ROOT)
+    def lines_of(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    modules, sizes, spawns, controllers = [], [], [], []
+    for svc in SERVICES:
+        src = os.path.join(ROOT, "crates", svc, "src")
+        modules += [f"{svc}: no {m}.rs" for m in SKELETON if not os.path.exists(os.path.join(src, m + ".rs"))]
+        for name, limit in (("main.rs", MAX_MAIN), ("lib.rs", MAX_LIB)):
+            n = len(lines_of(os.path.join(src, name)))
+            if n > limit:
+                sizes.append(f"crates/{svc}/src/{name}: {n} lines (at most {limit})")
+        for path, lines in files.items():
+            if path.startswith(src + os.sep) and os.path.basename(path) != "controller.rs":
+                spawns += [f"{rel(path)}:{i + 1}" for i, l in enumerate(lines)
+                           if re.search(r"\bspawn\(", l.split("//")[0])]
+        if svc != "pv-writer":
+            ctrl = "\n".join(files.get(os.path.join(src, "controller.rs"), []))
+            if "control::run(" not in ctrl and "Controller::" not in ctrl:
+                controllers.append(f"{svc}: controller.rs does not run kube-runtime's Controller")
+    long_ops, docs = [], []
+    for path, lines in files.items():
+        if os.path.basename(path) == "operation.rs":
+            long_ops += [f"{rel(path)}:{i + 1} {name} ({n} lines)" for name, i, n in functions(lines)
+                         if n > MAX_OPERATION_FN]
+        module, runs = doc_runs(lines)
+        if module > MAX_MODULE_DOC:
+            docs.append(f"{rel(path)}: module doc of {module} lines")
+        docs += [f"{rel(path)}:{i + 1}: item doc of {n} lines" for i, n in runs if n > MAX_ITEM_DOC]
+    return [
+        ("services' modules: " + " ".join(SKELETON), modules),
+        (f"main.rs <= {MAX_MAIN}, lib.rs <= {MAX_LIB} lines", sizes),
+        ("spawns only in a service's controller.rs", spawns),
+        ("claims and PVs on kube-runtime's Controller", controllers),
+        (f"operation functions <= {MAX_OPERATION_FN} lines", long_ops),
+        (f"module docs <= {MAX_MODULE_DOC}, item docs <= {MAX_ITEM_DOC} lines", docs),
+    ]
+
+
 def main():
     files = {}
     for path in product_files():
@@ -161,7 +245,17 @@ def main():
     else:
         print(f"  repeated-code pairs: {dups - boilerplate} of logic, {boilerplate} the tool marks "
               "boilerplate (same shape only: flag blocks, struct literals, trait delegation)")
-    if "--check" in sys.argv and not all(ok for *_, ok in rows):
+    rules = skeleton(files)
+    print()
+    for rule, broken in rules:
+        print(f"{rule:<76}{'met' if not broken else f'MISSED ({len(broken)})'}")
+        for what in broken:
+            print(f"  {what}")
+    longest = sorted(((n, os.path.relpath(p, ROOT), name) for p, lines in files.items()
+                      for name, _, n in functions(lines)), reverse=True)[:5]
+    print("\nlongest functions: " + ", ".join(f"{p} {name} ({n})" for n, p, name in longest))
+    missed = not all(ok for *_, ok in rows) or any(broken for _, broken in rules)
+    if "--check" in sys.argv and missed:
         sys.exit(1)
 
 
