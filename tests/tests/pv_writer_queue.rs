@@ -18,8 +18,9 @@ use e2e::sim::{FaultSpec, SimConfig, Simulator};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams};
 use pv_writer::checks::EntryChecks;
+use pv_writer::config::WriterConfig;
 use pv_writer::metrics::{Registry, WriterMetrics};
-use pv_writer::operation::{Writer, WriterConfig};
+use pv_writer::operation::Writer;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

@@ -24,8 +24,9 @@ use e2e::sim::SimConfig;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, DeleteParams};
 use pv_writer::checks::EntryChecks;
+use pv_writer::config::WriterConfig;
 use pv_writer::metrics::{Registry, WriterMetrics};
-use pv_writer::operation::{Writer, WriterConfig, CLAIM_GONE};
+use pv_writer::operation::{Writer, CLAIM_GONE};
 use tokio_util::sync::CancellationToken;
 
 struct Fixture {

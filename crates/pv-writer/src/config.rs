@@ -37,10 +37,28 @@ pub struct WriterArgs {
     pub queue_key: QueueKeyArgs,
 }
 
-/// Check relations between `cli`'s flags. Errors: `--retry-interval-max` below
+/// Tuning of the drain loop, from [`WriterArgs`] and the shared flags ([`writer_config`]).
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Concurrent PV writes.
+    pub workers: usize,
+    /// First retry delay after a transient failure.
+    pub retry_initial: Duration,
+    /// Cap of the retry delay.
+    pub retry_max: Duration,
+    /// Time limit of one write.
+    pub write_timeout: Duration,
+    /// Visibility timeout of a taken entry.
+    pub visibility_timeout: Duration,
+    /// Pause between attempts while Redis is unreachable (`--redis-reconnect-period`).
+    pub redis_reconnect: Duration,
+}
+
+/// The drain loop's tuning from `cli`. Errors: `--retry-interval-max` below
 /// `--retry-interval-start`, or `--visibility-timeout` not above `--write-timeout`.
-pub fn validate(cli: &Cli) -> anyhow::Result<()> {
-    let (retry, args) = (cli.common.retry_backoff(crate::SPEC), &cli.service);
+pub fn writer_config(cli: &Cli) -> anyhow::Result<WriterConfig> {
+    let (common, args) = (&cli.common, &cli.service);
+    let retry = common.retry_backoff(crate::SPEC);
     anyhow::ensure!(
         retry.max >= retry.initial,
         "--retry-interval-max ({:?}) must not be below --retry-interval-start ({:?})",
@@ -53,7 +71,14 @@ pub fn validate(cli: &Cli) -> anyhow::Result<()> {
         args.visibility_timeout,
         args.write_timeout
     );
-    Ok(())
+    Ok(WriterConfig {
+        workers: common.worker_threads_for(crate::SPEC),
+        retry_initial: retry.initial,
+        retry_max: retry.max,
+        write_timeout: args.write_timeout,
+        visibility_timeout: args.visibility_timeout,
+        redis_reconnect: common.redis_reconnect_period,
+    })
 }
 
 #[cfg(test)]
@@ -73,7 +98,11 @@ mod tests {
         assert_eq!(cli.service.visibility_timeout, Duration::from_secs(120));
         assert!(cli.service.queue_key.queue_hmac_key_file.is_none());
         assert!(!cli.service.queue_key.insecure_unsigned_queue);
-        validate(&cli).unwrap();
+        let config = writer_config(&cli).unwrap();
+        assert_eq!(
+            (config.workers, config.retry_max),
+            (16, Duration::from_secs(300))
+        );
         let cli = Cli::try_parse_from([
             "pv-writer",
             "--queue-hmac-key-file",
@@ -106,8 +135,8 @@ mod tests {
             "5s",
         ])
         .unwrap();
-        assert!(validate(&cli).is_err());
+        assert!(writer_config(&cli).is_err());
         let cli = Cli::try_parse_from(["pv-writer", "--write-timeout", "2m"]).unwrap();
-        assert!(validate(&cli).is_err());
+        assert!(writer_config(&cli).is_err());
     }
 }

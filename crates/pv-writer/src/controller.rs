@@ -17,9 +17,10 @@ use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::checks::EntryChecks;
+use crate::config::WriterConfig;
 use crate::decision::is_transient_code;
 use crate::metrics::WriterMetrics;
-use crate::operation::{Writer, WriterConfig, WriterError};
+use crate::operation::{Writer, WriterError};
 
 /// Longest the idle dispatcher waits before looking for due entries again;
 /// an enqueue wakes it at once ([`common::handoff::queue::PvQueue::wait_for_work`]), so

@@ -17,7 +17,6 @@ use common::runtime::frame::serve;
 use provisioner_api::Provisioner;
 
 use crate::checks::EntryChecks;
-use crate::operation::WriterConfig;
 
 /// pv-writer as the runtime knows it: name, Lease suffix, HTTP port, workers, retry intervals.
 pub const SPEC: ServiceSpec = ServiceSpec::new("pv-writer", "pv-writer", 9102)
@@ -30,17 +29,8 @@ pub use config::Cli;
 /// Run with `backend` until SIGTERM: HTTP endpoints, and as leader of the
 /// `<provisioner>-pv-writer` Lease one [`controller::run_term`] per term. Errors: setup failures.
 pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> {
-    config::validate(&cli)?;
+    let config = config::writer_config(&cli)?;
     let (common, args) = (&cli.common, &cli.service);
-    let retry = common.retry_backoff(SPEC);
-    let config = WriterConfig {
-        workers: common.worker_threads_for(SPEC),
-        retry_initial: retry.initial,
-        retry_max: retry.max,
-        write_timeout: args.write_timeout,
-        visibility_timeout: args.visibility_timeout,
-        redis_reconnect: common.redis_reconnect_period,
-    };
     let mut names = vec![common.cluster.provisioner_name.clone()];
     names.extend_from_slice(&args.additional_provisioners.names);
     let checks = EntryChecks::new(names, args.queue_key.load()?, backend);

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::checks::{EntryChecks, Refusal};
+use crate::config::WriterConfig;
 use crate::decision::{
     already_exists, refused_create, retry_delay, unreadable, Verdict, WriteResult,
 };
@@ -32,23 +33,6 @@ use crate::metrics::{inc, outcome, WriterMetrics};
 /// Longest a worker waits for the API server to take a claim event, so a slow
 /// API server cannot hold a taken entry past its `--visibility-timeout`.
 pub const EVENT_PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Tuning of the drain loop (from [`crate::config::WriterArgs`] and the shared flags).
-#[derive(Debug, Clone)]
-pub struct WriterConfig {
-    /// Concurrent PV writes.
-    pub workers: usize,
-    /// First retry delay after a transient failure.
-    pub retry_initial: Duration,
-    /// Cap of the retry delay.
-    pub retry_max: Duration,
-    /// Time limit of one write.
-    pub write_timeout: Duration,
-    /// Visibility timeout of a taken entry.
-    pub visibility_timeout: Duration,
-    /// Pause between attempts while Redis is unreachable (`--redis-reconnect-period`).
-    pub redis_reconnect: Duration,
-}
 
 /// `pv_writer_refused_entries_total` reason of an entry dropped because its
 /// claim no longer exists with the entry's uid.
