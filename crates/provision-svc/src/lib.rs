@@ -2,6 +2,8 @@
 //! provisioning half), and claims that grow. Layout: docs/ARCHITECTURE.md.
 
 pub mod api_calls;
+#[cfg(test)]
+mod claim_tests;
 pub mod config;
 pub mod controller;
 pub mod decision;
@@ -14,8 +16,7 @@ pub mod resize;
 
 use std::sync::Arc;
 
-use common::runtime::config::ServiceSpec;
-use common::runtime::frame::serve;
+use common::runtime::{config::ServiceSpec, frame::serve};
 use provisioner_api::Provisioner;
 
 pub use crate::config::Cli;
@@ -37,6 +38,3 @@ pub async fn run(cli: Cli, backend: Arc<dyn Provisioner>) -> anyhow::Result<()> 
     };
     serve(SPEC, cli.common, registry, deps, controller::run_term).await
 }
-
-#[cfg(test)]
-mod claim_tests;

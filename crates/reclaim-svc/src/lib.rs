@@ -13,14 +13,11 @@ pub mod sweep;
 use std::sync::Arc;
 
 use common::kube::workqueue_metrics::WorkQueueMetrics;
-use common::runtime::config::ServiceSpec;
-use common::runtime::frame::serve;
-use common::runtime::metrics::DeleteMetrics;
+use common::runtime::{config::ServiceSpec, frame::serve, metrics::DeleteMetrics};
 use provisioner_api::Provisioner;
 
 pub use crate::config::Cli;
-use crate::controller::TermDeps;
-use crate::metrics::SweepMetrics;
+use crate::{controller::TermDeps, metrics::SweepMetrics};
 
 /// reclaim-svc as the runtime knows it: name, Lease suffix, HTTP port.
 pub const SPEC: ServiceSpec = ServiceSpec::new("reclaim-svc", "reclaim", 9103).with_about(
