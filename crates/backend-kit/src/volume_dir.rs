@@ -29,10 +29,9 @@ pub fn existing(parent: &Dir, name: &str, shown: &str) -> Result<bool, DeleteErr
     }
 }
 
-/// The orphan sweep's answer for the directory at `components` below `root` when it must not
-/// be archived: `Absent`, or `TooYoung` when its [`safe_fs::age`] is below `min_age`; `None`
-/// to archive it. Errors: [`DeleteError::Refused`] when the walk there fails otherwise,
-/// [`DeleteError::Failed`] when `fstat` does.
+/// Why the sweep keeps the directory at `components` below `root` (`Absent`; `TooYoung`: its
+/// [`safe_fs::age`] is below `min_age`), `None` to archive it. Errors: [`DeleteError::Refused`]
+/// for a failed walk, [`DeleteError::Failed`] for a failed `fstat`.
 pub fn orphan_kept(
     root: &Dir,
     components: &[String],

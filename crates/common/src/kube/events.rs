@@ -161,10 +161,9 @@ impl EventSink {
         }
     }
 
-    /// Create the events.k8s.io/v1 form of `event` about `object`, named `name`, observed at
-    /// `now`, reported by this sink: in the object's namespace, or [`CLUSTER_SCOPED_NAMESPACE`]
-    /// with an empty `regarding.namespace` when cluster-scoped. Returns the namespace used.
-    /// Errors: the create failed.
+    /// Create `event` about `object` (events.k8s.io/v1, named `name`, observed `now`) in its
+    /// namespace, or [`CLUSTER_SCOPED_NAMESPACE`] when cluster-scoped. Returns the namespace
+    /// used. Errors: the create failed.
     async fn create(
         &self,
         object: &ObjectReference,
