@@ -10,14 +10,14 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use api_types::lease_name;
 use kube::Client;
-use prometheus::Registry;
+use prometheus::{IntGaugeVec, Registry};
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::api_reachability::log_failure;
 use crate::runtime::config::{CommonArgs, ServiceSpec};
 use crate::runtime::health::{Heartbeat, LeaderTerm, Liveness};
 use crate::runtime::http::{self, Readiness};
-use crate::runtime::leader::{self, LeadLost, LeaderElector};
+use crate::runtime::leader::{self, LeadLost, LeaderElector, LeaseTiming};
 use crate::runtime::metrics::{counter_vec, gauge_vec};
 
 /// What a work loop gets from the runtime.
@@ -104,7 +104,6 @@ where
         crate::runtime::shutdown::cancel_on_signal(shutdown.clone());
         shutdown
     });
-    let server_stop = CancellationToken::new();
     let readiness = Readiness::default();
     let liveness = Liveness::new(
         args.healthz_stall_timeout,
@@ -114,38 +113,20 @@ where
     // client-go's name; 0 from the start, so replicas without a leader show as 0, not as no series.
     let help = "1 while this replica holds the named Lease, 0 otherwise.";
     let leader_gauge = gauge_vec(&registry, "leader_election_master_status", help, &["name"]);
-    crate::runtime::metrics::register_process_collector(&registry);
-    let addr = args.http_socket_addr(spec);
-    let (http_addr, server) = http::serve(
-        addr,
-        http::router(
-            registry.clone(),
-            readiness.clone(),
-            liveness.clone(),
-            &args.metrics_path,
-        ),
-        server_stop.clone(),
-    )
-    .await
-    .with_context(|| format!("binding HTTP server to {addr}"))?;
-    tracing::info!(service = spec.name, %http_addr, provisioner = %args.cluster.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
-    let redis_probe = tokio::spawn(crate::handoff::reachability::watch_reachability(
-        args.cluster.redis(),
-        crate::handoff::reachability::reachable_gauge(&registry),
-        std::time::Duration::from_secs(5),
-        server_stop.clone(),
-    ));
+    let server_stop = CancellationToken::new();
+    let (http_addr, background) =
+        endpoints(spec, &args, &registry, &readiness, &liveness, &server_stop).await?;
 
     let identity = leader::identity(args.leader_election_identity.as_deref());
     let lease = lease_name(&args.cluster.provisioner_name, spec.lease_suffix);
     leader_gauge.with_label_values(&[&lease]).set(0);
     let ctx = ServiceContext {
-        client: client.clone(),
+        client,
         args: args.clone(),
         registry,
-        readiness: readiness.clone(),
-        shutdown: shutdown.clone(),
-        identity: identity.clone(),
+        readiness,
+        shutdown,
+        identity,
         spec,
         http_addr,
         heartbeat: liveness.heartbeat().clone(),
@@ -156,81 +137,161 @@ where
         },
     };
 
+    let term = TermState {
+        lease,
+        gauge: leader_gauge,
+        liveness,
+    };
     let result = if args.leader_election {
-        let namespace = leader::discover_namespace(
-            args.cluster.leader_election_namespace.as_deref(),
-            std::env::var("POD_NAMESPACE").ok().as_deref(),
-            std::path::Path::new(leader::SERVICE_ACCOUNT_NAMESPACE_FILE),
-        );
-        let help = "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.";
-        let lost_total = counter_vec(&ctx.registry, "leader_election_lost_total", help, &["name"]);
-        lost_total.with_label_values(&[&lease]);
-        loop {
-            // A fresh elector per term: kube-lease-manager's state is not
-            // trusted after we declared the lead lost.
-            let elector =
-                match LeaderElector::new(client.clone(), &namespace, &lease, &identity, timing)
-                    .await
-                {
-                    Ok(elector) => elector,
-                    Err(err) => {
-                        let what = "cannot prepare leader election, retrying";
-                        log_failure(&format!("{namespace}/{lease}"), what, err.as_ref());
-                        let pause = tokio::time::sleep(timing.retry_period);
-                        match shutdown.run_until_cancelled(pause).await {
-                            Some(()) => continue,
-                            None => break Ok(()),
-                        }
-                    }
-                };
-            // The Lease could be read: a healthy standby again, not the not-ready lost term.
-            readiness.set_lost(false);
-            let elector = elector.on_renewed({
-                let liveness = liveness.clone();
-                move || liveness.renewed()
-            });
-            tracing::info!(lease = %lease, namespace, identity, "standing by for the lease");
-            if !elector.acquire(&shutdown).await {
-                break Ok(());
-            }
-            tracing::info!(lease = %lease, identity, "became leader");
-            leader_gauge.with_label_values(&[&lease]).set(1);
-            readiness.set_leading(true);
-            liveness.set_leading(true);
-            liveness.set_working(true);
-            let term = lead(&elector, ctx.clone(), &work).await;
-            liveness.set_working(false);
-            liveness.set_leading(false);
-            leader_gauge.with_label_values(&[&lease]).set(0);
-            readiness.set_leading(false);
-            match term {
-                Ok(result) => break result,
-                Err(reason) => {
-                    lost_total.with_label_values(&[&lease]).inc();
-                    readiness.set_lost(true);
-                    tracing::error!(lease = %lease, %reason, "leader lease lost; all work stopped; not ready, campaigning again");
-                    if shutdown.is_cancelled() {
-                        break Ok(());
-                    }
-                }
-            }
-        }
+        campaign(ctx, &term, timing, &work).await
     } else {
-        tracing::info!("leader election disabled: working as the only replica");
-        // The only replica works as leader: report it so (no Lease is held).
-        leader_gauge.with_label_values(&[&lease]).set(1);
-        readiness.set_leading(true);
-        liveness.set_working(true);
-        let grace = args.shutdown_grace_period;
-        let mut handle = tokio::spawn(work(ctx));
-        let result = finish_work(&mut handle, &shutdown, grace).await;
-        liveness.set_working(false);
-        result
+        work_alone(ctx, &term, &work).await
     };
 
     server_stop.cancel();
-    let _ = server.await;
-    let _ = redis_probe.await;
+    background.join_all().await;
+    result
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` on the service's HTTP address, and probe Redis
+/// (`redis_reachable`) every 5 s, both until `stop`. Returns the bound address and the tasks.
+/// Errors: the address cannot be bound.
+async fn endpoints(
+    spec: ServiceSpec,
+    args: &CommonArgs,
+    registry: &Registry,
+    readiness: &Readiness,
+    liveness: &Liveness,
+    stop: &CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinSet<()>)> {
+    crate::runtime::metrics::register_process_collector(registry);
+    let addr = args.http_socket_addr(spec);
+    let router = http::router(
+        registry.clone(),
+        readiness.clone(),
+        liveness.clone(),
+        &args.metrics_path,
+    );
+    let (http_addr, server) = http::serve(addr, router, stop.clone())
+        .await
+        .with_context(|| format!("binding HTTP server to {addr}"))?;
+    tracing::info!(service = spec.name, %http_addr, provisioner = %args.cluster.provisioner_name, "HTTP server listening (metrics, healthz, readyz)");
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(async move {
+        let _ = server.await;
+    });
+    tasks.spawn(crate::handoff::reachability::watch_reachability(
+        args.cluster.redis(),
+        crate::handoff::reachability::reachable_gauge(registry),
+        std::time::Duration::from_secs(5),
+        stop.clone(),
+    ));
+    Ok((http_addr, tasks))
+}
+
+/// What a leader term's start and end report: the Lease's name, its
+/// `leader_election_master_status` gauge and the replica's liveness.
+struct TermState {
+    lease: String,
+    gauge: IntGaugeVec,
+    liveness: Liveness,
+}
+
+impl TermState {
+    /// Report a term starting (`true`) or ending: gauge, readiness and liveness.
+    fn set_leading(&self, ctx: &ServiceContext, leading: bool) {
+        self.gauge
+            .with_label_values(&[&self.lease])
+            .set(i64::from(leading));
+        ctx.readiness.set_leading(leading);
+        self.liveness.set_leading(leading);
+        self.liveness.set_working(leading);
+    }
+}
+
+/// Campaign for the Lease and run `work` once per term held, until `ctx.shutdown`: a lost
+/// Lease counts in `leader_election_lost_total`, marks the replica not ready and campaigns
+/// again. Returns the last term's result.
+async fn campaign<F, Fut>(
+    ctx: ServiceContext,
+    term: &TermState,
+    timing: LeaseTiming,
+    work: &F,
+) -> anyhow::Result<()>
+where
+    F: Fn(ServiceContext) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let (lease, shutdown, readiness) = (&term.lease, &ctx.shutdown, &ctx.readiness);
+    let namespace = leader::discover_namespace(
+        ctx.args.cluster.leader_election_namespace.as_deref(),
+        std::env::var("POD_NAMESPACE").ok().as_deref(),
+        std::path::Path::new(leader::SERVICE_ACCOUNT_NAMESPACE_FILE),
+    );
+    let help = "Leader terms that ended with the Lease lost (work aborted, campaigning again), by Lease name.";
+    let lost_total = counter_vec(&ctx.registry, "leader_election_lost_total", help, &["name"]);
+    lost_total.with_label_values(&[lease]);
+    let identity = ctx.identity.as_str();
+    loop {
+        // A fresh elector per term: kube-lease-manager's state is not
+        // trusted after we declared the lead lost.
+        let elector =
+            match LeaderElector::new(ctx.client.clone(), &namespace, lease, identity, timing).await
+            {
+                Ok(elector) => elector,
+                Err(err) => {
+                    let what = "cannot prepare leader election, retrying";
+                    log_failure(&format!("{namespace}/{lease}"), what, err.as_ref());
+                    let pause = tokio::time::sleep(timing.retry_period);
+                    match shutdown.run_until_cancelled(pause).await {
+                        Some(()) => continue,
+                        None => return Ok(()),
+                    }
+                }
+            };
+        // The Lease could be read: a healthy standby again, not the not-ready lost term.
+        readiness.set_lost(false);
+        let elector = elector.on_renewed({
+            let liveness = term.liveness.clone();
+            move || liveness.renewed()
+        });
+        tracing::info!(lease = %lease, namespace, identity, "standing by for the lease");
+        if !elector.acquire(shutdown).await {
+            return Ok(());
+        }
+        tracing::info!(lease = %lease, identity, "became leader");
+        term.set_leading(&ctx, true);
+        let result = lead(&elector, ctx.clone(), work).await;
+        term.set_leading(&ctx, false);
+        match result {
+            Ok(result) => return result,
+            Err(reason) => {
+                lost_total.with_label_values(&[lease]).inc();
+                readiness.set_lost(true);
+                tracing::error!(lease = %lease, %reason, "leader lease lost; all work stopped; not ready, campaigning again");
+                if shutdown.is_cancelled() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Run `work` once as the only replica (`--leader-election=false`), reported as leader
+/// though no Lease is held, until it returns or `ctx.shutdown` and the grace period end.
+async fn work_alone<F, Fut>(ctx: ServiceContext, term: &TermState, work: &F) -> anyhow::Result<()>
+where
+    F: Fn(ServiceContext) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    tracing::info!("leader election disabled: working as the only replica");
+    term.gauge.with_label_values(&[&term.lease]).set(1);
+    ctx.readiness.set_leading(true);
+    term.liveness.set_working(true);
+    let (shutdown, grace) = (ctx.shutdown.clone(), ctx.args.shutdown_grace_period);
+    let mut handle = tokio::spawn(work(ctx));
+    let result = finish_work(&mut handle, &shutdown, grace).await;
+    term.liveness.set_working(false);
     result
 }
 
