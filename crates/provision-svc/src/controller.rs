@@ -194,56 +194,20 @@ pub struct TermDeps {
 /// controller each term. Returns after `ctx.shutdown` fires and in-flight
 /// syncs finished. Errors: a cache's reflector stopped before its first list.
 pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()> {
-    let (args, metrics) = (deps.args, deps.metrics);
     let shutdown = ctx.shutdown.clone();
-    let (name, redis) = (
-        ctx.args.cluster.provisioner_name.clone(),
-        ctx.args.cluster.redis(),
-    );
-    let period = ctx.args.redis_reconnect();
-    let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
-    // Retried every `--redis-reconnect-period` until it succeeds or `shutdown` fires.
-    let connect = || async {
-        let queue = PvQueue::connect(&redis, &name).await?;
-        let intents = IntentStore::connect(&redis, &name).await?;
-        Ok((queue.with_replica_acks(acks.0, acks.1), intents))
-    };
-    let log =
-        |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis; retrying");
-    let Some((pv_queue, intents)) = period.retry(&shutdown, connect, log).await else {
+    let Some((pv_queue, intents)) = connect_redis(&ctx, &deps.args).await else {
         return Ok(());
     };
-
-    let client = ctx.client.clone();
     let (claims, claim_writer) = reflector::store::<CachedClaim>();
-    let class_writer = Writer::<StorageClass>::default();
-    let caches = Caches {
-        claims,
-        classes: class_writer.as_reader(),
-        volumes: NameSet::default(),
-    };
     // The StorageClass and PV-name caches, owned by this future.
     let mut tasks = tokio::task::JoinSet::new();
-    let classes = watcher(Api::<StorageClass>::all(client.clone()), Default::default());
-    let classes = reflector::reflector(class_writer, classes.modify(strip_for_cache));
-    tasks.spawn(drive("StorageClass", classes.backoff(watch_backoff())));
-    // Metadata only, and of that only the names: is `pvc-<uid>` there?
-    let pvs = Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone());
-    let volume_names = caches.volumes.clone();
-    let pvs = watcher(pvs, Default::default()).backoff(watch_backoff());
-    let pvs = pvs.inspect_ok(move |ev| volume_names.apply_watcher_event(ev));
-    tasks.spawn(drive("PersistentVolume", pvs));
-    let synced = async {
-        caches.classes.wait_until_ready().await?;
-        caches.volumes.wait_until_ready().await;
-        Ok::<(), reflector::store::WriterDropped>(())
+    let Some(caches) = start_caches(&ctx, claims, &mut tasks).await? else {
+        return Ok(());
     };
-    tokio::select! {
-        _ = shutdown.cancelled() => return Ok(()),
-        r = synced => r.context("a reflector stopped before its first list")?,
-    }
-
-    let (cluster, event_publisher) = KubeCluster::new(client.clone(), ctx.spec.name, &ctx.identity);
+    let (cluster, publisher) = KubeCluster::new(ctx.client.clone(), ctx.spec.name, &ctx.identity);
+    let event_publisher = tokio::spawn(publisher);
+    let (args, metrics) = (deps.args, deps.metrics);
+    let name = ctx.args.cluster.provisioner_name.clone();
     let settings = Settings {
         names: ProvisionerNames {
             name: name.clone(),
@@ -253,15 +217,16 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         failure_threshold: FailureThreshold(args.failed_provision_threshold),
         provision_timeout: args.provision_timeout,
     };
+    let ports = Ports {
+        backend: deps.backend,
+        cluster: Arc::new(cluster),
+        handoff: Arc::new(SignedQueue::new(pv_queue, deps.queue_key, &name)),
+        intents: Arc::new(intents.clone()),
+    };
     let op = Arc::new(Operation::new(
         settings,
         caches.clone(),
-        Ports {
-            backend: deps.backend,
-            cluster: Arc::new(cluster),
-            handoff: Arc::new(SignedQueue::new(pv_queue, deps.queue_key, &name)),
-            intents: Arc::new(intents.clone()),
-        },
+        ports,
         metrics.clone(),
     ));
     let loop_ctx = Arc::new(Context {
@@ -269,28 +234,9 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         retry: RetryPolicy::from_args(ctx.args.retry_backoff(crate::SPEC), &args.retry),
     });
     let (gone_tx, gone_rx) = mpsc::unbounded_channel();
-    let walk = gone_tx.clone();
-    let (observer, listed) = (loop_ctx.clone(), Arc::new(tokio::sync::Notify::new()));
-    let first_list = listed.clone();
-    // A deleted claim's retry state is forgotten and it is reported gone; so is every
-    // (re)list, so claims deleted while the watch was down are found too.
-    let observe =
-        move |event: &watcher::Event<CachedClaim>, store: &reflector::Store<_>| match event {
-            watcher::Event::Delete(claim) => {
-                if let Some(uid) = claim.meta().uid.clone() {
-                    observer.retry.forget(&uid);
-                    observer.op.forget_first_attempt(&uid);
-                    let _ = gone_tx.send(Gone::Claim(uid));
-                }
-            }
-            watcher::Event::InitDone => {
-                let _ = gone_tx.send(Gone::Walk);
-                first_list.notify_one();
-                tracing::info!(claims = store.state().len(), "claims listed");
-            }
-            _ => {}
-        };
-    let claims = Api::<CachedClaim>::all(client);
+    let listed = Arc::new(tokio::sync::Notify::new());
+    let observe = observer(loop_ctx.clone(), gone_tx.clone(), listed.clone());
+    let claims = Api::<CachedClaim>::all(ctx.client.clone());
     let trigger = control::trigger(claims, claim_writer, metrics.queue.clone(), observe);
     let (rescan, reconcile_all) = futures::channel::mpsc::unbounded();
     let settings = LoopSettings {
@@ -302,19 +248,19 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
         metrics: metrics.queue.clone(),
         shutdown: shutdown.clone(),
     };
-    let probe = probe_redis(op.clone(), intents, listed, rescan, walk, ctx.clone());
-    tasks.spawn(probe);
+    tasks.spawn(probe_redis(
+        op.clone(),
+        intents,
+        listed,
+        rescan,
+        gone_tx,
+        ctx.clone(),
+    ));
     tracing::info!(workers = settings.workers, "started provisioning claims");
     let backoff = ctx.args.retry_backoff(crate::SPEC);
+    let claims = caches.claims.clone();
     tokio::join!(
-        control::run(
-            trigger,
-            caches.claims.clone(),
-            settings,
-            reconcile,
-            error_policy,
-            loop_ctx
-        ),
+        control::run(trigger, claims, settings, reconcile, error_policy, loop_ctx),
         clean_gone_claims(op.clone(), gone_rx, backoff, shutdown.clone()),
     );
     tasks.abort_all();
@@ -323,6 +269,86 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     // The publisher ends once the last event sender (the operation's cluster) is gone.
     let _ = tokio::time::timeout(Duration::from_secs(5), event_publisher).await;
     Ok(())
+}
+
+/// pv-writer's queue and the intents in Redis, with `args`' replica acknowledgements; retried
+/// every `--redis-reconnect-period`. `None`: `ctx.shutdown` fired first.
+async fn connect_redis(
+    ctx: &ServiceContext,
+    args: &ProvisionArgs,
+) -> Option<(PvQueue, IntentStore)> {
+    let (name, redis) = (&ctx.args.cluster.provisioner_name, ctx.args.cluster.redis());
+    let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
+    let connect = || async {
+        let queue = PvQueue::connect(&redis, name).await?;
+        let intents = IntentStore::connect(&redis, name).await?;
+        Ok((queue.with_replica_acks(acks.0, acks.1), intents))
+    };
+    let log =
+        |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis; retrying");
+    ctx.args
+        .redis_reconnect()
+        .retry(&ctx.shutdown, connect, log)
+        .await
+}
+
+/// The caches around `claims`: StorageClasses and PV names, their reflectors spawned on `tasks`,
+/// once both have listed. `None`: `ctx.shutdown` fired first. Errors: a reflector stopped first.
+async fn start_caches(
+    ctx: &ServiceContext,
+    claims: reflector::Store<CachedClaim>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> anyhow::Result<Option<Caches>> {
+    let client = ctx.client.clone();
+    let class_writer = Writer::<StorageClass>::default();
+    let caches = Caches {
+        claims,
+        classes: class_writer.as_reader(),
+        volumes: NameSet::default(),
+    };
+    let classes = watcher(Api::<StorageClass>::all(client.clone()), Default::default());
+    let classes = reflector::reflector(class_writer, classes.modify(strip_for_cache));
+    tasks.spawn(drive("StorageClass", classes.backoff(watch_backoff())));
+    // Metadata only, and of that only the names: is `pvc-<uid>` there?
+    let pvs = Api::<PartialObjectMeta<PersistentVolume>>::all(client);
+    let volume_names = caches.volumes.clone();
+    let pvs = watcher(pvs, Default::default()).backoff(watch_backoff());
+    let pvs = pvs.inspect_ok(move |ev| volume_names.apply_watcher_event(ev));
+    tasks.spawn(drive("PersistentVolume", pvs));
+    let synced = async {
+        caches.classes.wait_until_ready().await?;
+        caches.volumes.wait_until_ready().await;
+        Ok::<(), reflector::store::WriterDropped>(())
+    };
+    tokio::select! {
+        _ = ctx.shutdown.cancelled() => Ok(None),
+        r = synced => r.context("a reflector stopped before its first list").map(|()| Some(caches)),
+    }
+}
+
+/// What the claim watch's events do: a deleted claim's retry state is forgotten and it is
+/// reported `gone`; so is every (re)list (a walk), so claims deleted while the watch was down
+/// are found too. The first list also fires `listed`.
+fn observer(
+    ctx: Arc<Context>,
+    gone: mpsc::UnboundedSender<Gone>,
+    listed: Arc<tokio::sync::Notify>,
+) -> impl FnMut(&watcher::Event<CachedClaim>, &reflector::Store<CachedClaim>) + Send + 'static {
+    move |event, store| match event {
+        watcher::Event::Delete(claim) => {
+            if let Some(uid) = claim.meta().uid.clone() {
+                ctx.retry.forget(&uid);
+                ctx.op.forget_first_attempt(&uid);
+                let _ = gone.send(Gone::Claim(uid));
+            }
+        }
+        watcher::Event::InitDone => {
+            let _ = gone.send(Gone::Walk);
+            listed.notify_one();
+            tracing::info!(claims = store.state().len(), "claims listed");
+        }
+        _ => {}
+    }
 }
 
 /// From the claims' first list (`listed`) until shutdown: readiness from Redis (`HLEN`) each

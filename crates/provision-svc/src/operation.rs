@@ -18,7 +18,7 @@ use common::kube::cache::{Compact, NameSet};
 use common::kube::events::reason;
 use common::kube::retry::FailureThreshold;
 use common::kube::time::now_ms;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::reflector::{ObjectRef, Store};
 use provisioner_api::ProvisioningState::{self, Finished, InBackground, NoChange, Reschedule};
@@ -229,29 +229,7 @@ impl Operation {
         let note = format!("External provisioner is provisioning volume for claim {claim_key:?}");
         cluster.claim_event(claim, false, reason::PROVISIONING, note);
 
-        // A backend overrunning the deadline is abandoned: the attempt fails as
-        // `InBackground`, as a cancelled context does for the seed's provisioners.
-        let provisioned = deadline::bound(self.ports.backend.provision(&options))
-            .await
-            .unwrap_or_else(|e| {
-                Err(ProvisionError::Failed {
-                    state: InBackground,
-                    reason: e.to_string(),
-                })
-            });
-        let volume = match provisioned {
-            Ok(v) => v,
-            Err(ProvisionError::Ignored { reason }) => {
-                tracing::info!(pv = %pv_name, %reason, "volume provision ignored");
-                return Err(STOP);
-            }
-            Err(ProvisionError::Failed { state, reason }) => {
-                let class = &intent.class;
-                let err =
-                    format!("failed to provision volume with StorageClass {class:?}: {reason}");
-                return Err(self.error_handling(state, err, claim).await);
-            }
-        };
+        let volume = self.call_backend(&options, &intent.class).await?;
         tracing::info!(pv = %pv_name, "volume provisioned; queueing the PV for pv-writer");
         let finalizer = self.settings.add_finalizer;
         let pv = decision::complete_pv(volume, claim, &intent.class, &class.provisioner, finalizer);
@@ -269,6 +247,36 @@ impl Operation {
             let msg = format!("queueing PV {pv_name:?} for pv-writer: {e}");
             (Finished, Err(OpError::NotQueued(msg)))
         })
+    }
+
+    /// The backend's `Provision` of `options` (a claim of class `class`), its failure handled
+    /// as the seed's. A backend overrunning the deadline is abandoned: the attempt fails as
+    /// `InBackground`, as a cancelled context does for the seed's provisioners.
+    async fn call_backend(
+        &self,
+        options: &ProvisionOptions,
+        class: &str,
+    ) -> Result<PersistentVolume, Attempt> {
+        let provisioned = deadline::bound(self.ports.backend.provision(options))
+            .await
+            .unwrap_or_else(|e| {
+                Err(ProvisionError::Failed {
+                    state: InBackground,
+                    reason: e.to_string(),
+                })
+            });
+        match provisioned {
+            Ok(volume) => Ok(volume),
+            Err(ProvisionError::Ignored { reason }) => {
+                tracing::info!(pv = %options.pv_name, %reason, "volume provision ignored");
+                Err(STOP)
+            }
+            Err(ProvisionError::Failed { state, reason }) => {
+                let err =
+                    format!("failed to provision volume with StorageClass {class:?}: {reason}");
+                Err(self.error_handling(state, err, &options.pvc).await)
+            }
+        }
     }
 
     /// Stop when the PV `pv_name` exists or is queued ("queued?" is always asked

@@ -9,6 +9,8 @@
 //! Errors are [`EffectError`]s: every caller turns them into an event or a
 //! log line and a retry.
 
+use std::future::Future;
+
 use api_types::queue::{ProvisionIntent, QueuedPvWrite};
 use api_types::ANN_SELECTED_NODE;
 use async_trait::async_trait;
@@ -301,20 +303,19 @@ pub struct KubeCluster {
 }
 
 impl KubeCluster {
-    /// A cluster API reporting events as `component`/`instance`; returns the
-    /// publisher task, which ends once every clone is dropped and all events
-    /// are published.
+    /// A cluster API reporting events as `component`/`instance`, and the publisher to run
+    /// beside it, which returns once every clone is dropped and all events are published.
     pub fn new(
         client: Client,
         component: &str,
         instance: &str,
-    ) -> (Self, tokio::task::JoinHandle<()>) {
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
         let sink = EventSink::new(client.clone(), component, instance);
         let (tx, rx) = mpsc::unbounded::<PendingEvent>();
-        let publisher = tokio::spawn(rx.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
+        let publisher = rx.for_each_concurrent(EVENT_PUBLISHERS, move |e| {
             let sink = sink.clone();
             async move { sink.publish(&e.0, e.1).await }
-        }));
+        });
         (Self { client, events: tx }, publisher)
     }
 
