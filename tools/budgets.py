@@ -4,7 +4,8 @@ each holds (issue 28: one controller shape).
 
 Product code: `crates/*/src/**/*.rs` without test-only files (`*_tests.rs`, `tests.rs`,
 `testing.rs`, `test_*.rs`) and without `#[cfg(test)]` items. Exit status 1 when a budget
-or a rule is missed (`--check`), else 0.
+or a rule is missed (`--check`), or a rule, the comment ratio, the file size or the import
+cycles (`--check-shape`, what CI enforces; no repeated-code scan); else 0.
 """
 import os
 import re
@@ -222,7 +223,8 @@ def main():
             big.append(f"{os.path.relpath(path, ROOT)} ({len(lines)} lines)")
     ratio = total_comments / max(total_code, 1)
     cycles = import_cycles(files)
-    pairs = duplicate_pairs()
+    scanned = "--check-shape" not in sys.argv
+    pairs = duplicate_pairs() if scanned else None
     dups, boilerplate = pairs if pairs else (None, 0)
     print(f"{'crate':<22}{'code':>7}{'comments':>10}")
     for crate, (code, comments) in sorted(per_crate.items()):
@@ -240,7 +242,9 @@ def main():
         print(f"{name:<32}{str(value):>8}  budget {budget:<8} {'met' if ok else 'MISSED'}")
     for line in big + cycles:
         print(f"  {line}")
-    if dups is None:
+    if not scanned:
+        print("  (repeated code not scanned with --check-shape)")
+    elif dups is None:
         print("  (the `duplicates` command is not on this machine: pairs not counted)")
     else:
         print(f"  repeated-code pairs: {dups - boilerplate} of logic, {boilerplate} the tool marks "
@@ -255,7 +259,8 @@ def main():
                       for name, _, n in functions(lines)), reverse=True)[:5]
     print("\nlongest functions: " + ", ".join(f"{p} {name} ({n})" for n, p, name in longest))
     missed = not all(ok for *_, ok in rows) or any(broken for _, broken in rules)
-    if "--check" in sys.argv and missed:
+    shape_missed = not all(ok for *_, ok in rows[1:4]) or any(broken for _, broken in rules)
+    if ("--check" in sys.argv and missed) or ("--check-shape" in sys.argv and shape_missed):
         sys.exit(1)
 
 
