@@ -123,6 +123,8 @@ pub fn provision(
     Ok(pv)
 }
 
+/// Make PV `pv_name`'s directory `rel` below `mount`, recorded first ([`record`]), with its
+/// attributes, quota and capacity reservation; a refusal undoes what this try made.
 fn create_dir(
     mount: &std::path::Path,
     pv_name: &str,
@@ -133,55 +135,8 @@ fn create_dir(
     let root = safe_fs::open_root(mount).map_err(|e| Refusal(mount_error(mount, e)))?;
     let (parent_comps, last) = rel.split_last();
     let refusing = |e: WalkError| Refusal(format!("refusing directory \"{rel}\": {e}"));
-    // Record-then-check below; serialized within this process so two
-    // nesting claims provisioned at once never both refuse.
-    let guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
-    let recorded = registry::get(&root, pv_name)
-        .map_err(|e| Refusal(format!("cannot read the record of PV {pv_name}: {e}")))?;
-    let retry = match recorded {
-        Some(r) if &r != rel => {
-            return Err(Refusal(format!(
-                "PV {pv_name} was already provisioned at \"{r}\", but the claim now resolves to \"{rel}\" (its labels, annotations or the class's pathPattern changed); refusing"
-            )))
-        }
-        Some(_) => true,
-        None => {
-            // A directory that exists without having been created for this
-            // PV is never adopted.
-            match safe_fs::open_path(&root, parent_comps) {
-                Ok(parent) => match safe_fs::entry(&parent, last) {
-                    Ok(Entry::Absent) => {}
-                    Ok(_) => return Err(taken(&root, pv_name, rel)),
-                    Err(e) => return Err(Refusal(format!("cannot inspect \"{rel}\": {e}"))),
-                },
-                Err(WalkError::Missing(_)) => {}
-                Err(e) => return Err(refusing(e)),
-            }
-            registry::put(&root, pv_name, rel)
-                .map_err(|e| Refusal(format!("cannot record PV {pv_name}: {e}")))?;
-            false
-        }
-    };
-    let forget = |msg: Refusal| {
-        if !retry {
-            let _ = registry::remove(&root, pv_name);
-        }
-        msg
-    };
-    // Checked after recording ours, so of two claims whose directories nest
-    // (provisioned at once, by any replica) at least one sees the other.
-    registry::nested_with(&root, pv_name, rel)
-        .map_err(|e| Refusal(format!("cannot read the volume records: {e}")))
-        .and_then(|nested| nesting(rel, &nested))
-        .map_err(forget)?;
-    // Another PV's record for this path (say one whose delete has not finished):
-    // never share it, even while the directory is absent.
-    let others = registry::other_owners(&root, pv_name, rel)
-        .map_err(|e| forget(Refusal(format!("cannot read the volume records: {e}"))))?;
-    if !others.is_empty() {
-        return Err(forget(taken(&root, pv_name, rel)));
-    }
-    drop(guard);
+    let retry = record(&root, pv_name, rel)?;
+    let forget = undo_record(&root, pv_name, retry);
     let (parent, _) =
         safe_fs::create_path(&root, parent_comps, PARENT_MODE).map_err(|e| forget(refusing(e)))?;
     let created = match parent.create_dir(last) {
@@ -212,6 +167,73 @@ fn create_dir(
     }
     tracing::info!(pv = pv_name, directory = %rel, created, "nfs-subdir volume directory ready");
     Ok(())
+}
+
+/// Record `rel` as PV `pv_name`'s directory, or find it recorded by an earlier try
+/// (`Ok(true)`); refuses a directory that exists unrecorded, nests with or belongs to another
+/// volume, and then removes a first try's record again.
+fn record(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<bool, Refusal> {
+    let (parent_comps, last) = rel.split_last();
+    let refusing = |e: WalkError| Refusal(format!("refusing directory \"{rel}\": {e}"));
+    // Record-then-check below; serialized within this process so two
+    // nesting claims provisioned at once never both refuse.
+    let _guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
+    let recorded = registry::get(root, pv_name)
+        .map_err(|e| Refusal(format!("cannot read the record of PV {pv_name}: {e}")))?;
+    let retry = match recorded {
+        Some(r) if &r != rel => {
+            return Err(Refusal(format!(
+                "PV {pv_name} was already provisioned at \"{r}\", but the claim now resolves to \"{rel}\" (its labels, annotations or the class's pathPattern changed); refusing"
+            )))
+        }
+        Some(_) => true,
+        None => {
+            // A directory that exists without having been created for this
+            // PV is never adopted.
+            match safe_fs::open_path(root, parent_comps) {
+                Ok(parent) => match safe_fs::entry(&parent, last) {
+                    Ok(Entry::Absent) => {}
+                    Ok(_) => return Err(taken(root, pv_name, rel)),
+                    Err(e) => return Err(Refusal(format!("cannot inspect \"{rel}\": {e}"))),
+                },
+                Err(WalkError::Missing(_)) => {}
+                Err(e) => return Err(refusing(e)),
+            }
+            registry::put(root, pv_name, rel)
+                .map_err(|e| Refusal(format!("cannot record PV {pv_name}: {e}")))?;
+            false
+        }
+    };
+    let forget = undo_record(root, pv_name, retry);
+    // Checked after recording ours, so of two claims whose directories nest
+    // (provisioned at once, by any replica) at least one sees the other.
+    registry::nested_with(root, pv_name, rel)
+        .map_err(|e| Refusal(format!("cannot read the volume records: {e}")))
+        .and_then(|nested| nesting(rel, &nested))
+        .map_err(&forget)?;
+    // Another PV's record for this path (say one whose delete has not finished):
+    // never share it, even while the directory is absent.
+    let others = registry::other_owners(root, pv_name, rel)
+        .map_err(|e| forget(Refusal(format!("cannot read the volume records: {e}"))))?;
+    if !others.is_empty() {
+        return Err(forget(taken(root, pv_name, rel)));
+    }
+    Ok(retry)
+}
+
+/// What a refusal does to PV `pv_name`'s record: removes it after a first try (`retry` false),
+/// which made nothing, and keeps an earlier try's.
+fn undo_record<'a>(
+    root: &'a Dir,
+    pv_name: &'a str,
+    retry: bool,
+) -> impl Fn(Refusal) -> Refusal + 'a {
+    move |refusal| {
+        if !retry {
+            let _ = registry::remove(root, pv_name);
+        }
+        refusal
+    }
 }
 
 /// Held while a provisioning records its directory and checks for nesting.
