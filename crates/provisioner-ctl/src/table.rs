@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::status::{LeaseStatus, Status};
+use crate::status::{LeaseStatus, ProvisionerStatus, QueueStatus, Status};
 
 /// The terminal rendering: per provisioner name a summary line, then the
 /// Leases, in-flight entries, dead letters, intents and orphans as aligned
@@ -30,74 +30,89 @@ pub fn render_table(status: &Status) -> String {
             section(&mut out, "leases", header, p.leases.iter().map(lease_row));
         }
         if let Some(q) = &p.queue {
-            let header = ["PV", "CLAIM", "OWNER TERM", "VISIBLE AGAIN IN", "ATTEMPTS"];
-            let rows = q.in_flight.iter().map(|e| {
-                let term = match e.owner_term {
-                    Some(t) if e.stale_owner => format!("{t} (stale)"),
-                    Some(t) => t.to_string(),
-                    None => "-".into(),
-                };
-                [
-                    e.pv_name.clone(),
-                    e.claim.clone().unwrap_or_else(|| "<unreadable>".into()),
-                    term,
-                    secs(e.visible_again_in_seconds),
-                    e.attempts.to_string(),
-                ]
-            });
-            section(&mut out, "in flight", header, rows);
-            let header = ["PV", "CLAIM", "ATTEMPTS", "DEAD FOR", "REASON"];
-            let rows = q.dead_letters.iter().map(|d| {
-                [
-                    d.pv_name.clone(),
-                    dash(d.claim.clone()),
-                    d.attempts.to_string(),
-                    secs(d.dead_for_seconds),
-                    d.reason.clone(),
-                ]
-            });
-            section(&mut out, "dead letters", header, rows);
+            queue_sections(&mut out, q);
         }
-        let intents = "intents (volumes being made)";
-        if p.unavailable.contains(&"intents") {
-            let _ = writeln!(out, "  {intents}: unavailable");
-        } else {
-            let header = ["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"];
-            let rows = p.intents.iter().map(|i| {
-                [
-                    i.pv_name.clone(),
-                    i.claim.clone(),
-                    i.class.clone(),
-                    secs(i.age_seconds),
-                    i.in_background.to_string(),
-                ]
-            });
-            section(&mut out, intents, header, rows);
-        }
-        match &p.orphan_report {
-            Some(r) => {
-                let _ = writeln!(
-                    out,
-                    "  orphan sweep: {} orphan(s), {} archived, by {} {} ago",
-                    r.orphans.len(),
-                    r.archived,
-                    r.reporter,
-                    secs(p.orphan_report_age_seconds.unwrap_or_default())
-                );
-                for o in &r.orphans {
-                    let _ = writeln!(out, "    {o}");
-                }
-            }
-            None if p.unavailable.contains(&"orphan sweep") => {
-                out.push_str("  orphan sweep: unavailable\n")
-            }
-            None => out.push_str("  orphan sweep: no report yet\n"),
-        }
+        intents_section(&mut out, p);
+        orphans_section(&mut out, p);
         for e in &p.errors {
             let _ = writeln!(out, "  ERROR {e}");
         }
     }
     out
+}
+
+/// The in-flight entries and dead letters of `q`, one table each.
+fn queue_sections(out: &mut String, q: &QueueStatus) {
+    let header = ["PV", "CLAIM", "OWNER TERM", "VISIBLE AGAIN IN", "ATTEMPTS"];
+    let rows = q.in_flight.iter().map(|e| {
+        let term = match e.owner_term {
+            Some(t) if e.stale_owner => format!("{t} (stale)"),
+            Some(t) => t.to_string(),
+            None => "-".into(),
+        };
+        [
+            e.pv_name.clone(),
+            e.claim.clone().unwrap_or_else(|| "<unreadable>".into()),
+            term,
+            secs(e.visible_again_in_seconds),
+            e.attempts.to_string(),
+        ]
+    });
+    section(out, "in flight", header, rows);
+    let header = ["PV", "CLAIM", "ATTEMPTS", "DEAD FOR", "REASON"];
+    let rows = q.dead_letters.iter().map(|d| {
+        [
+            d.pv_name.clone(),
+            dash(d.claim.clone()),
+            d.attempts.to_string(),
+            secs(d.dead_for_seconds),
+            d.reason.clone(),
+        ]
+    });
+    section(out, "dead letters", header, rows);
+}
+
+/// The provisioning intents of `p` as a table, or `unavailable`.
+fn intents_section(out: &mut String, p: &ProvisionerStatus) {
+    let intents = "intents (volumes being made)";
+    if p.unavailable.contains(&"intents") {
+        let _ = writeln!(out, "  {intents}: unavailable");
+        return;
+    }
+    let header = ["PV", "CLAIM", "CLASS", "AGE", "IN BACKGROUND"];
+    let rows = p.intents.iter().map(|i| {
+        [
+            i.pv_name.clone(),
+            i.claim.clone(),
+            i.class.clone(),
+            secs(i.age_seconds),
+            i.in_background.to_string(),
+        ]
+    });
+    section(out, intents, header, rows);
+}
+
+/// The last orphan report of `p`: its summary line and one line per orphan.
+fn orphans_section(out: &mut String, p: &ProvisionerStatus) {
+    match &p.orphan_report {
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "  orphan sweep: {} orphan(s), {} archived, by {} {} ago",
+                r.orphans.len(),
+                r.archived,
+                r.reporter,
+                secs(p.orphan_report_age_seconds.unwrap_or_default())
+            );
+            for o in &r.orphans {
+                let _ = writeln!(out, "    {o}");
+            }
+        }
+        None if p.unavailable.contains(&"orphan sweep") => {
+            out.push_str("  orphan sweep: unavailable\n")
+        }
+        None => out.push_str("  orphan sweep: no report yet\n"),
+    }
 }
 
 /// A Lease's row: service, `namespace/name`, holder, last renewal and state.
