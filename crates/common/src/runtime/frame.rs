@@ -114,7 +114,7 @@ where
     let help = "1 while this replica holds the named Lease, 0 otherwise.";
     let leader_gauge = gauge_vec(&registry, "leader_election_master_status", help, &["name"]);
     let server_stop = CancellationToken::new();
-    let (http_addr, background) =
+    let (http_addr, mut background) =
         endpoints(spec, &args, &registry, &readiness, &liveness, &server_stop).await?;
 
     let identity = leader::identity(args.leader_election_identity.as_deref());
@@ -149,7 +149,8 @@ where
     };
 
     server_stop.cancel();
-    background.join_all().await;
+    // A panicked probe is not the service's result: drained, not unwrapped.
+    while background.join_next().await.is_some() {}
     result
 }
 
@@ -198,14 +199,20 @@ struct TermState {
 }
 
 impl TermState {
-    /// Report a term starting (`true`) or ending: gauge, readiness and liveness.
+    /// Report a term starting (`true`: gauge, readiness, liveness) or ending (the reverse).
     fn set_leading(&self, ctx: &ServiceContext, leading: bool) {
-        self.gauge
-            .with_label_values(&[&self.lease])
-            .set(i64::from(leading));
-        ctx.readiness.set_leading(leading);
-        self.liveness.set_leading(leading);
-        self.liveness.set_working(leading);
+        let gauge = self.gauge.with_label_values(&[&self.lease]);
+        if leading {
+            gauge.set(1);
+            ctx.readiness.set_leading(true);
+            self.liveness.set_leading(true);
+            self.liveness.set_working(true);
+        } else {
+            self.liveness.set_working(false);
+            self.liveness.set_leading(false);
+            gauge.set(0);
+            ctx.readiness.set_leading(false);
+        }
     }
 }
 
