@@ -789,13 +789,18 @@ async fn claims_beyond_the_export_capacity_fail_and_deletion_gives_room_back() {
 async fn a_retried_delete_never_reaches_a_directory_provisioned_again() {
     let f = fixture();
     let params = deleting("${.PVC.namespace}/${.PVC.name}");
-    let first = f.provision(&options_for("pvc-a", &params, &[])).await;
+    let first_options = options_for("pvc-a", &params, &[]);
+    let first = f.provision(&first_options).await;
     // pvc-a's delete removed its directory, then stopped before forgetting its record.
     std::fs::remove_dir(f.mount.join("team-a/data")).unwrap();
     // The claim made again is refused while that record stands...
     let again = options_for("pvc-b", &params, &[]);
     let r = f.refusal(&again).await;
     assert!(r.contains("already belongs to PV pvc-a"), "{r}");
+    assert!(
+        r.contains("remove .split-provisioner/volumes/pvc-a on the export"),
+        "{r}"
+    );
     // ...and provisioned once the retried delete has finished.
     f.delete(&first).await;
     let second = f.provision(&again).await;
@@ -807,6 +812,14 @@ async fn a_retried_delete_never_reaches_a_directory_provisioned_again() {
     registry::put(&root, "pvc-a", &rel).unwrap();
     let r = f.delete_refusal(&first).await;
     assert!(r.contains("belongs to PV pvc-b"), "{r}");
+    assert!(f.mount.join("team-a/data/keep").is_file());
+    // A gone claim's cleanup with such a record is refused the same way.
+    let err = f
+        .backend
+        .delete_unprovisioned(&first_options)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("belongs to PV pvc-b"), "{err}");
     assert!(f.mount.join("team-a/data/keep").is_file());
     registry::remove(&root, "pvc-a").unwrap();
     f.delete(&second).await;

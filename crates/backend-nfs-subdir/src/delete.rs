@@ -113,17 +113,23 @@ pub fn delete(
             "PV {name} names directory \"{rel}\" but was provisioned at \"{r}\"; refusing"
         )));
     }
-    // Checked with a record of our own too: a retried delete must not reach a
-    // directory provisioned again for another PV.
-    let others =
-        registry::other_owners(&root, name, &rel).map_err(io_failed("read the volume records"))?;
-    if !others.is_empty() {
-        return Err(refused(format!(
-            "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
-            others.join(", ")
-        )));
-    }
+    not_shared(&root, name, &rel)?;
     apply_policy(&root, name, &rel, policy).map(|_| ())
+}
+
+/// Refuses when another PV's record names `rel` too: checked with a record of `name`'s own,
+/// so a retried delete never reaches a directory provisioned again for another PV.
+/// Errors: [`DeleteError::Refused`], or the records cannot be read.
+fn not_shared(root: &Dir, name: &str, rel: &RelPath) -> Result<(), DeleteError> {
+    let others =
+        registry::other_owners(root, name, rel).map_err(io_failed("read the volume records"))?;
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(refused(format!(
+        "directory \"{rel}\" named by PV {name} belongs to PV {}; refusing",
+        others.join(", ")
+    )))
 }
 
 /// The recorded PVs whose directory any of `pvs` uses (an `nfs.path` equal to,
@@ -163,6 +169,7 @@ pub fn delete_unprovisioned(
     let (root, Some(rel)) = recorded(backend, name)? else {
         return Ok(());
     };
+    not_shared(&root, name, &rel)?;
     apply_policy(&root, name, &rel, Ok(policy)).map(|_| ())
 }
 

@@ -262,8 +262,9 @@ fn taken(root: &Dir, pv_name: &str, rel: &RelPath) -> Refusal {
         )
     } else {
         format!(
-            "directory \"{rel}\" already belongs to PV {}; two claims resolve to the same directory (check the class's pathPattern), refusing to share it",
-            owners.join(", ")
+            "directory \"{rel}\" already belongs to PV {}; two claims resolve to the same directory (check the class's pathPattern), refusing to share it (a record left by a PV deleted by hand, whose directory is gone: remove .split-provisioner/volumes/{} on the export)",
+            owners.join(", "),
+            owners.join(", .split-provisioner/volumes/")
         )
     })
 }
