@@ -107,8 +107,8 @@ pub struct ProvisionIntent {
 pub struct IntentClaim {
     /// Always [`SCHEMA_VERSION`] when written by this release.
     pub version: u32,
-    /// True when the backend's last answer was `InBackground`: the claim is in the
-    /// seed's "claims in progress" and is retried even after its PVC was deleted.
+    /// True when the backend's last answer was `InBackground` (the seed's "claims in
+    /// progress"); a deleted claim's half-made volume is cleaned up, not provisioned.
     pub in_background: bool,
     /// The claim as it was when the backend was called.
     pub claim: PersistentVolumeClaim,
