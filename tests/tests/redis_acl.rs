@@ -14,7 +14,7 @@ use api_types::queue::{ClaimKey, ProvisionIntent, QueuedPvWrite, INTENT_VERSION,
 use common::handoff::intents::IntentStore;
 use common::handoff::queue::{DeadLetter, PvQueue, Settled};
 use common::handoff::redis_store::{self, ConnectError, RedisConfig};
-use e2e::harness::redis::{deploy_acl_users, RedisSecurity, RedisServer};
+use e2e::harness::redis::{deploy_acl_template, deploy_acl_users, RedisSecurity, RedisServer};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use provision_svc::ports::{PvHandoff, QueuedState, SignedQueue};
@@ -652,4 +652,65 @@ async fn a_restart_keeps_what_the_scripts_wrote() {
         .query_async::<i64>(&mut conn)
         .await;
     assert!(hset.unwrap_err().to_string().contains("NOAUTH"));
+}
+
+/// `default`'s rights (for Redis' AOF replay) are plain writes on the provisioner's keys:
+/// its template line, loaded as a user of an open Redis, checked with `ACL DRYRUN`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_rights_of_default_are_plain_writes_on_the_provisioners_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start(&dir.path().join("redis"), &dir.path().join("redis.log"))
+        .await
+        .unwrap();
+    let template = std::fs::read_to_string(deploy_acl_template()).unwrap();
+    let line = template
+        .lines()
+        .find(|l| l.starts_with("user default "))
+        .unwrap();
+    let line = line
+        .replace("${PROVISIONER_NAME}", NAME)
+        .replace("${RANDOM_PASSWORD}", "nopass");
+    let mut setuser = vec!["ACL", "SETUSER", "replay"];
+    setuser.extend(line.split_whitespace().skip(2));
+    let admin = redis.admin_config();
+    raw(&admin, &setuser).await.unwrap();
+    let may = |args: &'static [&'static str]| {
+        let admin = admin.clone();
+        async move {
+            let cmd: Vec<&str> = ["ACL", "DRYRUN", "replay"]
+                .iter()
+                .chain(args)
+                .copied()
+                .collect();
+            matches!(raw(&admin, &cmd).await.unwrap(), redis::Value::Okay)
+        }
+    };
+    const KEY: &str = "provisioner:{example.com/hostpath}:pv-queue:payloads";
+    assert!(may(&["HSET", KEY, "pvc-z", "{}"]).await);
+    assert!(
+        may(&[
+            "ZADD",
+            "provisioner:{example.com/hostpath}:pv-queue:due",
+            "1",
+            "a"
+        ])
+        .await
+    );
+    assert!(
+        !may(&[
+            "HSET",
+            "provisioner:{other.io/x}:pv-queue:payloads",
+            "a",
+            "b"
+        ])
+        .await
+    );
+    for args in [
+        &["FLUSHALL"][..],
+        &["FLUSHDB"],
+        &["SWAPDB", "0", "1"],
+        &["RESTORE", KEY, "0", "x"],
+    ] {
+        assert!(!may(args).await, "default may run {args:?}");
+    }
 }
