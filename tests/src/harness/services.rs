@@ -164,7 +164,7 @@ impl ServiceSettings {
             add_finalizer: false,
             retry_initial: Duration::from_millis(500),
             retry_max: Duration::from_secs(5),
-            log_level: "info".into(),
+            log_level: std::env::var("E2E_SERVICE_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
             log_dir: log_dir.to_path_buf(),
             extra_args: Vec::new(),
             redis_password_dir: None,
