@@ -12,6 +12,7 @@ use common::handoff::queue::{PvQueue, QueueError, TakenEntry};
 use common::kube::retry::Backoff;
 use common::runtime::frame::ServiceContext;
 use common::runtime::health;
+use tokio::sync::watch;
 use tokio::task::{Id, JoinSet};
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
@@ -84,14 +85,18 @@ pub async fn run_term(
 }
 
 impl Writer {
-    /// While transient failures happen, probe the API server every `interval`.
-    async fn probe_loop(self: Arc<Self>, shutdown: CancellationToken) {
+    /// While transient failures happen (`failed_write` changes), probe the API server every
+    /// `interval`.
+    async fn probe_loop(
+        self: Arc<Self>,
+        mut failed_write: watch::Receiver<String>,
+        shutdown: CancellationToken,
+    ) {
         let interval = self
             .config
             .retry_initial
             .clamp(Duration::from_millis(100), Duration::from_secs(5));
         let timeout = self.config.write_timeout.min(Duration::from_secs(5));
-        let mut failed_write = self.failed_write.subscribe();
         while shutdown
             .run_until_cancelled(sleep(interval))
             .await
@@ -133,7 +138,9 @@ impl Writer {
         // the sets aborts them, so nothing writes after the Lease is released.
         let mut background = JoinSet::new();
         background.spawn(self.clone().refresh_stats(shutdown.clone()));
-        background.spawn(self.clone().probe_loop(shutdown.clone()));
+        // Subscribed here, not in the task: a failure before its first poll is still seen.
+        let failed_write = self.failed_write.subscribe();
+        background.spawn(self.clone().probe_loop(failed_write, shutdown.clone()));
 
         let mut tasks = JoinSet::new();
         // The PV name each worker task holds, from the take to the settle.
