@@ -271,7 +271,7 @@ def main():
         print(f"{crate:<22}{code:>7}{comments:>10}")
     rows = [
         ("product code lines", total_code, f"<= {MAX_CODE}", total_code <= MAX_CODE),
-        ("comments / code", f"{ratio:.2f}", f"<= {MAX_COMMENT_RATIO}", ratio <= MAX_COMMENT_RATIO),
+        ("comments / code", f"{ratio:.3f}", f"<= {MAX_COMMENT_RATIO}", ratio <= MAX_COMMENT_RATIO),
         (f"files over {MAX_FILE} lines", len(big), "0", not big),
         ("module import cycles", len(cycles), "0", not cycles),
         ("repeated-code pairs in crates/", "n/a" if dups is None else dups, f"<= {MAX_DUP_PAIRS}",
