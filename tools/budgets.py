@@ -279,7 +279,8 @@ def main():
     ]
     print()
     for name, value, budget, ok in rows:
-        print(f"{name:<32}{str(value):>8}  budget {budget:<8} {'met' if ok else 'MISSED'}")
+        shown = "not counted" if value == "n/a" else "met" if ok else "MISSED"
+        print(f"{name:<32}{str(value):>8}  budget {budget:<8} {shown}")
     for line in big + cycles:
         print(f"  {line}")
     if not scanned:

@@ -159,7 +159,12 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         "{}",
         startup_line(sys.redis.port(), &pids, built, t0.elapsed())
     );
-    println!("run directory: {}", sys.root.display());
+    let kept = if args.keep_logs {
+        "kept"
+    } else {
+        "removed at exit; --keep-logs keeps it"
+    };
+    println!("run directory: {} ({kept})", sys.root.display());
 
     let result = phases(&mut sys, args, timeout).await;
     if result.is_err() {
