@@ -134,7 +134,7 @@ fn create_dir(
 ) -> Result<(), Refusal> {
     let root = safe_fs::open_root(mount).map_err(|e| Refusal(mount_error(mount, e)))?;
     let (parent_comps, last) = rel.split_last();
-    let refusing = |e: WalkError| Refusal(format!("refusing directory \"{rel}\": {e}"));
+    let refusing = refusing(rel);
     let retry = record(&root, pv_name, rel)?;
     let forget = undo_record(&root, pv_name, retry);
     let (parent, _) =
@@ -145,8 +145,7 @@ fn create_dir(
         Err(e) => return Err(forget(Refusal(format!("cannot create \"{rel}\": {e}")))),
     };
     if !created && !retry {
-        let _ = registry::remove(&root, pv_name);
-        return Err(taken(&root, pv_name, rel));
+        return Err(forget(taken(&root, pv_name, rel)));
     }
     let dir = safe_fs::open_path(&parent, &[last.to_string()]).map_err(|e| forget(refusing(e)))?;
     let reserved = room.map_or(Ok(false), |room| {
@@ -174,7 +173,7 @@ fn create_dir(
 /// volume, and then removes a first try's record again.
 fn record(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<bool, Refusal> {
     let (parent_comps, last) = rel.split_last();
-    let refusing = |e: WalkError| Refusal(format!("refusing directory \"{rel}\": {e}"));
+    let refusing = refusing(rel);
     // Record-then-check below; serialized within this process so two
     // nesting claims provisioned at once never both refuse.
     let _guard = RECORDING.lock().unwrap_or_else(|e| e.into_inner());
@@ -219,6 +218,11 @@ fn record(root: &Dir, pv_name: &str, rel: &RelPath) -> Result<bool, Refusal> {
         return Err(forget(taken(root, pv_name, rel)));
     }
     Ok(retry)
+}
+
+/// A failed walk to `rel`'s directory as a refusal naming it.
+fn refusing(rel: &RelPath) -> impl Fn(WalkError) -> Refusal + '_ {
+    move |e| Refusal(format!("refusing directory \"{rel}\": {e}"))
 }
 
 /// What a refusal does to PV `pv_name`'s record: removes it after a first try (`retry` false),
