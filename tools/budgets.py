@@ -70,20 +70,27 @@ def mask(text):
     return "".join(out)
 
 
+def item_end(masked, start):
+    """(last line index, has a body) of the item starting at `masked[start]`: through its
+    closing brace, or its `;` before any brace; `None` when it never ends."""
+    depth, opened = 0, False
+    for j in range(start, len(masked)):
+        code = masked[j]
+        depth += code.count("{") - code.count("}")
+        opened = opened or "{" in code
+        if (opened and depth <= 0) or (not opened and code.rstrip().endswith(";")):
+            return j, opened
+    return None
+
+
 def strip_test_items(lines, masked):
     """`lines` and `masked` without each `#[cfg(test)]` item (attribute through its closing
     brace or semicolon, matched in `masked`)."""
     kept, kept_masked, i = [], [], 0
     while i < len(lines):
         if masked[i].strip().startswith("#[cfg(test)]"):
-            depth, opened = 0, False
-            while i < len(lines):
-                code = masked[i]
-                depth += code.count("{") - code.count("}")
-                opened = opened or "{" in code
-                i += 1
-                if (opened and depth <= 0) or (not opened and code.rstrip().endswith(";")):
-                    break
+            end = item_end(masked, i)
+            i = (end[0] if end else len(lines) - 1) + 1
             continue
         kept.append(lines[i])
         kept_masked.append(masked[i])
@@ -169,18 +176,9 @@ def functions(lines):
     out = []
     for i, line in enumerate(lines):
         m = FN.match(line)
-        if not m:
-            continue
-        depth, opened = 0, False
-        for j in range(i, len(lines)):
-            code = lines[j]
-            depth += code.count("{") - code.count("}")
-            opened = opened or "{" in code
-            if opened and depth <= 0:
-                out.append((m.group(6), i, j - i + 1))
-                break
-            if not opened and code.rstrip().endswith(";"):
-                break
+        end = item_end(lines, i) if m else None
+        if end and end[1]:
+            out.append((m.group(6), i, end[0] - i + 1))
     return out
 
 
@@ -216,9 +214,9 @@ def skeleton(files, masked):
             n = len(lines_of(os.path.join(src, name)))
             if n > limit:
                 sizes.append(f"crates/{svc}/src/{name}: {n} lines (at most {limit})")
-        for path, lines in files.items():
+        for path, code in masked.items():
             if path.startswith(src + os.sep) and os.path.basename(path) != "controller.rs":
-                spawns += [f"{rel(path)}:{i + 1}" for i, l in enumerate(masked[path])
+                spawns += [f"{rel(path)}:{i + 1}" for i, l in enumerate(code)
                            if re.search(r"\bspawn(_blocking|_local)?\(", l)]
         if svc != "pv-writer":
             ctrl = "\n".join(files.get(os.path.join(src, "controller.rs"), []))
