@@ -654,8 +654,9 @@ async fn a_restart_keeps_what_the_scripts_wrote() {
     assert!(hset.unwrap_err().to_string().contains("NOAUTH"));
 }
 
-/// `default`'s rights (for Redis' AOF replay) are plain writes on the provisioner's keys:
-/// its template line, loaded as a user of an open Redis, checked with `ACL DRYRUN`.
+/// `default`'s rights (for Redis' AOF replay) are plain writes on the provisioner's keys
+/// and SELECT (Redis 8 puts one inside the first MULTI block after each start): its
+/// template line, loaded as a user of an open Redis, checked with `ACL DRYRUN`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_replay_rights_of_default_are_plain_writes_on_the_provisioners_keys() {
     let dir = tempfile::tempdir().unwrap();
@@ -687,6 +688,7 @@ async fn the_replay_rights_of_default_are_plain_writes_on_the_provisioners_keys(
     };
     const KEY: &str = "provisioner:{example.com/hostpath}:pv-queue:payloads";
     assert!(may(&["HSET", KEY, "pvc-z", "{}"]).await);
+    assert!(may(&["SELECT", "0"]).await, "a replayed block's SELECT");
     assert!(
         may(&[
             "ZADD",
