@@ -846,7 +846,7 @@ async fn hundred_pods_on_hundred_claims(cluster: &RealCluster) {
 
 /// Scenario 4: the Redis pod deleted during a 200-claim burst: every claim Bound, one
 /// directory per claim.
-async fn redis_restart_in_a_burst(cluster: &RealCluster) {
+async fn redis_restart_in_a_burst(cluster: &RealCluster, node: &RealNode) {
     let client = cluster.client();
     let n = 200;
     let redis: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
@@ -867,6 +867,7 @@ async fn redis_restart_in_a_burst(cluster: &RealCluster) {
         "Redis is back: {:?}",
         redis_pod.status
     );
+    assert_redis_replayed_everything(node);
     delete_claims(&client, "burst", &pv_names).await;
     eprintln!("node scenario 4: Redis deleted in a {n}-claim burst; {n} Bound, {n} directories");
 }
@@ -1335,6 +1336,17 @@ async fn prometheus_scrapes_and_alerts(cluster: &RealCluster, node: &RealNode) {
         start.elapsed().as_secs_f64()
     );
     prometheus.kill();
+    assert_redis_replayed_everything(node);
+}
+
+/// The running Redis pod refused nothing of its AOF at start (the `default` user's
+/// replay rights, deploy/base/redis/users.acl).
+fn assert_redis_replayed_everything(node: &RealNode) {
+    let log = node.pod_log_tails("split-provisioner", "redis-0", 500, |_| true);
+    assert!(
+        !log.contains("AOF-loading-client"),
+        "Redis refused part of its AOF:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1357,6 +1369,7 @@ async fn node_scenarios() {
     let before = base_dir_entries();
     let cluster = RealCluster::start(&assets, opts).await.unwrap();
     let node = RealNode::start(&cluster, &node_assets).await.unwrap();
+    let _dump = DumpOnPanic(&cluster, &node);
     // The Redis StatefulSet's claim names no class: a class-less local PV serves it.
     for pv in ["node-redis-data", "node-redis-data-1", "node-redis-data-2"] {
         node.add_local_pv(&cluster.client(), pv, "1Gi")
@@ -1378,7 +1391,7 @@ async fn node_scenarios() {
         hundred_pods_on_hundred_claims(&cluster).await;
     }
     if scenario_on(4) {
-        redis_restart_in_a_burst(&cluster).await;
+        redis_restart_in_a_burst(&cluster, &node).await;
     }
     if !scenario_on(7) {
     } else if Command::new("promtool").arg("--version").output().is_ok() {
@@ -1403,10 +1416,64 @@ async fn node_scenarios() {
         );
         std::future::pending::<()>().await;
     }
+    drop(_dump);
     drop(node);
     // Volumes the run made in the node's base dir (the example claim's) go with the cluster.
     for entry in base_dir_entries().difference(&before) {
         let _ = std::fs::remove_dir_all(std::path::Path::new(BASE_DIR).join(entry));
+    }
+}
+
+/// On a failing scenario, prints what an operator would look at first: pods, recent
+/// events, claims not Bound, Redis' endpoints, and the last log lines (not debug) of the
+/// services, Redis and kube-proxy.
+struct DumpOnPanic<'a>(&'a RealCluster, &'a RealNode);
+
+impl Drop for DumpOnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let kubeconfig = self.0.admin_kubeconfig();
+        let show = |args: &[&str], keep: fn(&str) -> bool, tail: usize| {
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .args(args)
+                .output();
+            let text = match out {
+                Ok(o) => {
+                    String::from_utf8_lossy(&o.stdout).into_owned()
+                        + &String::from_utf8_lossy(&o.stderr)
+                }
+                Err(e) => e.to_string(),
+            };
+            let lines: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
+            let shown = lines[lines.len().saturating_sub(tail)..].join("\n");
+            eprintln!(
+                "--- kubectl {} (last {tail} lines)\n{shown}",
+                args.join(" ")
+            );
+        };
+        show(&["get", "pods", "-A", "-o", "wide"], |_| true, 40);
+        show(
+            &["get", "events", "-A", "--sort-by=.lastTimestamp"],
+            |_| true,
+            60,
+        );
+        show(&["get", "pvc", "-A"], |l| !l.contains(" Bound "), 20);
+        show(&["get", "endpointslices", "-A"], |_| true, 20);
+        let not_debug = |l: &str| !l.contains(" DEBUG ") && !l.contains("\"DEBUG\"");
+        for service in SERVICES {
+            let (ns, _) = service_home(service);
+            eprintln!("{}", self.1.pod_log_tails(ns, service, 60, not_debug));
+        }
+        eprintln!(
+            "{}",
+            self.1
+                .pod_log_tails("split-provisioner", "redis", 40, |_| true)
+        );
+        eprintln!("{}", self.1.log_tail("kube-proxy", 30));
     }
 }
 

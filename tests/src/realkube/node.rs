@@ -43,6 +43,11 @@ pub struct NodeAssets {
     pub images: Vec<PathBuf>,
 }
 
+/// Where the node's container logs go (`<target dir>/node/pod-logs`, one directory per pod).
+pub fn pod_logs_dir() -> PathBuf {
+    target_dir().join("node").join("pod-logs")
+}
+
 /// The kube-apiserver flags a cluster with a real node needs: listen beyond loopback and
 /// advertise [`NODE_IP`] in the `kubernetes` Service's endpoints.
 pub fn apiserver_flags() -> Vec<String> {
@@ -200,7 +205,7 @@ impl RealNode {
         teardown(&root, &assets.bin.join("kube-proxy"));
         std::fs::create_dir_all(&root)?;
         // Containers' logs, kept after the node stops (cleared at the next start).
-        let logs = target_dir().join("node").join("pod-logs");
+        let logs = pod_logs_dir();
         let _ = std::fs::remove_dir_all(&logs);
         std::fs::create_dir_all(&logs)?;
         let socket = root.join("containerd.sock");
@@ -432,6 +437,46 @@ impl RealNode {
         let mut all = vec!["-a", sock.as_str(), "-n", "k8s.io"];
         all.extend_from_slice(args);
         run("ctr", &all)
+    }
+
+    /// The last `lines` lines of every container log of pods in `namespace` whose name
+    /// starts with `prefix` that `keep` accepts, each under a `==> pod <==` header.
+    pub fn pod_log_tails(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        lines: usize,
+        keep: fn(&str) -> bool,
+    ) -> String {
+        let mut out = String::new();
+        let Ok(pods) = std::fs::read_dir(pod_logs_dir()) else {
+            return out;
+        };
+        let mut dirs: Vec<PathBuf> = pods.flatten().map(|e| e.path()).collect();
+        dirs.sort();
+        for dir in dirs {
+            let name = dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            if !name.starts_with(&format!("{namespace}_{prefix}")) {
+                continue;
+            }
+            let files = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+            let logs =
+                files.flat_map(|c| std::fs::read_dir(c.path()).into_iter().flatten().flatten());
+            let mut text = String::new();
+            for log in logs {
+                text += &std::fs::read_to_string(log.path()).unwrap_or_default();
+            }
+            let kept: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
+            out += &format!(
+                "==> {name} <==\n{}\n",
+                kept[kept.len().saturating_sub(lines)..].join("\n")
+            );
+        }
+        out
     }
 
     /// The last `lines` lines of a node process's log (`kubelet`, `containerd`, ...).
