@@ -1426,7 +1426,7 @@ async fn node_scenarios() {
 
 /// On a failing scenario, prints what an operator would look at first: pods, recent
 /// events, claims not Bound, Redis' endpoints, and the last log lines (not debug) of the
-/// services, Redis and kube-proxy.
+/// services, Redis, the node's processes and the control plane, and the services' metrics.
 struct DumpOnPanic<'a>(&'a RealCluster, &'a RealNode);
 
 impl Drop for DumpOnPanic<'_> {
@@ -1473,7 +1473,61 @@ impl Drop for DumpOnPanic<'_> {
             self.1
                 .pod_log_tails("split-provisioner", "redis", 40, |_| true)
         );
-        eprintln!("{}", self.1.log_tail("kube-proxy", 30));
+        let jsonpath = r#"jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}"#;
+        let mut pods = Command::new("kubectl");
+        let pods = pods.arg("--kubeconfig").arg(kubeconfig);
+        let pods = pods.args(["get", "pods", "-A", "-o", jsonpath]).output();
+        for line in pods
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+        {
+            let Some((pod, ip)) = line.split_once(' ') else {
+                continue;
+            };
+            if let Some(service) = SERVICES.into_iter().find(|s| pod.starts_with(s)) {
+                eprintln!(
+                    "==> {pod} /metrics <==\n{}",
+                    metrics_now(ip, service_home(service).1)
+                );
+            }
+        }
+        for log in ["kube-proxy", "coredns", "kubelet"] {
+            eprintln!("{}", self.1.log_tail(log, 30));
+        }
+        let root = kubeconfig.parent().unwrap_or(kubeconfig);
+        for log in ["kube-controller-manager", "kube-apiserver", "etcd"] {
+            let text = std::fs::read_to_string(root.join(format!("{log}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "==> {log}.log <==\n{}",
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
+        }
+    }
+}
+
+/// The samples of `http://ip:port/metrics` but histograms and process metrics, or why not.
+fn metrics_now(ip: &str, port: u16) -> String {
+    use std::io::{Read, Write};
+    let fetch = || -> std::io::Result<String> {
+        let addr = std::net::SocketAddr::new(ip.parse().map_err(std::io::Error::other)?, port);
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: pod\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(body)
+    };
+    match fetch() {
+        Ok(body) => body
+            .lines()
+            .filter(|l| {
+                !l.starts_with('#') && !l.starts_with("process_") && !l.contains("_bucket{")
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("cannot scrape: {e}"),
     }
 }
 
