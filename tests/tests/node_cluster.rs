@@ -30,7 +30,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use e2e::realkube::node::{apiserver_flags, node_or_skip, RealNode};
+use e2e::harness::process::last_lines;
+use e2e::realkube::node::{apiserver_flags, node_or_skip, pod_logs, RealNode};
 use e2e::realkube::{assets_or_skip, KubeVersion, RealCluster, RealClusterOptions};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -846,7 +847,7 @@ async fn hundred_pods_on_hundred_claims(cluster: &RealCluster) {
 
 /// Scenario 4: the Redis pod deleted during a 200-claim burst: every claim Bound, one
 /// directory per claim.
-async fn redis_restart_in_a_burst(cluster: &RealCluster, node: &RealNode) {
+async fn redis_restart_in_a_burst(cluster: &RealCluster) {
     let client = cluster.client();
     let n = 200;
     let redis: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
@@ -867,7 +868,7 @@ async fn redis_restart_in_a_burst(cluster: &RealCluster, node: &RealNode) {
         "Redis is back: {:?}",
         redis_pod.status
     );
-    assert_redis_replayed_everything(node);
+    assert_redis_replayed_everything();
     delete_claims(&client, "burst", &pv_names).await;
     eprintln!("node scenario 4: Redis deleted in a {n}-claim burst; {n} Bound, {n} directories");
 }
@@ -1336,17 +1337,19 @@ async fn prometheus_scrapes_and_alerts(cluster: &RealCluster, node: &RealNode) {
         start.elapsed().as_secs_f64()
     );
     prometheus.kill();
-    assert_redis_replayed_everything(node);
+    assert_redis_replayed_everything();
 }
 
-/// The running Redis pod refused nothing of its AOF at start (the `default` user's
+/// The Redis pods' logs show no refusal of their AOF at start (the `default` user's
 /// replay rights, deploy/base/redis/users.acl).
-fn assert_redis_replayed_everything(node: &RealNode) {
-    let log = node.pod_log_tails("split-provisioner", "redis-0", 500, |_| true);
-    assert!(
-        !log.contains("AOF-loading-client"),
-        "Redis refused part of its AOF:\n{log}"
-    );
+fn assert_redis_replayed_everything() {
+    for (pod, text) in pod_logs("split-provisioner", "redis-") {
+        let refused = last_lines(&text, usize::MAX, |l| l.contains("AOF-loading-client"));
+        assert!(
+            refused.is_empty(),
+            "{pod} refused part of its AOF:\n{refused}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1391,7 +1394,7 @@ async fn node_scenarios() {
         hundred_pods_on_hundred_claims(&cluster).await;
     }
     if scenario_on(4) {
-        redis_restart_in_a_burst(&cluster, &node).await;
+        redis_restart_in_a_burst(&cluster).await;
     }
     if !scenario_on(7) {
     } else if Command::new("promtool").arg("--version").output().is_ok() {
@@ -1425,7 +1428,7 @@ async fn node_scenarios() {
 }
 
 /// On a failing scenario, prints what an operator would look at first: pods, recent
-/// events, claims not Bound, Redis' endpoints, and the last log lines (not debug) of the
+/// events, claims not Bound, PVs, Redis' endpoints, the last log lines (not debug) of the
 /// services, Redis, the node's processes and the control plane, and the services' metrics.
 struct DumpOnPanic<'a>(&'a RealCluster, &'a RealNode);
 
@@ -1434,26 +1437,20 @@ impl Drop for DumpOnPanic<'_> {
         if !std::thread::panicking() {
             return;
         }
-        let kubeconfig = self.0.admin_kubeconfig();
-        let show = |args: &[&str], keep: fn(&str) -> bool, tail: usize| {
-            let out = Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .args(args)
-                .output();
-            let text = match out {
+        let kubectl = |args: &[&str]| {
+            let mut cmd = Command::new("kubectl");
+            cmd.arg("--kubeconfig").arg(self.0.admin_kubeconfig());
+            match cmd.arg("--request-timeout=10s").args(args).output() {
                 Ok(o) => {
                     String::from_utf8_lossy(&o.stdout).into_owned()
                         + &String::from_utf8_lossy(&o.stderr)
                 }
                 Err(e) => e.to_string(),
-            };
-            let lines: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
-            let shown = lines[lines.len().saturating_sub(tail)..].join("\n");
-            eprintln!(
-                "--- kubectl {} (last {tail} lines)\n{shown}",
-                args.join(" ")
-            );
+            }
+        };
+        let show = |args: &[&str], keep: fn(&str) -> bool, n: usize| {
+            let shown = last_lines(&kubectl(args), n, keep);
+            eprintln!("--- kubectl {} (last {n} lines)\n{shown}", args.join(" "));
         };
         show(&["get", "pods", "-A", "-o", "wide"], |_| true, 40);
         show(
@@ -1462,26 +1459,21 @@ impl Drop for DumpOnPanic<'_> {
             60,
         );
         show(&["get", "pvc", "-A"], |l| !l.contains(" Bound "), 20);
+        show(&["get", "pv"], |_| true, 20);
         show(&["get", "endpointslices", "-A"], |_| true, 20);
         let not_debug = |l: &str| !l.contains(" DEBUG ") && !l.contains("\"DEBUG\"");
-        for service in SERVICES {
-            let (ns, _) = service_home(service);
-            eprintln!("{}", self.1.pod_log_tails(ns, service, 60, not_debug));
+        let logs = SERVICES
+            .map(service_home)
+            .map(|(ns, _)| ns)
+            .into_iter()
+            .zip(SERVICES);
+        for (ns, prefix) in logs.chain([("split-provisioner", "redis")]) {
+            for (pod, text) in pod_logs(ns, prefix) {
+                eprintln!("==> {pod} <==\n{}", last_lines(&text, 60, not_debug));
+            }
         }
-        eprintln!(
-            "{}",
-            self.1
-                .pod_log_tails("split-provisioner", "redis", 40, |_| true)
-        );
         let jsonpath = r#"jsonpath={range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}"#;
-        let mut pods = Command::new("kubectl");
-        let pods = pods.arg("--kubeconfig").arg(kubeconfig);
-        let pods = pods.args(["get", "pods", "-A", "-o", jsonpath]).output();
-        for line in pods
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-            .lines()
-        {
+        for line in kubectl(&["get", "pods", "-A", "-o", jsonpath]).lines() {
             let Some((pod, ip)) = line.split_once(' ') else {
                 continue;
             };
@@ -1495,15 +1487,7 @@ impl Drop for DumpOnPanic<'_> {
         for log in ["kube-proxy", "coredns", "kubelet"] {
             eprintln!("{}", self.1.log_tail(log, 30));
         }
-        let root = kubeconfig.parent().unwrap_or(kubeconfig);
-        for log in ["kube-controller-manager", "kube-apiserver", "etcd"] {
-            let text = std::fs::read_to_string(root.join(format!("{log}.log"))).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!(
-                "==> {log}.log <==\n{}",
-                lines[lines.len().saturating_sub(30)..].join("\n")
-            );
-        }
+        eprintln!("{}", self.0.log_tail(30));
     }
 }
 
@@ -1520,13 +1504,13 @@ fn metrics_now(ip: &str, port: u16) -> String {
         Ok(body)
     };
     match fetch() {
-        Ok(body) => body
-            .lines()
-            .filter(|l| {
+        Ok(reply) => {
+            let body = reply.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+            let sample = |l: &str| {
                 !l.starts_with('#') && !l.starts_with("process_") && !l.contains("_bucket{")
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
+            };
+            last_lines(body, usize::MAX, sample)
+        }
         Err(e) => format!("cannot scrape: {e}"),
     }
 }

@@ -236,6 +236,12 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// The last `n` lines of `text` that `keep` accepts, joined by newlines.
+pub fn last_lines(text: &str, n: usize, keep: impl Fn(&str) -> bool) -> String {
+    let kept: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
+    kept[kept.len().saturating_sub(n)..].join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

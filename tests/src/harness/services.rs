@@ -428,8 +428,6 @@ impl ServiceProcess {
 
     /// The last `lines` lines of its log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = self.process.log_text();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        crate::harness::process::last_lines(&self.process.log_text(), lines, |_| true)
     }
 }

@@ -200,8 +200,7 @@ impl std::fmt::Debug for RealCluster {
 
 fn log_file_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    crate::harness::process::last_lines(&text, lines, |_| true)
 }
 
 fn tail_of(root: &Path, lines: usize) -> String {

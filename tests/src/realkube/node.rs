@@ -21,6 +21,7 @@ use kube::api::{Api, PostParams};
 use super::pki::NODE_NAME;
 use super::RealCluster;
 use crate::harness::binaries::target_dir;
+use crate::harness::process::last_lines;
 use crate::harness::ManagedProcess;
 
 /// The node's address: the bridge's, the API server's advertised one and CoreDNS's.
@@ -44,8 +45,57 @@ pub struct NodeAssets {
 }
 
 /// Where the node's container logs go (`<target dir>/node/pod-logs`, one directory per pod).
-pub fn pod_logs_dir() -> PathBuf {
+fn pod_logs_dir() -> PathBuf {
     target_dir().join("node").join("pod-logs")
+}
+
+/// The logs of the pods in `namespace` whose name starts with `prefix`, by directory
+/// name (`<namespace>_<pod>_<uid>`): that name and its containers' log files concatenated.
+pub fn pod_logs(namespace: &str, prefix: &str) -> Vec<(String, String)> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(pod_logs_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| {
+            d.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with(&format!("{namespace}_{prefix}"))
+            })
+        })
+        .collect();
+    dirs.sort();
+    let files_in = |dir: &Path| {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        paths.sort();
+        paths
+    };
+    dirs.iter()
+        .map(|dir| {
+            let logs = files_in(dir)
+                .iter()
+                .flat_map(|c| files_in(c))
+                .collect::<Vec<_>>();
+            let text: String = logs
+                .iter()
+                .map(|l| {
+                    String::from_utf8_lossy(&std::fs::read(l).unwrap_or_default()).into_owned()
+                })
+                .collect();
+            (
+                dir.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
+                text,
+            )
+        })
+        .collect()
 }
 
 /// The kube-apiserver flags a cluster with a real node needs: listen beyond loopback and
@@ -439,55 +489,11 @@ impl RealNode {
         run("ctr", &all)
     }
 
-    /// The last `lines` lines of every container log of pods in `namespace` whose name
-    /// starts with `prefix` that `keep` accepts, each under a `==> pod <==` header.
-    pub fn pod_log_tails(
-        &self,
-        namespace: &str,
-        prefix: &str,
-        lines: usize,
-        keep: fn(&str) -> bool,
-    ) -> String {
-        let mut out = String::new();
-        let Ok(pods) = std::fs::read_dir(pod_logs_dir()) else {
-            return out;
-        };
-        let mut dirs: Vec<PathBuf> = pods.flatten().map(|e| e.path()).collect();
-        dirs.sort();
-        for dir in dirs {
-            let name = dir
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            if !name.starts_with(&format!("{namespace}_{prefix}")) {
-                continue;
-            }
-            let files = std::fs::read_dir(&dir).into_iter().flatten().flatten();
-            let logs =
-                files.flat_map(|c| std::fs::read_dir(c.path()).into_iter().flatten().flatten());
-            let mut text = String::new();
-            for log in logs {
-                text += &std::fs::read_to_string(log.path()).unwrap_or_default();
-            }
-            let kept: Vec<&str> = text.lines().filter(|l| keep(l)).collect();
-            out += &format!(
-                "==> {name} <==\n{}\n",
-                kept[kept.len().saturating_sub(lines)..].join("\n")
-            );
-        }
-        out
-    }
-
     /// The last `lines` lines of a node process's log (`kubelet`, `containerd`, ...).
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
         let text =
             std::fs::read_to_string(self.root.join(format!("{name}.log"))).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        format!(
-            "==> {name}.log <==\n{}",
-            all[all.len().saturating_sub(lines)..].join("\n")
-        )
+        format!("==> {name}.log <==\n{}", last_lines(&text, lines, |_| true))
     }
 
     /// Create a `hostPath` PV `name` of `size` (e.g. `1Gi`) with no class, ReadWriteOnce,
