@@ -1,5 +1,5 @@
 //! The `redis_reachable` gauge: every replica of every service probes Redis
-//! (`PING`, through the same connection as its work) so a standby that cannot
+//! (`PING`, with the same settings as its work) so a standby that cannot
 //! reach Redis is seen before it takes over.
 
 use std::time::Duration;
@@ -19,8 +19,8 @@ pub fn reachable_gauge(registry: &prometheus::Registry) -> prometheus::IntGauge 
 }
 
 /// Until `stop`: every `interval`, `PING` Redis at `config` (2 s bound) and set
-/// `gauge` to 1 on `PONG`, else 0. Runs in every replica, so a standby that
-/// cannot reach Redis is seen before it takes over.
+/// `gauge` to 1 on `PONG`, else 0 and connect afresh for the next probe. Runs in
+/// every replica, so a standby that cannot reach Redis is seen before it takes over.
 pub async fn watch_reachability(
     config: RedisConfig,
     gauge: prometheus::IntGauge,
@@ -37,14 +37,19 @@ pub async fn watch_reachability(
                     .ok()
                     .and_then(Result::ok);
             }
-            match conn.as_mut() {
+            let up = match conn.as_mut() {
                 Some(c) => {
                     let cmd = redis::cmd("PING");
                     let ping = cmd.query_async::<String>(c);
                     matches!(tokio::time::timeout(PROBE_TIMEOUT, ping).await, Ok(Ok(p)) if p == "PONG")
                 }
                 None => false,
+            };
+            // A failed probe's connection is not reused: the next probe connects afresh.
+            if !up {
+                conn = None;
             }
+            up
         };
         let Some(up) = stop.run_until_cancelled(probe).await else {
             return;
@@ -75,7 +80,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reachability_follows_redis_up_and_down() {
+    async fn reachability_follows_redis_down_and_back_up() {
         let redis = TestRedis::start().await;
         let registry = prometheus::Registry::new();
         let gauge = reachable_gauge(&registry);
@@ -88,11 +93,14 @@ mod tests {
             stop.clone(),
         ));
         wait_gauge(&gauge, 1).await;
+        let port = redis.port();
         drop(redis);
         wait_gauge(&gauge, 0).await;
+        let _back = TestRedis::start_on(port).await;
+        wait_gauge(&gauge, 1).await;
         stop.cancel();
         probe.await.unwrap();
-        assert!(crate::runtime::metrics::render(&registry).contains("redis_reachable 0\n"));
+        assert!(crate::runtime::metrics::render(&registry).contains("redis_reachable 1\n"));
     }
 
     #[tokio::test]

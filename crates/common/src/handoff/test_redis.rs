@@ -14,12 +14,17 @@ impl TestRedis {
     /// Start one and wait until it accepts connections. Panics when
     /// `redis-server` is not on PATH or does not come up within 5 s.
     pub async fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(port).await
+    }
+
+    /// [`start`](Self::start) on `port` (e.g. a stopped one's, to bring it back).
+    pub async fn start_on(port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--dir", dir.path().to_str().unwrap()])
@@ -43,6 +48,11 @@ impl TestRedis {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("redis-server did not start");
+    }
+
+    /// Its TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// `redis://127.0.0.1:<port>/0`.
