@@ -21,7 +21,6 @@ use kube::api::{Api, PostParams};
 use super::pki::NODE_NAME;
 use super::RealCluster;
 use crate::harness::binaries::target_dir;
-use crate::harness::process::last_lines;
 use crate::harness::ManagedProcess;
 
 /// The node's address: the bridge's, the API server's advertised one and CoreDNS's.
@@ -52,48 +51,29 @@ fn pod_logs_dir() -> PathBuf {
 /// The logs of the pods in `namespace` whose name starts with `prefix`, by directory
 /// name (`<namespace>_<pod>_<uid>`): that name and its containers' log files concatenated.
 pub fn pod_logs(namespace: &str, prefix: &str) -> Vec<(String, String)> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(pod_logs_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|d| {
-            d.file_name().is_some_and(|n| {
-                n.to_string_lossy()
-                    .starts_with(&format!("{namespace}_{prefix}"))
-            })
-        })
-        .collect();
-    dirs.sort();
     let files_in = |dir: &Path| {
-        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
+        let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        let mut paths: Vec<PathBuf> = entries.map(|e| e.path()).collect();
         paths.sort();
         paths
     };
+    let name = |p: &Path| {
+        p.file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned()
+    };
+    let mut dirs = files_in(&pod_logs_dir());
+    dirs.retain(|d| name(d).starts_with(&format!("{namespace}_{prefix}")));
     dirs.iter()
         .map(|dir| {
-            let logs = files_in(dir)
-                .iter()
-                .flat_map(|c| files_in(c))
-                .collect::<Vec<_>>();
-            let text: String = logs
-                .iter()
+            let logs = files_in(dir).into_iter().flat_map(|c| files_in(&c));
+            let text = logs
                 .map(|l| {
                     String::from_utf8_lossy(&std::fs::read(l).unwrap_or_default()).into_owned()
                 })
                 .collect();
-            (
-                dir.file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned(),
-                text,
-            )
+            (name(dir), text)
         })
         .collect()
 }
@@ -491,9 +471,8 @@ impl RealNode {
 
     /// The last `lines` lines of a node process's log (`kubelet`, `containerd`, ...).
     pub fn log_tail(&self, name: &str, lines: usize) -> String {
-        let text =
-            std::fs::read_to_string(self.root.join(format!("{name}.log"))).unwrap_or_default();
-        format!("==> {name}.log <==\n{}", last_lines(&text, lines, |_| true))
+        let tail = super::log_file_tail(&self.root.join(format!("{name}.log")), lines);
+        format!("==> {name}.log <==\n{tail}")
     }
 
     /// Create a `hostPath` PV `name` of `size` (e.g. `1Gi`) with no class, ReadWriteOnce,
