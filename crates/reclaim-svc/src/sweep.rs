@@ -3,11 +3,13 @@
 //! no PV using them, every PV listed live and mapped by
 //! [`Provisioner::volumes_in_use`]) are reported (log, gauge, the Redis report
 //! `provisioner-ctl status` shows). Checks run in the reverse order of a volume's life
-//! (intent → queue entry → PV); any lookup error abandons the sweep. With
+//! (intent → queue entry → PV), and a volume gone by the end (deleted meanwhile) is
+//! dropped; any lookup error abandons the sweep. With
 //! `--sweep-orphans` an orphan older than `--sweep-min-age`, still an orphan on
 //! a re-check and before shutdown is archived through
 //! [`Provisioner::archive_orphan`], never removed (docs/ARCHITECTURE.md).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -108,7 +110,16 @@ pub async fn sweep(
         return Ok(Vec::new());
     };
     let volumes = listed.context("backend volumes")?;
-    let orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
+    let mut orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
+    // A volume deleted during the sweep (reclaim deletes it before its PV) is no orphan.
+    if !orphans.is_empty() {
+        let relisted = backend
+            .list_volumes()
+            .await
+            .unwrap_or_else(|| Ok(Vec::new()));
+        let still: HashSet<String> = relisted.context("backend volumes")?.into_iter().collect();
+        orphans.retain(|name| still.contains(name));
+    }
     metrics.found.set(orphans.len() as i64);
     metrics.archived.set(0);
     let mut archived = 0;
@@ -342,6 +353,57 @@ mod tests {
             backend.archived(),
             vec![("pvc-cached".to_string(), Duration::from_secs(3600))]
         );
+    }
+
+    /// A backend whose volume listings are scripted in order (the last one repeats).
+    struct Listings(std::sync::Mutex<Vec<Vec<&'static str>>>);
+
+    #[async_trait::async_trait]
+    impl Provisioner for Listings {
+        async fn provision(
+            &self,
+            _: &provisioner_api::ProvisionOptions,
+        ) -> Result<PersistentVolume, provisioner_api::ProvisionError> {
+            unreachable!("the sweep never provisions")
+        }
+        async fn delete(&self, _: &PersistentVolume) -> Result<(), provisioner_api::DeleteError> {
+            unreachable!("the sweep never deletes")
+        }
+        fn validate_volume(
+            &self,
+            _: &PersistentVolume,
+        ) -> Result<(), provisioner_api::VolumeError> {
+            unreachable!("the sweep never validates")
+        }
+        async fn list_volumes(&self) -> Option<Result<Vec<String>, provisioner_api::VolumeError>> {
+            let mut lists = self.0.lock().unwrap();
+            let list = if lists.len() > 1 {
+                lists.remove(0)
+            } else {
+                lists[0].clone()
+            };
+            Some(Ok(list.into_iter().map(String::from).collect()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_volume_deleted_during_the_sweep_is_no_orphan() {
+        // `pvc-deleted`'s PV and directory went while the sweep ran (reclaim deletes the
+        // directory first): listed at the start, without a PV at the end.
+        let backend = Listings(std::sync::Mutex::new(vec![
+            vec!["pvc-deleted", "pvc-orphan", "pvc-live"],
+            vec!["pvc-orphan", "pvc-live"],
+        ]));
+        let (_, acc) = fixture(false);
+        let m = SweepMetrics::register(&prometheus::Registry::new());
+        let action = SweepAction {
+            archive: false,
+            min_age: Duration::from_secs(3600),
+            shutdown: CancellationToken::new(),
+        };
+        let orphans = sweep(&backend, |_: &str| false, &acc, &action, &m).await;
+        assert_eq!(orphans.unwrap(), vec!["pvc-orphan"]);
+        assert_eq!(m.found.get(), 1);
     }
 
     #[tokio::test]
