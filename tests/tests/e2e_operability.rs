@@ -13,6 +13,8 @@
 //!   FIFO as the nfs-subdir backend's volume record, blocking its read as a
 //!   hung NFS mount would): `/healthz` turns 503 while claims wait, and 200
 //!   again once the call returns;
+//! * a claim deleted while its PV write is queued, pv-writer dropping the entry before
+//!   provision-svc sees the deletion: the volume is still deleted;
 //! * a claim deleted while its volume is made in background (the same FIFO,
 //!   under `--provision-timeout`): its intent is cleaned up and no PV is ever
 //!   made for it (the seed would provision it again).
@@ -20,6 +22,7 @@
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::Duration;
 
+use common::handoff::queue::PvQueue;
 use e2e::harness::metrics::http_get;
 use e2e::harness::{wait_until, ControlPlane, Service, ServiceSettings, System};
 use e2e::on_both_planes;
@@ -317,8 +320,64 @@ async fn a_claim_deleted_while_in_background_is_cleaned_up_not_provisioned(plane
     sys.shutdown();
 }
 
+/// Leases that outlast the pauses below, so neither paused leader loses its term (and
+/// its watch) meanwhile.
+fn long_leases(settings: &mut ServiceSettings) {
+    settings.lease_duration = Duration::from_secs(40);
+    settings.renew_deadline = Duration::from_secs(30);
+}
+
+async fn a_claim_deleted_while_queued_keeps_no_volume_when_pv_writer_drops_it_first(
+    plane: ControlPlane,
+) {
+    let mut sys = system(plane, Some(long_leases)).await;
+    let queue = PvQueue::connect(&sys.redis.url(), &sys.settings.provisioner_name).await;
+    let queue = &queue.unwrap();
+    let depth_is =
+        |want: u64| move || async move { queue.stats().await.is_ok_and(|s| s.depth == want) };
+    // pv-writer stopped: the claim's volume is made and its PV write stays queued.
+    let paused = sys.service(Service::PvWriter, 0).process.pause().await;
+    check(&sys, paused);
+    sys.create_claim("raced", "hostpath", &[]).await.unwrap();
+    check(
+        &sys,
+        wait_until(Duration::from_secs(30), "the PV write queued", depth_is(1)).await,
+    );
+    assert_eq!(sys.dir_count(), 1, "{}", sys.log_tails(40));
+    // provision-svc stopped before it sees the deletion; pv-writer drops the entry of the
+    // gone claim (`claim_gone`) first.
+    let paused = sys.service(Service::Provision, 0).process.pause().await;
+    check(&sys, paused);
+    sys.delete_claims(&["raced".to_string()]).await.unwrap();
+    let gone = || async { sys.claims().await.is_ok_and(|c| c.is_empty()) };
+    check(
+        &sys,
+        wait_until(Duration::from_secs(30), "the claim gone", gone).await,
+    );
+    sys.service(Service::PvWriter, 0)
+        .process
+        .signal(libc::SIGCONT);
+    let dropped = wait_until(Duration::from_secs(30), "the entry dropped", depth_is(0)).await;
+    check(&sys, dropped);
+    // provision-svc then handles the deletion with no intent and no queued write left.
+    sys.service(Service::Provision, 0)
+        .process
+        .signal(libc::SIGCONT);
+    let removed = || async { sys.dir_count() == 0 };
+    let r = wait_until(
+        Duration::from_secs(30),
+        "the volume directory removed",
+        removed,
+    )
+    .await;
+    check(&sys, r);
+    assert!(sys.pvs().await.unwrap().is_empty(), "{}", sys.log_tails(40));
+    sys.shutdown();
+}
+
 on_both_planes!(
     a_claim_deleted_while_in_background_is_cleaned_up_not_provisioned,
+    a_claim_deleted_while_queued_keeps_no_volume_when_pv_writer_drops_it_first,
     redis_outage_turns_readyz_false_and_back,
     json_logs_carry_the_claim_uid_in_both_services,
     wedged_provision_workers_turn_healthz_503_and_back,

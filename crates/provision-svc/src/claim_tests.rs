@@ -838,11 +838,40 @@ async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() 
     w.cluster.pvs.lock().unwrap().insert("pvc-u2".into());
     w.cluster.live_claims.lock().unwrap().insert("u3".into());
     for uid in ["u1", "u2", "u3", "never-queued"] {
-        recovery::cleanup_unwritten_volume(&w.op, uid).await;
+        recovery::cleanup_unwritten_volume(&w.op, uid, None).await;
     }
     let deleted = w.backend.unprovisioned.lock().unwrap().clone();
     assert_eq!(deleted.len(), 1, "{deleted:?}");
     assert!(deleted[0].starts_with("pvc-u1 "), "{deleted:?}");
+}
+
+/// pv-writer dropped the queued write of a deleted claim (`claim_gone`) before the
+/// cleanup ran: nothing in Redis names the volume any more, so the claim's last state
+/// (from the Delete event) decides, and only for a claim we would provision.
+#[tokio::test]
+async fn a_claim_deleted_after_pv_writer_dropped_its_write_gets_its_volume_deleted() {
+    let w = Setup::default().build();
+    for uid in ["u1", "u2", "u3", "u4"] {
+        assert_eq!(w.op.sync_claim(&ours(uid)).await, Ok(()));
+    }
+    w.handoff.pending.lock().unwrap().clear();
+    let mut dropped = ours("u1");
+    let annotations = dropped.metadata.annotations.as_mut().unwrap();
+    annotations.insert(ANN_SELECTED_NODE.into(), "node-a".into());
+    // u2 was bound (its PV is reclaim's business), u3's PV exists, u4's claim is
+    // still there (a stale event), u5 is another provisioner's claim.
+    let mut bound = ours("u2");
+    bound.spec.as_mut().unwrap().volume_name = Some("pvc-u2".into());
+    w.cluster.pvs.lock().unwrap().insert("pvc-u3".into());
+    w.cluster.live_claims.lock().unwrap().insert("u4".into());
+    let others = claim("u5", &[]);
+    for last in [&dropped, &bound, &ours("u3"), &ours("u4"), &others] {
+        let uid = last.metadata.uid.as_deref().unwrap();
+        recovery::cleanup_unwritten_volume(&w.op, uid, Some(last)).await;
+    }
+    recovery::cleanup_unwritten_volume(&w.op, "u1", None).await;
+    let deleted = w.backend.unprovisioned.lock().unwrap().clone();
+    assert_eq!(deleted, vec!["pvc-u1 node=node-a class=fast"]);
 }
 
 #[tokio::test]
@@ -1106,8 +1135,9 @@ async fn a_claim_deleted_while_in_background_gets_its_volume_deleted_not_provisi
 
     w.delete_claim(&c);
     w.clean(vec![
-        Gone::Claim("u1".into()),
-        Gone::Claim("never-seen".into()),
+        Gone::Claim(Box::new(c.clone())),
+        // Another provisioner's claim: nothing of ours to clean up.
+        Gone::Claim(Box::new(claim("never-seen", &[]))),
     ])
     .await;
     assert_eq!(
@@ -1152,7 +1182,7 @@ async fn a_sync_and_the_cleanup_of_the_same_claim_never_overlap() {
         "the backend is making the volume"
     );
     w.delete_claim(&c);
-    let clean = w.clean(vec![Gone::Claim("u1".into())]);
+    let clean = w.clean(vec![Gone::Claim(Box::new(c.clone()))]);
     tokio::pin!(clean);
     assert!(
         tokio::time::timeout(Duration::from_secs(2), &mut clean)

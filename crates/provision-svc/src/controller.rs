@@ -19,7 +19,7 @@ use common::kube::retry::{Backoff, FailureThreshold, RetryPolicy};
 use common::runtime::control::{self, LoopSettings};
 use common::runtime::frame::ServiceContext;
 use futures::{Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
@@ -49,10 +49,10 @@ pub struct Context {
 }
 
 /// What the claim watch tells [`clean_gone_claims`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Gone {
-    /// The claim with this uid was deleted.
-    Claim(String),
+    /// This claim (its last state) was deleted.
+    Claim(Box<PersistentVolumeClaim>),
     /// The claims were (re)listed: walk the intents for claims gone meanwhile.
     Walk,
 }
@@ -127,7 +127,7 @@ pub async fn clean_gone_claims(
     let mut active = HashSet::new();
     let mut first_walk = true;
     loop {
-        let uids = tokio::select! {
+        let gone_claims: Vec<(String, Option<Box<PersistentVolumeClaim>>)> = tokio::select! {
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Ok(uid) = done {
                     active.remove(&uid);
@@ -136,23 +136,27 @@ pub async fn clean_gone_claims(
             }
             message = gone.recv() => match message {
                 None => break,
-                Some(Gone::Claim(uid)) => vec![uid],
+                Some(Gone::Claim(claim)) => match claim.metadata.uid.clone() {
+                    Some(uid) => vec![(uid, Some(claim))],
+                    None => continue,
+                },
                 Some(Gone::Walk) => {
                     let count = std::mem::take(&mut first_walk);
                     let walk = || recovery::walk(&op, count);
                     let log = |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot list the provisioning intents; retrying");
                     match policy.retry(&shutdown, walk, log).await {
-                        Some(uids) => uids,
+                        Some(uids) => uids.into_iter().map(|uid| (uid, None)).collect(),
                         None => break,
                     }
                 }
             },
         };
-        for uid in uids {
+        for (uid, deleted) in gone_claims {
             if active.insert(uid.clone()) {
                 let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
                 tasks.spawn(async move {
-                    recovery::claim_gone(&op, &uid, &limit, policy, &shutdown).await;
+                    let deleted = deleted.as_deref();
+                    recovery::claim_gone(&op, &uid, deleted, &limit, policy, &shutdown).await;
                     uid
                 });
             }
@@ -336,10 +340,10 @@ fn observer(
 ) -> impl FnMut(&watcher::Event<CachedClaim>, &reflector::Store<CachedClaim>) + Send + 'static {
     move |event, store| match event {
         watcher::Event::Delete(claim) => {
-            if let Some(uid) = claim.meta().uid.clone() {
-                ctx.retry.forget(&uid);
-                ctx.op.forget_first_attempt(&uid);
-                let _ = gone.send(Gone::Claim(uid));
+            if let Some(uid) = &claim.meta().uid {
+                ctx.retry.forget(uid);
+                ctx.op.forget_first_attempt(uid);
+                let _ = gone.send(Gone::Claim(Box::new(claim.object())));
             }
         }
         watcher::Event::InitDone => {

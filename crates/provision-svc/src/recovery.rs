@@ -3,7 +3,8 @@
 //! cleanup per gone claim. A gone claim's volume is kept if its PV write is
 //! queued or its PV exists (checked in that order, the PV by a live GET) and
 //! otherwise deleted through the backend's `delete_unprovisioned`, from the
-//! intent record alone. Lookup errors keep the intent; poisoned intents are
+//! intent, else the queued write, else the deleted claim's last state (a claim we
+//! provision, never bound). Lookup errors keep the intent; poisoned intents are
 //! counted and left for an operator. Rationale: docs/ARCHITECTURE.md, "Gone claims".
 
 use std::collections::HashSet;
@@ -52,12 +53,13 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
     Ok(gone)
 }
 
-/// Clean up after the claim `uid` under its lock (nothing if cached again): without an intent
-/// [`cleanup_unwritten_volume`], else [`cleanup_gone_claim`] retried under `policy` until done,
-/// poisoned or `shutdown`, each attempt holding a permit of `limit` (not while backing off).
+/// Clean up after the claim `uid` (`deleted`: its last state from a Delete event) under its lock:
+/// without an intent [`cleanup_unwritten_volume`], else [`cleanup_gone_claim`] retried under
+/// `policy` until done, poisoned or `shutdown`, each attempt holding a permit of `limit`.
 pub async fn claim_gone(
     op: &Operation,
     uid: &str,
+    deleted: Option<&PersistentVolumeClaim>,
     limit: &Semaphore,
     policy: Backoff,
     shutdown: &CancellationToken,
@@ -74,7 +76,7 @@ pub async fn claim_gone(
     let pv_name = pv_name_for_claim_uid(uid);
     let entry = match op.ports.intents.entry(&pv_name).await {
         Ok(Some(entry)) => entry,
-        Ok(None) => return cleanup_unwritten_volume(op, uid).await,
+        Ok(None) => return cleanup_unwritten_volume(op, uid, deleted).await,
         Err(e) => {
             tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent");
             return;
@@ -153,21 +155,25 @@ fn options_from_intent(
         .claim
         .as_ref()
         .map_or_else(|| claim_from_key(&intent.claim), |snap| snap.claim.clone());
-    let node = intent
-        .selected_node
-        .clone()
-        .or_else(|| decision::annotation(&pvc, ANN_SELECTED_NODE).map(str::to_string));
+    let node = intent.selected_node.as_deref();
+    let selected_node = node_named(node.or_else(|| decision::annotation(&pvc, ANN_SELECTED_NODE)));
     Ok(ProvisionOptions {
         storage_class,
         pv_name: intent.pv_name.clone(),
         pvc,
-        selected_node: node.map(|n| Node {
-            metadata: ObjectMeta {
-                name: Some(n),
-                ..Default::default()
-            },
-            ..Default::default()
-        }),
+        selected_node,
+    })
+}
+
+/// A Node object carrying only `name`, as `ProvisionOptions::selected_node` wants it.
+fn node_named(name: Option<&str>) -> Option<Node> {
+    let metadata = ObjectMeta {
+        name: Some(name?.to_string()),
+        ..Default::default()
+    };
+    Some(Node {
+        metadata,
+        ..Default::default()
     })
 }
 
@@ -183,20 +189,34 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
     }
 }
 
-/// The claim `uid` is gone: if a PV write of ours is still queued for it, a
-/// live lookup confirms the claim gone and no PV exists, delete its volume
-/// (`delete_unprovisioned`). Failures are logged (left to the orphan sweep).
-pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
+/// The claim `uid` is gone without an intent: if a PV write of ours is queued for it (or was
+/// dropped and `deleted`, its last state, is a claim we provision), the claim is confirmed gone
+/// and no PV exists, delete its volume. Failures are logged (left to the orphan sweep).
+pub async fn cleanup_unwritten_volume(
+    op: &Operation,
+    uid: &str,
+    deleted: Option<&PersistentVolumeClaim>,
+) {
     let pv_name = pv_name_for_claim_uid(uid);
-    let entry = match op.ports.handoff.queued_entry(&pv_name, uid).await {
-        Ok(Some(entry)) => entry,
-        Ok(None) => return,
+    let (key, class, pvc) = match op.ports.handoff.queued_entry(&pv_name, uid).await {
+        Ok(Some(entry)) => (
+            entry.claim.clone(),
+            entry.class,
+            claim_from_key(&entry.claim),
+        ),
+        Ok(None) => match deleted.filter(|c| op.should_provision(c) == Ok(true)) {
+            Some(claim) => match ClaimKey::of(claim) {
+                Some(key) => (key, decision::claim_class(claim), claim.clone()),
+                None => return,
+            },
+            None => return,
+        },
         Err(e) => {
             tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write");
             return;
         }
     };
-    let key = &entry.claim;
+    let key = &key;
     let cluster = &op.ports.cluster;
     match cluster.claim_exists(&key.namespace, &key.name, uid).await {
         Ok(false) => {}
@@ -214,19 +234,19 @@ pub async fn cleanup_unwritten_volume(op: &Operation, uid: &str) {
             return;
         }
     }
-    let Some(class) = op.caches.classes.get(&ObjectRef::new(&entry.class)) else {
-        tracing::warn!(pv = %pv_name, class = %entry.class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
+    let Some(storage_class) = op.caches.classes.get(&ObjectRef::new(&class)) else {
+        tracing::warn!(pv = %pv_name, %class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
         return;
     };
     let options = ProvisionOptions {
-        storage_class: class.as_ref().clone(),
+        storage_class: storage_class.as_ref().clone(),
         pv_name: pv_name.clone(),
-        pvc: claim_from_key(key),
-        selected_node: None,
+        selected_node: node_named(decision::annotation(&pvc, ANN_SELECTED_NODE)),
+        pvc,
     };
     match op.ports.backend.delete_unprovisioned(&options).await {
         Ok(()) => {
-            tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the volume of a claim deleted while its PV write was queued")
+            tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the unwritten volume (if any) of a claim deleted before its PV was written")
         }
         Err(e) => {
             tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, left_to = "the orphan sweep", "cannot delete a deleted claim's unwritten volume")
