@@ -24,19 +24,19 @@ pub struct QueueKeyArgs {
     /// File holding the HMAC key (at least 32 bytes; a trailing newline ignored)
     /// that provision-svc signs PV-write queue entries with and pv-writer checks.
     /// Required unless `--insecure-unsigned-queue`.
-    #[arg(long, env = "QUEUE_HMAC_KEY_FILE")]
+    #[arg(long, env)]
     pub queue_hmac_key_file: Option<PathBuf>,
 
     /// File holding the previous queue key during a key rotation: entries signed
     /// with it are still accepted, new ones are signed with the current key. A
     /// missing file means no rotation is under way.
-    #[arg(long, env = "QUEUE_HMAC_PREVIOUS_KEY_FILE")]
+    #[arg(long, env)]
     pub queue_hmac_previous_key_file: Option<PathBuf>,
 
     /// Development only: run without a queue key. provision-svc enqueues unsigned
     /// entries and pv-writer accepts them, so anyone able to write to Redis can
     /// have PVs created. Ignored when a key file is given.
-    #[arg(long, env = "INSECURE_UNSIGNED_QUEUE", default_value_t = false)]
+    #[arg(long, env, default_value_t = false)]
     pub insecure_unsigned_queue: bool,
 }
 

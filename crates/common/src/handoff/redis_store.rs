@@ -39,40 +39,32 @@ pub fn redact_url(url: &str) -> String {
 pub struct RedisAuthArgs {
     /// Redis ACL user to authenticate as (`AUTH <user> <password>`). Default:
     /// the URL's user, else Redis' `default` user.
-    #[arg(long, env = "REDIS_USERNAME")]
+    #[arg(long, env)]
     pub redis_username: Option<String>,
 
     /// File whose first line is the Redis password (e.g. a key of a mounted
     /// Secret); read at every connection attempt. Env `REDIS_PASSWORD` (the
     /// password itself) is accepted instead; never pass it as a flag.
-    #[arg(long, env = "REDIS_PASSWORD_FILE")]
+    #[arg(long, env)]
     pub redis_password_file: Option<PathBuf>,
 
     /// PEM bundle of the CA(s) that sign the Redis server certificate; only
     /// these are trusted. Needs a `rediss://` URL. Default: the system roots.
-    #[arg(long, env = "REDIS_CA_FILE")]
+    #[arg(long, env)]
     pub redis_ca_file: Option<PathBuf>,
 
     /// PEM client certificate (chain) for mutual TLS; needs
     /// `--redis-client-key-file` and a `rediss://` URL.
-    #[arg(
-        long,
-        env = "REDIS_CLIENT_CERT_FILE",
-        requires = "redis_client_key_file"
-    )]
+    #[arg(long, env, requires = "redis_client_key_file")]
     pub redis_client_cert_file: Option<PathBuf>,
 
     /// PEM private key of `--redis-client-cert-file`.
-    #[arg(
-        long,
-        env = "REDIS_CLIENT_KEY_FILE",
-        requires = "redis_client_cert_file"
-    )]
+    #[arg(long, env, requires = "redis_client_cert_file")]
     pub redis_client_key_file: Option<PathBuf>,
 
     /// File whose first line is the Sentinels' password (`requirepass` of a
     /// `redis+sentinel://` URL's Sentinels). Default: Sentinels without a password.
-    #[arg(long, env = "REDIS_SENTINEL_PASSWORD_FILE")]
+    #[arg(long, env)]
     pub redis_sentinel_password_file: Option<PathBuf>,
 }
 

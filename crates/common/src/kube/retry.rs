@@ -22,11 +22,11 @@ pub(crate) const WORK: &str = "Workers and retries";
 #[derive(Debug, Clone, Args)]
 pub struct RetryArgs {
     /// Overall retries per second across all items (token bucket refill). 0 disables.
-    #[arg(long, env = "RETRY_QPS", default_value_t = 10.0, help_heading = WORK)]
+    #[arg(long, env, default_value_t = 10.0, help_heading = WORK)]
     pub retry_qps: f64,
 
     /// Overall retry burst (token bucket size).
-    #[arg(long, env = "RETRY_BURST", default_value_t = 100, help_heading = WORK)]
+    #[arg(long, env, default_value_t = 100, help_heading = WORK)]
     pub retry_burst: u32,
 }
 

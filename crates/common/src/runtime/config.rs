@@ -189,7 +189,7 @@ pub struct ClusterArgs {
     /// `pv.kubernetes.io/provisioned-by`.
     #[arg(
         long,
-        env = "PROVISIONER_NAME",
+        env,
         default_value = "example.com/hostpath",
         help_heading = KUBE
     )]
@@ -197,7 +197,7 @@ pub struct ClusterArgs {
 
     /// Path to a kubeconfig. Without it: `KUBECONFIG`/`~/.kube/config`, then the
     /// in-cluster service account.
-    #[arg(long, env = "KUBECONFIG", help_heading = KUBE)]
+    #[arg(long, env, help_heading = KUBE)]
     pub kubeconfig: Option<PathBuf>,
 
     /// Client-side limit on API requests per second (token bucket refill);
@@ -205,7 +205,7 @@ pub struct ClusterArgs {
     /// control plane allows (BENCHMARKS.md); the API server's fairness binds first.
     #[arg(
         long,
-        env = "KUBE_API_QPS",
+        env,
         default_value_t = 1000.0,
         help_heading = KUBE
     )]
@@ -215,7 +215,7 @@ pub struct ClusterArgs {
     /// QPS limit is disabled.
     #[arg(
         long,
-        env = "KUBE_API_BURST",
+        env,
         default_value_t = 2000,
         help_heading = KUBE
     )]
@@ -226,7 +226,7 @@ pub struct ClusterArgs {
     /// `redis+sentinel://HOST:26379,…/PRIMARY_NAME/DB` (no credentials in it).
     #[arg(
         long,
-        env = "REDIS_URL",
+        env,
         default_value = "redis://127.0.0.1:6379/0",
         value_parser = RedisUrlParser,
         help_heading = REDIS
@@ -240,7 +240,7 @@ pub struct ClusterArgs {
 
     /// Namespace of the Lease. Default: `POD_NAMESPACE`, else the service
     /// account's namespace file, else `default`.
-    #[arg(long, env = "LEADER_ELECTION_NAMESPACE", help_heading = LEADER)]
+    #[arg(long, env, help_heading = LEADER)]
     pub leader_election_namespace: Option<String>,
 }
 
@@ -254,12 +254,12 @@ pub struct CommonArgs {
 
     /// Elect a leader through a `coordination.k8s.io/v1` Lease; only the leader
     /// works. Disable only when exactly one replica runs.
-    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set, help_heading = LEADER)]
+    #[arg(long, env, default_value_t = true, action = clap::ArgAction::Set, help_heading = LEADER)]
     pub leader_election: bool,
 
     /// This replica's identity in the Lease (`holderIdentity`). Default:
     /// `POD_NAME`, else the host name, plus a random suffix.
-    #[arg(long, env = "LEADER_ELECTION_IDENTITY", help_heading = LEADER)]
+    #[arg(long, env, help_heading = LEADER)]
     pub leader_election_identity: Option<String>,
 
     /// How long a Lease is valid without renewal; a standby takes over after it.
@@ -295,7 +295,7 @@ pub struct CommonArgs {
 
     /// Wait between attempts to (re)connect to Redis, or to repeat a Redis call
     /// that failed for want of a connection.
-    #[arg(long, env = "REDIS_RECONNECT_PERIOD", default_value = "500ms", value_parser = parse_duration, help_heading = REDIS)]
+    #[arg(long, env, default_value = "500ms", value_parser = parse_duration, help_heading = REDIS)]
     pub redis_reconnect_period: Duration,
 
     /// `HOST:PORT` (or `:PORT`) of the HTTP server (metrics, health), as
@@ -303,7 +303,7 @@ pub struct CommonArgs {
     /// `--http-port` (9101 provision-svc, 9102 pv-writer, 9103 reclaim-svc); port 0 picks one.
     #[arg(
         long,
-        env = "HTTP_ENDPOINT",
+        env,
         value_parser = parse_http_endpoint,
         conflicts_with_all = ["http_address", "http_port"],
         help_heading = HTTP
@@ -313,7 +313,7 @@ pub struct CommonArgs {
     /// Address the HTTP server listens on when `--http-endpoint` is not given.
     #[arg(
         long,
-        env = "HTTP_ADDRESS",
+        env,
         default_value = "0.0.0.0",
         help_heading = HTTP
     )]
@@ -322,7 +322,7 @@ pub struct CommonArgs {
     /// Port of the HTTP server when `--http-endpoint` is not given. Default:
     /// 9101 provision-svc, 9102 pv-writer, 9103 reclaim-svc. 0 picks a free
     /// port (logged).
-    #[arg(long, env = "HTTP_PORT", help_heading = HTTP)]
+    #[arg(long, env, help_heading = HTTP)]
     pub http_port: Option<u16>,
 
     /// First retry delay of a failed item (claim, queue entry, PV), doubling up to
@@ -330,7 +330,7 @@ pub struct CommonArgs {
     /// seed's), 1s pv-writer.
     #[arg(
         long = "retry-interval-start",
-        env = "RETRY_INTERVAL_START",
+        env,
         value_parser = parse_duration,
         help_heading = WORK
     )]
@@ -340,7 +340,7 @@ pub struct CommonArgs {
     /// and reclaim-svc (the seed's), 5m pv-writer.
     #[arg(
         long = "retry-interval-max",
-        env = "RETRY_INTERVAL_MAX",
+        env,
         value_parser = parse_duration,
         help_heading = WORK
     )]
@@ -350,7 +350,7 @@ pub struct CommonArgs {
     /// writes (pv-writer, default 16), PVs (reclaim-svc, default 4). 1–1024.
     #[arg(
         long = "worker-threads",
-        env = "WORKER_THREADS",
+        env,
         value_parser = clap::value_parser!(u32).range(1..=1024),
         help_heading = WORK
     )]
@@ -359,30 +359,30 @@ pub struct CommonArgs {
     /// Path of the Prometheus metrics endpoint.
     #[arg(
         long,
-        env = "METRICS_PATH",
+        env,
         default_value = "/metrics",
         help_heading = HTTP
     )]
     pub metrics_path: String,
 
     /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = LOGS)]
+    #[arg(long, env, value_enum, default_value_t = LogFormat::Text, help_heading = LOGS)]
     pub log_format: LogFormat,
 
     /// Log filter in `tracing` EnvFilter syntax (e.g. `info`, `debug,kube=info`).
-    #[arg(long, env = "LOG_LEVEL", default_value = "info", help_heading = LOGS)]
+    #[arg(long, env, default_value = "info", help_heading = LOGS)]
     pub log_level: String,
 
     /// On SIGTERM/SIGINT, how long in-flight work may take to finish before it is
     /// abandoned and the Lease released. Keep below the pod's
     /// `terminationGracePeriodSeconds`.
-    #[arg(long, env = "SHUTDOWN_GRACE_PERIOD", default_value = "20s", value_parser = parse_duration, help_heading = WORK)]
+    #[arg(long, env, default_value = "20s", value_parser = parse_duration, help_heading = WORK)]
     pub shutdown_grace_period: Duration,
 
     /// `/healthz` fails once the work loop made no progress for this long (keys
     /// waiting, no worker free; idle is healthy). Keep above the longest
     /// legitimate backend call (`--provision-timeout`).
-    #[arg(long, env = "HEALTHZ_STALL_TIMEOUT", default_value = "5m", value_parser = parse_duration, help_heading = HTTP)]
+    #[arg(long, env, default_value = "5m", value_parser = parse_duration, help_heading = HTTP)]
     pub healthz_stall_timeout: Duration,
 }
 
