@@ -1,7 +1,8 @@
 //! The connection every Redis user shares ([`RedisConn`]): a reconnecting
-//! `ConnectionManager` to the primary. With a `redis+sentinel://` URL the Sentinels
-//! name the primary, and are asked again after an error that suggests a failover
-//! (connection lost or refused, a timeout, `READONLY`), without a restart.
+//! `ConnectionManager` to the primary, replaced by a new one after a command timed out
+//! (redis-rs keeps a connection that stopped answering). With a `redis+sentinel://` URL
+//! the Sentinels name the primary, and are asked again after an error that suggests a
+//! failover (connection lost or refused, a timeout, `READONLY`), without a restart.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,15 +109,16 @@ pub fn manager_config() -> ConnectionManagerConfig {
 #[derive(Clone)]
 pub struct RedisConn {
     manager: ConnectionManager,
-    failover: Option<Arc<Failover>>,
+    failover: Arc<Failover>,
 }
 
-/// The Sentinel side of a [`RedisConn`]: the newest primary connection and who
-/// may look the primary up again.
+/// The shared side of a [`RedisConn`]: the newest primary connection and who may
+/// look the primary up (Sentinels) or connect to it again.
 struct Failover {
-    sentinels: Endpoint,
+    endpoint: Endpoint,
     primary: Mutex<(String, ConnectionManager)>,
     resolving: tokio::sync::Mutex<Instant>,
+    reconnected: Mutex<Option<Instant>>,
     switches: std::sync::atomic::AtomicU64,
 }
 
@@ -124,61 +126,77 @@ struct Failover {
 const LOOKUP_INTERVAL: Duration = Duration::from_millis(500);
 /// Bound of one lookup (Sentinels, then the new primary's connection).
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// Least time between two new connections to the same primary after timeouts.
+const RECONNECT_INTERVAL: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for RedisConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisConn")
-            .field("sentinel_primary", &self.primary_addr())
+            .field("primary", &self.primary_addr())
             .finish_non_exhaustive()
     }
 }
 
 impl RedisConn {
-    /// A connection over `manager`, connected to `addr`; `endpoint` Sentinels are
-    /// asked again after a failover-like error.
+    /// A connection over `manager`, connected to `addr` of `endpoint`, whose Sentinels
+    /// are asked again after a failover-like error.
     pub fn new(manager: ConnectionManager, addr: String, endpoint: Endpoint) -> Self {
-        let failover = matches!(endpoint, Endpoint::Sentinel(_)).then(|| {
-            Arc::new(Failover {
-                sentinels: endpoint,
-                primary: Mutex::new((addr, manager.clone())),
-                resolving: tokio::sync::Mutex::new(Instant::now() - LOOKUP_INTERVAL),
-                switches: Default::default(),
-            })
+        let failover = Arc::new(Failover {
+            endpoint,
+            primary: Mutex::new((addr, manager.clone())),
+            resolving: tokio::sync::Mutex::new(Instant::now() - LOOKUP_INTERVAL),
+            reconnected: Mutex::new(None),
+            switches: Default::default(),
         });
         RedisConn { manager, failover }
     }
 
-    /// The address commands go to now (`host:port`, or the socket path).
+    /// The address commands go to now (`host:port`, or the socket path) when Sentinels
+    /// name it; `None` for a fixed address.
     pub fn primary_addr(&self) -> Option<String> {
-        let failover = self.failover.as_ref()?;
-        Some(failover.primary.lock().expect("not poisoned").0.clone())
+        let sentinels = matches!(self.failover.endpoint, Endpoint::Sentinel(_));
+        sentinels.then(|| {
+            self.failover
+                .primary
+                .lock()
+                .expect("not poisoned")
+                .0
+                .clone()
+        })
     }
 
     /// How many times this connection moved to another primary (0 without
     /// Sentinels); the new primary may lack the last writes of the old one.
     pub fn primary_switches(&self) -> u64 {
         self.failover
-            .as_ref()
-            .map_or(0, |f| f.switches.load(std::sync::atomic::Ordering::SeqCst))
+            .switches
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Use the newest primary connection (after another clone's lookup).
+    /// Use the newest primary connection (after another clone's lookup or reconnect).
     fn refresh(&mut self) {
-        if let Some(failover) = &self.failover {
-            self.manager = failover.primary.lock().expect("not poisoned").1.clone();
-        }
+        self.manager = self
+            .failover
+            .primary
+            .lock()
+            .expect("not poisoned")
+            .1
+            .clone();
     }
 
-    /// `result` of a command; after a failover-like error, with Sentinels, look the primary up.
+    /// `result` of a command; after a timeout, connect again (redis-rs would keep the
+    /// silent connection); with Sentinels, after any failover-like error, look the primary up.
     async fn after<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
-        if let (Err(err), Some(failover)) = (&result, &self.failover) {
-            if err.is_io_error()
-                || err.is_connection_dropped()
-                || err.is_connection_refusal()
-                || err.is_timeout()
-                || matches!(err.code(), Some("READONLY" | "MASTERDOWN"))
+        if let Err(err) = &result {
+            let sentinels = matches!(self.failover.endpoint, Endpoint::Sentinel(_));
+            if err.is_timeout()
+                || sentinels
+                    && (err.is_io_error()
+                        || err.is_connection_dropped()
+                        || err.is_connection_refusal()
+                        || matches!(err.code(), Some("READONLY" | "MASTERDOWN")))
             {
-                failover.look_up().await;
+                self.failover.look_up(err.is_timeout()).await;
                 self.refresh();
             }
         }
@@ -187,15 +205,16 @@ impl RedisConn {
 }
 
 impl Failover {
-    /// Ask the Sentinels for the primary; switch when they name another address.
-    /// At most one lookup runs and at most one per [`LOOKUP_INTERVAL`].
-    async fn look_up(&self) {
+    /// Ask the endpoint for the primary and switch when it names another address, or
+    /// with `fresh` (a command timed out) connect to the same one again. At most one
+    /// lookup runs and at most one per [`LOOKUP_INTERVAL`].
+    async fn look_up(&self, fresh: bool) {
         let idle = self.resolving.try_lock().ok();
         let Some(mut last) = idle.filter(|last| last.elapsed() >= LOOKUP_INTERVAL) else {
             return;
         };
         *last = Instant::now();
-        let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.sentinels.primary()).await {
+        let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.endpoint.primary()).await {
             Ok(Ok(client)) => client,
             Ok(Err(err)) => {
                 tracing::warn!(error = %err, "no Sentinel names a primary that answers");
@@ -209,10 +228,18 @@ impl Failover {
         let addr = client.get_connection_info().addr().to_string();
         let old = self.primary.lock().expect("not poisoned").0.clone();
         if addr == old {
-            return;
+            let mut reconnected = self.reconnected.lock().expect("not poisoned");
+            if !fresh || reconnected.is_some_and(|at| at.elapsed() < RECONNECT_INTERVAL) {
+                return;
+            }
+            *reconnected = Some(Instant::now());
         }
         let manager = ConnectionManager::new_with_config(client, manager_config());
         match tokio::time::timeout(LOOKUP_TIMEOUT, manager).await {
+            Ok(Ok(manager)) if addr == old => {
+                tracing::warn!(primary = %addr, "Redis did not answer in time; connected again");
+                *self.primary.lock().expect("not poisoned") = (addr, manager);
+            }
             Ok(Ok(manager)) => {
                 tracing::warn!(from = %old, to = %addr, "Redis primary changed");
                 *self.primary.lock().expect("not poisoned") = (addr, manager);
@@ -220,10 +247,10 @@ impl Failover {
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             Ok(Err(err)) => {
-                tracing::warn!(primary = %addr, error = %err, "cannot connect to the new Redis primary")
+                tracing::warn!(primary = %addr, error = %err, "cannot connect to the Redis primary")
             }
             Err(_) => {
-                tracing::warn!(primary = %addr, "the new Redis primary did not answer within 2 s")
+                tracing::warn!(primary = %addr, "the Redis primary did not answer within 2 s")
             }
         }
     }
@@ -262,6 +289,86 @@ impl ConnectionLike for RedisConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handoff::test_redis::TestRedis;
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A TCP proxy to `upstream`; [`Proxy::silence`] makes every connection open then stop
+    /// forwarding without closing (a peer gone without a reset), while new ones forward.
+    struct Proxy {
+        port: u16,
+        opened: Arc<AtomicU64>,
+        silenced_below: Arc<AtomicU64>,
+    }
+
+    /// Copy `from` to `to` while connection `id` is not silenced; then hold both open.
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        id: u64,
+        silenced_below: Arc<AtomicU64>,
+    ) {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            if id < silenced_below.load(SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    impl Proxy {
+        async fn start(upstream: u16) -> Self {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let opened = Arc::new(AtomicU64::new(0));
+            let silenced_below = Arc::new(AtomicU64::new(0));
+            let (count, silenced) = (opened.clone(), silenced_below.clone());
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let id = count.fetch_add(1, SeqCst);
+                    let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream));
+                    let ((cr, cw), (sr, sw)) =
+                        (client.into_split(), server.await.unwrap().into_split());
+                    tokio::spawn(pump(cr, sw, id, silenced.clone()));
+                    tokio::spawn(pump(sr, cw, id, silenced.clone()));
+                }
+            });
+            Proxy {
+                port,
+                opened,
+                silenced_below,
+            }
+        }
+
+        fn silence(&self) {
+            self.silenced_below.store(self.opened.load(SeqCst), SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_stops_answering_is_replaced_by_a_new_one() {
+        let redis = TestRedis::start().await;
+        let proxy = Proxy::start(redis.port()).await;
+        let url = format!("redis://127.0.0.1:{}/0", proxy.port);
+        let mut conn = crate::handoff::redis_store::connect(url.as_str())
+            .await
+            .unwrap();
+        let ping = |conn: &mut RedisConn| {
+            let mut conn = conn.clone();
+            async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
+        };
+        assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+        proxy.silence();
+        let err = ping(&mut conn).await.unwrap_err();
+        assert!(err.is_timeout(), "{err}");
+        // redis-rs keeps a connection that times out; ours connects again.
+        let answer = tokio::time::timeout(Duration::from_secs(8), ping(&mut conn)).await;
+        assert_eq!(answer.expect("answered within 8 s").unwrap(), "PONG");
+        assert_eq!(conn.primary_switches(), 0, "the same primary: no switch");
+    }
 
     #[test]
     fn sentinel_urls_name_hosts_primary_and_db() {
