@@ -110,6 +110,11 @@ impl ClusterApi for FakeCluster {
     async fn claim_exists(&self, _ns: &str, _name: &str, uid: &str) -> Effect<bool> {
         Ok(self.live_claims.lock().unwrap().contains(uid))
     }
+    async fn list_pvs(&self) -> Effect<Vec<PersistentVolume>> {
+        let mut all = self.pv_objects.lock().unwrap().clone();
+        all.extend(self.pvs.lock().unwrap().iter().map(|n| pv(n)));
+        Ok(all)
+    }
     async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>> {
         let pvs = self.pv_objects.lock().unwrap();
         Ok(pvs
@@ -847,25 +852,48 @@ async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() 
 
 /// pv-writer dropped the queued write of a deleted claim (`claim_gone`) before the
 /// cleanup ran: nothing in Redis names the volume any more, so the claim's last state
-/// (from the Delete event) decides, and only for a claim we would provision.
+/// (from the Delete event) decides, only for a claim we would provision, a class that
+/// deletes released volumes, and a volume no live PV uses.
 #[tokio::test]
 async fn a_claim_deleted_after_pv_writer_dropped_its_write_gets_its_volume_deleted() {
-    let w = Setup::default().build();
-    for uid in ["u1", "u2", "u3", "u4"] {
-        assert_eq!(w.op.sync_claim(&ours(uid)).await, Ok(()));
-    }
+    let mut setup = Setup::default();
+    let mut retain = class("keep", NAME, None);
+    retain.reclaim_policy = Some("Retain".into());
+    setup.classes.push(retain);
+    // `restore-u6`, made by hand, uses the directory of `pvc-u6`.
+    setup
+        .backend
+        .uses
+        .insert("restore-u6".into(), "pvc-u6".into());
+    let w = setup.build();
+    assert_eq!(w.op.sync_claim(&ours("u1")).await, Ok(()));
     w.handoff.pending.lock().unwrap().clear();
     let mut dropped = ours("u1");
     let annotations = dropped.metadata.annotations.as_mut().unwrap();
     annotations.insert(ANN_SELECTED_NODE.into(), "node-a".into());
     // u2 was bound (its PV is reclaim's business), u3's PV exists, u4's claim is
-    // still there (a stale event), u5 is another provisioner's claim.
+    // still there (a stale event), u5 is another provisioner's claim, a PV of another
+    // name uses u6's volume, u7's class retains released volumes.
     let mut bound = ours("u2");
     bound.spec.as_mut().unwrap().volume_name = Some("pvc-u2".into());
-    w.cluster.pvs.lock().unwrap().insert("pvc-u3".into());
+    w.cluster
+        .pvs
+        .lock()
+        .unwrap()
+        .extend(["pvc-u3".into(), "restore-u6".into()]);
     w.cluster.live_claims.lock().unwrap().insert("u4".into());
     let others = claim("u5", &[]);
-    for last in [&dropped, &bound, &ours("u3"), &ours("u4"), &others] {
+    let mut retained = ours("u7");
+    retained.spec.as_mut().unwrap().storage_class_name = Some("keep".into());
+    for last in [
+        &dropped,
+        &bound,
+        &ours("u3"),
+        &ours("u4"),
+        &others,
+        &ours("u6"),
+        &retained,
+    ] {
         let uid = last.metadata.uid.as_deref().unwrap();
         recovery::cleanup_unwritten_volume(&w.op, uid, Some(last)).await;
     }

@@ -1,22 +1,23 @@
 //! Cleanup after claims that are gone (deleted, or absent from a (re)list):
 //! the walk over the recorded intents at every claims (re)list, and one
-//! cleanup per gone claim. A gone claim's volume is kept if its PV write is
-//! queued or its PV exists (checked in that order, the PV by a live GET) and
-//! otherwise deleted through the backend's `delete_unprovisioned`, from the
-//! intent, else the queued write, else the deleted claim's last state (a claim we
-//! provision, never bound). Lookup errors keep the intent; poisoned intents are
+//! cleanup per gone claim. A gone claim's volume is kept while its PV write is
+//! pending or a PV (live) carries it, and otherwise deleted through the backend's
+//! `delete_unprovisioned`, described by its intent, else its queued write, else (the
+//! write dropped by pv-writer) the claim's last state: ours, never bound, a `Delete`
+//! class, no PV using the volume. Lookup errors keep the intent; poisoned intents are
 //! counted and left for an operator. Rationale: docs/ARCHITECTURE.md, "Gone claims".
 
 use std::collections::HashSet;
 
+use api_types::pv_name_for_claim_uid;
 use api_types::queue::ClaimKey;
-use api_types::{pv_name_for_claim_uid, ANN_SELECTED_NODE};
 use common::handoff::intents::IntentEntry;
 use common::kube::retry::Backoff;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::Resource;
+use kube::{Resource, ResourceExt};
 use provisioner_api::{DeleteError, ProvisionOptions};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -76,7 +77,10 @@ pub async fn claim_gone(
     let pv_name = pv_name_for_claim_uid(uid);
     let entry = match op.ports.intents.entry(&pv_name).await {
         Ok(Some(entry)) => entry,
-        Ok(None) => return cleanup_unwritten_volume(op, uid, deleted).await,
+        Ok(None) => {
+            let _permit = limit.acquire().await.expect("semaphore never closed");
+            return cleanup_unwritten_volume(op, uid, deleted).await;
+        }
         Err(e) => {
             tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent");
             return;
@@ -156,7 +160,7 @@ fn options_from_intent(
         .as_ref()
         .map_or_else(|| claim_from_key(&intent.claim), |snap| snap.claim.clone());
     let node = intent.selected_node.as_deref();
-    let selected_node = node_named(node.or_else(|| decision::annotation(&pvc, ANN_SELECTED_NODE)));
+    let selected_node = node_named(node.or_else(|| decision::selected_node(&pvc)));
     Ok(ProvisionOptions {
         storage_class,
         pv_name: intent.pv_name.clone(),
@@ -198,15 +202,14 @@ pub async fn cleanup_unwritten_volume(
     deleted: Option<&PersistentVolumeClaim>,
 ) {
     let pv_name = pv_name_for_claim_uid(uid);
-    let (key, class, pvc) = match op.ports.handoff.queued_entry(&pv_name, uid).await {
-        Ok(Some(entry)) => (
-            entry.claim.clone(),
-            entry.class,
-            claim_from_key(&entry.claim),
-        ),
+    let (key, class, pvc, queued) = match op.ports.handoff.queued_entry(&pv_name, uid).await {
+        Ok(Some(entry)) => {
+            let pvc = claim_from_key(&entry.claim);
+            (entry.claim, entry.class, pvc, true)
+        }
         Ok(None) => match deleted.filter(|c| op.should_provision(c) == Ok(true)) {
             Some(claim) => match ClaimKey::of(claim) {
-                Some(key) => (key, decision::claim_class(claim), claim.clone()),
+                Some(key) => (key, decision::claim_class(claim), claim.clone(), false),
                 None => return,
             },
             None => return,
@@ -226,30 +229,56 @@ pub async fn cleanup_unwritten_volume(
             return;
         }
     }
-    match cluster.pv_exists(&pv_name).await {
-        Ok(false) => {}
-        Ok(true) => return,
-        Err(e) => {
-            tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a deleted claim's PV exists");
-            return;
-        }
-    }
     let Some(storage_class) = op.caches.classes.get(&ObjectRef::new(&class)) else {
         tracing::warn!(pv = %pv_name, %class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
         return;
     };
+    let kept = match queued {
+        true => cluster.pv_exists(&pv_name).await,
+        false => still_wanted(op, &pv_name, &storage_class).await,
+    };
+    match kept {
+        Ok(false) => {}
+        Ok(true) => return,
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a PV uses a deleted claim's volume");
+            return;
+        }
+    }
     let options = ProvisionOptions {
         storage_class: storage_class.as_ref().clone(),
         pv_name: pv_name.clone(),
-        selected_node: node_named(decision::annotation(&pvc, ANN_SELECTED_NODE)),
+        selected_node: node_named(decision::selected_node(&pvc)),
         pvc,
     };
     match op.ports.backend.delete_unprovisioned(&options).await {
         Ok(()) => {
-            tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "deleted the unwritten volume (if any) of a claim deleted before its PV was written")
+            tracing::info!(pv = %pv_name, claim = %key, claim_uid = uid, "cleaned up after a claim deleted before its PV was written (its volume, if one was made)")
         }
         Err(e) => {
             tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, left_to = "the orphan sweep", "cannot delete a deleted claim's unwritten volume")
+        }
+    }
+}
+
+/// Whether the volume `pv_name` of a deleted claim that no record names must stay: its class
+/// keeps released volumes (`reclaimPolicy` other than `Delete`), or a live PV of any name
+/// uses it (as the orphan sweep asks the backend). Errors: listing the PVs failed.
+async fn still_wanted(op: &Operation, pv_name: &str, class: &StorageClass) -> Effect<bool> {
+    if class
+        .reclaim_policy
+        .as_deref()
+        .is_some_and(|p| p != "Delete")
+    {
+        tracing::info!(pv = %pv_name, class = %class.name_any(), left_to = "the orphan sweep", "a deleted claim's volume is kept: its class retains released volumes");
+        return Ok(true);
+    }
+    let pvs = op.ports.cluster.list_pvs().await?;
+    match op.ports.backend.volumes_in_use(&pvs).await {
+        Ok(in_use) => Ok(in_use.contains(pv_name)),
+        Err(e) => {
+            tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot tell which volumes the PVs use; a deleted claim's volume is kept");
+            Ok(true)
         }
     }
 }
