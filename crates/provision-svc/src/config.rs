@@ -45,8 +45,9 @@ pub struct ProvisionArgs {
     #[arg(long, env = "REDIS_WAIT_REPLICAS", default_value = "auto")]
     pub redis_wait_replicas: ReplicaAcks,
 
-    /// Longest wait for `--redis-wait-replicas`; a shortfall is logged, not fatal.
-    #[arg(long, env = "REDIS_WAIT_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    /// Longest wait for `--redis-wait-replicas` (above 0, at most 4s: below the 5 s Redis
+    /// answer timeout); a shortfall is logged, not fatal.
+    #[arg(long, env = "REDIS_WAIT_TIMEOUT", default_value = "1s", value_parser = parse_wait_timeout)]
     pub redis_wait_timeout: Duration,
 
     /// How often every cached claim is queued again (the seed's informer
@@ -58,6 +59,18 @@ pub struct ProvisionArgs {
 /// The `provision-svc` command line without the backend's flags (the binary adds `--backend` and
 /// the built-in backends' flags, see the `backends` crate).
 pub type Cli = ServiceCli<ProvisionArgs>;
+
+/// Parse `--redis-wait-timeout`: above 0 (`WAIT 0` blocks for good) and at most 4 s (a longer
+/// wait would pass the 5 s answer timeout and read as a silent Redis). Errors: out of range.
+pub fn parse_wait_timeout(s: &str) -> Result<Duration, String> {
+    let wait = parse_duration(s)?;
+    if wait.is_zero() || wait > Duration::from_secs(4) {
+        return Err(format!(
+            "{s:?} is out of range: want above 0 and at most 4s"
+        ));
+    }
+    Ok(wait)
+}
 
 #[cfg(test)]
 mod tests {
@@ -104,5 +117,18 @@ mod tests {
         );
         assert_eq!(cli.common.worker_threads_for(crate::SPEC), 32);
         assert!(Cli::try_parse_from(["provision-svc", "--worker-threads", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_replica_wait_is_above_zero_and_below_the_answer_timeout() {
+        assert_eq!(parse_wait_timeout("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_wait_timeout("4s"), Ok(Duration::from_secs(4)));
+        for bad in ["0s", "5s", "1m"] {
+            let err = parse_wait_timeout(bad).unwrap_err();
+            assert!(err.contains("out of range"), "{bad}: {err}");
+        }
+        assert!(parse_wait_timeout("soon")
+            .unwrap_err()
+            .contains("invalid duration"));
     }
 }

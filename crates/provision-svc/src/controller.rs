@@ -376,10 +376,14 @@ async fn probe_redis(
     let mut up = true;
     let mut gauges_read = tokio::time::Instant::now() - INTENT_GAUGES_INTERVAL;
     loop {
-        let answered = matches!(
-            tokio::time::timeout(REDIS_PROBE_INTERVAL, intents.count()).await,
-            Ok(Ok(_))
-        );
+        let answered = match tokio::time::timeout(REDIS_PROBE_INTERVAL, intents.count()).await {
+            Ok(count) => count.is_ok(),
+            // A silent connection: redis-rs would keep it.
+            Err(_) => {
+                intents.connection().timed_out().await;
+                false
+            }
+        };
         if answered != up {
             if answered {
                 tracing::info!("Redis reachable again; ready");

@@ -138,8 +138,8 @@ impl std::fmt::Debug for RedisConn {
 }
 
 impl RedisConn {
-    /// A connection over `manager`, connected to `addr` of `endpoint`, whose Sentinels
-    /// are asked again after a failover-like error.
+    /// A connection over `manager`, connected to `addr` of `endpoint` (with Sentinels,
+    /// they are asked again after a failover-like error).
     pub fn new(manager: ConnectionManager, addr: String, endpoint: Endpoint) -> Self {
         let failover = Arc::new(Failover {
             endpoint,
@@ -171,6 +171,13 @@ impl RedisConn {
         self.failover
             .switches
             .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A caller's own deadline passed before an answer: connect again, as after a
+    /// command's timeout (at most once per 5 s).
+    pub async fn timed_out(&mut self) {
+        self.failover.look_up(true).await;
+        self.refresh();
     }
 
     /// Use the newest primary connection (after another clone's lookup or reconnect).
@@ -368,6 +375,26 @@ mod tests {
         let answer = tokio::time::timeout(Duration::from_secs(8), ping(&mut conn)).await;
         assert_eq!(answer.expect("answered within 8 s").unwrap(), "PONG");
         assert_eq!(conn.primary_switches(), 0, "the same primary: no switch");
+    }
+
+    #[tokio::test]
+    async fn a_callers_own_deadline_makes_a_silent_connection_connect_again() {
+        let redis = TestRedis::start().await;
+        let proxy = Proxy::start(redis.port()).await;
+        let url = format!("redis://127.0.0.1:{}/0", proxy.port);
+        let mut conn = crate::handoff::redis_store::connect(url.as_str())
+            .await
+            .unwrap();
+        let ping = |conn: &RedisConn, within: Duration| {
+            let mut conn = conn.clone();
+            let ping = async move { redis::cmd("PING").query_async::<String>(&mut conn).await };
+            tokio::time::timeout(within, ping)
+        };
+        proxy.silence();
+        assert!(ping(&conn, Duration::from_millis(300)).await.is_err());
+        conn.timed_out().await;
+        let answer = ping(&conn, Duration::from_secs(3)).await;
+        assert_eq!(answer.expect("answered within 3 s").unwrap(), "PONG");
     }
 
     #[test]
