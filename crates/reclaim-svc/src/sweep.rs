@@ -113,12 +113,10 @@ pub async fn sweep(
     let mut orphans = find_orphans(&volumes, &cached_pv, accounting, backend).await?;
     // A volume deleted during the sweep (reclaim deletes it before its PV) is no orphan.
     if !orphans.is_empty() {
-        let relisted = backend
-            .list_volumes()
-            .await
-            .unwrap_or_else(|| Ok(Vec::new()));
-        let still: HashSet<String> = relisted.context("backend volumes")?.into_iter().collect();
-        orphans.retain(|name| still.contains(name));
+        if let Some(relisted) = backend.list_volumes().await {
+            let still: HashSet<String> = relisted.context("backend volumes")?.into_iter().collect();
+            orphans.retain(|name| still.contains(name));
+        }
     }
     metrics.found.set(orphans.len() as i64);
     metrics.archived.set(0);
