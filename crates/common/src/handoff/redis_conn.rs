@@ -355,41 +355,39 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_connection_that_stops_answering_is_replaced_by_a_new_one() {
+    /// A Redis behind a [`Proxy`] and a connection through it.
+    async fn through_proxy() -> (TestRedis, Proxy, RedisConn) {
         let redis = TestRedis::start().await;
         let proxy = Proxy::start(redis.port()).await;
         let url = format!("redis://127.0.0.1:{}/0", proxy.port);
-        let mut conn = crate::handoff::redis_store::connect(url.as_str())
-            .await
-            .unwrap();
-        let ping = |conn: &mut RedisConn| {
-            let mut conn = conn.clone();
-            async move { redis::cmd("PING").query_async::<String>(&mut conn).await }
-        };
-        assert_eq!(ping(&mut conn).await.unwrap(), "PONG");
+        let conn = crate::handoff::redis_store::connect(url.as_str()).await;
+        (redis, proxy, conn.unwrap())
+    }
+
+    /// `PING` over a clone of `conn`, given up after `within`.
+    async fn ping(conn: &RedisConn, within: Duration) -> Result<RedisResult<String>, ()> {
+        let mut conn = conn.clone();
+        let ping = async move { redis::cmd("PING").query_async(&mut conn).await };
+        tokio::time::timeout(within, ping).await.map_err(|_| ())
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_stops_answering_is_replaced_by_a_new_one() {
+        let (_redis, proxy, conn) = through_proxy().await;
+        let long = Duration::from_secs(8);
+        assert_eq!(ping(&conn, long).await.unwrap().unwrap(), "PONG");
         proxy.silence();
-        let err = ping(&mut conn).await.unwrap_err();
+        let err = ping(&conn, long).await.unwrap().unwrap_err();
         assert!(err.is_timeout(), "{err}");
         // redis-rs keeps a connection that times out; ours connects again.
-        let answer = tokio::time::timeout(Duration::from_secs(8), ping(&mut conn)).await;
-        assert_eq!(answer.expect("answered within 8 s").unwrap(), "PONG");
+        let answer = ping(&conn, long).await.expect("answered within 8 s");
+        assert_eq!(answer.unwrap(), "PONG");
         assert_eq!(conn.primary_switches(), 0, "the same primary: no switch");
     }
 
     #[tokio::test]
     async fn a_callers_own_deadline_makes_a_silent_connection_connect_again() {
-        let redis = TestRedis::start().await;
-        let proxy = Proxy::start(redis.port()).await;
-        let url = format!("redis://127.0.0.1:{}/0", proxy.port);
-        let mut conn = crate::handoff::redis_store::connect(url.as_str())
-            .await
-            .unwrap();
-        let ping = |conn: &RedisConn, within: Duration| {
-            let mut conn = conn.clone();
-            let ping = async move { redis::cmd("PING").query_async::<String>(&mut conn).await };
-            tokio::time::timeout(within, ping)
-        };
+        let (_redis, proxy, mut conn) = through_proxy().await;
         proxy.silence();
         assert!(ping(&conn, Duration::from_millis(300)).await.is_err());
         conn.timed_out().await;
