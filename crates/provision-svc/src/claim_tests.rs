@@ -111,6 +111,9 @@ impl ClusterApi for FakeCluster {
         Ok(self.live_claims.lock().unwrap().contains(uid))
     }
     async fn list_pvs(&self) -> Effect<Vec<PersistentVolume>> {
+        if let Some(e) = &self.pv_error {
+            return Err(api_failed("list PersistentVolume", e));
+        }
         let mut all = self.pv_objects.lock().unwrap().clone();
         all.extend(self.pvs.lock().unwrap().iter().map(|n| pv(n)));
         Ok(all)
@@ -850,10 +853,9 @@ async fn a_claim_deleted_while_its_pv_write_is_queued_gets_its_volume_deleted() 
     assert!(deleted[0].starts_with("pvc-u1 "), "{deleted:?}");
 }
 
-/// pv-writer dropped the queued write of a deleted claim (`claim_gone`) before the
-/// cleanup ran: nothing in Redis names the volume any more, so the claim's last state
-/// (from the Delete event) decides, only for a claim we would provision, a class that
-/// deletes released volumes, and a volume no live PV uses.
+/// pv-writer dropped a deleted claim's queued write before the cleanup ran: the claim's
+/// last state decides, only for a claim we would provision, a class that deletes released
+/// volumes, and a volume no live PV uses; a failed PV list keeps the volume.
 #[tokio::test]
 async fn a_claim_deleted_after_pv_writer_dropped_its_write_gets_its_volume_deleted() {
     let mut setup = Setup::default();
@@ -900,6 +902,16 @@ async fn a_claim_deleted_after_pv_writer_dropped_its_write_gets_its_volume_delet
     recovery::cleanup_unwritten_volume(&w.op, "u1", None).await;
     let deleted = w.backend.unprovisioned.lock().unwrap().clone();
     assert_eq!(deleted, vec!["pvc-u1 node=node-a class=fast"]);
+    let unlisted = Setup {
+        cluster: FakeCluster {
+            pv_error: Some("apiserver timeout".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .build();
+    recovery::cleanup_unwritten_volume(&unlisted.op, "u1", Some(&dropped)).await;
+    assert!(unlisted.backend.unprovisioned.lock().unwrap().is_empty());
 }
 
 #[tokio::test]

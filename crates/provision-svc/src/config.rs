@@ -45,8 +45,8 @@ pub struct ProvisionArgs {
     #[arg(long, env = "REDIS_WAIT_REPLICAS", default_value = "auto")]
     pub redis_wait_replicas: ReplicaAcks,
 
-    /// Longest wait for `--redis-wait-replicas` (above 0, at most 4s: below the 5 s Redis
-    /// answer timeout); a shortfall is logged, not fatal.
+    /// Longest wait for `--redis-wait-replicas` (1ms to 4s: below the 5 s Redis answer
+    /// timeout); a shortfall is logged, not fatal.
     #[arg(long, env = "REDIS_WAIT_TIMEOUT", default_value = "1s", value_parser = parse_wait_timeout)]
     pub redis_wait_timeout: Duration,
 
@@ -60,14 +60,12 @@ pub struct ProvisionArgs {
 /// the built-in backends' flags, see the `backends` crate).
 pub type Cli = ServiceCli<ProvisionArgs>;
 
-/// Parse `--redis-wait-timeout`: above 0 (`WAIT 0` blocks for good) and at most 4 s (a longer
-/// wait would pass the 5 s answer timeout and read as a silent Redis). Errors: out of range.
+/// Parse `--redis-wait-timeout`: 1 ms to 4 s (`WAIT` with 0 ms blocks for good; one wait stays
+/// below the 5 s answer timeout). Errors: out of range.
 pub fn parse_wait_timeout(s: &str) -> Result<Duration, String> {
     let wait = parse_duration(s)?;
-    if wait.is_zero() || wait > Duration::from_secs(4) {
-        return Err(format!(
-            "{s:?} is out of range: want above 0 and at most 4s"
-        ));
+    if wait < Duration::from_millis(1) || wait > Duration::from_secs(4) {
+        return Err(format!("{s:?} is out of range: want 1ms to 4s"));
     }
     Ok(wait)
 }
@@ -123,7 +121,7 @@ mod tests {
     fn the_replica_wait_is_above_zero_and_below_the_answer_timeout() {
         assert_eq!(parse_wait_timeout("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(parse_wait_timeout("4s"), Ok(Duration::from_secs(4)));
-        for bad in ["0s", "5s", "1m"] {
+        for bad in ["0s", "500us", "5s", "1m"] {
             let err = parse_wait_timeout(bad).unwrap_err();
             assert!(err.contains("out of range"), "{bad}: {err}");
         }

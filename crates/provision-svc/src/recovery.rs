@@ -78,7 +78,10 @@ pub async fn claim_gone(
     let entry = match op.ports.intents.entry(&pv_name).await {
         Ok(Some(entry)) => entry,
         Ok(None) => {
-            let _permit = limit.acquire().await.expect("semaphore never closed");
+            let _permit = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                p = limit.acquire() => p.expect("semaphore never closed"),
+            };
             return cleanup_unwritten_volume(op, uid, deleted).await;
         }
         Err(e) => {
@@ -275,7 +278,11 @@ async fn still_wanted(op: &Operation, pv_name: &str, class: &StorageClass) -> Ef
     }
     let pvs = op.ports.cluster.list_pvs().await?;
     match op.ports.backend.volumes_in_use(&pvs).await {
-        Ok(in_use) => Ok(in_use.contains(pv_name)),
+        Ok(in_use) if in_use.contains(pv_name) => {
+            tracing::info!(pv = %pv_name, "a deleted claim's volume is kept: a PV uses it");
+            Ok(true)
+        }
+        Ok(_) => Ok(false),
         Err(e) => {
             tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot tell which volumes the PVs use; a deleted claim's volume is kept");
             Ok(true)
