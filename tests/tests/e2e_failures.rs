@@ -198,13 +198,30 @@ async fn wait_dirs(sys: &System, n: usize) {
 }
 
 async fn redis_flushall_mid_burst_binds_every_claim_once(plane: ControlPlane) {
-    let sys = system(plane, 1).await;
+    let mut sys = system(plane, 1).await;
     set_sim_latency(&sys, Duration::from_millis(20));
     let claims = sys.create_claims("flush", 60, "hostpath").await.unwrap();
     wait_dirs(&sys, 10).await;
     flushall(&sys.redis.url()).await;
     set_sim_latency(&sys, Duration::ZERO);
     assert_provisioned(&sys, 60).await;
+    // Once things settled, every claim is reconciled once more (the first pass may have
+    // read a demoted primary during a failover).
+    let again = "every claim reconciled once more after the Redis data loss";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sys
+        .service(Service::Provision, 0)
+        .process
+        .log_text()
+        .contains(again)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no second pass\n{}",
+            sys.log_tails(40)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     sys.delete_claims(&claims).await.unwrap();
     check(&sys, sys.wait_reclaimed(Duration::from_secs(60)).await);
 }

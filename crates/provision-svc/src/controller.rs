@@ -171,6 +171,10 @@ pub const REDIS_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the intent gauges are read from Redis.
 pub const INTENT_GAUGES_INTERVAL: Duration = Duration::from_secs(5);
 
+/// After a data loss, when every claim is reconciled once more: decisions of the first pass
+/// may have read a demoted primary that still answered during the failover.
+pub const RESCAN_AGAIN_AFTER: Duration = Duration::from_secs(30);
+
 /// Drive a cache's watch stream, logging its errors ([`control::log_watch_error`]).
 async fn drive<T>(kind: &'static str, stream: impl Stream<Item = Result<T, watcher::Error>>) {
     let log = |item: Result<T, _>| async move {
@@ -375,6 +379,7 @@ async fn probe_redis(
     }
     let mut up = true;
     let mut gauges_read = tokio::time::Instant::now() - INTENT_GAUGES_INTERVAL;
+    let mut rescan_again = None;
     loop {
         let answered = match tokio::time::timeout(REDIS_PROBE_INTERVAL, intents.count()).await {
             Ok(count) => count.is_ok(),
@@ -406,6 +411,12 @@ async fn probe_redis(
             );
             let _ = rescan.unbounded_send(());
             let _ = walk.send(Gone::Walk);
+            rescan_again = Some(tokio::time::Instant::now() + RESCAN_AGAIN_AFTER);
+        }
+        if answered && rescan_again.is_some_and(|at| at <= tokio::time::Instant::now()) {
+            rescan_again = None;
+            tracing::info!("every claim reconciled once more after the Redis data loss");
+            let _ = rescan.unbounded_send(());
         }
         if gauges_read.elapsed() >= INTENT_GAUGES_INTERVAL {
             gauges_read = tokio::time::Instant::now();
