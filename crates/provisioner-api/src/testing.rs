@@ -55,6 +55,9 @@ pub struct FakeProvisioner {
     pub fail: HashSet<String>,
     /// Answer of [`Provisioner::list_volumes`] (`None`: cannot list).
     pub volumes: Option<Vec<String>>,
+    /// Answers of `list_volumes` taken in order before `volumes` (a listing that changes
+    /// between two calls).
+    pub volume_listings: Mutex<Vec<Vec<String>>>,
     /// Whether [`Provisioner::archive_orphan`] is supported; when it is, a name
     /// in `archive_outcomes` gets that outcome, any other is archived to
     /// `/base/archived-<name>`.
@@ -241,6 +244,10 @@ impl Provisioner for FakeProvisioner {
     }
 
     async fn list_volumes(&self) -> Option<Result<Vec<String>, VolumeError>> {
+        let mut listings = self.volume_listings.lock().unwrap();
+        if !listings.is_empty() {
+            return Some(Ok(listings.remove(0)));
+        }
         self.volumes.clone().map(Ok)
     }
 

@@ -353,45 +353,16 @@ mod tests {
         );
     }
 
-    /// A backend whose volume listings are scripted in order (the last one repeats).
-    struct Listings(std::sync::Mutex<Vec<Vec<&'static str>>>);
-
-    #[async_trait::async_trait]
-    impl Provisioner for Listings {
-        async fn provision(
-            &self,
-            _: &provisioner_api::ProvisionOptions,
-        ) -> Result<PersistentVolume, provisioner_api::ProvisionError> {
-            unreachable!("the sweep never provisions")
-        }
-        async fn delete(&self, _: &PersistentVolume) -> Result<(), provisioner_api::DeleteError> {
-            unreachable!("the sweep never deletes")
-        }
-        fn validate_volume(
-            &self,
-            _: &PersistentVolume,
-        ) -> Result<(), provisioner_api::VolumeError> {
-            unreachable!("the sweep never validates")
-        }
-        async fn list_volumes(&self) -> Option<Result<Vec<String>, provisioner_api::VolumeError>> {
-            let mut lists = self.0.lock().unwrap();
-            let list = if lists.len() > 1 {
-                lists.remove(0)
-            } else {
-                lists[0].clone()
-            };
-            Some(Ok(list.into_iter().map(String::from).collect()))
-        }
-    }
-
     #[tokio::test]
     async fn a_volume_deleted_during_the_sweep_is_no_orphan() {
         // `pvc-deleted`'s PV and directory went while the sweep ran (reclaim deletes the
         // directory first): listed at the start, without a PV at the end.
-        let backend = Listings(std::sync::Mutex::new(vec![
-            vec!["pvc-deleted", "pvc-orphan", "pvc-live"],
-            vec!["pvc-orphan", "pvc-live"],
-        ]));
+        let first = ["pvc-deleted", "pvc-orphan", "pvc-live"].map(String::from);
+        let backend = FakeProvisioner {
+            volume_listings: std::sync::Mutex::new(vec![first.to_vec()]),
+            volumes: Some(vec!["pvc-orphan".into(), "pvc-live".into()]),
+            ..Default::default()
+        };
         let (_, acc) = fixture(false);
         let m = SweepMetrics::register(&prometheus::Registry::new());
         let action = SweepAction {
