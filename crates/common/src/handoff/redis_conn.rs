@@ -154,8 +154,7 @@ impl RedisConn {
     /// The address commands go to now (`host:port`, or the socket path) when Sentinels
     /// name it; `None` for a fixed address.
     pub fn primary_addr(&self) -> Option<String> {
-        let sentinels = matches!(self.failover.endpoint, Endpoint::Sentinel(_));
-        sentinels.then(|| {
+        self.failover.sentinels().then(|| {
             self.failover
                 .primary
                 .lock()
@@ -195,9 +194,8 @@ impl RedisConn {
     /// silent connection); with Sentinels, after any failover-like error, look the primary up.
     async fn after<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(err) = &result {
-            let sentinels = matches!(self.failover.endpoint, Endpoint::Sentinel(_));
             if err.is_timeout()
-                || sentinels
+                || self.failover.sentinels()
                     && (err.is_io_error()
                         || err.is_connection_dropped()
                         || err.is_connection_refusal()
@@ -212,6 +210,11 @@ impl RedisConn {
 }
 
 impl Failover {
+    /// Whether Sentinels name the primary (else its address is fixed).
+    fn sentinels(&self) -> bool {
+        matches!(self.endpoint, Endpoint::Sentinel(_))
+    }
+
     /// Ask the endpoint for the primary and switch when it names another address, or
     /// with `fresh` (a command timed out) connect to the same one again. At most one
     /// lookup runs and at most one per [`LOOKUP_INTERVAL`].
