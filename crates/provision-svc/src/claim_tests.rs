@@ -914,6 +914,42 @@ async fn a_claim_deleted_after_pv_writer_dropped_its_write_gets_its_volume_delet
     assert!(unlisted.backend.unprovisioned.lock().unwrap().is_empty());
 }
 
+/// A claim's Delete arrives while a walk's cleanup of it waits for the claim's lock, and
+/// the write that lock's holder queued is dropped by pv-writer: the cleanup finds nothing
+/// in Redis, and the Delete's last state, run after it, deletes the volume.
+#[tokio::test(start_paused = true)]
+async fn a_delete_during_a_walks_cleanup_of_the_claim_is_run_after_it() {
+    let w = Setup::default().build();
+    w.intents.put(&entry("u1", Some(true)));
+    let held = w.op.locks.lock("u1").await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let policy = common::kube::retry::Backoff::exponential(
+        Duration::from_millis(1),
+        Duration::from_millis(10),
+    );
+    let run = tokio::spawn(clean_gone_claims(
+        w.op.clone(),
+        rx,
+        policy,
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    tx.send(Gone::Walk).unwrap();
+    let mut deleted = ours("u1");
+    let annotations = deleted.metadata.annotations.as_mut().unwrap();
+    annotations.insert(ANN_SELECTED_NODE.into(), "node-a".into());
+    tx.send(Gone::Claim(Box::new(deleted))).unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The holder's enqueue took the intent; pv-writer dropped the write.
+    w.intents.map.lock().unwrap().clear();
+    drop(held);
+    // Paused time: the sleep ends once every task is idle, both cleanups done.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(tx);
+    run.await.unwrap();
+    let unprovisioned = w.backend.unprovisioned.lock().unwrap().clone();
+    assert_eq!(unprovisioned, vec!["pvc-u1 node=node-a class=fast"]);
+}
+
 #[tokio::test]
 async fn no_finalizer_without_the_flag() {
     let w = Setup::default().build();

@@ -5,7 +5,7 @@
 //! [`run_term`] runs one leader term: Redis, the StorageClass and PV caches,
 //! this loop, the cleanup and the Redis readiness probe. The only module that spawns.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,7 +115,8 @@ pub fn error_policy(claim: Arc<CachedClaim>, err: &OpError, ctx: Arc<Context>) -
 
 /// Clean up after the claims reported on `gone` until it closes: each gone
 /// claim once at a time ([`recovery::claim_gone`]), every walk's gone claims
-/// too ([`recovery::walk`], retried under `policy`). Owns its tasks.
+/// too ([`recovery::walk`], retried under `policy`). A Delete that arrives while
+/// its claim's cleanup runs is run again after it. Owns its tasks.
 pub async fn clean_gone_claims(
     op: Arc<Operation>,
     mut gone: mpsc::UnboundedReceiver<Gone>,
@@ -124,15 +125,16 @@ pub async fn clean_gone_claims(
 ) {
     let limit = Arc::new(tokio::sync::Semaphore::new(recovery::CLEANUP_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
-    let mut active = HashSet::new();
+    // Uids with a cleanup running, and the last state of a claim deleted meanwhile.
+    let mut active: HashMap<String, Option<Box<PersistentVolumeClaim>>> = HashMap::new();
     let mut first_walk = true;
     loop {
         let gone_claims: Vec<(String, Option<Box<PersistentVolumeClaim>>)> = tokio::select! {
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                if let Ok(uid) = done {
-                    active.remove(&uid);
+                match done.ok().and_then(|uid| active.remove(&uid).map(|later| (uid, later))) {
+                    Some((uid, Some(deleted))) => vec![(uid, Some(deleted))],
+                    _ => continue,
                 }
-                continue;
             }
             message = gone.recv() => match message {
                 None => break,
@@ -152,14 +154,19 @@ pub async fn clean_gone_claims(
             },
         };
         for (uid, deleted) in gone_claims {
-            if active.insert(uid.clone()) {
-                let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
-                tasks.spawn(async move {
-                    let deleted = deleted.as_deref();
-                    recovery::claim_gone(&op, &uid, deleted, &limit, policy, &shutdown).await;
-                    uid
-                });
+            if let Some(later) = active.get_mut(&uid) {
+                if deleted.is_some() {
+                    *later = deleted;
+                }
+                continue;
             }
+            active.insert(uid.clone(), None);
+            let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
+            tasks.spawn(async move {
+                let deleted = deleted.as_deref();
+                recovery::claim_gone(&op, &uid, deleted, &limit, policy, &shutdown).await;
+                uid
+            });
         }
     }
     while tasks.join_next().await.is_some() {}
