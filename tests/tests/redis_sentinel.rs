@@ -93,6 +93,33 @@ async fn an_enqueue_waits_for_a_replica_and_reports_a_shortfall() {
         started.elapsed()
     );
 
+    // Concurrent enqueues wait side by side, each on a connection of its own, and the
+    // queue's other commands are not held behind their `WAIT`s.
+    set.freeze(1, true);
+    let started = std::time::Instant::now();
+    let names: Vec<String> = (0..8).map(|i| format!("pvc-c{i}")).collect();
+    let enqueues = futures::future::join_all(names.iter().map(|n| queue.enqueue_raw(n, b"x")));
+    let check = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let asked = std::time::Instant::now();
+        queue.is_pending("pvc-1").await.unwrap();
+        asked.elapsed()
+    };
+    let (outcomes, check) = tokio::join!(enqueues, check);
+    let waited = started.elapsed();
+    set.freeze(1, false);
+    for outcome in outcomes {
+        assert_eq!(outcome.unwrap().replicas, (1, 0));
+    }
+    assert!(
+        waited < Duration::from_secs(2),
+        "8 waits of 500 ms took {waited:?}"
+    );
+    assert!(
+        check < Duration::from_millis(300),
+        "a lookup waited {check:?}"
+    );
+
     let alone = RedisServer::start(&dir.path().join("alone"), &dir.path().join("alone.log"))
         .await
         .unwrap();

@@ -88,14 +88,18 @@ impl IntentStore {
             claim: claim.clone(),
         };
         let args = (&intent.pv_name, intent.encode(), snapshot.encode());
-        let added: i64 = RECORD_INTENT.invoke(&self.conn, &self.keys, args).await?;
+        let added: i64 = RECORD_INTENT
+            .invoke(&mut self.conn.clone(), &self.keys, args)
+            .await?;
         Ok(added == 1)
     }
 
     /// Remove the intent and claim snapshot of `pv_name`. Returns true when an
     /// intent was removed. Clearing an absent intent succeeds.
     pub async fn clear(&self, pv_name: &str) -> Result<bool, IntentError> {
-        let removed: i64 = CLEAR_INTENT.invoke(&self.conn, &self.keys, pv_name).await?;
+        let removed: i64 = CLEAR_INTENT
+            .invoke(&mut self.conn.clone(), &self.keys, pv_name)
+            .await?;
         Ok(removed == 1)
     }
 

@@ -95,12 +95,15 @@ impl Endpoint {
     }
 }
 
+/// Longest wait for one command's answer before it fails as a timeout.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The reconnect policy of every `ConnectionManager`: 2 s to connect, 5 s per
 /// answer, 2 retries, so commands fail fast while Redis is down.
 pub fn manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(ANSWER_TIMEOUT))
         .set_number_of_retries(2)
 }
 

@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::handoff::redis_conn::{Endpoint, RedisConn};
+use crate::handoff::redis_conn::{Endpoint, RedisConn, ANSWER_TIMEOUT};
 use api_types::queue::{ClaimKey, QueuedPvWrite};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncCommands, ToRedisArgs};
 use serde::{Deserialize, Serialize};
 
@@ -86,8 +87,8 @@ pub struct DeadLetter {
 pub struct PvQueue {
     conn: RedisConn,
     keys: Keys,
-    /// The dedicated connection blocking on the wake-up list (it would stall `conn`).
-    waker: Option<Waker>,
+    /// Connections of the queue's own, for commands that would stall `conn`.
+    dedicated: Option<Dedicated>,
     /// Set once the server turned out not to answer `WAITAOF`.
     no_waitaof: Arc<AtomicBool>,
     /// Replicas that must acknowledge an enqueue (`WAIT`), and for how long.
@@ -151,10 +152,47 @@ pub enum Settled {
     Fenced,
 }
 
+/// Connections of the queue's own to the primary: the one blocking on the wake-up list,
+/// and the idle ones of enqueues (`WAITAOF` and `WAIT` hold their connection until they
+/// answer, so each enqueue runs on a connection nothing else uses meanwhile).
 #[derive(Clone)]
-struct Waker {
+struct Dedicated {
     primary: Endpoint,
-    conn: Arc<tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>>,
+    waker: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
+    idle: Arc<Mutex<Vec<MultiplexedConnection>>>,
+}
+
+/// Most idle enqueue connections kept (one per concurrent enqueue is made).
+const IDLE_ENQUEUE_CONNECTIONS: usize = 32;
+
+impl Dedicated {
+    /// An idle enqueue connection (true) or a new one (false).
+    async fn take(&self) -> redis::RedisResult<(MultiplexedConnection, bool)> {
+        let idle = self.idle.lock().expect("not poisoned").pop();
+        if let Some(conn) = idle {
+            return Ok((conn, true));
+        }
+        Ok((self.open(ANSWER_TIMEOUT).await?, false))
+    }
+
+    /// Keep `conn` for the next enqueue (up to [`IDLE_ENQUEUE_CONNECTIONS`]).
+    fn give_back(&self, conn: MultiplexedConnection) {
+        let mut idle = self.idle.lock().expect("not poisoned");
+        if idle.len() < IDLE_ENQUEUE_CONNECTIONS {
+            idle.push(conn);
+        }
+    }
+
+    /// A new connection to the primary whose commands answer within `answer`.
+    async fn open(&self, answer: Duration) -> redis::RedisResult<MultiplexedConnection> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(answer));
+        let client = self.primary.primary().await?;
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
 }
 
 impl PvQueue {
@@ -168,9 +206,10 @@ impl PvQueue {
         let endpoint = redis.endpoint()?;
         let conn = redis_store::connect_to(&redis, endpoint.clone()).await?;
         let mut queue = Self::with_connection(conn, provisioner_name);
-        queue.waker = Some(Waker {
+        queue.dedicated = Some(Dedicated {
             primary: endpoint,
-            conn: Default::default(),
+            waker: Default::default(),
+            idle: Default::default(),
         });
         Ok(queue)
     }
@@ -180,7 +219,7 @@ impl PvQueue {
         PvQueue {
             conn,
             keys: Keys::new(provisioner_name),
-            waker: None,
+            dedicated: None,
             no_waitaof: Default::default(),
             replica_acks: ReplicaAcks::Auto,
             replica_timeout: Duration::from_secs(1),
@@ -197,7 +236,8 @@ impl PvQueue {
 
     /// Atomically queue `entry` in `incoming` and clear the PV's intent (idempotent while the
     /// PV name is queued or dead), then wait for the AOF fsync (`WAITAOF`, where Redis has it)
-    /// and the replicas ([`ReplicaAcks`]). Errors: `Command`; nothing queued, the intent stays.
+    /// and the replicas ([`ReplicaAcks`]), on a connection of its own. Errors: `Command`;
+    /// nothing queued, the intent stays.
     pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
@@ -209,18 +249,55 @@ impl PvQueue {
         pv_name: &str,
         payload: &[u8],
     ) -> Result<EnqueueOutcome, QueueError> {
-        let (added, cleared): (i64, i64) = self.run(&ENQUEUE, (pv_name, payload)).await?;
+        let Some(dedicated) = &self.dedicated else {
+            let mut conn = self.conn.clone();
+            return self.enqueue_on(&mut conn, pv_name, payload).await;
+        };
+        let (mut conn, reused) = dedicated.take().await.map_err(cmd("enqueue"))?;
+        let mut outcome = self.enqueue_on(&mut conn, pv_name, payload).await;
+        // Idle connections may be dead or demoted after a restart or failover: drop
+        // them all, and once more on a new one (the script is idempotent).
+        if let (true, Err(QueueError::Command { source, .. })) = (reused, &outcome) {
+            if source.is_io_error()
+                || source.is_connection_dropped()
+                || matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
+            {
+                dedicated.idle.lock().expect("not poisoned").clear();
+                (conn, _) = dedicated.take().await.map_err(cmd("enqueue"))?;
+                outcome = self.enqueue_on(&mut conn, pv_name, payload).await;
+            }
+        }
+        if outcome.is_ok() {
+            dedicated.give_back(conn);
+        }
+        outcome
+    }
+
+    /// The enqueue script, `WAITAOF` and `WAIT`, all on `conn` (both waits cover the
+    /// writes of their own connection only).
+    async fn enqueue_on(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        pv_name: &str,
+        payload: &[u8],
+    ) -> Result<EnqueueOutcome, QueueError> {
+        let script = ENQUEUE.invoke(conn, &self.keys, (pv_name, payload)).await;
+        let (added, cleared): (i64, i64) = script.map_err(cmd(ENQUEUE.name))?;
         Ok(EnqueueOutcome {
             added: added == 1,
             intent_cleared: cleared == 1,
-            fsynced: self.wait_aof().await,
-            replicas: self.wait_replicas(pv_name).await,
+            fsynced: self.wait_aof(conn).await,
+            replicas: self.wait_replicas(conn, pv_name).await,
         })
     }
 
     /// `WAIT` for the replicas [`ReplicaAcks`] asks; (asked, acknowledged). A
     /// shortfall is logged: the entry may be lost by a failover to a replica.
-    async fn wait_replicas(&self, pv_name: &str) -> (u32, u32) {
+    async fn wait_replicas(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+        pv_name: &str,
+    ) -> (u32, u32) {
         let wanted = match self.replica_acks {
             ReplicaAcks::Count(n) => n,
             ReplicaAcks::Auto => self.connected_replicas().await.min(1),
@@ -231,7 +308,7 @@ impl PvQueue {
         let acked: Result<u32, _> = redis::cmd("WAIT")
             .arg(wanted)
             .arg(self.replica_timeout.as_millis() as u64)
-            .query_async(&mut self.conn.clone())
+            .query_async(conn)
             .await;
         let acked = acked.unwrap_or_else(|err| {
             tracing::warn!(error = %err, "WAIT failed");
@@ -266,7 +343,7 @@ impl PvQueue {
 
     /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): true once the local AOF holds every write so
     /// far; an older server or one without AOF is remembered and logged once.
-    async fn wait_aof(&self) -> bool {
+    async fn wait_aof(&self, conn: &mut (impl ConnectionLike + Send)) -> bool {
         if self.no_waitaof.load(Ordering::Relaxed) {
             return false;
         }
@@ -274,12 +351,15 @@ impl PvQueue {
             .arg(1)
             .arg(0)
             .arg(1000)
-            .query_async(&mut self.conn.clone())
+            .query_async(conn)
             .await;
         match answer {
             Ok((local, _)) => {
                 if local < 1 {
-                    tracing::warn!("Redis did not fsync its AOF within 1 s of an enqueue");
+                    tracing::warn!(
+                        likely_cause = "appendfsync everysec (use always)",
+                        "Redis did not fsync its AOF within 1 s of an enqueue"
+                    );
                 }
                 local >= 1
             }
@@ -301,19 +381,14 @@ impl PvQueue {
     /// blocking on the wake-up list over a dedicated connection (a queue made with
     /// [`with_connection`](Self::with_connection) just sleeps).
     pub async fn wait_for_work(&self, timeout: Duration) -> Result<bool, QueueError> {
-        let Some(waker) = &self.waker else {
+        let Some(dedicated) = &self.dedicated else {
             tokio::time::sleep(timeout).await;
             return Ok(false);
         };
-        let mut slot = waker.conn.lock().await;
+        let mut slot = dedicated.waker.lock().await;
         if slot.is_none() {
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(Duration::from_secs(2)))
-                .set_response_timeout(Some(timeout + Duration::from_secs(2)));
-            let client = waker.primary.primary().await;
-            let client = client.map_err(cmd("wait_for_work"))?;
-            let conn = client.get_multiplexed_async_connection_with_config(&config);
-            *slot = Some(conn.await.map_err(cmd("wait_for_work"))?);
+            let conn = dedicated.open(timeout + Duration::from_secs(2)).await;
+            *slot = Some(conn.map_err(cmd("wait_for_work"))?);
         }
         let conn = slot.as_mut().expect("connection just made");
         let popped: Result<Option<(String, String)>, _> = conn
@@ -459,7 +534,9 @@ impl PvQueue {
         script: &QueueScript,
         args: impl ToRedisArgs,
     ) -> Result<T, QueueError> {
-        let result = script.invoke(&self.conn, &self.keys, args).await;
+        let result = script
+            .invoke(&mut self.conn.clone(), &self.keys, args)
+            .await;
         result.map_err(cmd(script.name))
     }
 

@@ -3,9 +3,9 @@
 
 use std::sync::OnceLock;
 
+use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, RedisResult, Script, ToRedisArgs};
 
-use crate::handoff::redis_conn::RedisConn;
 use crate::handoff::redis_store;
 use Key::*;
 
@@ -90,7 +90,7 @@ impl QueueScript {
     /// Errors: Redis' (unreachable, refused by the ACL, a script error).
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
-        conn: &RedisConn,
+        conn: &mut (impl ConnectionLike + Send),
         keys: &Keys,
         args: impl ToRedisArgs,
     ) -> RedisResult<T> {
@@ -100,7 +100,7 @@ impl QueueScript {
             invocation.key(keys.get(*key));
         }
         invocation.arg(args);
-        invocation.invoke_async(&mut conn.clone()).await
+        invocation.invoke_async(conn).await
     }
 }
 
