@@ -1,5 +1,5 @@
 //! End-to-end trust in the PV-write queue with the real binaries and a real
-//! `redis-server` (AOF, `appendfsync everysec`):
+//! `redis-server` (AOF, `appendfsync always`):
 //! * entries written into Redis behind provision-svc's back (unsigned, or
 //!   signed with a guessed key) are refused: dead-lettered with their payload
 //!   kept, a Warning `ProvisioningFailed` event on the claim they name,

@@ -1,5 +1,5 @@
 //! pv-writer's drain loop in-process against the API-server simulator and a
-//! private `redis-server` (AOF, everysec): writes, idempotence, dead letters,
+//! private `redis-server` (AOF, `appendfsync always`): writes, idempotence, dead letters,
 //! retries, Redis restarts, an API outage, requeue.
 
 use provisioner_ctl::queue::{run_queue_command, Action};
@@ -476,7 +476,7 @@ async fn redis_restarts_with_pending_entries_lose_nothing() {
     for i in 0..100 {
         f.enqueue(&entry(&format!("r{i}"))).await;
     }
-    // appendfsync everysec: acknowledged writes are on disk within a second.
+    // Past a second: on disk even if the server fsynced only every second.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     f.redis.restart(true).await.unwrap();
     // The test's own connection reconnects in the background; its first command may fail.

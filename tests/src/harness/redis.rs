@@ -1,5 +1,5 @@
 //! A private `redis-server` for one run: free loopback port, its own data
-//! directory, AOF on with `appendfsync everysec` (the durability the services
+//! directory, AOF on with `appendfsync always` (the durability the services
 //! are designed for), RDB snapshots off. Never port 6379.
 //!
 //! By default it is open (no password, protected mode off), as most tests
@@ -284,7 +284,7 @@ impl RedisServer {
             "--appendonly",
             "yes",
             "--appendfsync",
-            "everysec",
+            "always",
             "--save",
             "",
         ]

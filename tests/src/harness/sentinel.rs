@@ -93,6 +93,8 @@ impl RedisSentinels {
             &dir.display().to_string(),
             "--appendonly",
             "yes",
+            "--appendfsync",
+            "always",
             "--save",
             "",
         ]

@@ -28,7 +28,7 @@ impl TestRedis {
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--dir", dir.path().to_str().unwrap()])
-            .args(["--appendonly", "yes", "--appendfsync", "everysec"])
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
             .args(["--save", ""])
             .stdout(std::process::Stdio::null())
             .spawn()
