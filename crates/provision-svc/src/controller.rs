@@ -113,10 +113,9 @@ pub fn error_policy(claim: Arc<CachedClaim>, err: &OpError, ctx: Arc<Context>) -
     Action::requeue(delay)
 }
 
-/// Clean up after the claims reported on `gone` until it closes: each gone
-/// claim once at a time ([`recovery::claim_gone`]), every walk's gone claims
-/// too ([`recovery::walk`], retried under `policy`). A Delete that arrives while
-/// its claim's cleanup runs is run again after it. Owns its tasks.
+/// Clean up after the claims reported on `gone` until it closes: each gone claim once at a
+/// time ([`recovery::claim_gone`]; a Delete arriving meanwhile runs after it), every walk's
+/// gone claims too ([`recovery::walk`], retried under `policy`). Owns its tasks.
 pub async fn clean_gone_claims(
     op: Arc<Operation>,
     mut gone: mpsc::UnboundedReceiver<Gone>,

@@ -234,10 +234,9 @@ impl PvQueue {
         self
     }
 
-    /// Atomically queue `entry` in `incoming` and clear the PV's intent (idempotent while the
-    /// PV name is queued or dead), then wait for the AOF fsync (`WAITAOF`, where Redis has it)
-    /// and the replicas ([`ReplicaAcks`]), on a connection of its own. Errors: `Command`;
-    /// nothing queued, the intent stays.
+    /// Atomically queue `entry` and clear the PV's intent (idempotent while the PV name is
+    /// queued or dead), then `WAITAOF` (where Redis has it) and `WAIT` ([`ReplicaAcks`]), on a
+    /// connection of its own. Errors: `Command`; nothing queued, the intent stays.
     pub async fn enqueue(&self, entry: &QueuedPvWrite) -> Result<EnqueueOutcome, QueueError> {
         self.enqueue_raw(entry.pv_name(), &entry.encode()).await
     }
