@@ -159,39 +159,50 @@ pub enum Settled {
 struct Dedicated {
     primary: Endpoint,
     waker: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
-    idle: Arc<Mutex<Vec<MultiplexedConnection>>>,
+    /// Idle enqueue connections and the primary address each went to.
+    idle: Arc<Mutex<Vec<(String, MultiplexedConnection)>>>,
 }
+
+/// A dedicated connection and the primary address it went to.
+type Pooled = (String, MultiplexedConnection);
 
 /// Most idle enqueue connections kept (one per concurrent enqueue is made).
 const IDLE_ENQUEUE_CONNECTIONS: usize = 32;
 
 impl Dedicated {
-    /// An idle enqueue connection (true) or a new one (false).
-    async fn take(&self) -> redis::RedisResult<(MultiplexedConnection, bool)> {
-        let idle = self.idle.lock().expect("not poisoned").pop();
-        if let Some(conn) = idle {
-            return Ok((conn, true));
+    /// An idle enqueue connection (true) or a new one (false); with Sentinels, idle ones to
+    /// another address than `primary` (the shared connection's) are dropped.
+    async fn take(&self, primary: Option<String>) -> redis::RedisResult<(Pooled, bool)> {
+        let idle = {
+            let mut idle = self.idle.lock().expect("not poisoned");
+            if primary.is_some() {
+                idle.retain(|(addr, _)| Some(addr) == primary.as_ref());
+            }
+            idle.pop()
+        };
+        match idle {
+            Some(conn) => Ok((conn, true)),
+            None => Ok((self.open(ANSWER_TIMEOUT).await?, false)),
         }
-        Ok((self.open(ANSWER_TIMEOUT).await?, false))
     }
 
     /// Keep `conn` for the next enqueue (up to [`IDLE_ENQUEUE_CONNECTIONS`]).
-    fn give_back(&self, conn: MultiplexedConnection) {
+    fn give_back(&self, conn: Pooled) {
         let mut idle = self.idle.lock().expect("not poisoned");
         if idle.len() < IDLE_ENQUEUE_CONNECTIONS {
             idle.push(conn);
         }
     }
 
-    /// A new connection to the primary whose commands answer within `answer`.
-    async fn open(&self, answer: Duration) -> redis::RedisResult<MultiplexedConnection> {
+    /// A new connection to the primary (and its address) whose commands answer within `answer`.
+    async fn open(&self, answer: Duration) -> redis::RedisResult<Pooled> {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(answer));
         let client = self.primary.primary().await?;
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
+        let addr = client.get_connection_info().addr().to_string();
+        let conn = client.get_multiplexed_async_connection_with_config(&config);
+        Ok((addr, conn.await?))
     }
 }
 
@@ -252,18 +263,22 @@ impl PvQueue {
             let mut conn = self.conn.clone();
             return self.enqueue_on(&mut conn, pv_name, payload).await;
         };
-        let (mut conn, reused) = dedicated.take().await.map_err(cmd("enqueue"))?;
-        let mut outcome = self.enqueue_on(&mut conn, pv_name, payload).await;
-        // Idle connections may be dead or demoted after a restart or failover: drop
-        // them all, and once more on a new one (the script is idempotent).
+        let primary = self.conn.primary_addr();
+        let (mut conn, reused) = dedicated
+            .take(primary.clone())
+            .await
+            .map_err(cmd("enqueue"))?;
+        let mut outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
+        // Idle connections may be dead, silent or demoted after a restart or failover: drop
+        // them all; after a connection error, once more on a new one (the script is idempotent).
         if let (true, Err(QueueError::Command { source, .. })) = (reused, &outcome) {
+            dedicated.idle.lock().expect("not poisoned").clear();
             if source.is_io_error()
                 || source.is_connection_dropped()
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
             {
-                dedicated.idle.lock().expect("not poisoned").clear();
-                (conn, _) = dedicated.take().await.map_err(cmd("enqueue"))?;
-                outcome = self.enqueue_on(&mut conn, pv_name, payload).await;
+                (conn, _) = dedicated.take(primary).await.map_err(cmd("enqueue"))?;
+                outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
             }
         }
         if outcome.is_ok() {
@@ -387,7 +402,7 @@ impl PvQueue {
         let mut slot = dedicated.waker.lock().await;
         if slot.is_none() {
             let conn = dedicated.open(timeout + Duration::from_secs(2)).await;
-            *slot = Some(conn.map_err(cmd("wait_for_work"))?);
+            *slot = Some(conn.map_err(cmd("wait_for_work"))?.1);
         }
         let conn = slot.as_mut().expect("connection just made");
         let popped: Result<Option<(String, String)>, _> = conn
