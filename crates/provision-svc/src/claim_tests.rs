@@ -914,11 +914,25 @@ async fn a_claim_deleted_after_pv_writer_dropped_its_write_gets_its_volume_delet
     assert!(unlisted.backend.unprovisioned.lock().unwrap().is_empty());
 }
 
-/// A claim's Delete arrives while a walk's cleanup of it waits for the claim's lock, and
-/// the write that lock's holder queued is dropped by pv-writer: the cleanup finds nothing
-/// in Redis, and the Delete's last state, run after it, deletes the volume.
+/// A claim's Delete arrives while a walk's cleanup of it waits for the claim's lock. When
+/// the write that lock's holder queued is dropped by pv-writer, the cleanup finds nothing
+/// in Redis, and the Delete's last state, run after it, deletes the volume; when the
+/// intent is still there, it decides alone (one delete).
 #[tokio::test(start_paused = true)]
 async fn a_delete_during_a_walks_cleanup_of_the_claim_is_run_after_it() {
+    for dropped in [true, false] {
+        let deletes = delete_during_a_walk(dropped).await;
+        let want = match dropped {
+            true => vec!["pvc-u1 node=node-a class=fast"],
+            false => vec!["pvc-u1 node=n9 class=fast"],
+        };
+        assert_eq!(deletes, want, "pv-writer dropped the write: {dropped}");
+    }
+}
+
+/// The backend's deletes after a Delete during a walk's cleanup (`dropped`: the intent
+/// is gone by the time the cleanup has the lock).
+async fn delete_during_a_walk(dropped: bool) -> Vec<String> {
     let w = Setup::default().build();
     w.intents.put(&entry("u1", Some(true)));
     let held = w.op.locks.lock("u1").await;
@@ -939,15 +953,17 @@ async fn a_delete_during_a_walks_cleanup_of_the_claim_is_run_after_it() {
     annotations.insert(ANN_SELECTED_NODE.into(), "node-a".into());
     tx.send(Gone::Claim(Box::new(deleted))).unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // The holder's enqueue took the intent; pv-writer dropped the write.
-    w.intents.map.lock().unwrap().clear();
+    if dropped {
+        // The holder's enqueue took the intent; pv-writer dropped the write.
+        w.intents.map.lock().unwrap().clear();
+    }
     drop(held);
     // Paused time: the sleep ends once every task is idle, both cleanups done.
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(tx);
     run.await.unwrap();
-    let unprovisioned = w.backend.unprovisioned.lock().unwrap().clone();
-    assert_eq!(unprovisioned, vec!["pvc-u1 node=node-a class=fast"]);
+    let deletes = w.backend.unprovisioned.lock().unwrap().clone();
+    deletes
 }
 
 #[tokio::test]

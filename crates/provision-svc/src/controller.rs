@@ -124,14 +124,18 @@ pub async fn clean_gone_claims(
 ) {
     let limit = Arc::new(tokio::sync::Semaphore::new(recovery::CLEANUP_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
-    // Uids with a cleanup running, and the last state of a claim deleted meanwhile.
+    // Uids with a cleanup running (by task), and the last state of a claim deleted meanwhile.
     let mut active: HashMap<String, Option<Box<PersistentVolumeClaim>>> = HashMap::new();
+    let mut uids = HashMap::new();
     let mut first_walk = true;
     loop {
         let gone_claims: Vec<(String, Option<Box<PersistentVolumeClaim>>)> = tokio::select! {
-            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                match done.ok().and_then(|uid| active.remove(&uid).map(|later| (uid, later))) {
-                    Some((uid, Some(deleted))) => vec![(uid, Some(deleted))],
+            Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                // A panicked cleanup decided nothing.
+                let (id, decided) = done.unwrap_or_else(|e| (e.id(), false));
+                let uid: String = uids.remove(&id).expect("every task's uid is kept");
+                match active.remove(&uid) {
+                    Some(Some(deleted)) if !decided => vec![(uid, Some(deleted))],
                     _ => continue,
                 }
             }
@@ -161,14 +165,23 @@ pub async fn clean_gone_claims(
             }
             active.insert(uid.clone(), None);
             let (op, limit, shutdown) = (op.clone(), limit.clone(), shutdown.clone());
-            tasks.spawn(async move {
-                let deleted = deleted.as_deref();
-                recovery::claim_gone(&op, &uid, deleted, &limit, policy, &shutdown).await;
-                uid
+            let task = tasks.spawn({
+                let uid = uid.clone();
+                async move {
+                    let deleted = deleted.as_deref();
+                    recovery::claim_gone(&op, &uid, deleted, &limit, policy, &shutdown).await
+                }
             });
+            uids.insert(task.id(), uid);
         }
     }
     while tasks.join_next().await.is_some() {}
+    for uid in active
+        .into_iter()
+        .filter_map(|(uid, later)| later.map(|_| uid))
+    {
+        tracing::warn!(claim_uid = %uid, left_to = "the orphan sweep", "shutting down before a deleted claim's cleanup");
+    }
 }
 
 /// How often the leader checks that Redis answers, for `/readyz`.

@@ -57,6 +57,7 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
 /// Clean up after the claim `uid` (`deleted`: its last state from a Delete event) under its lock:
 /// without an intent [`cleanup_unwritten_volume`], else [`cleanup_gone_claim`] retried under
 /// `policy` until done, poisoned or `shutdown`, each attempt holding a permit of `limit`.
+/// True when an intent or the last state decided (a later Delete's state is not needed).
 pub async fn claim_gone(
     op: &Operation,
     uid: &str,
@@ -64,7 +65,7 @@ pub async fn claim_gone(
     limit: &Semaphore,
     policy: Backoff,
     shutdown: &CancellationToken,
-) {
+) -> bool {
     let _claim = op.locks.lock(uid).await;
     if op
         .caches
@@ -72,21 +73,22 @@ pub async fn claim_gone(
         .find(|c| c.meta().uid.as_deref() == Some(uid))
         .is_some()
     {
-        return;
+        return false;
     }
     let pv_name = pv_name_for_claim_uid(uid);
     let entry = match op.ports.intents.entry(&pv_name).await {
         Ok(Some(entry)) => entry,
         Ok(None) => {
             let _permit = tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => return false,
                 p = limit.acquire() => p.expect("semaphore never closed"),
             };
-            return cleanup_unwritten_volume(op, uid, deleted).await;
+            cleanup_unwritten_volume(op, uid, deleted).await;
+            return deleted.is_some();
         }
         Err(e) => {
             tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent");
-            return;
+            return false;
         }
     };
     // Ok(None): done (or shut down while waiting for a permit); Ok(Some):
@@ -112,6 +114,7 @@ pub async fn claim_gone(
         op.metrics.poisoned_intents.inc();
         tracing::error!(pv = %pv_name, %claim, %reason, kept_for = "an operator, until the next walk", "cannot clean up a deleted claim's volume");
     }
+    true
 }
 
 /// Whether a queued PV write or a PV (live GET) carries `pv_name`'s volume,
