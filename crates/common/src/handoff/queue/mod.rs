@@ -261,30 +261,36 @@ impl PvQueue {
     ) -> Result<EnqueueOutcome, QueueError> {
         let Some(dedicated) = &self.dedicated else {
             let mut conn = self.conn.clone();
-            return self.enqueue_on(&mut conn, pv_name, payload).await;
+            return Ok(self.enqueue_on(&mut conn, pv_name, payload).await?.0);
         };
-        let primary = self.conn.primary_addr();
-        let (mut conn, reused) = dedicated
-            .take(primary.clone())
-            .await
-            .map_err(cmd("enqueue"))?;
+        let take = || async {
+            let primary = self.conn.primary_addr();
+            dedicated.take(primary).await.map_err(cmd("enqueue"))
+        };
+        let (mut conn, reused) = take().await?;
         let mut outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
-        // Idle connections may be dead, silent or demoted after a restart or failover: drop
-        // them all; after a connection error, once more on a new one (the script is idempotent).
-        if let (true, Err(QueueError::Command { source, .. })) = (reused, &outcome) {
-            dedicated.idle.lock().expect("not poisoned").clear();
+        // After a connection error, a timeout or `READONLY`, idle connections may be dead,
+        // silent or demoted too: drop them, have the shared connection look the primary up,
+        // and with an idle one, enqueue once more on a new one (the script is idempotent).
+        if let Err(QueueError::Command { source, .. }) = &outcome {
             if source.is_io_error()
                 || source.is_connection_dropped()
+                || source.is_timeout()
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
             {
-                (conn, _) = dedicated.take(primary).await.map_err(cmd("enqueue"))?;
-                outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
+                dedicated.idle.lock().expect("not poisoned").clear();
+                self.conn.clone().timed_out().await;
+                if reused && !source.is_timeout() {
+                    (conn, _) = take().await?;
+                    outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
+                }
             }
         }
-        if outcome.is_ok() {
+        let (outcome, answered) = outcome?;
+        if answered {
             dedicated.give_back(conn);
         }
-        outcome
+        Ok(outcome)
     }
 
     /// The enqueue script, `WAITAOF` and `WAIT`, all on `conn` (both waits cover the
@@ -294,36 +300,43 @@ impl PvQueue {
         conn: &mut (impl ConnectionLike + Send),
         pv_name: &str,
         payload: &[u8],
-    ) -> Result<EnqueueOutcome, QueueError> {
+    ) -> Result<(EnqueueOutcome, bool), QueueError> {
         let script = ENQUEUE.invoke(conn, &self.keys, (pv_name, payload)).await;
         let (added, cleared): (i64, i64) = script.map_err(cmd(ENQUEUE.name))?;
-        Ok(EnqueueOutcome {
+        let (fsynced, aof_answered) = self.wait_aof(conn).await;
+        let (replicas, replicas_answered) = self.wait_replicas(conn, pv_name).await;
+        let outcome = EnqueueOutcome {
             added: added == 1,
             intent_cleared: cleared == 1,
-            fsynced: self.wait_aof(conn).await,
-            replicas: self.wait_replicas(conn, pv_name).await,
-        })
+            fsynced,
+            replicas,
+        };
+        Ok((outcome, aof_answered && replicas_answered))
     }
 
-    /// `WAIT` for the replicas [`ReplicaAcks`] asks; (asked, acknowledged). A
-    /// shortfall is logged: the entry may be lost by a failover to a replica.
+    /// `WAIT` for the replicas [`ReplicaAcks`] asks: ((asked, acknowledged), no command
+    /// failed). A shortfall is logged: the entry may be lost by a failover to a replica.
     async fn wait_replicas(
         &self,
         conn: &mut (impl ConnectionLike + Send),
         pv_name: &str,
-    ) -> (u32, u32) {
-        let wanted = match self.replica_acks {
-            ReplicaAcks::Count(n) => n,
-            ReplicaAcks::Auto => self.connected_replicas().await.min(1),
+    ) -> ((u32, u32), bool) {
+        let (wanted, role_answered) = match self.replica_acks {
+            ReplicaAcks::Count(n) => (n, true),
+            ReplicaAcks::Auto => match self.connected_replicas(conn).await {
+                Some(n) => (n.min(1), true),
+                None => (0, false),
+            },
         };
         if wanted == 0 {
-            return (0, 0);
+            return ((0, 0), role_answered);
         }
         let acked: Result<u32, _> = redis::cmd("WAIT")
             .arg(wanted)
             .arg(self.replica_timeout.as_millis() as u64)
             .query_async(conn)
             .await;
+        let answered = acked.is_ok();
         let acked = acked.unwrap_or_else(|err| {
             tracing::warn!(error = %err, "WAIT failed");
             0
@@ -338,28 +351,30 @@ impl PvQueue {
                 "replicas did not acknowledge an enqueue in time"
             );
         }
-        (wanted, acked)
+        ((wanted, acked), answered)
     }
 
-    /// The primary's connected replicas (`ROLE`), read at most every 5 s; 0 when unknown.
-    async fn connected_replicas(&self) -> u32 {
+    /// The primary's connected replicas (`ROLE` on `conn`), read at most every 5 s; `None`
+    /// when `ROLE` failed (not remembered).
+    async fn connected_replicas(&self, conn: &mut (impl ConnectionLike + Send)) -> Option<u32> {
         let seen = *self.replicas_seen.lock().expect("not poisoned");
         if let Some((_, n)) = seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5)) {
-            return n;
+            return Some(n);
         }
         // A primary answers `[role, offset, [replica...]]`; any other shape is 0.
-        let role: Result<(redis::Value, redis::Value, Vec<redis::Value>), _> =
-            redis::cmd("ROLE").query_async(&mut self.conn.clone()).await;
+        let role: Result<redis::Value, _> = redis::cmd("ROLE").query_async(conn).await;
+        type Role = (redis::Value, redis::Value, Vec<redis::Value>);
+        let role = redis::from_redis_value::<Role>(role.ok()?);
         let n = role.map_or(0, |(_, _, replicas)| replicas.len() as u32);
         *self.replicas_seen.lock().expect("not poisoned") = Some((Instant::now(), n));
-        n
+        Some(n)
     }
 
-    /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): true once the local AOF holds every write so
-    /// far; an older server or one without AOF is remembered and logged once.
-    async fn wait_aof(&self, conn: &mut (impl ConnectionLike + Send)) -> bool {
+    /// `WAITAOF 1 0 1000` (Redis ≥ 7.2): (the local AOF holds every write so far, no command
+    /// failed); an older server or one without AOF is remembered and logged once.
+    async fn wait_aof(&self, conn: &mut (impl ConnectionLike + Send)) -> (bool, bool) {
         if self.no_waitaof.load(Ordering::Relaxed) {
-            return false;
+            return (false, true);
         }
         let answer: Result<(i64, i64), _> = redis::cmd("WAITAOF")
             .arg(1)
@@ -375,7 +390,7 @@ impl PvQueue {
                         "Redis did not fsync its AOF within 1 s of an enqueue"
                     );
                 }
-                local >= 1
+                (local >= 1, true)
             }
             Err(err) => {
                 let text = err.to_string().to_ascii_lowercase();
@@ -383,10 +398,10 @@ impl PvQueue {
                     if !self.no_waitaof.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %err, needs = "Redis >= 7.2 with appendonly yes", at_risk = "enqueues within the appendfsync window (provisioned again from their intent)", "Redis cannot confirm AOF fsyncs");
                     }
-                } else {
-                    tracing::warn!(error = %err, "WAITAOF failed; the enqueue is stored but its fsync is unconfirmed");
+                    return (false, true);
                 }
-                false
+                tracing::warn!(error = %err, "WAITAOF failed; the enqueue is stored but its fsync is unconfirmed");
+                (false, false)
             }
         }
     }
