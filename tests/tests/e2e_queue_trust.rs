@@ -249,8 +249,8 @@ async fn redis_sigkilled_in_the_fsync_window_strands_no_claim(plane: ControlPlan
     slow_api(&sys, Duration::from_millis(10));
     let n = 60;
     sys.create_claims("burst", n, "hostpath").await.unwrap();
-    // SIGKILL Redis while the burst is being provisioned and queued: the last
-    // ~1 s of acknowledged enqueues, intent changes and completions may be lost.
+    // SIGKILL Redis while the burst is being provisioned and queued: commands in
+    // flight get no answer, and their claims are provisioned again.
     // Five directories: early enough that even on the simulator's 10 ms per
     // request the burst is far from done when the signal lands (at 10 it
     // sometimes had 50 of 60 made).
