@@ -54,10 +54,9 @@ pub async fn walk(op: &Operation, count_unreadable: bool) -> Effect<Vec<String>>
     Ok(gone)
 }
 
-/// Clean up after the claim `uid` (`deleted`: its last state from a Delete event) under its lock:
-/// without an intent [`cleanup_unwritten_volume`], else [`cleanup_gone_claim`] retried under
-/// `policy` until done, poisoned or `shutdown`, each attempt holding a permit of `limit`.
-/// True when an intent or the last state decided (a later Delete's state is not needed).
+/// Clean up after the claim `uid` (`deleted`: a Delete event's last state) under its lock: with
+/// no intent [`cleanup_unwritten_volume`], else [`cleanup_gone_claim`] under `policy`, a `limit`
+/// permit per attempt. True when the intent or `deleted` decided (a later Delete is not needed).
 pub async fn claim_gone(
     op: &Operation,
     uid: &str,
