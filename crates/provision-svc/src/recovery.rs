@@ -82,8 +82,7 @@ pub async fn claim_gone(
                 _ = shutdown.cancelled() => return false,
                 p = limit.acquire() => p.expect("semaphore never closed"),
             };
-            cleanup_unwritten_volume(op, uid, deleted).await;
-            return deleted.is_some();
+            return cleanup_unwritten_volume(op, uid, deleted).await;
         }
         Err(e) => {
             tracing::warn!(pv = %pv_name, claim_uid = uid, error = %e, left_to = "the next walk", "cannot read a gone claim's provisioning intent");
@@ -200,12 +199,13 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
 
 /// The claim `uid` is gone without an intent: if a PV write of ours is queued for it (or was
 /// dropped and `deleted`, its last state, is a claim we provision), the claim is confirmed gone
-/// and no PV exists, delete its volume. Failures are logged (left to the orphan sweep).
+/// and no PV exists, delete its volume. Failures are logged (left to the orphan sweep). True
+/// when the queued write or `deleted` decided.
 pub async fn cleanup_unwritten_volume(
     op: &Operation,
     uid: &str,
     deleted: Option<&PersistentVolumeClaim>,
-) {
+) -> bool {
     let pv_name = pv_name_for_claim_uid(uid);
     let (key, class, pvc, queued) = match op.ports.handoff.queued_entry(&pv_name, uid).await {
         Ok(Some(entry)) => {
@@ -215,28 +215,28 @@ pub async fn cleanup_unwritten_volume(
         Ok(None) => match deleted.filter(|c| op.should_provision(c) == Ok(true)) {
             Some(claim) => match ClaimKey::of(claim) {
                 Some(key) => (key, decision::claim_class(claim), claim.clone(), false),
-                None => return,
+                None => return true,
             },
-            None => return,
+            None => return deleted.is_some(),
         },
         Err(e) => {
             tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot read a deleted claim's queued PV write");
-            return;
+            return false;
         }
     };
     let key = &key;
     let cluster = &op.ports.cluster;
     match cluster.claim_exists(&key.namespace, &key.name, uid).await {
         Ok(false) => {}
-        Ok(true) => return,
+        Ok(true) => return true,
         Err(e) => {
             tracing::warn!(pv = %pv_name, error = %e, left_to = "the orphan sweep", "cannot confirm a deleted claim is gone");
-            return;
+            return true;
         }
     }
     let Some(storage_class) = op.caches.classes.get(&ObjectRef::new(&class)) else {
         tracing::warn!(pv = %pv_name, %class, left_to = "the orphan sweep", "the StorageClass of a deleted claim's unwritten PV is gone");
-        return;
+        return true;
     };
     let kept = match queued {
         true => cluster.pv_exists(&pv_name).await,
@@ -244,10 +244,10 @@ pub async fn cleanup_unwritten_volume(
     };
     match kept {
         Ok(false) => {}
-        Ok(true) => return,
+        Ok(true) => return true,
         Err(e) => {
             tracing::warn!(pv = %pv_name, error = %e, left_to = "reclaim or the orphan sweep", "cannot tell whether a PV uses a deleted claim's volume");
-            return;
+            return true;
         }
     }
     let options = ProvisionOptions {
@@ -264,6 +264,7 @@ pub async fn cleanup_unwritten_volume(
             tracing::warn!(pv = %pv_name, claim = %key, claim_uid = uid, error = %e, left_to = "the orphan sweep", "cannot delete a deleted claim's unwritten volume")
         }
     }
+    true
 }
 
 /// Whether the volume `pv_name` of a deleted claim that no record names must stay: its class

@@ -160,7 +160,8 @@ struct Dedicated {
     primary: Endpoint,
     waker: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
     /// Idle enqueue connections and the primary address each went to.
-    idle: Arc<Mutex<Vec<(String, MultiplexedConnection)>>>,
+    /// Dropped all at once by bumping the generation: older ones are not given back.
+    idle: Arc<Mutex<(u64, Vec<Pooled>)>>,
 }
 
 /// A dedicated connection and the primary address it went to.
@@ -172,26 +173,35 @@ const IDLE_ENQUEUE_CONNECTIONS: usize = 32;
 impl Dedicated {
     /// An idle enqueue connection (true) or a new one (false); with Sentinels, idle ones to
     /// another address than `primary` (the shared connection's) are dropped.
-    async fn take(&self, primary: Option<String>) -> redis::RedisResult<(Pooled, bool)> {
-        let idle = {
+    /// With the pool's generation.
+    async fn take(&self, primary: Option<String>) -> redis::RedisResult<(Pooled, bool, u64)> {
+        let (generation, idle) = {
             let mut idle = self.idle.lock().expect("not poisoned");
             if primary.is_some() {
-                idle.retain(|(addr, _)| Some(addr) == primary.as_ref());
+                idle.1.retain(|(addr, _)| Some(addr) == primary.as_ref());
             }
-            idle.pop()
+            (idle.0, idle.1.pop())
         };
         match idle {
-            Some(conn) => Ok((conn, true)),
-            None => Ok((self.open(ANSWER_TIMEOUT).await?, false)),
+            Some(conn) => Ok((conn, true, generation)),
+            None => Ok((self.open(ANSWER_TIMEOUT).await?, false, generation)),
         }
     }
 
-    /// Keep `conn` for the next enqueue (up to [`IDLE_ENQUEUE_CONNECTIONS`]).
-    fn give_back(&self, conn: Pooled) {
+    /// Keep `conn`, taken in `generation`, for the next enqueue (up to
+    /// [`IDLE_ENQUEUE_CONNECTIONS`]) unless the pool was dropped since.
+    fn give_back(&self, conn: Pooled, generation: u64) {
         let mut idle = self.idle.lock().expect("not poisoned");
-        if idle.len() < IDLE_ENQUEUE_CONNECTIONS {
-            idle.push(conn);
+        if idle.0 == generation && idle.1.len() < IDLE_ENQUEUE_CONNECTIONS {
+            idle.1.push(conn);
         }
+    }
+
+    /// Drop every idle connection, and those in use when they come back.
+    fn drop_all(&self) {
+        let mut idle = self.idle.lock().expect("not poisoned");
+        idle.0 += 1;
+        idle.1.clear();
     }
 
     /// A new connection to the primary (and its address) whose commands answer within `answer`.
@@ -267,7 +277,7 @@ impl PvQueue {
             let primary = self.conn.primary_addr();
             dedicated.take(primary).await.map_err(cmd("enqueue"))
         };
-        let (mut conn, reused) = take().await?;
+        let (mut conn, reused, mut generation) = take().await?;
         let mut outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
         // After a connection error, a timeout or `READONLY`, idle connections may be dead,
         // silent or demoted too: drop them, have the shared connection look the primary up,
@@ -278,17 +288,17 @@ impl PvQueue {
                 || source.is_timeout()
                 || matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
             {
-                dedicated.idle.lock().expect("not poisoned").clear();
+                dedicated.drop_all();
                 self.conn.clone().timed_out().await;
                 if reused && !source.is_timeout() {
-                    (conn, _) = take().await?;
+                    (conn, _, generation) = take().await?;
                     outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
                 }
             }
         }
         let (outcome, answered) = outcome?;
         if answered {
-            dedicated.give_back(conn);
+            dedicated.give_back(conn, generation);
         }
         Ok(outcome)
     }
@@ -355,17 +365,20 @@ impl PvQueue {
     }
 
     /// The primary's connected replicas (`ROLE` on `conn`), read at most every 5 s; `None`
-    /// when `ROLE` failed (not remembered).
+    /// when `ROLE` failed or `conn` is not to a primary (not remembered).
     async fn connected_replicas(&self, conn: &mut (impl ConnectionLike + Send)) -> Option<u32> {
         let seen = *self.replicas_seen.lock().expect("not poisoned");
         if let Some((_, n)) = seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5)) {
             return Some(n);
         }
-        // A primary answers `[role, offset, [replica...]]`; any other shape is 0.
+        // A primary answers `[master, offset, [replica...]]`; a replica's answer is not kept.
         let role: Result<redis::Value, _> = redis::cmd("ROLE").query_async(conn).await;
-        type Role = (redis::Value, redis::Value, Vec<redis::Value>);
-        let role = redis::from_redis_value::<Role>(role.ok()?);
-        let n = role.map_or(0, |(_, _, replicas)| replicas.len() as u32);
+        type Role = (String, redis::Value, Vec<redis::Value>);
+        let (role, _, replicas) = redis::from_redis_value::<Role>(role.ok()?).ok()?;
+        if role != "master" {
+            return None;
+        }
+        let n = replicas.len() as u32;
         *self.replicas_seen.lock().expect("not poisoned") = Some((Instant::now(), n));
         Some(n)
     }
