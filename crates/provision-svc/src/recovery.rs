@@ -197,10 +197,9 @@ fn claim_from_key(key: &ClaimKey) -> PersistentVolumeClaim {
     }
 }
 
-/// The claim `uid` is gone without an intent: if a PV write of ours is queued for it (or was
-/// dropped and `deleted`, its last state, is a claim we provision), the claim is confirmed gone
-/// and no PV exists, delete its volume. Failures are logged (left to the orphan sweep). True
-/// when the queued write or `deleted` decided.
+/// The claim `uid` is gone without an intent: if its PV write is queued (or was dropped and
+/// `deleted`, its last state, is a claim we provision), the claim is confirmed gone and no PV
+/// exists, delete its volume (failures logged). True when the write or `deleted` decided.
 pub async fn cleanup_unwritten_volume(
     op: &Operation,
     uid: &str,
