@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::handoff::redis_conn::{Endpoint, RedisConn, ANSWER_TIMEOUT};
+use crate::handoff::redis_conn::RedisConn;
 use api_types::queue::{ClaimKey, QueuedPvWrite};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, ToRedisArgs};
 use serde::{Deserialize, Serialize};
 
 use crate::handoff::redis_store::{self, RedisConfig};
+use pool::Dedicated;
 pub(crate) use scripts::{Key, Keys, CLEAR_INTENT, RECORD_INTENT};
 use scripts::{
     QueueScript, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
@@ -24,6 +25,7 @@ use scripts::{
 };
 
 mod inspect;
+mod pool;
 mod scripts;
 
 pub use inspect::{PendingEntry, PendingState, QueueStats};
@@ -150,70 +152,6 @@ pub enum Settled {
     /// The caller's term is stale (a newer pv-writer leader began); nothing
     /// changed, and the refusal was counted ([`PvQueue::fenced_operations`]).
     Fenced,
-}
-
-/// Connections of the queue's own to the primary: the one blocking on the wake-up list,
-/// and the idle ones of enqueues (`WAITAOF` and `WAIT` hold their connection until they
-/// answer, so each enqueue runs on a connection nothing else uses meanwhile).
-#[derive(Clone)]
-struct Dedicated {
-    primary: Endpoint,
-    waker: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
-    /// Idle enqueue connections and the primary address each went to.
-    /// Dropped all at once by bumping the generation: older ones are not given back.
-    idle: Arc<Mutex<(u64, Vec<Pooled>)>>,
-}
-
-/// A dedicated connection and the primary address it went to.
-type Pooled = (String, MultiplexedConnection);
-
-/// Most idle enqueue connections kept (one per concurrent enqueue is made).
-const IDLE_ENQUEUE_CONNECTIONS: usize = 32;
-
-impl Dedicated {
-    /// An idle enqueue connection (true) or a new one (false); with Sentinels, idle ones to
-    /// another address than `primary` (the shared connection's) are dropped.
-    /// With the pool's generation.
-    async fn take(&self, primary: Option<String>) -> redis::RedisResult<(Pooled, bool, u64)> {
-        let (generation, idle) = {
-            let mut idle = self.idle.lock().expect("not poisoned");
-            if primary.is_some() {
-                idle.1.retain(|(addr, _)| Some(addr) == primary.as_ref());
-            }
-            (idle.0, idle.1.pop())
-        };
-        match idle {
-            Some(conn) => Ok((conn, true, generation)),
-            None => Ok((self.open(ANSWER_TIMEOUT).await?, false, generation)),
-        }
-    }
-
-    /// Keep `conn`, taken in `generation`, for the next enqueue (up to
-    /// [`IDLE_ENQUEUE_CONNECTIONS`]) unless the pool was dropped since.
-    fn give_back(&self, conn: Pooled, generation: u64) {
-        let mut idle = self.idle.lock().expect("not poisoned");
-        if idle.0 == generation && idle.1.len() < IDLE_ENQUEUE_CONNECTIONS {
-            idle.1.push(conn);
-        }
-    }
-
-    /// Drop every idle connection, and those in use when they come back.
-    fn drop_all(&self) {
-        let mut idle = self.idle.lock().expect("not poisoned");
-        idle.0 += 1;
-        idle.1.clear();
-    }
-
-    /// A new connection to the primary (and its address) whose commands answer within `answer`.
-    async fn open(&self, answer: Duration) -> redis::RedisResult<Pooled> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(answer));
-        let client = self.primary.primary().await?;
-        let addr = client.get_connection_info().addr().to_string();
-        let conn = client.get_multiplexed_async_connection_with_config(&config);
-        Ok((addr, conn.await?))
-    }
 }
 
 impl PvQueue {
