@@ -107,6 +107,15 @@ pub fn manager_config() -> ConnectionManagerConfig {
         .set_number_of_retries(2)
 }
 
+/// Whether `err` suggests the primary moved or its connection died: lost or refused,
+/// `READONLY` (a demoted primary), `MASTERDOWN`.
+pub fn failover_like(err: &redis::RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || matches!(err.code(), Some("READONLY" | "MASTERDOWN"))
+}
+
 /// A cheap-to-clone connection to the Redis primary; implements redis-rs'
 /// `ConnectionLike`, so commands and scripts run on it as on a `ConnectionManager`.
 #[derive(Clone)]
@@ -193,22 +202,22 @@ impl RedisConn {
             .clone();
     }
 
-    /// `result` of a command; after a timeout, connect again (redis-rs would keep the
-    /// silent connection); with Sentinels, after any failover-like error, look the primary up.
+    /// `result` of a command, after [`saw_error`](Self::saw_error) on its error.
     async fn after<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(err) = &result {
-            if err.is_timeout()
-                || self.failover.sentinels()
-                    && (err.is_io_error()
-                        || err.is_connection_dropped()
-                        || err.is_connection_refusal()
-                        || matches!(err.code(), Some("READONLY" | "MASTERDOWN")))
-            {
-                self.failover.look_up(err.is_timeout()).await;
-                self.refresh();
-            }
+            self.saw_error(err).await;
         }
         result
+    }
+
+    /// `err` of a command to this primary (here or on another connection to it): after a
+    /// timeout, connect again (redis-rs would keep the silent connection); with Sentinels,
+    /// after any [`failover_like`] error, look the primary up.
+    pub async fn saw_error(&mut self, err: &redis::RedisError) {
+        if err.is_timeout() || self.failover.sentinels() && failover_like(err) {
+            self.failover.look_up(err.is_timeout()).await;
+            self.refresh();
+        }
     }
 }
 

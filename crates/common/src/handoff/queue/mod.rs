@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::handoff::redis_conn::RedisConn;
+use crate::handoff::redis_conn::{failover_like, RedisConn};
 use api_types::queue::{ClaimKey, QueuedPvWrite};
 use redis::aio::ConnectionLike;
 use redis::{AsyncCommands, ToRedisArgs};
@@ -165,11 +165,7 @@ impl PvQueue {
         let endpoint = redis.endpoint()?;
         let conn = redis_store::connect_to(&redis, endpoint.clone()).await?;
         let mut queue = Self::with_connection(conn, provisioner_name);
-        queue.dedicated = Some(Dedicated {
-            primary: endpoint,
-            waker: Default::default(),
-            idle: Default::default(),
-        });
+        queue.dedicated = Some(Dedicated::new(endpoint));
         Ok(queue)
     }
 
@@ -217,17 +213,13 @@ impl PvQueue {
         };
         let (mut conn, reused, mut generation) = take().await?;
         let mut outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
-        // After a connection error, a timeout or `READONLY`, idle connections may be dead,
-        // silent or demoted too: drop them, have the shared connection look the primary up,
-        // and with an idle one, enqueue once more on a new one (the script is idempotent).
+        // After a timeout or a failover-like error, idle connections may be silent, dead or
+        // demoted too: drop them, let the shared connection react as to its own error, and
+        // with an idle one, enqueue once more on a new one (the script is idempotent).
         if let Err(QueueError::Command { source, .. }) = &outcome {
-            if source.is_io_error()
-                || source.is_connection_dropped()
-                || source.is_timeout()
-                || matches!(source.code(), Some("READONLY" | "MASTERDOWN"))
-            {
+            if source.is_timeout() || failover_like(source) {
                 dedicated.drop_all();
-                self.conn.clone().timed_out().await;
+                self.conn.clone().saw_error(source).await;
                 if reused && !source.is_timeout() {
                     (conn, _, generation) = take().await?;
                     outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;

@@ -13,11 +13,11 @@ use crate::handoff::redis_conn::{Endpoint, ANSWER_TIMEOUT};
 /// answer, so each enqueue runs on a connection nothing else uses meanwhile).
 #[derive(Clone)]
 pub(super) struct Dedicated {
-    pub(super) primary: Endpoint,
+    primary: Endpoint,
     pub(super) waker: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
     /// Idle enqueue connections and the primary address each went to.
     /// Dropped all at once by bumping the generation: older ones are not given back.
-    pub(super) idle: Arc<Mutex<(u64, Vec<Pooled>)>>,
+    idle: Arc<Mutex<(u64, Vec<Pooled>)>>,
 }
 
 /// A dedicated connection and the primary address it went to.
@@ -27,9 +27,17 @@ type Pooled = (String, MultiplexedConnection);
 const IDLE_ENQUEUE_CONNECTIONS: usize = 32;
 
 impl Dedicated {
-    /// An idle enqueue connection (true) or a new one (false); with Sentinels, idle ones to
-    /// another address than `primary` (the shared connection's) are dropped.
-    /// With the pool's generation.
+    /// No connection yet; they go to the primary `primary` names.
+    pub(super) fn new(primary: Endpoint) -> Self {
+        Dedicated {
+            primary,
+            waker: Default::default(),
+            idle: Default::default(),
+        }
+    }
+
+    /// An idle enqueue connection (true) or a new one (false), and the pool's generation; with
+    /// Sentinels, idle ones to another address than `primary` (the shared one's) are dropped.
     pub(super) async fn take(
         &self,
         primary: Option<String>,
