@@ -128,10 +128,17 @@ pub struct RedisConn {
 /// look the primary up (Sentinels) or connect to it again.
 struct Failover {
     endpoint: Endpoint,
-    primary: Mutex<(String, ConnectionManager)>,
+    primary: Mutex<Primary>,
     resolving: tokio::sync::Mutex<Instant>,
     reconnected: Mutex<Option<Instant>>,
     switches: std::sync::atomic::AtomicU64,
+}
+
+/// The primary commands go to: its address, connection and client (to connect again).
+struct Primary {
+    addr: String,
+    manager: ConnectionManager,
+    client: redis::Client,
 }
 
 /// Least time between two lookups of the primary.
@@ -150,12 +157,18 @@ impl std::fmt::Debug for RedisConn {
 }
 
 impl RedisConn {
-    /// A connection over `manager`, connected to `addr` of `endpoint` (with Sentinels,
-    /// they are asked again after a failover-like error).
-    pub fn new(manager: ConnectionManager, addr: String, endpoint: Endpoint) -> Self {
+    /// A connection over `manager`, made by `client` to the primary of `endpoint`
+    /// (with Sentinels, they are asked again after a failover-like error).
+    pub fn new(manager: ConnectionManager, client: redis::Client, endpoint: Endpoint) -> Self {
+        let addr = client.get_connection_info().addr().to_string();
+        let primary = Primary {
+            addr,
+            manager: manager.clone(),
+            client,
+        };
         let failover = Arc::new(Failover {
             endpoint,
-            primary: Mutex::new((addr, manager.clone())),
+            primary: Mutex::new(primary),
             resolving: tokio::sync::Mutex::new(Instant::now() - LOOKUP_INTERVAL),
             reconnected: Mutex::new(None),
             switches: Default::default(),
@@ -171,7 +184,7 @@ impl RedisConn {
                 .primary
                 .lock()
                 .expect("not poisoned")
-                .0
+                .addr
                 .clone()
         })
     }
@@ -198,7 +211,7 @@ impl RedisConn {
             .primary
             .lock()
             .expect("not poisoned")
-            .1
+            .manager
             .clone();
     }
 
@@ -228,27 +241,35 @@ impl Failover {
     }
 
     /// Ask the endpoint for the primary and switch when it names another address, or
-    /// with `fresh` (a command timed out) connect to the same one again. At most one
-    /// lookup runs and at most one per [`LOOKUP_INTERVAL`].
+    /// with `fresh` (a command timed out) connect to the same one again, also when no
+    /// Sentinel answers. At most one lookup runs and at most one per [`LOOKUP_INTERVAL`].
     async fn look_up(&self, fresh: bool) {
         let idle = self.resolving.try_lock().ok();
         let Some(mut last) = idle.filter(|last| last.elapsed() >= LOOKUP_INTERVAL) else {
             return;
         };
         *last = Instant::now();
-        let client = match tokio::time::timeout(LOOKUP_TIMEOUT, self.endpoint.primary()).await {
-            Ok(Ok(client)) => client,
+        let named = match tokio::time::timeout(LOOKUP_TIMEOUT, self.endpoint.primary()).await {
+            Ok(Ok(client)) => Some(client),
             Ok(Err(err)) => {
                 tracing::warn!(error = %err, "no Sentinel names a primary that answers");
-                return;
+                None
             }
             Err(_) => {
                 tracing::warn!("Sentinels did not name a primary within 2 s");
-                return;
+                None
             }
         };
+        let (old, known) = {
+            let primary = self.primary.lock().expect("not poisoned");
+            (primary.addr.clone(), primary.client.clone())
+        };
+        let client = match named {
+            Some(client) => client,
+            None if fresh => known,
+            None => return,
+        };
         let addr = client.get_connection_info().addr().to_string();
-        let old = self.primary.lock().expect("not poisoned").0.clone();
         if addr == old {
             let mut reconnected = self.reconnected.lock().expect("not poisoned");
             if !fresh || reconnected.is_some_and(|at| at.elapsed() < RECONNECT_INTERVAL) {
@@ -256,17 +277,22 @@ impl Failover {
             }
             *reconnected = Some(Instant::now());
         }
-        let manager = ConnectionManager::new_with_config(client, manager_config());
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config());
         match tokio::time::timeout(LOOKUP_TIMEOUT, manager).await {
-            Ok(Ok(manager)) if addr == old => {
-                tracing::warn!(primary = %addr, "Redis did not answer in time; connected again");
-                *self.primary.lock().expect("not poisoned") = (addr, manager);
-            }
             Ok(Ok(manager)) => {
-                tracing::warn!(from = %old, to = %addr, "Redis primary changed");
-                *self.primary.lock().expect("not poisoned") = (addr, manager);
-                self.switches
-                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if addr == old {
+                    tracing::warn!(primary = %addr, "Redis did not answer in time; connected again");
+                } else {
+                    tracing::warn!(from = %old, to = %addr, "Redis primary changed");
+                    self.switches
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                let primary = Primary {
+                    addr,
+                    manager,
+                    client,
+                };
+                *self.primary.lock().expect("not poisoned") = primary;
             }
             Ok(Err(err)) => {
                 tracing::warn!(primary = %addr, error = %err, "cannot connect to the Redis primary")
@@ -408,6 +434,29 @@ mod tests {
         conn.timed_out().await;
         let answer = ping(&conn, Duration::from_secs(3)).await;
         assert_eq!(answer.expect("answered within 3 s").unwrap(), "PONG");
+    }
+
+    #[tokio::test]
+    async fn with_no_sentinel_answering_a_silent_primary_is_connected_to_again() {
+        let redis = TestRedis::start().await;
+        let proxy = Proxy::start(redis.port()).await;
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/0", proxy.port)).unwrap();
+        let manager = ConnectionManager::new_with_config(client.clone(), manager_config());
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let nowhere =
+            redis::ConnectionAddr::Tcp("127.0.0.1".into(), closed.local_addr().unwrap().port());
+        drop(closed);
+        let master = redis::sentinel::SentinelServerType::Master;
+        let sentinels = redis::sentinel::SentinelClientBuilder::new([nowhere], "p", master);
+        let sentinels = sentinels.unwrap().build().unwrap();
+        let endpoint = Endpoint::Sentinel(Arc::new(tokio::sync::Mutex::new(sentinels)));
+        let conn = RedisConn::new(manager.await.unwrap(), client, endpoint);
+        let long = Duration::from_secs(8);
+        proxy.silence();
+        assert!(ping(&conn, long).await.unwrap().unwrap_err().is_timeout());
+        let answer = ping(&conn, long).await.expect("answered within 8 s");
+        assert_eq!(answer.unwrap(), "PONG");
+        assert_eq!(conn.primary_switches(), 0, "the same primary: no switch");
     }
 
     #[test]

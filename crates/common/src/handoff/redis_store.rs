@@ -374,8 +374,7 @@ pub async fn connect_to(
     endpoint: Endpoint,
 ) -> Result<RedisConn, ConnectError> {
     let client = endpoint.primary().await.map_err(|e| config.classify(e))?;
-    let addr = client.get_connection_info().addr().to_string();
-    let mut conn = ConnectionManager::new_with_config(client, manager_config())
+    let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config())
         .await
         .map_err(|e| config.classify(e))?;
     // Authentication errors surface on the first command, not at connect.
@@ -383,7 +382,7 @@ pub async fn connect_to(
         .query_async::<()>(&mut conn)
         .await
         .map_err(|e| config.classify(e))?;
-    Ok(RedisConn::new(conn, addr, endpoint))
+    Ok(RedisConn::new(conn, client, endpoint))
 }
 
 #[cfg(test)]
