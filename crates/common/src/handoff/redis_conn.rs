@@ -189,6 +189,12 @@ impl RedisConn {
         })
     }
 
+    /// The primary commands go to now: its address and a client to connect to it.
+    pub fn primary(&self) -> (String, redis::Client) {
+        let primary = self.failover.primary.lock().expect("not poisoned");
+        (primary.addr.clone(), primary.client.clone())
+    }
+
     /// How many times this connection moved to another primary (0 without
     /// Sentinels); the new primary may lack the last writes of the old one.
     pub fn primary_switches(&self) -> u64 {
@@ -440,17 +446,8 @@ mod tests {
     async fn with_no_sentinel_answering_a_silent_primary_is_connected_to_again() {
         let redis = TestRedis::start().await;
         let proxy = Proxy::start(redis.port()).await;
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/0", proxy.port)).unwrap();
-        let manager = ConnectionManager::new_with_config(client.clone(), manager_config());
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let nowhere =
-            redis::ConnectionAddr::Tcp("127.0.0.1".into(), closed.local_addr().unwrap().port());
-        drop(closed);
-        let master = redis::sentinel::SentinelServerType::Master;
-        let sentinels = redis::sentinel::SentinelClientBuilder::new([nowhere], "p", master);
-        let sentinels = sentinels.unwrap().build().unwrap();
-        let endpoint = Endpoint::Sentinel(Arc::new(tokio::sync::Mutex::new(sentinels)));
-        let conn = RedisConn::new(manager.await.unwrap(), client, endpoint);
+        let url = format!("redis://127.0.0.1:{}/0", proxy.port);
+        let conn = crate::handoff::test_redis::behind_unreachable_sentinels(&url).await;
         let long = Duration::from_secs(8);
         proxy.silence();
         assert!(ping(&conn, long).await.unwrap().unwrap_err().is_timeout());

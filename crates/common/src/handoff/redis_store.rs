@@ -364,15 +364,6 @@ impl RedisConfig {
 pub async fn connect(config: impl Into<RedisConfig>) -> Result<RedisConn, ConnectError> {
     let config = config.into();
     let endpoint = config.endpoint()?;
-    connect_to(&config, endpoint).await
-}
-
-/// [`connect`] to the primary of `endpoint` (made from `config` by
-/// [`RedisConfig::endpoint`], e.g. shared with another connection).
-pub async fn connect_to(
-    config: &RedisConfig,
-    endpoint: Endpoint,
-) -> Result<RedisConn, ConnectError> {
     let client = endpoint.primary().await.map_err(|e| config.classify(e))?;
     let mut conn = ConnectionManager::new_with_config(client.clone(), manager_config())
         .await

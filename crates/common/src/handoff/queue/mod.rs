@@ -162,10 +162,9 @@ impl PvQueue {
         provisioner_name: &str,
     ) -> Result<Self, QueueError> {
         let redis = redis.into();
-        let endpoint = redis.endpoint()?;
-        let conn = redis_store::connect_to(&redis, endpoint.clone()).await?;
+        let conn = redis_store::connect(redis).await?;
         let mut queue = Self::with_connection(conn, provisioner_name);
-        queue.dedicated = Some(Dedicated::new(endpoint));
+        queue.dedicated = Some(Dedicated::default());
         Ok(queue)
     }
 
@@ -208,7 +207,7 @@ impl PvQueue {
             return Ok(self.enqueue_on(&mut conn, pv_name, payload).await?.0);
         };
         let take = || async {
-            let primary = self.conn.primary_addr();
+            let primary = self.conn.primary();
             dedicated.take(primary).await.map_err(cmd("enqueue"))
         };
         let (mut conn, reused, mut generation) = take().await?;
@@ -358,18 +357,21 @@ impl PvQueue {
             return Ok(false);
         };
         let mut slot = dedicated.waker.lock().await;
-        if slot.is_none() {
-            let conn = dedicated.open(timeout + Duration::from_secs(2)).await;
-            *slot = Some(conn.map_err(cmd("wait_for_work"))?.1);
-        }
-        let conn = slot.as_mut().expect("connection just made");
-        let popped: Result<Option<(String, String)>, _> = conn
-            .blpop(self.keys.get(Key::Wakeup), timeout.as_secs_f64().max(0.01))
-            .await;
-        match popped {
+        let popped = async {
+            if slot.is_none() {
+                let answer = timeout + Duration::from_secs(2);
+                *slot = Some(pool::open(self.conn.primary(), answer).await?.1);
+            }
+            let conn = slot.as_mut().expect("connection just made");
+            let wakeup = self.keys.get(Key::Wakeup);
+            conn.blpop::<_, Option<(String, String)>>(wakeup, timeout.as_secs_f64().max(0.01))
+                .await
+        };
+        match popped.await {
             Ok(token) => Ok(token.is_some()),
             Err(err) => {
                 *slot = None;
+                self.conn.clone().saw_error(&err).await;
                 Err(cmd("wait_for_work")(err))
             }
         }

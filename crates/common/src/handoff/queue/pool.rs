@@ -1,19 +1,19 @@
 //! The queue's own connections to the primary ([`Dedicated`]): commands that block their
-//! connection until they answer never stall the shared one.
+//! connection until they answer never stall the shared one. They go to the shared
+//! connection's primary, so they follow it after a failover.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 
-use crate::handoff::redis_conn::{Endpoint, ANSWER_TIMEOUT};
+use crate::handoff::redis_conn::ANSWER_TIMEOUT;
 
 /// Connections of the queue's own to the primary: the one blocking on the wake-up list,
 /// and the idle ones of enqueues (`WAITAOF` and `WAIT` hold their connection until they
 /// answer, so each enqueue runs on a connection nothing else uses meanwhile).
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub(super) struct Dedicated {
-    primary: Endpoint,
     pub(super) waker: Arc<tokio::sync::Mutex<Option<MultiplexedConnection>>>,
     /// Idle enqueue connections and the primary address each went to.
     /// Dropped all at once by bumping the generation: older ones are not given back.
@@ -27,31 +27,20 @@ type Pooled = (String, MultiplexedConnection);
 const IDLE_ENQUEUE_CONNECTIONS: usize = 32;
 
 impl Dedicated {
-    /// No connection yet; they go to the primary `primary` names.
-    pub(super) fn new(primary: Endpoint) -> Self {
-        Dedicated {
-            primary,
-            waker: Default::default(),
-            idle: Default::default(),
-        }
-    }
-
-    /// An idle enqueue connection (true) or a new one (false), and the pool's generation; with
-    /// Sentinels, idle ones to another address than `primary` (the shared one's) are dropped.
+    /// An idle enqueue connection (true) or a new one (false) to `primary` (the shared
+    /// connection's), and the pool's generation; idle ones to another address are dropped.
     pub(super) async fn take(
         &self,
-        primary: Option<String>,
+        primary: (String, redis::Client),
     ) -> redis::RedisResult<(Pooled, bool, u64)> {
         let (generation, idle) = {
             let mut idle = self.idle.lock().expect("not poisoned");
-            if primary.is_some() {
-                idle.1.retain(|(addr, _)| Some(addr) == primary.as_ref());
-            }
+            idle.1.retain(|(addr, _)| *addr == primary.0);
             (idle.0, idle.1.pop())
         };
         match idle {
             Some(conn) => Ok((conn, true, generation)),
-            None => Ok((self.open(ANSWER_TIMEOUT).await?, false, generation)),
+            None => Ok((open(primary, ANSWER_TIMEOUT).await?, false, generation)),
         }
     }
 
@@ -70,15 +59,16 @@ impl Dedicated {
         idle.0 += 1;
         idle.1.clear();
     }
+}
 
-    /// A new connection to the primary (and its address) whose commands answer within `answer`.
-    pub(super) async fn open(&self, answer: Duration) -> redis::RedisResult<Pooled> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(answer));
-        let client = self.primary.primary().await?;
-        let addr = client.get_connection_info().addr().to_string();
-        let conn = client.get_multiplexed_async_connection_with_config(&config);
-        Ok((addr, conn.await?))
-    }
+/// A new connection to `primary` (address, client) whose commands answer within `answer`.
+pub(super) async fn open(
+    (addr, client): (String, redis::Client),
+    answer: Duration,
+) -> redis::RedisResult<Pooled> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(answer));
+    let conn = client.get_multiplexed_async_connection_with_config(&config);
+    Ok((addr, conn.await?))
 }

@@ -608,3 +608,18 @@ async fn unreachable_redis_is_a_clear_error() {
     );
     assert!(!text.contains("secret"));
 }
+
+#[tokio::test]
+async fn enqueue_connections_go_to_the_shared_connections_primary_without_asking_sentinels() {
+    let redis = Redis::start().await;
+    let conn = crate::handoff::test_redis::behind_unreachable_sentinels(&redis.url()).await;
+    let mut q = PvQueue::with_connection(conn, "p");
+    q.dedicated = Some(Dedicated::default());
+    let outcome = q.enqueue(&entry("pv-1")).await.expect("enqueued");
+    assert!(outcome.added);
+    assert!(
+        q.wait_for_work(Duration::from_secs(1)).await.unwrap(),
+        "woken"
+    );
+    assert!(q.is_pending("pv-1").await.unwrap());
+}
