@@ -93,7 +93,7 @@ pub trait ClusterApi: Send + Sync + 'static {
     /// GET the PV `name` live (never a cache): `Ok(None)` on 404.
     async fn get_pv(&self, name: &str) -> Effect<Option<PersistentVolume>>;
 
-    /// Every PV, listed live (never a cache).
+    /// Every PV, listed live in pages (never a cache).
     async fn list_pvs(&self) -> Effect<Vec<PersistentVolume>>;
 
     /// Merge-patch the PV `name` with `patch` (its capacity after an expansion).
@@ -351,10 +351,8 @@ impl ClusterApi for KubeCluster {
 
     async fn list_pvs(&self) -> Effect<Vec<PersistentVolume>> {
         let pvs = Api::<PersistentVolume>::all(self.client.clone());
-        let list = pvs.list(&ListParams::default()).await;
-        Ok(list
-            .map_err(kube_failed("list PersistentVolume".into()))?
-            .items)
+        let list = common::kube::list::list_all(&pvs).await;
+        list.map_err(kube_failed("list PersistentVolume".into()))
     }
 
     async fn patch_pv(&self, name: &str, patch: &serde_json::Value) -> Effect<()> {

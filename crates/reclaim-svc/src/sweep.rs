@@ -19,7 +19,7 @@ use common::handoff::orphan_report::{self, OrphanReport};
 use common::handoff::queue::PvQueue;
 use common::handoff::redis_store::{self, RedisConfig};
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use provisioner_api::{OrphanOutcome, Provisioner};
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +31,7 @@ pub trait Accounting: Send + Sync {
     /// Whether a provisioning intent is recorded for `pv_name` or, if not, a PV
     /// write for it is pending in the durable queue.
     async fn is_pending(&self, pv_name: &str) -> anyhow::Result<bool>;
-    /// Every PV on the API server (a quorum read).
+    /// Every PV on the API server (a quorum read, in pages).
     async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>>;
 }
 
@@ -54,8 +54,9 @@ impl Accounting for LiveAccounting {
         self.queue.is_pending(pv_name).await.context("queue")
     }
     async fn list_pvs(&self) -> anyhow::Result<Vec<PersistentVolume>> {
-        let list = self.pvs.list(&ListParams::default()).await;
-        Ok(list.context("PVs")?.items)
+        Ok(common::kube::list::list_all(&self.pvs)
+            .await
+            .context("PVs")?)
     }
 }
 
