@@ -298,8 +298,9 @@ pub async fn run_term(ctx: ServiceContext, deps: TermDeps) -> anyhow::Result<()>
     Ok(())
 }
 
-/// pv-writer's queue and the intents in Redis, with `args`' replica acknowledgements; retried
-/// every `--redis-reconnect-period`. `None`: `ctx.shutdown` fired first.
+/// pv-writer's queue and the intents in Redis on one connection (the enqueue script clears
+/// intents: both follow one primary), with `args`' replica acknowledgements; retried every
+/// `--redis-reconnect-period`. `None`: `ctx.shutdown` fired first.
 async fn connect_redis(
     ctx: &ServiceContext,
     args: &ProvisionArgs,
@@ -308,8 +309,8 @@ async fn connect_redis(
     let acks = (args.redis_wait_replicas, args.redis_wait_timeout);
     let connect = || async {
         let queue = PvQueue::connect(&redis, name).await?;
-        let intents = IntentStore::connect(&redis, name).await?;
-        Ok((queue.with_replica_acks(acks.0, acks.1), intents))
+        let intents = IntentStore::with_connection(queue.connection(), name);
+        Ok::<_, EffectError>((queue.with_replica_acks(acks.0, acks.1), intents))
     };
     let log =
         |e: &EffectError, _, _| tracing::warn!(error = %e, "cannot connect to Redis; retrying");

@@ -206,7 +206,7 @@ impl RedisConn {
     /// A caller's own deadline passed before an answer: connect again, as after a
     /// command's timeout (at most once per 5 s).
     pub async fn timed_out(&mut self) {
-        self.failover.look_up(true).await;
+        self.failover.look_up(true, false).await;
         self.refresh();
     }
 
@@ -221,20 +221,28 @@ impl RedisConn {
             .clone();
     }
 
-    /// `result` of a command, after [`saw_error`](Self::saw_error) on its error.
+    /// `result` of a command, after reacting to its error as [`saw_error`](Self::saw_error)
+    /// does, but without waiting for another clone's lookup.
     async fn after<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         if let Err(err) = &result {
-            self.saw_error(err).await;
+            self.react(err, false).await;
         }
         result
     }
 
-    /// `err` of a command to this primary (here or on another connection to it): after a
-    /// timeout, connect again (redis-rs would keep the silent connection); with Sentinels,
-    /// after any [`failover_like`] error, look the primary up.
+    /// `err` of a command to this primary on another connection to it: as after an error
+    /// here, and waiting for a lookup another clone is running, so that the primary is
+    /// current when this returns (e.g. to retry on it).
     pub async fn saw_error(&mut self, err: &redis::RedisError) {
+        self.react(err, true).await;
+    }
+
+    /// After a timeout, connect again (redis-rs would keep the silent connection); with
+    /// Sentinels, after any [`failover_like`] error, look the primary up (`wait`: also
+    /// when another lookup is running, for its end).
+    async fn react(&mut self, err: &redis::RedisError, wait: bool) {
         if err.is_timeout() || self.failover.sentinels() && failover_like(err) {
-            self.failover.look_up(err.is_timeout()).await;
+            self.failover.look_up(err.is_timeout(), wait).await;
             self.refresh();
         }
     }
@@ -248,9 +256,13 @@ impl Failover {
 
     /// Ask the endpoint for the primary and switch when it names another address, or
     /// with `fresh` (a command timed out) connect to the same one again, also when no
-    /// Sentinel answers. At most one lookup runs and at most one per [`LOOKUP_INTERVAL`].
-    async fn look_up(&self, fresh: bool) {
-        let idle = self.resolving.try_lock().ok();
+    /// Sentinel answers. At most one lookup runs (`wait`: else return at once) and at
+    /// most one per [`LOOKUP_INTERVAL`].
+    async fn look_up(&self, fresh: bool, wait: bool) {
+        let idle = match wait {
+            true => Some(self.resolving.lock().await),
+            false => self.resolving.try_lock().ok(),
+        };
         let Some(mut last) = idle.filter(|last| last.elapsed() >= LOOKUP_INTERVAL) else {
             return;
         };

@@ -181,6 +181,11 @@ impl PvQueue {
         }
     }
 
+    /// The queue's shared Redis connection (e.g. for the intents, so both follow one primary).
+    pub fn connection(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
     /// The same queue waiting for `acks` replicas (at most `timeout`) after each enqueue.
     pub fn with_replica_acks(mut self, acks: ReplicaAcks, timeout: Duration) -> Self {
         self.replica_acks = acks;
@@ -206,30 +211,50 @@ impl PvQueue {
             let mut conn = self.conn.clone();
             return Ok(self.enqueue_on(&mut conn, pv_name, payload).await?.0);
         };
-        let take = || async {
-            let primary = self.conn.primary();
-            dedicated.take(primary).await.map_err(cmd("enqueue"))
-        };
-        let (mut conn, reused, mut generation) = take().await?;
-        let mut outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
-        // After a timeout or a failover-like error, idle connections may be silent, dead or
-        // demoted too: drop them, let the shared connection react as to its own error, and
-        // with an idle one, enqueue once more on a new one (the script is idempotent).
-        if let Err(QueueError::Command { source, .. }) = &outcome {
-            if source.is_timeout() || failover_like(source) {
-                dedicated.drop_all();
-                self.conn.clone().saw_error(source).await;
-                if reused && !source.is_timeout() {
-                    (conn, _, generation) = take().await?;
-                    outcome = self.enqueue_on(&mut conn.1, pv_name, payload).await;
+        match self.enqueue_dedicated(dedicated, pv_name, payload).await {
+            Ok(outcome) => Ok(outcome),
+            Err((_, true)) => {
+                let again = self.enqueue_dedicated(dedicated, pv_name, payload).await;
+                again.map_err(|(err, _)| err)
+            }
+            Err((err, false)) => Err(err),
+        }
+    }
+
+    /// One enqueue on a connection of the pool. After a timeout or a failover-like error the
+    /// idle connections may be silent, dead or demoted too: they are dropped, the shared
+    /// connection reacts as to its own error, and the error says whether to enqueue once
+    /// more (not after a timeout; on an idle connection, or when the primary moved).
+    async fn enqueue_dedicated(
+        &self,
+        dedicated: &Dedicated,
+        pv_name: &str,
+        payload: &[u8],
+    ) -> Result<EnqueueOutcome, (QueueError, bool)> {
+        let primary = self.conn.primary();
+        let (source, reused) = match dedicated.take(primary.clone()).await {
+            Ok(((addr, mut conn), reused, generation)) => {
+                match self.enqueue_on(&mut conn, pv_name, payload).await {
+                    Ok((outcome, answered)) => {
+                        if answered {
+                            dedicated.give_back((addr, conn), generation);
+                        }
+                        return Ok(outcome);
+                    }
+                    Err(QueueError::Command { source, .. }) => (source, reused),
+                    Err(err) => return Err((err, false)),
                 }
             }
+            Err(source) => (source, false),
+        };
+        if source.is_timeout() || failover_like(&source) {
+            dedicated.drop_all();
+            self.conn.clone().saw_error(&source).await;
+            let moved = self.conn.primary().0 != primary.0;
+            let again = !source.is_timeout() && (reused || moved);
+            return Err((cmd(ENQUEUE.name)(source), again));
         }
-        let (outcome, answered) = outcome?;
-        if answered {
-            dedicated.give_back(conn, generation);
-        }
-        Ok(outcome)
+        Err((cmd(ENQUEUE.name)(source), false))
     }
 
     /// The enqueue script, `WAITAOF` and `WAIT`, all on `conn` (both waits cover the
@@ -357,12 +382,16 @@ impl PvQueue {
             return Ok(false);
         };
         let mut slot = dedicated.waker.lock().await;
+        let (primary, answer) = (self.conn.primary(), timeout + Duration::from_secs(2));
         let popped = async {
-            if slot.is_none() {
-                let answer = timeout + Duration::from_secs(2);
-                *slot = Some(pool::open(self.conn.primary(), answer).await?.1);
+            let stale = slot
+                .as_ref()
+                .is_none_or(|(addr, _, within)| *addr != primary.0 || *within < answer);
+            if stale {
+                let (addr, conn) = pool::open(primary, answer).await?;
+                *slot = Some((addr, conn, answer));
             }
-            let conn = slot.as_mut().expect("connection just made");
+            let conn = &mut slot.as_mut().expect("connection just made").1;
             let wakeup = self.keys.get(Key::Wakeup);
             conn.blpop::<_, Option<(String, String)>>(wakeup, timeout.as_secs_f64().max(0.01))
                 .await
