@@ -129,3 +129,31 @@ async fn an_enqueue_waits_for_a_replica_and_reports_a_shortfall() {
     let outcome = queue.enqueue_raw("pvc-1", b"x").await.unwrap();
     assert_eq!(outcome.replicas, (0, 0), "no replica, no WAIT");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_enqueues_after_a_failover_land_on_the_new_primary() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut set = RedisSentinels::start(dir.path()).await.unwrap();
+    let queue = PvQueue::connect(set.url(), "example.com/hostpath")
+        .await
+        .unwrap();
+    let enqueue_all = |prefix: &'static str| {
+        let queue = &queue;
+        futures::future::join_all((0..8).map(move |i| async move {
+            let name = format!("{prefix}-{i}");
+            (queue.enqueue_raw(&name, b"x").await, name)
+        }))
+    };
+    // Idle connections to the first primary, one per concurrent enqueue.
+    for (outcome, name) in enqueue_all("pvc-before").await {
+        outcome.unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let second = set.kill_primary_and_fail_over().await.unwrap();
+    // Every idle connection is dead; each enqueue waits for the one lookup and runs again.
+    for (outcome, name) in enqueue_all("pvc-after").await {
+        outcome.unwrap_or_else(|e| panic!("{name} failed after the failover: {e}"));
+        assert!(queue.is_pending(&name).await.unwrap(), "{name} is queued");
+    }
+    let primary = queue.connection().primary_addr();
+    assert_eq!(primary, Some(format!("127.0.0.1:{second}")));
+}
