@@ -138,16 +138,8 @@ impl RedisSentinels {
     /// Errors: no Sentinel answers.
     pub async fn primary_port(&self) -> anyhow::Result<u16> {
         for (port, _) in &self.sentinels {
-            let Ok(mut conn) = connection(*port).await else {
-                continue;
-            };
-            let addr: redis::RedisResult<(String, u16)> = redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(PRIMARY_NAME)
-                .query_async(&mut conn)
-                .await;
-            if let Ok((_, port)) = addr {
-                return Ok(port);
+            if let Some(primary) = named_primary(*port).await {
+                return Ok(primary);
             }
         }
         anyhow::bail!("no Sentinel answered")
@@ -182,13 +174,20 @@ impl RedisSentinels {
         Ok(old)
     }
 
-    /// Wait (30 s) until the Sentinels name a primary other than `old` that
+    /// Wait (30 s) until every Sentinel names the same primary other than `old`, and it
     /// answers as master; returns its port.
     ///
     /// Errors: no failover within 30 s.
     pub async fn wait_failover(&self, old: u16) -> anyhow::Result<u16> {
         wait_for(Duration::from_secs(30), "Sentinel failover", || async {
-            let port = self.primary_port().await.ok().filter(|p| *p != old)?;
+            let mut named = Vec::new();
+            for (port, _) in &self.sentinels {
+                named.push(named_primary(*port).await?);
+            }
+            let port = named[0];
+            if port == old || named.iter().any(|p| *p != port) {
+                return None;
+            }
             info(port, "replication")
                 .await
                 .filter(|i| i.contains("role:master"))
@@ -225,6 +224,17 @@ async fn connection(port: u16) -> anyhow::Result<redis::aio::MultiplexedConnecti
     )
     .await??;
     Ok(conn)
+}
+
+/// The primary's port as the Sentinel on `port` names it; `None` when it does not answer.
+async fn named_primary(port: u16) -> Option<u16> {
+    let mut conn = connection(port).await.ok()?;
+    let addr: redis::RedisResult<(String, u16)> = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(PRIMARY_NAME)
+        .query_async(&mut conn)
+        .await;
+    addr.ok().map(|(_, port)| port)
 }
 
 /// `INFO <section>` of the server on `port`, `None` when it does not answer.
