@@ -254,10 +254,9 @@ impl Failover {
         matches!(self.endpoint, Endpoint::Sentinel(_))
     }
 
-    /// Ask the endpoint for the primary and switch when it names another address, or
-    /// with `fresh` (a command timed out) connect to the same one again, also when no
-    /// Sentinel answers. At most one lookup runs (`wait`: else return at once) and at
-    /// most one per [`LOOKUP_INTERVAL`].
+    /// Ask the endpoint for the primary and switch when it names another, or with `fresh`
+    /// (a timeout) connect to the same one again, also when no Sentinel answers. One lookup
+    /// at a time (`wait`: for a running one) and one per [`LOOKUP_INTERVAL`].
     async fn look_up(&self, fresh: bool, wait: bool) {
         let idle = match wait {
             true => Some(self.resolving.lock().await),

@@ -221,10 +221,9 @@ impl PvQueue {
         }
     }
 
-    /// One enqueue on a connection of the pool. After a timeout or a failover-like error the
-    /// idle connections may be silent, dead or demoted too: they are dropped, the shared
-    /// connection reacts as to its own error, and the error says whether to enqueue once
-    /// more (not after a timeout; on an idle connection, or when the primary moved).
+    /// One enqueue on a pool connection; after a timeout or failover-like error the pool is
+    /// dropped, the shared connection reacts, and the error says whether to enqueue once
+    /// more (not after a timeout; when the connection was idle or the primary moved).
     async fn enqueue_dedicated(
         &self,
         dedicated: &Dedicated,
