@@ -222,9 +222,13 @@ impl SimHandle {
         )
     }
 
-    /// Write [`SimHandle::kubeconfig_yaml`] to `path`.
+    /// Write [`SimHandle::kubeconfig_yaml`] to `path`, whole (a temporary file renamed).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        std::fs::write(path, self.kubeconfig_yaml())
+        // Whole or not at all: a reader polling for the file never sees it half written.
+        let path = path.as_ref();
+        let partial = path.with_extension("partial");
+        std::fs::write(&partial, self.kubeconfig_yaml())?;
+        std::fs::rename(partial, path)
     }
 
     /// A kube client for this simulator (default namespace `default`). Needs a Tokio runtime.

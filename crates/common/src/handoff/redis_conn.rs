@@ -254,9 +254,8 @@ impl Failover {
         matches!(self.endpoint, Endpoint::Sentinel(_))
     }
 
-    /// Ask the endpoint for the primary and switch when it names another, or with `fresh`
-    /// (a timeout) connect to the same one again, also when no Sentinel answers. One lookup
-    /// at a time (`wait`: for a running one) and one per [`LOOKUP_INTERVAL`].
+    /// [`look_up_now`](Self::look_up_now) unless one ran within [`LOOKUP_INTERVAL`] of its
+    /// end; one at a time (`wait`: waiting for a running one, whose result then stands).
     async fn look_up(&self, fresh: bool, wait: bool) {
         let idle = match wait {
             true => Some(self.resolving.lock().await),
@@ -265,7 +264,13 @@ impl Failover {
         let Some(mut last) = idle.filter(|last| last.elapsed() >= LOOKUP_INTERVAL) else {
             return;
         };
+        self.look_up_now(fresh).await;
         *last = Instant::now();
+    }
+
+    /// Ask the endpoint for the primary and switch when it names another, or with `fresh`
+    /// (a timeout) connect to the same one again, also when no Sentinel answers.
+    async fn look_up_now(&self, fresh: bool) {
         let named = match tokio::time::timeout(LOOKUP_TIMEOUT, self.endpoint.primary()).await {
             Ok(Ok(client)) => Some(client),
             Ok(Err(err)) => {
@@ -465,6 +470,34 @@ mod tests {
         let answer = ping(&conn, long).await.expect("answered within 8 s");
         assert_eq!(answer.unwrap(), "PONG");
         assert_eq!(conn.primary_switches(), 0, "the same primary: no switch");
+    }
+
+    #[tokio::test]
+    async fn errors_seen_during_a_slow_lookup_wait_for_it_instead_of_each_looking_up() {
+        let redis = TestRedis::start().await;
+        // A Sentinel that accepts and never answers: each lookup takes its whole 2 s.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = silent.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = silent.accept().await {
+                held.push(conn);
+            }
+        });
+        let conn = crate::handoff::test_redis::behind_sentinel_at(&redis.url(), port).await;
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let started = Instant::now();
+        let errors = (0..4).map(|_| {
+            let (mut conn, err) = (conn.clone(), refused.clone());
+            async move { conn.saw_error(&err).await }
+        });
+        futures::future::join_all(errors).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(4),
+            "4 errors took {took:?}: one lookup each"
+        );
     }
 
     #[test]

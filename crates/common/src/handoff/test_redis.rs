@@ -63,15 +63,20 @@ impl TestRedis {
 
 /// A connection to `url` as if Sentinels had named it, with every Sentinel unreachable.
 pub async fn behind_unreachable_sentinels(url: &str) -> crate::handoff::redis_conn::RedisConn {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    behind_sentinel_at(url, port).await
+}
+
+/// A connection to `url` as if the Sentinel on `port` had named it.
+pub async fn behind_sentinel_at(url: &str, port: u16) -> crate::handoff::redis_conn::RedisConn {
     use crate::handoff::redis_conn::{manager_config, Endpoint, RedisConn};
     use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
     let client = redis::Client::open(url).unwrap();
     let manager = redis::aio::ConnectionManager::new_with_config(client.clone(), manager_config());
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
-    let nowhere = redis::ConnectionAddr::Tcp("127.0.0.1".into(), port);
-    let sentinels = SentinelClientBuilder::new([nowhere], "p", SentinelServerType::Master);
+    let sentinel = redis::ConnectionAddr::Tcp("127.0.0.1".into(), port);
+    let sentinels = SentinelClientBuilder::new([sentinel], "p", SentinelServerType::Master);
     let sentinels = sentinels.unwrap().build().unwrap();
     let endpoint = Endpoint::Sentinel(std::sync::Arc::new(tokio::sync::Mutex::new(sentinels)));
     RedisConn::new(manager.await.unwrap(), client, endpoint)
