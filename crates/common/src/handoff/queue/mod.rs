@@ -246,14 +246,14 @@ impl PvQueue {
             }
             Err(source) => (source, false),
         };
+        let mut again = false;
         if source.is_timeout() || failover_like(&source) {
             dedicated.drop_all();
             self.conn.clone().saw_error(&source).await;
             let moved = self.conn.primary().0 != primary.0;
-            let again = !source.is_timeout() && (reused || moved);
-            return Err((cmd(ENQUEUE.name)(source), again));
+            again = !source.is_timeout() && (reused || moved);
         }
-        Err((cmd(ENQUEUE.name)(source), false))
+        Err((cmd(ENQUEUE.name)(source), again))
     }
 
     /// The enqueue script, `WAITAOF` and `WAIT`, all on `conn` (both waits cover the

@@ -9,9 +9,9 @@ use redis::aio::MultiplexedConnection;
 
 use crate::handoff::redis_conn::ANSWER_TIMEOUT;
 
-/// Connections of the queue's own to the primary: the one blocking on the wake-up list
-/// (with its address and answer timeout), and the idle ones of enqueues (`WAITAOF` and `WAIT` hold their connection until they
-/// answer, so each enqueue runs on a connection nothing else uses meanwhile).
+/// Connections of the queue's own to the primary: the one blocking on the wake-up list (with
+/// its address and answer timeout), and the idle ones of enqueues (`WAITAOF` and `WAIT` hold
+/// their connection until they answer, so each enqueue uses one nothing else uses meanwhile).
 #[derive(Clone, Default)]
 pub(super) struct Dedicated {
     pub(super) waker: Arc<tokio::sync::Mutex<Option<(String, MultiplexedConnection, Duration)>>>,
