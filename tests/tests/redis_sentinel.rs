@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use common::handoff::queue::{PvQueue, ReplicaAcks};
 use common::handoff::redis_store;
+use e2e::harness::sentinel::info;
 use e2e::harness::wait::wait_for;
 use e2e::harness::{RedisSentinels, RedisServer};
 
@@ -156,4 +157,46 @@ async fn concurrent_enqueues_after_a_failover_land_on_the_new_primary() {
     }
     let primary = queue.connection().primary_addr();
     assert_eq!(primary, Some(format!("127.0.0.1:{second}")));
+}
+
+/// An old primary cut off from its replicas refuses an enqueue (`NOREPLICAS`, from the
+/// deployed `min-replicas-to-write 1`) instead of keeping a write the failover would
+/// discard, and the refusal moves the queue's connection to the primary Sentinels name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_primary_without_replicas_refuses_an_enqueue_and_the_queue_moves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = RedisSentinels::start_as_deployed(dir.path()).await.unwrap();
+    let queue = PvQueue::connect(set.url(), "example.com/hostpath")
+        .await
+        .unwrap();
+    let enqueue = |name: &'static str| {
+        let queue = &queue;
+        move || async move { queue.enqueue_raw(name, b"x").await.ok() }
+    };
+    // Writes pass once the primary counts its replicas (within a second or two of start).
+    let first = wait_for(Duration::from_secs(20), "a first enqueue", enqueue("pvc-0")).await;
+    first.unwrap();
+
+    let old = set.fail_over_by_hand().await.unwrap();
+    let new = set.wait_failover(old).await.unwrap();
+    let window = info(old, "replication").await.unwrap_or_default();
+    assert!(
+        window.contains("role:master"),
+        "the old primary still runs as one"
+    );
+    let answer = queue.enqueue_raw("pvc-1", b"x").await;
+    let on_old = PvQueue::connect(format!("redis://127.0.0.1:{old}/0"), "example.com/hostpath");
+    let kept = on_old.await.unwrap().is_pending("pvc-1").await.unwrap();
+    assert!(
+        !kept,
+        "the old primary kept the enqueue (answered {answer:?})"
+    );
+    let moved = queue.connection().primary_addr();
+    assert_eq!(moved, Some(format!("127.0.0.1:{new}")), "after {answer:?}");
+
+    // The new primary takes it (once its other replica follows it).
+    let landed = wait_for(Duration::from_secs(20), "an enqueue", enqueue("pvc-1")).await;
+    landed.unwrap();
+    let on_new = PvQueue::connect(format!("redis://127.0.0.1:{new}/0"), "example.com/hostpath");
+    assert!(on_new.await.unwrap().is_pending("pvc-1").await.unwrap());
 }

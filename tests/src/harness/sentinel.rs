@@ -1,4 +1,4 @@
-//! A replicated Redis on loopback: a primary, one replica and three Sentinels
+//! A replicated Redis on loopback: a primary, one or two replicas and three Sentinels
 //! (quorum 2, a primary down after 1 s), all `redis-server` children (a Sentinel
 //! is `redis-server <conf> --sentinel`). Open: no password, protected mode off.
 
@@ -14,34 +14,68 @@ use super::wait::{wait_for, wait_until};
 /// The name the Sentinels monitor the primary under.
 pub const PRIMARY_NAME: &str = "provisioner";
 
-/// Two data servers (index 0 starts as primary) and three Sentinels.
+/// Data servers (index 0 starts as primary) and three Sentinels.
 pub struct RedisSentinels {
     dir: PathBuf,
     data: Vec<(u16, Option<ManagedProcess>)>,
     sentinels: Vec<(u16, ManagedProcess)>,
+    guard: Vec<String>,
+}
+
+/// The write guard `deploy/components/redis-sentinel/start-redis.sh` gives each data
+/// server (`--min-replicas-to-write N --min-replicas-max-lag S`).
+///
+/// Errors: the script is missing or lacks either flag.
+fn deployed_guard() -> anyhow::Result<Vec<String>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/components/redis-sentinel/start-redis.sh");
+    let text = std::fs::read_to_string(&script)?;
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut guard = Vec::new();
+    for flag in ["--min-replicas-to-write", "--min-replicas-max-lag"] {
+        let at = words.iter().position(|w| *w == flag);
+        let value = at.and_then(|i| words.get(i + 1)).context(flag)?;
+        guard.extend([flag.to_string(), value.to_string()]);
+    }
+    Ok(guard)
 }
 
 impl RedisSentinels {
-    /// Start the primary, the replica (waits until it is in sync) and the
+    /// Start the primary, one replica (waits until it is in sync) and the
     /// Sentinels (waits until all three know the replica and each other).
     ///
     /// Errors: `redis-server` missing, or a server not answering within 15 s.
     pub async fn start(dir: &Path) -> anyhow::Result<Self> {
+        Self::start_with(dir, 1, Vec::new()).await
+    }
+
+    /// As deployed by `deploy/components/redis-sentinel`: two replicas, and every data
+    /// server with the component's write guard (a primary refuses writes without a replica
+    /// keeping up). Errors: as [`start`](Self::start), or the guard is not in the component.
+    pub async fn start_as_deployed(dir: &Path) -> anyhow::Result<Self> {
+        Self::start_with(dir, 2, deployed_guard()?).await
+    }
+
+    async fn start_with(dir: &Path, replicas: usize, guard: Vec<String>) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut set = RedisSentinels {
             dir: dir.to_path_buf(),
             data: Vec::new(),
             sentinels: Vec::new(),
+            guard,
         };
         let primary = free_port()?;
         set.start_data(primary, None).await?;
-        set.start_data(free_port()?, Some(primary)).await?;
-        wait_until(Duration::from_secs(15), "replica in sync", || async {
-            info(set.data[1].0, "replication")
-                .await
-                .is_some_and(|i| i.contains("master_link_status:up"))
-        })
-        .await?;
+        for i in 1..=replicas {
+            set.start_data(free_port()?, Some(primary)).await?;
+            let port = set.data[i].0;
+            wait_until(Duration::from_secs(15), "replica in sync", || async move {
+                info(port, "replication")
+                    .await
+                    .is_some_and(|i| i.contains("master_link_status:up"))
+            })
+            .await?;
+        }
         for i in 0..3 {
             let port = free_port()?;
             let conf = set.dir.join(format!("sentinel-{i}.conf"));
@@ -68,9 +102,10 @@ impl RedisSentinels {
                 Duration::from_secs(15),
                 "Sentinel sees replica and peers",
                 || async move {
+                    let want = format!("slaves={replicas},sentinels=3");
                     info(port, "sentinel")
                         .await
-                        .is_some_and(|i| i.contains("slaves=1,sentinels=3"))
+                        .is_some_and(|i| i.contains(&want))
                 },
             )
             .await?;
@@ -100,6 +135,7 @@ impl RedisSentinels {
         ]
         .map(String::from)
         .to_vec();
+        args.extend(self.guard.iter().cloned());
         if let Some(primary) = replica_of {
             args.extend([
                 "--replicaof".into(),
@@ -151,6 +187,22 @@ impl RedisSentinels {
             .iter()
             .position(|(p, _)| *p == port)
             .context("the Sentinels name an unknown server")
+    }
+
+    /// Ask a Sentinel to fail over (`SENTINEL FAILOVER`) while the primary runs; returns
+    /// the old primary's port. It stays a primary, without replicas, until the Sentinels
+    /// reconfigure it (about 8 s after the failover).
+    ///
+    /// Errors: no Sentinel answers, or it refuses.
+    pub async fn fail_over_by_hand(&self) -> anyhow::Result<u16> {
+        let old = self.primary_port().await?;
+        let mut conn = connection(self.sentinels[0].0).await?;
+        let _: () = redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(PRIMARY_NAME)
+            .query_async(&mut conn)
+            .await?;
+        Ok(old)
     }
 
     /// SIGKILL the current primary, then wait (30 s) until the Sentinels promote
@@ -226,15 +278,18 @@ async fn connection(port: u16) -> anyhow::Result<redis::aio::MultiplexedConnecti
     Ok(conn)
 }
 
-/// The primary's port as the Sentinel on `port` names it; `None` when it does not answer.
+/// The primary's port in the Sentinel's table on `port` (`SENTINEL MASTER`, which clients
+/// read through `SENTINEL MASTERS`); `None` when it does not answer. During a failover,
+/// `get-master-addr-by-name` names the promoted replica before this table does.
 async fn named_primary(port: u16) -> Option<u16> {
     let mut conn = connection(port).await.ok()?;
-    let addr: redis::RedisResult<(String, u16)> = redis::cmd("SENTINEL")
-        .arg("get-master-addr-by-name")
-        .arg(PRIMARY_NAME)
-        .query_async(&mut conn)
-        .await;
-    addr.ok().map(|(_, port)| port)
+    let table: redis::RedisResult<std::collections::HashMap<String, String>> =
+        redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(PRIMARY_NAME)
+            .query_async(&mut conn)
+            .await;
+    table.ok()?.get("port")?.parse().ok()
 }
 
 /// `INFO <section>` of the server on `port`, `None` when it does not answer.

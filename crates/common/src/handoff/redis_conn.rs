@@ -2,7 +2,8 @@
 //! `ConnectionManager` to the primary, replaced by a new one after a command timed out
 //! (redis-rs keeps a connection that stopped answering). With a `redis+sentinel://` URL
 //! the Sentinels name the primary, and are asked again after an error that suggests a
-//! failover (connection lost or refused, a timeout, `READONLY`), without a restart.
+//! failover (connection lost or refused, a timeout, `READONLY`, `NOREPLICAS`), without a
+//! restart.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -108,12 +109,13 @@ pub fn manager_config() -> ConnectionManagerConfig {
 }
 
 /// Whether `err` suggests the primary moved or its connection died: lost or refused,
-/// `READONLY` (a demoted primary), `MASTERDOWN`.
+/// `READONLY` (a demoted primary), `MASTERDOWN`, `NOREPLICAS` (a primary cut off from its
+/// replicas, with `min-replicas-to-write`).
 pub fn failover_like(err: &redis::RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
-        || matches!(err.code(), Some("READONLY" | "MASTERDOWN"))
+        || matches!(err.code(), Some("READONLY" | "MASTERDOWN" | "NOREPLICAS"))
 }
 
 /// A cheap-to-clone connection to the Redis primary; implements redis-rs'
@@ -134,11 +136,13 @@ struct Failover {
     switches: std::sync::atomic::AtomicU64,
 }
 
-/// The primary commands go to: its address, connection and client (to connect again).
+/// The primary commands go to: its address, connection and client (to connect again),
+/// and the connection's number (one more after each move or new connection).
 struct Primary {
     addr: String,
     manager: ConnectionManager,
     client: redis::Client,
+    number: u64,
 }
 
 /// Least time between two lookups of the primary.
@@ -165,6 +169,7 @@ impl RedisConn {
             addr,
             manager: manager.clone(),
             client,
+            number: 0,
         };
         let failover = Arc::new(Failover {
             endpoint,
@@ -189,10 +194,11 @@ impl RedisConn {
         })
     }
 
-    /// The primary commands go to now: its address and a client to connect to it.
-    pub fn primary(&self) -> (String, redis::Client) {
+    /// The primary commands go to now: the shared connection's number (one more after
+    /// each move or new connection, also to the same address) and a client to connect to it.
+    pub fn primary(&self) -> (u64, redis::Client) {
         let primary = self.failover.primary.lock().expect("not poisoned");
-        (primary.addr.clone(), primary.client.clone())
+        (primary.number, primary.client.clone())
     }
 
     /// How many times this connection moved to another primary (0 without
@@ -282,9 +288,9 @@ impl Failover {
                 None
             }
         };
-        let (old, known) = {
+        let (old, known, number) = {
             let primary = self.primary.lock().expect("not poisoned");
-            (primary.addr.clone(), primary.client.clone())
+            (primary.addr.clone(), primary.client.clone(), primary.number)
         };
         let client = match named {
             Some(client) => client,
@@ -313,6 +319,7 @@ impl Failover {
                     addr,
                     manager,
                     client,
+                    number: number + 1,
                 };
                 *self.primary.lock().expect("not poisoned") = primary;
             }
@@ -359,70 +366,13 @@ impl ConnectionLike for RedisConn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handoff::test_redis::TestRedis;
-    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// A TCP proxy to `upstream`; [`Proxy::silence`] makes every connection open then stop
-    /// forwarding without closing (a peer gone without a reset), while new ones forward.
-    struct Proxy {
-        port: u16,
-        opened: Arc<AtomicU64>,
-        silenced_below: Arc<AtomicU64>,
-    }
-
-    /// Copy `from` to `to` while connection `id` is not silenced; then hold both open.
-    async fn pump(
-        mut from: tokio::net::tcp::OwnedReadHalf,
-        mut to: tokio::net::tcp::OwnedWriteHalf,
-        id: u64,
-        silenced_below: Arc<AtomicU64>,
-    ) {
-        let mut buf = [0u8; 4096];
-        while let Ok(n @ 1..) = from.read(&mut buf).await {
-            if id < silenced_below.load(SeqCst) {
-                std::future::pending::<()>().await;
-            }
-            if to.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    }
-
-    impl Proxy {
-        async fn start(upstream: u16) -> Self {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let port = listener.local_addr().unwrap().port();
-            let opened = Arc::new(AtomicU64::new(0));
-            let silenced_below = Arc::new(AtomicU64::new(0));
-            let (count, silenced) = (opened.clone(), silenced_below.clone());
-            tokio::spawn(async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    let id = count.fetch_add(1, SeqCst);
-                    let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream));
-                    let ((cr, cw), (sr, sw)) =
-                        (client.into_split(), server.await.unwrap().into_split());
-                    tokio::spawn(pump(cr, sw, id, silenced.clone()));
-                    tokio::spawn(pump(sr, cw, id, silenced.clone()));
-                }
-            });
-            Proxy {
-                port,
-                opened,
-                silenced_below,
-            }
-        }
-
-        fn silence(&self) {
-            self.silenced_below.store(self.opened.load(SeqCst), SeqCst);
-        }
-    }
+    use crate::handoff::test_redis::{Proxy, TestRedis};
 
     /// A Redis behind a [`Proxy`] and a connection through it.
     async fn through_proxy() -> (TestRedis, Proxy, RedisConn) {
         let redis = TestRedis::start().await;
         let proxy = Proxy::start(redis.port()).await;
-        let url = format!("redis://127.0.0.1:{}/0", proxy.port);
+        let url = proxy.url();
         let conn = crate::handoff::redis_store::connect(url.as_str()).await;
         (redis, proxy, conn.unwrap())
     }
@@ -462,7 +412,7 @@ mod tests {
     async fn with_no_sentinel_answering_a_silent_primary_is_connected_to_again() {
         let redis = TestRedis::start().await;
         let proxy = Proxy::start(redis.port()).await;
-        let url = format!("redis://127.0.0.1:{}/0", proxy.port);
+        let url = proxy.url();
         let conn = crate::handoff::test_redis::behind_unreachable_sentinels(&url).await;
         let long = Duration::from_secs(8);
         proxy.silence();

@@ -1,7 +1,11 @@
 //! Test fixture: a private `redis-server` (own free port and data dir, AOF on),
 //! killed on drop. Used by the queue and intent tests; never by the services.
 
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A running private redis-server.
 pub struct TestRedis {
@@ -86,5 +90,67 @@ impl Drop for TestRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy to `upstream`; [`Proxy::silence`] makes every connection open then stop
+/// forwarding without closing (a peer gone without a reset), while new ones forward.
+pub struct Proxy {
+    port: u16,
+    opened: Arc<AtomicU64>,
+    silenced_below: Arc<AtomicU64>,
+}
+
+/// Copy `from` to `to` while connection `id` is not silenced; then hold both open.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    id: u64,
+    silenced_below: Arc<AtomicU64>,
+) {
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = from.read(&mut buf).await {
+        if id < silenced_below.load(SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Proxy {
+    /// Listen on a free loopback port and forward each connection to `upstream`.
+    pub async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let opened = Arc::new(AtomicU64::new(0));
+        let silenced_below = Arc::new(AtomicU64::new(0));
+        let (count, silenced) = (opened.clone(), silenced_below.clone());
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let id = count.fetch_add(1, SeqCst);
+                let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream));
+                let ((cr, cw), (sr, sw)) =
+                    (client.into_split(), server.await.unwrap().into_split());
+                tokio::spawn(pump(cr, sw, id, silenced.clone()));
+                tokio::spawn(pump(sr, cw, id, silenced.clone()));
+            }
+        });
+        Proxy {
+            port,
+            opened,
+            silenced_below,
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>/0` through the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Make every connection open now stop forwarding (new ones still forward).
+    pub fn silence(&self) {
+        self.silenced_below.store(self.opened.load(SeqCst), SeqCst);
     }
 }

@@ -223,7 +223,7 @@ impl PvQueue {
 
     /// One enqueue on a pool connection; after a timeout or failover-like error the pool is
     /// dropped, the shared connection reacts, and the error says whether to enqueue once
-    /// more (not after a timeout; when the connection was idle or the primary moved).
+    /// more (not after a timeout; when the connection was idle or the shared one replaced).
     async fn enqueue_dedicated(
         &self,
         dedicated: &Dedicated,
@@ -232,11 +232,11 @@ impl PvQueue {
     ) -> Result<EnqueueOutcome, (QueueError, bool)> {
         let primary = self.conn.primary();
         let (source, reused) = match dedicated.take(primary.clone()).await {
-            Ok(((addr, mut conn), reused, generation)) => {
+            Ok(((number, mut conn), reused, generation)) => {
                 match self.enqueue_on(&mut conn, pv_name, payload).await {
                     Ok((outcome, answered)) => {
                         if answered {
-                            dedicated.give_back((addr, conn), generation);
+                            dedicated.give_back((number, conn), generation);
                         }
                         return Ok(outcome);
                     }
@@ -250,8 +250,8 @@ impl PvQueue {
         if source.is_timeout() || failover_like(&source) {
             dedicated.drop_all();
             self.conn.clone().saw_error(&source).await;
-            let moved = self.conn.primary().0 != primary.0;
-            again = !source.is_timeout() && (reused || moved);
+            let replaced = self.conn.primary().0 != primary.0;
+            again = !source.is_timeout() && (reused || replaced);
         }
         Err((cmd(ENQUEUE.name)(source), again))
     }
@@ -385,12 +385,11 @@ impl PvQueue {
         let popped = async {
             let stale = slot
                 .as_ref()
-                .is_none_or(|(addr, _, within)| *addr != primary.0 || *within < answer);
+                .is_none_or(|((number, _), within)| *number != primary.0 || *within < answer);
             if stale {
-                let (addr, conn) = pool::open(primary, answer).await?;
-                *slot = Some((addr, conn, answer));
+                *slot = Some((pool::open(primary, answer).await?, answer));
             }
-            let conn = &mut slot.as_mut().expect("connection just made").1;
+            let conn = &mut slot.as_mut().expect("connection just made").0 .1;
             let wakeup = self.keys.get(Key::Wakeup);
             conn.blpop::<_, Option<(String, String)>>(wakeup, timeout.as_secs_f64().max(0.01))
                 .await

@@ -623,3 +623,25 @@ async fn enqueue_connections_go_to_the_shared_connections_primary_without_asking
     );
     assert!(q.is_pending("pv-1").await.unwrap());
 }
+
+#[tokio::test]
+async fn after_the_shared_connection_connects_again_idle_enqueue_connections_are_not_reused() {
+    let redis = Redis::start().await;
+    let proxy = crate::handoff::test_redis::Proxy::start(redis.port()).await;
+    let url = proxy.url();
+    let conn = crate::handoff::redis_store::connect(url.as_str()).await;
+    let mut q = PvQueue::with_connection(conn.unwrap(), "p");
+    q.dedicated = Some(Dedicated::default());
+    q.enqueue(&entry("pv-1")).await.expect("enqueued");
+    // Redis goes silent on every open connection; the shared one connects again first.
+    proxy.silence();
+    q.connection().timed_out().await;
+    let started = std::time::Instant::now();
+    let outcome = q.enqueue(&entry("pv-2")).await;
+    assert!(outcome.expect("enqueued on a new connection").added);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "waited {took:?} on a silent one"
+    );
+}
