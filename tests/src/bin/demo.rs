@@ -5,7 +5,7 @@
 //! them; shows the volumes reclaimed; prints a summary and stops everything.
 //!
 //! `cargo run --release -p e2e --bin demo -- [--claims N] [--control-plane real]
-//! [--kubeconfig PATH] [--backend nfs-subdir] [--keep-logs]`.
+//! [--kubeconfig PATH] [--backend nfs-subdir] [--keep-logs] [--pause]`.
 //! With `--control-plane real` it starts a real kube-apiserver +
 //! kube-controller-manager (`--kube-version`, default 1.37; found by
 //! `e2e::realkube::Assets::locate`) and runs each service as its own ServiceAccount
@@ -69,6 +69,10 @@ struct Args {
     /// Keep the run directory (service logs, Redis AOF) and print its path.
     #[arg(long)]
     keep_logs: bool,
+    /// Once the claims are Bound, print how to look at the running system
+    /// (`provisioner-ctl status`, the kubeconfig) and wait for Enter before deleting them.
+    #[arg(long)]
+    pause: bool,
 }
 
 #[tokio::main]
@@ -309,6 +313,9 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
     if n > 5 {
         println!("  ... and {} more", n - 5);
     }
+    if args.pause {
+        pause(sys).await;
+    }
     // One count per Event: `events_by_reason` lists only events.k8s.io/v1, since a real server
     // (and the simulator) shows every Event through both Event APIs.
     let events = sys.events_by_reason().await?;
@@ -379,6 +386,28 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
     );
     anyhow::ensure!(sys.dir_count() == 0, "directories left after reclaim");
     Ok(())
+}
+
+/// Print how to look at the running system, then wait for Enter (or stdin's end).
+async fn pause(sys: &System) {
+    let kubeconfig = match sys.real() {
+        Some(r) => r.cluster.admin_kubeconfig().to_path_buf(),
+        None => sys.settings.kubeconfig.clone(),
+    };
+    println!(
+        "\npaused (--pause): everything keeps running until you press Enter. In another shell:\n  \
+         {} status --redis-url {} --provisioner-name {} --kubeconfig {}\n  \
+         KUBECONFIG={} kubectl get pvc,pv\n",
+        sys.bins.ctl.display(),
+        sys.redis.url(),
+        sys.settings.provisioner_name,
+        kubeconfig.display(),
+        kubeconfig.display()
+    );
+    let enter = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new()));
+    if let Ok(Ok(0)) = enter.await {
+        println!("stdin is closed: going on");
+    }
 }
 
 /// The start-up summary: where Redis listens, the services' pids, and the
