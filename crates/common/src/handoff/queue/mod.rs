@@ -96,8 +96,9 @@ pub struct PvQueue {
     /// Replicas that must acknowledge an enqueue (`WAIT`), and for how long.
     replica_acks: ReplicaAcks,
     replica_timeout: Duration,
-    /// The primary's replica count (`ROLE`) and when it was read, for `Auto`.
-    replicas_seen: Arc<Mutex<Option<(Instant, u32)>>>,
+    /// The primary's replica count (`ROLE`), when it was read and the shared connection's
+    /// number then ([`RedisConn::primary`]), for `Auto`.
+    replicas_seen: Arc<Mutex<Option<(Instant, u64, u32)>>>,
 }
 
 /// How many replicas must acknowledge an enqueue (`WAIT`) before it counts as
@@ -317,11 +318,16 @@ impl PvQueue {
         ((wanted, acked), answered)
     }
 
-    /// The primary's connected replicas (`ROLE` on `conn`), read at most every 5 s; `None`
-    /// when `ROLE` failed or `conn` is not to a primary (not remembered).
+    /// The primary's connected replicas (`ROLE` on `conn`), read at most every 5 s and
+    /// again once the shared connection is replaced; `None` when `ROLE` failed or `conn` is
+    /// not to a primary (not remembered).
     async fn connected_replicas(&self, conn: &mut (impl ConnectionLike + Send)) -> Option<u32> {
+        let number = self.conn.primary().0;
         let seen = *self.replicas_seen.lock().expect("not poisoned");
-        if let Some((_, n)) = seen.filter(|(at, _)| at.elapsed() < Duration::from_secs(5)) {
+        let fresh = |(at, of, _): &(Instant, u64, u32)| {
+            *of == number && at.elapsed() < Duration::from_secs(5)
+        };
+        if let Some((_, _, n)) = seen.filter(fresh) {
             return Some(n);
         }
         // A primary answers `[master, offset, [replica...]]`; a replica's answer is not kept.
@@ -332,7 +338,7 @@ impl PvQueue {
             return None;
         }
         let n = replicas.len() as u32;
-        *self.replicas_seen.lock().expect("not poisoned") = Some((Instant::now(), n));
+        *self.replicas_seen.lock().expect("not poisoned") = Some((Instant::now(), number, n));
         Some(n)
     }
 

@@ -645,3 +645,37 @@ async fn after_the_shared_connection_connects_again_idle_enqueue_connections_are
         "waited {took:?} on a silent one"
     );
 }
+
+#[tokio::test]
+async fn the_replica_count_is_read_again_after_the_shared_connection_is_replaced() {
+    let (primary, replica) = (Redis::start().await, Redis::start().await);
+    let conn = crate::handoff::redis_store::connect(primary.url().as_str()).await;
+    let mut q = PvQueue::with_connection(conn.unwrap(), "p");
+    q.dedicated = Some(Dedicated::default());
+    let q = q.with_replica_acks(ReplicaAcks::Auto, Duration::from_secs(2));
+    let outcome = q.enqueue(&entry("pv-1")).await.unwrap();
+    assert_eq!(outcome.replicas, (0, 0), "no replica yet");
+    let mut to_replica = redis::Client::open(replica.url()).unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query(&mut to_replica)
+        .unwrap();
+    let mut conn = q.connection();
+    for _ in 0..100 {
+        let role: (String, i64, Vec<redis::Value>) =
+            redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+        if !role.2.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // As after a move to another primary: the count read from the old one no longer holds.
+    conn.timed_out().await;
+    let outcome = q.enqueue(&entry("pv-2")).await.unwrap();
+    assert_eq!(
+        outcome.replicas,
+        (1, 1),
+        "the new primary's replica is waited for"
+    );
+}
