@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use common::handoff::data_marker::DataMarker;
 use common::handoff::queue::{PvQueue, ReplicaAcks};
 use common::handoff::redis_store;
 use e2e::harness::sentinel::info;
@@ -199,4 +200,51 @@ async fn an_old_primary_without_replicas_refuses_an_enqueue_and_the_queue_moves_
     landed.unwrap();
     let on_new = PvQueue::connect(format!("redis://127.0.0.1:{new}/0"), "example.com/hostpath");
     assert!(on_new.await.unwrap().is_pending("pvc-1").await.unwrap());
+}
+
+/// A move to another primary that first refuses writes (as the deployed guard does while
+/// its replicas catch up) is still reported by the data marker, at its first look that
+/// succeeds: provision-svc then reconciles every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_marker_reports_a_failover_after_the_new_primary_refused_its_first_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut set = RedisSentinels::start(dir.path()).await.unwrap();
+    let conn = redis_store::connect(set.url()).await.unwrap();
+    let mut marker = DataMarker::new(conn.clone(), "example.com/hostpath");
+    assert!(!marker.lost().await.unwrap(), "the first look");
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the marker is on the replica");
+
+    let new = set.kill_primary_and_fail_over().await.unwrap();
+    let guard = |n: i64| async move {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{new}/0")).unwrap();
+        let mut direct = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("min-replicas-to-write")
+            .arg(n)
+            .query_async(&mut direct)
+            .await
+            .unwrap();
+    };
+    guard(1).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match marker.lost().await {
+            Err(err) if err.code() == Some("NOREPLICAS") => break,
+            Ok(lost) => panic!("a write passed on a primary that refuses them ({lost})"),
+            Err(err) => assert!(std::time::Instant::now() < deadline, "never moved: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    guard(0).await;
+    assert!(
+        marker.lost().await.unwrap(),
+        "the move is reported once a look succeeds"
+    );
 }

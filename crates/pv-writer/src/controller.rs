@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checks::EntryChecks;
 use crate::config::WriterConfig;
-use crate::decision::is_transient_code;
+use crate::decision::{after_refusal, is_transient_code, AfterRefusal};
 use crate::metrics::WriterMetrics;
 use crate::operation::{Writer, WriterError};
 
@@ -151,12 +151,19 @@ impl Writer {
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
         let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
         'drain: while !shutdown.is_cancelled() {
-            if self.superseded.load(Ordering::SeqCst) && !self.resume_after_lost_term().await {
-                tracing::error!(
-                    term = self.term(),
-                    "a newer pv-writer leader term began; stopping"
-                );
-                break;
+            if self.superseded.load(Ordering::SeqCst) {
+                let Some(go_on) = self.resume_after_lost_term().await else {
+                    self.readiness.set_ready(false);
+                    shutdown
+                        .run_until_cancelled(sleep(self.config.redis_reconnect))
+                        .await;
+                    continue;
+                };
+                if !go_on {
+                    let term = self.term();
+                    tracing::error!(term, "a newer pv-writer leader term began; stopping");
+                    break;
+                }
             }
             self.dispatched.beat();
             // Reap finished workers; with none free, wait for one.
@@ -216,7 +223,7 @@ impl Writer {
         let Some((epoch, n)) = Backoff::constant(self.config.redis_reconnect)
             .retry(shutdown, started, |err, _, _| {
                 self.readiness.set_ready(false);
-                tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                tracing::warn!(error = %err, "Redis command failed; not ready, retrying");
             })
             .await
         else {
@@ -278,7 +285,7 @@ impl Writer {
             }
             Err(err) => {
                 if !std::mem::replace(redis_down, true) {
-                    tracing::warn!(error = %err, "Redis unreachable; not ready, retrying");
+                    tracing::warn!(error = %err, "Redis command failed; not ready, retrying");
                 }
                 self.readiness.set_ready(false);
                 *orphan_check_at = Instant::now();
@@ -289,28 +296,36 @@ impl Writer {
         Vec::new()
     }
 
-    /// After a refusal, whether to go on: the epoch in Redis is this term (an entry
-    /// of an earlier term of ours was refused), or below it (Redis lost its data: a
-    /// term above ours begins). False when a newer leader began or Redis is unreachable.
-    async fn resume_after_lost_term(&self) -> bool {
-        let ours = self.term();
-        let current = match self.queue.current_term().await {
-            Ok(current) if current <= ours => current,
-            _ => return false,
+    /// After a refusal, whether to go on ([`after_refusal`]; a term above ours begins
+    /// when Redis lost its data): false when a newer leader began, `None` when Redis
+    /// refused or did not answer (asked again later).
+    async fn resume_after_lost_term(&self) -> Option<bool> {
+        let failed = |err: QueueError| {
+            tracing::warn!(error = %err, "Redis refused or missed the pv-writer term check; retrying");
         };
-        if current < ours {
-            let Ok(epoch) = self.queue.begin_term_above(ours).await else {
-                return false;
-            };
-            self.set_term(epoch);
-            tracing::error!(
-                lost_term = ours,
-                term = epoch,
-                "Redis lost the pv-writer term with its data; began a term above it"
-            );
+        let ours = self.term();
+        let current = self.queue.current_term().await.map_err(failed).ok();
+        match after_refusal(ours, current) {
+            AfterRefusal::Stop => return Some(false),
+            AfterRefusal::AskAgain => return None,
+            AfterRefusal::GoOn => {}
+            AfterRefusal::BeginAbove => {
+                let epoch = self
+                    .queue
+                    .begin_term_above(ours)
+                    .await
+                    .map_err(failed)
+                    .ok()?;
+                self.set_term(epoch);
+                tracing::error!(
+                    lost_term = ours,
+                    term = epoch,
+                    "Redis lost the pv-writer term with its data; began a term above it"
+                );
+            }
         }
         self.superseded.store(false, Ordering::SeqCst);
-        true
+        Some(true)
     }
 
     /// Every second, the queue gauges from Redis.

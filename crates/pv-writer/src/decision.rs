@@ -100,9 +100,40 @@ pub fn retry_delay(initial: Duration, max: Duration, attempts: u32) -> Duration 
     base.mul_f64(rand::rng().random_range(0.8..=1.0))
 }
 
+/// What a term Redis refused does next, from the epoch Redis holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterRefusal {
+    /// The epoch is this term (an entry of an earlier term of ours was refused): drain on.
+    GoOn,
+    /// The epoch is below this term: Redis lost its data; begin a term above ours.
+    BeginAbove,
+    /// A newer leader began a term: stop.
+    Stop,
+    /// Redis did not answer: ask again after a pause (not a newer leader).
+    AskAgain,
+}
+
+/// [`AfterRefusal`] for term `ours` and the epoch read from Redis (`None`: not read).
+pub fn after_refusal(ours: u64, current: Option<u64>) -> AfterRefusal {
+    match current {
+        None => AfterRefusal::AskAgain,
+        Some(current) if current > ours => AfterRefusal::Stop,
+        Some(current) if current < ours => AfterRefusal::BeginAbove,
+        Some(_) => AfterRefusal::GoOn,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_term_stops_only_for_a_newer_epoch_and_asks_again_when_redis_is_silent() {
+        assert_eq!(after_refusal(4, Some(5)), AfterRefusal::Stop);
+        assert_eq!(after_refusal(4, Some(4)), AfterRefusal::GoOn);
+        assert_eq!(after_refusal(4, Some(0)), AfterRefusal::BeginAbove);
+        assert_eq!(after_refusal(4, None), AfterRefusal::AskAgain);
+    }
 
     #[test]
     fn retry_delay_doubles_with_at_most_20_percent_jitter_and_caps() {

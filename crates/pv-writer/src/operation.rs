@@ -434,7 +434,7 @@ impl Writer {
             .retry(shutdown, op, |err, _, _| {
                 failed = true;
                 self.readiness.set_ready(false);
-                tracing::warn!(operation, error = %err, "Redis unreachable while settling a PV write; not ready, retrying");
+                tracing::warn!(operation, error = %err, "Redis command failed while settling a PV write; not ready, retrying");
             })
             .await;
         if failed && settled.is_some() {

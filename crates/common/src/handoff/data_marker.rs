@@ -25,12 +25,11 @@ impl DataMarker {
         }
     }
 
-    /// Read the marker, creating it when absent (`SET NX GET`, Redis ≥ 7.0). True
-    /// when it vanished or changed, or the connection moved to another primary,
-    /// since the previous call (never on the first). Errors: the Redis command failed.
+    /// Read the marker, creating it when absent (`SET NX GET`, Redis ≥ 7.0). True when it
+    /// vanished or changed, or the connection moved to another primary, since the last call
+    /// that succeeded (never on the first). Errors: the command failed (nothing forgotten).
     pub async fn lost(&mut self) -> redis::RedisResult<bool> {
         let switches = self.conn.primary_switches();
-        let moved = std::mem::replace(&mut self.switches, switches) != switches;
         let fresh = uuid::Uuid::new_v4().to_string();
         let old: Option<String> = redis::cmd("SET")
             .arg(&self.key)
@@ -39,6 +38,7 @@ impl DataMarker {
             .arg("GET")
             .query_async(&mut self.conn)
             .await?;
+        let moved = std::mem::replace(&mut self.switches, switches) != switches;
         let now = old.unwrap_or(fresh);
         let lost = self.seen.as_ref().is_some_and(|seen| *seen != now);
         self.seen = Some(now);
