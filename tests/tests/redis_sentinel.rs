@@ -243,6 +243,21 @@ async fn the_data_marker_reports_a_failover_after_the_new_primary_refused_its_fi
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     guard(0).await;
+    let client = redis::Client::open(format!("redis://127.0.0.1:{new}/0")).unwrap();
+    let mut direct = client.get_multiplexed_async_connection().await.unwrap();
+    let key = format!(
+        "{}data-marker",
+        redis_store::key_prefix("example.com/hostpath")
+    );
+    let kept: Option<String> = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut direct)
+        .await
+        .unwrap();
+    assert!(
+        kept.is_some(),
+        "the marker itself survived: only the move can be reported"
+    );
     assert!(
         marker.lost().await.unwrap(),
         "the move is reported once a look succeeds"

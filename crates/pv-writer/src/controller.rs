@@ -145,24 +145,20 @@ impl Writer {
         let mut tasks = JoinSet::new();
         // The PV name each worker task holds, from the take to the settle.
         let mut held = HashMap::new();
-        let mut redis_down = false;
+        let (mut redis_down, mut paused, mut newer_leader) = (false, false, false);
         // Next look for entries of this term that no worker holds: soon after
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
         let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
         'drain: while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) {
-                let Some(go_on) = self.resume_after_lost_term().await else {
-                    self.readiness.set_ready(false);
-                    shutdown
-                        .run_until_cancelled(sleep(self.config.redis_reconnect))
-                        .await;
-                    continue;
-                };
-                if !go_on {
-                    let term = self.term();
-                    tracing::error!(term, "a newer pv-writer leader term began; stopping");
-                    break;
+                match self.check_refused_term(&mut paused, &shutdown).await {
+                    Some(true) => {}
+                    Some(false) => {
+                        newer_leader = true;
+                        break;
+                    }
+                    None => continue,
                 }
             }
             self.dispatched.beat();
@@ -200,7 +196,7 @@ impl Writer {
         );
         while tasks.join_next().await.is_some() {}
         background.shutdown().await;
-        if self.superseded.load(Ordering::SeqCst) {
+        if newer_leader {
             self.readiness.set_ready(false);
             return Err(WriterError::Superseded(self.term()));
         }
@@ -296,36 +292,56 @@ impl Writer {
         Vec::new()
     }
 
-    /// After a refusal, whether to go on ([`after_refusal`]; a term above ours begins
-    /// when Redis lost its data): false when a newer leader began, `None` when Redis
-    /// refused or did not answer (asked again later).
-    async fn resume_after_lost_term(&self) -> Option<bool> {
-        let failed = |err: QueueError| {
-            tracing::warn!(error = %err, "Redis refused or missed the pv-writer term check; retrying");
-        };
+    /// With this term refused: drain on (`Some(true)`; a term above ours begins when Redis
+    /// lost its data, [`after_refusal`]), stop for a newer leader (`Some(false)`), or `None`
+    /// after a pause when Redis refused or missed the check (not ready; logged once).
+    async fn check_refused_term(
+        &self,
+        paused: &mut bool,
+        shutdown: &CancellationToken,
+    ) -> Option<bool> {
         let ours = self.term();
-        let current = self.queue.current_term().await.map_err(failed).ok();
-        match after_refusal(ours, current) {
-            AfterRefusal::Stop => return Some(false),
-            AfterRefusal::AskAgain => return None,
-            AfterRefusal::GoOn => {}
-            AfterRefusal::BeginAbove => {
-                let epoch = self
-                    .queue
-                    .begin_term_above(ours)
-                    .await
-                    .map_err(failed)
-                    .ok()?;
-                self.set_term(epoch);
-                tracing::error!(
-                    lost_term = ours,
-                    term = epoch,
-                    "Redis lost the pv-writer term with its data; began a term above it"
-                );
+        let mut failed = |err: QueueError| {
+            if !std::mem::replace(paused, true) {
+                tracing::warn!(error = %err, "Redis command failed during the pv-writer term check; not ready, retrying");
+            }
+        };
+        let current = self.queue.current_term().await.map_err(&mut failed).ok();
+        let mut decided = after_refusal(ours, current);
+        if decided == AfterRefusal::BeginAbove {
+            match self.queue.begin_term_above(ours).await {
+                Ok(epoch) => {
+                    self.set_term(epoch);
+                    tracing::error!(
+                        lost_term = ours,
+                        term = epoch,
+                        "Redis lost the pv-writer term with its data; began a term above it"
+                    );
+                }
+                Err(err) => {
+                    failed(err);
+                    decided = AfterRefusal::AskAgain;
+                }
             }
         }
-        self.superseded.store(false, Ordering::SeqCst);
-        Some(true)
+        match decided {
+            AfterRefusal::GoOn | AfterRefusal::BeginAbove => {
+                *paused = false;
+                self.superseded.store(false, Ordering::SeqCst);
+                Some(true)
+            }
+            AfterRefusal::Stop => {
+                tracing::error!(term = ours, "a newer pv-writer leader term began; stopping");
+                Some(false)
+            }
+            AfterRefusal::AskAgain => {
+                self.readiness.set_ready(false);
+                self.dispatched.beat();
+                let pause = sleep(self.config.redis_reconnect);
+                shutdown.run_until_cancelled(pause).await;
+                None
+            }
+        }
     }
 
     /// Every second, the queue gauges from Redis.

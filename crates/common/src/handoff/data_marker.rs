@@ -26,8 +26,8 @@ impl DataMarker {
     }
 
     /// Read the marker, creating it when absent (`SET NX GET`, Redis ≥ 7.0). True when it
-    /// vanished or changed, or the connection moved to another primary, since the last call
-    /// that succeeded (never on the first). Errors: the command failed (nothing forgotten).
+    /// vanished or changed, or the connection moved to another primary, since the last look
+    /// that succeeded (or [`new`](Self::new)). Errors: the command failed (nothing forgotten).
     pub async fn lost(&mut self) -> redis::RedisResult<bool> {
         let switches = self.conn.primary_switches();
         let fresh = uuid::Uuid::new_v4().to_string();

@@ -209,8 +209,11 @@ impl PvQueue {
         payload: &[u8],
     ) -> Result<EnqueueOutcome, QueueError> {
         let Some(dedicated) = &self.dedicated else {
-            let mut conn = self.conn.clone();
-            return Ok(self.enqueue_on(&mut conn, pv_name, payload).await?.0);
+            let (mut conn, number) = (self.conn.clone(), self.conn.primary().0);
+            return Ok(self
+                .enqueue_on((&mut conn, number), pv_name, payload)
+                .await?
+                .0);
         };
         match self.enqueue_dedicated(dedicated, pv_name, payload).await {
             Ok(outcome) => Ok(outcome),
@@ -234,7 +237,7 @@ impl PvQueue {
         let primary = self.conn.primary();
         let (source, reused) = match dedicated.take(primary.clone()).await {
             Ok(((number, mut conn), reused, generation)) => {
-                match self.enqueue_on(&mut conn, pv_name, payload).await {
+                match self.enqueue_on((&mut conn, number), pv_name, payload).await {
                     Ok((outcome, answered)) => {
                         if answered {
                             dedicated.give_back((number, conn), generation);
@@ -258,17 +261,17 @@ impl PvQueue {
     }
 
     /// The enqueue script, `WAITAOF` and `WAIT`, all on `conn` (both waits cover the
-    /// writes of their own connection only).
+    /// writes of their own connection only), which followed shared connection `number`.
     async fn enqueue_on(
         &self,
-        conn: &mut (impl ConnectionLike + Send),
+        (conn, number): (&mut (impl ConnectionLike + Send), u64),
         pv_name: &str,
         payload: &[u8],
     ) -> Result<(EnqueueOutcome, bool), QueueError> {
         let script = ENQUEUE.invoke(conn, &self.keys, (pv_name, payload)).await;
         let (added, cleared): (i64, i64) = script.map_err(cmd(ENQUEUE.name))?;
         let (fsynced, aof_answered) = self.wait_aof(conn).await;
-        let (replicas, replicas_answered) = self.wait_replicas(conn, pv_name).await;
+        let (replicas, replicas_answered) = self.wait_replicas((conn, number), pv_name).await;
         let outcome = EnqueueOutcome {
             added: added == 1,
             intent_cleared: cleared == 1,
@@ -282,12 +285,12 @@ impl PvQueue {
     /// failed). A shortfall is logged: the entry may be lost by a failover to a replica.
     async fn wait_replicas(
         &self,
-        conn: &mut (impl ConnectionLike + Send),
+        (conn, number): (&mut (impl ConnectionLike + Send), u64),
         pv_name: &str,
     ) -> ((u32, u32), bool) {
         let (wanted, role_answered) = match self.replica_acks {
             ReplicaAcks::Count(n) => (n, true),
-            ReplicaAcks::Auto => match self.connected_replicas(conn).await {
+            ReplicaAcks::Auto => match self.connected_replicas((conn, number)).await {
                 Some(n) => (n.min(1), true),
                 None => (0, false),
             },
@@ -318,11 +321,13 @@ impl PvQueue {
         ((wanted, acked), answered)
     }
 
-    /// The primary's connected replicas (`ROLE` on `conn`), read at most every 5 s and
-    /// again once the shared connection is replaced; `None` when `ROLE` failed or `conn` is
-    /// not to a primary (not remembered).
-    async fn connected_replicas(&self, conn: &mut (impl ConnectionLike + Send)) -> Option<u32> {
-        let number = self.conn.primary().0;
+    /// The primary's connected replicas (`ROLE` on `conn`, which followed shared connection
+    /// `number`), read at most every 5 s and again for another number; `None` when `ROLE`
+    /// failed or `conn` is not to a primary (not remembered).
+    async fn connected_replicas(
+        &self,
+        (conn, number): (&mut (impl ConnectionLike + Send), u64),
+    ) -> Option<u32> {
         let seen = *self.replicas_seen.lock().expect("not poisoned");
         let fresh = |(at, of, _): &(Instant, u64, u32)| {
             *of == number && at.elapsed() < Duration::from_secs(5)
