@@ -388,6 +388,10 @@ async fn phases(sys: &mut System, args: &Args, timeout: Duration) -> anyhow::Res
     Ok(())
 }
 
+/// `kubectl -o custom-columns` for claims: the simulator serves no kubectl tables.
+const CLAIM_COLUMNS: &str =
+    "NAME:.metadata.name,STATUS:.status.phase,VOLUME:.spec.volumeName,CLASS:.spec.storageClassName";
+
 /// Print how to look at the running system, then wait for Enter (or stdin's end).
 async fn pause(sys: &System) {
     let kubeconfig = match sys.real() {
@@ -397,7 +401,7 @@ async fn pause(sys: &System) {
     println!(
         "\npaused (--pause): everything keeps running until you press Enter. In another shell:\n  \
          {} status --redis-url {} --provisioner-name {} --kubeconfig {}\n  \
-         KUBECONFIG={} kubectl get pvc,pv\n",
+         KUBECONFIG={} kubectl get pvc -o custom-columns={CLAIM_COLUMNS}\n",
         sys.bins.ctl.display(),
         sys.redis.url(),
         sys.settings.provisioner_name,
