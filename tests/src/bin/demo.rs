@@ -133,7 +133,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
             .map_or_else(String::new, |v| v.get_name().to_string())
     );
     println!(
-        "building/locating the service binaries (cargo build --release {}) ...",
+        "building/locating the service binaries (cargo build --release {}; on a first run one to two minutes without output) ...",
         e2e::harness::binaries::build_args().join(" ")
     );
     let t0 = Instant::now();
