@@ -943,21 +943,32 @@ async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
     .await;
     let n = 100;
     let burst = create_claims(&client, "sentinel", n);
-    // The primary hangs (SIGSTOP) past the Sentinels' 5 s down-after: they promote a
-    // replica; thawed, the old primary is made a replica.
+    // The primary hangs (SIGSTOP) until the Sentinels promoted a replica (past their 5 s
+    // down-after; a split vote puts their next election 2 × failover-timeout later, so a
+    // fixed 12 s hang could end with no failover); thawed, it is made a replica.
     let hang = async {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let pid = redis_server_pid("redis-0").expect("redis-0's redis-server on the node");
         // SAFETY: plain syscalls on a process this test found by its pod.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
-        tokio::time::sleep(Duration::from_secs(12)).await;
+        let started = Instant::now();
+        wait_for(
+            "the Sentinels promote a replica",
+            Duration::from_secs(150),
+            || sentinels_moved_from(&client, "redis-0."),
+        )
+        .await;
+        eprintln!(
+            "node scenario 8: failover {:.0} s into the hang",
+            started.elapsed().as_secs_f64()
+        );
         unsafe { libc::kill(pid, libc::SIGCONT) };
     };
     futures::future::join(burst, hang).await;
     let pv_names = wait_bound(&client, "sentinel", n, Duration::from_secs(600)).await;
     assert_one_pv_and_directory_each(&pv_names, n);
-    // Its probe writes the data marker every 5 s: on the demoted primary that is a
-    // READONLY, after which the connection asks the Sentinels and moves.
+    // Its probe writes the data marker every second: on the old primary that is a
+    // NOREPLICAS or READONLY, after which the connection asks the Sentinels and moves.
     let (_, port) = service_home("provision-svc");
     wait_for(
         "provision-svc saw the failover",
@@ -1020,6 +1031,35 @@ async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
             return Err(format!(
                 "Sentinel {ip}: {in_sync} replicas in sync of {replicas:?}"
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Ok when the Sentinel of each of the three redis pods names a primary whose host does not
+/// start with `old` (`SENTINEL MASTER`, the table clients read); else what one names.
+async fn sentinels_moved_from(client: &kube::Client, old: &str) -> Result<(), String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
+    let lp = ListParams::default().labels("app.kubernetes.io/name=redis");
+    let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
+    for pod in &list.items {
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+        let ip = ip.ok_or("a redis pod without an IP")?;
+        let sentinel = redis::Client::open(format!("redis://{ip}:26379"));
+        let mut conn = sentinel
+            .map_err(|e| e.to_string())?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("{ip}: {e}"))?;
+        let table: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg("provisioner")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("{ip}: {e}"))?;
+        let named = table.get("ip").cloned().unwrap_or_default();
+        if named.starts_with(old) {
+            return Err(format!("Sentinel {ip} still names {named}"));
         }
     }
     Ok(())

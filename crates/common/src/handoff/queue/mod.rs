@@ -96,8 +96,8 @@ pub struct PvQueue {
     /// Replicas that must acknowledge an enqueue (`WAIT`), and for how long.
     replica_acks: ReplicaAcks,
     replica_timeout: Duration,
-    /// The primary's replica count (`ROLE`), when it was read and the shared connection's
-    /// number then ([`RedisConn::primary`]), for `Auto`.
+    /// The primary's replica count (`ROLE`), when it was read, and the number of the shared
+    /// connection the reading connection followed ([`RedisConn::primary`]), for `Auto`.
     replicas_seen: Arc<Mutex<Option<(Instant, u64, u32)>>>,
 }
 
