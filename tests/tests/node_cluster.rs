@@ -995,9 +995,10 @@ async fn redis_sentinel_failover_in_a_burst(cluster: &RealCluster) {
     );
 }
 
-/// Ok when the Sentinel of each of the three redis pods lists two replicas whose link to
-/// the primary is up; else what one of them sees.
-async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
+/// A connection to the Sentinel of each of the three redis pods, with the pod's IP.
+async fn sentinel_connections(
+    client: &kube::Client,
+) -> Result<Vec<(String, redis::aio::MultiplexedConnection)>, String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
     let lp = ListParams::default().labels("app.kubernetes.io/name=redis");
     let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
@@ -1009,13 +1010,23 @@ async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
     if ips.len() != 3 {
         return Err(format!("redis pod IPs {ips:?}"));
     }
+    let mut conns = Vec::new();
     for ip in ips {
         let client =
             redis::Client::open(format!("redis://{ip}:26379")).map_err(|e| e.to_string())?;
-        let mut conn = client
+        let conn = client
             .get_multiplexed_async_connection()
             .await
             .map_err(|e| format!("{ip}: {e}"))?;
+        conns.push((ip, conn));
+    }
+    Ok(conns)
+}
+
+/// Ok when the Sentinel of each of the three redis pods lists two replicas whose link to
+/// the primary is up; else what one of them sees.
+async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
+    for (ip, mut conn) in sentinel_connections(client).await? {
         let replicas: Vec<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
             .arg("REPLICAS")
             .arg("provisioner")
@@ -1039,18 +1050,7 @@ async fn sentinels_see_replicas(client: &kube::Client) -> Result<(), String> {
 /// Ok when the Sentinel of each of the three redis pods names a primary whose host does not
 /// start with `old` (`SENTINEL MASTER`, the table clients read); else what one names.
 async fn sentinels_moved_from(client: &kube::Client, old: &str) -> Result<(), String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "split-provisioner");
-    let lp = ListParams::default().labels("app.kubernetes.io/name=redis");
-    let list = pods.list(&lp).await.map_err(|e| e.to_string())?;
-    for pod in &list.items {
-        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-        let ip = ip.ok_or("a redis pod without an IP")?;
-        let sentinel = redis::Client::open(format!("redis://{ip}:26379"));
-        let mut conn = sentinel
-            .map_err(|e| e.to_string())?
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| format!("{ip}: {e}"))?;
+    for (ip, mut conn) in sentinel_connections(client).await? {
         let table: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
             .arg("MASTER")
             .arg("provisioner")

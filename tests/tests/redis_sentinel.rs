@@ -221,18 +221,14 @@ async fn the_data_marker_reports_a_failover_after_the_new_primary_refused_its_fi
     assert_eq!(acked, 1, "the marker is on the replica");
 
     let new = set.kill_primary_and_fail_over().await.unwrap();
-    let guard = |n: i64| async move {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{new}/0")).unwrap();
-        let mut direct = client.get_multiplexed_async_connection().await.unwrap();
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("min-replicas-to-write")
-            .arg(n)
-            .query_async(&mut direct)
-            .await
-            .unwrap();
+    let client = redis::Client::open(format!("redis://127.0.0.1:{new}/0")).unwrap();
+    let mut direct = client.get_multiplexed_async_connection().await.unwrap();
+    let guard = |n: i64| {
+        let mut config = redis::cmd("CONFIG");
+        config.arg("SET").arg("min-replicas-to-write").arg(n);
+        config
     };
-    guard(1).await;
+    let _: () = guard(1).query_async(&mut direct).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         match marker.lost().await {
@@ -242,9 +238,7 @@ async fn the_data_marker_reports_a_failover_after_the_new_primary_refused_its_fi
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    guard(0).await;
-    let client = redis::Client::open(format!("redis://127.0.0.1:{new}/0")).unwrap();
-    let mut direct = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = guard(0).query_async(&mut direct).await.unwrap();
     let key = format!(
         "{}data-marker",
         redis_store::key_prefix("example.com/hostpath")

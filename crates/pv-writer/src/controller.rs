@@ -145,14 +145,14 @@ impl Writer {
         let mut tasks = JoinSet::new();
         // The PV name each worker task holds, from the take to the settle.
         let mut held = HashMap::new();
-        let (mut redis_down, mut paused, mut newer_leader) = (false, false, false);
+        let (mut redis_down, mut newer_leader) = (false, false);
         // Next look for entries of this term that no worker holds: soon after
         // any failed Redis call of the dispatcher (its take may have run without
         // its reply arriving), else every ORPHAN_CHECK_PERIOD.
         let mut orphan_check_at = Instant::now() + ORPHAN_CHECK_PERIOD;
         'drain: while !shutdown.is_cancelled() {
             if self.superseded.load(Ordering::SeqCst) {
-                match self.check_refused_term(&mut paused, &shutdown).await {
+                match self.check_refused_term(&mut redis_down, &shutdown).await {
                     Some(true) => {}
                     Some(false) => {
                         newer_leader = true;
@@ -294,15 +294,15 @@ impl Writer {
 
     /// With this term refused: drain on (`Some(true)`; a term above ours begins when Redis
     /// lost its data, [`after_refusal`]), stop for a newer leader (`Some(false)`), or `None`
-    /// after a pause when Redis refused or missed the check (not ready; logged once).
+    /// after a pause when Redis failed the check (not ready; sets `take`'s `redis_down`).
     async fn check_refused_term(
         &self,
-        paused: &mut bool,
+        redis_down: &mut bool,
         shutdown: &CancellationToken,
     ) -> Option<bool> {
         let ours = self.term();
         let mut failed = |err: QueueError| {
-            if !std::mem::replace(paused, true) {
+            if !std::mem::replace(redis_down, true) {
                 tracing::warn!(error = %err, "Redis command failed during the pv-writer term check; not ready, retrying");
             }
         };
@@ -326,7 +326,6 @@ impl Writer {
         }
         match decided {
             AfterRefusal::GoOn | AfterRefusal::BeginAbove => {
-                *paused = false;
                 self.superseded.store(false, Ordering::SeqCst);
                 Some(true)
             }
