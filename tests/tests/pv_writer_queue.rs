@@ -10,6 +10,7 @@ use api_types::queue::{ClaimKey, QueuedPvWrite, SCHEMA_VERSION};
 use backend_hostpath::{base_dirs::BaseDirs, HostPath, OnDelete};
 use common::handoff::queue::PvQueue;
 use common::handoff::queue_auth::QueueKey;
+use common::handoff::test_redis::Proxy;
 use common::kube::time::now_ms;
 use common::runtime::http::Readiness;
 use e2e::harness::redis::RedisServer;
@@ -147,10 +148,14 @@ impl Fixture {
     }
 
     async fn start_writer(&mut self, retry_initial: Duration, retry_max: Duration) {
+        self.start_writer_at(&self.redis.url(), retry_initial, retry_max)
+            .await;
+    }
+
+    /// [`start_writer`](Self::start_writer) with the writer's Redis at `url`.
+    async fn start_writer_at(&mut self, url: &str, retry_initial: Duration, retry_max: Duration) {
         let metrics = WriterMetrics::register(&self.registry);
-        let queue = PvQueue::connect(&self.redis.url(), PROVISIONER)
-            .await
-            .unwrap();
+        let queue = PvQueue::connect(url, PROVISIONER).await.unwrap();
         let writer = Arc::new(Writer::new(
             queue,
             self.checks(),
@@ -772,6 +777,53 @@ async fn a_writer_whose_term_was_superseded_moves_no_entry() {
     let mut expected: Vec<_> = (0..20).map(|i| format!("claim-s{i}")).collect();
     expected.sort();
     assert_eq!(claims, expected, "one ProvisioningSucceeded per claim");
+    f.stop().await;
+}
+
+/// After Redis lost its data, a term begun above the lost one whose reply never arrived
+/// is still this writer's: it drains on under it instead of stopping as if superseded.
+#[tokio::test]
+async fn a_writer_whose_new_term_reply_was_lost_drains_on_under_it() {
+    let mut f = Fixture::new().await;
+    let proxy = Proxy::start(f.redis.port()).await;
+    f.start_writer_at(
+        &proxy.url(),
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+    )
+    .await;
+    f.enqueue(&entry("before")).await;
+    f.wait_drained(Duration::from_secs(10)).await;
+    let term = f.queue.current_term().await.unwrap();
+    // The only script with the epoch as its one key begins a term.
+    let epoch = format!("provisioner:{{{PROVISIONER}}}:pv-queue:epoch");
+    proxy.lose_reply_of(format!("\r\n1\r\n${}\r\n{epoch}\r\n", epoch.len()).as_bytes());
+    let admin = redis::Client::open(f.redis.url()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let q = f.queue.clone();
+    wait_until(Duration::from_secs(10), "a term above the lost one", || {
+        let q = q.clone();
+        async move {
+            q.current_term()
+                .await
+                .map(|t| t == term + 1)
+                .unwrap_or(false)
+        }
+    })
+    .await
+    .unwrap();
+    f.enqueue(&entry("after")).await;
+    f.wait_drained(Duration::from_secs(30)).await;
+    assert!(
+        !f.task.as_ref().unwrap().is_finished(),
+        "the writer stopped"
+    );
+    assert_eq!(f.queue.current_term().await.unwrap(), term + 1);
+    assert!(f.pv_claim_uid(entry("after").pv_name()).is_some());
     f.stop().await;
 }
 

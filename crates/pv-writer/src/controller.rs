@@ -320,6 +320,9 @@ impl Writer {
                 }
                 Err(err) => {
                     failed(err);
+                    // Its script may have run without its reply arriving: its term is then
+                    // ours + 1 (Redis held less than ours), so the next check finds it ours.
+                    self.set_term(ours + 1);
                     decided = AfterRefusal::AskAgain;
                 }
             }

@@ -18,5 +18,5 @@ pub mod queue_auth;
 pub mod reachability;
 pub mod redis_conn;
 pub mod redis_store;
-#[cfg(test)]
-mod test_redis;
+#[cfg(any(test, feature = "testing"))]
+pub mod test_redis;

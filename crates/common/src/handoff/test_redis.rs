@@ -1,8 +1,9 @@
-//! Test fixture: a private `redis-server` (own free port and data dir, AOF on),
-//! killed on drop. Used by the queue and intent tests; never by the services.
+//! Test fixtures: a private `redis-server` (own free port and data dir, AOF on), killed on
+//! drop, and a TCP proxy that can go silent. Used by common's tests and, with the `testing`
+//! feature, by the e2e tests; never by the services.
 
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -94,24 +95,59 @@ impl Drop for TestRedis {
 }
 
 /// A TCP proxy to `upstream`; [`Proxy::silence`] makes every connection open then stop
-/// forwarding without closing (a peer gone without a reset), while new ones forward.
+/// forwarding without closing (a peer gone without a reset), while new ones forward;
+/// [`Proxy::lose_reply_of`] does that to one connection after one request.
 pub struct Proxy {
     port: u16,
     opened: Arc<AtomicU64>,
     silenced_below: Arc<AtomicU64>,
+    trap: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
-/// Copy `from` to `to` while connection `id` is not silenced; then hold both open.
+/// What the two pumps of one proxied connection share.
+#[derive(Clone)]
+struct Link {
+    id: u64,
+    silenced_below: Arc<AtomicU64>,
+    /// Set once a request matched the trap: this connection forwards nothing more.
+    lost: Arc<AtomicBool>,
+    /// Only the client-to-server pump looks for the trap.
+    trap: Option<Arc<Mutex<Option<Vec<u8>>>>>,
+}
+
+impl Link {
+    fn silenced(&self) -> bool {
+        self.id < self.silenced_below.load(SeqCst) || self.lost.load(SeqCst)
+    }
+
+    /// Whether `request` holds the armed trap's bytes (disarming it).
+    fn springs(&self, request: &[u8]) -> bool {
+        let Some(trap) = &self.trap else { return false };
+        let mut trap = trap.lock().unwrap();
+        let hit = trap
+            .as_ref()
+            .is_some_and(|t| request.windows(t.len()).any(|w| w == t.as_slice()));
+        if hit {
+            *trap = None;
+        }
+        hit
+    }
+}
+
+/// Copy `from` to `to` while the link is not silenced; then hold both open. A request
+/// that springs the trap is forwarded, then the link goes silent (its reply is lost).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    id: u64,
-    silenced_below: Arc<AtomicU64>,
+    link: Link,
 ) {
     let mut buf = [0u8; 4096];
     while let Ok(n @ 1..) = from.read(&mut buf).await {
-        if id < silenced_below.load(SeqCst) {
+        if link.silenced() {
             std::future::pending::<()>().await;
+        }
+        if link.springs(&buf[..n]) {
+            link.lost.store(true, SeqCst);
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
@@ -126,22 +162,39 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let opened = Arc::new(AtomicU64::new(0));
         let silenced_below = Arc::new(AtomicU64::new(0));
-        let (count, silenced) = (opened.clone(), silenced_below.clone());
+        let trap = Arc::new(Mutex::new(None));
+        let (count, silenced, armed) = (opened.clone(), silenced_below.clone(), trap.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let id = count.fetch_add(1, SeqCst);
+                let link = Link {
+                    id: count.fetch_add(1, SeqCst),
+                    silenced_below: silenced.clone(),
+                    lost: Arc::new(AtomicBool::new(false)),
+                    trap: None,
+                };
                 let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream));
                 let ((cr, cw), (sr, sw)) =
                     (client.into_split(), server.await.unwrap().into_split());
-                tokio::spawn(pump(cr, sw, id, silenced.clone()));
-                tokio::spawn(pump(sr, cw, id, silenced.clone()));
+                let requests = Link {
+                    trap: Some(armed.clone()),
+                    ..link.clone()
+                };
+                tokio::spawn(pump(cr, sw, requests));
+                tokio::spawn(pump(sr, cw, link));
             }
         });
         Proxy {
             port,
             opened,
             silenced_below,
+            trap,
         }
+    }
+
+    /// Forward the next request whose bytes contain `pattern`, then silence its
+    /// connection: the command runs on the server but its reply never arrives.
+    pub fn lose_reply_of(&self, pattern: &[u8]) {
+        *self.trap.lock().unwrap() = Some(pattern.to_vec());
     }
 
     /// `redis://127.0.0.1:<port>/0` through the proxy.
