@@ -1980,6 +1980,21 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
             .is_none(),
         "examples belong to dev only"
     );
+    let redis: PodDisruptionBudget = r.find("PodDisruptionBudget", "redis").expect("Redis PDB");
+    let spec = redis.spec.unwrap();
+    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        spec.min_available, None,
+        "a single Redis pod stays drainable"
+    );
+    let s: StatefulSet = r.find("StatefulSet", "redis").unwrap();
+    let selector = spec.selector.unwrap().match_labels.unwrap();
+    let pod_labels = s.spec.template.metadata.unwrap().labels.unwrap();
+    assert!(
+        selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+            && selector.contains_key("app.kubernetes.io/name"),
+        "the Redis PDB selects the Redis pods: {selector:?} against {pod_labels:?}"
+    );
     for s in services() {
         let pdb: PodDisruptionBudget = r
             .find("PodDisruptionBudget", s.name)
@@ -2039,7 +2054,7 @@ fn ha_1_19_overlay_is_ha_with_policy_v1beta1_budgets() {
             "ha-1.19 differs from ha beyond the PDB apiVersion"
         );
     }
-    assert_eq!(budgets, 3, "one PodDisruptionBudget per service");
+    assert_eq!(budgets, 4, "one PodDisruptionBudget per service and Redis");
 }
 
 /// Copy the directory tree `from` to `to` (files and folders only).
