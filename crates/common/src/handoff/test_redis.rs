@@ -64,6 +64,35 @@ impl TestRedis {
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
+
+    /// SIGSTOP the server: it holds its connections open and answers nothing.
+    pub fn hang(&self) {
+        // SAFETY: kill(2) on our own child's pid; no memory is touched.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGSTOP) };
+    }
+
+    /// Make this server a replica of `primary` and wait (up to 5 s) until the primary
+    /// lists it online.
+    pub async fn replicate(&self, primary: &TestRedis) {
+        let mut to_replica = redis::Client::open(self.url()).unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(primary.port())
+            .query(&mut to_replica)
+            .unwrap();
+        let mut to_primary = redis::Client::open(primary.url()).unwrap();
+        for _ in 0..100 {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut to_primary)
+                .unwrap();
+            if info.contains("state=online") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the replica did not come online");
+    }
 }
 
 /// A connection to `url` as if Sentinels had named it, with every Sentinel unreachable.

@@ -655,27 +655,36 @@ async fn the_replica_count_is_read_again_after_the_shared_connection_is_replaced
     let q = q.with_replica_acks(ReplicaAcks::Auto, Duration::from_secs(2));
     let outcome = q.enqueue(&entry("pv-1")).await.unwrap();
     assert_eq!(outcome.replicas, (0, 0), "no replica yet");
-    let mut to_replica = redis::Client::open(replica.url()).unwrap();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(primary.port())
-        .query(&mut to_replica)
-        .unwrap();
-    let mut conn = q.connection();
-    for _ in 0..100 {
-        let role: (String, i64, Vec<redis::Value>) =
-            redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
-        if !role.2.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    replica.replicate(&primary).await;
     // As after a move to another primary: the count read from the old one no longer holds.
-    conn.timed_out().await;
+    q.connection().timed_out().await;
     let outcome = q.enqueue(&entry("pv-2")).await.unwrap();
     assert_eq!(
         outcome.replicas,
         (1, 1),
         "the new primary's replica is waited for"
     );
+}
+
+/// A retry whose first script committed writes nothing itself; its `WAIT` still covers the
+/// entry (Redis 7 counts from the offset at the connection's last command, not its last write).
+#[tokio::test]
+async fn a_repeated_enqueue_waits_for_replicas_to_hold_the_entry_already_queued() {
+    let (primary, replica) = (Redis::start().await, Redis::start().await);
+    replica.replicate(&primary).await;
+    let acks = (ReplicaAcks::Count(1), Duration::from_millis(500));
+    let first = PvQueue::connect(&primary.url(), "p").await.unwrap();
+    let first = first.with_replica_acks(acks.0, acks.1);
+    replica.hang();
+    let outcome = first.enqueue(&entry("pv-1")).await.unwrap();
+    assert_eq!(outcome.replicas, (1, 0), "the hung replica holds nothing");
+    // A retry on a connection of its own (as after the first reply was lost).
+    let again = PvQueue::connect(&primary.url(), "p").await.unwrap();
+    let outcome = again
+        .with_replica_acks(acks.0, acks.1)
+        .enqueue(&entry("pv-1"))
+        .await;
+    let outcome = outcome.unwrap();
+    assert!(!outcome.added);
+    assert_eq!(outcome.replicas, (1, 0), "the entry is still on no replica");
 }
