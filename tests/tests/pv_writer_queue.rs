@@ -795,9 +795,15 @@ async fn a_writer_whose_new_term_reply_was_lost_drains_on_under_it() {
     f.enqueue(&entry("before")).await;
     f.wait_drained(Duration::from_secs(10)).await;
     let term = f.queue.current_term().await.unwrap();
-    // The only script with the epoch as its one key begins a term.
-    let epoch = format!("provisioner:{{{PROVISIONER}}}:pv-queue:epoch");
-    proxy.lose_reply_of(format!("\r\n1\r\n${}\r\n{epoch}\r\n", epoch.len()).as_bytes());
+    // Keys epoch and epoch-owner followed by arguments: only BEGIN_TERM.
+    let key = |k: &str| format!("provisioner:{{{PROVISIONER}}}:pv-queue:{k}");
+    let (epoch, owner) = (key("epoch"), key("epoch-owner"));
+    let trap = format!(
+        "\r\n2\r\n${}\r\n{epoch}\r\n${}\r\n{owner}\r\n$",
+        epoch.len(),
+        owner.len()
+    );
+    proxy.lose_reply_of(trap.as_bytes());
     let admin = redis::Client::open(f.redis.url()).unwrap();
     let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
     let _: () = redis::cmd("FLUSHALL")
@@ -818,6 +824,7 @@ async fn a_writer_whose_new_term_reply_was_lost_drains_on_under_it() {
     .unwrap();
     f.enqueue(&entry("after")).await;
     f.wait_drained(Duration::from_secs(30)).await;
+    assert!(proxy.sprung(), "no term began through the proxy");
     assert!(
         !f.task.as_ref().unwrap().is_finished(),
         "the writer stopped"

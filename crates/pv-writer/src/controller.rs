@@ -306,7 +306,8 @@ impl Writer {
                 tracing::warn!(error = %err, "Redis command failed during the pv-writer term check; not ready, retrying");
             }
         };
-        let current = self.queue.current_term().await.map_err(&mut failed).ok();
+        let current = self.queue.current_term_and_ours().await;
+        let current = current.map_err(&mut failed).ok();
         let mut decided = after_refusal(ours, current);
         if decided == AfterRefusal::BeginAbove {
             match self.queue.begin_term_above(ours).await {
@@ -320,15 +321,19 @@ impl Writer {
                 }
                 Err(err) => {
                     failed(err);
-                    // Its script may have run without its reply arriving: its term is then
-                    // ours + 1 (Redis held less than ours), so the next check finds it ours.
-                    self.set_term(ours + 1);
                     decided = AfterRefusal::AskAgain;
                 }
             }
         }
+        if let AfterRefusal::Adopt(epoch) = decided {
+            self.set_term(epoch);
+            tracing::warn!(
+                term = epoch,
+                "the current pv-writer term is one this writer began (its reply was lost); draining on under it"
+            );
+        }
         match decided {
-            AfterRefusal::GoOn | AfterRefusal::BeginAbove => {
+            AfterRefusal::GoOn | AfterRefusal::BeginAbove | AfterRefusal::Adopt(_) => {
                 self.superseded.store(false, Ordering::SeqCst);
                 Some(true)
             }

@@ -107,18 +107,22 @@ pub enum AfterRefusal {
     GoOn,
     /// The epoch is below this term: Redis lost its data; begin a term above ours.
     BeginAbove,
+    /// The epoch is a term this writer began whose reply was lost: drain on under it.
+    Adopt(u64),
     /// A newer leader began a term: stop.
     Stop,
     /// Redis did not answer: ask again after a pause (not a newer leader).
     AskAgain,
 }
 
-/// [`AfterRefusal`] for term `ours` and the epoch read from Redis (`None`: not read).
-pub fn after_refusal(ours: u64, current: Option<u64>) -> AfterRefusal {
+/// [`AfterRefusal`] for term `ours` and the epoch read from Redis with whether this writer
+/// began it (`None`: not read).
+pub fn after_refusal(ours: u64, current: Option<(u64, bool)>) -> AfterRefusal {
     match current {
         None => AfterRefusal::AskAgain,
-        Some(current) if current > ours => AfterRefusal::Stop,
-        Some(current) if current < ours => AfterRefusal::BeginAbove,
+        Some((current, true)) if current > ours => AfterRefusal::Adopt(current),
+        Some((current, false)) if current > ours => AfterRefusal::Stop,
+        Some((current, _)) if current < ours => AfterRefusal::BeginAbove,
         Some(_) => AfterRefusal::GoOn,
     }
 }
@@ -129,9 +133,10 @@ mod tests {
 
     #[test]
     fn a_refused_term_stops_only_for_a_newer_epoch_and_asks_again_when_redis_is_silent() {
-        assert_eq!(after_refusal(4, Some(5)), AfterRefusal::Stop);
-        assert_eq!(after_refusal(4, Some(4)), AfterRefusal::GoOn);
-        assert_eq!(after_refusal(4, Some(0)), AfterRefusal::BeginAbove);
+        assert_eq!(after_refusal(4, Some((5, false))), AfterRefusal::Stop);
+        assert_eq!(after_refusal(4, Some((5, true))), AfterRefusal::Adopt(5));
+        assert_eq!(after_refusal(4, Some((4, false))), AfterRefusal::GoOn);
+        assert_eq!(after_refusal(4, Some((0, false))), AfterRefusal::BeginAbove);
         assert_eq!(after_refusal(4, None), AfterRefusal::AskAgain);
     }
 

@@ -131,6 +131,7 @@ pub struct Proxy {
     opened: Arc<AtomicU64>,
     silenced_below: Arc<AtomicU64>,
     trap: Arc<Mutex<Option<Vec<u8>>>>,
+    armed: AtomicBool,
 }
 
 /// What the two pumps of one proxied connection share.
@@ -217,6 +218,7 @@ impl Proxy {
             opened,
             silenced_below,
             trap,
+            armed: AtomicBool::new(false),
         }
     }
 
@@ -224,6 +226,12 @@ impl Proxy {
     /// connection: the command runs on the server but its reply never arrives.
     pub fn lose_reply_of(&self, pattern: &[u8]) {
         *self.trap.lock().unwrap() = Some(pattern.to_vec());
+        self.armed.store(true, SeqCst);
+    }
+
+    /// Whether a request sprang the trap [`lose_reply_of`](Self::lose_reply_of) set.
+    pub fn sprung(&self) -> bool {
+        self.armed.load(SeqCst) && self.trap.lock().unwrap().is_none()
     }
 
     /// `redis://127.0.0.1:<port>/0` through the proxy.

@@ -20,8 +20,8 @@ use crate::handoff::redis_store::{self, RedisConfig};
 use pool::Dedicated;
 pub(crate) use scripts::{Key, Keys, CLEAR_INTENT, RECORD_INTENT};
 use scripts::{
-    QueueScript, BEGIN_TERM, COMPLETE, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD, RECOVER_INFLIGHT,
-    REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
+    QueueScript, BEGIN_TERM, COMPLETE, CURRENT_TERM, DEAD_LETTER, ENQUEUE, HOLDS, PULL_FORWARD,
+    RECOVER_INFLIGHT, REQUEUE_DEAD, REQUEUE_UNHELD, RETRY, TAKE_DUE,
 };
 
 mod inspect;
@@ -99,6 +99,8 @@ pub struct PvQueue {
     /// The primary's replica count (`ROLE`), when it was read, and the number of the shared
     /// connection the reading connection followed ([`RedisConn::primary`]), for `Auto`.
     replicas_seen: Arc<Mutex<Option<(Instant, u64, u32)>>>,
+    /// Random, per handle (and its clones): recorded with each term this handle begins.
+    term_owner: Arc<str>,
 }
 
 /// How many replicas must acknowledge an enqueue (`WAIT`) before it counts as
@@ -179,6 +181,7 @@ impl PvQueue {
             replica_acks: ReplicaAcks::Auto,
             replica_timeout: Duration::from_secs(1),
             replicas_seen: Default::default(),
+            term_owner: uuid::Uuid::new_v4().to_string().into(),
         }
     }
 
@@ -434,7 +437,14 @@ impl PvQueue {
     /// [`begin_term`](Self::begin_term) with a new epoch above `floor` too: after
     /// Redis lost the counter, the caller's old term still orders the new one.
     pub async fn begin_term_above(&self, floor: u64) -> Result<u64, QueueError> {
-        self.run(&BEGIN_TERM, floor).await
+        self.run(&BEGIN_TERM, (floor, &*self.term_owner)).await
+    }
+
+    /// The current term and whether this handle began it (true also when its
+    /// [`begin_term_above`](Self::begin_term_above) ran but the reply was lost).
+    pub async fn current_term_and_ours(&self) -> Result<(u64, bool), QueueError> {
+        let (epoch, owner): (u64, Option<String>) = self.run(&CURRENT_TERM, &[] as &[&str]).await?;
+        Ok((epoch, owner.as_deref() == Some(&*self.term_owner)))
     }
 
     /// The current term (0 before the first [`begin_term`](Self::begin_term)).

@@ -21,6 +21,7 @@ pub(crate) enum Key {
     Dead,
     Wakeup,
     Epoch,
+    EpochOwner,
     Owners,
     Fenced,
     Intents,
@@ -29,7 +30,7 @@ pub(crate) enum Key {
 
 /// The key names of one provisioner, indexed by [`Key`].
 #[derive(Debug, Clone)]
-pub(crate) struct Keys([String; 13]);
+pub(crate) struct Keys([String; 14]);
 
 impl Keys {
     /// The keys under `provisioner_name`'s prefix (`provisioner:{<name>}:`).
@@ -46,6 +47,7 @@ impl Keys {
             q("dead"),
             q("wakeup"),
             q("epoch"),
+            q("epoch-owner"),
             q("owners"),
             q("fenced"),
             format!("{p}provision-intents"),
@@ -184,16 +186,29 @@ return redis.call('HDEL', KEYS[1], ARGV[1])
 "#,
 );
 
-// ARGV: floor. Starts a new term above both the current epoch and `floor` (a term
-// this caller held before Redis lost the counter): returns the new epoch.
+// ARGV: floor, owner. Starts a new term above both the current epoch and `floor` (a term
+// this caller held before Redis lost the counter), records `owner` as the one who began
+// it, and returns the new epoch.
 pub(super) static BEGIN_TERM: QueueScript = QueueScript::new(
     "begin_term",
-    &[Epoch],
+    &[Epoch, EpochOwner],
     &[],
     r#"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local floor = tonumber(ARGV[1])
-return redis.call('INCRBY', KEYS[1], math.max(floor - current, 0) + 1)
+local epoch = redis.call('INCRBY', KEYS[1], math.max(floor - current, 0) + 1)
+redis.call('SET', KEYS[2], ARGV[2])
+return epoch
+"#,
+);
+
+// Returns {epoch, owner}: the current term and the owner that began it (nil if unknown).
+pub(super) static CURRENT_TERM: QueueScript = QueueScript::new(
+    "current_term",
+    &[Epoch, EpochOwner],
+    &[],
+    r#"
+return {tonumber(redis.call('GET', KEYS[1]) or '0'), redis.call('GET', KEYS[2])}
 "#,
 );
 
