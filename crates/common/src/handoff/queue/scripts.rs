@@ -138,7 +138,9 @@ end
 "#;
 
 // ARGV: pv name, payload. Returns {added, intent cleared}: added = 1 when newly
-// queued, 0 when the PV name was already in the queue. The provisioning intent of the
+// queued, 0 when the PV name was already in the queue (then an intent is set and
+// removed again: writes that change nothing, so this connection's WAIT and WAITAOF
+// cover the entry on Redis >= 7.2, which count from a connection's last write). The provisioning intent of the
 // PV is removed in the same script either way: the PV is durably queued, so the
 // intent has done its job. A new entry goes to `incoming`, never to `due`: the next
 // take makes it due.
@@ -158,6 +160,10 @@ if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
 end
 local cleared = redis.call('HDEL', KEYS[5], ARGV[1])
 redis.call('HDEL', KEYS[6], ARGV[1])
+if added == 0 then
+  redis.call('HSET', KEYS[5], ARGV[1], '')
+  redis.call('HDEL', KEYS[5], ARGV[1])
+end
 return {added, cleared}
 "#,
 );

@@ -666,8 +666,8 @@ async fn the_replica_count_is_read_again_after_the_shared_connection_is_replaced
     );
 }
 
-/// A retry whose first script committed writes nothing itself; its `WAIT` still covers the
-/// entry (Redis 7 counts from the offset at the connection's last command, not its last write).
+/// A retry whose first script committed still waits for the entry: Redis >= 7.2 counts `WAIT`
+/// from the connection's last write (7.0 from its last command), so the script writes again.
 #[tokio::test]
 async fn a_repeated_enqueue_waits_for_replicas_to_hold_the_entry_already_queued() {
     let (primary, replica) = (Redis::start().await, Redis::start().await);
