@@ -15,7 +15,7 @@
 //!   panic under `fieldValidation=Strict`): a server bug, not ours. A probe creates a minimal
 //!   ServiceMonitor first; when that fails this way, exactly the ServiceMonitor object is
 //!   skipped with that reason printed, and it is dry-run normally on a server that works.
-//! * `policy/v1` PodDisruptionBudgets (the `ha` overlay) are not served before Kubernetes
+//! * `policy/v1` PodDisruptionBudgets (`ha`, `redis-sentinel`) are not served before Kubernetes
 //!   1.21, while 1.25+ serves only `policy/v1` (`overlays/ha-1.19` has `policy/v1beta1`):
 //!   the test asserts that exactly the rendered PodDisruptionBudgets of a version the
 //!   server does not serve, and nothing else, are rejected (see deploy/README.md).
@@ -240,7 +240,7 @@ async fn every_overlay_and_example_is_accepted_by_the_real_server(assets: Assets
             }
         }
         // PodDisruptionBudgets of a version the server does not serve: the one documented
-        // exception (overlays/ha before 1.21, overlays/ha-1.19 from 1.25).
+        // exception (overlays/ha and components/redis-sentinel before 1.21, overlays/ha-1.19 from 1.25).
         let expected: BTreeSet<String> = objects
             .iter()
             .filter(|o| {

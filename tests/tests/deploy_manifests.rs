@@ -1947,6 +1947,30 @@ fn redis_sentinel_overlay_runs_a_primary_two_replicas_and_three_sentinels() {
         init.contains("sentinel-users.acl") && init.contains("render-acl.sh"),
         "{init}"
     );
+    // A drain takes one pod at a time, and the pods prefer nodes of their own.
+    let pdb: PodDisruptionBudget = r.find("PodDisruptionBudget", "redis").expect("Redis PDB");
+    let budget = pdb.spec.unwrap();
+    assert_eq!(budget.max_unavailable, Some(IntOrString::Int(1)));
+    let selector = budget.selector.unwrap().match_labels.unwrap();
+    let pod_labels = spec.template.metadata.unwrap().labels.unwrap();
+    assert!(
+        !selector.is_empty() && selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+        "the Redis PDB selects the Redis pods: {selector:?} against {pod_labels:?}"
+    );
+    let terms = pod.affinity.and_then(|a| a.pod_anti_affinity);
+    let terms = terms.and_then(|a| a.preferred_during_scheduling_ignored_during_execution);
+    let by_host = terms.unwrap_or_default().into_iter().find(|t| {
+        t.pod_affinity_term.topology_key == "kubernetes.io/hostname"
+            && t.pod_affinity_term
+                .label_selector
+                .as_ref()
+                .and_then(|l| l.match_labels.as_ref())
+                == Some(&selector)
+    });
+    assert!(
+        by_host.is_some(),
+        "no hostname anti-affinity between the Redis pods"
+    );
 }
 
 #[test]
@@ -1979,21 +2003,6 @@ fn ha_overlay_spreads_replicas_and_budgets_disruptions() {
         r.find::<Value>("StorageClass", "example-hostpath")
             .is_none(),
         "examples belong to dev only"
-    );
-    let redis: PodDisruptionBudget = r.find("PodDisruptionBudget", "redis").expect("Redis PDB");
-    let spec = redis.spec.unwrap();
-    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
-    assert_eq!(
-        spec.min_available, None,
-        "a single Redis pod stays drainable"
-    );
-    let s: StatefulSet = r.find("StatefulSet", "redis").unwrap();
-    let selector = spec.selector.unwrap().match_labels.unwrap();
-    let pod_labels = s.spec.template.metadata.unwrap().labels.unwrap();
-    assert!(
-        selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
-            && selector.contains_key("app.kubernetes.io/name"),
-        "the Redis PDB selects the Redis pods: {selector:?} against {pod_labels:?}"
     );
     for s in services() {
         let pdb: PodDisruptionBudget = r
@@ -2054,7 +2063,7 @@ fn ha_1_19_overlay_is_ha_with_policy_v1beta1_budgets() {
             "ha-1.19 differs from ha beyond the PDB apiVersion"
         );
     }
-    assert_eq!(budgets, 4, "one PodDisruptionBudget per service and Redis");
+    assert_eq!(budgets, 3, "one PodDisruptionBudget per service");
 }
 
 /// Copy the directory tree `from` to `to` (files and folders only).
